@@ -1,0 +1,47 @@
+"""Record hot path: the compiled ``_frames`` extension, or the pure-Python fallback.
+
+The choice is made once at import: the extension when it imports and ``TQSTORE_PURE``
+is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functions:
+``crc32c``, ``build_header``, ``frame_head``, ``frame_tail``, ``encode_frames``,
+``verify_frames``, and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from . import _pure
+
+_log = logging.getLogger("tqstore")
+
+
+def _load():
+    if os.environ.get("TQSTORE_PURE", "") == "1":
+        return _pure
+    try:
+        from . import _frames  # type: ignore[attr-defined]
+    except ImportError:  # pragma: no cover - depends on the build
+        _log.debug("tqstore native extension not built; using the pure-Python record path")
+        return _pure
+    return _frames
+
+
+impl = _load()
+IMPLEMENTATION: str = impl.IMPLEMENTATION
+crc32c = impl.crc32c
+build_header = impl.build_header
+frame_head = impl.frame_head
+frame_tail = impl.frame_tail
+encode_frames = impl.encode_frames
+verify_frames = impl.verify_frames
+
+__all__ = [
+    "IMPLEMENTATION",
+    "crc32c",
+    "build_header",
+    "frame_head",
+    "frame_tail",
+    "encode_frames",
+    "verify_frames",
+    "impl",
+]

@@ -1,0 +1,131 @@
+"""The tqstore error hierarchy.
+
+Every error raised through the public API derives from :class:`TqstoreError`
+and, where one fits, from the matching builtin, so ``except KeyError`` or
+``except FileNotFoundError`` in user code keeps working.  Each error names what
+failed and, where there is one, what to do about it.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+
+class TqstoreError(Exception):
+    """Base of every error tqstore raises on purpose."""
+
+
+class ConfigError(TqstoreError, ValueError):
+    """A configuration value is missing, of the wrong type, or contradicts the store."""
+
+
+class InvalidInputError(TqstoreError, ValueError):
+    """A call's arguments are inconsistent (sizes, duplicates, types); nothing was written."""
+
+
+class SchemaError(InvalidInputError):
+    """A field's dtype or kind clashes with the schema recorded for it; nothing was written."""
+
+
+class UnsupportedTypeError(InvalidInputError, TypeError):
+    """A value of a type tqstore cannot store safely (no pickle) was given."""
+
+
+class NotFoundError(TqstoreError, KeyError):
+    """A partition, key, field or row does not exist."""
+
+    def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
+        return str(self.args[0]) if self.args else ""
+
+
+class PartitionNotFoundError(NotFoundError):
+    """The partition does not exist."""
+
+
+class KeyNotFoundError(NotFoundError):
+    """A key does not exist in the partition."""
+
+
+class FieldNotFoundError(NotFoundError):
+    """A requested field was never produced for a row."""
+
+
+class StoreClosedError(TqstoreError, RuntimeError):
+    """The store (or the module-level default store) is closed or was never opened."""
+
+
+class CapacityError(TqstoreError, MemoryError):
+    """A size limit was reached; the message names the setting to raise."""
+
+    def __init__(self, message: str, *, setting: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.setting = setting
+
+
+class StorageIOError(TqstoreError, OSError):
+    """An operating-system call failed; the message says which file and which step."""
+
+
+class CorruptionError(TqstoreError, ValueError):
+    """Stored bytes do not verify: a torn, truncated, bit-flipped or foreign record or file.
+
+    Attributes ``path``, ``offset``, ``expected_crc`` and ``actual_crc`` say where and how.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        path: Optional[str] = None,
+        offset: Optional[int] = None,
+        expected_crc: Optional[int] = None,
+        actual_crc: Optional[int] = None,
+    ) -> None:
+        parts = [message]
+        if path is not None:
+            parts.append(f"file {path}")
+        if offset is not None:
+            parts.append(f"offset {offset}")
+        if expected_crc is not None and actual_crc is not None:
+            parts.append(f"expected crc32c {expected_crc:#010x}, got {actual_crc:#010x}")
+        super().__init__(": ".join(parts[:1]) + ("" if len(parts) == 1 else " (" + ", ".join(parts[1:]) + ")"))
+        self.path = path
+        self.offset = offset
+        self.expected_crc = expected_crc
+        self.actual_crc = actual_crc
+
+
+class FormatVersionError(CorruptionError):
+    """A file declares a format version this tqstore cannot read (named in the message)."""
+
+
+class CheckpointError(TqstoreError):
+    """A checkpoint could not be written or loaded; the live store is unchanged."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """The checkpoint directory or its MANIFEST.json does not exist."""
+
+
+class RestorePendingError(TqstoreError, RuntimeError):
+    """A selective restore into this partition is unresolved; run ``recover_data_load``."""
+
+
+__all__ = [
+    "TqstoreError",
+    "ConfigError",
+    "InvalidInputError",
+    "SchemaError",
+    "UnsupportedTypeError",
+    "NotFoundError",
+    "PartitionNotFoundError",
+    "KeyNotFoundError",
+    "FieldNotFoundError",
+    "StoreClosedError",
+    "CapacityError",
+    "StorageIOError",
+    "CorruptionError",
+    "FormatVersionError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "RestorePendingError",
+]
