@@ -61,3 +61,9 @@ def frame_length(header_len: int, payload_len: int) -> int:
 def index_key(gidx: int, field: bytes) -> bytes:
     """Unit-index key of (global index, field)."""
     return INDEX_KEY_HEAD.pack(gidx) + field
+
+# segment file: a 64-byte header, then frames back to back (each 64-byte aligned)
+SEGMENT_MAGIC = b"TQSG"
+SEGMENT_VERSION = 1
+SEGMENT_HEADER = struct.Struct("<4sHHII44sI")  # magic, version, reserved, unit, segment, zeros, crc
+SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size  # 64

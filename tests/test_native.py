@@ -1,0 +1,435 @@
+"""The C record path (tqstore._native._frames) is byte-for-byte the pure-Python one.
+
+Every function is run on both implementations with the same arguments; results must be
+equal, and failures must raise the same exception type.  verify_frames is also fed
+garbage, bit flips and hostile offsets/lengths/header fields: it must never crash and
+must agree with the pure version.
+"""
+from __future__ import annotations
+
+import os
+import struct
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import crc32c as crc32c_pkg
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+
+from tqstore._format import layout
+from tqstore._native import _pure as P
+
+F = pytest.importorskip("tqstore._native._frames", reason="C extension not built")
+
+ROOT = Path(__file__).resolve().parents[1]
+
+settings.register_profile(
+    "native", deadline=None, max_examples=150, suppress_health_check=[HealthCheck.too_slow]
+)
+settings.load_profile("native")
+
+
+def run_both(name, *args, **kwargs):
+    """Call ``name`` on both implementations; return the common result or the exception type."""
+    out = []
+    for mod in (F, P):
+        try:
+            out.append(("ok", getattr(mod, name)(*args, **kwargs)))
+        except Exception as e:  # noqa: BLE001 - compared below
+            out.append(("err", type(e)))
+    assert out[0] == out[1], f"{name}: native {out[0]!r} != pure {out[1]!r}"
+    return out[0]
+
+
+def index_offsets(items, base_offset=0):
+    offs, lens = [], []
+    for _key, value in items:
+        _seg, off, flen, _crc = layout.INDEX_VALUE.unpack(value)
+        offs.append(off - base_offset)
+        lens.append(flen)
+    return offs, lens
+
+
+# ---- module surface -------------------------------------------------------------------
+
+
+def test_surface_and_layout_constants():
+    assert F.IMPLEMENTATION == "native"
+    assert P.IMPLEMENTATION == "pure"
+    for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "verify_frames"):
+        assert callable(getattr(F, name))
+    c = F._LAYOUT
+    assert c["FRAME_MAGIC"] == layout.FRAME_MAGIC
+    assert c["FRAME_END_MAGIC"] == layout.FRAME_END_MAGIC
+    assert c["FRAME_VERSION"] == layout.FRAME_VERSION
+    assert c["ALIGN"] == layout.ALIGN
+    assert c["PREFIX_SIZE"] == layout.PREFIX_SIZE
+    assert c["HEADER_HEAD_SIZE"] == layout.HEADER_HEAD_SIZE
+    assert c["TRAILER_SIZE"] == layout.TRAILER_SIZE
+    assert c["INDEX_KEY_HEAD_SIZE"] == layout.INDEX_KEY_HEAD.size
+    assert c["INDEX_VALUE_SIZE"] == layout.INDEX_VALUE.size
+    assert c["MAX_FIELD_BYTES"] == layout.MAX_FIELD_BYTES
+    assert c["MAX_NDIM"] == layout.MAX_NDIM
+
+
+@pytest.mark.parametrize("pure_env, expected", [("1", "pure"), ("0", "native")])
+def test_tqstore_pure_env_selects_implementation(pure_env, expected):
+    env = dict(os.environ, TQSTORE_PURE=pure_env)
+    out = subprocess.run(
+        [sys.executable, "-c", "import tqstore._native as n; print(n.IMPLEMENTATION, n.impl.__name__)"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300, check=True,
+    ).stdout.split()
+    assert out[0] == expected
+    assert out[1] == f"tqstore._native._{'pure' if expected == 'pure' else 'frames'}"
+
+
+# ---- crc32c ---------------------------------------------------------------------------
+
+u32_or_wild = st.one_of(
+    st.integers(0, 2**32 - 1), st.integers(-(2**70), 2**70), st.sampled_from([True, False])
+)
+
+
+@given(data=st.binary(max_size=5000), value=u32_or_wild)
+def test_crc32c_matches(data, value):
+    expected = crc32c_pkg.crc32c(data, value)
+    assert run_both("crc32c", data, value) == ("ok", expected)
+    assert F.crc32c(data=data, value=value) == expected
+    assert F._crc32c_table(data, value & 0xFFFFFFFF) == expected
+
+
+@given(a=st.binary(max_size=3000), b=st.binary(max_size=3000))
+def test_crc32c_continues(a, b):
+    assert F.crc32c(b, F.crc32c(a)) == F.crc32c(a + b) == crc32c_pkg.crc32c(a + b)
+
+
+def test_crc32c_sizes_and_alignments():
+    """Every code path of the interleaved hardware loop and of the table fallback."""
+    rng = np.random.default_rng(1)
+    data = rng.integers(0, 256, 3 * 8192 * 3 + 4096, dtype=np.uint8).tobytes()
+    sizes = sorted({0, 1, 7, 8, 9, 63, 64, 255, 256, 767, 768, 769, 1000, 3 * 8192 - 1, 3 * 8192,
+                    3 * 8192 + 1, 3 * 8192 + 767, 3 * 8192 + 768, 2 * 3 * 8192 + 5, 65535, 65536, 65537})
+    mv = memoryview(data)
+    for size in sizes:
+        for start in range(9):
+            chunk = mv[start:start + size]
+            expected = crc32c_pkg.crc32c(chunk, 0x1234567)
+            assert F.crc32c(chunk, 0x1234567) == expected, (size, start)
+            assert F._crc32c_table(chunk, 0x1234567) == expected, (size, start)
+
+
+def test_crc32c_large_and_buffer_types():
+    rng = np.random.default_rng(2)
+    big = rng.integers(0, 256, 5 * 1024 * 1024 + 3, dtype=np.uint8)  # released-GIL path
+    assert F.crc32c(big) == crc32c_pkg.crc32c(big.tobytes())
+    arr = rng.standard_normal((17, 5)).astype(np.float32)
+    assert F.crc32c(arr) == crc32c_pkg.crc32c(arr.tobytes())
+    assert F.crc32c(bytearray(b"abc"), 7) == crc32c_pkg.crc32c(b"abc", 7)
+    assert F.crc32c(np.int64(5).tobytes(), np.int64(3)) == crc32c_pkg.crc32c(np.int64(5).tobytes(), 3)
+    for bad in ("text", 5, None, [1, 2]):
+        assert run_both("crc32c", bad)[0] == "err"
+    assert run_both("crc32c", b"x", 1.5) == ("err", TypeError)
+    assert run_both("crc32c", arr[:, ::2])[0] == "err"  # not contiguous
+
+
+# ---- build_header / frame_head / frame_tail -------------------------------------------
+
+u8_or_wild = st.one_of(st.integers(0, 255), st.integers(-300, 600))
+u64_or_wild = st.one_of(st.integers(0, 2**64 - 1), st.integers(-(2**65), 2**66))
+dims = st.lists(st.one_of(st.integers(0, 2**64 - 1), st.integers(-5, 2**65)), max_size=36)
+fields = st.one_of(st.binary(max_size=300), st.text(max_size=4), st.builds(bytearray, st.binary(max_size=20)))
+
+
+@given(field=fields, kind=u8_or_wild, dtype=u8_or_wild, gidx=u64_or_wild, shape=dims)
+def test_build_header_matches(field, kind, dtype, gidx, shape):
+    r = run_both("build_header", field, kind, dtype, gidx, shape)
+    if r[0] == "ok":
+        head = layout.HEADER_HEAD.unpack_from(r[1])
+        assert head == (gidx, kind, dtype, len(shape), len(field))
+        assert len(r[1]) == layout.HEADER_HEAD_SIZE + len(field) + 8 * len(shape)
+
+
+@given(field=st.binary(max_size=255), shape=st.lists(st.integers(0, 2**64 - 1), max_size=32))
+def test_build_header_valid(field, shape):
+    assert F.build_header(field, 1, 2, 3, tuple(shape)) == P.build_header(field, 1, 2, 3, tuple(shape))
+    assert F.build_header(field=field, kind=1, dtype=2, gidx=3, shape=shape) == P.build_header(
+        field, 1, 2, 3, shape)
+
+
+def test_build_header_errors():
+    for args in [
+        (b"x" * 256, 0, 0, 0, ()),  # field too long
+        (b"f", 0, 0, 0, (1,) * 33),  # too many dims
+        (b"f", 0, 0, 0, (-1,)),  # negative dim
+        (b"f", 0, 0, 0, (1.0,)),  # float dim
+        (b"f", 0, 0, 0, 5),  # shape not iterable
+        (b"f", 256, 0, 0, ()),  # kind out of range
+        (b"f", 0, 0, -1, ()),  # negative gidx
+        (b"f", 0, 0, 2**64, ()),  # gidx too large
+        (b"f", 0, 0, "1", ()),  # gidx not an int
+        ("f", 0, 0, 0, ()),  # str field
+    ]:
+        assert run_both("build_header", *args)[0] == "err", args
+    assert run_both("build_header", b"x" * 256, 0, 0, 0, ()) == ("err", ValueError)
+    assert run_both("build_header", b"f", 0, 0, 0, (1,) * 33) == ("err", ValueError)
+    assert run_both("build_header", b"f", 0, 0, 0, (-1,)) == ("err", OverflowError)
+    assert run_both("build_header", b"f", 0, 0, 0, (1.0,)) == ("err", TypeError)
+    # numpy integers and torch-like sizes are accepted
+    assert F.build_header(b"f", np.uint8(1), 2, np.int64(3), np.array([2, 3])) == P.build_header(
+        b"f", 1, 2, 3, (2, 3))
+    with pytest.raises(TypeError):
+        F.build_header(b"f", 0, 0, 0)
+    with pytest.raises(TypeError):
+        F.build_header(b"f", 0, 0, 0, (), bogus=1)
+
+
+@given(header=st.binary(max_size=600), plen=u64_or_wild, flags=u8_or_wild, raw=u64_or_wild)
+def test_frame_head_matches(header, plen, flags, raw):
+    r = run_both("frame_head", header, plen, flags, raw)
+    if r[0] == "ok":
+        assert len(r[1]) % layout.ALIGN == 0
+
+
+def test_frame_head_limits():
+    assert run_both("frame_head", b"h" * 65535, 0, 0, 0)[0] == "ok"
+    assert run_both("frame_head", b"h" * 65536, 0, 0, 0) == ("err", ValueError)
+    assert run_both("frame_head", memoryview(b"h" * 10), 1, 2, 3)[0] == "ok"
+
+
+@given(crc=st.one_of(st.integers(0, 2**32 - 1), st.integers(-(2**33), 2**34)),
+       end=st.one_of(st.integers(-1000, 1 << 20), st.integers(-(2**130), 2**130)))
+def test_frame_tail_matches(crc, end):
+    r = run_both("frame_tail", crc, end)
+    if r[0] == "ok":
+        assert (end + len(r[1])) % layout.ALIGN == 0
+
+
+# ---- encode_frames --------------------------------------------------------------------
+
+NP_DTYPES = [np.uint8, np.int16, np.float32, np.float64, np.int64, np.bool_]
+
+
+@st.composite
+def payloads(draw):
+    n = draw(st.integers(0, 300))
+    kind = draw(st.sampled_from(["bytes", "bytearray", "memoryview", "numpy", "numpy2d", "empty"]))
+    raw = draw(st.binary(min_size=n, max_size=n))
+    if kind == "bytes":
+        return raw
+    if kind == "bytearray":
+        return bytearray(raw)
+    if kind == "memoryview":
+        return memoryview(raw)
+    if kind == "empty":
+        return b""
+    dt = np.dtype(draw(st.sampled_from(NP_DTYPES)))
+    k = n // dt.itemsize
+    arr = np.frombuffer(raw[: k * dt.itemsize], dtype=np.uint8).view(dt).copy()
+    if kind == "numpy2d" and k % 2 == 0:
+        arr = arr.reshape(2, k // 2)
+    return arr
+
+
+@st.composite
+def encode_args(draw):
+    n = draw(st.integers(0, 12))
+    pl = [draw(payloads()) for _ in range(n)]
+    raw_lens = draw(st.one_of(st.none(), st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)))
+    return dict(
+        field=draw(st.binary(max_size=255)),
+        kind=draw(st.integers(0, 255)),
+        dtype=draw(st.integers(0, 255)),
+        gidxs=draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)),
+        shapes=[tuple(draw(st.lists(st.integers(0, 2**64 - 1), max_size=32))) for _ in range(n)],
+        payloads=pl,
+        flags=draw(st.integers(0, 255)),
+        raw_lens=raw_lens,
+        seg_id=draw(st.integers(0, 2**32 - 1)),
+        base_offset=draw(st.integers(0, 2**63)),
+    )
+
+
+@given(args=encode_args())
+def test_encode_frames_matches_and_verifies(args):
+    r = run_both("encode_frames", **args)
+    assert r[0] == "ok"
+    blob, items = r[1]
+    assert isinstance(blob, bytes) and isinstance(items, list)
+    assert len(items) == len(args["gidxs"])
+    assert len(blob) % layout.ALIGN == 0
+    offs, lens = index_offsets(items, args["base_offset"])
+    assert sum(lens) == len(blob)
+    res = run_both("verify_frames", blob, offs, lens)[1]
+    for (status, poff, plen, crc_exp, crc_act), (key, value), payload in zip(res, items, args["payloads"]):
+        assert status == 0 and crc_exp == crc_act == layout.INDEX_VALUE.unpack(value)[3]
+        assert blob[poff:poff + plen] == memoryview(payload).tobytes()
+        assert key[8:] == args["field"]
+
+
+def test_encode_frames_positional_and_large_payloads():
+    """Large payloads: chunked copy + CRC, and the released-GIL path."""
+    rng = np.random.default_rng(3)
+    pls = [rng.integers(0, 256, size, dtype=np.uint8) for size in (0, 1, 200_000, 3 * 1024 * 1024 + 17)]
+    args = (b"obs", 1, 7, [10, 11, 12, 13], [(p.size,) for p in pls], pls, 0, None, 4, 4096)
+    a = F.encode_frames(*args)
+    assert a == P.encode_frames(*args)
+    offs, lens = index_offsets(a[1], 4096)
+    assert all(r[0] == 0 for r in F.verify_frames(a[0], offs, lens))
+
+
+def test_encode_frames_many_small_matches():
+    pls = [bytes([i & 0xFF]) * 64 for i in range(5000)]
+    args = (b"response", 0, 3, list(range(5000)), [(64,)] * 5000, pls, 0, None, 1, 0)
+    assert F.encode_frames(*args) == P.encode_frames(*args)
+
+
+def test_encode_frames_errors_match():
+    ok = dict(field=b"f", kind=0, dtype=0, gidxs=[1, 2], shapes=[(1,), (1,)], payloads=[b"a", b"b"],
+              flags=0, raw_lens=None, seg_id=0, base_offset=0)
+    noncontig = np.arange(10, dtype=np.int32)[::2]
+    cases = [
+        ({"gidxs": [1]}, ValueError),  # length mismatch
+        ({"raw_lens": [1]}, ValueError),
+        ({"payloads": [b"a"]}, ValueError),
+        ({"field": b"x" * 256}, ValueError),
+        ({"shapes": [(1,), (1,) * 33]}, ValueError),
+        ({"gidxs": [1, -1]}, OverflowError),
+        ({"gidxs": [1, 2**64]}, OverflowError),
+        ({"gidxs": [1, 2.0]}, TypeError),
+        ({"shapes": [(1,), (-2,)]}, OverflowError),
+        ({"shapes": [(1,), None]}, TypeError),
+        ({"payloads": [b"a", "text"]}, TypeError),
+        ({"payloads": [b"a", noncontig]}, BufferError),
+        ({"payloads": [b"a", memoryview(noncontig)]}, BufferError),
+        ({"raw_lens": [1, -1]}, OverflowError),
+        ({"seg_id": 2**32}, OverflowError),
+        ({"base_offset": -1}, OverflowError),
+        ({"flags": 256}, OverflowError),
+        ({"kind": None}, TypeError),
+        ({"gidxs": 5}, TypeError),
+        ({"base_offset": 2**64 - 64}, OverflowError),  # second frame's offset passes 2**64
+    ]
+    for change, exc in cases:
+        assert run_both("encode_frames", **{**ok, **change}) == ("err", exc), change
+    # the last frame may end exactly at (or past) 2**64: only frame offsets are stored
+    assert run_both("encode_frames", **{**ok, "gidxs": [1], "shapes": [()], "payloads": [b""],
+                                        "base_offset": 2**64 - 64})[0] == "ok"
+    with pytest.raises(TypeError):
+        F.encode_frames(b"f", 0, 0, [], [], [], 0, None, 0)
+
+
+def test_encode_frames_threads():
+    pls = [np.full(100, i, dtype=np.uint8) for i in range(3000)]
+    args = (b"f", 0, 0, list(range(3000)), [(100,)] * 3000, pls, 1, [200] * 3000, 9, 0)
+    expected = P.encode_frames(*args)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(5):
+                assert F.encode_frames(*args) == expected
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+# ---- verify_frames --------------------------------------------------------------------
+
+
+def _sample_blob(n=6, seed=0):
+    rng = np.random.default_rng(seed)
+    pls = [rng.integers(0, 256, int(rng.integers(0, 400)), dtype=np.uint8) for _ in range(n)]
+    blob, items = F.encode_frames(b"field", 0, 1, list(range(n)), [(p.size,) for p in pls], pls, 0, None,
+                                  0, 0)
+    return blob, *index_offsets(items)
+
+
+@given(data=st.data())
+def test_verify_frames_bit_flips(data):
+    blob, offs, lens = _sample_blob(seed=data.draw(st.integers(0, 50)))
+    buf = bytearray(blob)
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(buf) - 1))
+        buf[pos] ^= 1 << data.draw(st.integers(0, 7))
+    res = run_both("verify_frames", bytes(buf), offs, lens)[1]
+    # flips in padding may go unnoticed; a flip in [frame start, trailer end) never does
+    for off, r in zip(offs, res):
+        if r[0] == 0:
+            checked_end = r[1] + r[2] + layout.TRAILER_SIZE
+            assert buf[off:checked_end] == blob[off:checked_end]
+
+
+@given(buf=st.binary(max_size=2000),
+       pairs=st.lists(st.tuples(st.integers(-(2**70), 2**70), st.integers(-(2**70), 2**70)), max_size=20),
+       small=st.lists(st.tuples(st.integers(-64, 2100), st.integers(-64, 2100)), max_size=20))
+def test_verify_frames_garbage(buf, pairs, small):
+    ps = pairs + small
+    run_both("verify_frames", buf, [p[0] for p in ps], [p[1] for p in ps])
+
+
+@st.composite
+def hostile_frame(draw):
+    """A frame whose prefix/trailer fields are overwritten with hostile values."""
+    blob, offs, lens = _sample_blob(n=3, seed=draw(st.integers(0, 20)))
+    buf = bytearray(blob)
+    i = draw(st.integers(0, 2))
+    off = offs[i]
+    magic = draw(st.sampled_from([b"TQFR", b"TQFX", b"\0\0\0\0"]))
+    ver = draw(st.sampled_from([1, 0, 2, 255]))
+    hlen = draw(st.one_of(st.integers(0, 0xFFFF), st.sampled_from([0, 0xFFFF, 39, 40, 41])))
+    plen = draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 2000),
+                          st.sampled_from([2**64 - 1, 2**63, 2**64 - 64, 2**64 - 8])))
+    struct.pack_into("<4sBBHQ", buf, off, magic, ver, 0, hlen, plen)
+    if draw(st.booleans()):
+        pos = draw(st.integers(0, len(buf) - 8))
+        struct.pack_into("<I4s", buf, pos, draw(st.integers(0, 2**32 - 1)), b"TQFE")
+    length = draw(st.one_of(st.just(lens[i]), st.integers(0, len(buf) - off + 100)))
+    return bytes(buf), offs + [off], lens + [length]
+
+
+@given(case=hostile_frame())
+def test_verify_frames_hostile_lengths(case):
+    buf, offs, lens = case
+    res = run_both("verify_frames", buf, offs, lens)[1]
+    for (off, length), r in zip(zip(offs, lens), res):
+        if r[0] != 1:
+            assert off <= r[1] and r[1] + r[2] + layout.TRAILER_SIZE <= off + length <= len(buf)
+
+
+def test_verify_frames_inputs():
+    blob, offs, lens = _sample_blob()
+    # numpy buffers, numpy offsets, zip() semantics, out-of-range values
+    arr = np.frombuffer(blob, dtype=np.uint8)
+    assert run_both("verify_frames", arr, np.array(offs), np.array(lens))[1] == F.verify_frames(blob, offs, lens)
+    assert run_both("verify_frames", blob, offs, lens[:2])[1] == F.verify_frames(blob, offs[:2], lens[:2])
+    assert run_both("verify_frames", blob, [], []) == ("ok", [])
+    assert run_both("verify_frames", b"", [0, -1, 2**64], [32, 2**64, -(2**64)])[1] == [(1, 0, 0, 0, 0)] * 3
+    assert run_both("verify_frames", memoryview(blob)[len(blob) // 2:], offs, lens)[0] == "ok"
+    assert run_both("verify_frames", blob, [0.0], [64]) == ("err", TypeError)
+    assert run_both("verify_frames", blob, 5, [64]) == ("err", TypeError)
+    assert run_both("verify_frames", "text", [0], [64]) == ("err", TypeError)
+    noncontig = np.frombuffer(blob, dtype=np.uint8)[::2]
+    assert run_both("verify_frames", noncontig, [0], [64]) == ("err", TypeError)
+    f32 = np.frombuffer(blob, dtype=np.float32)  # offsets count bytes whatever the item size
+    assert run_both("verify_frames", f32, offs, lens)[1] == F.verify_frames(blob, offs, lens)
+
+
+def test_verify_frames_large_released_gil():
+    rng = np.random.default_rng(4)
+    pls = [rng.integers(0, 256, 300_000, dtype=np.uint8) for _ in range(4)]
+    blob, items = F.encode_frames(b"x", 0, 0, [0, 1, 2, 3], [(300_000,)] * 4, pls, 0, None, 0, 0)
+    offs, lens = index_offsets(items)
+    buf = bytearray(blob)
+    buf[offs[2] + 1000] ^= 0x10
+    res = run_both("verify_frames", bytes(buf), offs, lens)[1]
+    assert [r[0] for r in res] == [0, 0, 2, 0]

@@ -1,0 +1,211 @@
+"""Every durable file-system operation of tqstore, each behind a named failpoint.
+
+Policy (what to fsync when) is the caller's; this module only performs the step and
+reports it to the failpoint layer, so a test can fail or crash any single step.
+Errors are raised as ``OSError`` here; the engine wraps them with context.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+from typing import Iterable, List, Sequence, Union
+
+from . import failpoints as fp
+
+PathLike = Union[str, "os.PathLike[str]"]
+IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
+
+
+def _fp(name: str, *args) -> None:
+    if fp.active:
+        fp.hit(name)
+        fp.observe(name, *args)
+
+
+def pwrite_all(fd: int, buffers: Sequence, offset: int) -> int:
+    """Write ``buffers`` back to back at ``offset`` (handles partial writes and IOV_MAX).
+
+    Returns bytes written. Failpoint ``write`` (``short`` writes half the data then raises EIO).
+    """
+    views = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if v.nbytes]
+    total = sum(v.nbytes for v in views)
+    if fp.active:
+        try:
+            fp.hit("write")
+        except fp.ShortWrite:
+            half = total // 2
+            done = 0
+            for v in views:
+                if done >= half:
+                    break
+                n = min(v.nbytes, half - done)
+                os.pwrite(fd, v[:n], offset + done)
+                done += n
+            raise OSError(errno.EIO, "injected short write")
+        fp.observe("write", fd, offset, total)
+    pos = offset
+    i = 0
+    while i < len(views):
+        chunk = views[i:i + IOV_MAX]
+        n = os.pwritev(fd, chunk, pos)
+        pos += n
+        # advance past fully written views; trim a partially written one
+        while n > 0 and i < len(views):
+            if n >= views[i].nbytes:
+                n -= views[i].nbytes
+                i += 1
+            else:
+                views[i] = views[i][n:]
+                n = 0
+    return total
+
+
+def fsync_fd(fd: int, label: str = "") -> None:
+    """fsync an open file. Failpoint ``fsync_file``. Never retry on failure (caller abandons)."""
+    _fp("fsync_file", fd, label)
+    os.fsync(fd)
+
+
+def fsync_file(path: PathLike) -> None:
+    """fsync the file at ``path``. Failpoint ``fsync_file``."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        _fp("fsync_file", fd, str(path))
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_dir(path: PathLike) -> None:
+    """fsync a directory so its entries (creates, renames, unlinks) are durable. Failpoint ``fsync_dir``."""
+    _fp("fsync_dir", str(path))
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_file(path: PathLike, data: bytes, *, fsync: bool = True) -> None:
+    """Create or truncate ``path`` and write ``data``; fsync it when asked. Failpoint ``write``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _fp("create", str(path))
+        pwrite_all(fd, [data], 0)
+        if fsync:
+            fsync_fd(fd, str(path))
+    finally:
+        os.close(fd)
+
+
+def write_file_atomic(path: PathLike, data: bytes, *, fsync: bool = True) -> None:
+    """Replace ``path`` with ``data`` atomically: temp sibling, fsync, rename, fsync parent.
+
+    After a crash the file holds either the old or the new content, never a mix.
+    """
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    write_file(tmp, data, fsync=fsync)
+    rename(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+
+
+def rename(src: PathLike, dst: PathLike) -> None:
+    """Atomic rename (replaces ``dst`` if it is a file or empty dir). Failpoint ``rename``."""
+    _fp("rename", str(src), str(dst))
+    os.rename(src, dst)
+
+
+def link(src: PathLike, dst: PathLike) -> None:
+    """Hard link ``dst`` to ``src``. Failpoint ``link``."""
+    _fp("link", str(src), str(dst))
+    os.link(src, dst)
+
+
+def unlink(path: PathLike, *, missing_ok: bool = True) -> None:
+    """Remove a file. Failpoint ``unlink``."""
+    _fp("unlink", str(path))
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def mkdir(path: PathLike, *, exist_ok: bool = False, parents: bool = False) -> None:
+    """Create a directory. Failpoint ``mkdir``."""
+    _fp("mkdir", str(path))
+    Path(path).mkdir(parents=parents, exist_ok=exist_ok)
+
+
+def rmtree(path: PathLike) -> None:
+    """Remove a directory tree if it exists. Failpoint ``rmtree``."""
+    _fp("rmtree", str(path))
+    shutil.rmtree(path, ignore_errors=False) if os.path.exists(path) else None
+
+
+def truncate(path: PathLike, size: int) -> None:
+    """Truncate a file to ``size`` bytes. Failpoint ``truncate``."""
+    _fp("truncate", str(path), size)
+    os.truncate(path, size)
+
+
+def copy_file(src: PathLike, dst: PathLike, *, fsync: bool = True, chunk_bytes: int = 64 << 20) -> int:
+    """Copy ``src`` to a new file ``dst`` with copy_file_range (kernel-side), falling back to
+    read/write. fsyncs ``dst`` when asked. Failpoints ``copy`` and ``fsync_file``. Returns bytes.
+    """
+    _fp("copy", str(src), str(dst))
+    sfd = os.open(src, os.O_RDONLY)
+    try:
+        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            size = os.fstat(sfd).st_size
+            done = 0
+            use_cfr = hasattr(os, "copy_file_range")
+            while done < size:
+                n = 0
+                if use_cfr:
+                    try:
+                        n = os.copy_file_range(sfd, dfd, min(chunk_bytes, size - done), done, done)
+                    except OSError as e:
+                        if e.errno not in (errno.EXDEV, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
+                            raise
+                        use_cfr = False
+                        continue
+                else:
+                    data = os.pread(sfd, min(chunk_bytes, size - done), done)
+                    n = os.pwrite(dfd, data, done) if data else 0
+                if n == 0:
+                    break
+                done += n
+            if fsync:
+                fsync_fd(dfd, str(dst))
+            return done
+        finally:
+            os.close(dfd)
+    finally:
+        os.close(sfd)
+
+
+def same_filesystem(a: PathLike, b: PathLike) -> bool:
+    """True if ``a`` and ``b`` (existing paths) live on one file system (hard links possible)."""
+    return os.stat(a).st_dev == os.stat(b).st_dev
+
+
+def fsync_tree(root: PathLike) -> None:
+    """fsync every file and directory under ``root`` (directories after their contents)."""
+    for dirpath, dirnames, filenames in os.walk(root, topdown=False):
+        for name in filenames:
+            fsync_file(os.path.join(dirpath, name))
+        fsync_dir(dirpath)
+
+
+def listdir(path: PathLike) -> List[str]:
+    try:
+        return sorted(os.listdir(path))
+    except FileNotFoundError:
+        return []

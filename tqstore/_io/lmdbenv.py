@@ -1,0 +1,49 @@
+"""Opening LMDB environments with tqstore's settings and error wrapping."""
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+import lmdb
+
+from ..errors import CapacityError, StorageIOError
+from . import failpoints as fp
+
+DEFAULT_MAP_BYTES = 1 << 36  # 64 GiB of address space; the file grows only as used
+
+
+def open_env(path: Path, *, max_dbs: int = 16, sync: bool = False, map_bytes: int = DEFAULT_MAP_BYTES,
+             readonly: bool = False, create: bool = True) -> lmdb.Environment:
+    """Open (or create) an LMDB environment directory.
+
+    ``sync=False`` (durability "checkpoint") commits to the page cache only: a committed
+    transaction survives a process kill but not a power loss.
+
+    Raises:
+        StorageIOError: the environment cannot be opened (message names the path).
+    """
+    try:
+        return lmdb.open(str(path), map_size=map_bytes, max_dbs=max_dbs, subdir=True, sync=sync,
+                         metasync=sync, readahead=False, max_readers=1024, lock=not readonly,
+                         readonly=readonly, create=create and not readonly)
+    except lmdb.Error as e:
+        raise StorageIOError(f"cannot open LMDB index at {path}: {e}") from e
+
+
+@contextlib.contextmanager
+def wrap_errors(what: str, path) -> Iterator[None]:
+    """Turn lmdb errors into tqstore errors naming ``what`` and ``path``."""
+    try:
+        yield
+    except lmdb.MapFullError as e:
+        raise CapacityError(f"{what}: LMDB index at {path} is full; raise the 'index_map_bytes' setting",
+                            setting="index_map_bytes") from e
+    except lmdb.Error as e:
+        raise StorageIOError(f"{what}: LMDB error in {path}: {e}") from e
+
+
+def lmdb_commit_point(name: str) -> None:
+    """Failpoint before an LMDB commit (LMDB writes itself in C; crash tests kill here)."""
+    if fp.active:
+        fp.hit(name)

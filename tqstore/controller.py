@@ -1,0 +1,443 @@
+"""Controller: the store's metadata in one LMDB environment, mirrored in memory.
+
+Holds partitions, key → global index, rows (key, tag, produced fields, partition-local
+sequence), per-task consumption, per-partition field schemas, the global index allocator
+(unique across partitions; freed indexes are reused, smallest first) and sampler state.
+
+Every mutating method is one LMDB transaction: when it returns, the change is committed
+(and survives a process kill; with durability "commit" also a power loss).  The
+in-memory mirror is updated only after the commit succeeds, so a failed call changes
+nothing.  Not thread-safe for writers: the store serialises them.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+import threading
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+from ._format.columns import KIND_NAMES, Column
+from ._format.dtypes import DTYPE_NAMES
+from ._format.values import check_value
+from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
+from .errors import (
+    FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
+)
+
+log = logging.getLogger("tqstore")
+
+CONTROLLER_FORMAT = 1
+_G = ">Q"
+
+
+def _g(gidx: int) -> bytes:
+    return gidx.to_bytes(8, "big")
+
+
+def _pk(pid: str, key: str) -> bytes:
+    return pid.encode() + b"\0" + key.encode()
+
+
+@dataclass
+class Row:
+    """One row's metadata. ``fields`` are the produced fields."""
+
+    gidx: int
+    pid: str
+    key: Optional[str]
+    tag: Any
+    fields: Set[str]
+    seq: int
+
+    def pack(self) -> bytes:
+        return json.dumps({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields), "s": self.seq},
+                          separators=(",", ":"), allow_nan=True).encode()
+
+    @classmethod
+    def unpack(cls, gidx: int, raw: bytes) -> "Row":
+        d = json.loads(bytes(raw))
+        return cls(gidx, d["p"], d["k"], d["t"], set(d["f"]), int(d["s"]))
+
+
+@dataclass
+class Partition:
+    pid: str
+    keys: Dict[str, int] = field(default_factory=dict)
+    rows: Dict[int, Row] = field(default_factory=dict)
+    schema: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # field -> (kind, dtype)
+    next_seq: int = 0
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    def pack(self) -> bytes:
+        return json.dumps({"next_seq": self.next_seq, "meta": self.meta}).encode()
+
+
+@dataclass
+class PutPlan:
+    """A validated put, with global indexes reserved in memory but nothing committed."""
+
+    pid: str
+    gidxs: List[int]
+    new_rows: List[Row]
+    tags: Optional[List[Any]]
+    fields: List[str]
+    schema_new: Dict[str, Tuple[int, int]]
+    overwrites: bool  # some (gidx, field) already produced
+    new_partition: bool
+
+
+class Controller:
+    """Metadata of a store. See the module docstring for guarantees."""
+
+    def __init__(self, path: Path, *, num_units: int, sync: bool = False, map_bytes: Optional[int] = None) -> None:
+        self.path = Path(path)
+        kw = {"map_bytes": map_bytes} if map_bytes else {}
+        self.env = open_env(self.path, max_dbs=12, sync=sync, **kw)
+        self.db = {name: self.env.open_db(name.encode()) for name in
+                   ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")}
+        self._lock = threading.RLock()
+        with wrap_errors("open controller", self.path):
+            self._init_meta(num_units)
+            self._load()
+
+    # ------------------------------------------------------------------ open
+    def _init_meta(self, num_units: int) -> None:
+        with self.env.begin(write=True) as txn:
+            fmt = txn.get(b"format", db=self.db["meta"])
+            if fmt is None:
+                txn.put(b"format", str(CONTROLLER_FORMAT).encode(), db=self.db["meta"])
+                txn.put(b"next_gidx", b"0", db=self.db["meta"])
+                txn.put(b"num_units", str(num_units).encode(), db=self.db["meta"])
+            elif int(fmt) != CONTROLLER_FORMAT:
+                raise FormatVersionError(f"controller index format {int(fmt)} is not supported (reads "
+                                         f"{CONTROLLER_FORMAT})", path=str(self.path))
+
+    def _load(self) -> None:
+        m = self.db
+        self.parts: Dict[str, Partition] = {}
+        self.rows: Dict[int, Row] = {}
+        self.consumed: Dict[Tuple[str, str], Set[int]] = defaultdict(set)
+        with self.env.begin() as txn:
+            self.num_units = int(txn.get(b"num_units", db=m["meta"]))
+            self.next_gidx = int(txn.get(b"next_gidx", db=m["meta"]))
+            self.free = sorted(int.from_bytes(k, "big") for k in txn.cursor(m["free"]).iternext(values=False))
+            for k, v in txn.cursor(m["parts"]):
+                d = json.loads(bytes(v))
+                self.parts[bytes(k).decode()] = Partition(bytes(k).decode(), next_seq=d["next_seq"],
+                                                          meta=d.get("meta", {}))
+            for k, v in txn.cursor(m["rows"]):
+                r = Row.unpack(int.from_bytes(k, "big"), v)
+                self.rows[r.gidx] = r
+                p = self.parts[r.pid]
+                p.rows[r.gidx] = r
+                if r.key is not None:
+                    p.keys[r.key] = r.gidx
+            for k, v in txn.cursor(m["schema"]):
+                pid, _, f = bytes(k).decode().partition("\0")
+                d = json.loads(bytes(v))
+                self.parts[pid].schema[f] = (d["kind"], d["dtype"])
+            for k in txn.cursor(m["cons"]).iternext(values=False):
+                k = bytes(k)
+                task, pid, g = k[:-9].decode().split("\0", 1)[0], k[:-9].decode().split("\0", 1)[1], k[-8:]
+                self.consumed[(pid, task)].add(int.from_bytes(g, "big"))
+        heapq.heapify(self.free)
+
+    # ------------------------------------------------------------------ queries
+    def partition(self, pid: str) -> Partition:
+        p = self.parts.get(pid)
+        if p is None:
+            raise PartitionNotFoundError(f"partition {pid!r} does not exist (known: {sorted(self.parts)[:10]})")
+        return p
+
+    def gidxs_for_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
+        """Global indexes of ``keys``. Raises PartitionNotFoundError / KeyNotFoundError."""
+        p = self.partition(pid)
+        out = []
+        missing = []
+        for k in keys:
+            g = p.keys.get(k)
+            if g is None:
+                missing.append(k)
+            out.append(g)
+        if missing:
+            raise KeyNotFoundError(f"{len(missing)} key(s) not in partition {pid!r}: {missing[:5]!r}")
+        return out
+
+    # ------------------------------------------------------------------ puts
+    def plan_put(self, pid: str, columns: Sequence[Column], *, keys: Optional[Sequence[str]] = None,
+                 gidxs: Optional[Sequence[int]] = None, n_new: int = 0, tags: Optional[Sequence[Any]] = None,
+                 create_keys: bool = True) -> PutPlan:
+        """Validate a put and reserve global indexes for new rows (nothing is committed).
+
+        Exactly one of ``keys`` (KV rows, created if missing), ``gidxs`` (existing rows of
+        ``pid``) or ``n_new`` (new unkeyed rows) addresses the rows.
+
+        Raises:
+            InvalidInputError: duplicate keys, sizes that disagree, bad tags.
+            SchemaError: a field's kind or dtype clashes with the partition's schema.
+            KeyNotFoundError: ``gidxs`` names rows not in the partition.
+        """
+        if not isinstance(pid, str) or not pid:
+            raise InvalidInputError(f"partition_id must be a non-empty str, got {pid!r}")
+        p = self.parts.get(pid)
+        new_rows: List[Row] = []
+        out: List[int] = []
+        if keys is not None:
+            n = len(keys)
+            if len(set(keys)) != n:
+                seen, dups = set(), []
+                for k in keys:
+                    if k in seen:
+                        dups.append(k)
+                    seen.add(k)
+                raise InvalidInputError(f"duplicate keys in one call: {dups[:5]!r}")
+            for k in keys:
+                if not isinstance(k, str):
+                    raise InvalidInputError(f"keys must be str, got {type(k).__name__} {k!r}")
+        elif gidxs is not None:
+            n = len(gidxs)
+            if len(set(gidxs)) != n:
+                raise InvalidInputError("duplicate global indexes in one call")
+        else:
+            n = n_new
+        if tags is not None:
+            if len(tags) != n:
+                raise InvalidInputError(f"{len(tags)} tags for {n} rows")
+            tags = [check_value(t) for t in tags]
+        for col in columns:
+            if len(col.payloads) != n:
+                raise InvalidInputError(f"field {col.field!r} has {len(col.payloads)} rows, expected {n}")
+        schema_new: Dict[str, Tuple[int, int]] = {}
+        for col in columns:
+            want = (col.kind, col.dtype)
+            have = p.schema.get(col.field) if p else None
+            if have is not None and have != want:
+                raise SchemaError(
+                    f"field {col.field!r} of partition {pid!r} holds {KIND_NAMES[have[0]]} "
+                    f"{DTYPE_NAMES[have[1]]}, got {KIND_NAMES[want[0]]} {DTYPE_NAMES[want[1]]}")
+            if have is None:
+                schema_new[col.field] = want
+        fields = [c.field for c in columns]
+        if len(set(fields)) != len(fields):
+            raise InvalidInputError("a field appears twice in one batch")
+        overwrites = False
+        reserved: List[int] = []
+        seq = p.next_seq if p else 0
+        free_copy = None
+        next_g = self.next_gidx
+
+        def alloc() -> int:
+            nonlocal free_copy, next_g
+            if free_copy is None:
+                free_copy = list(self.free)
+            if free_copy:
+                return heapq.heappop(free_copy)
+            next_g += 1
+            return next_g - 1
+
+        if keys is not None:
+            for k in keys:
+                g = p.keys.get(k) if p else None
+                if g is None:
+                    if not create_keys:
+                        raise KeyNotFoundError(f"key {k!r} not in partition {pid!r}")
+                    g = alloc()
+                    new_rows.append(Row(g, pid, k, None, set(), seq))
+                    seq += 1
+                    reserved.append(g)
+                elif not overwrites and any(f in p.rows[g].fields for f in fields):
+                    overwrites = True
+                out.append(g)
+        elif gidxs is not None:
+            if p is None:
+                raise PartitionNotFoundError(f"partition {pid!r} does not exist")
+            for g in gidxs:
+                r = p.rows.get(g)
+                if r is None:
+                    raise KeyNotFoundError(f"global index {g} is not a row of partition {pid!r}")
+                if not overwrites and any(f in r.fields for f in fields):
+                    overwrites = True
+                out.append(int(g))
+        else:
+            for _ in range(n):
+                g = alloc()
+                new_rows.append(Row(g, pid, None, None, set(), seq))
+                seq += 1
+                out.append(g)
+        return PutPlan(pid, out, new_rows, tags, fields, schema_new, overwrites, p is None)
+
+    def commit_put(self, plan: PutPlan) -> None:
+        """Commit a planned put: new rows and keys, tags, produced fields, schema, allocator."""
+        with self._lock, wrap_errors("commit put", self.path):
+            m = self.db
+            p = self.parts.get(plan.pid) or Partition(plan.pid)
+            new_by_g = {r.gidx: r for r in plan.new_rows}
+            # compute the resulting rows without touching the mirror yet
+            result: List[Row] = []
+            for i, g in enumerate(plan.gidxs):
+                base = new_by_g.get(g) or p.rows[g]
+                r = Row(g, base.pid, base.key, base.tag, set(base.fields) | set(plan.fields), base.seq)
+                if plan.tags is not None:
+                    r.tag = plan.tags[i]
+                result.append(r)
+            used_new = set(new_by_g)
+            free_after = [f for f in self.free if f not in used_new]
+            next_after = max([self.next_gidx] + [g + 1 for g in used_new])
+            next_seq = max([p.next_seq] + [r.seq + 1 for r in plan.new_rows])
+            with self.env.begin(write=True) as txn:
+                txn.cursor(m["rows"]).putmulti([(_g(r.gidx), r.pack()) for r in result])
+                keyed = [(_pk(plan.pid, r.key), _g(r.gidx)) for r in plan.new_rows if r.key is not None]
+                if keyed:
+                    txn.cursor(m["keys"]).putmulti(keyed)
+                for g in used_new:
+                    if g < self.next_gidx:
+                        txn.delete(_g(g), db=m["free"])
+                txn.put(b"next_gidx", str(next_after).encode(), db=m["meta"])
+                for f, (kind, dt) in plan.schema_new.items():
+                    txn.put((plan.pid + "\0" + f).encode(), json.dumps({"kind": kind, "dtype": dt}).encode(),
+                            db=m["schema"])
+                old_seq = p.next_seq
+                p.next_seq = next_seq
+                txn.put(plan.pid.encode(), p.pack(), db=m["parts"])
+                p.next_seq = old_seq
+                lmdb_commit_point("controller_commit")
+            # committed: update the mirror
+            p.next_seq = next_seq
+            self.parts[plan.pid] = p
+            for r in result:
+                p.rows[r.gidx] = r
+                self.rows[r.gidx] = r
+                if r.key is not None:
+                    p.keys[r.key] = r.gidx
+            p.schema.update(plan.schema_new)
+            self.free = free_after
+            heapq.heapify(self.free)
+            self.next_gidx = next_after
+
+    def create_partition(self, pid: str) -> bool:
+        """Create an empty partition; returns False if it existed."""
+        if not isinstance(pid, str) or not pid:
+            raise InvalidInputError(f"partition_id must be a non-empty str, got {pid!r}")
+        with self._lock, wrap_errors("create partition", self.path):
+            if pid in self.parts:
+                return False
+            p = Partition(pid)
+            with self.env.begin(write=True) as txn:
+                txn.put(pid.encode(), p.pack(), db=self.db["parts"])
+            self.parts[pid] = p
+            return True
+
+    # ------------------------------------------------------------------ clears
+    def clear_rows(self, pid: str, gidxs: Iterable[int], *, drop_partition: bool = False) -> List[int]:
+        """Delete rows (keys, consumption marks) and free their global indexes.
+
+        Idempotent: rows already gone are skipped. Returns the gidxs actually removed.
+        """
+        with self._lock, wrap_errors("clear", self.path):
+            p = self.parts.get(pid)
+            if p is None:
+                return []
+            gone = sorted({int(g) for g in gidxs if int(g) in p.rows})
+            m = self.db
+            tasks = [t for (pp, t) in self.consumed if pp == pid]
+            with self.env.begin(write=True) as txn:
+                for g in gone:
+                    r = p.rows[g]
+                    txn.delete(_g(g), db=m["rows"])
+                    if r.key is not None:
+                        txn.delete(_pk(pid, r.key), db=m["keys"])
+                    txn.put(_g(g), b"", db=m["free"])
+                    for t in tasks:
+                        if g in self.consumed[(pid, t)]:
+                            txn.delete(self._cons_key(t, pid, g), db=m["cons"])
+                if drop_partition:
+                    txn.delete(pid.encode(), db=m["parts"])
+                    for f in p.schema:
+                        txn.delete((pid + "\0" + f).encode(), db=m["schema"])
+                    for t in tasks:
+                        for g in self.consumed[(pid, t)]:
+                            txn.delete(self._cons_key(t, pid, g), db=m["cons"])
+                    txn.delete(pid.encode(), db=m["sampler"])
+                lmdb_commit_point("controller_commit")
+            for g in gone:
+                r = p.rows.pop(g)
+                self.rows.pop(g, None)
+                if r.key is not None:
+                    p.keys.pop(r.key, None)
+                heapq.heappush(self.free, g)
+                for t in tasks:
+                    self.consumed[(pid, t)].discard(g)
+            if drop_partition:
+                del self.parts[pid]
+                for t in tasks:
+                    self.consumed.pop((pid, t), None)
+            return gone
+
+    # ------------------------------------------------------------------ consumption
+    @staticmethod
+    def _cons_key(task: str, pid: str, gidx: int) -> bytes:
+        return task.encode() + b"\0" + pid.encode() + b"\0" + _g(gidx)
+
+    def mark_consumed(self, pid: str, task: str, gidxs: Sequence[int], *, sampler_state=None,
+                      sampler_key: Optional[str] = None) -> None:
+        """Mark rows consumed by ``task`` (and save sampler state) in one transaction."""
+        with self._lock, wrap_errors("mark consumed", self.path):
+            with self.env.begin(write=True) as txn:
+                if gidxs:
+                    txn.cursor(self.db["cons"]).putmulti([(self._cons_key(task, pid, g), b"") for g in gidxs])
+                if sampler_state is not None:
+                    txn.put((sampler_key or pid).encode(), json.dumps(sampler_state).encode(), db=self.db["sampler"])
+                lmdb_commit_point("controller_commit")
+            self.consumed[(pid, task)].update(gidxs)
+
+    def reset_consumption(self, pid: str, task: Optional[str] = None) -> None:
+        """Forget consumption of ``pid`` by ``task`` (all tasks when None)."""
+        with self._lock, wrap_errors("reset consumption", self.path):
+            tasks = [t for (pp, t) in list(self.consumed) if pp == pid and (task is None or t == task)]
+            with self.env.begin(write=True) as txn:
+                for t in tasks:
+                    for g in self.consumed[(pid, t)]:
+                        txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
+            for t in tasks:
+                self.consumed.pop((pid, t), None)
+
+    # ------------------------------------------------------------------ sampler state
+    def sampler_state(self, key: str) -> Optional[Any]:
+        with self.env.begin() as txn:
+            raw = txn.get(key.encode(), db=self.db["sampler"])
+        return None if raw is None else json.loads(bytes(raw))
+
+    def set_sampler_state(self, key: str, state: Any) -> None:
+        with self._lock, wrap_errors("save sampler state", self.path):
+            with self.env.begin(write=True) as txn:
+                txn.put(key.encode(), json.dumps(state).encode(), db=self.db["sampler"])
+
+    def drop_fields(self, missing: Dict[int, Set[str]]) -> None:
+        """Forget produced fields whose payload no unit holds (after a power loss)."""
+        with self._lock, wrap_errors("reconcile", self.path):
+            changed = []
+            for g, fs in missing.items():
+                r = self.rows.get(g)
+                if r is None:
+                    continue
+                changed.append(Row(r.gidx, r.pid, r.key, r.tag, r.fields - fs, r.seq))
+            if not changed:
+                return
+            with self.env.begin(write=True) as txn:
+                for r in changed:
+                    txn.put(_g(r.gidx), r.pack(), db=self.db["rows"])
+            for r in changed:
+                self.rows[r.gidx].fields = r.fields
+
+    # ------------------------------------------------------------------ misc
+    def snapshot_txn(self):
+        """A read transaction: the controller's side of an MVCC cut."""
+        return self.env.begin(buffers=False)
+
+    def close(self) -> None:
+        self.env.close()
+

@@ -1,0 +1,541 @@
+"""Store: a controller plus N storage units in one directory, opened in this process.
+
+Guarantees:
+
+* every acknowledged write is a committed controller transaction written after the unit
+  transactions holding its payload (storage is a superset of what the controller calls
+  produced); a reopened store — also after ``kill -9`` — returns exactly the acknowledged
+  state; unit entries no controller row claims are dropped on open;
+* row ``g`` lives on unit ``g % N``; per-unit work runs in a thread pool;
+* one process opens a store at a time (an advisory lock on ``LOCK``);
+* bad input raises before anything is written.
+"""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import tempfile
+import threading
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+
+from . import layout_dirs as L
+from ._format.columns import Column, allocate_batch, assemble, row_to_object, to_column
+from ._format.layout import KIND_VALUE
+from ._io import files
+from .checkpoint import CheckpointMixin
+from .controller import Controller, PutPlan
+from .errors import (
+    ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
+    TqstoreError,
+)
+from .kv import KVMixin
+from .unit import DEFAULT_SEGMENT_BYTES, SMALL_FRAME_BYTES, Unit, UnitView
+
+log = logging.getLogger("tqstore")
+
+DURABILITY = ("checkpoint", "commit")
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+@dataclass
+class StoreSnapshot:
+    """An MVCC cut of a whole store: the controller's and each unit's read transaction.
+
+    Holds segment pins until :meth:`release`; later puts and clears do not change it.
+    """
+
+    controller_txn: Any
+    units: List[UnitView]
+    num_units: int
+    state_dir: Path
+
+    def release(self) -> None:
+        try:
+            self.controller_txn.abort()
+        except Exception:  # noqa: BLE001 - already closed env
+            pass
+        for u in self.units:
+            u.release()
+
+    def __enter__(self) -> "StoreSnapshot":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _normalise_fields(fields: Any) -> List[Tuple[str, Any]]:
+    if fields is None:
+        return []
+    if hasattr(fields, "items") and callable(fields.items):
+        items = list(fields.items())
+    else:
+        raise InvalidInputError(f"fields must be a mapping of field name to batched value, got "
+                                f"{type(fields).__name__}")
+    return [(str(k) if not isinstance(k, str) else k, v) for k, v in items]
+
+
+class Store(KVMixin, CheckpointMixin):
+    """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
+
+    Args:
+        path: store directory (created if missing). ``None``: a private temporary store,
+            removed on close.
+        num_units: storage units of a new store (default 1); for an existing one it must
+            match or be None.
+        durability: ``"checkpoint"`` (default; acknowledged writes survive a process kill,
+            fsync happens at checkpoints) or ``"commit"`` (every acknowledged write is
+            fsynced and survives power loss).
+        segment_bytes: size at which a unit's active segment is sealed.
+        compress: None, ``"zstd"`` (every field) or a collection of field names to compress.
+        verify_reads: check CRC32C on every read (default True).
+
+    Raises:
+        ConfigError: a setting is invalid or contradicts the existing store.
+        StorageIOError: the directory is locked by another process or cannot be opened.
+    """
+
+    def __init__(self, path: Optional[PathLike] = None, *, num_units: Optional[int] = None,
+                 durability: str = "checkpoint", segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
+                 verify_reads: bool = True, max_workers: Optional[int] = None,
+                 index_map_bytes: Optional[int] = None) -> None:
+        if durability not in DURABILITY:
+            raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
+        if num_units is not None and (not isinstance(num_units, int) or num_units < 1):
+            raise ConfigError(f"num_units must be a positive int, got {num_units!r}")
+        if compress not in (None, "zstd") and not isinstance(compress, (list, tuple, set, frozenset)):
+            raise ConfigError(f"compress must be None, 'zstd' or a collection of field names, got {compress!r}")
+        if int(segment_bytes) < 1 << 16:
+            raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
+        self._closed = True
+        self._temporary = path is None
+        self.root = Path(tempfile.mkdtemp(prefix="tqstore-")) if path is None else Path(path)
+        self.durability = durability
+        self.verify_reads = verify_reads
+        self._opts = dict(durability=durability, segment_bytes=int(segment_bytes),
+                          compress=set(compress) if isinstance(compress, (list, tuple, set, frozenset)) else compress,
+                          map_bytes=index_map_bytes)
+        try:
+            files.mkdir(self.root, exist_ok=True, parents=True)
+        except OSError as e:
+            raise StorageIOError(f"cannot create store directory {self.root}: {e}") from e
+        self._lock_fd = self._take_lock()
+        try:
+            self._open_state(num_units)
+        except BaseException:
+            os.close(self._lock_fd)
+            raise
+        self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
+                                        thread_name_prefix="tqstore-unit")
+        self._write_lock = threading.RLock()
+        self._closed = False
+        self._reconcile()
+        log.info("opened store %s (%d units, durability=%s)", self.root, self.num_units, durability)
+
+    # ------------------------------------------------------------------ open / close
+    def _take_lock(self) -> int:
+        fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            os.close(fd)
+            raise StorageIOError(f"store {self.root} is open in another process (LOCK is held)") from e
+        return fd
+
+    def _open_state(self, num_units: Optional[int]) -> None:
+        d = L.read_store_file(self.root)
+        if d is None:
+            leftovers = [n for n in files.listdir(self.root) if n not in ("LOCK",)]
+            if leftovers:
+                raise ConfigError(f"{self.root} is not empty and holds no {L.STORE_FILE}; refusing to use it as a "
+                                  f"store (found {leftovers[:5]})")
+            n = num_units or 1
+            files.mkdir(self.root / L.state_name(1))
+            L.write_current(self.root, L.state_name(1))
+            d = L.create_store_file(self.root, n)
+        self.num_units = L.check_units(self.root, d, num_units)
+        current = L.read_current(self.root)
+        if current is None:
+            raise StorageIOError(f"store {self.root} has no {L.CURRENT_FILE} pointer")
+        self.state_dir = self.root / current
+        # remove states left behind by an interrupted load (never the current one)
+        for name in files.listdir(self.root):
+            if L.parse_state_name(name) is not None and name != current:
+                log.info("removing abandoned state directory %s", name)
+                files.rmtree(self.root / name)
+        self._open_parts(self.state_dir)
+
+    def _open_parts(self, state: Path) -> None:
+        sync = self.durability == "commit"
+        self.controller = Controller(L.controller_dir(state), num_units=self.num_units, sync=sync,
+                                     map_bytes=self._opts["map_bytes"])
+        if self.controller.num_units != self.num_units:
+            raise ConfigError(f"controller of {state} says {self.controller.num_units} units, STORE.json says "
+                              f"{self.num_units}")
+        self.units = [Unit(L.unit_dir(state, i), i, durability=self.durability,
+                           segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"],
+                           map_bytes=self._opts["map_bytes"]) for i in range(self.num_units)]
+
+    def _reconcile(self) -> None:
+        """Drop unit entries no controller row claims; forget claims no unit can serve."""
+        rows = self.controller.rows
+        missing: Dict[int, Set[str]] = defaultdict(set)
+
+        def one(u: Unit):
+            present = u.keys()
+            orphan: Dict[int, List[str]] = defaultdict(list)
+            have: Dict[int, Set[str]] = defaultdict(set)
+            for g, f in present:
+                r = rows.get(g)
+                if r is None or f not in r.fields or g % self.num_units != u.unit_id:
+                    orphan[g].append(f)
+                else:
+                    have[g].add(f)
+            for g, fs in orphan.items():
+                u.delete([g], fs)
+            lost = {}
+            for g, r in rows.items():
+                if g % self.num_units == u.unit_id and r.fields - have.get(g, set()):
+                    lost[g] = r.fields - have.get(g, set())
+            return sum(len(v) for v in orphan.values()), lost
+
+        for n_orphan, lost in self._pool.map(one, self.units):
+            if n_orphan:
+                log.info("reconcile: dropped %d unit entries of unacknowledged writes", n_orphan)
+            for g, fs in lost.items():
+                missing[g] |= fs
+        if missing:
+            log.warning("reconcile: %d rows lost fields their units no longer hold (power loss without "
+                        "durability='commit'?); those fields are marked not produced", len(missing))
+            self.controller.drop_fields(missing)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.root} is closed")
+
+    def close(self) -> None:
+        """Close the store (idempotent). A temporary store is deleted."""
+        if getattr(self, "_closed", True):
+            return
+        with self._write_lock:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+            self._close_parts()
+            os.close(self._lock_fd)
+        if self._temporary:
+            shutil.rmtree(self.root, ignore_errors=True)
+        log.info("closed store %s", self.root)
+
+    def _close_parts(self) -> None:
+        for u in self.units:
+            u.close()
+        self.controller.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        try:
+            if not self._closed and self._temporary:
+                self.close()
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ writing
+    def write(self, partition_id: str, fields: Any, *, keys: Optional[Sequence[str]] = None,
+              gidxs: Optional[Sequence[int]] = None, tags: Optional[Sequence[Any]] = None,
+              new_rows: bool = False, create_keys: bool = True) -> List[int]:
+        """Write a batch of fields to rows and return their global indexes.
+
+        Rows are addressed by ``keys`` (created when missing), ``gidxs`` (existing rows), or
+        ``new_rows=True`` (fresh unkeyed rows, as many as the batch has).  Validation happens
+        first; then units write in parallel; then one controller transaction acknowledges.
+
+        Raises:
+            InvalidInputError, SchemaError, UnsupportedTypeError, KeyNotFoundError: nothing written.
+            StorageIOError: the write failed; no row became visible.
+        """
+        self._check_open()
+        items = _normalise_fields(fields)
+        if keys is not None:
+            keys = list(keys)
+            n = len(keys)
+        elif gidxs is not None:
+            gidxs = [int(g) for g in gidxs]
+            n = len(gidxs)
+        elif new_rows:
+            n = _batch_len(items, tags)
+        else:
+            raise InvalidInputError("write needs keys, gidxs or new_rows=True")
+        cols = [to_column(f, v, n) for f, v in items]
+        with self._write_lock:
+            self._check_open()
+            plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
+                                            n_new=n if new_rows else 0, tags=tags, create_keys=create_keys)
+            if cols and n:
+                self._write_units(plan, cols)
+            self.controller.commit_put(plan)
+            return list(plan.gidxs)
+
+    def _write_units(self, plan: PutPlan, cols: List[Column]) -> None:
+        per_unit: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
+        for pos, g in enumerate(plan.gidxs):
+            per_unit[g % self.num_units].append((pos, g))
+        fresh = not plan.overwrites
+
+        def one(u: int):
+            pairs = per_unit[u]
+            positions = [p for p, _ in pairs]
+            gs = [g for _, g in pairs]
+            return self.units[u].write([(c, positions, gs) for c in cols], fresh=fresh)
+
+        futures = {u: self._pool.submit(one, u) for u in per_unit}
+        errors = []
+        for u, fut in futures.items():
+            try:
+                fut.result()
+            except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+                errors.append((u, e))
+        if errors:
+            # undo entries of rows that did not exist before on units that succeeded
+            new = {r.gidx for r in plan.new_rows}
+            for u in per_unit:
+                if u not in dict(errors) and new:
+                    try:
+                        self.units[u].delete([g for _, g in per_unit[u] if g in new])
+                    except TqstoreError:
+                        log.exception("could not undo a partial write on unit %d (reopen reconciles it)", u)
+            u, e = errors[0]
+            if isinstance(e, TqstoreError):
+                raise e
+            raise StorageIOError(f"write to unit {u} of {self.root} failed: {e}") from e
+
+    def delete_rows(self, partition_id: str, gidxs: Sequence[int]) -> List[int]:
+        """Remove rows (idempotent). Controller first, then the units' entries."""
+        self._check_open()
+        with self._write_lock:
+            gone = self.controller.clear_rows(partition_id, gidxs)
+            self._delete_units(gone)
+            return gone
+
+    def drop_partition(self, partition_id: str) -> List[int]:
+        """Remove a partition with all its rows (idempotent)."""
+        self._check_open()
+        with self._write_lock:
+            p = self.controller.parts.get(partition_id)
+            if p is None:
+                return []
+            gone = self.controller.clear_rows(partition_id, list(p.rows), drop_partition=True)
+            self._delete_units(gone)
+            return gone
+
+    def _delete_units(self, gidxs: Sequence[int]) -> None:
+        per_unit: Dict[int, List[int]] = defaultdict(list)
+        for g in gidxs:
+            per_unit[g % self.num_units].append(g)
+        list(self._pool.map(lambda u: self.units[u].delete(per_unit[u]), per_unit))
+
+    # ------------------------------------------------------------------ reading
+    def read(self, partition_id: str, gidxs: Sequence[int], select_fields: Optional[Sequence[str]] = None, *,
+             verify: Optional[bool] = None) -> Dict[str, Any]:
+        """Read fields of rows into a mapping field → batched value.
+
+        ``select_fields=None`` reads the fields every requested row has produced.  Values
+        come back as a tensor (rows share a shape), a jagged nested tensor (they do not),
+        a numpy array for numpy fields, or a list for non-tensor fields.
+
+        Raises:
+            PartitionNotFoundError, KeyNotFoundError: unknown partition or row.
+            FieldNotFoundError: a selected field is not produced for some row.
+            CorruptionError: a payload does not verify (names file and offset).
+        """
+        self._check_open()
+        verify = self.verify_reads if verify is None else verify
+        p = self.controller.partition(partition_id)
+        gidxs = [int(g) for g in gidxs]
+        rows = []
+        for g in gidxs:
+            r = p.rows.get(g)
+            if r is None:
+                raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
+            rows.append(r)
+        if select_fields is None:
+            fields = sorted(set.intersection(*(r.fields for r in rows))) if rows else []
+        else:
+            fields = list(select_fields)
+            for f in fields:
+                lacking = [r.key if r.key is not None else r.gidx for r in rows if f not in r.fields]
+                if lacking:
+                    known = sorted(p.schema)
+                    raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition "
+                                             f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
+                                             f"{known}")
+        return {f: self._read_field(gidxs, f, verify, p.schema[f][0]) for f in fields}
+
+    def _read_field(self, gidxs: List[int], field: str, verify: bool, kind: int) -> Any:
+        n = len(gidxs)
+        per_unit: Dict[int, List[int]] = defaultdict(list)
+        for pos, g in enumerate(gidxs):
+            per_unit[g % self.num_units].append(pos)
+        locs: List[Any] = [None] * n
+
+        def lookup(u: int):
+            ps = per_unit[u]
+            for p_, loc in zip(ps, self.units[u].lookup([gidxs[i] for i in ps], field)):
+                locs[p_] = loc
+
+        list(self._pool.map(lookup, per_unit)) if len(per_unit) > 1 else [lookup(u) for u in per_unit]
+        if any(l is None for l in locs):
+            bad = [gidxs[i] for i, l in enumerate(locs) if l is None]
+            raise FieldNotFoundError(f"field {field!r} has no stored payload for rows {bad[:5]} (store "
+                                     f"inconsistent; run verify)")
+        if kind == KIND_VALUE or all(l.length < SMALL_FRAME_BYTES for l in locs):
+            objs: List[Any] = [None] * n
+
+            def small(u: int):
+                unit = self.units[u]
+                for p_ in per_unit[u]:
+                    fr = unit.read_frame(locs[p_], verify=verify)
+                    objs[p_] = row_to_object(fr.kind, fr.dtype, fr.shape, unit.decode_payload(fr), copy=True)
+
+            list(self._pool.map(small, per_unit)) if len(per_unit) > 1 else [small(u) for u in per_unit]
+            return assemble(kind, objs)
+        heads: List[Any] = [None] * n
+
+        def read_heads(u: int):
+            ps = per_unit[u]
+            for p_, h in zip(ps, self.units[u].read_heads([locs[i] for i in ps])):
+                heads[p_] = h
+
+        list(self._pool.map(read_heads, per_unit))
+        shapes = {h.shape for h in heads}
+        dtypes = {h.dtype for h in heads}
+        if len(shapes) == 1 and len(dtypes) == 1:
+            out, views = allocate_batch(kind, heads[0].dtype, n, heads[0].shape)
+        else:
+            outs = [allocate_batch(kind, h.dtype, 1, h.shape) for h in heads]
+            views = [v[1][0] for v in outs]
+            out = None
+
+        def fill(u: int):
+            ps = per_unit[u]
+            self.units[u].read_into([locs[i] for i in ps], [heads[i] for i in ps], [views[i] for i in ps],
+                                    verify=verify)
+
+        list(self._pool.map(fill, per_unit))
+        if out is not None:
+            return out
+        return assemble(kind, [o[0][0] for o in outs])
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot(self) -> StoreSnapshot:
+        """Take an MVCC cut: under the write lock (held only for the cut) every unit seals its
+        active segment and opens a read transaction, and the controller opens one."""
+        self._check_open()
+        with self._write_lock:
+            self._check_open()
+            views: List[UnitView] = []
+            try:
+                for u in self.units:
+                    views.append(u.snapshot())
+                txn = self.controller.snapshot_txn()
+            except BaseException:
+                for v in views:
+                    v.release()
+                raise
+            return StoreSnapshot(txn, views, self.num_units, self.state_dir)
+
+    def install_state(self, build: Callable[[Path], Any]) -> Any:
+        """Replace the whole live state transactionally.
+
+        ``build(new_state_dir)`` fills a fresh state directory beside the live one (controller
+        and unit directories, see layout_dirs) and returns any value.  Then every file is
+        fsynced, the new parts are opened (validated), and the ``CURRENT`` pointer is switched
+        with one atomic rename.  On any failure before the switch the new directory is removed
+        and the live store is exactly as before; a crash is settled on the next open.
+        Runs under the write lock: puts and clears wait.
+        """
+        self._check_open()
+        with self._write_lock:
+            self._check_open()
+            cur = L.parse_state_name(self.state_dir.name)
+            new_dir = self.root / L.state_name(cur + 1)
+            if new_dir.exists():
+                files.rmtree(new_dir)
+            try:
+                files.mkdir(new_dir)
+                result = build(new_dir)
+                files.fsync_tree(new_dir)
+                files.fsync_dir(self.root)
+                old = (self.controller, self.units, self.state_dir)
+                try:
+                    self._open_parts(new_dir)
+                except BaseException:
+                    self.controller, self.units, self.state_dir = old
+                    raise
+                new = (self.controller, self.units)
+                self.controller, self.units = old[0], old[1]
+                try:
+                    L.write_current(self.root, new_dir.name)
+                except BaseException:
+                    for u in new[1]:
+                        u.close()
+                    new[0].close()
+                    raise
+            except BaseException:
+                shutil.rmtree(new_dir, ignore_errors=True)
+                raise
+            self._close_parts()
+            self.controller, self.units, self.state_dir = new[0], new[1], new_dir
+            try:
+                files.rmtree(old[2])
+            except OSError:
+                log.warning("could not remove the replaced state %s (removed on next open)", old[2])
+            self._reconcile()
+            return result
+
+    def compact(self, *, live_ratio: float = 0.5) -> int:
+        """Compact mostly-dead segments of every unit; returns segments compacted."""
+        self._check_open()
+        with self._write_lock:
+            return sum(self._pool.map(lambda u: u.compact(live_ratio=live_ratio), self.units))
+
+    def verify(self) -> List[str]:
+        """Check every stored frame; returns one line per problem (empty when clean)."""
+        self._check_open()
+        out: List[str] = []
+        for probs in self._pool.map(lambda u: u.verify(), self.units):
+            out.extend(probs)
+        return out
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+
+def _batch_len(items: List[Tuple[str, Any]], tags) -> int:
+    if items:
+        v = items[0][1]
+        try:
+            if hasattr(v, "is_nested") and v.is_nested:
+                return v.size(0)
+            return len(v)
+        except TypeError as e:
+            raise InvalidInputError(f"field {items[0][0]!r} has no batch dimension") from e
+    if tags is not None:
+        return len(tags)
+    raise InvalidInputError("cannot infer the batch size: no fields and no tags")
+
+
+def open(path: Optional[PathLike] = None, **kwargs) -> Store:  # noqa: A001 - mirrors builtins.open
+    """Open or create a store; see :class:`Store` for arguments. Use ``with tqstore.open(p) as s:``."""
+    return Store(path, **kwargs)

@@ -1,0 +1,613 @@
+"""Storage unit: append-only segment files of record frames plus an LMDB index.
+
+A unit directory holds ``index/`` (LMDB: ``loc`` maps (gidx, field) to (segment, offset,
+length, crc); ``segs`` holds each segment's size, live bytes and sealed flag) and
+``seg-XXXXXXXX.tqs`` files.  Guarantees:
+
+* a batch is one vectored write to the active segment and one LMDB transaction; the
+  index only ever names frames that were fully written before it committed;
+* reads verify each frame's CRC32C (unless asked not to) and raise
+  :class:`~tqstore.errors.CorruptionError` naming file and offset;
+* a sealed segment never changes; a segment with no live bytes and no pin is unlinked;
+  a mostly dead sealed one is compacted (its live frames copied byte for byte).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import lmdb
+import zstandard
+
+from . import _native
+from ._format.columns import Column
+from ._format.frame import Frame, FrameHead, decode_frame, encode_parts, parse_head
+from ._format.layout import (
+    ALIGN, CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
+    FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION,
+)
+from ._format.segment import decode_segment_header, parse_segment_name, segment_name
+from ._io import files
+from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
+from ._io.segfile import MmapCache, SegmentWriter
+from .errors import CorruptionError, StorageIOError
+
+log = logging.getLogger("tqstore")
+
+SMALL_FRAME_BYTES = 64 << 10  # payloads below this are framed in bulk into one buffer
+DEFAULT_SEGMENT_BYTES = 256 << 20
+COMPACT_LIVE_RATIO = 0.5
+HEAD_READ_BYTES = 640  # covers the largest header (255-byte field name, 32 dims)
+
+
+def _raise_truncated(path: str, offset: int):
+    raise CorruptionError("truncated record frame", path=path, offset=offset)
+
+
+@dataclass(frozen=True)
+class Loc:
+    """Where a frame lies: segment id, offset in the segment file, frame length, frame CRC."""
+
+    seg: int
+    offset: int
+    length: int
+    crc: int
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "Loc":
+        return cls(*INDEX_VALUE.unpack(raw))
+
+    def pack(self) -> bytes:
+        return INDEX_VALUE.pack(self.seg, self.offset, self.length, self.crc)
+
+
+@dataclass
+class SegInfo:
+    size: int
+    live: int
+    sealed: bool
+
+    def pack(self) -> bytes:
+        return json.dumps({"size": self.size, "live": self.live, "sealed": self.sealed}).encode()
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> "SegInfo":
+        d = json.loads(bytes(raw))
+        return cls(int(d["size"]), int(d["live"]), bool(d["sealed"]))
+
+
+def _seg_key(seg_id: int) -> bytes:
+    return seg_id.to_bytes(4, "big")
+
+
+class UnitView:
+    """A read transaction of a unit pinned to the segments it references (an MVCC cut)."""
+
+    def __init__(self, unit: "Unit", txn: lmdb.Transaction, segs: Dict[int, SegInfo]) -> None:
+        self.unit = unit
+        self.txn = txn
+        self.segs = segs
+        self._released = False
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            try:
+                self.txn.abort()
+            finally:
+                self.unit._unpin(self.segs)
+
+
+class Unit:
+    """One storage unit. Thread-safe: appends and index updates are serialised by a lock."""
+
+    def __init__(self, path: Path, unit_id: int, *, durability: str = "checkpoint",
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
+                 map_bytes: Optional[int] = None) -> None:
+        self.path = Path(path)
+        self.unit_id = unit_id
+        self.sync = durability == "commit"
+        self.segment_bytes = int(segment_bytes)
+        self.compress = compress  # None | "zstd" | set of field names
+        files.mkdir(self.path, exist_ok=True, parents=True)
+        kw = {"map_bytes": map_bytes} if map_bytes else {}
+        self.env = open_env(self.path / "index", max_dbs=4, sync=self.sync, **kw)
+        self.db_loc = self.env.open_db(b"loc")
+        self.db_segs = self.env.open_db(b"segs")
+        self._lock = threading.RLock()
+        self._pins: Dict[int, int] = defaultdict(int)
+        self.maps = MmapCache(self.path)
+        self._zc = zstandard.ZstdCompressor(level=3)
+        self._writer: Optional[SegmentWriter] = None
+        self._recover()
+
+    # ------------------------------------------------------------------ open / recovery
+    def _load_segs(self, txn=None) -> Dict[int, SegInfo]:
+        own = txn is None
+        txn = txn or self.env.begin()
+        try:
+            return {int.from_bytes(k, "big"): SegInfo.unpack(v) for k, v in txn.cursor(self.db_segs)}
+        finally:
+            if own:
+                txn.abort()
+
+    def _recover(self) -> None:
+        """Make disk agree with the index: cut torn tails, drop stray segment files and
+        index entries that point past the end of a (power-loss shortened) segment."""
+        segs = self._load_segs()
+        on_disk = {parse_segment_name(n): n for n in files.listdir(self.path)}
+        on_disk.pop(None, None)
+        for seg_id, name in on_disk.items():
+            if seg_id not in segs:
+                log.info("unit %d: removing segment %s not named by the index", self.unit_id, name)
+                files.unlink(self.path / name)
+        short = {}
+        for seg_id, info in segs.items():
+            p = self.path / segment_name(seg_id)
+            size = p.stat().st_size if p.exists() else -1
+            if size < info.size:
+                short[seg_id] = max(size, 0)
+        if short:
+            self._drop_entries_past(short)
+            segs = self._load_segs()
+        active = [s for s, i in segs.items() if not i.sealed]
+        if active:
+            sid = max(active)
+            p = self.path / segment_name(sid)
+            if p.exists():
+                self._writer = SegmentWriter(self.path, self.unit_id, sid, create=False, size=segs[sid].size)
+            for s in active:
+                if s != sid:
+                    self._set_seg(s, sealed=True)
+
+    def _drop_entries_past(self, short: Dict[int, int]) -> None:
+        log.warning("unit %d: segments %s are shorter than recorded (power loss?); dropping the rows "
+                    "past their end", self.unit_id, sorted(short))
+        with self.env.begin(write=True) as txn:
+            cur = txn.cursor(self.db_loc)
+            drop = [k for k, v in cur if Loc.unpack(v).seg in short
+                    and Loc.unpack(v).offset + Loc.unpack(v).length > short[Loc.unpack(v).seg]]
+            for k in drop:
+                txn.delete(k, db=self.db_loc)
+            for seg_id, size in short.items():
+                raw = txn.get(_seg_key(seg_id), db=self.db_segs)
+                info = SegInfo.unpack(raw)
+                if size < SEGMENT_HEADER_SIZE:
+                    txn.delete(_seg_key(seg_id), db=self.db_segs)
+                    files.unlink(self.path / segment_name(seg_id))
+                else:
+                    info.size = size
+                    info.sealed = True
+                    txn.put(_seg_key(seg_id), info.pack(), db=self.db_segs)
+        self._recompute_live()
+
+    def _recompute_live(self) -> None:
+        with self.env.begin(write=True) as txn:
+            live: Dict[int, int] = defaultdict(int)
+            for _k, v in txn.cursor(self.db_loc):
+                loc = Loc.unpack(v)
+                live[loc.seg] += loc.length
+            for k, v in list(txn.cursor(self.db_segs)):
+                info = SegInfo.unpack(v)
+                info.live = live.get(int.from_bytes(k, "big"), 0)
+                txn.put(k, info.pack(), db=self.db_segs)
+
+    def _set_seg(self, seg_id: int, **changes) -> None:
+        with self.env.begin(write=True) as txn:
+            info = SegInfo.unpack(txn.get(_seg_key(seg_id), db=self.db_segs))
+            for k, v in changes.items():
+                setattr(info, k, v)
+            txn.put(_seg_key(seg_id), info.pack(), db=self.db_segs)
+
+    # ------------------------------------------------------------------ writing
+    def _compressed(self, field: str) -> bool:
+        c = self.compress
+        if not c:
+            return False
+        if c == "zstd":
+            return True
+        return field in c
+
+    def _active(self, txn) -> SegmentWriter:
+        w = self._writer
+        if w is not None and w.size < self.segment_bytes:
+            return w
+        if w is not None:
+            self._seal_writer(txn)
+        segs = {int.from_bytes(k, "big") for k, _ in txn.cursor(self.db_segs)}
+        on_disk = {parse_segment_name(n) for n in files.listdir(self.path)} - {None}
+        seg_id = max(segs | on_disk | {0}) + 1
+        w = SegmentWriter(self.path, self.unit_id, seg_id, create=True)
+        txn.put(_seg_key(seg_id), SegInfo(w.size, 0, False).pack(), db=self.db_segs)
+        self._writer = w
+        return w
+
+    def _seal_writer(self, txn) -> None:
+        w = self._writer
+        if w is None:
+            return
+        if self.sync:
+            w.fsync()
+        raw = txn.get(_seg_key(w.seg_id), db=self.db_segs)
+        info = SegInfo.unpack(raw)
+        info.sealed = True
+        info.size = w.size
+        txn.put(_seg_key(w.seg_id), info.pack(), db=self.db_segs)
+        w.close()
+        self._writer = None
+
+    def write(self, columns: Sequence[Tuple[Column, Sequence[int], Sequence[int]]], *, fresh: bool = False) -> int:
+        """Append the given rows and index them in one transaction.
+
+        ``columns`` holds ``(column, row_positions, gidxs)``: rows ``row_positions`` of the
+        column go to global indexes ``gidxs``.  ``fresh=True`` promises no (gidx, field)
+        already exists (skips reading old entries).  Returns bytes appended.
+
+        Raises:
+            StorageIOError: the write or commit failed; the index is unchanged.
+        """
+        with self._lock, wrap_errors(f"unit {self.unit_id} write", self.path):
+            txn = self.env.begin(write=True)
+            try:
+                w = self._active(txn)
+                start = w.size
+                bufs: List = []
+                items: List[Tuple[bytes, bytes]] = []
+                off = start
+                for col, positions, gidxs in columns:
+                    fbytes = col.field.encode()
+                    comp = self._compressed(col.field)
+                    small_pos, small_gidx = [], []
+                    for pos, g in zip(positions, gidxs):
+                        payload = col.payloads[pos]
+                        if comp:
+                            raw = memoryview(payload).cast("B")
+                            z = self._zc.compress(raw)
+                            head, tail, crc, flen = encode_parts(fbytes, col.kind, col.dtype, g, col.shapes[pos], z,
+                                                                 CODEC_ZSTD, raw.nbytes)
+                            bufs += [head, z, tail]
+                            items.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
+                            off += flen
+                        elif memoryview(payload).nbytes < SMALL_FRAME_BYTES:
+                            small_pos.append(pos)
+                            small_gidx.append(g)
+                        else:
+                            head, tail, crc, flen = encode_parts(fbytes, col.kind, col.dtype, g, col.shapes[pos],
+                                                                 payload)
+                            bufs += [head, payload, tail]
+                            items.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
+                            off += flen
+                    if small_pos:
+                        if len(small_pos) == len(col.payloads):
+                            pl, sh = col.payloads, col.shapes
+                        else:
+                            pl = [col.payloads[p] for p in small_pos]
+                            sh = [col.shapes[p] for p in small_pos]
+                        blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0, None,
+                                                          w.seg_id, off)
+                        bufs.append(blob)
+                        items.extend(its)
+                        off += len(blob)
+                w.append(bufs)
+                if self.sync:
+                    w.fsync()
+                self._index(txn, items, w.seg_id, off - start, fresh)
+                lmdb_commit_point("unit_commit")
+                txn.commit()
+            except BaseException:
+                txn.abort()
+                if self._writer is not None:
+                    self._writer.size = start if 'start' in locals() else self._writer.size
+                raise
+            self._after_change()
+            return off - start
+
+    def _index(self, txn, items, seg_id: int, added: int, fresh: bool) -> None:
+        dead: Dict[int, int] = defaultdict(int)
+        if fresh:
+            txn.cursor(self.db_loc).putmulti(items)
+        else:
+            for k, v in items:
+                old = txn.replace(k, v, db=self.db_loc)
+                if old is not None:
+                    o = Loc.unpack(old)
+                    dead[o.seg] += o.length
+        info = SegInfo.unpack(txn.get(_seg_key(seg_id), db=self.db_segs))
+        info.size += added
+        info.live += added
+        txn.put(_seg_key(seg_id), info.pack(), db=self.db_segs)
+        self._apply_dead(txn, dead)
+
+    def _apply_dead(self, txn, dead: Dict[int, int]) -> None:
+        for s, n in dead.items():
+            raw = txn.get(_seg_key(s), db=self.db_segs)
+            if raw is None:
+                continue
+            info = SegInfo.unpack(raw)
+            info.live = max(0, info.live - n)
+            txn.put(_seg_key(s), info.pack(), db=self.db_segs)
+
+    def delete(self, gidxs: Iterable[int], fields: Optional[Iterable[str]] = None) -> int:
+        """Drop index entries of rows ``gidxs`` (all fields, or only ``fields``). Returns entries dropped."""
+        with self._lock, wrap_errors(f"unit {self.unit_id} delete", self.path):
+            dropped = 0
+            dead: Dict[int, int] = defaultdict(int)
+            with self.env.begin(write=True) as txn:
+                cur = txn.cursor(self.db_loc)
+                for g in sorted(set(gidxs)):
+                    head = INDEX_KEY_HEAD.pack(g)
+                    if fields is not None:
+                        keys = [head + f.encode() for f in fields]
+                        for k in keys:
+                            v = txn.pop(k, db=self.db_loc)
+                            if v is not None:
+                                dead[Loc.unpack(v).seg] += Loc.unpack(v).length
+                                dropped += 1
+                        continue
+                    if not cur.set_range(head):
+                        continue
+                    while cur.key()[:8] == head:
+                        loc = Loc.unpack(cur.value())
+                        dead[loc.seg] += loc.length
+                        dropped += 1
+                        if not cur.delete():
+                            break
+                self._apply_dead(txn, dead)
+                lmdb_commit_point("unit_commit")
+            self._after_change()
+            return dropped
+
+    def keys(self, txn=None) -> List[Tuple[int, str]]:
+        """All (gidx, field) pairs in the index."""
+        own = txn is None
+        txn = txn or self.env.begin()
+        try:
+            return [(INDEX_KEY_HEAD.unpack(k[:8])[0], bytes(k[8:]).decode()) for k in txn.cursor(self.db_loc).iternext(values=False)]
+        finally:
+            if own:
+                txn.abort()
+
+    # ------------------------------------------------------------------ segment lifecycle
+    def _after_change(self) -> None:
+        """Unlink sealed segments with no live bytes and no pin."""
+        segs = self._load_segs()
+        dead = [s for s, i in segs.items() if i.sealed and i.live == 0 and not self._pins.get(s)]
+        if dead:
+            self._remove_segments(dead)
+
+    def _remove_segments(self, seg_ids: Sequence[int]) -> None:
+        with self._lock:
+            with self.env.begin(write=True) as txn:
+                for s in seg_ids:
+                    txn.delete(_seg_key(s), db=self.db_segs)
+            for s in seg_ids:
+                self.maps.drop(s)
+                files.unlink(self.path / segment_name(s))
+                log.debug("unit %d: unlinked dead segment %d", self.unit_id, s)
+
+    def seal(self) -> Optional[int]:
+        """Seal the active segment (if any holds frames). Returns its id or None."""
+        with self._lock, wrap_errors(f"unit {self.unit_id} seal", self.path):
+            w = self._writer
+            if w is None:
+                return None
+            if w.size <= SEGMENT_HEADER_SIZE:
+                return None
+            with self.env.begin(write=True) as txn:
+                self._seal_writer(txn)
+            return w.seg_id
+
+    def snapshot(self) -> UnitView:
+        """Seal the active segment and open a read transaction pinned to its segments.
+
+        Call under the store's cut lock. Release the view when done.
+        """
+        with self._lock:
+            self.seal()
+            txn = self.env.begin(buffers=False)
+            segs = self._load_segs(txn)
+            for s in segs:
+                self._pins[s] += 1
+            return UnitView(self, txn, segs)
+
+    def _unpin(self, segs: Dict[int, SegInfo]) -> None:
+        with self._lock:
+            for s in segs:
+                self._pins[s] -= 1
+                if self._pins[s] <= 0:
+                    del self._pins[s]
+        self._after_change()
+
+    def pinned(self) -> Dict[int, int]:
+        return dict(self._pins)
+
+    def segments(self) -> Dict[int, SegInfo]:
+        return self._load_segs()
+
+    def compact(self, *, live_ratio: float = COMPACT_LIVE_RATIO) -> int:
+        """Rewrite the live frames of sealed, unpinned segments whose live/size ratio is
+        below ``live_ratio`` into the active segment (byte copies, CRC-checked), then unlink
+        them. Returns the number of segments compacted."""
+        with self._lock, wrap_errors(f"unit {self.unit_id} compact", self.path):
+            segs = self._load_segs()
+            victims = [s for s, i in segs.items() if i.sealed and not self._pins.get(s) and i.size > SEGMENT_HEADER_SIZE
+                       and i.live < live_ratio * (i.size - SEGMENT_HEADER_SIZE)]
+            if not victims:
+                return 0
+            vset = set(victims)
+            with self.env.begin(write=True) as txn:
+                moving = [(bytes(k), Loc.unpack(v)) for k, v in txn.cursor(self.db_loc) if Loc.unpack(v).seg in vset]
+                w = self._active(txn)
+                start = w.size
+                off = start
+                bufs, items = [], []
+                for k, loc in moving:
+                    m = self.maps.get(loc.seg, loc.offset + loc.length)
+                    fr = decode_frame(m, loc.offset, loc.length, path=str(self.path / segment_name(loc.seg)),
+                                      expected_crc=loc.crc)
+                    bufs.append(memoryview(m)[loc.offset:loc.offset + loc.length])
+                    items.append((k, INDEX_VALUE.pack(w.seg_id, off, loc.length, fr.crc)))
+                    off += loc.length
+                w.append(bufs)
+                if self.sync:
+                    w.fsync()
+                txn.cursor(self.db_loc).putmulti(items)
+                info = SegInfo.unpack(txn.get(_seg_key(w.seg_id), db=self.db_segs))
+                info.size += off - start
+                info.live += off - start
+                txn.put(_seg_key(w.seg_id), info.pack(), db=self.db_segs)
+                for s in victims:
+                    raw = txn.get(_seg_key(s), db=self.db_segs)
+                    i = SegInfo.unpack(raw)
+                    i.live = 0
+                    txn.put(_seg_key(s), i.pack(), db=self.db_segs)
+                lmdb_commit_point("unit_commit")
+            del bufs
+            self._after_change()
+            log.info("unit %d: compacted %d segments (%d frames moved)", self.unit_id, len(victims), len(items))
+            return len(victims)
+
+    # ------------------------------------------------------------------ reading
+    def lookup(self, gidxs: Sequence[int], field: str, txn=None) -> List[Optional[Loc]]:
+        """Locations of ``field`` for each gidx (None where absent)."""
+        f = field.encode()
+        own = txn is None
+        txn = txn or self.env.begin()
+        try:
+            out = []
+            get = txn.get
+            db = self.db_loc
+            for g in gidxs:
+                v = get(INDEX_KEY_HEAD.pack(g) + f, db=db)
+                out.append(None if v is None else Loc(*INDEX_VALUE.unpack(v)))
+            return out
+        finally:
+            if own:
+                txn.abort()
+
+    def _seg_path(self, seg: int) -> str:
+        return str(self.path / segment_name(seg))
+
+    def _map(self, loc: Loc):
+        try:
+            return self.maps.get(loc.seg, loc.offset + loc.length)
+        except (FileNotFoundError, EOFError) as e:
+            raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(loc.seg),
+                                  offset=loc.offset) from e
+
+    def read_frame(self, loc: Loc, *, verify: bool = True) -> Frame:
+        """The verified frame at ``loc``; its payload is a zero-copy view of the mmapped segment."""
+        m = self._map(loc)
+        return decode_frame(m, loc.offset, loc.length, path=self._seg_path(loc.seg), verify=verify,
+                            expected_crc=loc.crc)
+
+    def decode_payload(self, fr: Frame):
+        """The frame's raw payload bytes (decompressed if the frame is compressed)."""
+        if fr.codec == CODEC_ZSTD:
+            try:
+                return zstandard.ZstdDecompressor().decompress(fr.payload, max_output_size=fr.raw_len)
+            except zstandard.ZstdError as e:
+                raise CorruptionError(f"zstd payload does not decode: {e}", path=None) from e
+        return fr.payload
+
+    def read_heads(self, locs: Sequence[Loc]) -> List[FrameHead]:
+        """Parse the head of each frame with a small positional read (no mapping of payloads)."""
+        out = []
+        fds: Dict[int, int] = {}
+        try:
+            for loc in locs:
+                fd = self._fd(fds, loc.seg)
+                raw = os.pread(fd, min(loc.length, HEAD_READ_BYTES), loc.offset)
+                out.append(parse_head(raw, 0, loc.length if len(raw) == min(loc.length, HEAD_READ_BYTES) else None,
+                                      path=self._seg_path(loc.seg)) if len(raw) >= PREFIX_SIZE else
+                           _raise_truncated(self._seg_path(loc.seg), loc.offset))
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        return out
+
+    def _fd(self, fds: Dict[int, int], seg: int) -> int:
+        fd = fds.get(seg)
+        if fd is None:
+            try:
+                fd = fds[seg] = os.open(self._seg_path(seg), os.O_RDONLY)
+            except FileNotFoundError as e:
+                raise CorruptionError("segment file missing", path=self._seg_path(seg)) from e
+        return fd
+
+    def read_into(self, locs: Sequence[Loc], heads: Sequence[FrameHead], dests: Sequence, *,
+                  verify: bool = True) -> None:
+        """Read each raw frame's payload straight into the writable buffer ``dests[i]``.
+
+        One ``preadv`` per frame (head, destination, trailer); the CRC32C is checked over
+        what landed.  Compressed frames are decompressed into the destination.
+        Raises CorruptionError on any mismatch (the destination content is then undefined).
+        """
+        fds: Dict[int, int] = {}
+        try:
+            for loc, h, dest in zip(locs, heads, dests):
+                dv = memoryview(dest).cast("B")
+                path = self._seg_path(loc.seg)
+                if h.flags & CODEC_MASK:
+                    data = self.decode_payload(self.read_frame(loc, verify=verify))
+                    if len(data) != dv.nbytes:
+                        raise CorruptionError(f"row payload holds {len(data)} bytes, expected {dv.nbytes}", path=path,
+                                              offset=loc.offset)
+                    dv[:] = data
+                    continue
+                if h.payload_len != dv.nbytes:
+                    raise CorruptionError(f"row payload holds {h.payload_len} bytes, expected {dv.nbytes}", path=path,
+                                          offset=loc.offset)
+                fd = self._fd(fds, loc.seg)
+                head = bytearray(h.payload_start)
+                trail = bytearray(TRAILER.size)
+                n = os.preadv(fd, [head, dv, trail], loc.offset)
+                if n != h.payload_start + h.payload_len + TRAILER.size:
+                    raise CorruptionError("truncated record frame", path=path, offset=loc.offset)
+                crc_exp, emagic = TRAILER.unpack(trail)
+                if emagic != FRAME_END_MAGIC or crc_exp != loc.crc:
+                    raise CorruptionError("record frame trailer does not match the index", path=path,
+                                          offset=loc.offset, expected_crc=loc.crc, actual_crc=crc_exp)
+                if verify:
+                    act = _native.crc32c(dv, _native.crc32c(head))
+                    if act != crc_exp:
+                        raise CorruptionError("record frame checksum mismatch", path=path, offset=loc.offset,
+                                              expected_crc=crc_exp, actual_crc=act)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+
+    def verify(self) -> List[str]:
+        """Check every indexed frame and segment header; returns one line per problem."""
+        problems = []
+        segs = self._load_segs()
+        for s in segs:
+            p = self.path / segment_name(s)
+            try:
+                with open(p, "rb") as f:
+                    decode_segment_header(f.read(SEGMENT_HEADER_SIZE), path=str(p))
+            except (OSError, CorruptionError) as e:
+                problems.append(str(e))
+        with self.env.begin() as txn:
+            for k, v in txn.cursor(self.db_loc):
+                loc = Loc.unpack(v)
+                try:
+                    self.read_frame(loc)
+                except CorruptionError as e:
+                    problems.append(str(e))
+        return problems
+
+    # ------------------------------------------------------------------ lifecycle
+    def close(self) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+            self.maps.clear()
+            self.env.close()
