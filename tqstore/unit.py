@@ -302,11 +302,31 @@ class Unit:
                 txn.commit()
             except BaseException:
                 txn.abort()
-                if self._writer is not None:
-                    self._writer.size = start if 'start' in locals() else self._writer.size
+                self._after_failure()
                 raise
             self._after_change()
             return off - start
+
+    def _after_failure(self) -> None:
+        """After an aborted write: drop the writer (its file may hold an unindexed tail), seal
+        every segment the index still calls active, and remove files the index never named.
+        The next write opens a fresh segment; nothing indexed is touched."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        try:
+            segs = self._load_segs()
+            with self.env.begin(write=True) as txn:
+                for s, info in segs.items():
+                    if not info.sealed:
+                        info.sealed = True
+                        txn.put(_seg_key(s), info.pack(), db=self.db_segs)
+            for name in files.listdir(self.path):
+                sid = parse_segment_name(name)
+                if sid is not None and sid not in segs:
+                    files.unlink(self.path / name)
+        except Exception:  # noqa: BLE001 - best effort; reopen repairs the same things
+            log.exception("unit %d: cleanup after a failed write did not finish", self.unit_id)
 
     def _index(self, txn, items, seg_id: int, added: int, fresh: bool) -> None:
         dead: Dict[int, int] = defaultdict(int)
