@@ -43,18 +43,22 @@ class OptionalBuildExt(build_ext):
                 ext.extra_compile_args = ["/O2"]
             else:
                 ext.extra_compile_args = ["-O3", "-Wall", "-fno-strict-aliasing"]
+        self._failed = []
         super().build_extensions()
-
-    def run(self):
-        try:
-            super().run()
-        except Exception as e:  # no compiler at all (DistutilsPlatformError, ...)
-            self._warn(e)
+        # drop what did not build, so that nothing tries to copy or install it
+        self.extensions = [ext for ext in self.extensions if ext not in self._failed]
 
     def build_extension(self, ext):
         try:
             super().build_extension(ext)
         except Exception as e:  # CompileError, LinkError, DistutilsExecError, ...
+            self._failed.append(ext)
+            self._warn(e)
+
+    def run(self):
+        try:
+            super().run()
+        except Exception as e:  # no compiler at all (DistutilsPlatformError, ...)
             self._warn(e)
 
     @staticmethod

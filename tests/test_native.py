@@ -323,7 +323,7 @@ def test_encode_frames_errors_match():
 
 
 def test_encode_frames_threads():
-    pls = [np.full(100, i, dtype=np.uint8) for i in range(3000)]
+    pls = [np.full(100, i & 0xFF, dtype=np.uint8) for i in range(3000)]
     args = (b"f", 0, 0, list(range(3000)), [(100,)] * 3000, pls, 1, [200] * 3000, 9, 0)
     expected = P.encode_frames(*args)
     errors = []

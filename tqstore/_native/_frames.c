@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <string.h>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(TQSTORE_NO_SSE42)
 #define TQ_X86_CRC 1
 #include <nmmintrin.h>
 #endif
@@ -899,6 +899,7 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "tqstore._native._frames",
     "Compiled record hot path (same API and bytes as tqstore._native._pure).", -1, methods,
+    NULL, NULL, NULL, NULL,
 };
 
 PyMODINIT_FUNC PyInit__frames(void) {
