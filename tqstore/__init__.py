@@ -8,12 +8,20 @@ from __future__ import annotations
 import logging
 
 from ._version import __version__
-from .api import close, current_store, init
+from .api import (
+    check_consumption_status, check_production_status, clear_partition, clear_samples, close, current_store,
+    get_client, get_consumption_status, get_data, get_meta, get_partition_list, get_production_status, init,
+    kv_batch_get, kv_batch_get_by_meta, kv_batch_put, kv_clear, kv_list, kv_put, load_checkpoint, put,
+    reset_consumption, save_checkpoint,
+)
+from .client import TransferQueueClient
 from .errors import (
     CapacityError, CheckpointError, CheckpointNotFoundError, ConfigError, CorruptionError, FieldNotFoundError,
     FormatVersionError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionNotFoundError,
     RestorePendingError, SchemaError, StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError,
 )
+from .meta import BatchMeta, KVBatchMeta
+from .samplers import BaseSampler, GRPOGroupNSampler, RandomSampler, RankAwareSampler, SequentialSampler
 from .store import Store, open
 
 logging.getLogger("tqstore").addHandler(logging.NullHandler())
@@ -25,4 +33,11 @@ __all__ = [
     "PartitionNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
     "StorageIOError", "CorruptionError", "FormatVersionError", "CheckpointError", "CheckpointNotFoundError",
     "RestorePendingError",
+    # data plane (issue 3)
+    "get_client", "TransferQueueClient", "BatchMeta", "KVBatchMeta",
+    "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear",
+    "get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
+    "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
+    "get_partition_list", "save_checkpoint", "load_checkpoint",
+    "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
 ]

@@ -4,11 +4,16 @@ No business logic here: every function forwards to the default :class:`~tqstore.
 """
 from __future__ import annotations
 
+import functools
+import inspect
 import threading
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from . import _default
+from .client import FORWARDED, TransferQueueClient
 from .errors import ConfigError
+from .kv import KVMixin
+from .samplers import make_sampler
 from .store import Store
 
 _init_lock = threading.Lock()
@@ -23,8 +28,9 @@ def init(config: Optional[Mapping[str, Any]] = None) -> Store:
 
     Keys: ``path`` (store directory; without one, a private temporary store removed on
     close), ``num_units``, ``durability``, ``segment_bytes``, ``compress``, ``verify_reads``,
-    ``backend`` (``"embedded"``), ``sampler``.  Calling ``init`` again while a store is
-    open raises ``ConfigError``; call ``close()`` first.
+    ``backend`` (``"embedded"``), ``sampler`` (a name such as ``"grpo_group_n"``, a
+    ``BaseSampler`` instance or class, or ``{"name": ..., **kwargs}``; default sequential).
+    Calling ``init`` again while a store is open raises ``ConfigError``; call ``close()`` first.
     """
     cfg = dict(config or {})
     unknown = set(cfg) - _KNOWN_KEYS
@@ -33,12 +39,13 @@ def init(config: Optional[Mapping[str, Any]] = None) -> Store:
     backend = cfg.pop("backend", "embedded")
     if backend != "embedded":
         raise ConfigError(f"backend {backend!r} is not available in this build; use 'embedded'")
-    cfg.pop("sampler", None)
+    sampler = make_sampler(cfg.pop("sampler", None))  # ConfigError before anything is opened
     with _init_lock:
         cur = _default.peek_default()
         if cur is not None and not cur.closed:
             raise ConfigError("tqstore is already initialised; call tqstore.close() first")
         store = Store(cfg.pop("path", None), **cfg)
+        store.set_sampler(sampler)
         _default.set_default(store)
         return store
 
@@ -57,4 +64,57 @@ def current_store() -> Store:
     return _default.get_default()
 
 
-__all__ = ["init", "close", "current_store"]
+def get_client(store: Optional[Store] = None) -> TransferQueueClient:
+    """A client forwarding the data-plane calls to ``store``, or, when None, to the default
+    store (looked up at each call, so the client outlives ``close()`` + ``init()``)."""
+    return TransferQueueClient(store)
+
+
+def _module_function(name: str) -> Callable:
+    target = getattr(KVMixin, name)
+
+    @functools.wraps(target)
+    def fn(*args: Any, **kwargs: Any) -> Any:
+        return getattr(_default.get_default(), name)(*args, **kwargs)
+
+    sig = inspect.signature(target)
+    fn.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])  # type: ignore[attr-defined]
+    del fn.__wrapped__
+    fn.__qualname__ = name
+    fn.__module__ = __name__
+    return fn
+
+
+get_meta = _module_function("get_meta")
+put = _module_function("put")
+get_data = _module_function("get_data")
+clear_partition = _module_function("clear_partition")
+clear_samples = _module_function("clear_samples")
+get_consumption_status = _module_function("get_consumption_status")
+get_production_status = _module_function("get_production_status")
+check_consumption_status = _module_function("check_consumption_status")
+check_production_status = _module_function("check_production_status")
+reset_consumption = _module_function("reset_consumption")
+get_partition_list = _module_function("get_partition_list")
+kv_put = _module_function("kv_put")
+kv_batch_put = _module_function("kv_batch_put")
+kv_batch_get = _module_function("kv_batch_get")
+kv_batch_get_by_meta = _module_function("kv_batch_get_by_meta")
+kv_list = _module_function("kv_list")
+kv_clear = _module_function("kv_clear")
+assert set(FORWARDED) <= set(globals()), "every client method has a module-level function"
+
+
+def save_checkpoint(checkpoint_dir, *, include_storage: bool = True, metadata: Optional[Mapping[str, Any]] = None,
+                    blocking: bool = True):
+    """Save the default store's state to ``checkpoint_dir``; see ``Store.save_checkpoint``."""
+    return current_store().save_checkpoint(checkpoint_dir, include_storage=include_storage, metadata=metadata,
+                                           blocking=blocking)
+
+
+def load_checkpoint(checkpoint_dir):
+    """Replace the default store's state with a checkpoint; see ``Store.load_checkpoint``."""
+    return current_store().load_checkpoint(checkpoint_dir)
+
+
+__all__ = ["init", "close", "current_store", "get_client", *FORWARDED, "save_checkpoint", "load_checkpoint"]

@@ -1,0 +1,281 @@
+"""KV API by user key: kv_put / kv_batch_put / kv_batch_get(_by_meta) / kv_list / kv_clear.
+
+Real stores on tmp_path (real LMDB, real segment files).  Error tests check both the
+exception class and that nothing was written (keys, tags, schema, the global index
+allocator and the stored payload stay as they were).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tqstore
+from tqstore import (
+    FieldNotFoundError, InvalidInputError, KeyNotFoundError, KVBatchMeta, PartitionNotFoundError, SchemaError,
+    TqstoreError, UnsupportedTypeError,
+)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with tqstore.open(tmp_path / "store", num_units=2) as s:
+        yield s
+
+
+def _state(s):
+    """Everything a rejected call must leave unchanged."""
+    c = s.controller
+    return (s.kv_list(), {p: dict(c.parts[p].schema) for p in c.parts}, c.next_gidx, sorted(c.free),
+            {g: (r.pid, r.key, r.tag, sorted(r.fields), r.seq) for g, r in c.rows.items()})
+
+
+# ---------------------------------------------------------------------------------- round trips
+
+def test_kv_batch_put_then_get_returns_the_same_values(store):
+    ids = torch.arange(12, dtype=torch.int64).reshape(3, 4)
+    meta = store.kv_batch_put(["a", "b", "c"], "train", {"ids": ids, "text": ["x", "y", "z"]})
+    assert isinstance(meta, KVBatchMeta)
+    assert meta.keys == ["a", "b", "c"] and meta.partition_id == "train"
+    assert meta.fields == ["ids", "text"]
+    out = store.kv_batch_get(["c", "a"], "train")
+    assert torch.equal(out["ids"], ids[[2, 0]])
+    assert out["text"] == ["z", "x"]
+
+
+def test_kv_batch_get_accepts_a_single_key_and_a_single_field_name(store):
+    store.kv_batch_put(["a", "b"], "p", {"x": torch.tensor([[1.0], [2.0]]), "y": [1, 2]})
+    out = store.kv_batch_get("b", "p", select_fields="x")
+    assert list(out) == ["x"]
+    assert torch.equal(out["x"], torch.tensor([[2.0]]))
+
+
+def test_kv_put_adds_the_batch_dimension_to_one_row(store):
+    meta = store.kv_put("k", "p", {"t": torch.tensor([1, 2, 3]), "n": np.arange(2.0), "v": {"a": [1, None]}},
+                        tag={"score": 0.5})
+    assert meta.keys == ["k"] and meta.tags == [{"score": 0.5}] and meta.fields == ["n", "t", "v"]
+    out = store.kv_batch_get("k", "p")
+    assert torch.equal(out["t"], torch.tensor([[1, 2, 3]]))
+    assert isinstance(out["n"], np.ndarray) and np.array_equal(out["n"], np.arange(2.0)[None])
+    assert out["v"] == [{"a": [1, None]}]
+
+
+def test_kv_put_rejects_a_nested_tensor_and_a_call_without_fields_or_tag(store):
+    nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)], layout=torch.jagged)
+    with pytest.raises(InvalidInputError):
+        store.kv_put("k", "p", {"x": nt})
+    with pytest.raises(InvalidInputError):
+        store.kv_put("k", "p")
+    with pytest.raises(InvalidInputError):
+        store.kv_batch_put(["k"], "p")
+    assert store.kv_list() == {}
+
+
+def test_kv_batch_put_overwrites_a_field_with_new_values(store):
+    store.kv_batch_put(["a", "b"], "p", {"x": torch.zeros(2, 3)})
+    store.kv_batch_put(["b"], "p", {"x": torch.ones(1, 3)})
+    out = store.kv_batch_get(["a", "b"], "p")
+    assert torch.equal(out["x"], torch.tensor([[0.0] * 3, [1.0] * 3]))
+
+
+# ---------------------------------------------------------------------------------- KVBatchMeta.fields
+
+def test_kv_meta_fields_are_cumulative_across_puts(store):
+    assert store.kv_batch_put(["a", "b"], "p", {"prompt": torch.ones(2, 2)}).fields == ["prompt"]
+    meta = store.kv_batch_put(["a", "b"], "p", {"response": ["r1", "r2"]})
+    assert meta.fields == ["prompt", "response"]
+    meta = store.kv_batch_put(["a", "b"], "p", tags=[{"step": 1}, {"step": 1}])
+    assert meta.fields == ["prompt", "response"]
+
+
+def test_kv_meta_fields_are_the_fields_every_key_has(store):
+    store.kv_batch_put(["a", "b"], "p", {"x": torch.ones(2, 1)})
+    meta = store.kv_batch_put(["b", "c"], "p", {"y": [1, 2]})
+    assert meta.fields == ["y"]  # "c" has no x
+    assert store.kv_batch_put(["b"], "p", tags=[None]).fields == ["x", "y"]
+
+
+def test_kv_batch_get_by_meta_reads_the_meta_fields_or_a_subset(store):
+    store.kv_batch_put(["a", "b"], "p", {"x": torch.ones(2, 1)})
+    meta = store.kv_batch_put(["a", "b"], "p", {"y": ["u", "v"]})
+    assert set(store.kv_batch_get_by_meta(meta)) == {"x", "y"}
+    assert list(store.kv_batch_get_by_meta(meta, select_fields=["y"])) == ["y"]
+    assert list(store.get_data(meta)) == ["x", "y"]  # a KVBatchMeta is read by key
+
+
+def test_kv_batch_get_by_meta_rejects_a_field_outside_the_meta_and_a_meta_without_partition(store):
+    meta = store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 1)})
+    store.kv_batch_put(["a"], "p", {"z": torch.ones(1, 1)})
+    with pytest.raises(FieldNotFoundError):
+        store.kv_batch_get_by_meta(meta, select_fields="z")
+    with pytest.raises(InvalidInputError):
+        store.kv_batch_get_by_meta(KVBatchMeta(keys=["a"], tags=[{}], fields=["x"]))
+
+
+# ---------------------------------------------------------------------------------- tags and listing
+
+def test_tags_merge_into_existing_dict_tags_and_kv_list_shows_them(store):
+    store.kv_batch_put(["a", "b"], "p", {"x": torch.ones(2, 1)}, tags=[{"s": 1}, {"s": 2}])
+    store.kv_batch_put(["a", "b"], "p", tags=[{"done": True}, None])
+    assert store.kv_list("p") == {"p": {"a": {"s": 1, "done": True}, "b": {"s": 2}}}
+
+
+def test_kv_put_with_only_a_tag_creates_the_key_without_fields(store):
+    meta = store.kv_put("k", "p", tag={"state": "queued"})
+    assert meta.fields == [] and meta.tags == [{"state": "queued"}]
+    assert store.kv_list() == {"p": {"k": {"state": "queued"}}}
+    with pytest.raises(FieldNotFoundError):
+        store.kv_batch_get("k", "p")
+
+
+def test_kv_list_lists_every_partition_in_insertion_order_and_nothing_for_an_unknown_one(store):
+    store.kv_batch_put(["z", "a"], "p1", {"x": torch.ones(2, 1)})
+    store.kv_put("m", "p2", tag={"t": 1})
+    assert store.kv_list() == {"p1": {"z": {}, "a": {}}, "p2": {"m": {"t": 1}}}
+    assert list(store.kv_list("p1")["p1"]) == ["z", "a"]
+    assert store.kv_list("nope") == {}
+
+
+# ---------------------------------------------------------------------------------- bad input: nothing written
+
+def test_batch_size_different_from_number_of_keys_is_rejected_before_any_write(store):
+    store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 2)})
+    before = _state(store)
+    with pytest.raises(InvalidInputError):
+        store.kv_batch_put(["b", "c"], "p", {"x": torch.ones(3, 2)})
+    with pytest.raises(InvalidInputError):
+        store.kv_batch_put(["b", "c"], "p", {"x": torch.ones(2, 2), "y": ["only one"]})
+    assert _state(store) == before
+
+
+def test_number_of_tags_different_from_number_of_keys_is_rejected_before_any_write(store):
+    before = _state(store)
+    with pytest.raises(InvalidInputError):
+        store.kv_batch_put(["a", "b"], "p", {"x": torch.ones(2, 2)}, tags=[{}])
+    assert _state(store) == before
+
+
+def test_duplicate_keys_in_one_call_are_rejected_before_any_write(store):
+    before = _state(store)
+    with pytest.raises(InvalidInputError, match="duplicate"):
+        store.kv_batch_put(["a", "b", "a"], "p", {"x": torch.ones(3, 2)})
+    assert _state(store) == before
+
+
+def test_dtype_clash_with_the_field_schema_is_rejected_and_the_old_value_kept(store):
+    store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 2, dtype=torch.float32)})
+    before = _state(store)
+    with pytest.raises(SchemaError):
+        store.kv_batch_put(["a", "b"], "p", {"ok": ["fine", "fine"], "x": torch.ones(2, 2, dtype=torch.float64)})
+    with pytest.raises(SchemaError):
+        store.kv_batch_put(["a"], "p", {"x": np.ones((1, 2), dtype=np.float32)})  # numpy vs tensor
+    with pytest.raises(SchemaError):
+        store.kv_batch_put(["a"], "p", {"x": ["text"]})
+    assert _state(store) == before
+    assert torch.equal(store.kv_batch_get("a", "p")["x"], torch.ones(1, 2))
+
+
+def test_unsupported_value_types_are_rejected_before_any_write(store):
+    before = _state(store)
+    for bad in ([object()], [{1: "int key"}], [{"a": {1, 2}}], [b"bytes"]):
+        with pytest.raises(UnsupportedTypeError):
+            store.kv_batch_put(["a"], "p", {"ok": torch.ones(1, 1), "bad": bad})
+    with pytest.raises(UnsupportedTypeError):
+        store.kv_put("a", "p", tag={"fn": print})
+    with pytest.raises(InvalidInputError):
+        store.kv_batch_put(["a"], "p", "not a mapping")
+    assert _state(store) == before
+
+
+def test_bad_keys_and_partition_ids_are_rejected(store):
+    for keys in ([], [1], None, 5):
+        with pytest.raises(InvalidInputError):
+            store.kv_batch_put(keys, "p", {"x": torch.ones(1, 1)})
+    for pid in ("", None, 3):
+        with pytest.raises(InvalidInputError):
+            store.kv_batch_put(["a"], pid, {"x": torch.ones(1, 1)})
+    assert store.kv_list() == {}
+
+
+def test_get_of_unknown_partition_key_or_field_raises_a_not_found_error(store):
+    store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 1)})
+    with pytest.raises(PartitionNotFoundError):
+        store.kv_batch_get(["a"], "nope")
+    with pytest.raises(KeyNotFoundError) as e:
+        store.kv_batch_get(["a", "missing"], "p")
+    assert "missing" in str(e.value)
+    with pytest.raises(FieldNotFoundError):
+        store.kv_batch_get(["a"], "p", select_fields=["x", "never"])
+    for exc in (PartitionNotFoundError, KeyNotFoundError, FieldNotFoundError):
+        assert issubclass(exc, KeyError) and issubclass(exc, TqstoreError)
+
+
+def test_get_without_select_fields_raises_when_keys_share_no_field(store):
+    store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 1)})
+    store.kv_batch_put(["b"], "p", {"y": torch.ones(1, 1)})
+    with pytest.raises(FieldNotFoundError):
+        store.kv_batch_get(["a", "b"], "p")
+
+
+# ---------------------------------------------------------------------------------- clears
+
+def test_kv_clear_removes_keys_and_is_idempotent(store):
+    store.kv_batch_put(["a", "b", "c"], "p", {"x": torch.arange(3).reshape(3, 1)})
+    store.kv_clear(["a", "c"], "p")
+    store.kv_clear(["a", "c", "never-existed"], "p")
+    store.kv_clear("b", "p")
+    store.kv_clear("b", "p")
+    store.kv_clear(["a"], "no-such-partition")
+    assert store.kv_list() == {"p": {}}
+    with pytest.raises(KeyNotFoundError):
+        store.kv_batch_get(["a"], "p")
+
+
+def test_kv_clear_leaves_other_keys_readable(store):
+    store.kv_batch_put(["a", "b", "c"], "p", {"x": torch.arange(3).reshape(3, 1)})
+    store.kv_clear("b", "p")
+    assert torch.equal(store.kv_batch_get(["a", "c"], "p")["x"], torch.tensor([[0], [2]]))
+
+
+def test_a_freed_global_index_reused_by_another_partition_never_shows_up_in_the_old_one(store):
+    old = store.kv_batch_put(["a"], "p1", {"x": torch.tensor([[1]])})
+    stream_meta = store.get_meta(["x"], None, "p1", mode="force_fetch")
+    g = store.controller.parts["p1"].keys["a"]
+    store.kv_clear("a", "p1")
+    store.kv_batch_put(["b"], "p2", {"x": torch.tensor([[2]])})
+    assert store.controller.parts["p2"].keys["b"] == g  # the index really was reused
+    assert store.kv_list("p1") == {"p1": {}}
+    with pytest.raises(KeyNotFoundError):
+        store.kv_batch_get_by_meta(old)
+    with pytest.raises(KeyNotFoundError):
+        store.get_data(stream_meta)
+    assert store.get_meta(["x"], None, "p1", mode="force_fetch").size == 0
+    store.clear_samples(stream_meta)  # stale meta: must not delete p2's row
+    assert torch.equal(store.kv_batch_get("b", "p2")["x"], torch.tensor([[2]]))
+
+
+def test_a_global_index_reused_in_the_same_partition_is_not_read_through_a_stale_meta(store):
+    store.kv_batch_put(["a"], "p", {"x": torch.tensor([[1]])})
+    stale = store.get_meta(["x"], None, "p", mode="force_fetch")
+    store.kv_clear("a", "p")
+    store.kv_batch_put(["b"], "p", {"x": torch.tensor([[2]])})
+    assert store.controller.parts["p"].keys["b"] == stale.global_indexes[0]
+    with pytest.raises(KeyNotFoundError):
+        store.get_data(stale)
+    store.clear_samples(stale)
+    assert store.kv_list("p") == {"p": {"b": {}}}
+
+
+# ---------------------------------------------------------------------------------- persistence
+
+def test_keys_tags_and_values_survive_reopen(tmp_path):
+    path = tmp_path / "store"
+    with tqstore.open(path) as s:
+        s.kv_batch_put(["a", "b"], "p", {"x": torch.arange(4.0).reshape(2, 2), "t": ["u", None]},
+                       tags=[{"s": 1}, {"s": 2}])
+        s.kv_clear("a", "p")
+    with tqstore.open(path) as s:
+        assert s.kv_list() == {"p": {"b": {"s": 2}}}
+        out = s.kv_batch_get("b", "p")
+        assert torch.equal(out["x"], torch.tensor([[2.0, 3.0]])) and out["t"] == [None]
+        assert s.kv_batch_put(["b"], "p", tags=[{"more": 1}]).tags == [{"s": 2, "more": 1}]

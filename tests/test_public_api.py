@@ -1,0 +1,56 @@
+"""The public names of ``tqstore`` are pinned: adding or removing one is a deliberate act
+(update ``EXPECTED`` in the same change)."""
+from __future__ import annotations
+
+import inspect
+
+import tqstore
+from tqstore.client import FORWARDED, TransferQueueClient
+from tqstore.store import Store
+
+EXPECTED = {
+    "__version__",
+    # lifecycle and object API
+    "init", "close", "current_store", "Store", "open", "get_client", "TransferQueueClient",
+    # errors
+    "TqstoreError", "ConfigError", "InvalidInputError", "SchemaError", "UnsupportedTypeError", "NotFoundError",
+    "PartitionNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
+    "StorageIOError", "CorruptionError", "FormatVersionError", "CheckpointError", "CheckpointNotFoundError",
+    "RestorePendingError",
+    # KV
+    "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear", "KVBatchMeta",
+    # streaming
+    "get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
+    "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
+    "get_partition_list", "BatchMeta",
+    # samplers
+    "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
+    # checkpoint forwarders
+    "save_checkpoint", "load_checkpoint",
+}
+
+
+def test_all_is_exactly_the_pinned_public_names():
+    assert len(tqstore.__all__) == len(set(tqstore.__all__)), "duplicate names in __all__"
+    assert set(tqstore.__all__) == EXPECTED
+
+
+def test_every_public_name_resolves():
+    for name in tqstore.__all__:
+        assert getattr(tqstore, name) is not None, name
+
+
+def test_module_functions_and_client_methods_mirror_the_store_methods():
+    for name in FORWARDED:
+        store_sig = inspect.signature(getattr(Store, name))
+        params = list(store_sig.parameters.values())[1:]
+        assert inspect.signature(getattr(tqstore, name)) == store_sig.replace(parameters=params), name
+        assert inspect.signature(getattr(TransferQueueClient(None), name)) == store_sig.replace(parameters=params)
+        assert getattr(tqstore, name).__doc__ == getattr(Store, name).__doc__
+
+
+def test_errors_inherit_the_matching_builtins():
+    assert issubclass(tqstore.InvalidInputError, ValueError)
+    assert issubclass(tqstore.KeyNotFoundError, KeyError)
+    assert issubclass(tqstore.UnsupportedTypeError, TypeError)
+    assert issubclass(tqstore.StoreClosedError, RuntimeError)

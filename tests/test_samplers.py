@@ -1,0 +1,277 @@
+"""Samplers behind get_meta(mode="fetch"): sequential, GRPO group-of-N, rank-aware, seeded
+random, and a user-defined one; their state lives in the controller and survives reopen.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tqstore as tq
+from tqstore import (
+    BaseSampler, ConfigError, GRPOGroupNSampler, InvalidInputError, RandomSampler, RankAwareSampler,
+    SequentialSampler, StoreClosedError,
+)
+from tqstore.samplers import make_sampler
+
+
+def _open(path, sampler=None):
+    s = tq.open(path, num_units=2)
+    if sampler is not None:
+        s.set_sampler(sampler)
+    return s
+
+
+def _put(s, n, pid="p", start=0, field="x"):
+    return s.put({field: torch.arange(start, start + n).reshape(n, 1)}, partition_id=pid)
+
+
+def _values(s, meta, field="x"):
+    return s.get_data(meta)[field].reshape(-1).tolist()
+
+
+# ---------------------------------------------------------------------------------- sequential
+
+def test_sequential_hands_out_rows_in_insertion_order_even_when_indexes_are_reused(tmp_path):
+    with _open(tmp_path / "s") as s:
+        assert isinstance(s.sampler, SequentialSampler)
+        other = _put(s, 4, pid="other")
+        first = _put(s, 2, start=0)
+        s.clear_samples(other[1:3])  # frees two indexes lower than first's
+        second = _put(s, 2, start=2)  # newer rows, lower global indexes
+        assert max(second.global_indexes) < min(first.global_indexes)
+        got = []
+        for _ in range(4):
+            got += _values(s, s.get_meta(["x"], 1, "p", task_name="t"))
+        assert got == [0, 1, 2, 3]
+
+
+# ---------------------------------------------------------------------------------- GRPO
+
+def test_grpo_only_hands_out_whole_groups_of_consecutive_rows(tmp_path):
+    with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=3)) as s:
+        ins = s.get_meta(["resp"], 9, "p", mode="insert")  # 3 prompts x 3 responses
+        s.put({"resp": torch.arange(3).reshape(3, 1)}, ins[0:3])  # group 0 complete
+        s.put({"resp": torch.arange(3, 5).reshape(2, 1)}, ins[3:5])  # group 1 missing one
+        s.put({"resp": torch.arange(6, 9).reshape(3, 1)}, ins[6:9])  # group 2 complete
+        assert s.get_meta(["resp"], 9, "p", task_name="t").size == 0
+        first = s.get_meta(["resp"], 6, "p", task_name="t")
+        assert _values(s, first, "resp") == [0, 1, 2, 6, 7, 8]
+        assert s.get_meta(["resp"], 3, "p", task_name="t").size == 0  # group 1 still incomplete
+        s.put({"resp": torch.tensor([[5]])}, ins[5:6])
+        assert _values(s, s.get_meta(["resp"], 3, "p", task_name="t"), "resp") == [3, 4, 5]
+
+
+def test_grpo_groups_follow_insertion_order_not_global_indexes(tmp_path):
+    with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=2)) as s:
+        _put(s, 1, pid="other")  # p's rows start at global index 1: groups straddle index pairs
+        m = _put(s, 4)
+        assert m.global_indexes == [1, 2, 3, 4]
+        assert _values(s, s.get_meta(["x"], 4, "p", task_name="t")) == [0, 1, 2, 3]
+
+
+def test_grpo_rejects_a_batch_size_that_is_not_a_multiple_of_the_group(tmp_path):
+    with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=4)) as s:
+        _put(s, 8)
+        with pytest.raises(InvalidInputError):
+            s.get_meta(["x"], 6, "p", task_name="t")
+        _, consumed = s.get_consumption_status("t", "p")
+        assert consumed.sum().item() == 0
+
+
+def test_grpo_groups_by_gidx_when_used_without_a_store():
+    sampler = GRPOGroupNSampler(n_samples_per_prompt=3)
+    assert sampler([0, 1, 3, 4, 5, 6, 7, 9, 10, 11], 6) == ([3, 4, 5, 9, 10, 11], [3, 4, 5, 9, 10, 11])
+    assert sampler([0, 1, 3, 4, 6, 7], 6) == ([], [])
+
+
+def test_grpo_rank_cache_survives_reopen(tmp_path):
+    path = tmp_path / "s"
+    cfg = {"dp_rank": 0, "batch_index": 0}
+    with _open(path, GRPOGroupNSampler(2)) as s:
+        _put(s, 4)
+        first = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+    with _open(path, GRPOGroupNSampler(2)) as s:
+        again = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        assert again.global_indexes == first.global_indexes
+
+
+# ---------------------------------------------------------------------------------- rank-aware
+
+def test_rank_aware_gives_every_rank_of_a_group_the_same_rows_and_groups_disjoint_rows(tmp_path):
+    with _open(tmp_path / "s", "rank_aware") as s:
+        _put(s, 8)
+        get = lambda rank, b: s.get_meta(["x"], 2, "p", task_name="t",  # noqa: E731
+                                         sampling_config={"dp_rank": rank, "batch_index": b})
+        r0 = get(0, 0)
+        r1 = get(1, 0)
+        assert get(0, 0).global_indexes == r0.global_indexes  # tensor-parallel peer of rank 0
+        assert get(1, 0).global_indexes == r1.global_indexes
+        assert set(r0.global_indexes).isdisjoint(r1.global_indexes)
+        assert set(get(0, 1).global_indexes).isdisjoint(r0.global_indexes + r1.global_indexes)
+
+
+def test_rank_aware_cache_survives_reopen(tmp_path):
+    path = tmp_path / "s"
+    with _open(path, RankAwareSampler()) as s:
+        _put(s, 4)
+        first = s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 3, "batch_index": 7})
+    with _open(path, RankAwareSampler()) as s:
+        peer = s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 3, "batch_index": 7})
+        assert peer.global_indexes == first.global_indexes
+        other = s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 4, "batch_index": 7})
+        assert set(other.global_indexes).isdisjoint(first.global_indexes)
+
+
+def test_rank_aware_needs_dp_rank_and_batch_index(tmp_path):
+    with _open(tmp_path / "s", RankAwareSampler()) as s:
+        _put(s, 2)
+        with pytest.raises(InvalidInputError):
+            s.get_meta(["x"], 1, "p", task_name="t")
+        with pytest.raises(InvalidInputError):
+            s.get_meta(["x"], 1, "p", task_name="t", sampling_config={"dp_rank": 0})
+
+
+def test_rank_aware_with_replicas_drops_a_result_after_every_replica_got_it(tmp_path):
+    with _open(tmp_path / "s", RankAwareSampler(replicas=2)) as s:
+        _put(s, 4)
+        cfg = {"dp_rank": 0, "batch_index": 0}
+        a = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        b = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        assert a.global_indexes == b.global_indexes
+        assert s.sampler._states["p"]["t"]["cache"] == {}
+        c = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)  # a third caller: fresh rows
+        assert set(c.global_indexes).isdisjoint(a.global_indexes)
+
+
+def test_cleared_rows_are_never_served_from_a_cached_result(tmp_path):
+    with _open(tmp_path / "s", RankAwareSampler()) as s:
+        m = _put(s, 2)
+        cfg = {"dp_rank": 0, "batch_index": 0}
+        s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        s.clear_samples(m)
+        _put(s, 2, start=10)  # reuses the freed global indexes
+        again = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        assert _values(s, again) == [10, 11]  # freshly sampled, not the stale cached rows
+
+
+def test_clear_partition_and_reset_consumption_drop_the_sampler_state(tmp_path):
+    path = tmp_path / "s"
+    cfg = {"dp_rank": 0, "batch_index": 0}
+    with _open(path, RankAwareSampler()) as s:
+        _put(s, 2)
+        s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        s.clear_partition("p")
+        assert s.controller.sampler_state("p") is None
+        _put(s, 2, start=5)
+        assert _values(s, s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)) == [5, 6]
+        s.reset_consumption("p", "t")
+    with _open(path, RankAwareSampler()) as s:
+        assert s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": 0}).size == 2
+        assert s.sampler._states["p"]["t"]["cache"]["0"]["0"][2] == 1  # sampled afresh after the reset
+
+
+# ---------------------------------------------------------------------------------- random
+
+def _draws(s, n):
+    return [s.get_meta(["x"], 3, "p", task_name="t").global_indexes for _ in range(n)]
+
+
+def test_random_sampler_is_reproducible_and_continues_after_reopen(tmp_path):
+    with _open(tmp_path / "a", RandomSampler(seed=7)) as s:
+        _put(s, 30)
+        straight = _draws(s, 4)
+    with _open(tmp_path / "b", RandomSampler(seed=7)) as s:
+        _put(s, 30)
+        resumed = _draws(s, 2)
+    with _open(tmp_path / "b", RandomSampler(seed=7)) as s:
+        resumed += _draws(s, 2)
+    assert resumed == straight
+    assert sorted(sum(straight, [])) == sorted(set(sum(straight, [])))  # without replacement
+    assert straight[0] != sorted(straight[0]) or straight[1] != sorted(straight[1])  # not just in order
+    with _open(tmp_path / "c", RandomSampler(seed=8)) as s:
+        _put(s, 30)
+        assert _draws(s, 4) != straight
+
+
+def test_state_saved_by_another_sampler_kind_is_ignored(tmp_path):
+    path = tmp_path / "s"
+    with _open(path, RandomSampler(seed=1)) as s:
+        _put(s, 6)
+        _draws(s, 1)
+    with _open(path, RankAwareSampler()) as s:
+        meta = s.get_meta(["x"], 1, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": 0})
+        assert meta.size == 1 and "draws" not in str(s.sampler._states)
+
+
+# ---------------------------------------------------------------------------------- pluggable
+
+class NewestFirst(BaseSampler):
+    """Hands out the newest ready rows and counts its calls in persisted state."""
+
+    name = "newest_first"
+
+    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", **kw):
+        if len(ready_indexes) < batch_size:
+            return [], []
+        st = self._task_state(partition_id, task_name)
+        st["calls"] = st.get("calls", 0) + 1
+        out = list(reversed(ready_indexes))[:batch_size]
+        return out, out
+
+
+def test_a_user_sampler_plugs_in_and_its_state_survives_reopen(tmp_path):
+    path = tmp_path / "s"
+    with _open(path, NewestFirst) as s:
+        _put(s, 5)
+        assert _values(s, s.get_meta(["x"], 2, "p", task_name="t")) == [4, 3]
+    with _open(path, NewestFirst()) as s:
+        assert _values(s, s.get_meta(["x"], 2, "p", task_name="t")) == [2, 1]
+        assert s.sampler._states["p"]["t"]["calls"] == 2
+
+
+class Liar(BaseSampler):
+    name = "liar"
+
+    def sample(self, ready_indexes, batch_size, **kw):
+        return [10_000], [10_000]
+
+
+def test_a_sampler_returning_unknown_rows_is_rejected_and_nothing_consumed(tmp_path):
+    with _open(tmp_path / "s", Liar()) as s:
+        _put(s, 2)
+        with pytest.raises(InvalidInputError):
+            s.get_meta(["x"], 1, "p", task_name="t")
+        assert s.get_consumption_status("t", "p")[1].tolist() == [0, 0]
+
+
+# ---------------------------------------------------------------------------------- configuration
+
+@pytest.mark.parametrize("spec, cls", [
+    (None, SequentialSampler), ("sequential", SequentialSampler), ("SequentialSampler", SequentialSampler),
+    ("GRPOGroupNSampler", GRPOGroupNSampler), ("rank_aware", RankAwareSampler), (RandomSampler, RandomSampler),
+    ({"name": "grpo_group_n", "n_samples_per_prompt": 4}, GRPOGroupNSampler),
+])
+def test_make_sampler_accepts_names_classes_and_mappings(spec, cls):
+    assert type(make_sampler(spec)) is cls
+
+
+@pytest.mark.parametrize("spec", ["nope", 3, {"name": "random", "seed": -1}, {"name": "grpo_group_n", "bad": 1},
+                                  {"name": "rank_aware", "replicas": 0}])
+def test_make_sampler_rejects_bad_specs_with_config_error(spec):
+    with pytest.raises(ConfigError):
+        make_sampler(spec)
+
+
+def test_init_honours_the_sampler_config_key(tmp_path):
+    tq.close()
+    try:
+        s = tq.init({"path": str(tmp_path / "s"), "sampler": {"name": "grpo_group_n", "n_samples_per_prompt": 2}})
+        assert isinstance(s.sampler, GRPOGroupNSampler) and s.sampler.n_samples_per_prompt == 2
+        tq.close()
+        with pytest.raises(ConfigError):
+            tq.init({"path": str(tmp_path / "t"), "sampler": "no-such-sampler"})
+        with pytest.raises(StoreClosedError):
+            tq.current_store()
+        assert not (tmp_path / "t").exists()
+    finally:
+        tq.close()

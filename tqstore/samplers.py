@@ -1,0 +1,328 @@
+"""Samplers: which ready rows a ``get_meta(mode="fetch")`` call hands out.
+
+A sampler gets the rows that are *ready* for a task (every requested field produced,
+not yet consumed by that task), in insertion order, and returns
+``(sampled_indexes, consumed_indexes)``: the global indexes to return and those to mark
+consumed.  Returning ``([], [])`` means "not enough data yet".
+
+State: each sampler keeps JSON-safe state per partition in ``self._states[partition_id]``
+(``{task_name: {...}}``).  The store saves it in the controller, in the same transaction
+that marks the rows consumed, so it survives close/reopen and a process kill; it is
+dropped with the partition.  Write a custom sampler by subclassing :class:`BaseSampler`
+and implementing :meth:`BaseSampler.sample`; keep anything that must survive a reopen
+in ``self._states`` (JSON-safe: str keys, lists, numbers).
+
+Same names and call shape as TransferQueue's samplers (``SequentialSampler``,
+``GRPOGroupNSampler``, ``RankAwareSampler``), plus a seeded ``RandomSampler``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import zlib
+from abc import ABC, abstractmethod
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
+
+import numpy as np
+
+from .errors import ConfigError, InvalidInputError
+
+log = logging.getLogger("tqstore")
+
+SampleResult = Tuple[List[int], List[int]]
+
+
+class BaseSampler(ABC):
+    """Base class of samplers. Subclasses implement :meth:`sample`.
+
+    ``self._states`` maps partition id → task name → JSON-safe state.  The helpers
+    :meth:`_cached` / :meth:`_remember` implement the per ``(task, dp_rank, batch_index)``
+    result cache used by rank-aware sampling.
+    """
+
+    #: name written beside the persisted state; state saved by another sampler is ignored
+    name: str = "base"
+
+    def __init__(self) -> None:
+        self._states: Dict[str, Dict[str, Any]] = {}
+
+    @abstractmethod
+    def sample(self, ready_indexes: List[int], batch_size: int, *, partition_id: str = "", task_name: str = "",
+               partition: Any = None, **sampling_config: Any) -> SampleResult:
+        """Choose rows from ``ready_indexes`` (global indexes, insertion order).
+
+        Args:
+            ready_indexes: rows whose requested fields are produced and that ``task_name``
+                has not consumed, oldest first.
+            batch_size: rows requested.
+            partition_id, task_name: what is being sampled, for keeping state.
+            partition: read-only view of the partition (``partition.rows[g].seq`` is the
+                row's insertion sequence number, ``.key`` / ``.tag`` its key and tag).
+            **sampling_config: the ``sampling_config`` given to ``get_meta``.
+
+        Returns:
+            ``(sampled_indexes, consumed_indexes)``; ``([], [])`` when not enough rows.
+        """
+
+    def __call__(self, ready_indexes: List[int], batch_size: int, **kwargs: Any) -> SampleResult:
+        return self.sample(ready_indexes, batch_size, **kwargs)
+
+    # ------------------------------------------------------------------ state
+    def _task_state(self, partition_id: str, task_name: str) -> Dict[str, Any]:
+        return self._states.setdefault(partition_id, {}).setdefault(task_name, {})
+
+    def state_dict(self, partition_id: str) -> Dict[str, Any]:
+        """The JSON-safe state of one partition, as persisted by the store."""
+        return {"sampler": self.name, "state": self._states.get(partition_id, {})}
+
+    def load_state_dict(self, partition_id: str, saved: Optional[Mapping[str, Any]]) -> None:
+        """Restore one partition's state saved by :meth:`state_dict` (None: start empty)."""
+        self._states.pop(partition_id, None)
+        if not saved:
+            return
+        if saved.get("sampler") != self.name:
+            log.info("ignoring sampler state of partition %r saved by sampler %r (this store uses %r)",
+                     partition_id, saved.get("sampler"), self.name)
+            return
+        self._states[partition_id] = json.loads(json.dumps(saved.get("state") or {}))
+
+    def clear_cache(self, partition_id: str, task_name: Optional[str] = None) -> None:
+        """Forget the state of a partition (or of one task in it)."""
+        if task_name is None:
+            self._states.pop(partition_id, None)
+        else:
+            self._states.get(partition_id, {}).pop(task_name, None)
+
+    def forget_rows(self, partition_id: str, gidxs: Iterable[int]) -> None:
+        """Rows were cleared: drop cached results that mention any of them.
+
+        Their global indexes may be reused by new rows, which must never be served from an
+        old cached result.
+        """
+        gone = set(int(g) for g in gidxs)
+        for task in self._states.get(partition_id, {}).values():
+            cache = task.get("cache")
+            if not cache:
+                continue
+            for rank in list(cache):
+                for bi in list(cache[rank]):
+                    sampled, consumed = cache[rank][bi][:2]
+                    if gone.intersection(sampled) or gone.intersection(consumed):
+                        del cache[rank][bi]
+                if not cache[rank]:
+                    del cache[rank]
+
+    # ------------------------------------------------------------------ rank cache
+    def _cached(self, partition_id: str, task_name: str, dp_rank: Any, batch_index: Any,
+                replicas: Optional[int] = None) -> Optional[SampleResult]:
+        cache = self._states.get(partition_id, {}).get(task_name, {}).get("cache", {})
+        entry = cache.get(str(dp_rank), {}).get(str(batch_index))
+        if entry is None:
+            return None
+        sampled, consumed, fetches = entry
+        fetches += 1
+        if replicas is not None and fetches >= replicas:
+            del cache[str(dp_rank)][str(batch_index)]
+            if not cache[str(dp_rank)]:
+                del cache[str(dp_rank)]
+        else:
+            entry[2] = fetches
+        return list(sampled), list(consumed)
+
+    def _remember(self, partition_id: str, task_name: str, dp_rank: Any, batch_index: Any,
+                  result: SampleResult, replicas: Optional[int] = None) -> None:
+        if replicas is not None and replicas <= 1:
+            return
+        cache = self._task_state(partition_id, task_name).setdefault("cache", {})
+        cache.setdefault(str(dp_rank), {})[str(batch_index)] = [list(result[0]), list(result[1]), 1]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+
+class SequentialSampler(BaseSampler):
+    """The oldest ``batch_size`` ready rows; consumed as they are returned."""
+
+    name = "sequential"
+
+    def sample(self, ready_indexes, batch_size, **kwargs) -> SampleResult:
+        if len(ready_indexes) < batch_size:
+            return [], []
+        out = list(ready_indexes[:batch_size])
+        return out, list(out)
+
+
+class RankAwareSampler(BaseSampler):
+    """Rank-aware sequential sampling for data-parallel groups.
+
+    ``sampling_config`` must carry ``dp_rank`` and ``batch_index``.  The first caller for a
+    ``(task, dp_rank, batch_index)`` samples the oldest ready rows and caches the result;
+    every later caller with the same triple (the other ranks of that data-parallel group)
+    gets the same rows.  Different ``dp_rank`` values get disjoint rows.
+
+    Args:
+        replicas: callers per ``dp_rank`` (ranks in one data-parallel group).  When given,
+            a cached result is dropped after that many calls, bounding the state; when
+            None (default) results stay cached until the partition is cleared or its
+            consumption reset.
+    """
+
+    name = "rank_aware"
+
+    def __init__(self, replicas: Optional[int] = None) -> None:
+        super().__init__()
+        if replicas is not None and (not isinstance(replicas, int) or replicas < 1):
+            raise ConfigError(f"replicas must be a positive int or None, got {replicas!r}")
+        self.replicas = replicas
+
+    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", dp_rank=None, batch_index=None,
+               **kwargs) -> SampleResult:
+        if dp_rank is None or batch_index is None:
+            raise InvalidInputError("RankAwareSampler needs sampling_config={'dp_rank': ..., 'batch_index': ...}")
+        if isinstance(dp_rank, int) and dp_rank < 0:
+            raise InvalidInputError(f"dp_rank must be >= 0, got {dp_rank}")
+        hit = self._cached(partition_id, task_name, dp_rank, batch_index, self.replicas)
+        if hit is not None:
+            return hit
+        if len(ready_indexes) < batch_size:
+            return [], []
+        out = list(ready_indexes[:batch_size])
+        self._remember(partition_id, task_name, dp_rank, batch_index, (out, out), self.replicas)
+        return out, list(out)
+
+    def __repr__(self) -> str:
+        return f"RankAwareSampler(replicas={self.replicas})"
+
+
+class GRPOGroupNSampler(BaseSampler):
+    """Whole groups of ``n_samples_per_prompt`` consecutive rows, or nothing.
+
+    Rows are grouped by insertion order within the partition: the rows with sequence
+    numbers ``k*n .. k*n+n-1`` form group ``k`` (put each prompt's ``n`` responses
+    together, in whole groups).  A group is handed out only when all its rows are ready;
+    ``batch_size`` must be a multiple of ``n``.  ``sampling_config`` may override
+    ``n_samples_per_prompt``; with ``dp_rank`` and ``batch_index`` results are cached per
+    rank like :class:`RankAwareSampler`.
+    """
+
+    name = "grpo_group_n"
+
+    def __init__(self, n_samples_per_prompt: int = 1) -> None:
+        super().__init__()
+        if not isinstance(n_samples_per_prompt, int) or n_samples_per_prompt < 1:
+            raise ConfigError(f"n_samples_per_prompt must be a positive int, got {n_samples_per_prompt!r}")
+        self.n_samples_per_prompt = n_samples_per_prompt
+
+    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=None,
+               batch_index=None, n_samples_per_prompt=None, **kwargs) -> SampleResult:
+        n = int(n_samples_per_prompt or self.n_samples_per_prompt)
+        if dp_rank is not None:
+            hit = self._cached(partition_id, task_name, dp_rank, batch_index)
+            if hit is not None:
+                return hit
+        if batch_size % n:
+            raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
+        want = batch_size // n
+        rows = getattr(partition, "rows", None)
+
+        def seq(g: int) -> int:
+            return rows[g].seq if rows is not None else g
+
+        members: Dict[int, List[int]] = {}
+        order: List[int] = []
+        for g in ready_indexes:
+            gid = seq(g) // n
+            if gid not in members:
+                members[gid] = []
+                order.append(gid)
+            members[gid].append(g)
+        out: List[int] = []
+        for gid in sorted(order):
+            grp = members[gid]
+            if len(grp) == n:
+                out.extend(sorted(grp, key=seq))
+                if len(out) == batch_size:
+                    break
+        if len(out) < batch_size:
+            return [], []
+        if dp_rank is not None:
+            self._remember(partition_id, task_name, dp_rank, batch_index, (out, out))
+        return out, list(out)
+
+    def __repr__(self) -> str:
+        return f"GRPOGroupNSampler(n_samples_per_prompt={self.n_samples_per_prompt})"
+
+
+class RandomSampler(BaseSampler):
+    """``batch_size`` ready rows drawn uniformly without replacement, reproducibly.
+
+    Draw ``i`` of a task uses a generator seeded from ``(seed, partition, task, i)``; the
+    draw counter is persisted, so a reopened store continues the same sequence.
+    """
+
+    name = "random"
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        if not isinstance(seed, int) or seed < 0:
+            raise ConfigError(f"seed must be a non-negative int, got {seed!r}")
+        self.seed = seed
+
+    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", **kwargs) -> SampleResult:
+        if len(ready_indexes) < batch_size:
+            return [], []
+        st = self._task_state(partition_id, task_name)
+        draw = int(st.get("draws", 0))
+        rng = np.random.default_rng([self.seed, zlib.crc32(partition_id.encode()), zlib.crc32(task_name.encode()),
+                                     draw])
+        pick = rng.choice(len(ready_indexes), size=batch_size, replace=False)
+        st["draws"] = draw + 1
+        out = [int(ready_indexes[i]) for i in pick]
+        return out, list(out)
+
+    def __repr__(self) -> str:
+        return f"RandomSampler(seed={self.seed})"
+
+
+_REGISTRY: Dict[str, Type[BaseSampler]] = {}
+for _cls in (SequentialSampler, RankAwareSampler, GRPOGroupNSampler, RandomSampler):
+    _REGISTRY[_cls.name] = _cls
+    _REGISTRY[_cls.__name__.lower()] = _cls
+
+
+def make_sampler(spec: Union[None, str, BaseSampler, Type[BaseSampler], Mapping[str, Any]]) -> BaseSampler:
+    """Build a sampler from a config value.
+
+    Accepts None (:class:`SequentialSampler`), an instance, a subclass, a name
+    (``"sequential"``, ``"rank_aware"``, ``"grpo_group_n"``, ``"random"`` or the class
+    name, any case) or a mapping ``{"name": ..., **constructor_kwargs}``.
+
+    Raises:
+        ConfigError: unknown name, wrong type or bad constructor arguments.
+    """
+    if spec is None:
+        return SequentialSampler()
+    if isinstance(spec, BaseSampler):
+        return spec
+    if isinstance(spec, type) and issubclass(spec, BaseSampler):
+        try:
+            return spec()
+        except TypeError as e:
+            raise ConfigError(f"cannot construct sampler {spec.__name__} without arguments: {e}") from e
+    kwargs: Dict[str, Any] = {}
+    if isinstance(spec, Mapping):
+        kwargs = dict(spec)
+        spec = kwargs.pop("name", kwargs.pop("type", None))
+    if isinstance(spec, str):
+        cls = _REGISTRY.get(spec.lower())
+        if cls is None:
+            raise ConfigError(f"unknown sampler {spec!r}; known: {sorted(set(c.name for c in _REGISTRY.values()))}")
+        try:
+            return cls(**kwargs)
+        except TypeError as e:
+            raise ConfigError(f"bad arguments for sampler {spec!r}: {e}") from e
+    raise ConfigError(f"sampler must be a name, a BaseSampler instance or subclass, or a mapping; got {spec!r}")
+
+
+__all__ = ["BaseSampler", "SequentialSampler", "RankAwareSampler", "GRPOGroupNSampler", "RandomSampler",
+           "make_sampler"]
