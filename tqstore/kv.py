@@ -31,7 +31,7 @@ from ._format.columns import KIND_NAMES, assemble, to_column
 from ._format.dtypes import CODE_TO_NUMPY, CODE_TO_TORCH
 from ._format.layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
 from .errors import (
-    FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, TqstoreError,
+    FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError,
 )
 from .meta import BatchMeta, KVBatchMeta
 from .samplers import BaseSampler, make_sampler
