@@ -124,6 +124,8 @@ class Controller:
         with self.env.begin() as txn:
             self.num_units = int(txn.get(b"num_units", db=m["meta"]))
             self.next_gidx = int(txn.get(b"next_gidx", db=m["meta"]))
+            raw_token = txn.get(b"put_token", db=m["meta"])
+            self.put_token = int(raw_token) if raw_token is not None else 0  # last committed overwriting put
             self.free = sorted(int.from_bytes(k, "big") for k in txn.cursor(m["free"]).iternext(values=False))
             for k, v in txn.cursor(m["parts"]):
                 d = json.loads(bytes(v))
@@ -270,8 +272,11 @@ class Controller:
                 out.append(g)
         return PutPlan(pid, out, new_rows, tags, fields, schema_new, overwrites, p is None)
 
-    def commit_put(self, plan: PutPlan) -> None:
-        """Commit a planned put: new rows and keys, tags, produced fields, schema, allocator."""
+    def commit_put(self, plan: PutPlan, *, token: Optional[int] = None) -> None:
+        """Commit a planned put: new rows and keys, tags, produced fields, schema, allocator.
+
+        ``token`` (an overwriting put's undo token, see ``Unit.settle``) is recorded in the
+        same transaction: after a crash, tokens up to :attr:`put_token` were committed."""
         with self._lock, wrap_errors("commit put", self.path):
             m = self.db
             p = self.parts.get(plan.pid) or Partition(plan.pid)
@@ -297,6 +302,8 @@ class Controller:
                     if g < self.next_gidx:
                         txn.delete(_g(g), db=m["free"])
                 txn.put(b"next_gidx", str(next_after).encode(), db=m["meta"])
+                if token is not None:
+                    txn.put(b"put_token", str(token).encode(), db=m["meta"])
                 for f, (kind, dt) in plan.schema_new.items():
                     txn.put((plan.pid + "\0" + f).encode(), json.dumps({"kind": kind, "dtype": dt}).encode(),
                             db=m["schema"])
@@ -317,6 +324,8 @@ class Controller:
             self.free = free_after
             heapq.heapify(self.free)
             self.next_gidx = next_after
+            if token is not None:
+                self.put_token = token
 
     def create_partition(self, pid: str) -> bool:
         """Create an empty partition; returns False if it existed."""

@@ -152,6 +152,13 @@ class Store(KVMixin, CheckpointMixin):
         d = L.read_store_file(self.root)
         if d is None:
             leftovers = [n for n in files.listdir(self.root) if n not in ("LOCK",)]
+            if leftovers and all(_creation_debris(n) for n in leftovers):
+                # a creation interrupted before STORE.json, its commit point: nothing was acknowledged
+                log.info("removing the debris of an interrupted store creation in %s: %s", self.root, leftovers)
+                for name in leftovers:
+                    p = self.root / name
+                    files.rmtree(p) if p.is_dir() else files.unlink(p)
+                leftovers = []
             if leftovers:
                 raise ConfigError(f"{self.root} is not empty and holds no {L.STORE_FILE}; refusing to use it as a "
                                   f"store (found {leftovers[:5]})")
@@ -159,6 +166,7 @@ class Store(KVMixin, CheckpointMixin):
             files.mkdir(self.root / L.state_name(1))
             L.write_current(self.root, L.state_name(1))
             d = L.create_store_file(self.root, n)
+            files.fsync_dir(self.root.parent)  # the store directory's own entry
         self.num_units = L.check_units(self.root, d, num_units)
         current = L.read_current(self.root)
         if current is None:
@@ -170,6 +178,12 @@ class Store(KVMixin, CheckpointMixin):
                 log.info("removing abandoned state directory %s", name)
                 files.rmtree(self.root / name)
         self._open_parts(self.state_dir)
+        if self.durability == "commit":
+            # directories LMDB and the units created must be durable before a commit is acknowledged
+            for p in [self.state_dir, L.controller_dir(self.state_dir)] + [
+                    q for i in range(self.num_units) for q in (L.unit_dir(self.state_dir, i),
+                                                               L.unit_dir(self.state_dir, i) / "index")]:
+                files.fsync_dir(p)
 
     def _open_parts(self, state: Path) -> None:
         sync = self.durability == "commit"
@@ -184,6 +198,7 @@ class Store(KVMixin, CheckpointMixin):
 
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
+        self._settle_undo()
         rows = self.controller.rows
         missing: Dict[int, Set[str]] = defaultdict(set)
 
@@ -281,12 +296,41 @@ class Store(KVMixin, CheckpointMixin):
             self._check_open()
             plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
                                             n_new=n if new_rows else 0, tags=tags, create_keys=create_keys)
+            token = None
+            if plan.overwrites and cols and n:
+                # replaced entries stay undoable until the controller commits (the put is atomic)
+                self._settle_undo()
+                token = self.controller.put_token + 1
             if cols and n:
-                self._write_units(plan, cols)
-            self.controller.commit_put(plan)
+                self._write_units(plan, cols, token)
+            try:
+                self.controller.commit_put(plan, token=token)
+            except BaseException:
+                if token is not None:
+                    self._settle_units(token, committed=False)
+                raise
+            if token is not None:
+                self._settle_units(token, committed=True)
             return list(plan.gidxs)
 
-    def _write_units(self, plan: PutPlan, cols: List[Column]) -> None:
+    def _settle_units(self, token: int, *, committed: bool, units: Optional[Sequence[int]] = None) -> None:
+        """Settle an overwriting put on the units (best effort: leftovers are settled before the
+        next overwriting put and on open)."""
+        for u in (range(self.num_units) if units is None else units):
+            try:
+                self.units[u].settle(token, committed=committed)
+            except TqstoreError:
+                log.exception("unit %d: could not settle put %d (settled on the next overwrite or reopen)", u,
+                              token)
+
+    def _settle_undo(self) -> None:
+        """Settle undo records left by a crash or a failed settle: committed iff the controller
+        recorded their token."""
+        for u in self.units:
+            for t in u.undo_tokens():
+                u.settle(t, committed=t <= self.controller.put_token)
+
+    def _write_units(self, plan: PutPlan, cols: List[Column], token: Optional[int] = None) -> None:
         per_unit: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
         for pos, g in enumerate(plan.gidxs):
             per_unit[g % self.num_units].append((pos, g))
@@ -296,7 +340,7 @@ class Store(KVMixin, CheckpointMixin):
             pairs = per_unit[u]
             positions = [p for p, _ in pairs]
             gs = [g for _, g in pairs]
-            return self.units[u].write([(c, positions, gs) for c in cols], fresh=fresh)
+            return self.units[u].write([(c, positions, gs) for c in cols], fresh=fresh, token=token)
 
         futures = {u: self._pool.submit(one, u) for u in per_unit}
         errors = []
@@ -306,6 +350,8 @@ class Store(KVMixin, CheckpointMixin):
             except BaseException as e:  # noqa: BLE001 - collected and re-raised below
                 errors.append((u, e))
         if errors:
+            if token is not None:  # put back the entries the units that succeeded replaced
+                self._settle_units(token, committed=False, units=[u for u in per_unit if u not in dict(errors)])
             # undo entries of rows that did not exist before on units that succeeded
             new = {r.gidx for r in plan.new_rows}
             for u in per_unit:
@@ -520,6 +566,12 @@ class Store(KVMixin, CheckpointMixin):
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _creation_debris(name: str) -> bool:
+    """Names an interrupted store creation can leave (before STORE.json was published)."""
+    return name in (L.CURRENT_FILE, L.CURRENT_FILE + ".tmp", L.STORE_FILE + ".tmp") or \
+        L.parse_state_name(name) is not None
 
 
 def _batch_len(items: List[Tuple[str, Any]], tags) -> int:

@@ -86,6 +86,10 @@ def _seg_key(seg_id: int) -> bytes:
     return seg_id.to_bytes(4, "big")
 
 
+def _undo_key(token: int, index_key: bytes) -> bytes:
+    return token.to_bytes(8, "big") + bytes(index_key)
+
+
 class UnitView:
     """A read transaction of a unit pinned to the segments it references (an MVCC cut)."""
 
@@ -120,6 +124,8 @@ class Unit:
         self.env = open_env(self.path / "index", max_dbs=4, sync=self.sync, **kw)
         self.db_loc = self.env.open_db(b"loc")
         self.db_segs = self.env.open_db(b"segs")
+        # undo records of overwriting puts not yet settled: token (u64 BE) + index key -> replaced loc
+        self.db_undo = self.env.open_db(b"undo")
         self._lock = threading.RLock()
         self._pins: Dict[int, int] = defaultdict(int)
         self.maps = MmapCache(self.path)
@@ -193,6 +199,9 @@ class Unit:
             for _k, v in txn.cursor(self.db_loc):
                 loc = Loc.unpack(v)
                 live[loc.seg] += loc.length
+            for _k, v in txn.cursor(self.db_undo):  # frames an unsettled put may put back
+                loc = Loc.unpack(v)
+                live[loc.seg] += loc.length
             for k, v in list(txn.cursor(self.db_segs)):
                 info = SegInfo.unpack(v)
                 info.live = live.get(int.from_bytes(k, "big"), 0)
@@ -224,6 +233,9 @@ class Unit:
         on_disk = {parse_segment_name(n) for n in files.listdir(self.path)} - {None}
         seg_id = max(segs | on_disk | {0}) + 1
         w = SegmentWriter(self.path, self.unit_id, seg_id, create=True)
+        if self.sync:
+            # the new file's directory entry must be durable before an index commit names it
+            files.fsync_dir(self.path)
         txn.put(_seg_key(seg_id), SegInfo(w.size, 0, False).pack(), db=self.db_segs)
         self._writer = w
         return w
@@ -242,12 +254,15 @@ class Unit:
         w.close()
         self._writer = None
 
-    def write(self, columns: Sequence[Tuple[Column, Sequence[int], Sequence[int]]], *, fresh: bool = False) -> int:
+    def write(self, columns: Sequence[Tuple[Column, Sequence[int], Sequence[int]]], *, fresh: bool = False,
+              token: Optional[int] = None) -> int:
         """Append the given rows and index them in one transaction.
 
         ``columns`` holds ``(column, row_positions, gidxs)``: rows ``row_positions`` of the
         column go to global indexes ``gidxs``.  ``fresh=True`` promises no (gidx, field)
-        already exists (skips reading old entries).  Returns bytes appended.
+        already exists (skips reading old entries).  With ``token``, every entry this write
+        replaces is kept in an undo record (its frame stays live) until :meth:`settle` says
+        whether the put was committed.  Returns bytes appended.
 
         Raises:
             StorageIOError: the write or commit failed; the index is unchanged.
@@ -297,7 +312,7 @@ class Unit:
                 w.append(bufs)
                 if self.sync:
                     w.fsync()
-                self._index(txn, items, w.seg_id, off - start, fresh)
+                self._index(txn, items, w.seg_id, off - start, fresh, token)
                 lmdb_commit_point("unit_commit")
                 txn.commit()
             except BaseException:
@@ -328,7 +343,7 @@ class Unit:
         except Exception:  # noqa: BLE001 - best effort; reopen repairs the same things
             log.exception("unit %d: cleanup after a failed write did not finish", self.unit_id)
 
-    def _index(self, txn, items, seg_id: int, added: int, fresh: bool) -> None:
+    def _index(self, txn, items, seg_id: int, added: int, fresh: bool, token: Optional[int] = None) -> None:
         dead: Dict[int, int] = defaultdict(int)
         if fresh:
             txn.cursor(self.db_loc).putmulti(items)
@@ -336,6 +351,9 @@ class Unit:
             for k, v in items:
                 old = txn.replace(k, v, db=self.db_loc)
                 if old is not None:
+                    if token is not None:
+                        txn.put(_undo_key(token, k), bytes(old), db=self.db_undo)
+                        continue
                     o = Loc.unpack(old)
                     dead[o.seg] += o.length
         info = SegInfo.unpack(txn.get(_seg_key(seg_id), db=self.db_segs))
@@ -352,6 +370,45 @@ class Unit:
             info = SegInfo.unpack(raw)
             info.live = max(0, info.live - n)
             txn.put(_seg_key(s), info.pack(), db=self.db_segs)
+
+    def undo_tokens(self) -> List[int]:
+        """Tokens of overwriting puts whose undo records are not settled yet."""
+        with self.env.begin() as txn:
+            return sorted({int.from_bytes(bytes(k[:8]), "big")
+                           for k in txn.cursor(self.db_undo).iternext(values=False)})
+
+    def settle(self, token: int, *, committed: bool) -> int:
+        """Settle the overwriting put ``token``: committed, the frames it replaced become dead;
+        not committed, the replaced entries are put back (its new frames become dead).
+        Returns the undo records settled."""
+        prefix = token.to_bytes(8, "big")
+        with self._lock, wrap_errors(f"unit {self.unit_id} settle", self.path):
+            with self.env.begin() as rtxn:
+                cur = rtxn.cursor(self.db_undo)
+                if not cur.set_range(prefix) or bytes(cur.key()[:8]) != prefix:
+                    return 0
+            dead: Dict[int, int] = defaultdict(int)
+            with self.env.begin(write=True) as txn:
+                cur = txn.cursor(self.db_undo)
+                recs = []
+                if cur.set_range(prefix):
+                    for k, v in cur:
+                        if bytes(k[:8]) != prefix:
+                            break
+                        recs.append((bytes(k), bytes(v)))
+                for k, old in recs:
+                    if committed:
+                        o = Loc.unpack(old)
+                    else:
+                        o = txn.replace(k[8:], old, db=self.db_loc)
+                        o = Loc.unpack(o) if o is not None else None
+                    if o is not None:
+                        dead[o.seg] += o.length
+                    txn.delete(k, db=self.db_undo)
+                self._apply_dead(txn, dead)
+                lmdb_commit_point("unit_commit")
+            self._after_change()
+            return len(recs)
 
     def delete(self, gidxs: Iterable[int], fields: Optional[Iterable[str]] = None) -> int:
         """Drop index entries of rows ``gidxs`` (all fields, or only ``fields``). Returns entries dropped."""
@@ -455,6 +512,8 @@ class Unit:
         below ``live_ratio`` into the active segment (byte copies, CRC-checked), then unlink
         them. Returns the number of segments compacted."""
         with self._lock, wrap_errors(f"unit {self.unit_id} compact", self.path):
+            if self.undo_tokens():
+                return 0  # an unsettled overwriting put may still put frames back
             segs = self._load_segs()
             victims = [s for s, i in segs.items() if i.sealed and not self._pins.get(s) and i.size > SEGMENT_HEADER_SIZE
                        and i.live < live_ratio * (i.size - SEGMENT_HEADER_SIZE)]

@@ -47,3 +47,4 @@ def lmdb_commit_point(name: str) -> None:
     """Failpoint before an LMDB commit (LMDB writes itself in C; crash tests kill here)."""
     if fp.active:
         fp.hit(name)
+        fp.observe(name)
