@@ -25,8 +25,8 @@ EXPECTED = {
     "get_partition_list", "BatchMeta",
     # samplers
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
-    # checkpoint forwarders
-    "save_checkpoint", "load_checkpoint",
+    # checkpoints
+    "save_checkpoint", "load_checkpoint", "CheckpointManager", "verify_checkpoint",
 }
 
 

@@ -15,6 +15,7 @@ from .api import (
     reset_consumption, save_checkpoint,
 )
 from .client import TransferQueueClient
+from .checkpoint import CheckpointManager, verify_checkpoint
 from .errors import (
     CapacityError, CheckpointError, CheckpointNotFoundError, ConfigError, CorruptionError, FieldNotFoundError,
     FormatVersionError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionNotFoundError,
@@ -39,5 +40,6 @@ __all__ = [
     "get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
     "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
     "get_partition_list", "save_checkpoint", "load_checkpoint",
+    "CheckpointManager", "verify_checkpoint",
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
 ]

@@ -238,6 +238,7 @@ class Store(KVMixin, CheckpointMixin):
         """Close the store (idempotent). A temporary store is deleted."""
         if getattr(self, "_closed", True):
             return
+        self._checkpoint_wait()  # a background checkpoint save holds a snapshot of the parts
         with self._write_lock:
             self._closed = True
             self._pool.shutdown(wait=True)

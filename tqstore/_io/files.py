@@ -10,7 +10,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable, List, Sequence, Union
+from typing import Iterable, List, Optional, Sequence, Union
 
 from . import failpoints as fp
 
@@ -154,9 +154,12 @@ def truncate(path: PathLike, size: int) -> None:
     os.truncate(path, size)
 
 
-def copy_file(src: PathLike, dst: PathLike, *, fsync: bool = True, chunk_bytes: int = 64 << 20) -> int:
-    """Copy ``src`` to a new file ``dst`` with copy_file_range (kernel-side), falling back to
-    read/write. fsyncs ``dst`` when asked. Failpoints ``copy`` and ``fsync_file``. Returns bytes.
+def copy_file(src: PathLike, dst: PathLike, *, fsync: bool = True, chunk_bytes: int = 64 << 20,
+              length: Optional[int] = None) -> int:
+    """Copy ``src`` (its first ``length`` bytes when given) to a new file ``dst`` with
+    copy_file_range (kernel-side), falling back to read/write. fsyncs ``dst`` when asked.
+    Failpoints ``copy`` and ``fsync_file``. Returns bytes copied (less than ``length`` only
+    if ``src`` is shorter).
     """
     _fp("copy", str(src), str(dst))
     sfd = os.open(src, os.O_RDONLY)
@@ -164,6 +167,8 @@ def copy_file(src: PathLike, dst: PathLike, *, fsync: bool = True, chunk_bytes: 
         dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             size = os.fstat(sfd).st_size
+            if length is not None:
+                size = min(size, int(length))
             done = 0
             use_cfr = hasattr(os, "copy_file_range")
             while done < size:
@@ -189,6 +194,31 @@ def copy_file(src: PathLike, dst: PathLike, *, fsync: bool = True, chunk_bytes: 
             os.close(dfd)
     finally:
         os.close(sfd)
+
+
+def publish_dir(tmp: PathLike, final: PathLike) -> None:
+    """Make the complete, fsynced directory ``tmp`` visible as ``final``: the one publish step.
+
+    ``final`` absent: rename ``tmp`` to ``final``, fsync the parent.  ``final`` present: it
+    is renamed to ``<final>.old`` first (parent fsynced), then ``tmp`` takes its place
+    (parent fsynced), then ``<final>.old`` is removed.  ``tmp`` and ``final`` must share a
+    parent.  At every crash point a reader finds the previous or the new directory: the
+    new one at ``final``, or (only between the two renames) the previous one at
+    ``<final>.old`` with ``final`` missing.  A stale ``<final>.old`` next to an existing
+    ``final`` is garbage and is removed here.  Failpoints ``rename``, ``fsync_dir``, ``rmtree``.
+    """
+    tmp, final = Path(tmp), Path(final)
+    parent = final.parent
+    old = final.with_name(final.name + ".old")
+    if os.path.lexists(final):
+        if os.path.lexists(old):
+            rmtree(old)
+        rename(final, old)
+        fsync_dir(parent)
+    rename(tmp, final)
+    fsync_dir(parent)
+    if os.path.lexists(old):
+        rmtree(old)
 
 
 def same_filesystem(a: PathLike, b: PathLike) -> bool:

@@ -1,6 +1,93 @@
-"""Checkpoints of a whole store: MVCC snapshot, atomic publication, generations, loads."""
+"""Checkpoints of a whole store: MVCC snapshot, atomic publication, generations, loads.
+
+``Store.save_checkpoint`` / ``Store.load_checkpoint`` (mixed into :class:`~tqstore.Store`
+by :class:`CheckpointMixin`; ``tqstore.save_checkpoint`` / ``load_checkpoint`` forward to the
+default store's), :class:`CheckpointManager`, :func:`verify_checkpoint`.  On-disk layout:
+docs/CHECKPOINT_FORMAT.md.
+"""
 from __future__ import annotations
+
+from typing import Any, Mapping, Optional
+
+from .loader import LoadInfo
+from .manager import CheckpointFallbackWarning, CheckpointManager
+from .retention import KeepAll, KeepAny, KeepEvery, KeepLast, RetentionPolicy
+from .verify import CheckpointReport, Problem, read_manifest, resolve_checkpoint_dir, verify_checkpoint
+from .writer import CheckpointInfo, SaveHandle
 
 
 class CheckpointMixin:
-    """Placeholder: filled by the checkpoint work (issue 4)."""
+    """``save_checkpoint`` and ``load_checkpoint`` of :class:`~tqstore.Store`."""
+
+    def save_checkpoint(self, checkpoint_dir, *, include_storage: bool = True,
+                        metadata: Optional[Mapping[str, Any]] = None, blocking: bool = True,
+                        copy_segments: bool = False):
+        """Save the whole store to ``checkpoint_dir`` atomically.
+
+        The store is cut under its write lock (each unit seals its active segment; read
+        transactions pin the state); puts and clears go on at once and never reach the
+        checkpoint.  The checkpoint is written into ``<dir>.tmp-XXXXXXXX``, every file and
+        directory fsynced, MANIFEST.json written last, then renamed into place (an existing
+        checkpoint there is replaced atomically and stays readable until the new one is
+        durable).
+
+        Args:
+            checkpoint_dir: target directory (its parent is created if missing).
+            include_storage: False saves the controller only (partitions, keys, tags,
+                consumption, sampler state); loading it leaves every field unproduced.
+            metadata: JSON-serialisable mapping stored in MANIFEST.json.
+            blocking: False returns a :class:`SaveHandle` right after the cut; the write
+                runs in a background thread.  One save is in flight per store: a second
+                save or load call waits for it to finish, and raises its error if the
+                handle's ``result()`` has not.
+            copy_segments: copy segment files even when they could be hard-linked.
+
+        Returns:
+            :class:`CheckpointInfo`, or a :class:`SaveHandle` with ``blocking=False``.
+
+        Raises:
+            InvalidInputError: metadata is not JSON (nothing was cut).
+            CheckpointError: the save failed (the previous checkpoint at the path is intact),
+                or the previous background save failed unseen.
+            CorruptionError: a store segment does not verify (names file and offset).
+        """
+        from . import writer
+
+        self._check_open()
+        return writer.save(self, checkpoint_dir, include_storage=include_storage, metadata=metadata,
+                           blocking=blocking, copy_segments=copy_segments)
+
+    def load_checkpoint(self, checkpoint_dir) -> LoadInfo:
+        """Replace the whole store with the checkpoint at ``checkpoint_dir``, transactionally.
+
+        Verifies the manifest and every byte used (CRC32C), builds the new state beside the
+        live one and switches with one atomic rename; on any failure the store is exactly
+        as it was.  Works into a store holding data (the result equals the checkpoint) and
+        onto any unit count (rows re-routed by global index, each unit reading only its
+        rows' byte ranges).  New rows never collide with loaded ones (the allocator state
+        is part of the checkpoint).
+
+        Raises:
+            CheckpointNotFoundError: no directory or no MANIFEST.json (a FileNotFoundError).
+            FormatVersionError: an unknown checkpoint format version.
+            CorruptionError: a file is missing, truncated or does not match its CRC32C
+                (names file and offset).
+            CheckpointError: the previous background save failed unseen, or an I/O error.
+        """
+        from . import loader
+
+        self._check_open()
+        return loader.load(self, checkpoint_dir)
+
+    def _checkpoint_wait(self) -> None:
+        """Wait for a background save (called by ``close``)."""
+        from . import writer
+
+        writer.wait_quietly(self)
+
+
+__all__ = [
+    "CheckpointMixin", "CheckpointManager", "verify_checkpoint",
+    "read_manifest", "resolve_checkpoint_dir", "CheckpointInfo", "SaveHandle", "LoadInfo", "CheckpointReport",
+    "Problem", "CheckpointFallbackWarning", "RetentionPolicy", "KeepAll", "KeepLast", "KeepEvery", "KeepAny",
+]

@@ -1,0 +1,226 @@
+"""CheckpointManager: numbered generations, keep_last pruning after the newer one is
+durable, restore of the newest generation that verifies (falling back past torn or
+corrupt ones), and sharing of unchanged segments between generations."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+import tqstore
+from tqstore import CheckpointError, CheckpointNotFoundError, CorruptionError, InvalidInputError
+from tqstore._io import failpoints as fp
+from tqstore.checkpoint import (
+    CheckpointFallbackWarning, CheckpointManager, KeepAll, KeepAny, KeepEvery, KeepLast, verify_checkpoint,
+)
+
+from checkpoint_helpers import fill, first_segment, flip_byte, payload_offset_of_first_frame, state, truncate
+
+
+@pytest.fixture(autouse=True)
+def _clean_failpoints():
+    yield
+    fp.disarm()
+
+
+@pytest.fixture
+def store(tmp_path):
+    with tqstore.open(tmp_path / "store", num_units=2, segment_bytes=1 << 16) as s:
+        yield s
+
+
+def _dirs(root):
+    return sorted(n for n in os.listdir(root) if not n.startswith("."))
+
+
+def test_keep_last_prunes_older_generations_after_each_save(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
+    for step in (10, 20, 30, 40):
+        fill(store, "train", 3, start=step, seed=step)
+        m.save(step, metadata={"step": step})
+    assert m.steps() == [30, 40] and m.latest_step() == 40
+    assert _dirs(tmp_path / "gens") == ["step-0000000030", "step-0000000040"]
+    assert m.metadata(30) == {"step": 30}
+
+
+def test_pruning_waits_for_the_newer_generation_to_be_durable(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", keep_last=1, store=store)
+    fill(store, "train", 3)
+    m.save(1)
+    fp.arm("rename", "eio", 1)  # publication of step 2 fails
+    with pytest.raises(CheckpointError):
+        m.save(2)
+    fp.disarm()
+    assert m.steps() == [1]
+    verify_checkpoint(m.path(1))
+
+
+def test_restore_loads_the_newest_generation(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store)
+    fill(store, "train", 4)
+    m.save(1)
+    fill(store, "train", 4, start=4)
+    want = state(store)
+    m.save(2)
+    store.clear_partition("train")
+    assert m.restore() == 2 and state(store) == want
+
+
+@pytest.mark.parametrize("damage", ["truncated-segment", "flipped-frame", "missing-manifest", "flipped-controller"])
+def test_restore_falls_back_past_a_torn_newest_generation(store, tmp_path, damage):
+    m = CheckpointManager(tmp_path / "gens", keep_last=3, store=store, copy_segments=True)
+    fill(store, "train", 6)
+    m.save(1)
+    fill(store, "train", 6, start=6)
+    want = state(store)
+    m.save(2)
+    fill(store, "train", 6, start=12)
+    m.save(3)
+    newest = m.path(3)
+    seg = sorted(newest.glob("unit-*/seg-*.tqs"))[-1]  # a segment only generation 3 holds
+    if damage == "truncated-segment":
+        truncate(seg, seg.stat().st_size // 2)
+    elif damage == "flipped-frame":
+        flip_byte(seg, seg.stat().st_size - 70)
+    elif damage == "missing-manifest":
+        (newest / "MANIFEST.json").unlink()
+    else:
+        flip_byte(newest / "controller" / "data.mdb", 100)
+    store.clear_partition("train")
+    with pytest.warns(CheckpointFallbackWarning, match="generation 3"):
+        assert m.restore() == 2
+    assert state(store) == want
+
+
+def test_restore_falls_back_several_generations_and_fails_when_none_verifies(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)
+    fill(store, "train", 4)
+    want = state(store)
+    m.save(1)
+    for step in (2, 3):
+        fill(store, "train", 4, start=4 * step, seed=step)
+        m.save(step)
+    for step in (2, 3):
+        (m.path(step) / "controller" / "data.mdb").write_bytes(b"garbage")
+    with pytest.warns(CheckpointFallbackWarning):
+        assert m.restore() == 1
+    assert state(store) == want
+    (m.path(1) / "controller" / "data.mdb").write_bytes(b"garbage")
+    before = state(store)
+    with pytest.warns(CheckpointFallbackWarning), pytest.raises(CheckpointError, match="no generation"):
+        m.restore()
+    assert state(store) == before
+
+
+def test_restore_of_an_explicit_step_does_not_fall_back(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)
+    fill(store, "train", 4)
+    m.save(1)
+    m.save(2)
+    seg = first_segment(m.path(2))
+    flip_byte(seg, payload_offset_of_first_frame(seg))
+    with pytest.raises(CorruptionError):
+        m.restore(2)
+    assert m.restore(1) == 1
+    with pytest.raises(CheckpointNotFoundError):
+        m.restore(7)
+
+
+def test_restore_with_no_generation_raises_file_not_found(store, tmp_path):
+    with pytest.raises(FileNotFoundError):
+        CheckpointManager(tmp_path / "gens", store=store).restore()
+
+
+def test_generations_share_unchanged_segments_through_hard_links(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store)
+    fill(store, "train", 40)
+    first = m.save(1)
+    fill(store, "train", 4, seed=9)  # 10 % of the rows change
+    second = m.save(2)
+    ino = lambda step: {p.name: p.stat().st_ino for p in m.path(step).glob("unit-*/seg-*.tqs")}  # noqa: E731
+    shared = set(ino(1).items()) & set(ino(2).items())
+    assert len(shared) >= len(ino(1)) - 2  # old segments shared (the ones the cut sealed may differ)
+    assert first.checksummed_bytes > 0
+    assert second.checksummed_bytes < first.checksummed_bytes / 4  # only the new segments are read
+
+
+def test_copy_mode_generations_reuse_the_previous_copy_and_copy_only_what_changed(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)
+    fill(store, "train", 60)
+    first = m.save(1)
+    assert first.reused_bytes == 0 and first.linked_bytes == 0
+    fill(store, "train", 6, seed=9)
+    second = m.save(2)
+    assert second.reused_bytes > 0
+    seg_copied = second.copied_bytes - sum(p.stat().st_size for p in m.path(2).rglob("*.mdb"))
+    assert seg_copied < first.copied_bytes / 4
+    store_inodes = {p.stat().st_ino for p in store.state_dir.glob("unit-*/seg-*.tqs")}
+    assert not {p.stat().st_ino for p in m.path(2).glob("unit-*/seg-*.tqs")} & store_inodes
+    want = state(store)
+    store.clear_partition("train")
+    m.prune()
+    shutil.rmtree(m.path(1))  # generation 2 does not depend on generation 1's directory
+    assert m.restore() == 2 and state(store) == want
+
+
+def test_a_generation_whose_replacement_was_interrupted_counts_through_its_old_directory(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
+    fill(store, "train", 3)
+    m.save(1)
+    want = state(store)
+    m.save(2)
+    os.rename(m.path(2), str(m.path(2)) + ".old")
+    assert m.steps() == [1, 2]
+    store.clear_partition("train")
+    assert m.restore() == 2 and state(store) == want
+    m.save(3)
+    assert m.steps() == [2, 3] and not os.path.exists(str(m.path(2)) + ".old")
+
+
+def test_saving_an_existing_step_replaces_it(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store)
+    fill(store, "train", 3)
+    m.save(5, metadata={"v": 1})
+    m.save(5, metadata={"v": 2})
+    assert m.steps() == [5] and m.metadata(5) == {"v": 2}
+
+
+def test_async_manager_save_prunes_in_the_background(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", keep_last=1, store=store)
+    fill(store, "train", 3)
+    m.save(1)
+    h = m.save(2, blocking=False)
+    m.wait_until_finished()
+    assert h.done() and m.steps() == [2]
+
+
+def test_bad_arguments(store, tmp_path):
+    with pytest.raises(InvalidInputError):
+        CheckpointManager(tmp_path / "g", keep_last=2, policy=KeepAll())
+    with pytest.raises(ValueError):
+        CheckpointManager(tmp_path / "g", keep_last=0)
+    m = CheckpointManager(tmp_path / "g", store=store)
+    for bad in (-1, 1.5, "3", True):
+        with pytest.raises(InvalidInputError):
+            m.save(bad)
+
+
+def test_retention_policies_are_pure():
+    steps = [0, 100, 150, 200, 250, 300]
+    assert KeepLast(2).keep(steps) == {250, 300}
+    assert KeepLast(10).keep(steps) == set(steps)
+    assert KeepEvery(100).keep(steps) == {0, 100, 200, 300}
+    assert KeepAny(KeepLast(1), KeepEvery(200)).keep(steps) == {0, 200, 300}
+    assert KeepAll().keep(steps) == set(steps)
+    assert KeepLast(3).keep([]) == set()
+    with pytest.raises(ValueError):
+        KeepEvery(0)
+
+
+def test_manager_with_a_custom_policy(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store, policy=KeepAny(KeepLast(1), KeepEvery(2)))
+    fill(store, "train", 2)
+    for step in range(1, 6):
+        m.save(step)
+    assert m.steps() == [2, 4, 5]

@@ -1,0 +1,156 @@
+"""``python -m tqstore verify|inspect|ls|demo``: exit codes, output, no tracebacks."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import tqstore
+from tqstore.checkpoint import CheckpointManager
+from tqstore.cli import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, main
+
+from checkpoint_helpers import fill, first_segment, flip_byte, payload_offset_of_first_frame
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(map(str, argv)), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cli")
+    with tqstore.open(d / "store", num_units=2) as s:
+        fill(s, "train", 8)
+        fill(s, "val", 3, prefix="v")
+        s.save_checkpoint(d / "ckpt", metadata={"step": 42}, copy_segments=True)
+        m = CheckpointManager(d / "gens", store=s, copy_segments=True)
+        m.save(1)
+        m.save(2)
+    return d
+
+
+def test_verify_of_a_clean_checkpoint_exits_0(saved):
+    code, out, err = run("verify", saved / "ckpt")
+    assert code == EXIT_OK and out.startswith("ok ") and "11 rows" in out and err == ""
+
+
+def test_verify_json(saved):
+    code, out, _ = run("verify", saved / "ckpt", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["ok"] and doc["checkpoints"][0]["rows"] == 11
+    assert doc["checkpoints"][0]["frames_checked"] == 11 * 6
+
+
+def test_verify_of_a_damaged_checkpoint_exits_1_with_one_line_per_problem(saved, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(saved / "ckpt", bad)
+    seg = first_segment(bad)
+    flip_byte(seg, payload_offset_of_first_frame(seg))
+    (bad / "unit-001" / "extra").write_bytes(b"?")
+    code, out, err = run("verify", bad)
+    assert code == EXIT_DAMAGED and out.startswith("BAD ")
+    lines = out.strip().splitlines()[1:]
+    assert len(lines) == 2 and any(str(seg) in ln and "offset" in ln for ln in lines)
+    assert "Traceback" not in out + err
+    code, out, _ = run("verify", bad, "--json")
+    assert code == EXIT_DAMAGED and not json.loads(out)["ok"]
+
+
+def test_verify_of_a_generation_root_checks_every_generation(saved, tmp_path):
+    import shutil
+
+    code, out, _ = run("verify", saved / "gens")
+    assert code == EXIT_OK and out.count("ok  step") == 2
+    root = tmp_path / "gens"
+    shutil.copytree(saved / "gens", root)
+    (root / "step-0000000002" / "controller" / "data.mdb").write_bytes(b"junk")
+    code, out, _ = run("verify", root)
+    assert code == EXIT_DAMAGED and "ok  step 1" in out and "BAD step 2" in out
+    (root / "step-0000000002" / "MANIFEST.json").unlink()
+    code, out, _ = run("verify", root)
+    assert code == EXIT_DAMAGED and "BAD step 2" in out and "no MANIFEST.json" in out
+
+
+def test_verify_of_something_that_is_not_a_checkpoint_exits_2(saved, tmp_path):
+    assert run("verify", tmp_path / "missing")[0] == EXIT_USAGE
+    (tmp_path / "empty").mkdir()
+    code, _, err = run("verify", tmp_path / "empty")
+    assert code == EXIT_USAGE and "neither a checkpoint" in err
+    code, _, err = run("verify", saved / "store")
+    assert code == EXIT_USAGE and "store directory" in err
+
+
+def test_verify_of_a_torn_manifest_exits_1(saved, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(saved / "ckpt", bad)
+    (bad / "MANIFEST.json").write_text("{ not json")
+    code, out, err = run("verify", bad)
+    assert code == EXIT_DAMAGED and "MANIFEST.json" in out and "Traceback" not in err
+
+
+def test_inspect_checkpoint_root_and_store(saved):
+    code, out, _ = run("inspect", saved / "ckpt")
+    assert code == 0 and "11 rows in 2 partitions, 2 units" in out and '"step": 42' in out
+    assert "partition 'train': 8 rows" in out
+    code, out, _ = run("inspect", saved / "ckpt", "--json")
+    doc = json.loads(out)
+    assert doc["kind"] == "checkpoint" and doc["metadata"] == {"step": 42}
+    assert {p["partition"]: p["rows"] for p in doc["partitions"]} == {"train": 8, "val": 3}
+    code, out, _ = run("inspect", saved / "gens", "--json")
+    assert code == 0 and [g["step"] for g in json.loads(out)["generations"]] == [1, 2]
+    code, out, _ = run("inspect", saved / "store")
+    assert code == 0 and "2 units" in out and "partition 'val': 3 rows" in out
+
+
+def test_ls_lists_generations_and_files(saved):
+    code, out, _ = run("ls", saved / "gens")
+    assert code == 0 and [ln.split()[0] for ln in out.splitlines()] == ["1", "2"]
+    code, out, _ = run("ls", saved / "ckpt", "--json")
+    rows = json.loads(out)
+    assert code == 0 and {r["role"] for r in rows} == {"controller", "unit_index", "segment"}
+    assert all(len(r["crc32c"]) == 8 for r in rows)
+    assert run("ls", saved / "store")[0] == EXIT_USAGE
+
+
+def test_no_subcommand_prints_help_and_a_bad_one_exits_2():
+    code, out, _ = run()
+    assert code == EXIT_USAGE and "verify" in out
+    assert run("frobnicate")[0] == EXIT_USAGE
+
+
+def test_python_dash_m_exit_codes_without_traceback(saved, tmp_path):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(saved / "ckpt", bad)
+    (bad / "controller" / "data.mdb").write_bytes(b"x" * 10)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    for path, want in ((saved / "ckpt", 0), (bad, 1), (tmp_path / "nope", 2)):
+        r = subprocess.run([sys.executable, "-m", "tqstore", "verify", str(path)], capture_output=True, text=True,
+                           env=env, timeout=120)
+        assert r.returncode == want, (path, r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+
+
+def test_demo_runs_the_walk_through(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "tqstore", "demo", "--dir", str(tmp_path / "demo")],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    for step in ("tq.kv_batch_put", "tq.save_checkpoint", "tq.kv_clear", "tq.load_checkpoint",
+                 "identical to what was put: True", "m.restore() -> step 3"):
+        assert step in r.stdout
+    assert run("verify", tmp_path / "demo" / "generations")[0] == EXIT_OK

@@ -1,0 +1,341 @@
+"""Loading a checkpoint into a running store, transactionally.
+
+The new state is built beside the live one by :meth:`Store.install_state` (which fsyncs
+it, opens it and switches the ``CURRENT`` pointer with one rename); every byte taken from
+the checkpoint is verified first.  Any failure before the switch leaves the running store
+exactly as it was.
+
+* same unit count: every file's CRC32C is checked, then segments are hard-linked (same
+  file system) or copied, indexes and controller copied;
+* another unit count: the controller is copied with its unit count updated; every frame
+  is routed to unit ``gidx % M`` (:func:`planner.plan_reshard`) and each target unit, in
+  parallel, reads only its frames' byte ranges, checks each frame's CRC32C and appends
+  the frames byte for byte to new segment files, indexing them as it goes;
+* a checkpoint saved with ``include_storage=False``: the controller only; every row keeps
+  its key, tag and consumption but no field is produced (no payload was saved).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import lmdb
+
+from .. import _native
+from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE
+from .._format.segment import segment_name
+from .._io import files
+from .._io.lmdbenv import open_env
+from .._io.segfile import SegmentWriter
+from ..errors import CheckpointError, CorruptionError, TqstoreError
+from . import manifest as M
+from .planner import FrameRef, ReadRange, TargetPlan, plan_load_mode, plan_reshard
+from .scan import BadFrame, scan_file
+from .verify import _read_unit_index, read_manifest, resolve_checkpoint_dir
+
+log = logging.getLogger("tqstore")
+
+READ_BUFFER_BYTES = 8 << 20
+INDEX_BATCH = 20000
+
+
+@dataclass(frozen=True)
+class LoadInfo:
+    """Summary of a completed load."""
+
+    path: Path
+    source_units: int
+    num_units: int
+    mode: str  # "same" | "reshard" | "metadata"
+    rows: int
+    total_bytes: int  # bytes of the checkpoint's files
+    read_bytes: int  # bytes read and verified
+    elapsed_s: float
+    metadata: Dict[str, Any] = field(default_factory=dict)
+
+
+def _check_file(src: Path, e: M.FileEntry, *, frames=()) -> int:
+    """Verify a checkpoint file against its manifest entry; returns bytes read."""
+    p = src / e.path
+    try:
+        st = os.stat(p)
+    except FileNotFoundError as err:
+        raise CorruptionError("checkpoint file listed in MANIFEST.json is missing", path=str(p)) from err
+    if st.st_size != e.size:
+        raise CorruptionError(f"checkpoint file holds {st.st_size} bytes, MANIFEST.json records {e.size} "
+                              f"(truncated or replaced)", path=str(p), offset=min(st.st_size, e.size))
+    res = scan_file(p, e.size, frames=frames, block_bytes=M.INDEX_BLOCK_BYTES if e.block_crc32c else None)
+    if res.nread != e.size:
+        raise CorruptionError("checkpoint file is truncated", path=str(p), offset=res.nread)
+    if res.crc != e.crc32c or res.bad:
+        raise locate_damage(p, e, res)
+    return res.nread
+
+
+def locate_damage(p: Path, e: M.FileEntry, res) -> CorruptionError:
+    """The most precise CorruptionError for a file whose CRC did not match."""
+    if res.bad:
+        b: BadFrame = res.bad[0]
+        return CorruptionError(f"checkpoint {e.role.replace('_', ' ')}: {b.message}", path=str(p), offset=b.offset,
+                               expected_crc=b.expected_crc, actual_crc=b.actual_crc)
+    offset = None
+    if e.block_crc32c and res.blocks:
+        for i, (want, got) in enumerate(zip(e.block_crc32c, res.blocks)):
+            if want != got:
+                offset = i * M.INDEX_BLOCK_BYTES
+                break
+    where = "" if offset is None else f" in the {M.INDEX_BLOCK_BYTES >> 20} MiB block at this offset"
+    return CorruptionError(f"checkpoint file checksum mismatch{where}", path=str(p), offset=offset,
+                           expected_crc=e.crc32c, actual_crc=res.crc)
+
+
+def _set_controller_units(ctrl_dir: Path, n: int) -> None:
+    env = open_env(ctrl_dir, max_dbs=12)
+    try:
+        meta = env.open_db(b"meta")
+        with env.begin(write=True) as txn:
+            txn.put(b"num_units", str(n).encode(), db=meta)
+        env.sync(True)
+    finally:
+        env.close()
+
+
+def _clear_produced(ctrl_dir: Path, num_units: int) -> None:
+    from ..controller import Controller
+
+    c = Controller(ctrl_dir, num_units=num_units)
+    try:
+        c.drop_fields({g: set(r.fields) for g, r in c.rows.items() if r.fields})
+        c.env.sync(True)
+    finally:
+        c.close()
+
+
+class Builder:
+    """The ``build(new_state_dir)`` callback handed to :meth:`Store.install_state`."""
+
+    def __init__(self, src: Path, man: M.Manifest, num_units: int, segment_bytes: int, max_workers: int) -> None:
+        self.src = src
+        self.man = man
+        self.num_units = num_units
+        self.segment_bytes = segment_bytes
+        self.max_workers = max_workers
+        self.mode = plan_load_mode(man.num_units, num_units, man.include_storage)
+        self.read_bytes = 0
+
+    def __call__(self, new_dir: Path) -> str:
+        ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
+        self.read_bytes += _check_file(self.src, ctrl)
+        files.mkdir(new_dir / "controller")
+        files.copy_file(self.src / ctrl.path, new_dir / M.CONTROLLER_FILE, fsync=False)
+        if self.man.num_units != self.num_units:
+            _set_controller_units(new_dir / "controller", self.num_units)
+        if self.mode == "metadata":
+            _clear_produced(new_dir / "controller", self.num_units)
+            return self.mode
+        workers = max(1, min(self.max_workers, max(self.num_units, self.man.num_units)))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
+            if self.mode == "same":
+                link = files.same_filesystem(self.src, new_dir)
+                counts = _gather(pool.map(lambda i: self._same_unit(new_dir, i, link), range(self.num_units)))
+            else:
+                plan = self._plan(pool)
+                counts = _gather(pool.map(lambda t: self._reshard_unit(new_dir, t), plan.targets))
+        self.read_bytes += sum(counts)
+        return self.mode
+
+    # -------------------------------------------------------------- same unit count
+    def _same_unit(self, new_dir: Path, i: int, link: bool) -> int:
+        udir = new_dir / M.unit_dir_name(i)
+        files.mkdir(udir)
+        files.mkdir(udir / "index")
+        idx = self.man.find(M.unit_index_file(i))
+        n = _check_file(self.src, idx)
+        files.copy_file(self.src / idx.path, new_dir / idx.path, fsync=False)
+        for seg, e in sorted(self.man.segments(i).items()):
+            try:
+                n += _check_file(self.src, e)
+            except CorruptionError as err:
+                raise self._pinpoint(i, e) or err
+            dst = udir / segment_name(seg)
+            if link:
+                files.link(self.src / e.path, dst)
+            else:
+                got = files.copy_file(self.src / e.path, dst, fsync=False)
+                if got != e.size:
+                    raise CorruptionError("checkpoint segment changed while it was being copied",
+                                          path=str(self.src / e.path), offset=got)
+        return n
+
+    def _pinpoint(self, unit: int, e: M.FileEntry) -> Optional[CorruptionError]:
+        """A damaged segment: rescan it frame by frame to name the offset of the bad frame."""
+        frames: Dict = defaultdict(list)
+        if _read_unit_index(self.src, self.man, unit, frames):
+            return None
+        p = self.src / e.path
+        try:
+            res = scan_file(p, e.size, frames=sorted(frames.get((unit, e.seg), ())))
+        except OSError:
+            return None
+        return locate_damage(p, e, res) if res.bad else None
+
+    # -------------------------------------------------------------- another unit count
+    def _plan(self, pool):
+        idx = [self.man.find(M.unit_index_file(i)) for i in range(self.man.num_units)]
+        self.read_bytes += sum(pool.map(lambda e: _check_file(self.src, e), idx))
+        refs = dict(zip(range(self.man.num_units), pool.map(self._read_index, range(self.man.num_units))))
+        return plan_reshard(refs, self.num_units)
+
+    def _read_index(self, i: int) -> List[FrameRef]:
+        segs = self.man.segments(i)
+        env = open_env(self.src / M.unit_dir_name(i) / "index", max_dbs=4, readonly=True)
+        out: List[FrameRef] = []
+        try:
+            with env.begin() as txn:
+                try:
+                    db = env.open_db(b"loc", txn=txn, create=False)
+                except lmdb.NotFoundError:
+                    return out  # a unit that never held a row
+                for k, v in txn.cursor(db):
+                    seg, off, ln, crc = INDEX_VALUE.unpack(v)
+                    e = segs.get(seg)
+                    if e is None or off < SEGMENT_HEADER_SIZE or off + ln > e.size:
+                        raise CorruptionError(f"unit {i} index names bytes [{off}, {off + ln}) of segment {seg}, which "
+                                              f"the checkpoint does not hold", path=str(self.src / M.unit_index_file(i)))
+                    key = bytes(k)
+                    out.append(FrameRef(key, int.from_bytes(key[:8], "big"), seg, off, ln, crc))
+        except lmdb.Error as err:
+            raise CorruptionError(f"unit {i} index of the checkpoint cannot be read: {err}",
+                                  path=str(self.src / M.unit_index_file(i))) from err
+        finally:
+            env.close()
+        return out
+
+    def _reshard_unit(self, new_dir: Path, t: TargetPlan) -> int:
+        from ..unit import SegInfo
+
+        udir = new_dir / M.unit_dir_name(t.unit)
+        files.mkdir(udir)
+        env = open_env(udir / "index", max_dbs=4)
+        fds: Dict[tuple, int] = {}
+        writer: Optional[SegmentWriter] = None
+        infos: Dict[int, SegInfo] = {}
+        items: List[tuple] = []
+        buf = bytearray(READ_BUFFER_BYTES)
+        read = 0
+        try:
+            db_loc = env.open_db(b"loc")
+            db_segs = env.open_db(b"segs")
+
+            def flush() -> None:
+                if items:
+                    with env.begin(write=True) as txn:
+                        txn.cursor(db_loc).putmulti(items)
+                    items.clear()
+
+            def close_writer() -> None:
+                nonlocal writer
+                if writer is not None:
+                    writer.fsync()
+                    infos[writer.seg_id] = SegInfo(writer.size, writer.size - SEGMENT_HEADER_SIZE, True)
+                    writer.close()
+                    writer = None
+
+            for r in t.ranges:
+                data = self._read_range(fds, r, buf)
+                read += r.length
+                if writer is None or (writer.size > SEGMENT_HEADER_SIZE
+                                      and writer.size + r.length > self.segment_bytes):
+                    seg_id = (writer.seg_id + 1) if writer is not None else (max(infos, default=0) + 1)
+                    close_writer()
+                    writer = SegmentWriter(udir, t.unit, seg_id, create=True)
+                base = writer.append([data])
+                for f in r.frames:
+                    items.append((f.key, INDEX_VALUE.pack(writer.seg_id, base + f.rel_offset, f.length, f.crc)))
+                if len(items) >= INDEX_BATCH:
+                    flush()
+            close_writer()
+            flush()
+            with env.begin(write=True) as txn:
+                for s, info in infos.items():
+                    txn.put(s.to_bytes(4, "big"), info.pack(), db=db_segs)
+            env.sync(True)
+        finally:
+            if writer is not None:
+                writer.close()
+            for fd in fds.values():
+                os.close(fd)
+            env.close()
+        return read
+
+    def _read_range(self, fds: Dict[tuple, int], r: ReadRange, buf: bytearray) -> memoryview:
+        path = self.src / M.segment_file(r.src_unit, r.seg)
+        fd = fds.get((r.src_unit, r.seg))
+        if fd is None:
+            try:
+                fd = fds[(r.src_unit, r.seg)] = os.open(path, os.O_RDONLY)
+            except FileNotFoundError as e:
+                raise CorruptionError("checkpoint segment listed in MANIFEST.json is missing", path=str(path)) from e
+        mv = memoryview(buf)[:r.length] if r.length <= len(buf) else memoryview(bytearray(r.length))
+        got = 0
+        while got < r.length:
+            n = os.preadv(fd, [mv[got:]], r.offset + got)
+            if n == 0:
+                raise CorruptionError("checkpoint segment is truncated", path=str(path), offset=r.offset + got)
+            got += n
+        res = _native.verify_frames(mv, [f.rel_offset for f in r.frames], [f.length for f in r.frames])
+        for (status, _po, _pl, cexp, cact), f in zip(res, r.frames):
+            if status == 1:
+                raise CorruptionError("checkpoint segment: not an intact record frame", path=str(path),
+                                      offset=r.offset + f.rel_offset)
+            if status == 2:
+                raise CorruptionError("checkpoint segment: record frame checksum mismatch", path=str(path),
+                                      offset=r.offset + f.rel_offset, expected_crc=cexp, actual_crc=cact)
+            if cexp != f.crc:
+                raise CorruptionError("checkpoint segment: record frame is not the one the index names",
+                                      path=str(path), offset=r.offset + f.rel_offset, expected_crc=f.crc,
+                                      actual_crc=cexp)
+        return mv
+
+
+def _gather(it) -> List[int]:
+    return list(it)
+
+
+def load(store, checkpoint_dir) -> LoadInfo:
+    """Load a checkpoint into ``store`` (see :meth:`CheckpointMixin.load_checkpoint`)."""
+    from .writer import settle, state_of
+
+    t0 = time.perf_counter()
+    state = state_of(store)
+    with state.lock:
+        settle(state)
+        src = resolve_checkpoint_dir(checkpoint_dir)
+        man = read_manifest(src)
+        for e in man.files:  # cheap checks before taking the store's write lock
+            p = src / e.path
+            try:
+                size = os.stat(p).st_size
+            except FileNotFoundError as err:
+                raise CorruptionError("checkpoint file listed in MANIFEST.json is missing", path=str(p)) from err
+            if size != e.size:
+                raise CorruptionError(f"checkpoint file holds {size} bytes, MANIFEST.json records {e.size} "
+                                      f"(truncated or replaced)", path=str(p), offset=min(size, e.size))
+        build = Builder(src, man, store.num_units, store._opts["segment_bytes"], max(1, min(8, store.num_units)))
+        try:
+            mode = store.install_state(build)
+        except TqstoreError:
+            raise
+        except (OSError, lmdb.Error) as e:
+            raise CheckpointError(f"loading checkpoint {src} failed: {e}; the store is unchanged") from e
+    info = LoadInfo(src, man.num_units, store.num_units, mode, man.rows, man.total_bytes, build.read_bytes,
+                    time.perf_counter() - t0, dict(man.metadata))
+    log.info("loaded checkpoint %s (%s, %d -> %d units, %d rows) in %.3f s", src, mode, man.num_units,
+             store.num_units, man.rows, info.elapsed_s)
+    return info

@@ -1,0 +1,232 @@
+"""Generations of checkpoints under one root: ``root/step-XXXXXXXXXX/``.
+
+* :meth:`CheckpointManager.save` writes a generation (blocking or not) and, once it is
+  durable, deletes the generations its retention policy no longer keeps;
+* a generation shares every unchanged segment with the previous ones through hard links
+  (in link mode they are the store's own files; in copy mode the manifest's ``origin``
+  identifies a store file already copied), so a save costs what changed;
+* :meth:`CheckpointManager.restore` loads the newest generation that verifies and falls
+  back past torn or corrupt ones, with a warning.
+
+Saves and prunes under one root are serialised across processes by an flock on
+``root/.tqstore-checkpoints.lock``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import warnings
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional
+
+from .. import _default
+from .._io import files
+from ..errors import CheckpointError, CheckpointNotFoundError, CorruptionError, InvalidInputError
+from . import manifest as M
+from . import writer
+from .planner import Reusable
+from .retention import KeepAll, KeepLast, RetentionPolicy
+from .verify import CheckpointReport, read_manifest, resolve_checkpoint_dir, verify_checkpoint
+
+log = logging.getLogger("tqstore")
+
+_STEP = re.compile(r"^step-(\d{10,})(\.old)?$")
+LOCK_NAME = ".tqstore-checkpoints.lock"
+
+
+class CheckpointFallbackWarning(UserWarning):
+    """``restore()`` skipped a generation that does not verify and used an older one."""
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:010d}"
+
+
+class CheckpointManager:
+    """Numbered checkpoint generations of a store under ``root``.
+
+    Args:
+        root: directory of the generations (created if missing).
+        keep_last: keep only the newest ``keep_last`` generations (None: keep all).
+        store: the store to save and restore; None means the default store of
+            ``tqstore.init`` (looked up at each call).
+        policy: a retention policy object instead of ``keep_last`` (e.g.
+            ``KeepAny(KeepLast(3), KeepEvery(1000))``).
+        copy_segments: always copy segment files instead of hard-linking the store's
+            (generations still share unchanged segments among themselves).
+    """
+
+    def __init__(self, root, keep_last: Optional[int] = None, *, store=None,
+                 policy: Optional[RetentionPolicy] = None, copy_segments: bool = False) -> None:
+        if policy is not None and keep_last is not None:
+            raise InvalidInputError("give keep_last or policy, not both")
+        self.root = Path(os.path.abspath(os.fspath(root)))
+        self.policy: RetentionPolicy = policy or (KeepLast(keep_last) if keep_last is not None else KeepAll())
+        self.copy_segments = copy_segments
+        self._store = store
+        files.mkdir(self.root, exist_ok=True, parents=True)
+
+    def __repr__(self) -> str:
+        return f"CheckpointManager({str(self.root)!r}, policy={self.policy!r})"
+
+    @property
+    def store(self):
+        """The managed store (the default store when none was given). RuntimeError before init."""
+        return self._store if self._store is not None else _default.get_default()
+
+    def path(self, step: int) -> Path:
+        """Directory of generation ``step`` (it may not exist)."""
+        return self.root / step_name(self._check_step(step))
+
+    @staticmethod
+    def _check_step(step: Any) -> int:
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise InvalidInputError(f"step must be an int >= 0, got {step!r}")
+        return step
+
+    def steps(self) -> List[int]:
+        """Published generations, ascending (a generation whose replacement was interrupted
+        counts through its ``.old`` directory)."""
+        out = set()
+        for name in files.listdir(self.root):
+            m = _STEP.match(name)
+            if not m:
+                continue
+            d = self.root / name
+            if not (d / M.MANIFEST_NAME).is_file():
+                continue
+            if m.group(2) and os.path.lexists(self.root / name[:-4]):
+                continue
+            out.add(int(m.group(1)))
+        return sorted(out)
+
+    def _torn_steps(self) -> List[int]:
+        """Generation directories without a manifest (damaged after publication)."""
+        published = set(self.steps())
+        out = set()
+        for name in files.listdir(self.root):
+            m = _STEP.match(name)
+            if m and not m.group(2) and int(m.group(1)) not in published:
+                out.add(int(m.group(1)))
+        return sorted(out)
+
+    def latest_step(self) -> Optional[int]:
+        s = self.steps()
+        return s[-1] if s else None
+
+    def metadata(self, step: int) -> Dict[str, Any]:
+        """The user metadata saved with generation ``step``."""
+        return dict(read_manifest(self.path(step)).metadata)
+
+    def verify(self, step: Optional[int] = None, **kwargs) -> CheckpointReport:
+        """:func:`verify_checkpoint` of generation ``step`` (newest when None)."""
+        if step is None:
+            step = self.latest_step()
+            if step is None:
+                raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}")
+        return verify_checkpoint(self.path(step), **kwargs)
+
+    # ------------------------------------------------------------------ save
+    def _reusable(self) -> Dict[str, Reusable]:
+        """Identity -> file of an existing generation holding those bytes (newest first)."""
+        out: Dict[str, Reusable] = {}
+        for s in reversed(self.steps()):
+            try:
+                src = resolve_checkpoint_dir(self.path(s))
+                man = read_manifest(src)
+            except (CorruptionError, CheckpointNotFoundError) as e:
+                log.info("generation %d is not reusable for sharing: %s", s, e)
+                continue
+            for e in man.by_role(M.ROLE_SEGMENT):
+                if e.origin and e.origin not in out:
+                    out[e.origin] = Reusable(str(src / e.path), e.size, e.crc32c)
+        return out
+
+    def save(self, step: int, metadata: Optional[Mapping[str, Any]] = None, *, blocking: bool = True,
+             include_storage: bool = True):
+        """Save the store as generation ``step`` (replacing an existing one atomically).
+
+        Returns a :class:`CheckpointInfo`, or with ``blocking=False`` a :class:`SaveHandle`
+        right after the cut.  Generations the policy drops are deleted after this one is
+        durable.  Saving a step lower than kept ones is allowed; the policy then decides.
+        """
+        path = self.path(step)
+        return writer.save(self.store, path, include_storage=include_storage, metadata=metadata, blocking=blocking,
+                           copy_segments=self.copy_segments, reuse=self._reusable(),
+                           lock_path=self.root / LOCK_NAME, on_published=lambda info: self.prune())
+
+    def wait_until_finished(self) -> None:
+        """Wait for a background save of the managed store; raise its error if unseen."""
+        st = writer.state_of(self.store)
+        with st.lock:
+            writer.settle(st)
+
+    def prune(self) -> List[int]:
+        """Delete the generations the policy does not keep (and leftovers of interrupted
+        saves and prunes; a generation left at ``step-N.old`` by an interrupted replacement
+        is moved back to ``step-N``). Returns the steps deleted."""
+        deleted = []
+        with writer.path_lock(self.root / LOCK_NAME):
+            for name in files.listdir(self.root):  # finish replacements interrupted between their renames
+                m = _STEP.match(name)
+                if m and m.group(2) and not os.path.lexists(self.root / name[:-4]) \
+                        and (self.root / name / M.MANIFEST_NAME).is_file():
+                    log.info("restoring %s left by an interrupted replacement", name)
+                    files.rename(self.root / name, self.root / name[:-4])
+                    files.fsync_dir(self.root)
+            steps = self.steps()
+            keep = self.policy.keep(steps)
+            doomed = [s for s in steps if s not in keep]
+            for s in doomed:
+                for name in (step_name(s), step_name(s) + ".old"):
+                    p = self.root / name
+                    if os.path.lexists(p):
+                        files.rename(p, self.root / f".deleting-{name}-{secrets.token_hex(4)}")
+                deleted.append(s)
+            if doomed:
+                files.fsync_dir(self.root)
+            for name in files.listdir(self.root):
+                if name.startswith(".deleting-") or (_STEP.match(name.split(".tmp-")[0]) and ".tmp-" in name):
+                    files.rmtree(self.root / name)
+        if deleted:
+            log.info("pruned checkpoint generations %s under %s", deleted, self.root)
+        return deleted
+
+    # ------------------------------------------------------------------ restore
+    def restore(self, step: Optional[int] = None) -> int:
+        """Load generation ``step`` into the store, or (None) the newest one that verifies,
+        falling back past torn or corrupt generations with a :class:`CheckpointFallbackWarning`.
+
+        Returns the step restored.  Raises CheckpointNotFoundError when there is no
+        generation, and the load's error when ``step`` is given or none verifies.
+        """
+        store = self.store
+        if step is not None:
+            store.load_checkpoint(self.path(step))
+            return step
+        steps = sorted(self.steps(), reverse=True)
+        if not steps:
+            raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}")
+        failures = []
+        for s in self._torn_steps():
+            if s > steps[0]:
+                msg = (f"checkpoint generation {s} under {self.root} has no {M.MANIFEST_NAME} (torn or damaged); "
+                       f"skipping it")
+                log.warning(msg)
+                warnings.warn(msg, CheckpointFallbackWarning, stacklevel=2)
+        for s in steps:
+            try:
+                store.load_checkpoint(self.path(s))
+            except (CorruptionError, CheckpointNotFoundError) as e:
+                failures.append((s, e))
+                msg = f"checkpoint generation {s} under {self.root} does not verify ({e}); trying an older one"
+                log.warning(msg)
+                warnings.warn(msg, CheckpointFallbackWarning, stacklevel=2)
+                continue
+            if failures:
+                log.warning("restored generation %d after skipping %s", s, [f[0] for f in failures])
+            return s
+        s, e = failures[0]
+        raise CheckpointError(f"no generation under {self.root} verifies (newest {s}: {e})") from e

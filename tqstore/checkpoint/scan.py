@@ -1,0 +1,193 @@
+"""Streaming integrity scans of checkpoint and segment files.
+
+Files are read with positional reads into one reusable buffer per call (never mmapped),
+so a scan adds a bounded amount of memory whatever the file size.  A segment scan
+computes the whole-file CRC32C and, in the same pass, checks every listed frame against
+the CRC its index recorded.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional, Sequence, Tuple
+
+from .. import _native
+from .._format.layout import (
+    ALIGN, FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION, PREFIX, PREFIX_SIZE, TRAILER, TRAILER_SIZE,
+)
+
+CHUNK_BYTES = 8 << 20
+TAIL_BYTES = 4096
+
+Progress = Optional[Callable[[int], None]]
+FrameSpec = Tuple[int, int, int]  # (offset, length, crc) of a frame in a segment
+
+
+@dataclass(frozen=True)
+class BadFrame:
+    offset: int
+    message: str
+    expected_crc: Optional[int] = None
+    actual_crc: Optional[int] = None
+
+
+@dataclass
+class ScanResult:
+    """What a scan found: bytes read, whole-file CRC, per-block CRCs (when asked) and bad frames."""
+
+    nread: int
+    crc: int
+    blocks: Optional[List[int]] = None
+    bad: List[BadFrame] = field(default_factory=list)
+    frames: int = 0
+
+
+def _read_exact(fd: int, view: memoryview, offset: int) -> int:
+    got = 0
+    while got < view.nbytes:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            break
+        got += n
+    return got
+
+
+def scan_file(path, size: int, *, frames: Sequence[FrameSpec] = (), block_bytes: Optional[int] = None,
+              chunk_bytes: int = CHUNK_BYTES, progress: Progress = None) -> ScanResult:
+    """Read the first ``size`` bytes of ``path`` once: whole-file CRC32C, optional per-block
+    CRCs, and a check of each frame in ``frames`` (sorted by offset, non-overlapping).
+
+    ``nread < size`` means the file is shorter (truncated).  Raises OSError when the file
+    cannot be opened.
+    """
+    if block_bytes is not None:
+        chunk_bytes = max(block_bytes, (chunk_bytes // block_bytes) * block_bytes)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
+        except (AttributeError, OSError):
+            pass
+        buf = bytearray(min(chunk_bytes, max(size, 1)))
+        mv = memoryview(buf)
+        crc = 0
+        blocks: Optional[List[int]] = [] if block_bytes is not None else None
+        bad: List[BadFrame] = []
+        straddling: List[FrameSpec] = []
+        fi = 0
+        nf = len(frames)
+        pos = 0
+        while pos < size:
+            want = min(len(buf), size - pos)
+            n = _read_exact(fd, mv[:want], pos)
+            if n == 0:
+                break
+            view = mv[:n]
+            crc = _native.crc32c(view, crc)
+            if blocks is not None:
+                for b in range(0, n, block_bytes):
+                    blocks.append(_native.crc32c(view[b:b + block_bytes]))
+            end = pos + n
+            offs: List[int] = []
+            lens: List[int] = []
+            exp: List[int] = []
+            while fi < nf and frames[fi][0] < end:
+                off, ln, c = frames[fi]
+                if off < pos:  # cannot happen for sorted, non-overlapping frames
+                    straddling.append(frames[fi])
+                elif off + ln <= end:
+                    offs.append(off - pos)
+                    lens.append(ln)
+                    exp.append(c)
+                else:
+                    straddling.append(frames[fi])
+                fi += 1
+            if offs:
+                for (status, _po, _pl, cexp, cact), o, c in zip(_native.verify_frames(view, offs, lens), offs, exp):
+                    _judge(bad, pos + o, status, cexp, cact, c)
+            if progress is not None:
+                progress(n)
+            pos = end
+            if n < want:
+                break
+        for off, ln, c in straddling:
+            if off + ln <= pos:
+                b = check_frame(fd, off, ln, c)
+                if b is not None:
+                    bad.append(b)
+            else:
+                bad.append(BadFrame(off, "record frame lies past the end of the file (truncated)"))
+        while fi < nf:
+            bad.append(BadFrame(frames[fi][0], "record frame lies past the end of the file (truncated)"))
+            fi += 1
+        bad.sort(key=lambda b: b.offset)
+        return ScanResult(pos, crc, blocks, bad, nf)
+    finally:
+        os.close(fd)
+
+
+def _judge(bad: List[BadFrame], offset: int, status: int, cexp: int, cact: int, recorded: int) -> None:
+    if status == 1:
+        bad.append(BadFrame(offset, "not an intact record frame (bad magic, version or lengths)"))
+    elif status == 2:
+        bad.append(BadFrame(offset, "record frame checksum mismatch", cexp, cact))
+    elif cexp != recorded:
+        bad.append(BadFrame(offset, "record frame is not the one the index names", recorded, cexp))
+
+
+def check_frame(fd: int, offset: int, length: int, recorded: int, *, chunk_bytes: int = CHUNK_BYTES
+                ) -> Optional[BadFrame]:
+    """Check one frame read straight from ``fd`` (streamed when larger than a chunk)."""
+    if length <= chunk_bytes:
+        buf = bytearray(length)
+        n = _read_exact(fd, memoryview(buf), offset)
+        if n < length:
+            return BadFrame(offset, "record frame lies past the end of the file (truncated)")
+        status, _po, _pl, cexp, cact = _native.verify_frames(buf, [0], [length])[0]
+        out: List[BadFrame] = []
+        _judge(out, offset, status, cexp, cact, recorded)
+        return out[0] if out else None
+    head = os.pread(fd, PREFIX_SIZE, offset)
+    if len(head) < PREFIX_SIZE:
+        return BadFrame(offset, "record frame lies past the end of the file (truncated)")
+    magic, version, _flags, hlen, plen, _raw = PREFIX.unpack(head)
+    pstart = (PREFIX_SIZE + hlen + ALIGN - 1) & ~(ALIGN - 1)
+    end = pstart + plen
+    if magic != FRAME_MAGIC or version != FRAME_VERSION or end + TRAILER_SIZE > length:
+        return BadFrame(offset, "not an intact record frame (bad magic, version or lengths)")
+    buf = bytearray(chunk_bytes)
+    mv = memoryview(buf)
+    crc = 0
+    pos = 0
+    while pos < end:
+        want = min(chunk_bytes, end - pos)
+        n = _read_exact(fd, mv[:want], offset + pos)
+        if n < want:
+            return BadFrame(offset, "record frame lies past the end of the file (truncated)")
+        crc = _native.crc32c(mv[:n], crc)
+        pos += n
+    trail = os.pread(fd, TRAILER_SIZE, offset + end)
+    if len(trail) < TRAILER_SIZE:
+        return BadFrame(offset, "record frame lies past the end of the file (truncated)")
+    cexp, emagic = TRAILER.unpack(trail)
+    if emagic != FRAME_END_MAGIC:
+        return BadFrame(offset, "not an intact record frame (trailer missing)")
+    if crc != cexp:
+        return BadFrame(offset, "record frame checksum mismatch", cexp, crc)
+    if cexp != recorded:
+        return BadFrame(offset, "record frame is not the one the index names", recorded, cexp)
+    return None
+
+
+def identity(path, size: int) -> str:
+    """A cheap identity of an immutable (sealed) segment file: device, inode, mtime, size and
+    the CRC32C of its last bytes.  Two files with one identity hold the same bytes (a sealed
+    segment never changes; a reused inode would also need the same mtime, size and tail)."""
+    st = os.stat(path)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        n = min(TAIL_BYTES, size)
+        tail = os.pread(fd, n, size - n) if n else b""
+    finally:
+        os.close(fd)
+    return f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{size}:{_native.crc32c(tail):08x}"
