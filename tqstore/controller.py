@@ -34,6 +34,10 @@ CONTROLLER_FORMAT = 1
 _G = ">Q"
 
 
+# one encoder for every row (json.dumps with options builds a new encoder per call)
+_ROW_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+
+
 def _g(gidx: int) -> bytes:
     return gidx.to_bytes(8, "big")
 
@@ -54,8 +58,8 @@ class Row:
     seq: int
 
     def pack(self) -> bytes:
-        return json.dumps({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields), "s": self.seq},
-                          separators=(",", ":"), allow_nan=True).encode()
+        return _ROW_JSON({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields),
+                          "s": self.seq}).encode()
 
     @classmethod
     def unpack(cls, gidx: int, raw: bytes) -> "Row":

@@ -35,7 +35,8 @@ from .errors import (
     TqstoreError,
 )
 from .kv import KVMixin
-from .unit import DEFAULT_SEGMENT_BYTES, SMALL_FRAME_BYTES, Unit, UnitView
+from .reader import read_field
+from .unit import DEFAULT_SEGMENT_BYTES, Unit, UnitView
 
 log = logging.getLogger("tqstore")
 
@@ -429,59 +430,7 @@ class Store(KVMixin, CheckpointMixin):
         return {f: self._read_field(gidxs, f, verify, p.schema[f][0]) for f in fields}
 
     def _read_field(self, gidxs: List[int], field: str, verify: bool, kind: int) -> Any:
-        n = len(gidxs)
-        per_unit: Dict[int, List[int]] = defaultdict(list)
-        for pos, g in enumerate(gidxs):
-            per_unit[g % self.num_units].append(pos)
-        locs: List[Any] = [None] * n
-
-        def lookup(u: int):
-            ps = per_unit[u]
-            for p_, loc in zip(ps, self.units[u].lookup([gidxs[i] for i in ps], field)):
-                locs[p_] = loc
-
-        list(self._pool.map(lookup, per_unit)) if len(per_unit) > 1 else [lookup(u) for u in per_unit]
-        if any(l is None for l in locs):
-            bad = [gidxs[i] for i, l in enumerate(locs) if l is None]
-            raise FieldNotFoundError(f"field {field!r} has no stored payload for rows {bad[:5]} (store "
-                                     f"inconsistent; run verify)")
-        if kind == KIND_VALUE or all(l.length < SMALL_FRAME_BYTES for l in locs):
-            objs: List[Any] = [None] * n
-
-            def small(u: int):
-                unit = self.units[u]
-                for p_ in per_unit[u]:
-                    fr = unit.read_frame(locs[p_], verify=verify)
-                    objs[p_] = row_to_object(fr.kind, fr.dtype, fr.shape, unit.decode_payload(fr), copy=True)
-
-            list(self._pool.map(small, per_unit)) if len(per_unit) > 1 else [small(u) for u in per_unit]
-            return assemble(kind, objs)
-        heads: List[Any] = [None] * n
-
-        def read_heads(u: int):
-            ps = per_unit[u]
-            for p_, h in zip(ps, self.units[u].read_heads([locs[i] for i in ps])):
-                heads[p_] = h
-
-        list(self._pool.map(read_heads, per_unit))
-        shapes = {h.shape for h in heads}
-        dtypes = {h.dtype for h in heads}
-        if len(shapes) == 1 and len(dtypes) == 1:
-            out, views = allocate_batch(kind, heads[0].dtype, n, heads[0].shape)
-        else:
-            outs = [allocate_batch(kind, h.dtype, 1, h.shape) for h in heads]
-            views = [v[1][0] for v in outs]
-            out = None
-
-        def fill(u: int):
-            ps = per_unit[u]
-            self.units[u].read_into([locs[i] for i in ps], [heads[i] for i in ps], [views[i] for i in ps],
-                                    verify=verify)
-
-        list(self._pool.map(fill, per_unit))
-        if out is not None:
-            return out
-        return assemble(kind, [o[0][0] for o in outs])
+        return read_field(self.units, self._pool, gidxs, field, kind, verify=verify)
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:

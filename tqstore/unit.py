@@ -20,14 +20,17 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import lmdb
+import numpy as np
 import zstandard
 
 from . import _native
 from ._format.columns import Column
-from ._format.frame import Frame, FrameHead, decode_frame, encode_parts, parse_head
+from ._format.frame import (
+    Frame, FrameHead, check_rows, check_run, decode_frame, decode_frames, encode_parts, encode_uniform, parse_head,
+)
 from ._format.layout import (
     ALIGN, CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
     FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION,
@@ -40,19 +43,29 @@ from .errors import CorruptionError, StorageIOError
 
 log = logging.getLogger("tqstore")
 
-SMALL_FRAME_BYTES = 64 << 10  # payloads below this are framed in bulk into one buffer
+SMALL_FRAME_BYTES = 64 << 10  # kept for callers; the read and write paths use the two bounds below
+BULK_FRAME_BYTES = 4 << 10  # payloads below this are framed in bulk (one native call, copied into one buffer);
+# larger ones are framed in place and written from the caller's memory (no copy)
+MMAP_READ_BYTES = 16 << 10  # frames up to this are read through the segment mmap, larger ones with preadv
 DEFAULT_SEGMENT_BYTES = 256 << 20
 COMPACT_LIVE_RATIO = 0.5
 HEAD_READ_BYTES = 640  # covers the largest header (255-byte field name, 32 dims)
+
+
+# an index value (INDEX_VALUE, "<IQII") as a numpy record, for vectorised lookups
+LOC_DTYPE = np.dtype({"names": ["seg", "offset", "length", "crc"], "formats": ["<u4", "<u8", "<u4", "<u4"],
+                      "offsets": [0, 4, 12, 16], "itemsize": INDEX_VALUE.size})
 
 
 def _raise_truncated(path: str, offset: int):
     raise CorruptionError("truncated record frame", path=path, offset=offset)
 
 
-@dataclass(frozen=True)
-class Loc:
-    """Where a frame lies: segment id, offset in the segment file, frame length, frame CRC."""
+class Loc(NamedTuple):
+    """Where a frame lies: segment id, offset in the segment file, frame length, frame CRC.
+
+    A named tuple: one is made per row and field read, so it must be cheap.
+    """
 
     seg: int
     offset: int
@@ -61,7 +74,7 @@ class Loc:
 
     @classmethod
     def unpack(cls, raw: bytes) -> "Loc":
-        return cls(*INDEX_VALUE.unpack(raw))
+        return cls._make(INDEX_VALUE.unpack(raw))
 
     def pack(self) -> bytes:
         return INDEX_VALUE.pack(self.seg, self.offset, self.length, self.crc)
@@ -131,6 +144,7 @@ class Unit:
         self.maps = MmapCache(self.path)
         self._zc = zstandard.ZstdCompressor(level=3)
         self._writer: Optional[SegmentWriter] = None
+        self._paths: Dict[int, str] = {}
         self._recover()
 
     # ------------------------------------------------------------------ open / recovery
@@ -278,7 +292,7 @@ class Unit:
                 for col, positions, gidxs in columns:
                     fbytes = col.field.encode()
                     comp = self._compressed(col.field)
-                    small_pos, small_gidx = [], []
+                    small_pos, small_gidx, large_pos, large_gidx = [], [], [], []
                     for pos, g in zip(positions, gidxs):
                         payload = col.payloads[pos]
                         if comp:
@@ -289,14 +303,25 @@ class Unit:
                             bufs += [head, z, tail]
                             items.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
                             off += flen
-                        elif memoryview(payload).nbytes < SMALL_FRAME_BYTES:
+                        elif memoryview(payload).nbytes < BULK_FRAME_BYTES:
                             small_pos.append(pos)
                             small_gidx.append(g)
+                        elif col.uniform_shape is not None:
+                            large_pos.append(pos)
+                            large_gidx.append(g)
                         else:
                             head, tail, crc, flen = encode_parts(fbytes, col.kind, col.dtype, g, col.shapes[pos],
                                                                  payload)
                             bufs += [head, payload, tail]
                             items.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
+                            off += flen
+                    if large_pos:  # rows of one shape: the head is built once
+                        parts, crcs, flen = encode_uniform(fbytes, col.kind, col.dtype, col.uniform_shape, large_gidx,
+                                                           [col.payloads[p] for p in large_pos])
+                        bufs += parts
+                        key, val, seg = INDEX_KEY_HEAD.pack, INDEX_VALUE.pack, w.seg_id
+                        for g, c in zip(large_gidx, crcs):
+                            items.append((key(g) + fbytes, val(seg, off, flen, c)))
                             off += flen
                     if small_pos:
                         if len(small_pos) == len(col.payloads):
@@ -562,16 +587,93 @@ class Unit:
             out = []
             get = txn.get
             db = self.db_loc
+            key = INDEX_KEY_HEAD.pack
+            unpack = INDEX_VALUE.unpack
+            make = Loc._make
             for g in gidxs:
-                v = get(INDEX_KEY_HEAD.pack(g) + f, db=db)
-                out.append(None if v is None else Loc(*INDEX_VALUE.unpack(v)))
+                v = get(key(g) + f, db=db)
+                out.append(None if v is None else make(unpack(v)))
             return out
         finally:
             if own:
                 txn.abort()
 
+    def lookup_array(self, gidxs: Sequence[int], field: str, txn=None) -> Optional[np.ndarray]:
+        """Locations of ``field`` for each gidx as one :data:`LOC_DTYPE` array (one native
+        multi-get); None when some gidx has no entry (use :meth:`lookup` to see which)."""
+        f = field.encode()
+        key = INDEX_KEY_HEAD.pack
+        keys = [key(g) + f for g in gidxs]
+        own = txn is None
+        txn = txn or self.env.begin()
+        try:
+            pairs = txn.cursor(self.db_loc).getmulti(keys)
+        finally:
+            if own:
+                txn.abort()
+        if len(pairs) != len(keys):
+            return None
+        return np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE)
+
+    def read_uniform_mapped(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
+                            payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
+                            verify: bool = True) -> bool:
+        """Copy the payloads of frames of one length and one expected head into ``out[rows]``.
+
+        ``locs`` is a :data:`LOC_DTYPE` array, ``out`` a writable ``(n, payload_len)`` uint8
+        array.  Works on the segment mmaps, vectorised per run of adjacent frames, with one
+        native CRC32C pass per segment.  Returns False when a head differs from ``template``
+        or the frames are too scattered for runs to pay (read them with :meth:`read_small`).
+
+        Raises:
+            CorruptionError: a frame is truncated, torn or fails its CRC32C.
+        """
+        n = len(locs)
+        if not n:
+            return True
+        flen = int(locs["length"][0])
+        segs = locs["seg"]
+        for seg in np.unique(segs):
+            sel = np.flatnonzero(segs == seg)
+            offs = locs["offset"][sel]
+            order = np.argsort(offs, kind="stable")
+            sel, offs = sel[order], offs[order]
+            starts = np.concatenate(([0], np.flatnonzero(np.diff(offs) != flen) + 1, [len(sel)]))
+            if len(starts) - 1 > max(4, len(sel) // 8):
+                return False
+            path = self._seg_path(int(seg))
+            m = self._map_to(int(seg), int(offs[-1]) + flen)
+            if verify:
+                offl = offs.tolist()
+                checked = _native.verify_frames(m, offl, [flen] * len(offl))
+                bad = [k for k, r in enumerate(checked) if r[0]]
+                if bad:
+                    k = bad[0]
+                    if checked[k][0] == 1:
+                        decode_frame(m, offl[k], flen, path=path)
+                        raise CorruptionError("record frame is malformed", path=path, offset=offl[k])
+                    raise CorruptionError("record frame checksum mismatch", path=path, offset=offl[k],
+                                          expected_crc=checked[k][3], actual_crc=checked[k][4])
+            for a, b in zip(starts[:-1], starts[1:]):
+                run = sel[a:b]
+                pv = check_run(m, int(offs[a]), int(b - a), flen, template=template, payload_start=payload_start,
+                               payload_len=payload_len, gidxs=gidxs[run], crcs=locs["crc"][run], path=path)
+                if pv is None:
+                    return False
+                out[rows[run]] = pv
+        return True
+
     def _seg_path(self, seg: int) -> str:
-        return str(self.path / segment_name(seg))
+        p = self._paths.get(seg)
+        if p is None:
+            p = self._paths[seg] = str(self.path / segment_name(seg))
+        return p
+
+    def _map_to(self, seg: int, end: int):
+        try:
+            return self.maps.get(seg, end)
+        except (FileNotFoundError, EOFError) as e:
+            raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(seg)) from e
 
     def _map(self, loc: Loc):
         try:
@@ -610,6 +712,19 @@ class Unit:
             for fd in fds.values():
                 os.close(fd)
         return out
+
+    def read_head_raw(self, loc: Loc) -> Tuple[FrameHead, bytes]:
+        """The parsed head of the frame at ``loc`` and its bytes up to the payload start."""
+        (h,) = self.read_heads([loc])
+        fds: Dict[int, int] = {}
+        try:
+            raw = os.pread(self._fd(fds, loc.seg), h.payload_start, loc.offset)
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        if len(raw) != h.payload_start:
+            _raise_truncated(self._seg_path(loc.seg), loc.offset)
+        return h, raw
 
     def _fd(self, fds: Dict[int, int], seg: int) -> int:
         fd = fds.get(seg)
@@ -661,6 +776,106 @@ class Unit:
         finally:
             for fd in fds.values():
                 os.close(fd)
+
+    def read_small(self, locs: Sequence[Loc], gidxs: Sequence[int], *, verify: bool = True) -> List[Tuple[FrameHead, object]]:
+        """Read frames through the segment mmaps, checked in bulk (one native call per segment).
+
+        Returns ``(head, payload)`` per frame: the payload is a read-only view of the mapped
+        segment (no copy), or the decompressed bytes of a compressed frame.
+
+        Raises:
+            CorruptionError: a frame does not check (names file and offset).
+        """
+        out: List = [None] * len(locs)
+        by_seg: Dict[int, List[int]] = defaultdict(list)
+        for i, loc in enumerate(locs):
+            by_seg[loc.seg].append(i)
+        for seg, idx in by_seg.items():
+            sel = [locs[i] for i in idx]
+            m = self._map_to(seg, max(l.offset + l.length for l in sel))
+            got = decode_frames(m, [l.offset for l in sel], [l.length for l in sel], crcs=[l.crc for l in sel],
+                                gidxs=[gidxs[i] for i in idx], verify=verify, path=self._seg_path(seg))
+            for i, l, (h, payload) in zip(idx, sel, got):
+                if h.flags & CODEC_MASK:
+                    payload = self._decompress(payload, h.raw_len, self._seg_path(seg), l.offset)
+                out[i] = (h, payload)
+        return out
+
+    def _decompress(self, payload, raw_len: int, path: str, offset: int) -> bytes:
+        try:
+            data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
+        except zstandard.ZstdError as e:
+            raise CorruptionError(f"zstd payload does not decode: {e}", path=path, offset=offset) from e
+        if len(data) != raw_len:
+            raise CorruptionError(f"zstd payload holds {len(data)} bytes, the frame says {raw_len}", path=path,
+                                  offset=offset)
+        return data
+
+    def read_uniform_into(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
+                          payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
+                          verify: bool = True) -> bool:
+        """Read raw frames of one length and one expected head straight into ``out[rows]``.
+
+        ``locs`` is a :data:`LOC_DTYPE` array, ``out`` a C-contiguous writable
+        ``(n, payload_len)`` uint8 array.  Frames adjacent on disk are read with one
+        vectored read (heads and trailers into a scratch buffer, payloads into ``out``),
+        then checked (vectorised) against ``template`` (see
+        :func:`~tqstore._format.frame.head_template`), the index and their CRC32C.
+        Returns False when a frame's head differs from the template (another shape or
+        dtype with the same length): read those rows with :meth:`read_heads` and
+        :meth:`read_into` instead.
+
+        Raises:
+            CorruptionError: a frame is truncated, torn or fails its CRC32C.
+        """
+        n = len(locs)
+        if not n:
+            return True
+        flen = int(locs["length"][0])
+        gap = flen - payload_len
+        if gap < payload_start + TRAILER.size or out.shape[1] != payload_len or not out.flags.c_contiguous:
+            return False
+        order = np.lexsort((locs["offset"], locs["seg"]))
+        segs = locs["seg"][order]
+        offs = locs["offset"][order].astype(np.int64)
+        crcs = locs["crc"][order]
+        gs = np.asarray(gidxs, dtype=np.uint64)[order]
+        brk = np.flatnonzero((np.diff(offs) != flen) | (np.diff(segs) != 0)) + 1
+        starts = [0] + brk.tolist() + [n]
+        scratch = np.empty((n, gap), np.uint8)
+        sv = memoryview(scratch.reshape(-1))
+        ov = memoryview(out.reshape(-1))
+        dests = [ov[p * payload_len:(p + 1) * payload_len] for p in np.asarray(rows)[order].tolist()]
+        offl = offs.tolist()
+        ps = payload_start
+        fds: Dict[int, int] = {}
+        try:
+            for a, b in zip(starts[:-1], starts[1:]):
+                seg = int(segs[a])
+                path = self._seg_path(seg)
+                iov = [sv[a * gap:a * gap + ps]]
+                for r in range(a, b):
+                    iov.append(dests[r])
+                    iov.append(sv[r * gap + ps:(r + 1) * gap + (ps if r + 1 < b else 0)])
+                got = files.preadv_all(self._fd(fds, seg), iov, offl[a])
+                if got != (b - a) * flen:
+                    raise CorruptionError("truncated record frame", path=path, offset=offl[a] + got - got % flen)
+                if not check_rows(scratch[a:b, :ps], scratch[a:b, ps:], template=template, gidxs=gs[a:b],
+                                  crcs=crcs[a:b], offsets=offs[a:b], path=path):
+                    return False
+        finally:
+            for fd in fds.values():
+                os.close(fd)
+        if verify:
+            crc = _native.crc32c
+            act = np.fromiter((crc(dests[r], crc(sv[r * gap:r * gap + ps])) for r in range(n)), dtype=np.uint32,
+                              count=n)
+            bad = np.flatnonzero(act != crcs)
+            if bad.size:
+                r = int(bad[0])
+                raise CorruptionError("record frame checksum mismatch", path=self._seg_path(int(segs[r])),
+                                      offset=offl[r], expected_crc=int(crcs[r]), actual_crc=int(act[r]))
+        return True
 
     def verify(self) -> List[str]:
         """Check every indexed frame and segment header; returns one line per problem."""

@@ -200,6 +200,18 @@ def allocate_batch(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
     return obj, [raw[i * per:(i + 1) * per] for i in range(n)]
 
 
+def allocate_rows(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
+    """Allocate a batch output and return ``(obj, rows)``: ``rows`` is a writable
+    ``(n, row_bytes)`` uint8 array over the output's memory (row ``i`` is ``rows[i]``)."""
+    if kind == KIND_NDARRAY:
+        obj = np.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_NUMPY[dtype])
+        raw = obj.reshape(-1).view(np.uint8)
+    else:
+        obj = torch.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_TORCH[dtype])
+        raw = obj.reshape(-1).view(torch.uint8).numpy() if obj.numel() else np.empty(0, np.uint8)
+    return obj, raw.reshape(n, raw.nbytes // n if n else 0)
+
+
 def assemble(kind: int, rows: List[Any]) -> Any:
     """Combine decoded rows of one field: stacked when shapes agree, nested when jagged."""
     if kind == KIND_VALUE:
@@ -217,3 +229,43 @@ def assemble(kind: int, rows: List[Any]) -> Any:
             return torch.nested.nested_tensor(rows, layout=torch.jagged)
         return torch.nested.nested_tensor(rows)
     return rows
+
+
+try:  # the public nested_tensor_from_jagged logs an fx-tracing warning on every process's first call
+    from torch.nested._internal.nested_tensor import nested_view_from_values_offsets as _nested_view
+except ImportError:  # pragma: no cover - other torch versions
+    _nested_view = None
+
+
+def jagged_layout(kind: int, dtype: int, shapes: Sequence[Tuple[int, ...]]) -> bool:
+    """True when rows of these shapes form one jagged nested tensor (differ only in dim 0)."""
+    if kind != KIND_TENSOR or not shapes or any(len(s) == 0 for s in shapes):
+        return False
+    rest = shapes[0][1:]
+    return all(s[1:] == rest for s in shapes)
+
+
+def allocate_jagged(dtype: int, shapes: Sequence[Tuple[int, ...]]):
+    """One buffer for tensor rows that differ only in dim 0 (see :func:`jagged_layout`).
+
+    Returns ``(finish, row_views)``: fill each writable uint8 view, then ``finish()``
+    gives the jagged nested tensor over that buffer (no further copy).
+    """
+    t_dtype = dtypes.CODE_TO_TORCH[dtype]
+    rest = tuple(shapes[0][1:])
+    lens = [s[0] for s in shapes]
+    values = torch.empty((sum(lens),) + rest, dtype=t_dtype)
+    raw = values.reshape(-1).view(torch.uint8).numpy() if values.numel() else np.empty(0, np.uint8)
+    per = values.element_size() * int(np.prod(rest, dtype=np.int64)) if rest else values.element_size()
+    offsets = [0]
+    for n in lens:
+        offsets.append(offsets[-1] + n)
+    views = [raw[offsets[i] * per:offsets[i + 1] * per] for i in range(len(lens))]
+
+    def finish():
+        off = torch.tensor(offsets, dtype=torch.int64)
+        if _nested_view is not None:  # what torch.nested.nested_tensor(rows, layout=torch.jagged) ends with
+            return _nested_view(values, off)
+        return torch.nested.nested_tensor_from_jagged(values, offsets=off)
+
+    return finish, views

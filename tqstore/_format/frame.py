@@ -1,14 +1,19 @@
 """Encode and decode single record frames (docs/FORMAT.md, "Record frame").
 
 Bulk encoding of many small frames lives in ``tqstore._native`` (C or pure Python);
-this module handles one frame at a time and turns raw bytes into a checked
-:class:`Frame`.  A torn, truncated, bit-flipped or foreign frame is never returned:
-it raises :class:`~tqstore.errors.CorruptionError` naming the file and offset.
+this module turns raw bytes into checked frames: one at a time (:func:`decode_frame`),
+many of one buffer (:func:`decode_frames`), runs of one shape (:func:`check_run`), or
+frames read apart from their payloads (:func:`check_rows`).  A torn, truncated,
+bit-flipped or foreign frame is never returned: it raises
+:class:`~tqstore.errors.CorruptionError` naming the file and offset.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .. import _native
 from ..errors import CorruptionError, FormatVersionError
@@ -64,6 +69,35 @@ def encode_parts(field: bytes, kind: int, dtype: int, gidx: int, shape, payload,
     return head, tail, crc, len(head) + plen + len(tail)
 
 
+def encode_uniform(field: bytes, kind: int, dtype: int, shape, gidxs: Sequence[int], payloads: Sequence):
+    """Frame many payloads of one shape and length (raw codec) without copying them.
+
+    The head is built once and only the gidx changes per frame.  Returns ``(parts, crcs,
+    frame_len)``: ``parts`` is ``[head, payload, tail] * n`` to write back to back.
+
+    Raises:
+        ValueError: the payloads differ in length.  OverflowError: a gidx out of range.
+    """
+    if not payloads:
+        return [], [], 0
+    plen = memoryview(payloads[0]).nbytes
+    head0, tail0, _crc, flen = encode_parts(field, kind, dtype, gidxs[0], shape, payloads[0])
+    pre, rest = head_template(head0)
+    pad = bytes(tail0[TRAILER_SIZE:])
+    crc32c = _native.crc32c
+    pack = TRAILER.pack
+    parts: List = []
+    crcs: List[int] = []
+    for g, p in zip(gidxs, payloads):
+        if memoryview(p).nbytes != plen:
+            raise ValueError(f"payloads of one shape differ in length ({memoryview(p).nbytes} != {plen})")
+        head = pre + g.to_bytes(8, "little") + rest
+        c = crc32c(p, crc32c(head))
+        parts += (head, p, pack(c, FRAME_END_MAGIC) + pad)
+        crcs.append(c)
+    return parts, crcs, flen
+
+
 @dataclass(frozen=True)
 class FrameHead:
     """The parsed prefix and header of a frame (not yet CRC-verified)."""
@@ -82,7 +116,8 @@ class FrameHead:
 def parse_head(buf, offset: int = 0, length: Optional[int] = None, *, path: str = "<buffer>") -> FrameHead:
     """Parse a frame's prefix and header from ``buf[offset:]``; checks structure, not CRC.
 
-    ``length`` is the frame's extent when known (from an index); lengths are checked against it.
+    ``length`` is the frame's extent when known (from an index): the frame's lengths must add
+    up to exactly that, padding included.
 
     Raises:
         CorruptionError / FormatVersionError as :func:`decode_frame`.
@@ -103,8 +138,8 @@ def parse_head(buf, offset: int = 0, length: Optional[int] = None, *, path: str 
     pstart = (PREFIX_SIZE + hlen + ALIGN - 1) & ~(ALIGN - 1)
     if hlen < HEADER_HEAD_SIZE or PREFIX_SIZE + hlen > avail:
         raise CorruptionError("record frame header is truncated or malformed", path=path, offset=offset)
-    if length is not None and pstart + plen + TRAILER_SIZE > length:
-        raise CorruptionError("record frame lengths exceed its extent (torn or truncated)", path=path,
+    if length is not None and (pstart + plen + TRAILER_SIZE + ALIGN - 1) & ~(ALIGN - 1) != length:
+        raise CorruptionError("record frame lengths disagree with its extent (torn or truncated)", path=path,
                               offset=offset)
     gidx, kind, dtype, ndim, flen = HEADER_HEAD.unpack_from(mv, offset + PREFIX_SIZE)
     hpos = offset + PREFIX_SIZE + HEADER_HEAD_SIZE
@@ -139,6 +174,9 @@ def decode_frame(buf, offset: int, length: int, *, path: str = "<buffer>", verif
     crc_exp, emagic = TRAILER.unpack_from(mv, offset + end)
     if emagic != FRAME_END_MAGIC:
         raise CorruptionError("record frame trailer missing (torn write)", path=path, offset=offset)
+    pad = mv[offset + end + TRAILER_SIZE:offset + length]
+    if pad.nbytes and pad.tobytes() != bytes(pad.nbytes):
+        raise CorruptionError("record frame padding is not zero (damaged)", path=path, offset=offset)
     if verify:
         crc_act = _native.crc32c(mv[offset:offset + end])
         if crc_act != crc_exp:
@@ -149,3 +187,138 @@ def decode_frame(buf, offset: int, length: int, *, path: str = "<buffer>", verif
                               expected_crc=expected_crc, actual_crc=crc_exp)
     return Frame(h.gidx, h.field, h.kind, h.dtype, h.shape, h.flags, h.raw_len,
                  mv[offset + h.payload_start:offset + end], crc_exp)
+
+
+# ---------------------------------------------------------------------------------- bulk reads
+
+_ZEROS = bytes(ALIGN)
+_GIDX = slice(PREFIX_SIZE, PREFIX_SIZE + 8)  # where a frame's gidx lies, from the frame start
+
+
+def _extent(payload_start: int, payload_len: int) -> int:
+    return (payload_start + payload_len + TRAILER_SIZE + ALIGN - 1) & ~(ALIGN - 1)
+
+
+def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: Optional[Sequence[int]] = None,
+                  gidxs: Optional[Sequence[int]] = None, verify: bool = True,
+                  path: str = "<buffer>") -> List[Tuple[FrameHead, memoryview]]:
+    """Check many frames of one buffer (e.g. an mmapped segment) in one native call.
+
+    Same checks as :func:`decode_frame` for each ``(offset, length)``: structure, extent,
+    zero padding, CRC32C (unless ``verify=False``), and, when given, the index's CRC and
+    the row's global index.  Headers that repeat (same field, dtype, shape) are parsed once.
+
+    Returns ``(head, payload)`` per frame; ``payload`` is a view into ``buf`` (no copy).
+
+    Raises:
+        CorruptionError / FormatVersionError: the first frame that does not check.
+    """
+    mv = memoryview(buf).cast("B")
+    checked = _native.verify_frames(mv, offsets, lengths)
+    cache: Dict[bytes, FrameHead] = {}
+    out = []
+    for i, (status, pos, plen, crc_exp, crc_act) in enumerate(checked):
+        off = offsets[i]
+        length = lengths[i]
+        if status == 1:  # structure: let the one-frame decoder name the problem
+            decode_frame(mv, off, length, path=path, verify=verify)
+            raise CorruptionError("record frame is malformed", path=path, offset=off)
+        if status == 2 and verify:
+            raise CorruptionError("record frame checksum mismatch", path=path, offset=off, expected_crc=crc_exp,
+                                  actual_crc=crc_act)
+        if crcs is not None and crcs[i] != crc_exp:
+            raise CorruptionError("record frame is not the one the index names", path=path, offset=off,
+                                  expected_crc=crcs[i], actual_crc=crc_exp)
+        end = pos + plen + TRAILER_SIZE
+        if _extent(pos - off, plen) != length or (end != off + length and mv[end:off + length] != _ZEROS[:off + length - end]):
+            decode_frame(mv, off, length, path=path, verify=verify)
+            raise CorruptionError("record frame extent or padding is damaged", path=path, offset=off)
+        key = mv[off + 4:off + PREFIX_SIZE].tobytes() + mv[off + PREFIX_SIZE + 8:pos].tobytes()
+        h = cache.get(key)
+        if h is None:
+            h = cache[key] = parse_head(mv, off, length, path=path)
+        if gidxs is not None and int.from_bytes(mv[off + PREFIX_SIZE:off + PREFIX_SIZE + 8], "little") != gidxs[i]:
+            raise CorruptionError(f"record frame belongs to another row than the index says (row {gidxs[i]})",
+                                  path=path, offset=off)
+        out.append((h, mv[pos:pos + plen]))
+    return out
+
+
+def head_template(head) -> Tuple[bytes, bytes]:
+    """The parts of a frame head that frames of one field and shape share: all but the gidx.
+
+    ``head`` holds at least the frame's bytes up to its payload start.
+    """
+    hb = bytes(head)
+    return hb[:_GIDX.start], hb[_GIDX.stop:]
+
+
+def check_run(buf, start: int, count: int, length: int, *, template: Tuple[bytes, bytes], payload_start: int,
+              payload_len: int, gidxs, crcs, path: str = "<buffer>"):
+    """Check ``count`` frames of one ``length`` lying back to back in ``buf`` from ``start``.
+
+    Vectorised: every frame's head must equal ``template`` (see :func:`head_template`)
+    apart from its gidx, which must be ``gidxs[i]``; every trailer must carry end magic,
+    the index's CRC ``crcs[i]`` and zero padding.  The CRC32C itself is not computed
+    here (do it in bulk with ``_native.verify_frames``).
+
+    Returns a read-only ``(count, payload_len)`` uint8 view of the payloads (no copy), or
+    None when some head differs from the template (another shape or dtype).
+
+    Raises:
+        CorruptionError: a frame is truncated, torn, or not the one the index names.
+    """
+    seg = np.frombuffer(buf, np.uint8)
+    if start < 0 or start + count * length > seg.size:
+        raise CorruptionError("truncated record frame", path=path, offset=max(start, 0))
+
+    def rows(skip: int, width: int):
+        return as_strided(seg[start + skip:], shape=(count, width), strides=(length, 1), writeable=False)
+
+    tpos = payload_start + payload_len
+    offsets = start + np.arange(count, dtype=np.int64) * length
+    if not check_rows(rows(0, payload_start), rows(tpos, length - tpos), template=template, gidxs=gidxs, crcs=crcs,
+                      offsets=offsets, path=path):
+        return None
+    return rows(payload_start, payload_len)
+
+
+def check_rows(heads, tails, *, template: Tuple[bytes, bytes], gidxs, crcs, offsets, path: str) -> bool:
+    """Vectorised checks of frames read apart from their payloads.
+
+    ``heads`` is an ``(n, payload_start)`` uint8 array of the frames' bytes before their
+    payloads, ``tails`` an ``(n, k)`` array of the bytes after (trailer and padding).
+    Returns False when some head differs from ``template`` apart from its gidx (another
+    shape or dtype); else checks gidxs, end magic, the index's CRCs and zero padding.
+
+    Raises:
+        CorruptionError: naming the first frame (by ``offsets[i]``) that does not check.
+    """
+    count = heads.shape[0]
+    pre, rest = template
+    if heads.shape[1] != len(pre) + 8 + len(rest) or not (
+            np.array_equal(heads[:, :_GIDX.start], np.broadcast_to(np.frombuffer(pre, np.uint8), (count, len(pre))))
+            and np.array_equal(heads[:, _GIDX.stop:],
+                               np.broadcast_to(np.frombuffer(rest, np.uint8), (count, len(rest))))):
+        return False
+    got = np.ascontiguousarray(heads[:, _GIDX]).view("<u8").ravel()
+    bad = np.flatnonzero(got != np.asarray(gidxs, dtype=np.uint64))
+    if bad.size:
+        raise CorruptionError(f"record frame belongs to another row than the index says (row {gidxs[bad[0]]})",
+                              path=path, offset=int(offsets[bad[0]]))
+    magic = np.frombuffer(FRAME_END_MAGIC, np.uint8)
+    bad = np.flatnonzero((tails[:, 4:8] != magic).any(axis=1))
+    if bad.size:
+        raise CorruptionError("record frame trailer missing (torn write)", path=path, offset=int(offsets[bad[0]]))
+    crc_got = np.ascontiguousarray(tails[:, :4]).view("<u4").ravel()
+    bad = np.flatnonzero(crc_got != np.asarray(crcs, dtype=np.uint32))
+    if bad.size:
+        i = int(bad[0])
+        raise CorruptionError("record frame is not the one the index names", path=path, offset=int(offsets[i]),
+                              expected_crc=int(crcs[i]), actual_crc=int(crc_got[i]))
+    if tails.shape[1] > TRAILER_SIZE:
+        bad = np.flatnonzero(tails[:, TRAILER_SIZE:].any(axis=1))
+        if bad.size:
+            raise CorruptionError("record frame padding is not zero (damaged)", path=path,
+                                  offset=int(offsets[bad[0]]))
+    return True

@@ -63,6 +63,32 @@ def pwrite_all(fd: int, buffers: Sequence, offset: int) -> int:
     return total
 
 
+def preadv_all(fd: int, buffers: Sequence, offset: int) -> int:
+    """Fill ``buffers`` back to back from ``offset`` (handles short reads and IOV_MAX).
+
+    Returns bytes read: less than the buffers hold only when the file ends first.
+    """
+    views = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if v.nbytes]
+    pos = offset
+    done = 0
+    i = 0
+    while i < len(views):
+        n = os.preadv(fd, views[i:i + IOV_MAX], pos)
+        if n == 0:
+            break
+        pos += n
+        done += n
+        while n > 0 and i < len(views):
+            if n >= views[i].nbytes:
+                n -= views[i].nbytes
+                i += 1
+            else:
+                views[i] = views[i][n:]
+                n = 0
+    return done
+
+
 def fsync_fd(fd: int, label: str = "") -> None:
     """fsync an open file. Failpoint ``fsync_file``. Never retry on failure (caller abandons)."""
     _fp("fsync_file", fd, label)
@@ -218,7 +244,10 @@ def publish_dir(tmp: PathLike, final: PathLike) -> None:
     rename(tmp, final)
     fsync_dir(parent)
     if os.path.lexists(old):
-        rmtree(old)
+        try:
+            rmtree(old)
+        except OSError:
+            pass  # published; a stale <final>.old is removed by the next publish to ``final``
 
 
 def same_filesystem(a: PathLike, b: PathLike) -> bool:

@@ -7,7 +7,7 @@ from typing import Iterator
 
 import lmdb
 
-from ..errors import CapacityError, StorageIOError
+from ..errors import CapacityError, StorageIOError, TqstoreError
 from . import failpoints as fp
 
 DEFAULT_MAP_BYTES = 1 << 36  # 64 GiB of address space; the file grows only as used
@@ -33,14 +33,18 @@ def open_env(path: Path, *, max_dbs: int = 16, sync: bool = False, map_bytes: in
 
 @contextlib.contextmanager
 def wrap_errors(what: str, path) -> Iterator[None]:
-    """Turn lmdb errors into tqstore errors naming ``what`` and ``path``."""
+    """Turn lmdb errors and bare OS errors into tqstore errors naming ``what`` and ``path``."""
     try:
         yield
+    except TqstoreError:
+        raise
     except lmdb.MapFullError as e:
         raise CapacityError(f"{what}: LMDB index at {path} is full; raise the 'index_map_bytes' setting",
                             setting="index_map_bytes") from e
     except lmdb.Error as e:
         raise StorageIOError(f"{what}: LMDB error in {path}: {e}") from e
+    except OSError as e:
+        raise StorageIOError(f"{what} failed in {path}: {e}") from e
 
 
 def lmdb_commit_point(name: str) -> None:
