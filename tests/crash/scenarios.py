@@ -247,8 +247,11 @@ def _skip_fsync_dir(match):
 def planted_bug_scenarios() -> Dict[str, tuple]:
     """``{bug: (scenario, patch)}``: an engine durability step removed by a context manager
     (applied in the test only; forked children inherit it)."""
+    from .ckpt_scenarios import planted_checkpoint_bugs
+
     by_name = {sc.name: sc for sc in store_scenarios()}
     return {
+        **planted_checkpoint_bugs(),
         "unit_dir_fsync_removed": (by_name["put_new_commit"],
                                    lambda: _skip_fsync_dir(lambda p: p.name.startswith("unit-"))),
         "segment_fsync_removed": (by_name["put_new_commit"],
@@ -259,4 +262,6 @@ def planted_bug_scenarios() -> Dict[str, tuple]:
 
 
 def all_scenarios() -> List[Scenario]:
-    return store_scenarios()
+    from .ckpt_scenarios import checkpoint_scenarios
+
+    return store_scenarios() + checkpoint_scenarios()
