@@ -89,18 +89,54 @@ def preadv_all(fd: int, buffers: Sequence, offset: int) -> int:
     return done
 
 
+# (st_dev, st_ino) of files whose fsync failed in this process: their dirty pages may be
+# lost although the page cache still shows them, and a second fsync would report success
+# (PostgreSQL's "fsyncgate").  Callers never fsync such a file again to make data durable:
+# they write the data into a new file instead (see :func:`fsync_failed`).
+_fsync_failed: set = set()
+
+
+def _note_fsync_failure(fd: int) -> None:
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        return
+    _fsync_failed.add((st.st_dev, st.st_ino))
+
+
+def fsync_failed(path: PathLike) -> bool:
+    """True if an fsync of the file at ``path`` (the same inode) failed in this process:
+    do not link it and fsync it again as if that made it durable; copy its bytes instead."""
+    if not _fsync_failed:
+        return False
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) in _fsync_failed
+
+
 def fsync_fd(fd: int, label: str = "") -> None:
-    """fsync an open file. Failpoint ``fsync_file``. Never retry on failure (caller abandons)."""
-    _fp("fsync_file", fd, label)
-    os.fsync(fd)
+    """fsync an open file. Failpoint ``fsync_file``. Never retry on failure (caller abandons);
+    a failure is remembered for :func:`fsync_failed`."""
+    try:
+        _fp("fsync_file", fd, label)
+        os.fsync(fd)
+    except OSError:
+        _note_fsync_failure(fd)
+        raise
 
 
 def fsync_file(path: PathLike) -> None:
-    """fsync the file at ``path``. Failpoint ``fsync_file``."""
+    """fsync the file at ``path``. Failpoint ``fsync_file``; a failure is remembered for
+    :func:`fsync_failed`."""
     fd = os.open(path, os.O_RDONLY)
     try:
         _fp("fsync_file", fd, str(path))
         os.fsync(fd)
+    except OSError:
+        _note_fsync_failure(fd)
+        raise
     finally:
         os.close(fd)
 

@@ -142,7 +142,10 @@ class Builder:
         workers = max(1, min(self.max_workers, max(self.num_units, self.man.num_units)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
             if self.mode == "same":
-                link = files.same_filesystem(self.src, new_dir)
+                # a checkpoint file whose fsync failed in this process is copied, never linked and fsynced again
+                link = files.same_filesystem(self.src, new_dir) and not any(
+                    files.fsync_failed(self.src / e.path) for i in range(self.num_units)
+                    for e in self.man.segments(i).values())
                 counts = _gather(pool.map(lambda i: self._same_unit(new_dir, i, link), range(self.num_units)))
             else:
                 plan = self._plan(pool)

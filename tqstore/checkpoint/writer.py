@@ -435,15 +435,19 @@ class SaveJob:
         dst = udir / segment_name(s.seg)
         if w.method == REUSE:
             try:
-                if os.stat(w.link_from).st_size == s.size:
+                if os.stat(w.link_from).st_size == s.size and not files.fsync_failed(w.link_from):
                     files.link(w.link_from, dst)
                     files.fsync_file(dst)
                     return int(w.crc32c), REUSE, 0  # type: ignore[arg-type]
             except FileNotFoundError:
                 pass
-            log.info("earlier generation's copy of %s is gone; writing it again", s.path)
+            log.info("earlier generation's copy of %s is gone (or failed an fsync); writing it again", s.path)
             w = SegmentWrite(s, LINK if (s.sealed and s.file_size == s.size and not self.copy_segments
                                          and files.same_filesystem(s.path, udir)) else COPY, s.path, None)
+        if w.method == LINK and files.fsync_failed(s.path):
+            # an fsync of this file failed earlier: its pages read back but may not be on disk, and
+            # fsyncing it again would report success; write the bytes into a fresh file instead
+            w = SegmentWrite(s, COPY, s.path, None)
         if w.method == LINK:
             crc, summed = w.crc32c, 0
             if crc is None:
