@@ -6,14 +6,13 @@ copied byte for byte (compressed frames stay compressed).
 """
 from __future__ import annotations
 
-import lmdb
 import pytest
 
 import tqstore
 from tqstore import CorruptionError
 from tqstore._format.layout import INDEX_KEY_HEAD
 from tqstore.checkpoint.planner import (
-    COPY, LINK, REUSE, FrameRef, Reusable, SegmentSource, plan_load_mode, plan_reshard, plan_segment_writes,
+    COPY, LINK, REUSE, FrameRef, RangeFrame, Reusable, SegmentSource, plan_load_mode, plan_reshard, plan_segment_writes,
 )
 
 from checkpoint_helpers import fill, state
@@ -126,7 +125,7 @@ def test_plan_reshard_sends_each_frame_once_to_gidx_mod_m(m):
     seen = []
     for t in plan.targets:
         for r in t.ranges:
-            for f in r.frames:
+            for f in map(RangeFrame._make, r.frames):
                 g = INDEX_KEY_HEAD.unpack(f.key[:8])[0]
                 assert g % m == t.unit
                 seen.append(f.key)
@@ -144,8 +143,8 @@ def test_each_target_reads_only_its_own_frames_bytes(m):
         own = sum(x.length for x in by_key.values() if x.gidx % m == t.unit)
         assert t.nbytes == own
         for r in t.ranges:
-            assert sum(f.length for f in r.frames) == r.length  # a range is exactly its frames
-            for f in r.frames:
+            assert sum(f[2] for f in r.frames) == r.length  # a range is exactly its frames
+            for f in map(RangeFrame._make, r.frames):
                 src = by_key[f.key]
                 assert (r.seg, r.offset + f.rel_offset, f.length, f.crc) == (src.seg, src.offset, src.length, src.crc)
 

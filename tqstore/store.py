@@ -450,7 +450,8 @@ class Store(KVMixin, CheckpointMixin):
                 raise
             return StoreSnapshot(txn, views, self.num_units, self.state_dir)
 
-    def install_state(self, build: Callable[[Path], Any]) -> Any:
+    def install_state(self, build: Callable[[Path], Any], *, reconcile: bool = True,
+                      before_switch: Optional[Callable[[], Any]] = None) -> Any:
         """Replace the whole live state transactionally.
 
         ``build(new_state_dir)`` fills a fresh state directory beside the live one (controller
@@ -458,7 +459,12 @@ class Store(KVMixin, CheckpointMixin):
         fsynced, the new parts are opened (validated), and the ``CURRENT`` pointer is switched
         with one atomic rename.  On any failure before the switch the new directory is removed
         and the live store is exactly as before; a crash is settled on the next open.
-        Runs under the write lock: puts and clears wait.
+        Runs under the write lock: puts and clears wait.  ``reconcile=False`` skips the
+        reconcile pass after the switch, for a caller whose state is consistent by
+        construction (a checkpoint of one MVCC cut); the next open reconciles anyway.
+        ``before_switch()``, if given, runs after the new parts opened and right before the
+        switch (e.g. to finish a verification started by ``build``); if it raises, the new
+        state is discarded like any other failure.
         """
         self._check_open()
         with self._write_lock:
@@ -481,6 +487,8 @@ class Store(KVMixin, CheckpointMixin):
                 new = (self.controller, self.units)
                 self.controller, self.units = old[0], old[1]
                 try:
+                    if before_switch is not None:
+                        before_switch()
                     L.write_current(self.root, new_dir.name)
                 except BaseException:
                     for u in new[1]:
@@ -496,7 +504,8 @@ class Store(KVMixin, CheckpointMixin):
                 files.rmtree(old[2])
             except OSError:
                 log.warning("could not remove the replaced state %s (removed on next open)", old[2])
-            self._reconcile()
+            if reconcile:
+                self._reconcile()
             return result
 
     def compact(self, *, live_ratio: float = 0.5) -> int:

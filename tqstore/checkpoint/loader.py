@@ -5,8 +5,9 @@ it, opens it and switches the ``CURRENT`` pointer with one rename); every byte t
 the checkpoint is verified first.  Any failure before the switch leaves the running store
 exactly as it was.
 
-* same unit count: every file's CRC32C is checked, then segments are hard-linked (same
-  file system) or copied, indexes and controller copied;
+* same unit count: the controller and index files are checked and copied; segments are
+  hard-linked (same file system) or copied at once, and their CRC32C is checked by
+  background threads while the store opens the new parts (``before_switch`` waits for it);
 * another unit count: the controller is copied with its unit count updated; every frame
   is routed to unit ``gidx % M`` (:func:`planner.plan_reshard`) and each target unit, in
   parallel, reads only its frames' byte ranges, checks each frame's CRC32C and appends
@@ -23,7 +24,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import lmdb
 
@@ -35,7 +36,7 @@ from .._io.lmdbenv import open_env
 from .._io.segfile import SegmentWriter
 from ..errors import CheckpointError, CorruptionError, TqstoreError
 from . import manifest as M
-from .planner import FrameRef, ReadRange, TargetPlan, plan_load_mode, plan_reshard
+from .planner import ReadRange, TargetPlan, plan_load_mode, plan_reshard
 from .scan import BadFrame, scan_file
 from .verify import _read_unit_index, read_manifest, resolve_checkpoint_dir
 
@@ -118,7 +119,13 @@ def _clear_produced(ctrl_dir: Path, num_units: int) -> None:
 
 
 class Builder:
-    """The ``build(new_state_dir)`` callback handed to :meth:`Store.install_state`."""
+    """The ``build(new_state_dir)`` callback handed to :meth:`Store.install_state`.
+
+    Same unit count: the controller and unit indexes are verified before anything opens
+    them; the segments are placed (linked or copied) at once and verified by background
+    threads while the store opens the new parts; :meth:`finish` (``before_switch``) waits
+    for that verification and raises what it found, so nothing unverified is switched in.
+    """
 
     def __init__(self, src: Path, man: M.Manifest, num_units: int, segment_bytes: int, max_workers: int) -> None:
         self.src = src
@@ -128,6 +135,8 @@ class Builder:
         self.max_workers = max_workers
         self.mode = plan_load_mode(man.num_units, num_units, man.include_storage)
         self.read_bytes = 0
+        self._pending: List[Any] = []
+        self._vpool: Optional[ThreadPoolExecutor] = None
 
     def __call__(self, new_dir: Path) -> str:
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
@@ -146,15 +155,39 @@ class Builder:
                 link = files.same_filesystem(self.src, new_dir) and not any(
                     files.fsync_failed(self.src / e.path) for i in range(self.num_units)
                     for e in self.man.segments(i).values())
-                counts = _gather(pool.map(lambda i: self._same_unit(new_dir, i, link), range(self.num_units)))
+                self.read_bytes += sum(pool.map(lambda i: self._same_unit(new_dir, i, link), range(self.num_units)))
+                verify_root = self.src if link else new_dir  # what the new state's files hold
+                self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
+                self._pending = [self._vpool.submit(self._verify_unit, verify_root, i) for i in range(self.num_units)]
             else:
                 plan = self._plan(pool)
-                counts = _gather(pool.map(lambda t: self._reshard_unit(new_dir, t), plan.targets))
-        self.read_bytes += sum(counts)
+                self.read_bytes += sum(pool.map(lambda t: self._reshard_unit(new_dir, t), plan.targets))
         return self.mode
+
+    def finish(self) -> None:
+        """Wait for the background verification of the segments; raise the first problem."""
+        errors = []
+        for f in self._pending:
+            try:
+                self.read_bytes += f.result()
+            except BaseException as e:  # noqa: BLE001 - the first is raised below
+                errors.append(e)
+        self._pending = []
+        if errors:
+            raise errors[0]
+
+    def abandon(self) -> None:
+        """After a failed install: stop the verification threads (their results do not matter)."""
+        for f in self._pending:
+            f.cancel()
+        if self._vpool is not None:
+            self._vpool.shutdown(wait=True)
+            self._vpool = None
+        self._pending = []
 
     # -------------------------------------------------------------- same unit count
     def _same_unit(self, new_dir: Path, i: int, link: bool) -> int:
+        """Verify and copy unit ``i``'s index; link or copy its segments (verified later)."""
         udir = new_dir / M.unit_dir_name(i)
         files.mkdir(udir)
         files.mkdir(udir / "index")
@@ -162,18 +195,24 @@ class Builder:
         n = _check_file(self.src, idx)
         files.copy_file(self.src / idx.path, new_dir / idx.path, fsync=False)
         for seg, e in sorted(self.man.segments(i).items()):
-            try:
-                n += _check_file(self.src, e)
-            except CorruptionError as err:
-                raise self._pinpoint(i, e) or err
             dst = udir / segment_name(seg)
             if link:
                 files.link(self.src / e.path, dst)
             else:
                 got = files.copy_file(self.src / e.path, dst, fsync=False)
                 if got != e.size:
-                    raise CorruptionError("checkpoint segment changed while it was being copied",
+                    raise CorruptionError("checkpoint segment is shorter than MANIFEST.json records",
                                           path=str(self.src / e.path), offset=got)
+        return n
+
+    def _verify_unit(self, root: Path, i: int) -> int:
+        n = 0
+        for _seg, e in sorted(self.man.segments(i).items()):
+            try:
+                n += _check_file(root, e)
+            except CorruptionError as err:
+                raise self._pinpoint(i, e) or (err if root == self.src else CorruptionError(
+                    f"segment copied from the checkpoint does not verify: {err}", path=str(self.src / e.path)))
         return n
 
     def _pinpoint(self, unit: int, e: M.FileEntry) -> Optional[CorruptionError]:
@@ -195,10 +234,10 @@ class Builder:
         refs = dict(zip(range(self.man.num_units), pool.map(self._read_index, range(self.man.num_units))))
         return plan_reshard(refs, self.num_units)
 
-    def _read_index(self, i: int) -> List[FrameRef]:
+    def _read_index(self, i: int) -> List[tuple]:
         segs = self.man.segments(i)
         env = open_env(self.src / M.unit_dir_name(i) / "index", max_dbs=4, readonly=True)
-        out: List[FrameRef] = []
+        out: List[tuple] = []
         try:
             with env.begin() as txn:
                 try:
@@ -212,7 +251,7 @@ class Builder:
                         raise CorruptionError(f"unit {i} index names bytes [{off}, {off + ln}) of segment {seg}, which "
                                               f"the checkpoint does not hold", path=str(self.src / M.unit_index_file(i)))
                     key = bytes(k)
-                    out.append(FrameRef(key, int.from_bytes(key[:8], "big"), seg, off, ln, crc))
+                    out.append((key, int.from_bytes(key[:8], "big"), seg, off, ln, crc))  # a FrameRef
         except lmdb.Error as err:
             raise CorruptionError(f"unit {i} index of the checkpoint cannot be read: {err}",
                                   path=str(self.src / M.unit_index_file(i))) from err
@@ -221,94 +260,154 @@ class Builder:
         return out
 
     def _reshard_unit(self, new_dir: Path, t: TargetPlan) -> int:
+        """Build target unit ``t``: read its ranges (batched into one buffer), check every
+        frame's CRC32C against the source index, append the frames byte for byte to new
+        segments and index them."""
         from ..unit import SegInfo
 
         udir = new_dir / M.unit_dir_name(t.unit)
         files.mkdir(udir)
         env = open_env(udir / "index", max_dbs=4)
-        fds: Dict[tuple, int] = {}
-        writer: Optional[SegmentWriter] = None
+        fds: Dict[tuple, Tuple[int, str]] = {}
         infos: Dict[int, SegInfo] = {}
         items: List[tuple] = []
         buf = bytearray(READ_BUFFER_BYTES)
+        mv = memoryview(buf)
+        batch = _Batch()
+        w: List[Optional[SegmentWriter]] = [None]
         read = 0
+        pack = INDEX_VALUE.pack
         try:
             db_loc = env.open_db(b"loc")
             db_segs = env.open_db(b"segs")
 
-            def flush() -> None:
+            def flush_index() -> None:
                 if items:
                     with env.begin(write=True) as txn:
                         txn.cursor(db_loc).putmulti(items)
                     items.clear()
 
             def close_writer() -> None:
-                nonlocal writer
-                if writer is not None:
-                    writer.fsync()
-                    infos[writer.seg_id] = SegInfo(writer.size, writer.size - SEGMENT_HEADER_SIZE, True)
-                    writer.close()
-                    writer = None
+                cur = w[0]
+                if cur is not None:
+                    cur.fsync()
+                    infos[cur.seg_id] = SegInfo(cur.size, cur.size - SEGMENT_HEADER_SIZE, True)
+                    cur.close()
+                    w[0] = None
+
+            def commit(view: memoryview, b: _Batch) -> None:
+                """Verify the frames of ``view`` and append it to the target's segments."""
+                if not b.offs:
+                    return
+                for (status, _po, _pl, cexp, cact), o, ln, crc, path, soff in zip(
+                        _native.verify_frames(view, b.offs, b.lens), b.offs, b.lens, b.crcs, b.paths, b.src_offs):
+                    if status or cexp != crc:
+                        raise _frame_error(status, path, soff, crc, cexp, cact)
+                cur = w[0]
+                if cur is None or (cur.size > SEGMENT_HEADER_SIZE and cur.size + view.nbytes > self.segment_bytes):
+                    seg_id = (cur.seg_id + 1) if cur is not None else 1
+                    close_writer()
+                    cur = w[0] = SegmentWriter(udir, t.unit, seg_id, create=True)
+                base = cur.append([view])
+                sid = cur.seg_id
+                items.extend([(k, pack(sid, base + o, ln, crc)) for k, o, ln, crc in zip(b.keys, b.offs, b.lens,
+                                                                                          b.crcs)])
+                if len(items) >= INDEX_BATCH:
+                    flush_index()
 
             for r in t.ranges:
-                data = self._read_range(fds, r, buf)
+                fd, path = self._source(fds, r)
                 read += r.length
-                if writer is None or (writer.size > SEGMENT_HEADER_SIZE
-                                      and writer.size + r.length > self.segment_bytes):
-                    seg_id = (writer.seg_id + 1) if writer is not None else (max(infos, default=0) + 1)
-                    close_writer()
-                    writer = SegmentWriter(udir, t.unit, seg_id, create=True)
-                base = writer.append([data])
-                for f in r.frames:
-                    items.append((f.key, INDEX_VALUE.pack(writer.seg_id, base + f.rel_offset, f.length, f.crc)))
-                if len(items) >= INDEX_BATCH:
-                    flush()
+                if r.length > len(buf):  # one range larger than the buffer: its own batch
+                    commit(mv[:batch.fill], batch)
+                    batch.clear()
+                    big = memoryview(bytearray(r.length))
+                    _read_range_into(fd, path, r, big)
+                    one = _Batch()
+                    one.add(r, path, 0)
+                    commit(big, one)
+                    continue
+                if batch.fill + r.length > len(buf):
+                    commit(mv[:batch.fill], batch)
+                    batch.clear()
+                _read_range_into(fd, path, r, mv[batch.fill:batch.fill + r.length])
+                batch.add(r, path, batch.fill)
+            commit(mv[:batch.fill], batch)
             close_writer()
-            flush()
+            flush_index()
             with env.begin(write=True) as txn:
                 for s, info in infos.items():
                     txn.put(s.to_bytes(4, "big"), info.pack(), db=db_segs)
             env.sync(True)
         finally:
-            if writer is not None:
-                writer.close()
-            for fd in fds.values():
+            if w[0] is not None:
+                w[0].close()
+            for fd, _p in fds.values():
                 os.close(fd)
             env.close()
         return read
 
-    def _read_range(self, fds: Dict[tuple, int], r: ReadRange, buf: bytearray) -> memoryview:
-        path = self.src / M.segment_file(r.src_unit, r.seg)
-        fd = fds.get((r.src_unit, r.seg))
-        if fd is None:
+    def _source(self, fds: Dict[tuple, Tuple[int, str]], r: ReadRange) -> Tuple[int, str]:
+        got = fds.get((r.src_unit, r.seg))
+        if got is None:
+            path = str(self.src / M.segment_file(r.src_unit, r.seg))
             try:
-                fd = fds[(r.src_unit, r.seg)] = os.open(path, os.O_RDONLY)
+                fd = os.open(path, os.O_RDONLY)
             except FileNotFoundError as e:
-                raise CorruptionError("checkpoint segment listed in MANIFEST.json is missing", path=str(path)) from e
-        mv = memoryview(buf)[:r.length] if r.length <= len(buf) else memoryview(bytearray(r.length))
-        got = 0
-        while got < r.length:
-            n = os.preadv(fd, [mv[got:]], r.offset + got)
-            if n == 0:
-                raise CorruptionError("checkpoint segment is truncated", path=str(path), offset=r.offset + got)
-            got += n
-        res = _native.verify_frames(mv, [f.rel_offset for f in r.frames], [f.length for f in r.frames])
-        for (status, _po, _pl, cexp, cact), f in zip(res, r.frames):
-            if status == 1:
-                raise CorruptionError("checkpoint segment: not an intact record frame", path=str(path),
-                                      offset=r.offset + f.rel_offset)
-            if status == 2:
-                raise CorruptionError("checkpoint segment: record frame checksum mismatch", path=str(path),
-                                      offset=r.offset + f.rel_offset, expected_crc=cexp, actual_crc=cact)
-            if cexp != f.crc:
-                raise CorruptionError("checkpoint segment: record frame is not the one the index names",
-                                      path=str(path), offset=r.offset + f.rel_offset, expected_crc=f.crc,
-                                      actual_crc=cexp)
-        return mv
+                raise CorruptionError("checkpoint segment listed in MANIFEST.json is missing", path=path) from e
+            try:  # the targets' reads are ascending with gaps: let the kernel read ahead
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+            except (AttributeError, OSError):
+                pass
+            got = fds[(r.src_unit, r.seg)] = (fd, path)
+        return got
 
 
-def _gather(it) -> List[int]:
-    return list(it)
+class _Batch:
+    """Frames gathered in the read buffer, waiting for one verify call and one write."""
+
+    __slots__ = ("fill", "keys", "offs", "lens", "crcs", "paths", "src_offs")
+
+    def __init__(self) -> None:
+        self.fill = 0
+        self.keys: List[bytes] = []
+        self.offs: List[int] = []
+        self.lens: List[int] = []
+        self.crcs: List[int] = []
+        self.paths: List[str] = []
+        self.src_offs: List[int] = []
+
+    def add(self, r: ReadRange, path: str, at: int) -> None:
+        for key, rel, ln, crc in r.frames:
+            self.keys.append(key)
+            self.offs.append(at + rel)
+            self.lens.append(ln)
+            self.crcs.append(crc)
+            self.paths.append(path)
+            self.src_offs.append(r.offset + rel)
+        self.fill = at + r.length
+
+    def clear(self) -> None:
+        self.__init__()
+
+
+def _read_range_into(fd: int, path: str, r: ReadRange, view: memoryview) -> None:
+    got = 0
+    while got < r.length:
+        n = os.preadv(fd, [view[got:]], r.offset + got)
+        if n == 0:
+            raise CorruptionError("checkpoint segment is truncated", path=path, offset=r.offset + got)
+        got += n
+
+
+def _frame_error(status: int, path: str, offset: int, recorded: int, cexp: int, cact: int) -> CorruptionError:
+    if status == 1:
+        return CorruptionError("checkpoint segment: not an intact record frame", path=path, offset=offset)
+    if status == 2:
+        return CorruptionError("checkpoint segment: record frame checksum mismatch", path=path, offset=offset,
+                               expected_crc=cexp, actual_crc=cact)
+    return CorruptionError("checkpoint segment: record frame is not the one the index names", path=path,
+                           offset=offset, expected_crc=recorded, actual_crc=cexp)
 
 
 def load(store, checkpoint_dir) -> LoadInfo:
@@ -332,11 +431,14 @@ def load(store, checkpoint_dir) -> LoadInfo:
                                       f"(truncated or replaced)", path=str(p), offset=min(size, e.size))
         build = Builder(src, man, store.num_units, store._opts["segment_bytes"], max(1, min(8, store.num_units)))
         try:
-            mode = store.install_state(build)
+            # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
+            mode = store.install_state(build, reconcile=False, before_switch=build.finish)
         except TqstoreError:
             raise
         except (OSError, lmdb.Error) as e:
             raise CheckpointError(f"loading checkpoint {src} failed: {e}; the store is unchanged") from e
+        finally:
+            build.abandon()
     info = LoadInfo(src, man.num_units, store.num_units, mode, man.rows, man.total_bytes, build.read_bytes,
                     time.perf_counter() - t0, dict(man.metadata))
     log.info("loaded checkpoint %s (%s, %d -> %d units, %d rows) in %.3f s", src, mode, man.num_units,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ..errors import CorruptionError
@@ -83,7 +84,10 @@ def plan_segment_writes(sources: Sequence[SegmentSource], *, link: bool,
 
 
 class FrameRef(NamedTuple):
-    """One entry of a source unit's index: the frame of (gidx, field) in segment ``seg``."""
+    """One entry of a source unit's index: the frame of (gidx, field) in segment ``seg``.
+
+    Plain ``(key, gidx, seg, offset, length, crc)`` tuples are accepted wherever a FrameRef
+    is (the loader builds plain tuples: a NamedTuple per frame costs more than the plan)."""
 
     key: bytes  # unit index key: gidx (u64 big-endian) + field UTF-8
     gidx: int
@@ -94,6 +98,8 @@ class FrameRef(NamedTuple):
 
 
 class RangeFrame(NamedTuple):
+    """Layout of the plain ``(key, rel_offset, length, crc)`` tuples of :attr:`ReadRange.frames`."""
+
     key: bytes
     rel_offset: int  # from the start of the range
     length: int
@@ -102,13 +108,14 @@ class RangeFrame(NamedTuple):
 
 @dataclass(frozen=True)
 class ReadRange:
-    """Contiguous bytes ``[offset, offset + length)`` of a source segment, holding whole frames."""
+    """Contiguous bytes ``[offset, offset + length)`` of a source segment, holding whole frames
+    (``frames``: ``(key, rel_offset, length, crc)`` tuples, see :class:`RangeFrame`)."""
 
     src_unit: int
     seg: int
     offset: int
     length: int
-    frames: Tuple[RangeFrame, ...]
+    frames: Tuple[Tuple[bytes, int, int, int], ...]
 
 
 @dataclass(frozen=True)
@@ -136,10 +143,11 @@ class ReshardPlan:
         return sum(t.nbytes for t in self.targets)
 
 
-def plan_reshard(sources: Mapping[int, Iterable[FrameRef]], num_targets: int, *,
+def plan_reshard(sources: Mapping[int, Iterable[Sequence]], num_targets: int, *,
                  max_range_bytes: int = DEFAULT_RANGE_BYTES) -> ReshardPlan:
-    """Route every frame to unit ``gidx % num_targets`` and coalesce each target's frames
-    into ranges of adjacent bytes (at most ``max_range_bytes``, or one frame if larger).
+    """Route every frame (a :class:`FrameRef` or plain tuple of its fields) to unit
+    ``gidx % num_targets`` and coalesce each target's frames into ranges of adjacent bytes
+    (at most ``max_range_bytes``, or one frame if larger).
 
     Ranges of a target are ordered by (source unit, segment, offset): sequential reads.
 
@@ -148,29 +156,30 @@ def plan_reshard(sources: Mapping[int, Iterable[FrameRef]], num_targets: int, *,
     """
     if num_targets < 1:
         raise ValueError(f"num_targets must be >= 1, got {num_targets}")
-    per_target: List[Dict[Tuple[int, int], List[FrameRef]]] = [defaultdict(list) for _ in range(num_targets)]
+    per_target: List[Dict[Tuple[int, int], list]] = [defaultdict(list) for _ in range(num_targets)]
     for src, refs in sources.items():
-        for r in refs:
-            per_target[r.gidx % num_targets][(src, r.seg)].append(r)
+        for r in refs:  # r = (key, gidx, seg, offset, length, crc)
+            per_target[r[1] % num_targets][(src, r[2])].append(r)
+    by_offset = itemgetter(3)
     targets = []
     for t, groups in enumerate(per_target):
         ranges: List[ReadRange] = []
         for (src, seg) in sorted(groups):
-            refs = sorted(groups[(src, seg)], key=lambda r: r.offset)
-            start = -1
-            end = -1
-            cur: List[RangeFrame] = []
-            for r in refs:
-                if r.offset < end:
-                    raise CorruptionError(f"index entries of unit {src} overlap in segment {seg}", offset=r.offset)
-                if cur and r.offset == end and end - start + r.length <= max_range_bytes:
-                    cur.append(RangeFrame(r.key, r.offset - start, r.length, r.crc))
-                    end += r.length
+            refs = groups[(src, seg)]
+            refs.sort(key=by_offset)
+            start = end = -1
+            cur: list = []
+            for key, _g, _s, off, ln, crc in refs:
+                if off < end:
+                    raise CorruptionError(f"index entries of unit {src} overlap in segment {seg}", offset=off)
+                if cur and off == end and end - start + ln <= max_range_bytes:
+                    cur.append((key, off - start, ln, crc))
+                    end += ln
                     continue
                 if cur:
                     ranges.append(ReadRange(src, seg, start, end - start, tuple(cur)))
-                start, end = r.offset, r.offset + r.length
-                cur = [RangeFrame(r.key, 0, r.length, r.crc)]
+                start, end = off, off + ln
+                cur = [(key, 0, ln, crc)]
             if cur:
                 ranges.append(ReadRange(src, seg, start, end - start, tuple(cur)))
         targets.append(TargetPlan(t, tuple(ranges)))

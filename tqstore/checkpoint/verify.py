@@ -162,7 +162,7 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
     try:
         man = read_manifest(src)
     except CorruptionError as e:
-        if raise_on_error or isinstance(e, CheckpointNotFoundError):
+        if raise_on_error:
             raise
         rep.problems.append(Problem(e.path or str(src / M.MANIFEST_NAME), str(e).split(" (file ")[0], e.offset,
                                     e.expected_crc, e.actual_crc))
@@ -223,8 +223,7 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
         rep.frames_checked += len(frames)
         if res.bad or res.crc != e.crc32c:
             problems.append(_crc_problem(src / e.path, e, res))
-        if deep and e.frames is not None and len(frames) != e.frames and man.find(M.unit_index_file(e.unit)).path \
-                in good_index:
+        if deep and e.frames is not None and len(frames) != e.frames and M.unit_index_file(e.unit) in good_index:
             problems.append(Problem(str(src / e.path), f"the unit index names {len(frames)} frames in this segment, "
                                                       f"MANIFEST.json records {e.frames}"))
     rep.elapsed_s = time.perf_counter() - t0

@@ -20,22 +20,22 @@ on ``.<name>.lock`` in the parent directory.
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import os
 import secrets
 import threading
 import time
-from collections import OrderedDict, defaultdict
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 
 import lmdb
+import numpy as np
 
-from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE
+from .._format.layout import INDEX_VALUE
 from .._format.segment import segment_name
 from .._io import files
 from .._io.lmdbenv import DEFAULT_MAP_BYTES
@@ -369,30 +369,22 @@ class SaveJob:
         if db_undo is not None:
             undo = [(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=db_undo)]
         put_back = {k[8:]: v for k, v in undo if int.from_bytes(k[:8], "big") > self.put_token}
-        per_seg: Dict[int, List[Tuple[int, int, int]]] = defaultdict(list)
-        unpack = INDEX_VALUE.unpack
         if put_back:
-            for k, v in view.txn.cursor(db=unit.db_loc):
-                seg, off, ln, crc = unpack(put_back.get(bytes(k), v))
-                per_seg[seg].append((off, ln, crc))
+            vals = b"".join(put_back.get(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=unit.db_loc))
         else:
-            for v in view.txn.cursor(db=unit.db_loc).iternext(keys=False, values=True):
-                seg, off, ln, crc = unpack(v)
-                per_seg[seg].append((off, ln, crc))
+            vals = b"".join(view.txn.cursor(db=unit.db_loc).iternext(keys=False, values=True))
+        per_seg = _SegmentFrames(vals)
         segs = view.segs
-        unknown = sorted(set(per_seg) - set(segs))
+        unknown = sorted(set(per_seg.segs) - set(segs))
         if unknown:
             raise CorruptionError(f"unit {i} index names segments {unknown[:5]} it does not list; run verify on "
                                   f"the store", path=str(unit.path))
         unit.env.copy(str(udir / "index"), compact=True, txn=view.txn)
-        keep = {s: (segs[s].size, sum(f[1] for f in per_seg[s])) for s in per_seg}
-        if undo or set(segs) != set(per_seg) or any(not segs[s].sealed or segs[s].live != keep[s][1]
-                                                    for s in per_seg):
+        keep = {s: (segs[s].size, per_seg.live_bytes(s)) for s in per_seg.segs}
+        if undo or set(segs) != set(keep) or any(not segs[s].sealed or segs[s].live != keep[s][1] for s in keep):
             _fix_index(udir / "index", keep, put_back, bool(undo))
         sources = []
-        for s in sorted(per_seg):
-            frames = per_seg[s]
-            frames.sort()
+        for s in per_seg.segs:
             p = unit.path / segment_name(s)
             size = segs[s].size
             try:
@@ -402,14 +394,14 @@ class SaveJob:
             if fsize < size:
                 raise CorruptionError(f"segment file of unit {i} holds {fsize} bytes, its index records {size}",
                                       path=str(p), offset=fsize)
-            sources.append(SegmentSource(i, s, str(p), size, segs[s].sealed, fsize, identity(p, size), len(frames),
-                                         sum(f[1] for f in frames)))
+            sources.append(SegmentSource(i, s, str(p), size, segs[s].sealed, fsize, identity(p, size),
+                                         per_seg.count(s), keep[s][1]))
         known = {src.identity: c for src in sources if (c := _cached_crc(src.identity)) is not None}
         plan = plan_segment_writes(sources, link=link, reuse=self.reuse, known_crc=known)
         entries: List[M.FileEntry] = []
         copied = linked = reused = checksummed = 0
         for w in plan:
-            crc, method, summed = self._write_segment(w, udir, per_seg[w.source.seg])
+            crc, method, summed = self._write_segment(w, udir, per_seg.frames(w.source.seg))
             checksummed += summed
             s = w.source
             rel = M.segment_file(i, s.seg)
@@ -425,10 +417,10 @@ class SaveJob:
         entries.insert(0, _seal_index_file(tmp / rel, rel, M.ROLE_UNIT_INDEX, i))
         files.fsync_dir(udir / "index")
         files.fsync_dir(udir)
-        return _UnitResult(entries, sum(len(v) for v in per_seg.values()), sum(e.live_bytes or 0 for e in entries),
-                           copied, linked, reused, checksummed)
+        return _UnitResult(entries, per_seg.total, sum(e.live_bytes or 0 for e in entries), copied, linked, reused,
+                           checksummed)
 
-    def _write_segment(self, w: SegmentWrite, udir: Path, frames: List[Tuple[int, int, int]]
+    def _write_segment(self, w: SegmentWrite, udir: Path, frames: Callable[[], List[Tuple[int, int, int]]]
                        ) -> Tuple[int, str, int]:
         """Place one segment; returns (its CRC32C, the method used, bytes read to checksum)."""
         s = w.source
@@ -451,7 +443,7 @@ class SaveJob:
         if w.method == LINK:
             crc, summed = w.crc32c, 0
             if crc is None:
-                crc, summed = _scan_or_raise(s.path, s.size, frames, what="store segment"), s.size
+                crc, summed = _scan_or_raise(s.path, s.size, frames(), what="store segment"), s.size
                 _remember_crc(s.identity, crc)
             files.link(s.path, dst)
             files.fsync_file(dst)  # the store's own pages: durable now
@@ -459,10 +451,42 @@ class SaveJob:
         n = files.copy_file(s.path, dst, fsync=False, length=s.size)
         if n != s.size:
             raise CorruptionError(f"segment holds {n} bytes, its index records {s.size}", path=s.path, offset=n)
-        crc = _scan_or_raise(str(dst), s.size, frames, what="copied segment", source=s.path)
+        crc = _scan_or_raise(str(dst), s.size, frames(), what="copied segment", source=s.path)
         files.fsync_file(dst)
         _remember_crc(s.identity, crc)
         return crc, COPY, s.size
+
+
+#: a unit index value (``<IQII``: segment, offset, length, crc) as a numpy record
+LOC_DTYPE = np.dtype([("seg", "<u4"), ("off", "<u8"), ("len", "<u4"), ("crc", "<u4")])
+assert LOC_DTYPE.itemsize == INDEX_VALUE.size
+
+
+class _SegmentFrames:
+    """The frames a unit index names, grouped by segment and sorted by offset (vectorised:
+    a store holds millions of frames and most segments need only their count)."""
+
+    def __init__(self, values: bytes) -> None:
+        arr = np.frombuffer(values, LOC_DTYPE)
+        arr = arr[np.lexsort((arr["off"], arr["seg"]))]
+        self._arr = arr
+        self.total = len(arr)
+        segs, starts, counts = np.unique(arr["seg"], return_index=True, return_counts=True)
+        live = np.add.reduceat(arr["len"].astype(np.int64), starts) if len(arr) else np.zeros(0, np.int64)
+        self.segs: List[int] = [int(x) for x in segs]
+        self._where = {int(s): (int(a), int(c), int(b)) for s, a, c, b in zip(segs, starts, counts, live)}
+
+    def count(self, seg: int) -> int:
+        return self._where[seg][1]
+
+    def live_bytes(self, seg: int) -> int:
+        return self._where[seg][2]
+
+    def frames(self, seg: int) -> Callable[[], List[Tuple[int, int, int]]]:
+        """A callable giving ``[(offset, length, crc), ...]`` of ``seg`` (built only if called)."""
+        start, count, _ = self._where[seg]
+        part = self._arr[start:start + count]
+        return lambda: list(zip(part["off"].tolist(), part["len"].tolist(), part["crc"].tolist()))
 
 
 def _scan_or_raise(path: str, size: int, frames, *, what: str, source: Optional[str] = None) -> int:
