@@ -60,7 +60,10 @@ def read_current(root: Path) -> Optional[str]:
     p = Path(root) / CURRENT_FILE
     if not p.exists():
         return None
-    name = p.read_text().strip()
+    try:
+        name = p.read_bytes().decode("utf-8").strip()
+    except UnicodeDecodeError as e:
+        raise CorruptionError(f"unreadable {CURRENT_FILE} (not UTF-8): {e}", path=str(p)) from e
     if parse_state_name(name) is None:
         raise CorruptionError(f"{CURRENT_FILE} names {name!r}, not a state directory", path=str(p))
     return name

@@ -29,7 +29,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import lmdb
 
 from .. import _native
-from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE
+from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE, TRAILER
 from .._format.segment import segment_name
 from .._io import files
 from .._io.lmdbenv import open_env
@@ -299,10 +299,14 @@ class Builder:
                 """Verify the frames of ``view`` and append it to the target's segments."""
                 if not b.offs:
                     return
-                for (status, _po, _pl, cexp, cact), o, ln, crc, path, soff in zip(
+                for (status, po, pl, cexp, cact), o, ln, crc, path, soff in zip(
                         _native.verify_frames(view, b.offs, b.lens), b.offs, b.lens, b.crcs, b.paths, b.src_offs):
                     if status or cexp != crc:
                         raise _frame_error(status, path, soff, crc, cexp, cact)
+                    if view[po + pl + TRAILER.size:o + ln].tobytes().strip(b"\0"):
+                        # readers refuse such a frame: never copy it into the store
+                        raise CorruptionError("checkpoint segment: record frame padding is not zero (damaged)",
+                                              path=path, offset=soff)
                 cur = w[0]
                 if cur is None or (cur.size > SEGMENT_HEADER_SIZE and cur.size + view.nbytes > self.segment_bytes):
                     seg_id = (cur.seg_id + 1) if cur is not None else 1
