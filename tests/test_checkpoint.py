@@ -239,3 +239,14 @@ def test_load_returns_paths_and_accepts_str(store, tmp_path):
     info = store.save_checkpoint(str(tmp_path / "ckpt"))
     assert isinstance(info.path, Path) and info.path == tmp_path / "ckpt"
     assert store.load_checkpoint(str(tmp_path / "ckpt")).path == tmp_path / "ckpt"
+
+
+def test_round_trip_of_long_values_of_different_lengths(store, tmp_path):
+    # non-tensor values above the bulk-framing size share a shape () but not a length
+    texts = ["x" * 4637, "y" * 5126, "z" * 70_000, ""]
+    store.kv_batch_put(["a", "b", "c", "d"], "p", {"text": texts, "obj": [{"k": "v" * n} for n in (9000, 5, 12000, 0)]})
+    store.save_checkpoint(tmp_path / "ckpt")
+    store.kv_clear(["a", "b", "c", "d"], "p")
+    store.load_checkpoint(tmp_path / "ckpt")
+    out = store.kv_batch_get(["a", "b", "c", "d"], "p")
+    assert out["text"] == texts and [len(o["k"]) for o in out["obj"]] == [9000, 5, 12000, 0]

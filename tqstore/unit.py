@@ -33,7 +33,7 @@ from ._format.frame import (
 )
 from ._format.layout import (
     ALIGN, CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
-    FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION,
+    FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION, KIND_VALUE,
 )
 from ._format.segment import decode_segment_header, parse_segment_name, segment_name
 from ._io import files
@@ -306,7 +306,7 @@ class Unit:
                         elif memoryview(payload).nbytes < BULK_FRAME_BYTES:
                             small_pos.append(pos)
                             small_gidx.append(g)
-                        elif col.uniform_shape is not None:
+                        elif col.uniform_shape is not None and col.kind != KIND_VALUE:  # values vary in length
                             large_pos.append(pos)
                             large_gidx.append(g)
                         else:

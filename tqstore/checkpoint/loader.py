@@ -156,6 +156,9 @@ class Builder:
                     files.fsync_failed(self.src / e.path) for i in range(self.num_units)
                     for e in self.man.segments(i).values())
                 self.read_bytes += sum(pool.map(lambda i: self._same_unit(new_dir, i, link), range(self.num_units)))
+                # make the new state durable before the verification reads start competing with the
+                # journal commits (install_state's own fsync pass then finds every file clean)
+                files.fsync_tree(new_dir)
                 verify_root = self.src if link else new_dir  # what the new state's files hold
                 self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
                 self._pending = [self._vpool.submit(self._verify_unit, verify_root, i) for i in range(self.num_units)]
