@@ -534,3 +534,20 @@ def test_read_rejects_a_flipped_byte_anywhere_in_a_frame(tmp_path, row_elems, wh
             s.read("p", g)
         assert str(path) in str(ei.value)
         assert same(s.read("p", g[:3])["x"], x[:3])  # the other rows still read
+
+
+def test_large_values_of_different_lengths_round_trip(store):
+    vals = ["x" * 5000, {"t": "y" * 9000}, "z", ["w" * 70_000]]
+    g = store.write("p", {"v": vals}, new_rows=True)
+    assert store.read("p", g)["v"] == vals
+
+
+def test_small_and_large_puts_round_trip_on_many_units(tmp_path):
+    """Small batches are written on the calling thread, large ones by the unit pool."""
+    with Store(tmp_path / "s", num_units=4) as s:
+        small = torch.arange(64).reshape(16, 4)
+        big = torch.randn(64, 20_000)  # ~5 MB: over the parallel bound
+        g1 = s.write("p", {"x": small}, new_rows=True)
+        g2 = s.write("q", {"x": big}, new_rows=True)
+        assert same(s.read("p", g1)["x"], small) and same(s.read("q", g2)["x"], big)
+        assert same(s.read("q", g2[::-3])["x"], big[::-3].contiguous())

@@ -23,26 +23,42 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 
 from ._format import dtypes
 from ._format.columns import allocate_batch, allocate_jagged, allocate_rows, assemble, jagged_layout, row_to_object
 from ._format.frame import head_template
-from ._format.layout import CODEC_MASK, KIND_VALUE
+from ._format.layout import CODEC_MASK, INDEX_KEY_HEAD, KIND_VALUE
 from .errors import CorruptionError, FieldNotFoundError
 from .unit import MMAP_READ_BYTES, Loc, Unit
 
 _ITEMSIZE = {c: dtypes.itemsize(c) for c in dtypes.DTYPE_NAMES if c in dtypes.CODE_TO_TORCH or c in dtypes.CODE_TO_NUMPY}
 
 
+PARALLEL_MIN_BYTES = 4 << 20  # below this a read runs on the calling thread: handing work to the pool costs more
+
+
 def _each(pool, fn: Callable[[int], Any], units: Sequence[int]) -> None:
-    if len(units) > 1:
+    if pool is not None and len(units) > 1:
         list(pool.map(fn, units))
     else:
         for u in units:
             fn(u)
+
+
+class _Split:
+    """Rows of one read split by unit, shared by every field read."""
+
+    def __init__(self, gidxs: List[int], nu: int) -> None:
+        per_unit: Dict[int, List[int]] = defaultdict(list)
+        for pos, g in enumerate(gidxs):
+            per_unit[g % nu].append(pos)
+        self.per_unit = per_unit
+        self.order = sorted(per_unit)
+        self.gidxs = {u: [gidxs[i] for i in ps] for u, ps in per_unit.items()}
+        self.keys = {u: [INDEX_KEY_HEAD.pack(g) for g in gs] for u, gs in self.gidxs.items()}
 
 
 def read_field(units: Sequence[Unit], pool, gidxs: List[int], field: str, kind: int, *, verify: bool = True,
@@ -55,29 +71,44 @@ def read_field(units: Sequence[Unit], pool, gidxs: List[int], field: str, kind: 
         FieldNotFoundError: a row has no stored payload of ``field``.
         CorruptionError: a frame does not check (names file and offset).
     """
-    n = len(gidxs)
-    nu = len(units)
-    per_unit: Dict[int, List[int]] = defaultdict(list)
-    for pos, g in enumerate(gidxs):
-        per_unit[g % nu].append(pos)
-    order = sorted(per_unit)
-    arrays: Dict[int, np.ndarray] = {}
+    return read_fields(units, pool, gidxs, [(field, kind)], verify=verify, txns=txns)[field]
 
-    def lookup(u: int):
-        ps = per_unit[u]
-        arr = units[u].lookup_array([gidxs[i] for i in ps], field, txn=None if txns is None else txns[u])
+
+def read_fields(units: Sequence[Unit], pool, gidxs: List[int], fields: Sequence[Tuple[str, int]], *,
+                verify: bool = True, txns: Sequence[Any] = None) -> Dict[str, Any]:
+    """Read several ``(field, kind)`` of rows ``gidxs``; each unit's index is read in one
+    transaction, so all fields come from one state.  See :func:`read_field`."""
+    split = _Split(gidxs, len(units))
+    own = txns is None
+    if own:
+        txns = [units[u].env.begin() if u in split.per_unit else None for u in range(len(units))]
+    try:
+        return {f: _read_one(units, pool, gidxs, f, kind, verify, txns, split) for f, kind in fields}
+    finally:
+        if own:
+            for t in txns:
+                if t is not None:
+                    t.abort()
+
+
+def _read_one(units, pool, gidxs, field, kind, verify, txns, split: _Split) -> Any:
+    n = len(gidxs)
+    per_unit, order = split.per_unit, split.order
+    arrays: Dict[int, np.ndarray] = {}
+    for u in order:  # index lookups hold the GIL: threads would only add hand-offs
+        arr = units[u].lookup_array(split.gidxs[u], field, txn=txns[u], key_heads=split.keys[u])
         if arr is None:
-            got = units[u].lookup([gidxs[i] for i in ps], field, txn=None if txns is None else txns[u])
-            bad = [gidxs[i] for i, loc in zip(ps, got) if loc is None]
+            got = units[u].lookup(split.gidxs[u], field, txn=txns[u])
+            bad = [g for g, loc in zip(split.gidxs[u], got) if loc is None]
             raise FieldNotFoundError(f"field {field!r} has no stored payload for rows {bad[:5]} (store "
                                      f"inconsistent; run verify)")
         arrays[u] = arr
-
-    _each(pool, lookup, order)
     if n == 0:
         return assemble(kind, [])
+    lengths = np.concatenate([arrays[u]["length"] for u in order])
+    if int(lengths.sum(dtype=np.int64)) < PARALLEL_MIN_BYTES:
+        pool = None
     if kind != KIND_VALUE:
-        lengths = np.concatenate([arrays[u]["length"] for u in order])
         if (lengths == lengths[0]).all():
             out = _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays)
             if out is not None:

@@ -35,7 +35,7 @@ from .errors import (
     TqstoreError,
 )
 from .kv import KVMixin
-from .reader import read_field
+from .reader import PARALLEL_MIN_BYTES, read_field, read_fields
 from .unit import DEFAULT_SEGMENT_BYTES, Unit, UnitView
 
 log = logging.getLogger("tqstore")
@@ -344,13 +344,20 @@ class Store(KVMixin, CheckpointMixin):
             gs = [g for _, g in pairs]
             return self.units[u].write([(c, positions, gs) for c in cols], fresh=fresh, token=token)
 
-        futures = {u: self._pool.submit(one, u) for u in per_unit}
         errors = []
-        for u, fut in futures.items():
-            try:
-                fut.result()
-            except BaseException as e:  # noqa: BLE001 - collected and re-raised below
-                errors.append((u, e))
+        if len(per_unit) > 1 and _approx_bytes(cols) >= PARALLEL_MIN_BYTES:
+            futures = {u: self._pool.submit(one, u) for u in per_unit}
+            for u, fut in futures.items():
+                try:
+                    fut.result()
+                except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+                    errors.append((u, e))
+        else:  # a small put: handing it to the pool costs more than it saves
+            for u in per_unit:
+                try:
+                    one(u)
+                except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+                    errors.append((u, e))
         if errors:
             if token is not None:  # put back the entries the units that succeeded replaced
                 self._settle_units(token, committed=False, units=[u for u in per_unit if u not in dict(errors)])
@@ -427,7 +434,7 @@ class Store(KVMixin, CheckpointMixin):
                     raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition "
                                              f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
                                              f"{known}")
-        return {f: self._read_field(gidxs, f, verify, p.schema[f][0]) for f in fields}
+        return read_fields(self.units, self._pool, gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify)
 
     def _read_field(self, gidxs: List[int], field: str, verify: bool, kind: int) -> Any:
         return read_field(self.units, self._pool, gidxs, field, kind, verify=verify)
@@ -531,6 +538,12 @@ def _creation_debris(name: str) -> bool:
     """Names an interrupted store creation can leave (before STORE.json was published)."""
     return name in (L.CURRENT_FILE, L.CURRENT_FILE + ".tmp", L.STORE_FILE + ".tmp") or \
         L.parse_state_name(name) is not None
+
+
+def _approx_bytes(cols: List[Column]) -> int:
+    """Payload bytes of a batch, estimated from its first row where rows share a shape."""
+    return sum(len(c.payloads) * memoryview(c.payloads[0]).nbytes if c.uniform_shape and c.payloads else c.nbytes
+               for c in cols)
 
 
 def _batch_len(items: List[Tuple[str, Any]], tags) -> int:

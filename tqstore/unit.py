@@ -598,12 +598,17 @@ class Unit:
             if own:
                 txn.abort()
 
-    def lookup_array(self, gidxs: Sequence[int], field: str, txn=None) -> Optional[np.ndarray]:
+    def lookup_array(self, gidxs: Sequence[int], field: str, txn=None,
+                     key_heads: Optional[Sequence[bytes]] = None) -> Optional[np.ndarray]:
         """Locations of ``field`` for each gidx as one :data:`LOC_DTYPE` array (one native
-        multi-get); None when some gidx has no entry (use :meth:`lookup` to see which)."""
+        multi-get); None when some gidx has no entry (use :meth:`lookup` to see which).
+        ``key_heads`` may give the packed gidxs (``INDEX_KEY_HEAD``) when reading many fields."""
         f = field.encode()
-        key = INDEX_KEY_HEAD.pack
-        keys = [key(g) + f for g in gidxs]
+        if key_heads is None:
+            key = INDEX_KEY_HEAD.pack
+            keys = [key(g) + f for g in gidxs]
+        else:
+            keys = [h + f for h in key_heads]
         own = txn is None
         txn = txn or self.env.begin()
         try:
