@@ -79,6 +79,8 @@ def run_and_kill(path: Path, seed: int, env: dict) -> list:
 
     def reader():
         for line in proc.stdout:
+            if not line.endswith("\n"):
+                break  # a line cut by the kill was never acknowledged
             lines.append(line.split())
             if sum(1 for l in lines if l[0] == "ack") >= target:
                 got.set()
