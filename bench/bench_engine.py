@@ -14,9 +14,12 @@ baselines measured in the same repetition on the same bytes:
 
 Peak memory is the process's VmHWM (reset through /proc/self/clear_refs before each
 operation) minus its VmRSS just before: everything the operation added at its peak,
-file pages it mapped included.  Small rows run in two subprocesses, one per record
+file pages it mapped included (shown apart: segment pages a get reads through its mmap
+are shared page cache, not copies).  Small rows run in two subprocesses, one per record
 path (``TQSTORE_PURE=1`` for the pure one), so each measures the package as a user
-gets it.  GiB = 2**30 bytes, MB = 10**6 bytes.
+gets it.  The machine's load average is printed: on a shared machine the figures move
+with it, so compare each throughput with its same-run baseline.  GiB = 2**30 bytes,
+MB = 10**6 bytes.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ def _status() -> dict:
     with open("/proc/self/status") as f:
         for line in f:
             k, _, v = line.partition(":")
-            if k in ("VmRSS", "VmHWM"):
+            if k in ("VmRSS", "VmHWM", "RssFile"):
                 out[k] = int(v.split()[0]) * 1024
     return out
 
@@ -73,11 +76,14 @@ class Peak:
     def __enter__(self):
         gc.collect()
         self.ok = _reset_peak()
-        self.before = _status()["VmRSS"]
+        st = _status()
+        self.before, self.file_before = st["VmRSS"], st["RssFile"]
         return self
 
     def __exit__(self, *exc):
-        self.added = max(0, _status()["VmHWM"] - self.before) if self.ok else float("nan")
+        st = _status()
+        self.added = max(0, st["VmHWM"] - self.before) if self.ok else float("nan")
+        self.file_added = max(0, st["RssFile"] - self.file_before)  # segment pages mapped (shared, not copies)
 
 
 def timed(fn):
@@ -145,7 +151,7 @@ def bench_big(args, work: Path) -> dict:
     parts = batch_bytes(batch)
     total = sum(p.nbytes for p in parts)
     res = {"bytes": total, "memcpy": [], "memcpy_warm": [], "pcwrite": [], "put": [], "get": [],
-           "put_peak": [], "get_peak": []}
+           "put_peak": [], "get_peak": [], "get_file": []}
     for rep in range(args.reps + 1):  # repetition 0 warms the page allocator and caches
         t_mc, dst = timed(lambda: memcpy_fresh(parts, total))
         t_mw, _ = timed(lambda: memcpy_warm(parts, dst))
@@ -173,6 +179,7 @@ def bench_big(args, work: Path) -> dict:
         res["get"].append(total / t_get)
         res["put_peak"].append(pk_put.added)
         res["get_peak"].append(pk_get.added)
+        res["get_file"].append(pk_get.file_added)
     return res
 
 
@@ -236,7 +243,7 @@ def small_worker(args) -> None:
     fields = {f"f{i}": torch.randint(0, 1 << 62, (n, 8), dtype=torch.int64, generator=g) for i in range(4)}
     work = Path(tempfile.mkdtemp(prefix="tq-small-", dir=args.dir))
     try:
-        puts, gets, pk_put, pk_get = [], [], [], []
+        puts, gets, pk_put, pk_get, file_get = [], [], [], [], []
         for rep in range(args.reps + 1):
             sdir = work / f"s{rep}"
             with tqstore.open(sdir, num_units=args.units) as s:
@@ -259,8 +266,9 @@ def small_worker(args) -> None:
                 gets.append(n / t_get)
                 pk_put.append(pp.added)
                 pk_get.append(pg.added)
+                file_get.append(pg.file_added)
         print(json.dumps({"impl": _native.IMPLEMENTATION, "put_rows_s": puts, "get_rows_s": gets,
-                          "put_peak": pk_put, "get_peak": pk_get,
+                          "put_peak": pk_put, "get_peak": pk_get, "get_file": file_get,
                           "bytes": sum(v.nbytes for v in fields.values())}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -294,7 +302,8 @@ def report(args, big, dur, zs, small) -> list:
     L = []
     gb = big["bytes"] / GiB
     L.append(f"tqstore engine bench  ({_native.IMPLEMENTATION} record path in this process, {args.units} units, "
-             f"{os.cpu_count()} CPUs, median of {args.reps} reps, store under {args.dir})")
+             f"{os.cpu_count()} CPUs, median of {args.reps} reps, store under {args.dir}; load average "
+             f"{args.load_before} before, {os.getloadavg()[0]:.2f} after)")
     L.append(f"bulk batch: {args.rows} x {args.cols} int64 + float32 = {big['bytes'] / 1e6:.0f} MB ({gb:.3f} GiB)")
     put, get = med(big["put"]), med(big["get"])
     mc, mw, pc = med(big["memcpy"]), med(big["memcpy_warm"]), med(big["pcwrite"])
@@ -305,7 +314,8 @@ def report(args, big, dur, zs, small) -> list:
              f"buffer {mw / GiB:.2f} GiB/s (get {get / mw:.2f}x)")
     pp, pg = max(big["put_peak"]), max(big["get_peak"])
     L.append(f"  peak memory added: put {pp / 1e6:7.1f} MB = {pp / big['bytes']:4.2f}x batch, get {pg / 1e6:7.1f} MB "
-             f"= {pg / big['bytes']:4.2f}x batch (get returns the batch: 1.00x is the floor)  "
+             f"= {pg / big['bytes']:4.2f}x batch (get returns the batch: 1.00x is the floor; "
+             f"{max(big['get_file']) / 1e6:.1f} MB of it mapped segment pages)  "
              f"(aim <= 1.2x: {verdict(max(pp, pg) <= 1.2 * big['bytes'])})")
     L.append(f"  per rep put GiB/s {[round(x / GiB, 2) for x in big['put']]}, page-cache "
              f"{[round(x / GiB, 2) for x in big['pcwrite']]}, get {[round(x / GiB, 2) for x in big['get']]}, "
@@ -323,7 +333,8 @@ def report(args, big, dur, zs, small) -> list:
     for d in (nat, pur):
         L.append(f"  {d['impl']:6s} put {med(d['put_rows_s']):9.0f} rows/s ({4 * med(d['put_rows_s']):9.0f} frames/s)"
                  f"   get {med(d['get_rows_s']):9.0f} rows/s   peak added put {max(d['put_peak']) / 1e6:6.1f} MB, "
-                 f"get {max(d['get_peak']) / 1e6:6.1f} MB (fields {d['bytes'] / 1e6:.1f} MB)")
+                 f"get {max(d['get_peak']) / 1e6:6.1f} MB (of which {max(d['get_file']) / 1e6:.1f} MB mapped segment "
+                 f"pages; fields {d['bytes'] / 1e6:.1f} MB)")
     rp = med(nat["put_rows_s"]) / med(pur["put_rows_s"])
     rg = med(nat["get_rows_s"]) / med(pur["get_rows_s"])
     L.append(f"  native / pure: put {rp:.2f}x, get {rg:.2f}x  (aim >= 2x: put {verdict(rp >= 2)}, "
@@ -353,6 +364,7 @@ def main(argv=None) -> None:
     if args.small_worker:
         small_worker(args)
         return
+    args.load_before = f"{os.getloadavg()[0]:.2f}"
     base = Path(args.dir) if args.dir else Path(tempfile.gettempdir())
     base.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="tqstore-bench-", dir=base))

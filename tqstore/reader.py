@@ -31,6 +31,7 @@ from ._format import dtypes
 from ._format.columns import allocate_batch, allocate_jagged, allocate_rows, assemble, jagged_layout, row_to_object
 from ._format.frame import head_template
 from ._format.layout import CODEC_MASK, INDEX_KEY_HEAD, KIND_VALUE
+from ._io.memory import advise_hugepages
 from .errors import CorruptionError, FieldNotFoundError
 from .unit import MMAP_READ_BYTES, Loc, Unit
 
@@ -148,6 +149,7 @@ def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arra
     _check_heads(units, kind, field, [gidxs[per_unit[u0][0]]], [loc0], [h0])
     template = head_template(raw0)
     out, rows = allocate_rows(kind, h0.dtype, n, h0.shape)
+    advise_hugepages(rows)
     plen = h0.payload_len
     mapped = loc0.length <= MMAP_READ_BYTES
     ok: List[bool] = []
@@ -203,7 +205,9 @@ def _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs
     finish = None
     out = None
     if all(h.dtype == h0.dtype and h.shape == h0.shape for h in heads):
-        out, views = allocate_batch(kind, h0.dtype, n, h0.shape)
+        out, rows = allocate_rows(kind, h0.dtype, n, h0.shape)
+        advise_hugepages(rows)
+        views = list(rows)
     elif all(h.dtype == h0.dtype for h in heads) and jagged_layout(kind, h0.dtype, [h.shape for h in heads]):
         finish, views = allocate_jagged(h0.dtype, [h.shape for h in heads])
     else:
