@@ -35,6 +35,7 @@ from .errors import (
     TqstoreError,
 )
 from .kv import KVMixin
+from ._gcpause import pausing
 from .reader import PARALLEL_MIN_BYTES, read_field, read_fields
 from .unit import DEFAULT_SEGMENT_BYTES, Unit, UnitView
 
@@ -268,6 +269,7 @@ class Store(KVMixin, CheckpointMixin):
             pass
 
     # ------------------------------------------------------------------ writing
+    @pausing  # a bulk call must not pay full collections of the whole heap
     def write(self, partition_id: str, fields: Any, *, keys: Optional[Sequence[str]] = None,
               gidxs: Optional[Sequence[int]] = None, tags: Optional[Sequence[Any]] = None,
               new_rows: bool = False, create_keys: bool = True) -> List[int]:
@@ -400,6 +402,7 @@ class Store(KVMixin, CheckpointMixin):
         list(self._pool.map(lambda u: self.units[u].delete(per_unit[u]), per_unit))
 
     # ------------------------------------------------------------------ reading
+    @pausing  # a bulk call must not pay full collections of the whole heap
     def read(self, partition_id: str, gidxs: Sequence[int], select_fields: Optional[Sequence[str]] = None, *,
              verify: Optional[bool] = None) -> Dict[str, Any]:
         """Read fields of rows into a mapping field → batched value.
