@@ -552,3 +552,29 @@ def test_small_and_large_puts_round_trip_on_many_units(tmp_path):
         assert same(s.read("p", g1)["x"], small) and same(s.read("q", g2)["x"], big)
         back = list(range(63, -1, -3))
         assert same(s.read("q", [g2[i] for i in back])["x"], big[back])
+
+
+def test_gc_is_paused_during_bulk_calls_and_restored_after(store):
+    import gc
+    from tqstore import _gcpause
+    seen = []
+    real = Store.__dict__["write"].__wrapped__
+
+    assert gc.isenabled()
+    with _gcpause.paused():
+        seen.append(gc.isenabled())
+        with _gcpause.paused():  # nested
+            seen.append(gc.isenabled())
+        seen.append(gc.isenabled())
+    assert seen == [False, False, False] and gc.isenabled()
+    gc.disable()  # a user who turned the collector off keeps it off
+    try:
+        store.write("p", {"x": torch.ones(2, 2)}, new_rows=True)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    store.write("p", {"x": torch.ones(2, 2)}, new_rows=True)
+    assert gc.isenabled() and callable(real)
+    with pytest.raises(InvalidInputError):  # and an error inside restores it too
+        store.write("p", {"x": torch.ones(3, 2)}, keys=["a", "b"])
+    assert gc.isenabled()

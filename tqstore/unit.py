@@ -293,7 +293,15 @@ class Unit:
                     fbytes = col.field.encode()
                     comp = self._compressed(col.field)
                     small_pos, small_gidx, large_pos, large_gidx = [], [], [], []
-                    for pos, g in zip(positions, gidxs):
+                    rows = zip(positions, gidxs)
+                    if not comp and col.uniform_shape is not None and col.kind != KIND_VALUE and len(positions):
+                        # rows of one shape and dtype have one size: sort them once, not row by row
+                        if memoryview(col.payloads[positions[0]]).nbytes < BULK_FRAME_BYTES:
+                            small_pos, small_gidx = list(positions), list(gidxs)
+                        else:
+                            large_pos, large_gidx = list(positions), list(gidxs)
+                        rows = ()
+                    for pos, g in rows:
                         payload = col.payloads[pos]
                         if comp:
                             raw = memoryview(payload).cast("B")
