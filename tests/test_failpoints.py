@@ -360,3 +360,29 @@ def test_a_failed_segment_fsync_under_commit_durability_is_not_retried(tmp_path,
     finally:
         log.close()
         s.close()
+
+
+def test_failed_background_save_reports_on_its_handle_and_on_the_next_call(tmp_path):
+    ck = tmp_path / "ck"
+    with _store(tmp_path / "store") as s:
+        _fill(s, "a", 4, 1)
+        s.save_checkpoint(ck)
+        prev = store_state(s)
+        _fill(s, "b", 2, 2)
+        live = store_state(s)
+        fp.arm("fsync_file", "eio", 2)
+        h = s.save_checkpoint(ck, blocking=False)
+        with pytest.raises(CheckpointError, match="ck"):
+            h.result()
+        fp.disarm()
+        assert verify_checkpoint(ck, raise_on_error=False).ok
+        fp.arm("fsync_file", "enospc", 2)
+        h = s.save_checkpoint(ck, blocking=False)
+        h.wait()
+        fp.disarm()
+        with pytest.raises(CheckpointError):  # nobody looked at the handle: the next call says it
+            s.save_checkpoint(ck)
+        assert _loaded_state(tmp_path, ck) == prev
+        assert store_state(s) == live
+        s.save_checkpoint(ck)
+        assert _loaded_state(tmp_path, ck) == live
