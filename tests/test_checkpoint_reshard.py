@@ -10,9 +10,9 @@ import pytest
 
 import tqstore
 from tqstore import CorruptionError
-from tqstore._format.layout import INDEX_KEY_HEAD
+from tqstore._format.layout import INDEX_KEY_HEAD, INDEX_VALUE
 from tqstore.checkpoint.planner import (
-    COPY, LINK, REUSE, FrameRef, RangeFrame, Reusable, SegmentSource, plan_load_mode, plan_reshard, plan_segment_writes,
+    COPY, LINK, REUSE, FrameRef, FrameTable, RangeFrame, Reusable, SegmentSource, plan_load_mode, plan_reshard, plan_segment_writes,
 )
 
 from checkpoint_helpers import fill, state
@@ -161,10 +161,24 @@ def test_plan_reshard_coalesces_adjacent_frames_and_caps_range_size():
     assert ordered == sorted(ordered)
 
 
-def test_plan_reshard_rejects_overlapping_entries():
+def test_plan_reshard_rejects_overlapping_entries_even_when_routed_apart():
     refs = {0: [FrameRef(b"\0" * 8 + b"a", 0, 1, 64, 128, 1), FrameRef(b"\0" * 8 + b"b", 0, 1, 128, 128, 2)]}
     with pytest.raises(CorruptionError):
         plan_reshard(refs, 1)
+    apart = {0: [FrameRef(INDEX_KEY_HEAD.pack(0) + b"a", 0, 1, 64, 128, 1),
+                 FrameRef(INDEX_KEY_HEAD.pack(1) + b"a", 1, 1, 128, 128, 2)]}
+    with pytest.raises(CorruptionError):
+        plan_reshard(apart, 2)
+
+
+def test_frame_tables_from_refs_and_from_index_agree():
+    refs = _refs(1, 9)[0]
+    a = FrameTable.from_refs(refs)
+    values = b"".join(INDEX_VALUE.pack(r.seg, r.offset, r.length, r.crc) for r in refs)
+    b = FrameTable.from_index([r.key for r in refs], values)
+    for col in ("gidx", "seg", "offset", "length", "crc"):
+        assert getattr(a, col).tolist() == getattr(b, col).tolist()
+    assert plan_reshard({0: a}, 2).nbytes == plan_reshard({0: b}, 2).nbytes == sum(r.length for r in refs)
 
 
 def test_plan_load_mode():

@@ -18,6 +18,7 @@ exactly as it was.
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import time
 from collections import defaultdict
@@ -27,22 +28,23 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import lmdb
+import numpy as np
 
 from .. import _native
-from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE, TRAILER
+from .._format.layout import SEGMENT_HEADER_SIZE, TRAILER
 from .._format.segment import segment_name
 from .._io import files
 from .._io.lmdbenv import open_env
 from .._io.segfile import SegmentWriter
 from ..errors import CheckpointError, CorruptionError, TqstoreError
 from . import manifest as M
-from .planner import ReadRange, TargetPlan, plan_load_mode, plan_reshard
+from .planner import INDEX_VALUE_DTYPE, FrameTable, TargetPlan, plan_load_mode, plan_reshard
 from .scan import BadFrame, scan_file
 from .verify import _read_unit_index, read_manifest, resolve_checkpoint_dir
 
 log = logging.getLogger("tqstore")
 
-READ_BUFFER_BYTES = 8 << 20
+WINDOW_BYTES = 16 << 20  # of a source segment mapped at a time by one target
 INDEX_BATCH = 20000
 
 
@@ -237,58 +239,54 @@ class Builder:
         refs = dict(zip(range(self.man.num_units), pool.map(self._read_index, range(self.man.num_units))))
         return plan_reshard(refs, self.num_units)
 
-    def _read_index(self, i: int) -> List[tuple]:
+    def _read_index(self, i: int) -> FrameTable:
         segs = self.man.segments(i)
         env = open_env(self.src / M.unit_dir_name(i) / "index", max_dbs=4, readonly=True)
-        out: List[tuple] = []
         try:
             with env.begin() as txn:
                 try:
                     db = env.open_db(b"loc", txn=txn, create=False)
                 except lmdb.NotFoundError:
-                    return out  # a unit that never held a row
-                for k, v in txn.cursor(db):
-                    seg, off, ln, crc = INDEX_VALUE.unpack(v)
-                    e = segs.get(seg)
-                    if e is None or off < SEGMENT_HEADER_SIZE or off + ln > e.size:
-                        raise CorruptionError(f"unit {i} index names bytes [{off}, {off + ln}) of segment {seg}, which "
-                                              f"the checkpoint does not hold", path=str(self.src / M.unit_index_file(i)))
-                    key = bytes(k)
-                    out.append((key, int.from_bytes(key[:8], "big"), seg, off, ln, crc))  # a FrameRef
+                    return FrameTable.from_index([], b"")  # a unit that never held a row
+                keys = list(txn.cursor(db).iternext(values=False))
+                table = FrameTable.from_index(keys, b"".join(txn.cursor(db).iternext(keys=False)))
         except lmdb.Error as err:
             raise CorruptionError(f"unit {i} index of the checkpoint cannot be read: {err}",
                                   path=str(self.src / M.unit_index_file(i))) from err
         finally:
             env.close()
-        return out
+        sizes = np.full(int(table.seg.max()) + 1 if len(table) else 1, -1, np.int64)
+        for seg, e in segs.items():
+            if seg < len(sizes):
+                sizes[seg] = e.size
+        held = sizes[np.minimum(table.seg, len(sizes) - 1)] if len(table) else sizes[:0]
+        bad = np.flatnonzero((table.seg >= len(sizes)) | (held < 0) | (table.offset < SEGMENT_HEADER_SIZE)
+                             | (table.offset + table.length > held))
+        if len(bad):
+            b = int(bad[0])
+            raise CorruptionError(f"unit {i} index names bytes [{int(table.offset[b])}, "
+                                  f"{int(table.offset[b] + table.length[b])}) of segment {int(table.seg[b])}, which the "
+                                  f"checkpoint does not hold", path=str(self.src / M.unit_index_file(i)))
+        return table
 
     def _reshard_unit(self, new_dir: Path, t: TargetPlan) -> int:
-        """Build target unit ``t``: read its ranges (batched into one buffer), check every
-        frame's CRC32C against the source index, append the frames byte for byte to new
-        segments and index them."""
+        """Build target unit ``t``: map a window of each source segment at a time, touch only
+        the target's frames in it, check each frame's CRC32C against the source index (and
+        its padding), append the frames byte for byte to new segments and index them."""
         from ..unit import SegInfo
 
         udir = new_dir / M.unit_dir_name(t.unit)
         files.mkdir(udir)
         env = open_env(udir / "index", max_dbs=4)
-        fds: Dict[tuple, Tuple[int, str]] = {}
         infos: Dict[int, SegInfo] = {}
         items: List[tuple] = []
-        buf = bytearray(READ_BUFFER_BYTES)
-        mv = memoryview(buf)
-        batch = _Batch()
         w: List[Optional[SegmentWriter]] = [None]
+        window = max(1 << 16, min(WINDOW_BYTES, self.segment_bytes))
+        ends = t.offset + t.length
         read = 0
-        pack = INDEX_VALUE.pack
         try:
             db_loc = env.open_db(b"loc")
             db_segs = env.open_db(b"segs")
-
-            def flush_index() -> None:
-                if items:
-                    with env.begin(write=True) as txn:
-                        txn.cursor(db_loc).putmulti(items)
-                    items.clear()
 
             def close_writer() -> None:
                 cur = w[0]
@@ -298,113 +296,98 @@ class Builder:
                     cur.close()
                     w[0] = None
 
-            def commit(view: memoryview, b: _Batch) -> None:
-                """Verify the frames of ``view`` and append it to the target's segments."""
-                if not b.offs:
-                    return
-                for (status, po, pl, cexp, cact), o, ln, crc, path, soff in zip(
-                        _native.verify_frames(view, b.offs, b.lens), b.offs, b.lens, b.crcs, b.paths, b.src_offs):
-                    if status or cexp != crc:
-                        raise _frame_error(status, path, soff, crc, cexp, cact)
-                    if view[po + pl + TRAILER.size:o + ln].tobytes().strip(b"\0"):
-                        # readers refuse such a frame: never copy it into the store
-                        raise CorruptionError("checkpoint segment: record frame padding is not zero (damaged)",
-                                              path=path, offset=soff)
+            def append(iov: List[memoryview], nbytes: int) -> Tuple[int, int]:
                 cur = w[0]
-                if cur is None or (cur.size > SEGMENT_HEADER_SIZE and cur.size + view.nbytes > self.segment_bytes):
+                if cur is None or (cur.size > SEGMENT_HEADER_SIZE and cur.size + nbytes > self.segment_bytes):
                     seg_id = (cur.seg_id + 1) if cur is not None else 1
                     close_writer()
                     cur = w[0] = SegmentWriter(udir, t.unit, seg_id, create=True)
-                base = cur.append([view])
-                sid = cur.seg_id
-                items.extend([(k, pack(sid, base + o, ln, crc)) for k, o, ln, crc in zip(b.keys, b.offs, b.lens,
-                                                                                          b.crcs)])
-                if len(items) >= INDEX_BATCH:
-                    flush_index()
+                return cur.seg_id, cur.append(iov)
 
-            for r in t.ranges:
-                fd, path = self._source(fds, r)
-                read += r.length
-                if r.length > len(buf):  # one range larger than the buffer: its own batch
-                    commit(mv[:batch.fill], batch)
-                    batch.clear()
-                    big = memoryview(bytearray(r.length))
-                    _read_range_into(fd, path, r, big)
-                    one = _Batch()
-                    one.add(r, path, 0)
-                    commit(big, one)
-                    continue
-                if batch.fill + r.length > len(buf):
-                    commit(mv[:batch.fill], batch)
-                    batch.clear()
-                _read_range_into(fd, path, r, mv[batch.fill:batch.fill + r.length])
-                batch.add(r, path, batch.fill)
-            commit(mv[:batch.fill], batch)
+            for src_unit, seg, lo, hi in t.groups():
+                path = str(self.src / M.segment_file(src_unit, seg))
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except FileNotFoundError as e:
+                    raise CorruptionError("checkpoint segment listed in MANIFEST.json is missing", path=path) from e
+                try:
+                    i = lo
+                    while i < hi:
+                        wstart = int(t.offset[i]) & ~(mmap.ALLOCATIONGRANULARITY - 1)
+                        j = i + 1 + int(np.searchsorted(ends[i + 1:hi], wstart + window, side="right"))
+                        self._copy_window(fd, path, wstart, int(ends[j - 1]), t, i, j, append, items)
+                        read += int(t.length[i:j].sum())
+                        if len(items) >= INDEX_BATCH:
+                            with env.begin(write=True) as txn:
+                                txn.cursor(db_loc).putmulti(items)
+                            items.clear()
+                        i = j
+                finally:
+                    os.close(fd)
             close_writer()
-            flush_index()
             with env.begin(write=True) as txn:
+                if items:
+                    txn.cursor(db_loc).putmulti(items)
                 for s, info in infos.items():
                     txn.put(s.to_bytes(4, "big"), info.pack(), db=db_segs)
             env.sync(True)
         finally:
             if w[0] is not None:
                 w[0].close()
-            for fd, _p in fds.values():
-                os.close(fd)
             env.close()
         return read
 
-    def _source(self, fds: Dict[tuple, Tuple[int, str]], r: ReadRange) -> Tuple[int, str]:
-        got = fds.get((r.src_unit, r.seg))
-        if got is None:
-            path = str(self.src / M.segment_file(r.src_unit, r.seg))
+    @staticmethod
+    def _copy_window(fd: int, path: str, wstart: int, wend: int, t: TargetPlan, i: int, j: int, append,
+                     items: List[tuple]) -> None:
+        """Frames ``i:j`` of ``t`` lie in ``[wstart, wend)`` of the source: verify, append, index."""
+        try:
+            mm = mmap.mmap(fd, wend - wstart, prot=mmap.PROT_READ, offset=wstart)
+        except (ValueError, OSError) as e:
+            raise CorruptionError(f"checkpoint segment cannot be mapped (truncated?): {e}", path=path,
+                                  offset=wstart) from e
+        wmv = memoryview(mm)
+        iov: List[memoryview] = []
+        try:
+            rel = (t.offset[i:j] - wstart).tolist()
+            lens = t.length[i:j].tolist()
+            crcs = t.crc[i:j].tolist()
+            for k, (status, po, pl, cexp, cact) in enumerate(_native.verify_frames(wmv, rel, lens)):
+                if status or cexp != crcs[k]:
+                    raise _frame_error(status, path, wstart + rel[k], crcs[k], cexp, cact)
+                te, fe = po + pl + TRAILER.size, rel[k] + lens[k]
+                if te < fe and wmv[te:fe] != _ZEROS[:fe - te]:
+                    # readers refuse such a frame: never copy it into the store
+                    raise CorruptionError("checkpoint segment: record frame padding is not zero (damaged)",
+                                          path=path, offset=wstart + rel[k])
+            # adjacent frames go out as one slice of the mapping
+            r = t.offset[i:j] - wstart
+            ln = t.length[i:j]
+            starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1] + ln[:-1]])
+            a = r[starts].tolist()
+            b = np.r_[r[starts[1:] - 1] + ln[starts[1:] - 1], r[-1] + ln[-1]].tolist()
+            iov = [wmv[x:y] for x, y in zip(a, b)]
+            total = int(ln.sum())
+            sid, base = append(iov, total)
+            iov.clear()
+            vals = np.empty(j - i, INDEX_VALUE_DTYPE)
+            vals["seg"] = sid
+            vals["off"] = base + np.cumsum(ln) - ln
+            vals["len"] = ln
+            vals["crc"] = t.crc[i:j]
+            vb = vals.tobytes()
+            size = INDEX_VALUE_DTYPE.itemsize
+            items.extend(zip(t.keys[i:j], [vb[x:x + size] for x in range(0, len(vb), size)]))
+        finally:
+            iov.clear()
             try:
-                fd = os.open(path, os.O_RDONLY)
-            except FileNotFoundError as e:
-                raise CorruptionError("checkpoint segment listed in MANIFEST.json is missing", path=path) from e
-            try:  # the targets' reads are ascending with gaps: let the kernel read ahead
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
-            except (AttributeError, OSError):
+                wmv.release()
+                mm.close()
+            except BufferError:  # a view still held by an exception's traceback: unmapped when collected
                 pass
-            got = fds[(r.src_unit, r.seg)] = (fd, path)
-        return got
 
 
-class _Batch:
-    """Frames gathered in the read buffer, waiting for one verify call and one write."""
-
-    __slots__ = ("fill", "keys", "offs", "lens", "crcs", "paths", "src_offs")
-
-    def __init__(self) -> None:
-        self.fill = 0
-        self.keys: List[bytes] = []
-        self.offs: List[int] = []
-        self.lens: List[int] = []
-        self.crcs: List[int] = []
-        self.paths: List[str] = []
-        self.src_offs: List[int] = []
-
-    def add(self, r: ReadRange, path: str, at: int) -> None:
-        for key, rel, ln, crc in r.frames:
-            self.keys.append(key)
-            self.offs.append(at + rel)
-            self.lens.append(ln)
-            self.crcs.append(crc)
-            self.paths.append(path)
-            self.src_offs.append(r.offset + rel)
-        self.fill = at + r.length
-
-    def clear(self) -> None:
-        self.__init__()
-
-
-def _read_range_into(fd: int, path: str, r: ReadRange, view: memoryview) -> None:
-    got = 0
-    while got < r.length:
-        n = os.preadv(fd, [view[got:]], r.offset + got)
-        if n == 0:
-            raise CorruptionError("checkpoint segment is truncated", path=path, offset=r.offset + got)
-        got += n
+_ZEROS = bytes(256)
 
 
 def _frame_error(status: int, path: str, offset: int, recorded: int, cexp: int, cact: int) -> CorruptionError:

@@ -12,10 +12,10 @@ Both are pure functions of their arguments and are tested without a disk.
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass
-from operator import itemgetter
-from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ..errors import CorruptionError
 
@@ -83,11 +83,13 @@ def plan_segment_writes(sources: Sequence[SegmentSource], *, link: bool,
     return out
 
 
-class FrameRef(NamedTuple):
-    """One entry of a source unit's index: the frame of (gidx, field) in segment ``seg``.
+#: a unit index value (``<IQII``: segment, frame offset, frame length, frame CRC) as a numpy record
+INDEX_VALUE_DTYPE = np.dtype([("seg", "<u4"), ("off", "<u8"), ("len", "<u4"), ("crc", "<u4")])
+assert INDEX_VALUE_DTYPE.itemsize == 20  # tqstore._format.layout.INDEX_VALUE
 
-    Plain ``(key, gidx, seg, offset, length, crc)`` tuples are accepted wherever a FrameRef
-    is (the loader builds plain tuples: a NamedTuple per frame costs more than the plan)."""
+
+class FrameRef(NamedTuple):
+    """One entry of a source unit's index: the frame of (gidx, field) in segment ``seg``."""
 
     key: bytes  # unit index key: gidx (u64 big-endian) + field UTF-8
     gidx: int
@@ -97,8 +99,41 @@ class FrameRef(NamedTuple):
     crc: int
 
 
+class FrameTable:
+    """The entries of one source unit's index as parallel arrays (a store holds millions of
+    frames: no Python object per frame but the key)."""
+
+    def __init__(self, keys: Sequence[bytes], gidx, seg, offset, length, crc) -> None:
+        self.keys = list(keys)
+        self.gidx = np.asarray(gidx, np.uint64)
+        self.seg = np.asarray(seg, np.int64)
+        self.offset = np.asarray(offset, np.int64)
+        self.length = np.asarray(length, np.int64)
+        self.crc = np.asarray(crc, np.uint32)
+        n = len(self.keys)
+        if not all(len(a) == n for a in (self.gidx, self.seg, self.offset, self.length, self.crc)):
+            raise ValueError("FrameTable columns differ in length")
+
+    @classmethod
+    def from_refs(cls, refs: Iterable[Sequence]) -> "FrameTable":
+        """From :class:`FrameRef` (or plain ``(key, gidx, seg, offset, length, crc)``) tuples."""
+        rows = list(refs)
+        cols = list(zip(*rows)) if rows else [[]] * 6
+        return cls(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
+
+    @classmethod
+    def from_index(cls, keys: Sequence[bytes], values: bytes) -> "FrameTable":
+        """From unit index keys and their concatenated ``<IQII`` values."""
+        v = np.frombuffer(values, INDEX_VALUE_DTYPE)
+        gidx = np.frombuffer(b"".join(k[:8] for k in keys), ">u8") if keys else np.zeros(0, np.uint64)
+        return cls(keys, gidx, v["seg"], v["off"], v["len"], v["crc"])
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
 class RangeFrame(NamedTuple):
-    """Layout of the plain ``(key, rel_offset, length, crc)`` tuples of :attr:`ReadRange.frames`."""
+    """Layout of the ``(key, rel_offset, length, crc)`` tuples of :attr:`ReadRange.frames`."""
 
     key: bytes
     rel_offset: int  # from the start of the range
@@ -118,18 +153,58 @@ class ReadRange:
     frames: Tuple[Tuple[bytes, int, int, int], ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TargetPlan:
+    """The frames target unit ``unit`` reads, as arrays sorted by (source unit, segment,
+    offset): sequential reads, one source segment after the other."""
+
     unit: int
-    ranges: Tuple[ReadRange, ...]
+    src_unit: np.ndarray
+    seg: np.ndarray
+    offset: np.ndarray
+    length: np.ndarray
+    crc: np.ndarray
+    keys: List[bytes]
+    max_range_bytes: int = DEFAULT_RANGE_BYTES
 
     @property
     def nbytes(self) -> int:
-        return sum(r.length for r in self.ranges)
+        return int(self.length.sum())
 
     @property
     def nframes(self) -> int:
-        return sum(len(r.frames) for r in self.ranges)
+        return len(self.keys)
+
+    def groups(self) -> List[Tuple[int, int, int, int]]:
+        """``(src_unit, seg, lo, hi)``: the frames ``lo:hi`` come from that source segment."""
+        n = len(self.keys)
+        if not n:
+            return []
+        cut = np.flatnonzero((self.src_unit[1:] != self.src_unit[:-1]) | (self.seg[1:] != self.seg[:-1])) + 1
+        bounds = [0, *cut.tolist(), n]
+        return [(int(self.src_unit[a]), int(self.seg[a]), a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+    @property
+    def ranges(self) -> Tuple[ReadRange, ...]:
+        """The frames coalesced into byte ranges: adjacent frames of one source segment, at
+        most ``max_range_bytes`` (or one frame if larger); nothing between frames."""
+        out: List[ReadRange] = []
+        for src, seg, lo, hi in self.groups():
+            offs, lens, crcs = self.offset[lo:hi].tolist(), self.length[lo:hi].tolist(), self.crc[lo:hi].tolist()
+            start = end = -1
+            cur: list = []
+            for key, off, ln, crc in zip(self.keys[lo:hi], offs, lens, crcs):
+                if cur and off == end and end - start + ln <= self.max_range_bytes:
+                    cur.append((key, off - start, ln, crc))
+                    end += ln
+                    continue
+                if cur:
+                    out.append(ReadRange(src, seg, start, end - start, tuple(cur)))
+                start, end = off, off + ln
+                cur = [(key, 0, ln, crc)]
+            if cur:
+                out.append(ReadRange(src, seg, start, end - start, tuple(cur)))
+        return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -143,47 +218,46 @@ class ReshardPlan:
         return sum(t.nbytes for t in self.targets)
 
 
-def plan_reshard(sources: Mapping[int, Iterable[Sequence]], num_targets: int, *,
+def plan_reshard(sources: Mapping[int, Union[FrameTable, Iterable[Sequence]]], num_targets: int, *,
                  max_range_bytes: int = DEFAULT_RANGE_BYTES) -> ReshardPlan:
-    """Route every frame (a :class:`FrameRef` or plain tuple of its fields) to unit
-    ``gidx % num_targets`` and coalesce each target's frames into ranges of adjacent bytes
-    (at most ``max_range_bytes``, or one frame if larger).
+    """Route every frame of every source unit to unit ``gidx % num_targets``; each target gets
+    exactly its frames, sorted for sequential reads (see :attr:`TargetPlan.ranges` for the
+    byte ranges they form: nothing between frames is read).
 
-    Ranges of a target are ordered by (source unit, segment, offset): sequential reads.
+    ``sources`` maps a source unit to a :class:`FrameTable` or to FrameRef-like tuples.
 
     Raises:
         CorruptionError: two index entries claim overlapping bytes of one segment.
     """
     if num_targets < 1:
         raise ValueError(f"num_targets must be >= 1, got {num_targets}")
-    per_target: List[Dict[Tuple[int, int], list]] = [defaultdict(list) for _ in range(num_targets)]
-    for src, refs in sources.items():
-        for r in refs:  # r = (key, gidx, seg, offset, length, crc)
-            per_target[r[1] % num_targets][(src, r[2])].append(r)
-    by_offset = itemgetter(3)
+    tables = {u: (t if isinstance(t, FrameTable) else FrameTable.from_refs(t)) for u, t in sources.items()}
+    keys: List[bytes] = []
+    for u in sorted(tables):
+        keys.extend(tables[u].keys)
+    cat = (lambda name, dt: np.concatenate([getattr(tables[u], name) for u in sorted(tables)]).astype(dt)
+           if tables else np.zeros(0, dt))
+    src = np.concatenate([np.full(len(tables[u]), u, np.int64) for u in sorted(tables)]) if tables \
+        else np.zeros(0, np.int64)
+    gidx, seg, off, ln, crc = (cat("gidx", np.uint64), cat("seg", np.int64), cat("offset", np.int64),
+                               cat("length", np.int64), cat("crc", np.uint32))
+    # overlap check over each whole source segment (entries routed anywhere)
+    order = np.lexsort((off, seg, src))
+    same = (src[order][1:] == src[order][:-1]) & (seg[order][1:] == seg[order][:-1])
+    bad = np.flatnonzero(same & (off[order][1:] < off[order][:-1] + ln[order][:-1]))
+    if len(bad):
+        i = order[bad[0] + 1]
+        raise CorruptionError(f"index entries of unit {int(src[i])} overlap in segment {int(seg[i])}",
+                              offset=int(off[i]))
+    target = (gidx % np.uint64(num_targets)).astype(np.int64)
+    order = np.lexsort((off, seg, src, target))
+    bounds = np.searchsorted(target[order], np.arange(num_targets + 1), side="left")
     targets = []
-    for t, groups in enumerate(per_target):
-        ranges: List[ReadRange] = []
-        for (src, seg) in sorted(groups):
-            refs = groups[(src, seg)]
-            refs.sort(key=by_offset)
-            start = end = -1
-            cur: list = []
-            for key, _g, _s, off, ln, crc in refs:
-                if off < end:
-                    raise CorruptionError(f"index entries of unit {src} overlap in segment {seg}", offset=off)
-                if cur and off == end and end - start + ln <= max_range_bytes:
-                    cur.append((key, off - start, ln, crc))
-                    end += ln
-                    continue
-                if cur:
-                    ranges.append(ReadRange(src, seg, start, end - start, tuple(cur)))
-                start, end = off, off + ln
-                cur = [(key, 0, ln, crc)]
-            if cur:
-                ranges.append(ReadRange(src, seg, start, end - start, tuple(cur)))
-        targets.append(TargetPlan(t, tuple(ranges)))
-    return ReshardPlan(len(sources), num_targets, tuple(targets))
+    for t in range(num_targets):
+        sel = order[bounds[t]:bounds[t + 1]]
+        targets.append(TargetPlan(t, src[sel], seg[sel], off[sel], ln[sel], crc[sel],
+                                  [keys[i] for i in sel.tolist()], max_range_bytes))
+    return ReshardPlan(len(tables), num_targets, tuple(targets))
 
 
 def plan_load_mode(num_sources: int, num_targets: int, include_storage: bool) -> str:

@@ -35,13 +35,12 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import lmdb
 import numpy as np
 
-from .._format.layout import INDEX_VALUE
 from .._format.segment import segment_name
 from .._io import files
 from .._io.lmdbenv import DEFAULT_MAP_BYTES
 from ..errors import CheckpointError, CorruptionError, StorageIOError, TqstoreError
 from . import manifest as M
-from .planner import COPY, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes
+from .planner import COPY, INDEX_VALUE_DTYPE, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes
 from .scan import identity, scan_file
 
 log = logging.getLogger("tqstore")
@@ -457,17 +456,12 @@ class SaveJob:
         return crc, COPY, s.size
 
 
-#: a unit index value (``<IQII``: segment, offset, length, crc) as a numpy record
-LOC_DTYPE = np.dtype([("seg", "<u4"), ("off", "<u8"), ("len", "<u4"), ("crc", "<u4")])
-assert LOC_DTYPE.itemsize == INDEX_VALUE.size
-
-
 class _SegmentFrames:
     """The frames a unit index names, grouped by segment and sorted by offset (vectorised:
     a store holds millions of frames and most segments need only their count)."""
 
     def __init__(self, values: bytes) -> None:
-        arr = np.frombuffer(values, LOC_DTYPE)
+        arr = np.frombuffer(values, INDEX_VALUE_DTYPE)
         arr = arr[np.lexsort((arr["off"], arr["seg"]))]
         self._arr = arr
         self.total = len(arr)

@@ -1,0 +1,356 @@
+"""Checkpoint benchmark: stall, durable save and load throughput against plain I/O loops of
+the same bytes in the same run, incremental generations, resharding, the client-side
+path a user would write otherwise (V1), and the memory each adds.
+
+Usage: python bench/bench_checkpoint.py [--quick] [--gib N] [--units 4] [--dir DIR]
+
+``--quick`` ≈ 256 MiB of payload, default ≈ 2 GiB, 4 units.  Rows are realistic RL
+samples: int64 token ids and float32 logprobs of 512..2047 tokens (jagged), the response
+text, and a tag.  Progress goes to stderr; the last line of stdout is one JSON object:
+
+* ``save_stall_ms``: what ``save_checkpoint(blocking=False)`` blocks the caller (median of 5);
+* ``save_gib_s``: blocking durable save to a new directory, copy mode forced (the bytes are
+  really written, fsynced and verified), checkpoint bytes / wall time;
+* ``raw_write_gib_s``: the same bytes read from the page cache and written + fsynced by a
+  plain single-threaded loop, file after file; ``save_vs_raw_write`` is the ratio (the save
+  writes its units in parallel);
+* ``incremental_ratio``: time of a CheckpointManager save (copy mode) after 10 % of the
+  rows changed ÷ the time of the first save into the same root;
+* ``load_gib_s``: CRC-verified load (cold cache) of the copied checkpoint; ``raw_read_gib_s``
+  the same files read by a plain loop (cold cache); ``load_vs_raw_read`` the ratio;
+* ``reshard_load_gib_s``: the same checkpoint loaded into a 3-unit store (cold cache);
+* V1 = ``kv_batch_get`` of every key + ``torch.save`` + fsync, and ``torch.load`` +
+  ``kv_batch_put``: ``v1_save_speedup`` (V1 save ÷ our copy-mode save),
+  ``v1_load_speedup`` (V1 load ÷ our load, both cold), ``critical_path_speedup`` (V1 save ÷
+  our stall);
+* ``save_peak_mib`` / ``load_peak_mib``: RSS added during the copy-mode save and the load
+  (VmRSS sampled every 2 ms).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import tqstore  # noqa: E402
+from tqstore.checkpoint import CheckpointManager  # noqa: E402
+
+warnings.filterwarnings("ignore", message=".*nested.*")
+GiB = float(1 << 30)
+BATCH = 256
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- helpers
+def rss_bytes() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class PeakRSS:
+    """RSS added above the level at entry, sampled in a thread."""
+
+    def __init__(self, interval_s: float = 0.002) -> None:
+        self.interval_s = interval_s
+        self.base = self.peak = 0
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, rss_bytes())
+            time.sleep(self.interval_s)
+
+    def __enter__(self) -> "PeakRSS":
+        gc.collect()
+        self.base = self.peak = rss_bytes()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, rss_bytes())
+
+    @property
+    def added_mib(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def files_under(d: Path, pattern: str = "*"):
+    return sorted(p for p in Path(d).rglob(pattern) if p.is_file())
+
+
+def drop_caches(paths) -> str:
+    """Evict file pages: the whole page cache when allowed (root), else the given files."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return "drop_caches"
+    except OSError:
+        for p in paths:
+            try:
+                fd = os.open(p, os.O_RDONLY)
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
+            except OSError:
+                pass
+        return "fadvise"
+
+
+def raw_write(srcs, dst_dir: Path) -> float:
+    """Plain loop: read each file in 8 MiB chunks (page cache) and write + fsync a copy."""
+    dst_dir.mkdir(parents=True)
+    buf = bytearray(8 << 20)
+    mv = memoryview(buf)
+    t0 = time.perf_counter()
+    for i, src in enumerate(srcs):
+        s = os.open(src, os.O_RDONLY)
+        d = os.open(dst_dir / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            while True:
+                n = os.readv(s, [buf])
+                if not n:
+                    break
+                os.write(d, mv[:n])
+            os.fsync(d)
+        finally:
+            os.close(s)
+            os.close(d)
+    fd = os.open(dst_dir, os.O_RDONLY)
+    os.fsync(fd)
+    os.close(fd)
+    return time.perf_counter() - t0
+
+
+def raw_read(paths) -> float:
+    buf = bytearray(8 << 20)
+    t0 = time.perf_counter()
+    for p in paths:
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            while os.readv(fd, [buf]):
+                pass
+        finally:
+            os.close(fd)
+    return time.perf_counter() - t0
+
+
+def make_batch(g: torch.Generator, first: int, n: int, text_pool: str, version: int = 0):
+    lens = torch.randint(512, 2048, (n,), generator=g).tolist()
+    ids = [torch.randint(0, 151_000, (ln,), generator=g, dtype=torch.int64) for ln in lens]
+    lps = [torch.randn(ln, generator=g, dtype=torch.float32) for ln in lens]
+    offs = torch.randint(0, len(text_pool) - 8192, (n,), generator=g).tolist()
+    text = [text_pool[o:o + 3 * ln] for o, ln in zip(offs, lens)]
+    keys = [f"sample-{first + i}" for i in range(n)]
+    tags = [{"reward": float((first + i) % 7) / 7.0, "uid": first + i, "version": version} for i in range(n)]
+    return keys, {"input_ids": ids, "old_logprobs": lps, "response": text}, tags
+
+
+def fill(store, target_bytes: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    pool = "".join(chr(97 + (i * 7919) % 26) for i in range(1 << 16)) * 64
+    row_bytes = 15 * 1280  # mean: 8 + 4 bytes per token + ~3 text bytes per token
+    rows = max(BATCH, (target_bytes // row_bytes) // BATCH * BATCH)
+    t0 = time.perf_counter()
+    for first in range(0, rows, BATCH):
+        keys, fields, tags = make_batch(g, first, BATCH, pool)
+        store.kv_batch_put(keys, "train", fields, tags=tags)
+    return rows, time.perf_counter() - t0, pool
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="about 256 MiB of payload")
+    ap.add_argument("--gib", type=float, default=None, help="payload size (default 2, --quick 0.25)")
+    ap.add_argument("--units", type=int, default=4)
+    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
+    args = ap.parse_args(argv)
+    gib = args.gib if args.gib is not None else (0.25 if args.quick else 2.0)
+    base = Path(args.dir or tempfile.mkdtemp(prefix="tqstore-bench-ckpt-"))
+    base.mkdir(parents=True, exist_ok=True)
+    res = {"payload_gib_target": gib, "units": args.units, "implementation": None, "cpus": os.cpu_count()}
+    try:
+        return run(base, gib, args.units, res)
+    finally:
+        if not args.dir:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def run(base: Path, gib: float, units: int, res: dict) -> int:
+    from tqstore import _native
+
+    res["implementation"] = _native.IMPLEMENTATION
+    store = tqstore.open(base / "store", num_units=units)
+    rows, fill_s, pool = fill(store, int(gib * GiB))
+    segs = files_under(store.state_dir, "seg-*.tqs")
+    seg_bytes = sum(p.stat().st_size for p in segs)
+    res.update(rows=rows, segment_gib=round(seg_bytes / GiB, 3), fill_s=round(fill_s, 2))
+    log(f"filled {rows} rows, {seg_bytes / GiB:.2f} GiB of segments in {fill_s:.1f} s")
+
+    # --- durable save (copy mode) vs a plain write loop of the same bytes, interleaved, best of 2
+    saves, raws, peaks = [], [], []
+    for rnd in range(2):
+        os.sync()
+        with PeakRSS() as pk:
+            t0 = time.perf_counter()
+            info = store.save_checkpoint(base / f"ck_copy{rnd}", copy_segments=True)
+            saves.append(time.perf_counter() - t0)
+        peaks.append(pk.added_mib)
+        ck_bytes = info.total_bytes
+        os.sync()
+        raws.append(raw_write(segs + files_under(store.state_dir, "data.mdb"), base / f"raw{rnd}"))
+        shutil.rmtree(base / f"raw{rnd}")
+        log(f"round {rnd}: save {ck_bytes / GiB / saves[-1]:.2f} GiB/s, raw write "
+            f"{ck_bytes / GiB / raws[-1]:.2f} GiB/s")
+    shutil.rmtree(base / "ck_copy1")
+    ck = base / "ck_copy0"
+    save_s, raw_w_s = min(saves), min(raws)
+    res.update(checkpoint_gib=round(ck_bytes / GiB, 3), save_s=round(save_s, 3),
+               save_gib_s=round(ck_bytes / GiB / save_s, 3), raw_write_gib_s=round(ck_bytes / GiB / raw_w_s, 3),
+               save_peak_mib=round(max(peaks), 1))
+    res["save_vs_raw_write"] = round(raw_w_s / save_s, 3)
+
+    # --- default (hard-link) blocking save, for reference
+    os.sync()
+    t0 = time.perf_counter()
+    store.save_checkpoint(base / "ck_link")
+    res["link_save_s"] = round(time.perf_counter() - t0, 3)
+    shutil.rmtree(base / "ck_link")
+
+    # --- stall of blocking=False (the cut), with fresh writes since the last cut each time
+    g = torch.Generator().manual_seed(1)
+    stalls = []
+    for i in range(5):
+        keys, fields, tags = make_batch(g, rows + i * 8, 8, pool)
+        store.kv_batch_put(keys, "extra", fields, tags=tags)
+        t0 = time.perf_counter()
+        h = store.save_checkpoint(base / "ck_async", blocking=False)
+        stalls.append(time.perf_counter() - t0)
+        h.result()
+    store.clear_partition("extra")
+    shutil.rmtree(base / "ck_async")
+    stall_s = statistics.median(stalls)
+    res.update(save_stall_ms=round(stall_s * 1e3, 3), save_stall_max_ms=round(max(stalls) * 1e3, 3))
+    log(f"stall: median {stall_s * 1e3:.2f} ms, max {max(stalls) * 1e3:.2f} ms")
+
+    # --- incremental generations (copy mode: the bytes of changed rows are written again);
+    # two rounds on fresh roots, ratio of the summed times
+    firsts, seconds, copied = [], [], []
+    for rnd in range(2):
+        m = CheckpointManager(base / f"gens{rnd}", keep_last=2, store=store, copy_segments=True)
+        os.sync()
+        t0 = time.perf_counter()
+        m.save(1)
+        firsts.append(time.perf_counter() - t0)
+        changed = rows // 10
+        idx = torch.randperm(rows, generator=g)[:changed].sort().values.tolist()
+        for i in range(0, changed, BATCH):
+            chunk = idx[i:i + BATCH]
+            _, fields, tags = make_batch(g, 0, len(chunk), pool, version=1)
+            store.kv_batch_put([f"sample-{j}" for j in chunk], "train", fields, tags=tags)
+        os.sync()
+        t0 = time.perf_counter()
+        second = m.save(2)
+        seconds.append(time.perf_counter() - t0)
+        copied.append(second.copied_bytes)
+        shutil.rmtree(base / f"gens{rnd}")
+        log(f"incremental round {rnd}: first {firsts[-1]:.2f} s, after 10 % changed {seconds[-1]:.2f} s")
+    res.update(incremental_first_s=round(sum(firsts) / 2, 3), incremental_second_s=round(sum(seconds) / 2, 3),
+               incremental_ratio=round(sum(seconds) / sum(firsts), 3),
+               incremental_copied_gib=round(sum(copied) / 2 / GiB, 3))
+
+    # --- load (CRC-verified, cold) vs a plain read loop of the same files (cold), 3 rounds, medians
+    ck_files = files_under(ck)
+    loads, raw_reads, lpeaks = [], [], []
+    for rnd in range(3):
+        how = drop_caches(ck_files)
+        with PeakRSS() as pk:
+            t0 = time.perf_counter()
+            li = store.load_checkpoint(ck)
+            loads.append(time.perf_counter() - t0)
+        lpeaks.append(pk.added_mib)
+        assert li.mode == "same"
+        drop_caches(ck_files)
+        raw_reads.append(raw_read(ck_files))
+        log(f"round {rnd}: load {ck_bytes / GiB / loads[-1]:.2f} GiB/s, raw read "
+            f"{ck_bytes / GiB / raw_reads[-1]:.2f} GiB/s")
+    load_s, raw_r_s = statistics.median(loads), statistics.median(raw_reads)
+    res.update(cache=how, load_s=round(load_s, 3), load_gib_s=round(ck_bytes / GiB / load_s, 3),
+               raw_read_gib_s=round(ck_bytes / GiB / raw_r_s, 3), load_vs_raw_read=round(raw_r_s / load_s, 3),
+               load_peak_mib=round(max(lpeaks), 1))
+
+    # --- reshard load 4 -> 3 units (cold)
+    with tqstore.open(base / "store3", num_units=3) as s3:
+        drop_caches(ck_files)
+        t0 = time.perf_counter()
+        li = s3.load_checkpoint(ck)
+        rs_s = time.perf_counter() - t0
+        assert li.mode == "reshard"
+    shutil.rmtree(base / "store3")
+    res.update(reshard_load_s=round(rs_s, 3), reshard_load_gib_s=round(ck_bytes / GiB / rs_s, 3))
+    log(f"reshard 4->3 {ck_bytes / GiB / rs_s:.2f} GiB/s")
+
+    # --- V1: what a user writes without tqstore checkpoints
+    keys = sorted(store.kv_list("train")["train"], key=lambda k: int(k.split("-")[1]))
+    os.sync()
+    v1 = base / "v1.pt"
+    t0 = time.perf_counter()
+    tags = store.kv_list("train")["train"]
+    batches = [(keys[i:i + BATCH], store.kv_batch_get(keys[i:i + BATCH], "train"))
+               for i in range(0, len(keys), BATCH)]
+    with open(v1, "wb") as f:
+        torch.save({"batches": batches, "tags": tags}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    v1_save_s = time.perf_counter() - t0
+    del batches
+    gc.collect()
+    store.close()
+    drop_caches([v1])
+    with tqstore.open(base / "store_v1", num_units=units) as sv:
+        t0 = time.perf_counter()
+        obj = torch.load(v1, weights_only=False)
+        for ks, fields in obj["batches"]:
+            sv.kv_batch_put(ks, "train", fields, tags=[obj["tags"][k] for k in ks])
+        v1_load_s = time.perf_counter() - t0
+        del obj
+    res.update(v1_save_s=round(v1_save_s, 3), v1_load_s=round(v1_load_s, 3),
+               v1_file_gib=round(v1.stat().st_size / GiB, 3),
+               v1_save_speedup=round(v1_save_s / save_s, 3), v1_load_speedup=round(v1_load_s / load_s, 3),
+               critical_path_speedup=round(v1_save_s / stall_s, 1))
+    log(f"V1: save {v1_save_s:.2f} s, load {v1_load_s:.2f} s")
+    keys_out = ["save_stall_ms", "save_gib_s", "raw_write_gib_s", "incremental_ratio", "load_gib_s",
+                "raw_read_gib_s", "reshard_load_gib_s", "v1_save_speedup", "v1_load_speedup",
+                "critical_path_speedup", "save_peak_mib", "load_peak_mib"]
+    out = {k: res[k] for k in keys_out}
+    out.update({k: v for k, v in res.items() if k not in out})
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
