@@ -4,10 +4,12 @@ Subcommands (``--json`` for machine-readable output on stdout):
 
 * ``verify PATH``  — check a checkpoint (or every generation under a CheckpointManager
   root): exit 0 when clean, 1 when damaged (one line per problem), 2 when PATH is not a
-  checkpoint;
-* ``inspect PATH`` — what a checkpoint, generation root or store directory holds;
+  checkpoint or a generation root;
+* ``inspect PATH`` — what a checkpoint, generation root or store directory holds (exit 1
+  when its manifest or descriptor is unreadable, 2 when PATH is none of these);
 * ``ls PATH``      — the generations under a root, or the files of a checkpoint;
-* ``demo``         — a short put → save_checkpoint → clear → load → get walk-through.
+* ``demo``         — a short put → save_checkpoint → verify → clear → load → get
+  walk-through, then three CheckpointManager generations (keep_last=2) and a restore.
 
 Errors are printed as one line (no traceback).  A progress bar is drawn on stderr only
 when it is a terminal (tqdm when installed).
@@ -435,20 +437,45 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------- main
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tqstore",
-                                description="Inspect and verify tqstore checkpoints and stores.")
+                                description="Verify and inspect tqstore checkpoints, checkpoint generation "
+                                            "roots and store directories; run a demo.",
+                                epilog="Exit status: 0 ok, 1 damaged or unreadable, 2 not a checkpoint (or usage "
+                                       "error). Errors are printed as one line on stderr.")
     p.add_argument("--version", action="version", version=f"tqstore {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{verify,inspect,ls,demo}")
-    v = sub.add_parser("verify", help="check a checkpoint, or every generation under a root (exit 1 on damage)")
-    v.add_argument("path")
+    v = sub.add_parser("verify", help="check a checkpoint, or every generation under a root (exit 1 on damage)",
+                       description="Check a checkpoint, or every published generation under a CheckpointManager "
+                                   "root (a generation directory without MANIFEST.json counts as damaged), without "
+                                   "writing anything: the manifest and its checksum, every listed "
+                                   "file's presence, size and CRC32C, no unlisted files, and (unless --quick) the "
+                                   "indexes: row and unit counts, every index entry inside a saved segment, every "
+                                   "indexed frame against its CRC32C. Prints one line per checkpoint and one per "
+                                   "problem (naming file and offset). Exit status: 0 clean, 1 damaged, 2 PATH is "
+                                   "not a checkpoint or generation root.")
+    v.add_argument("path", help="a checkpoint directory or a CheckpointManager root")
     v.add_argument("--json", action="store_true", help="print a JSON report on stdout")
-    v.add_argument("--quick", action="store_true", help="file sizes and CRCs only (skip the per-frame checks)")
-    i = sub.add_parser("inspect", help="summarise a checkpoint, a generation root or a store directory")
-    i.add_argument("path")
-    i.add_argument("--json", action="store_true")
-    ls = sub.add_parser("ls", help="list the generations under a root, or the files of a checkpoint")
-    ls.add_argument("path")
-    ls.add_argument("--json", action="store_true")
-    d = sub.add_parser("demo", help="a short put -> save -> clear -> load -> get walk-through")
+    v.add_argument("--quick", action="store_true", help="check the manifest and each file's size and whole-file "
+                                                        "CRC32C only (do not open the indexes or check frames)")
+    i = sub.add_parser("inspect", help="summarise a checkpoint, a generation root or a store directory",
+                       description="Summarise a checkpoint (rows, partitions, units, frames, files, metadata), a "
+                                   "CheckpointManager root (its generations) or a store directory (units, "
+                                   "segments, partitions). Reads only, and checks nothing beyond parsing the "
+                                   "manifest (with its checksum); use verify for that. Exit status: 0 ok, 1 "
+                                   "unreadable checkpoint manifest or store descriptor, 2 PATH is none of these.")
+    i.add_argument("path", help="a checkpoint, a CheckpointManager root or a store directory")
+    i.add_argument("--json", action="store_true", help="print a JSON document on stdout")
+    ls = sub.add_parser("ls", help="list the generations under a root, or the files of a checkpoint",
+                        description="List the generations under a CheckpointManager root (step, size, time, "
+                                    "directory), or the files of a checkpoint (size, CRC32C, role, path) as "
+                                    "MANIFEST.json records them. Exit status: 0 ok, 1 unreadable manifest, 2 PATH "
+                                    "is neither.")
+    ls.add_argument("path", help="a checkpoint directory or a CheckpointManager root")
+    ls.add_argument("--json", action="store_true", help="print JSON on stdout")
+    d = sub.add_parser("demo", help="a walk-through: put, save, clear, load, get, generations",
+                       description="Walk through the API on a 2-unit store: kv_batch_put, save_checkpoint, "
+                                   "verify_checkpoint, kv_clear, load_checkpoint, kv_batch_get (checked identical), "
+                                   "then three CheckpointManager generations with keep_last=2 and a restore. "
+                                   "Exit status 1 if the loaded rows differ.")
     d.add_argument("--dir", help="work (and leave the files) in this directory instead of a temporary one")
     return p
 
