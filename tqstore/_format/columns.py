@@ -12,10 +12,13 @@ from typing import Any, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..errors import InvalidInputError, UnsupportedTypeError
+from ..errors import CapacityError, InvalidInputError, UnsupportedTypeError
 from . import dtypes
 from .layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
 from .values import check_value, decode_value, encode_value
+
+# a frame's length is a u32 in the unit index: payload + header + padding + trailer must fit
+MAX_ROW_BYTES = (1 << 32) - 4096
 
 KIND_NAMES = {KIND_TENSOR: "tensor", KIND_NDARRAY: "ndarray", KIND_VALUE: "value"}
 
@@ -144,6 +147,17 @@ def to_column(field: str, value: Any, n: int) -> Column:
         raise InvalidInputError(f"field names must be non-empty str, got {field!r}")
     if len(field.encode()) > 255:
         raise InvalidInputError(f"field name {field[:40]!r}... is longer than 255 UTF-8 bytes")
+    if "\0" in field:
+        raise InvalidInputError(f"field name {field!r} contains a NUL character")
+    col = _to_column(field, value, n)
+    big = max((memoryview(p).nbytes for p in col.payloads), default=0)
+    if big > MAX_ROW_BYTES:
+        raise CapacityError(f"field {field!r}: a row of {big} bytes exceeds the {MAX_ROW_BYTES}-byte limit of a "
+                            f"record frame; split the row into several fields", setting="row size")
+    return col
+
+
+def _to_column(field: str, value: Any, n: int) -> Column:
     if isinstance(value, torch.Tensor):
         return _tensor_column(field, value, n)
     if isinstance(value, np.ndarray):

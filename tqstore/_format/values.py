@@ -1,4 +1,4 @@
-"""Safe codec for non-tensor values: UTF-8 JSON with tagged extensions, never pickle.
+"""Safe codec for non-tensor values: UTF-8 JSON (NaN and infinities allowed), never pickle.
 
 Accepted: ``None``, ``bool``, ``int``, ``float`` (NaN and infinities included), ``str``,
 ``list``/``tuple`` (tuples come back as lists) and ``dict`` with ``str`` keys, nested.

@@ -3,7 +3,7 @@
 ``Store.save_checkpoint`` / ``Store.load_checkpoint`` (mixed into :class:`~tqstore.Store`
 by :class:`CheckpointMixin`; ``tqstore.save_checkpoint`` / ``load_checkpoint`` forward to the
 default store's), :class:`CheckpointManager`, :func:`verify_checkpoint`.  On-disk layout:
-docs/CHECKPOINT_FORMAT.md.
+docs/FORMAT.md, "Checkpoints".
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MANIFEST.json of a checkpoint directory (docs/CHECKPOINT_FORMAT.md, "MANIFEST.json").
+"""MANIFEST.json of a checkpoint directory (docs/FORMAT.md, "MANIFEST.json").
 
 Bytes in, objects out: this module builds, serialises, parses and validates manifests and
 never touches the file system.  The manifest is plain JSON (no pickle, nothing that

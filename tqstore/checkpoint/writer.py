@@ -1,6 +1,6 @@
 """Writing a checkpoint: the MVCC cut, one writer per unit, MANIFEST.json last, publication.
 
-Steps (docs/CHECKPOINT_FORMAT.md):
+Steps (docs/FORMAT.md, "Checkpoints"):
 
 1. the cut (:meth:`Store.snapshot` under the store's write lock): every unit seals its
    active segment and opens a read transaction, the controller opens one;
