@@ -8,6 +8,16 @@ Every mutating method is one LMDB transaction: when it returns, the change is co
 (and survives a process kill; with durability "commit" also a power loss).  The
 in-memory mirror is updated only after the commit succeeds, so a failed call changes
 nothing.  Not thread-safe for writers: the store serialises them.
+
+Incremental structures (derived from the mirror, kept in step by every mutating method):
+
+* ``Partition.rows`` is in insertion order, i.e. ordered by ``seq`` (new rows always get
+  the partition's next sequence number; :meth:`Controller._load` sorts once);
+* ``Partition.ready[task][need]`` — for each ``(task, requested field set)`` a fetch has
+  asked about — the rows whose ``need`` fields are produced and that ``task`` has not
+  consumed, so that a fetch costs O(ready) rather than a scan and sort of the partition.
+  Built on first use, updated by :meth:`commit_put`, :meth:`mark_consumed`,
+  :meth:`clear_rows`, dropped by :meth:`reset_consumption` / :meth:`drop_fields`.
 """
 from __future__ import annotations
 
@@ -67,6 +77,36 @@ class Row:
         return cls(gidx, d["p"], d["k"], d["t"], set(d["f"]), int(d["s"]))
 
 
+class _Ready:
+    """Rows of one partition ready for one ``(task, need)``: gidx -> seq, seq-ordered unless
+    ``dirty`` (a row older than the newest one became ready; sorted on next use)."""
+
+    __slots__ = ("rows", "last", "dirty")
+
+    def __init__(self, rows: Dict[int, int]) -> None:
+        self.rows = rows
+        self.last = max(rows.values(), default=-1)
+        self.dirty = False
+
+    def add(self, gidx: int, seq: int) -> None:
+        if gidx in self.rows:
+            return
+        self.rows[gidx] = seq
+        if seq < self.last:
+            self.dirty = True
+        else:
+            self.last = seq
+
+    def ordered(self) -> List[int]:
+        if self.dirty:
+            self.rows = dict(sorted(self.rows.items(), key=lambda kv: kv[1]))
+            self.dirty = False
+        return list(self.rows)
+
+
+_MAX_VIEWS_PER_TASK = 8
+
+
 @dataclass
 class Partition:
     pid: str
@@ -75,6 +115,8 @@ class Partition:
     schema: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # field -> (kind, dtype)
     next_seq: int = 0
     meta: Dict[str, Any] = field(default_factory=dict)
+    # task -> frozenset(requested fields) -> rows ready and unconsumed (see the module docstring)
+    ready: Dict[str, Dict[frozenset, _Ready]] = field(default_factory=dict, repr=False, compare=False)
 
     def pack(self) -> bytes:
         return json.dumps({"next_seq": self.next_seq, "meta": self.meta}).encode()
@@ -135,8 +177,9 @@ class Controller:
                 d = json.loads(bytes(v))
                 self.parts[bytes(k).decode()] = Partition(bytes(k).decode(), next_seq=d["next_seq"],
                                                           meta=d.get("meta", {}))
-            for k, v in txn.cursor(m["rows"]):
-                r = Row.unpack(int.from_bytes(k, "big"), v)
+            loaded = [Row.unpack(int.from_bytes(k, "big"), v) for k, v in txn.cursor(m["rows"])]
+            loaded.sort(key=lambda r: r.seq)  # Partition.rows is kept in seq order
+            for r in loaded:
                 self.rows[r.gidx] = r
                 p = self.parts[r.pid]
                 p.rows[r.gidx] = r
@@ -172,6 +215,40 @@ class Controller:
         if missing:
             raise KeyNotFoundError(f"{len(missing)} key(s) not in partition {pid!r}: {missing[:5]!r}")
         return out
+
+    def ready(self, pid: str, task: str, need: frozenset) -> List[int]:
+        """Rows of ``pid`` whose ``need`` fields are all produced and that ``task`` has not
+        consumed, in insertion order. O(ready) once the view exists (first call: O(rows))."""
+        with self._lock:
+            p = self.parts.get(pid)
+            if p is None:
+                return []
+            views = p.ready.setdefault(task, {})
+            v = views.pop(need, None)
+            if v is None:
+                done = self.consumed.get((pid, task), ())
+                v = _Ready({g: r.seq for g, r in p.rows.items() if g not in done and need <= r.fields})
+                while len(views) >= _MAX_VIEWS_PER_TASK:
+                    del views[next(iter(views))]  # least recently used
+            views[need] = v  # most recently used last
+            return v.ordered()
+
+    def check_mirror(self) -> None:
+        """Assert the incremental structures agree with the rows and consumption (tests)."""
+        with self._lock:
+            for pid, p in self.parts.items():
+                seqs = [r.seq for r in p.rows.values()]
+                assert seqs == sorted(seqs), f"rows of {pid!r} are not in seq order"
+                assert len(set(seqs)) == len(seqs), f"duplicate seq in {pid!r}"
+                assert all(self.rows.get(g) is r for g, r in p.rows.items()), f"rows of {pid!r} differ from the index"
+                assert {k: g for k, g in p.keys.items()} == {r.key: g for g, r in p.rows.items()
+                                                              if r.key is not None}, f"keys of {pid!r}"
+                for task, views in p.ready.items():
+                    done = self.consumed.get((pid, task), set())
+                    for need, v in views.items():
+                        want = [g for g, r in p.rows.items() if g not in done and need <= r.fields]
+                        assert v.ordered() == want, (pid, task, sorted(need), v.ordered(), want)
+            assert sum(len(p.rows) for p in self.parts.values()) == len(self.rows)
 
     # ------------------------------------------------------------------ puts
     def plan_put(self, pid: str, columns: Sequence[Column], *, keys: Optional[Sequence[str]] = None,
@@ -319,7 +396,20 @@ class Controller:
             # committed: update the mirror
             p.next_seq = next_seq
             self.parts[plan.pid] = p
+            views = [(self.consumed.get((plan.pid, t), ()), list(vs.items())) for t, vs in p.ready.items() if vs]
             for r in result:
+                if views:
+                    if r.gidx in new_by_g:
+                        old: Optional[Set[str]] = None
+                    else:
+                        old = p.rows[r.gidx].fields
+                    if old is None or len(r.fields) != len(old):
+                        for done, vs in views:
+                            if r.gidx in done:
+                                continue
+                            for need, v in vs:
+                                if need <= r.fields and (old is None or not need <= old):
+                                    v.add(r.gidx, r.seq)
                 p.rows[r.gidx] = r
                 self.rows[r.gidx] = r
                 if r.key is not None:
@@ -376,8 +466,11 @@ class Controller:
                             txn.delete(self._cons_key(t, pid, g), db=m["cons"])
                     txn.delete(pid.encode(), db=m["sampler"])
                 lmdb_commit_point("controller_commit")
+            all_views = [v for vs in p.ready.values() for v in vs.values()]
             for g in gone:
                 r = p.rows.pop(g)
+                for v in all_views:
+                    v.rows.pop(g, None)
                 self.rows.pop(g, None)
                 if r.key is not None:
                     p.keys.pop(r.key, None)
@@ -401,11 +494,17 @@ class Controller:
         with self._lock, wrap_errors("mark consumed", self.path):
             with self.env.begin(write=True) as txn:
                 if gidxs:
-                    txn.cursor(self.db["cons"]).putmulti([(self._cons_key(task, pid, g), b"") for g in gidxs])
+                    prefix = task.encode() + b"\0" + pid.encode() + b"\0"  # as _cons_key
+                    txn.cursor(self.db["cons"]).putmulti([(prefix + g.to_bytes(8, "big"), b"") for g in gidxs])
                 if sampler_state is not None:
                     txn.put((sampler_key or pid).encode(), json.dumps(sampler_state).encode(), db=self.db["sampler"])
                 lmdb_commit_point("controller_commit")
             self.consumed[(pid, task)].update(gidxs)
+            p = self.parts.get(pid)
+            if p is not None and gidxs:
+                for v in p.ready.get(task, {}).values():
+                    for g in gidxs:
+                        v.rows.pop(g, None)
 
     def reset_consumption(self, pid: str, task: Optional[str] = None) -> None:
         """Forget consumption of ``pid`` by ``task`` (all tasks when None)."""
@@ -417,6 +516,12 @@ class Controller:
                         txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
             for t in tasks:
                 self.consumed.pop((pid, t), None)
+            p = self.parts.get(pid)
+            if p is not None:  # rebuilt on the next fetch
+                if task is None:
+                    p.ready.clear()
+                else:
+                    p.ready.pop(task, None)
 
     # ------------------------------------------------------------------ sampler state
     def sampler_state(self, key: str) -> Optional[Any]:
@@ -445,6 +550,8 @@ class Controller:
                     txn.put(_g(r.gidx), r.pack(), db=self.db["rows"])
             for r in changed:
                 self.rows[r.gidx].fields = r.fields
+            for p in self.parts.values():  # rebuilt on the next fetch
+                p.ready.clear()
 
     # ------------------------------------------------------------------ misc
     def snapshot_txn(self):

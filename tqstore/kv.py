@@ -10,10 +10,15 @@ Two ways to address rows, over the same partitions:
 
 Every call validates its whole input before anything is written (sizes, duplicate keys,
 dtype clashes, unsupported types, stale metadata) and raises a
-:class:`~tqstore.errors.TqstoreError` subclass.  Clears are idempotent.  Controller
-mutations run under the store's write lock; ``fetch`` (ready scan, sampling, marking
-consumed, saving sampler state) is atomic, so concurrent consumers never get the same row
-for one task.
+:class:`~tqstore.errors.TqstoreError` subclass.  Clears are idempotent.
+
+Locking: the store's ``_write_lock`` serialises puts and clears (held for a whole put,
+unit writes included); its ``_meta_lock`` protects the controller's in-memory mirror,
+the sampler and the consumption state, and is held only for metadata work (a put's plan
+and commit, a clear's controller step, fetches, status queries).  Consumers therefore
+never wait for a producer's unit writes.  Order: ``_write_lock`` before ``_meta_lock``.
+``fetch`` (ready rows, sampling, marking consumed, saving sampler state) is atomic under
+``_meta_lock``, so concurrent consumers never get the same row for one task.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import logging
 import threading
 import time
 from collections import defaultdict
+from itertools import islice
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -172,10 +178,10 @@ class KVMixin:
     def _kv(self) -> _KVState:
         st = self.__dict__.get("_kv_state")
         if st is None or st.controller is not self.controller:
-            with self._write_lock:
+            with self._meta_lock:
                 st = self.__dict__.get("_kv_state")
                 if st is None:
-                    st = _KVState(self._write_lock, self.controller, make_sampler(None))
+                    st = _KVState(self._meta_lock, self.controller, make_sampler(None))
                     self.__dict__["_kv_state"] = st
                 elif st.controller is not self.controller:  # state replaced (load_checkpoint)
                     st.controller = self.controller
@@ -195,7 +201,7 @@ class KVMixin:
         of the same kind, else it starts empty.  Raises ConfigError for a bad spec.
         """
         s = make_sampler(sampler)
-        with self._write_lock:
+        with self._meta_lock:
             st = self._kv()
             st.sampler = s
             st.loaded.clear()
@@ -231,7 +237,24 @@ class KVMixin:
 
     def _notify(self) -> None:
         st = self._kv()
-        st.cond.notify_all()
+        with self._meta_lock:
+            st.cond.notify_all()
+
+    def _clear_rows(self, pid: str, gidxs: Sequence[int], *, drop_partition: bool = False) -> List[int]:
+        """Remove rows (or the whole partition): the controller step and the sampler's
+        bookkeeping atomically under the metadata lock, then the units' entries.  Caller
+        holds ``_write_lock`` (no put may sit between its plan and commit)."""
+        with self._meta_lock:
+            self._check_open()
+            gone = self.controller.clear_rows(pid, gidxs, drop_partition=drop_partition)
+            if drop_partition:
+                st = self._kv()
+                st.sampler.clear_cache(pid)
+                st.loaded.discard(pid)
+            else:
+                self._forget_rows(pid, gone)
+        self._delete_units(gone)
+        return gone
 
     # ------------------------------------------------------------------ KV: by key
     def kv_put(self, key: str, partition_id: str, fields: Any = None, tag: Any = None) -> KVBatchMeta:
@@ -358,15 +381,15 @@ class KVMixin:
         Keys are in insertion order; a key without a tag maps to ``{}``.
         """
         self._check_open()
-        with self._write_lock:
+        with self._meta_lock:
             pids = sorted(self.controller.parts) if partition_id is None else [partition_id]
             out: Dict[str, Dict[str, Any]] = {}
             for pid in pids:
                 p = self.controller.parts.get(pid)
                 if p is None:
                     continue
-                items = sorted(p.keys.items(), key=lambda kv: p.rows[kv[1]].seq)
-                out[pid] = {k: _tag_out(p.rows[g].tag) for k, g in items}
+                # Partition.rows is in insertion (seq) order
+                out[pid] = {r.key: _tag_out(r.tag) for r in p.rows.values() if r.key is not None}
             return out
 
     def kv_clear(self, keys: Union[str, Sequence[str]], partition_id: str) -> None:
@@ -379,8 +402,7 @@ class KVMixin:
                 return
             gidxs = [p.keys[k] for k in keys if k in p.keys]
             if gidxs:
-                gone = self.delete_rows(partition_id, gidxs)
-                self._forget_rows(partition_id, gone)
+                self._clear_rows(partition_id, gidxs)
         log.debug("kv_clear %d keys of %r", len(gidxs), partition_id)
 
     # ------------------------------------------------------------------ streaming: metadata
@@ -441,18 +463,17 @@ class KVMixin:
                 gidxs = self.write(partition_id, {}, new_rows=True, tags=[None] * batch_size)
                 return self._batch_meta(partition_id, gidxs, fields, placeholders=True)
         if mode == "force_fetch":
-            with self._write_lock:
+            with self._meta_lock:
                 p = self.controller.partition(partition_id)
                 use = list(p.schema) if fields is None else fields
-                rows = sorted(p.rows.values(), key=lambda r: r.seq)
-                if batch_size is not None:
-                    rows = rows[:batch_size]
-                return self._batch_meta(partition_id, [r.gidx for r in rows], use)
+                # Partition.rows is in insertion (seq) order
+                gidxs = list(p.rows) if batch_size is None else list(islice(p.rows, batch_size))
+                return self._batch_meta(partition_id, gidxs, use)
         if not isinstance(task_name, str) or not task_name:
             raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         st = self._kv()
-        with self._write_lock:
+        with self._meta_lock:
             while True:
                 self._check_open()
                 meta = self._fetch_once(partition_id, fields, batch_size, task_name, cfg)
@@ -467,13 +488,12 @@ class KVMixin:
         if p is None:
             return BatchMeta.empty()
         use = list(p.schema) if fields is None else fields
-        need = set(use)
+        need = frozenset(use)
         done = self.controller.consumed.get((pid, task), set())
-        if need - set(p.schema):
+        if any(f not in p.schema for f in need):
             ready: List[int] = []
         else:
-            ready = [r.gidx for r in sorted(p.rows.values(), key=lambda r: r.seq)
-                     if r.gidx not in done and need <= r.fields]
+            ready = self.controller.ready(pid, task, need)
         sampler = self._sampler_for(pid)
         before = self._sampler_snapshot(sampler, pid)
         try:
@@ -618,10 +638,8 @@ class KVMixin:
         """Remove a partition with all its rows, consumption and sampler state (idempotent)."""
         self._check_open()
         with self._write_lock:
-            gone = self.drop_partition(partition_id)
-            st = self._kv()
-            st.sampler.clear_cache(partition_id)
-            st.loaded.discard(partition_id)
+            p = self.controller.parts.get(partition_id)
+            gone = [] if p is None else self._clear_rows(partition_id, list(p.rows), drop_partition=True)
         if gone:
             log.info("cleared partition %r (%d rows)", partition_id, len(gone))
 
@@ -640,8 +658,7 @@ class KVMixin:
         self._check_open()
         with self._write_lock:
             for pid, pos_g in self._live_rows(metadata, strict=False).items():
-                gone = self.delete_rows(pid, [g for _, g in pos_g])
-                self._forget_rows(pid, gone)
+                self._clear_rows(pid, [g for _, g in pos_g])
 
     # ------------------------------------------------------------------ status
     def get_consumption_status(self, task_name: str, partition_id: str
@@ -652,7 +669,7 @@ class KVMixin:
         partition does not exist (as TransferQueue).
         """
         self._check_open()
-        with self._write_lock:
+        with self._meta_lock:
             p = self.controller.parts.get(partition_id)
             if p is None:
                 return None, None
@@ -670,7 +687,7 @@ class KVMixin:
         """
         fields = _field_list(data_fields, "data_fields") or []
         self._check_open()
-        with self._write_lock:
+        with self._meta_lock:
             p = self.controller.parts.get(partition_id)
             if p is None:
                 return None, None
@@ -695,7 +712,7 @@ class KVMixin:
         Returns False when the partition does not exist.
         """
         self._check_open()
-        with self._write_lock:
+        with self._meta_lock:
             if partition_id not in self.controller.parts:
                 return False
             self.controller.reset_consumption(partition_id, task_name)
@@ -709,7 +726,8 @@ class KVMixin:
     def get_partition_list(self) -> List[str]:
         """Partition ids, sorted."""
         self._check_open()
-        return sorted(self.controller.parts)
+        with self._meta_lock:
+            return sorted(self.controller.parts)
 
 
 __all__ = ["KVMixin"]

@@ -135,7 +135,12 @@ class Store(KVMixin, CheckpointMixin):
             raise
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
                                         thread_name_prefix="tqstore-unit")
+        # _write_lock serialises puts, clears, state replacement and close (held for a whole
+        # put, unit writes included); _meta_lock guards the controller's in-memory mirror and
+        # is held only for metadata steps, so fetches and status queries don't wait for unit
+        # writes.  Always take _write_lock before _meta_lock.
         self._write_lock = threading.RLock()
+        self._meta_lock = threading.RLock()
         self._closed = False
         self._reconcile()
         log.info("opened store %s (%d units, durability=%s)", self.root, self.num_units, durability)
@@ -241,7 +246,7 @@ class Store(KVMixin, CheckpointMixin):
         if getattr(self, "_closed", True):
             return
         self._checkpoint_wait()  # a background checkpoint save holds a snapshot of the parts
-        with self._write_lock:
+        with self._write_lock, self._meta_lock:
             self._closed = True
             self._pool.shutdown(wait=True)
             self._close_parts()
@@ -298,8 +303,9 @@ class Store(KVMixin, CheckpointMixin):
         cols = [to_column(f, v, n) for f, v in items]
         with self._write_lock:
             self._check_open()
-            plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
-                                            n_new=n if new_rows else 0, tags=tags, create_keys=create_keys)
+            with self._meta_lock:
+                plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
+                                                n_new=n if new_rows else 0, tags=tags, create_keys=create_keys)
             token = None
             if plan.overwrites and cols and n:
                 # replaced entries stay undoable until the controller commits (the put is atomic)
@@ -308,7 +314,8 @@ class Store(KVMixin, CheckpointMixin):
             if cols and n:
                 self._write_units(plan, cols, token)
             try:
-                self.controller.commit_put(plan, token=token)
+                with self._meta_lock:
+                    self.controller.commit_put(plan, token=token)
             except BaseException:
                 if token is not None:
                     self._settle_units(token, committed=False)
@@ -380,7 +387,8 @@ class Store(KVMixin, CheckpointMixin):
         """Remove rows (idempotent). Controller first, then the units' entries."""
         self._check_open()
         with self._write_lock:
-            gone = self.controller.clear_rows(partition_id, gidxs)
+            with self._meta_lock:
+                gone = self.controller.clear_rows(partition_id, gidxs)
             self._delete_units(gone)
             return gone
 
@@ -388,10 +396,11 @@ class Store(KVMixin, CheckpointMixin):
         """Remove a partition with all its rows (idempotent)."""
         self._check_open()
         with self._write_lock:
-            p = self.controller.parts.get(partition_id)
-            if p is None:
-                return []
-            gone = self.controller.clear_rows(partition_id, list(p.rows), drop_partition=True)
+            with self._meta_lock:
+                p = self.controller.parts.get(partition_id)
+                if p is None:
+                    return []
+                gone = self.controller.clear_rows(partition_id, list(p.rows), drop_partition=True)
             self._delete_units(gone)
             return gone
 
@@ -444,10 +453,10 @@ class Store(KVMixin, CheckpointMixin):
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:
-        """Take an MVCC cut: under the write lock (held only for the cut) every unit seals its
-        active segment and opens a read transaction, and the controller opens one."""
+        """Take an MVCC cut: under the write and metadata locks (held only for the cut) every
+        unit seals its active segment and opens a read transaction, and the controller opens one."""
         self._check_open()
-        with self._write_lock:
+        with self._write_lock, self._meta_lock:
             self._check_open()
             views: List[UnitView] = []
             try:
@@ -469,7 +478,7 @@ class Store(KVMixin, CheckpointMixin):
         fsynced, the new parts are opened (validated), and the ``CURRENT`` pointer is switched
         with one atomic rename.  On any failure before the switch the new directory is removed
         and the live store is exactly as before; a crash is settled on the next open.
-        Runs under the write lock: puts and clears wait.  ``reconcile=False`` skips the
+        Runs under the write and metadata locks: puts, clears and fetches wait.  ``reconcile=False`` skips the
         reconcile pass after the switch, for a caller whose state is consistent by
         construction (a checkpoint of one MVCC cut); the next open reconciles anyway.
         ``before_switch()``, if given, runs after the new parts opened and right before the
@@ -477,7 +486,7 @@ class Store(KVMixin, CheckpointMixin):
         state is discarded like any other failure.
         """
         self._check_open()
-        with self._write_lock:
+        with self._write_lock, self._meta_lock:
             self._check_open()
             cur = L.parse_state_name(self.state_dir.name)
             new_dir = self.root / L.state_name(cur + 1)
