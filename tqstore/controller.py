@@ -48,6 +48,18 @@ _G = ">Q"
 _ROW_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 
 
+def check_name(what: str, value: Any) -> None:
+    """Partition ids and task names are non-empty str without NUL (NUL separates index keys).
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    if not isinstance(value, str) or not value:
+        raise InvalidInputError(f"{what} must be a non-empty str, got {value!r}")
+    if "\0" in value:
+        raise InvalidInputError(f"{what} {value!r} contains a NUL character")
+
+
 def _g(gidx: int) -> bytes:
     return gidx.to_bytes(8, "big")
 
@@ -264,8 +276,7 @@ class Controller:
             SchemaError: a field's kind or dtype clashes with the partition's schema.
             KeyNotFoundError: ``gidxs`` names rows not in the partition.
         """
-        if not isinstance(pid, str) or not pid:
-            raise InvalidInputError(f"partition_id must be a non-empty str, got {pid!r}")
+        check_name("partition_id", pid)
         p = self.parts.get(pid)
         new_rows: List[Row] = []
         out: List[int] = []
@@ -423,8 +434,7 @@ class Controller:
 
     def create_partition(self, pid: str) -> bool:
         """Create an empty partition; returns False if it existed."""
-        if not isinstance(pid, str) or not pid:
-            raise InvalidInputError(f"partition_id must be a non-empty str, got {pid!r}")
+        check_name("partition_id", pid)
         with self._lock, wrap_errors("create partition", self.path):
             if pid in self.parts:
                 return False
@@ -491,6 +501,7 @@ class Controller:
     def mark_consumed(self, pid: str, task: str, gidxs: Sequence[int], *, sampler_state=None,
                       sampler_key: Optional[str] = None) -> None:
         """Mark rows consumed by ``task`` (and save sampler state) in one transaction."""
+        check_name("task_name", task)
         with self._lock, wrap_errors("mark consumed", self.path):
             with self.env.begin(write=True) as txn:
                 if gidxs:

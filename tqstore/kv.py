@@ -36,6 +36,7 @@ import torch
 from ._format.columns import KIND_NAMES, assemble, to_column
 from ._format.dtypes import CODE_TO_NUMPY, CODE_TO_TORCH
 from ._format.layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
+from .controller import check_name
 from .errors import (
     FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError,
 )
@@ -471,6 +472,7 @@ class KVMixin:
                 return self._batch_meta(partition_id, gidxs, use)
         if not isinstance(task_name, str) or not task_name:
             raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
+        check_name("task_name", task_name)
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         st = self._kv()
         with self._meta_lock:
