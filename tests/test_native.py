@@ -60,7 +60,8 @@ def index_offsets(items, base_offset=0):
 def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
-    for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "verify_frames"):
+    for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "verify_frames",
+                 "gather_frames"):
         assert callable(getattr(F, name))
     c = F._LAYOUT
     assert c["FRAME_MAGIC"] == layout.FRAME_MAGIC
@@ -433,3 +434,216 @@ def test_verify_frames_large_released_gil():
     buf[offs[2] + 1000] ^= 0x10
     res = run_both("verify_frames", bytes(buf), offs, lens)[1]
     assert [r[0] for r in res] == [0, 0, 2, 0]
+
+
+# ---- gather_frames --------------------------------------------------------------------
+
+
+def _uniform_run(n, plen, seed=0, field=b"f", shape_extra=(), base=0):
+    """n frames of one field/shape (payloads of plen bytes) as encode_frames lays them out;
+    returns blob, locs (list of INDEX_VALUE bytes), gidxs, payloads, template, payload_start."""
+    rng = np.random.default_rng(seed)
+    gidxs = [int(g) for g in rng.choice(1 << 40, n, replace=False)] if n else []
+    pls = [rng.integers(0, 256, plen, dtype=np.uint8) for _ in range(n)]
+    shape = (plen,) + tuple(shape_extra)
+    blob, items = F.encode_frames(field, 0, 3, gidxs, [shape] * n, pls, 0, None, 7, base)
+    pstart = layout.payload_offset(layout.HEADER_HEAD_SIZE + len(field) + 8 * len(shape))
+    if n:
+        off0 = layout.INDEX_VALUE.unpack(items[0][1])[1] - base
+        head = blob[off0:off0 + pstart]
+        template = (head[:layout.PREFIX_SIZE], head[layout.PREFIX_SIZE + 8:])
+    else:
+        head = F.frame_head(F.build_header(field, 0, 3, 0, shape), plen, 0, plen)
+        template = (head[:layout.PREFIX_SIZE], head[layout.PREFIX_SIZE + 8:pstart])
+    return blob, [v for _k, v in items], gidxs, pls, template, pstart
+
+
+def gather_both(buf, locs, gidxs, template, pstart, plen, nrows, rows, verify=True):
+    """gather_frames on both implementations into fresh outputs; results and outputs must agree."""
+    out = []
+    for mod in (F, P):
+        dst = np.full((nrows, plen), 0xA5, dtype=np.uint8)
+        try:
+            r = ("ok", mod.gather_frames(buf, locs, np.asarray(gidxs, dtype=np.uint64), template, pstart, plen, dst,
+                                         np.asarray(rows, dtype=np.int64), verify))
+        except Exception as e:  # noqa: BLE001 - compared below
+            r = ("err", type(e))
+        out.append((r, dst))
+    (rn, dn), (rp, dp) = out
+    assert rn == rp, f"gather_frames: native {rn!r} != pure {rp!r}"
+    assert np.array_equal(dn, dp), "gather_frames: outputs differ"
+    return rn, dn
+
+
+@st.composite
+def gather_case(draw):
+    n = draw(st.integers(0, 12))
+    plen = draw(st.sampled_from([0, 1, 7, 8, 24, 56, 64, 100, 200]))
+    blob, locs, gidxs, pls, template, pstart = _uniform_run(
+        n, plen, seed=draw(st.integers(0, 1000)), field=draw(st.sampled_from([b"f", b"", b"field_" * 9])),
+        shape_extra=tuple(draw(st.lists(st.just(1), max_size=3))))
+    # any subset of the frames, in any order, into any distinct rows of a larger output
+    pick = draw(st.permutations(range(n)))[:draw(st.integers(0, n))] if n else []
+    nrows = len(pick) + draw(st.integers(0, 3))
+    rows = draw(st.permutations(range(nrows)))[:len(pick)] if nrows else []
+    return blob, locs, gidxs, pls, template, pstart, plen, pick, nrows, rows
+
+
+def _args(case, buf=None):
+    blob, locs, gidxs, _pls, template, pstart, plen, pick, nrows, rows = case
+    return (blob if buf is None else buf, b"".join(locs[i] for i in pick), [gidxs[i] for i in pick], template,
+            pstart, plen, nrows, rows)
+
+
+@given(case=gather_case(), verify=st.booleans())
+def test_gather_frames_valid_runs(case, verify):
+    blob, locs, gidxs, pls, template, pstart, plen, pick, nrows, rows = case
+    (kind, res), out = gather_both(*_args(case), verify=verify)
+    assert kind == "ok" and res == (0, -1, 0, 0)
+    for i, r in zip(pick, rows):
+        assert bytes(out[r]) == pls[i].tobytes()
+
+
+def _extents(case):
+    blob, locs, *_ = case
+    return [layout.INDEX_VALUE.unpack(v)[1:3] for v in locs]
+
+
+@given(case=gather_case(), data=st.data(), verify=st.booleans())
+def test_gather_frames_bit_flips(case, data, verify):
+    blob = case[0]
+    pick = case[7]
+    assume(blob and pick)
+    buf = bytearray(blob)
+    flipped = set()
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(buf) - 1))
+        buf[pos] ^= 1 << data.draw(st.integers(0, 7))
+        flipped.add(pos)
+    flipped = {p for p in flipped if buf[p] != blob[p]}
+    (kind, res), _out = gather_both(*_args(case, bytes(buf)), verify=verify)
+    assert kind == "ok"
+    ext = _extents(case)
+    pstart, plen = case[5], case[6]
+    hit = []
+    for i in case[7]:
+        off, flen = ext[i]
+        in_payload = {p for p in flipped if off + pstart <= p < off + pstart + plen}
+        in_frame = {p for p in flipped if off <= p < off + flen}
+        hit.append(bool(in_frame - (set() if verify else in_payload)))
+    # every byte of a frame is checked (the payload by the CRC32C, when verifying)
+    if any(hit):
+        assert res[0] != 0 and res[1] == hit.index(True)
+    else:
+        assert res == (0, -1, 0, 0)
+
+
+@given(case=gather_case(), data=st.data())
+def test_gather_frames_truncated(case, data):
+    blob = case[0]
+    assume(blob and case[7])
+    cut = data.draw(st.integers(0, len(blob)))
+    (kind, res), _out = gather_both(*_args(case, blob[:cut]))
+    ext = _extents(case)
+    short = [ext[i][0] + ext[i][1] > cut for i in case[7]]
+    if any(short):
+        assert res[:2] == (2, short.index(True))
+    else:
+        assert res == (0, -1, 0, 0)
+
+
+@given(buf=st.binary(max_size=3000), data=st.data(), verify=st.booleans())
+def test_gather_frames_garbage(buf, data, verify):
+    """Random index values (hostile offsets, lengths that sometimes match) over random bytes."""
+    plen = data.draw(st.sampled_from([0, 8, 40, 100]))
+    pstart = data.draw(st.sampled_from([64, 128]))
+    flen = (pstart + plen + layout.TRAILER_SIZE + 63) & ~63
+    n = data.draw(st.integers(0, 8))
+    locs = b"".join(layout.INDEX_VALUE.pack(
+        data.draw(st.integers(0, 2**32 - 1)),
+        data.draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, len(buf) + 64))),
+        data.draw(st.one_of(st.just(flen), st.integers(0, 2**32 - 1))),
+        data.draw(st.integers(0, 2**32 - 1))) for _ in range(n))
+    template = (data.draw(st.binary(min_size=24, max_size=24)), data.draw(st.binary(min_size=pstart - 32,
+                                                                                     max_size=pstart - 32)))
+    gidxs = data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n))
+    gather_both(buf, locs, gidxs, template, pstart, plen, n, list(range(n)), verify=verify)
+
+
+def test_gather_frames_argument_errors():
+    blob, locs, gidxs, pls, template, pstart = _uniform_run(4, 16)
+    lb = b"".join(locs)
+    g = np.asarray(gidxs, dtype=np.uint64)
+    rows = np.arange(4, dtype=np.int64)
+
+    def both(*a, **kw):
+        out = []
+        for mod in (F, P):
+            try:
+                out.append(("ok", mod.gather_frames(*a, **kw)))
+            except Exception as e:  # noqa: BLE001
+                out.append(("err", type(e)))
+        assert out[0] == out[1], f"native {out[0]!r} != pure {out[1]!r}"
+        return out[0]
+
+    dst = np.zeros((4, 16), np.uint8)
+    assert both(blob, lb, g, template, pstart, 16, dst, rows) == ("ok", (0, -1, 0, 0))
+    assert both(buf=blob, locs=lb, gidxs=g, template=template, payload_start=pstart, payload_len=16, out=dst,
+                rows=rows, verify=False) == ("ok", (0, -1, 0, 0))
+    assert both(blob, lb, g, (template[0], template[1] + b"x"), pstart, 16, dst, rows) == ("err", ValueError)
+    assert both(blob, lb, g, (template[0][:-1], template[1]), pstart, 16, dst, rows) == ("err", ValueError)
+    assert both(blob, lb, g, (template[0],), pstart, 16, dst, rows) == ("err", ValueError)
+    assert both(blob, lb[:-1], g, template, pstart, 16, dst, rows) == ("err", ValueError)
+    assert both(blob, lb, g[:3], template, pstart, 16, dst, rows) == ("err", ValueError)
+    assert both(blob, lb, g, template, pstart, 16, dst, rows[:3]) == ("err", ValueError)
+    assert both(blob, lb, g, template, pstart, 16, dst[:, :15].copy(), rows) == ("err", ValueError)
+    assert both(blob, lb, g, template, pstart, 16, dst, np.array([0, 1, 2, 4])) == ("err", IndexError)
+    assert both(blob, lb, g, template, pstart, 16, dst, np.array([0, 1, -1, 2])) == ("err", IndexError)
+    assert both(blob, lb, g, template, pstart, 16, bytes(64), rows) == ("err", TypeError)
+    assert both(blob, lb, g, template, pstart, 16, dst[:, ::2], rows) == ("err", BufferError)
+    assert both(np.frombuffer(blob, np.uint8)[::2], lb, g, template, pstart, 16, dst, rows) == ("err", BufferError)
+    assert both(blob, lb, g, template, -1, 16, dst, rows) == ("err", OverflowError)
+    assert both(blob, lb, g, template, pstart, 2**64, dst, rows) == ("err", OverflowError)
+    assert both(blob, lb, g, template, pstart, 1.0, dst, rows) == ("err", TypeError)
+    assert both(blob, lb, g, template, pstart, 16, dst) == ("err", TypeError)
+    # index values as a LOC_DTYPE array (what the unit passes) and as bytes agree
+    from tqstore.unit import LOC_DTYPE
+    arr = np.frombuffer(lb, LOC_DTYPE)
+    d2 = np.zeros((4, 16), np.uint8)
+    assert both(blob, arr, g, template, pstart, 16, d2, rows) == ("ok", (0, -1, 0, 0))
+    assert [bytes(r) for r in d2] == [p.tobytes() for p in pls]
+
+
+def test_gather_frames_large_releases_gil():
+    blob, locs, gidxs, pls, template, pstart = _uniform_run(64, 4096, seed=5)
+    lb = b"".join(locs)
+    rows = list(range(63, -1, -1))
+    (kind, res), out = gather_both(blob, lb, gidxs, template, pstart, 4096, 64, rows)
+    assert res == (0, -1, 0, 0)
+    assert all(bytes(out[63 - i]) == pls[i].tobytes() for i in range(64))
+    buf = bytearray(blob)
+    off = layout.INDEX_VALUE.unpack(locs[40])[1]
+    buf[off + pstart + 100] ^= 0x40
+    (kind, res), _ = gather_both(bytes(buf), lb, gidxs, template, pstart, 4096, 64, rows)
+    assert res[:2] == (7, 40)
+    (kind, res), _ = gather_both(bytes(buf), lb, gidxs, template, pstart, 4096, 64, rows, verify=False)
+    assert res == (0, -1, 0, 0)
+    # threads calling it at once over one buffer
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                dst = np.zeros((64, 4096), np.uint8)
+                r = F.gather_frames(blob, lb, np.asarray(gidxs, np.uint64), template, pstart, 4096, dst,
+                                    np.arange(64, dtype=np.int64))
+                assert r == (0, -1, 0, 0) and bytes(dst[3]) == pls[3].tobytes()
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors

@@ -6,8 +6,9 @@ frame's CRC32C is checked unless ``verify=False``.
 * Uniform plan (every frame of the field has one length, no compression — the common
   case of a batch of same-shaped rows): the first frame's head is read and taken as
   the template; the output is allocated from it; then each unit fills its rows, frames
-  up to ``MMAP_READ_BYTES`` through the segment mmap (vectorised per run of adjacent
-  frames, CRC32C in one native pass per segment), larger ones with vectored ``preadv``
+  up to ``MMAP_READ_BYTES`` through the segment mmap (one native pass per segment checks
+  every frame against the template, its CRC32C included, and copies its payload into the
+  output: ``_native.gather_frames``), larger ones with vectored ``preadv``
   straight into the output (no mapping, so no resident file pages are added).  Every
   frame's head is checked against the template; one that differs (same length, other
   shape) sends the field to the general plan.

@@ -29,7 +29,8 @@ import zstandard
 from . import _native
 from ._format.columns import Column
 from ._format.frame import (
-    Frame, FrameHead, check_rows, check_run, decode_frame, decode_frames, encode_parts, encode_uniform, parse_head,
+    Frame, FrameHead, check_rows, decode_frame, decode_frames, encode_parts, encode_uniform, gather_run,
+    parse_head,
 )
 from ._format.layout import (
     ALIGN, CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
@@ -633,10 +634,12 @@ class Unit:
                             verify: bool = True) -> bool:
         """Copy the payloads of frames of one length and one expected head into ``out[rows]``.
 
-        ``locs`` is a :data:`LOC_DTYPE` array, ``out`` a writable ``(n, payload_len)`` uint8
-        array.  Works on the segment mmaps, vectorised per run of adjacent frames, with one
-        native CRC32C pass per segment.  Returns False when a head differs from ``template``
-        or the frames are too scattered for runs to pay (read them with :meth:`read_small`).
+        ``locs`` is a :data:`LOC_DTYPE` array, ``gidxs`` u64 and ``rows`` i64 arrays, ``out``
+        a writable C-contiguous ``(n, payload_len)`` uint8 array.  Works on the segment mmaps:
+        one :func:`~tqstore._format.frame.gather_run` per segment checks every frame (head
+        against ``template``, gidx, trailer, index CRC, padding, CRC32C) and copies its payload,
+        in one native pass.  Returns False when a head differs from ``template`` (read the frames
+        with :meth:`read_small`).
 
         Raises:
             CorruptionError: a frame is truncated, torn or fails its CRC32C.
@@ -646,34 +649,19 @@ class Unit:
             return True
         flen = int(locs["length"][0])
         segs = locs["seg"]
-        for seg in np.unique(segs):
-            sel = np.flatnonzero(segs == seg)
-            offs = locs["offset"][sel]
-            order = np.argsort(offs, kind="stable")
-            sel, offs = sel[order], offs[order]
-            starts = np.concatenate(([0], np.flatnonzero(np.diff(offs) != flen) + 1, [len(sel)]))
-            if len(starts) - 1 > max(4, len(sel) // 8):
+        s0 = int(segs[0])
+        if n == 1 or (segs == s0).all():
+            groups = [(s0, locs, gidxs, rows)]
+        else:
+            groups = []
+            for seg in np.unique(segs).tolist():
+                sel = np.flatnonzero(segs == seg)
+                groups.append((seg, locs[sel], gidxs[sel], rows[sel]))
+        for seg, ls, gs, rs in groups:
+            m = self._map_to(seg, int(ls["offset"].max()) + flen)
+            if not gather_run(m, ls, gs, out, rs, template=template, payload_start=payload_start,
+                              payload_len=payload_len, verify=verify, path=self._seg_path(seg)):
                 return False
-            path = self._seg_path(int(seg))
-            m = self._map_to(int(seg), int(offs[-1]) + flen)
-            if verify:
-                offl = offs.tolist()
-                checked = _native.verify_frames(m, offl, [flen] * len(offl))
-                bad = [k for k, r in enumerate(checked) if r[0]]
-                if bad:
-                    k = bad[0]
-                    if checked[k][0] == 1:
-                        decode_frame(m, offl[k], flen, path=path)
-                        raise CorruptionError("record frame is malformed", path=path, offset=offl[k])
-                    raise CorruptionError("record frame checksum mismatch", path=path, offset=offl[k],
-                                          expected_crc=checked[k][3], actual_crc=checked[k][4])
-            for a, b in zip(starts[:-1], starts[1:]):
-                run = sel[a:b]
-                pv = check_run(m, int(offs[a]), int(b - a), flen, template=template, payload_start=payload_start,
-                               payload_len=payload_len, gidxs=gidxs[run], crcs=locs["crc"][run], path=path)
-                if pv is None:
-                    return False
-                out[rows[run]] = pv
         return True
 
     def _seg_path(self, seg: int) -> str:

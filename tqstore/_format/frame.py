@@ -2,7 +2,8 @@
 
 Bulk encoding of many small frames lives in ``tqstore._native`` (C or pure Python);
 this module turns raw bytes into checked frames: one at a time (:func:`decode_frame`),
-many of one buffer (:func:`decode_frames`), runs of one shape (:func:`check_run`), or
+many of one buffer (:func:`decode_frames`), runs of one shape (:func:`check_run`, or
+:func:`gather_run`, which also copies the payloads out), or
 frames read apart from their payloads (:func:`check_rows`).  A torn, truncated,
 bit-flipped or foreign frame is never returned: it raises
 :class:`~tqstore.errors.CorruptionError` naming the file and offset.
@@ -16,6 +17,9 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from .. import _native
+from .._native._pure import GATHER_DIFFERS as _GATHER_DIFFERS, GATHER_GIDX as _GATHER_GIDX, \
+    GATHER_INDEX_CRC as _GATHER_INDEX_CRC, GATHER_PADDING as _GATHER_PADDING, GATHER_TORN as _GATHER_TORN, \
+    GATHER_TRUNCATED as _GATHER_TRUNCATED, _LOC as _LOC_VALUE
 from ..errors import CorruptionError, FormatVersionError
 from .layout import (
     ALIGN,
@@ -281,6 +285,47 @@ def check_run(buf, start: int, count: int, length: int, *, template: Tuple[bytes
                       offsets=offsets, path=path):
         return None
     return rows(payload_start, payload_len)
+
+
+def gather_run(buf, locs, gidxs, out, rows, *, template: Tuple[bytes, bytes], payload_start: int, payload_len: int,
+               verify: bool = True, path: str = "<buffer>") -> bool:
+    """Check frames of one head template and copy their payloads into ``out[rows]``, in one
+    native pass (``_native.gather_frames``).
+
+    ``locs`` is the frames' unit-index values (a ``LOC_DTYPE`` array, or bytes of packed
+    ``INDEX_VALUE``), offsets into ``buf``; ``gidxs`` their rows (u64), ``rows`` the rows of
+    ``out`` (i64) their payloads go to; ``out`` a writable C-contiguous buffer of
+    ``payload_len``-byte rows.  Every frame must equal ``template`` apart from its gidx
+    (see :func:`head_template`), carry gidx ``gidxs[i]``, end magic, the index's CRC and zero
+    padding, and (with ``verify``) a matching CRC32C.
+
+    Returns False when some frame's extent or head differs from the template (another shape:
+    read the frames one by one instead); ``out`` rows may then be partly written.
+
+    Raises:
+        CorruptionError: a frame is truncated, torn, damaged or not the one the index names.
+    """
+    code, i, expected, actual = _native.gather_frames(buf, locs, gidxs, template, payload_start, payload_len, out,
+                                                      rows, verify)
+    if code == 0:
+        return True
+    if code == _GATHER_DIFFERS:
+        return False
+    off = int(np.frombuffer(memoryview(locs).cast("B"), _LOC_VALUE)[i]["offset"])
+    if code == _GATHER_TRUNCATED:
+        raise CorruptionError("truncated record frame", path=path, offset=off)
+    if code == _GATHER_GIDX:
+        raise CorruptionError(f"record frame belongs to another row than the index says (row {expected})",
+                              path=path, offset=off)
+    if code == _GATHER_TORN:
+        raise CorruptionError("record frame trailer missing (torn write)", path=path, offset=off)
+    if code == _GATHER_INDEX_CRC:
+        raise CorruptionError("record frame is not the one the index names", path=path, offset=off,
+                              expected_crc=expected, actual_crc=actual)
+    if code == _GATHER_PADDING:
+        raise CorruptionError("record frame padding is not zero (damaged)", path=path, offset=off)
+    raise CorruptionError("record frame checksum mismatch", path=path, offset=off, expected_crc=expected,
+                          actual_crc=actual)
 
 
 def check_rows(heads, tails, *, template: Tuple[bytes, bytes], gidxs, crcs, offsets, path: str) -> bool:

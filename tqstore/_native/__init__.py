@@ -3,7 +3,8 @@
 The choice is made once at import: the extension when it imports and ``TQSTORE_PURE``
 is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functions:
 ``crc32c``, ``build_header``, ``frame_head``, ``frame_tail``, ``encode_frames``,
-``verify_frames``, and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).
+``verify_frames``, ``gather_frames`` (its ``GATHER_*`` result codes are in ``_pure``), and
+the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ frame_head = impl.frame_head
 frame_tail = impl.frame_tail
 encode_frames = impl.encode_frames
 verify_frames = impl.verify_frames
+gather_frames = impl.gather_frames
 
 __all__ = [
     "IMPLEMENTATION",
@@ -43,5 +45,6 @@ __all__ = [
     "frame_tail",
     "encode_frames",
     "verify_frames",
+    "gather_frames",
     "impl",
 ]

@@ -2,6 +2,7 @@
  * tqstore._native._frames: compiled record hot path.
  *
  * Same functions, arguments, results, exceptions and bytes as tqstore/_native/_pure.py
+ * (crc32c, build_header, frame_head, frame_tail, encode_frames, verify_frames, gather_frames)
  * (the reference).  Layout constants repeat tqstore/_format/layout.py and are exposed as
  * ``_LAYOUT`` so the tests can check them against it.
  *
@@ -874,6 +875,218 @@ fail:
     return NULL;
 }
 
+/* ---- gather_frames ----------------------------------------------------------------- */
+
+/* Result codes (same as _pure.GATHER_*): the first frame, in the order given, that fails
+ * a check, and the first check it fails, in this order. */
+#define G_OK 0
+#define G_DIFFERS 1   /* index length or head bytes differ from the template (another shape) */
+#define G_TRUNCATED 2 /* the frame extends past the buffer */
+#define G_GIDX 3      /* the frame's gidx is not the row's */
+#define G_TORN 4      /* no end magic */
+#define G_INDEX_CRC 5 /* the trailer's CRC is not the index's */
+#define G_PADDING 6   /* padding after the trailer is not zero */
+#define G_CRC 7       /* CRC32C of prefix + header + payload does not match the trailer */
+
+typedef struct {
+    const uint8_t *base;
+    uint64_t size;
+    const uint8_t *locs, *gidxs, *rows;
+    Py_ssize_t n;
+    const uint8_t *pre, *rest;
+    size_t rest_len;
+    uint64_t pstart, plen, flen;
+    uint8_t *out;
+    int verify;
+    /* result */
+    Py_ssize_t bad;
+    int code;
+    uint64_t expected, actual;
+} gather_job;
+
+static int is_zero(const uint8_t *p, size_t len) {
+    while (len && ((uintptr_t)p & 7)) {
+        if (*p++) return 0;
+        len--;
+    }
+    for (; len >= 8; p += 8, len -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        if (w) return 0;
+    }
+    while (len--)
+        if (*p++) return 0;
+    return 1;
+}
+
+static void gather_all(gather_job *j) {
+    const uint64_t tpos = j->pstart + j->plen;
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        const uint8_t *loc = j->locs + (size_t)i * INDEX_VALUE_SIZE;
+        uint64_t off = get_le64(loc + 4);
+        uint32_t len = get_le32(loc + 12);
+        uint32_t icrc = get_le32(loc + 16);
+        uint64_t gidx = get_le64(j->gidxs + (size_t)i * 8);
+        int code = G_OK;
+        uint64_t exp = 0, act = 0;
+        if ((uint64_t)len != j->flen) {
+            code = G_DIFFERS;
+        } else if (j->flen > j->size || off > j->size - j->flen) {
+            code = G_TRUNCATED;
+        } else {
+            const uint8_t *f = j->base + off;
+            const uint8_t *t = f + tpos;
+            uint64_t got = get_le64(f + PREFIX_SIZE);
+            uint32_t tcrc = get_le32(t);
+            if (memcmp(f, j->pre, PREFIX_SIZE) != 0 ||
+                memcmp(f + PREFIX_SIZE + 8, j->rest, j->rest_len) != 0) {
+                code = G_DIFFERS;
+            } else if (got != gidx) {
+                code = G_GIDX;
+                exp = gidx;
+                act = got;
+            } else if (memcmp(t + 4, FRAME_END_MAGIC, 4) != 0) {
+                code = G_TORN;
+            } else if (tcrc != icrc) {
+                code = G_INDEX_CRC;
+                exp = icrc;
+                act = tcrc;
+            } else if (!is_zero(t + TRAILER_SIZE, (size_t)(j->flen - tpos - TRAILER_SIZE))) {
+                code = G_PADDING;
+            } else if (j->verify) {
+                uint32_t c = crc_impl(0, f, (size_t)tpos);
+                if (c != tcrc) {
+                    code = G_CRC;
+                    exp = tcrc;
+                    act = c;
+                }
+            }
+            if (code == G_OK && j->plen) {
+                int64_t r = (int64_t)get_le64(j->rows + (size_t)i * 8);
+                memcpy(j->out + (uint64_t)r * j->plen, f + j->pstart, (size_t)j->plen);
+            }
+        }
+        if (code != G_OK) {
+            j->bad = i;
+            j->code = code;
+            j->expected = exp;
+            j->actual = act;
+            return;
+        }
+    }
+}
+
+/* Acquire a C-contiguous buffer (BufferError otherwise), writable when asked (TypeError). */
+static int get_contig(PyObject *o, Py_buffer *view, const char *what, int writable) {
+    if (PyObject_GetBuffer(o, view, PyBUF_FULL_RO) < 0) return -1;
+    if (!PyBuffer_IsContiguous(view, 'C')) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_BufferError, "%s is not C-contiguous", what);
+        return -1;
+    }
+    if (writable && view->readonly) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_TypeError, "%s must be a writable buffer", what);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *py_gather_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames) {
+    static const char *const names[] = {"buf",         "locs", "gidxs", "template", "payload_start",
+                                        "payload_len", "out",  "rows",  "verify"};
+    PyObject *a[9];
+    if (parse_args("gather_frames", args, nargs, kwnames, names, 8, 9, a) < 0) return NULL;
+    Py_buffer vb = {0}, vl = {0}, vg = {0}, vo = {0}, vr = {0};
+    PyObject *pre = NULL, *rest = NULL, *tseq = NULL, *result = NULL;
+    gather_job j;
+    memset(&j, 0, sizeof(j));
+    uint64_t pstart, plen;
+    int verify = 1;
+
+    if (!(tseq = PySequence_Fast(a[3], "template must be a (prefix, rest) pair"))) goto done;
+    if (PySequence_Fast_GET_SIZE(tseq) != 2) {
+        PyErr_SetString(PyExc_ValueError, "template must be a (prefix, rest) pair");
+        goto done;
+    }
+    if (!(pre = as_bytes(PySequence_Fast_GET_ITEM(tseq, 0)))) goto done;
+    if (!(rest = as_bytes(PySequence_Fast_GET_ITEM(tseq, 1)))) goto done;
+    if (as_uint(a[4], 64, "payload_start", &pstart) < 0 || as_uint(a[5], 64, "payload_len", &plen) < 0) goto done;
+    if (a[8] && (verify = PyObject_IsTrue(a[8])) < 0) goto done;
+    if (PyBytes_GET_SIZE(pre) != PREFIX_SIZE ||
+        (uint64_t)PyBytes_GET_SIZE(pre) + 8 + (uint64_t)PyBytes_GET_SIZE(rest) != pstart) {
+        PyErr_SetString(PyExc_ValueError, "template does not match payload_start");
+        goto done;
+    }
+    if (plen > (uint64_t)1 << 62) {
+        PyErr_SetString(PyExc_OverflowError, "payload_len too large");
+        goto done;
+    }
+    if (get_contig(a[0], &vb, "buf", 0) < 0) goto done;
+    if (get_contig(a[1], &vl, "locs", 0) < 0) goto done;
+    if (get_contig(a[2], &vg, "gidxs", 0) < 0) goto done;
+    if (get_contig(a[6], &vo, "out", 1) < 0) goto done;
+    if (get_contig(a[7], &vr, "rows", 0) < 0) goto done;
+    if (vl.len % INDEX_VALUE_SIZE) {
+        PyErr_Format(PyExc_ValueError, "locs holds %zd bytes, not a whole number of %d-byte index values", vl.len,
+                     INDEX_VALUE_SIZE);
+        goto done;
+    }
+    j.n = vl.len / INDEX_VALUE_SIZE;
+    if (vg.len != j.n * 8 || vr.len != j.n * 8) {
+        PyErr_SetString(PyExc_ValueError, "gidxs and rows must hold one 8-byte integer per index value");
+        goto done;
+    }
+    if (plen) {
+        if ((uint64_t)vo.len % plen) {
+            PyErr_SetString(PyExc_ValueError, "out is not a whole number of payload_len rows");
+            goto done;
+        }
+        uint64_t nrows = (uint64_t)vo.len / plen;
+        const uint8_t *rp = (const uint8_t *)vr.buf;
+        for (Py_ssize_t i = 0; i < j.n; i++) {
+            int64_t r = (int64_t)get_le64(rp + (size_t)i * 8);
+            if (r < 0 || (uint64_t)r >= nrows) {
+                PyErr_SetString(PyExc_IndexError, "row index out of range of out");
+                goto done;
+            }
+        }
+    }
+    j.base = (const uint8_t *)vb.buf;
+    j.size = (uint64_t)vb.len;
+    j.locs = (const uint8_t *)vl.buf;
+    j.gidxs = (const uint8_t *)vg.buf;
+    j.rows = (const uint8_t *)vr.buf;
+    j.pre = (const uint8_t *)PyBytes_AS_STRING(pre);
+    j.rest = (const uint8_t *)PyBytes_AS_STRING(rest);
+    j.rest_len = (size_t)PyBytes_GET_SIZE(rest);
+    j.pstart = pstart;
+    j.plen = plen;
+    j.flen = align_up(pstart + plen + TRAILER_SIZE);
+    j.out = (uint8_t *)vo.buf;
+    j.verify = verify;
+    j.bad = -1;
+    if ((uint64_t)j.n * j.flen >= NOGIL_THRESHOLD) {
+        Py_BEGIN_ALLOW_THREADS gather_all(&j);
+        Py_END_ALLOW_THREADS
+    } else {
+        gather_all(&j);
+    }
+    result = Py_BuildValue("(inKK)", j.code, j.bad, (unsigned long long)j.expected, (unsigned long long)j.actual);
+
+done:
+    if (vb.obj) PyBuffer_Release(&vb);
+    if (vl.obj) PyBuffer_Release(&vl);
+    if (vg.obj) PyBuffer_Release(&vg);
+    if (vo.obj) PyBuffer_Release(&vo);
+    if (vr.obj) PyBuffer_Release(&vr);
+    Py_XDECREF(pre);
+    Py_XDECREF(rest);
+    Py_XDECREF(tseq);
+    return result;
+}
+
 /* ---- module ------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -892,6 +1105,10 @@ static PyMethodDef methods[] = {
     {"verify_frames", (PyCFunction)(void (*)(void))py_verify_frames, METH_FASTCALL | METH_KEYWORDS,
      "verify_frames(buf, offsets, lengths)\n--\n\n"
      "Check frames inside ``buf``: [(status, payload_offset, payload_len, crc_expected, crc_actual)]."},
+    {"gather_frames", (PyCFunction)(void (*)(void))py_gather_frames, METH_FASTCALL | METH_KEYWORDS,
+     "gather_frames(buf, locs, gidxs, template, payload_start, payload_len, out, rows, verify=True)\n--\n\n"
+     "Check frames of one head template in ``buf`` and copy their payloads into ``out`` rows:\n"
+     "(code, index, expected, actual)."},
     {"_crc32c_table", py_crc32c_table, METH_VARARGS, "Slice-by-8 CRC32C (the portable fallback)."},
     {NULL, NULL, 0, NULL},
 };

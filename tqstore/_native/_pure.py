@@ -9,6 +9,8 @@ import operator
 from typing import Optional, Sequence
 
 import crc32c as _crc
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
 from .._format.layout import (
     ALIGN,
@@ -196,3 +198,142 @@ def verify_frames(buf, offsets: Sequence[int], lengths: Sequence[int]):
         crc_act = _crc.crc32c(mv[off : off + end])
         out.append((0 if crc_act == crc_exp else 2, off + pstart, plen, crc_exp, crc_act))
     return out
+
+
+# gather_frames result codes: the first frame (in the order given) that fails a check, and
+# the first check it fails, in this order.
+GATHER_OK = 0
+GATHER_DIFFERS = 1  # index length or head bytes differ from the template (another shape)
+GATHER_TRUNCATED = 2  # the frame extends past the buffer
+GATHER_GIDX = 3  # the frame's gidx is not the row's (expected, actual: gidxs)
+GATHER_TORN = 4  # no end magic
+GATHER_INDEX_CRC = 5  # the trailer's CRC is not the index's (expected: index, actual: trailer)
+GATHER_PADDING = 6  # padding after the trailer is not zero
+GATHER_CRC = 7  # CRC32C of prefix + header + payload differs (expected: trailer, actual: computed)
+
+_LOC = np.dtype({"names": ["seg", "offset", "length", "crc"], "formats": ["<u4", "<u8", "<u4", "<u4"],
+                 "offsets": [0, 4, 12, 16], "itemsize": INDEX_VALUE.size})
+
+
+def _contig(o, what: str, writable: bool = False) -> memoryview:
+    mv = memoryview(o)
+    if not mv.c_contiguous:
+        raise BufferError(f"{what} is not C-contiguous")
+    if writable and mv.readonly:
+        raise TypeError(f"{what} must be a writable buffer")
+    if not mv.nbytes:
+        return memoryview(bytearray())
+    return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+
+
+def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: int, out, rows, verify: bool = True):
+    """Check frames that share one head template and copy their payloads into rows of ``out``.
+
+    ``locs`` holds ``n`` unit-index values (``INDEX_VALUE``: segment id, offset, frame length,
+    crc; the segment id is not looked at), offsets relative to ``buf``; ``gidxs`` ``n``
+    little-endian u64 (each frame's row), ``rows`` ``n`` little-endian i64 (the row of ``out``,
+    a writable buffer of ``payload_len``-byte rows, each payload goes to).  ``template`` is
+    ``(prefix, rest)``: every frame's bytes before its payload must be ``prefix + gidx + rest``
+    (``prefix`` is the 24-byte frame prefix, ``payload_start`` their total length).
+
+    Every frame is checked in order: index length equal to the template's frame length, extent
+    inside ``buf``, head equal to the template, gidx, end magic, trailer CRC equal to the
+    index's, zero padding, then (when ``verify``) the CRC32C itself.  Returns ``(code, index,
+    expected, actual)`` for the first frame and check that fails (see ``GATHER_*``), or
+    ``(0, -1, 0, 0)``; payloads of frames before a failing one may have been copied.
+
+    Raises ValueError / BufferError / TypeError / IndexError / OverflowError for bad arguments
+    (before any frame is looked at).
+    """
+    template = tuple(template) if not isinstance(template, tuple) else template
+    if len(template) != 2:
+        raise ValueError("template must be a (prefix, rest) pair")
+    pre, rest = _as_bytes(template[0]), _as_bytes(template[1])
+    pstart = _uint(payload_start, 64, "payload_start")
+    plen = _uint(payload_len, 64, "payload_len")
+    verify = bool(verify)
+    if len(pre) != PREFIX_SIZE or len(pre) + 8 + len(rest) != pstart:
+        raise ValueError("template does not match payload_start")
+    if plen > 1 << 62:
+        raise OverflowError("payload_len too large")
+    vb = _contig(buf, "buf")
+    vl = _contig(locs, "locs")
+    vg = _contig(gidxs, "gidxs")
+    vo = _contig(out, "out", writable=True)
+    vr = _contig(rows, "rows")
+    if vl.nbytes % INDEX_VALUE.size:
+        raise ValueError(f"locs holds {vl.nbytes} bytes, not a whole number of {INDEX_VALUE.size}-byte index values")
+    n = vl.nbytes // INDEX_VALUE.size
+    if vg.nbytes != 8 * n or vr.nbytes != 8 * n:
+        raise ValueError("gidxs and rows must hold one 8-byte integer per index value")
+    loc = np.frombuffer(vl, _LOC)
+    want = np.frombuffer(vg, "<u8")
+    dest = np.frombuffer(vr, "<i8")
+    if plen:
+        if vo.nbytes % plen:
+            raise ValueError("out is not a whole number of payload_len rows")
+        if n and (dest.min() < 0 or dest.max() >= vo.nbytes // plen):
+            raise IndexError("row index out of range of out")
+    if not n:
+        return (GATHER_OK, -1, 0, 0)
+    seg = np.frombuffer(vb, np.uint8)
+    size = seg.size
+    tpos = pstart + plen
+    flen = (tpos + TRAILER_SIZE + ALIGN - 1) & ~(ALIGN - 1)
+    offs = loc["offset"]
+    code = np.zeros(n, np.int8)
+    expected = np.zeros(n, np.uint64)
+    actual = np.zeros(n, np.uint64)
+    fits = (offs <= size - flen) if flen <= size else np.zeros(n, bool)
+    code[~fits] = GATHER_TRUNCATED
+    code[loc["length"] != flen] = GATHER_DIFFERS
+    ok = np.flatnonzero(code == 0)
+    if ok.size:
+        at = offs[ok].astype(np.int64)[:, None]
+        heads = seg[at + np.arange(pstart)]
+        tails = seg[at + (tpos + np.arange(flen - tpos))]
+        got = np.ascontiguousarray(heads[:, PREFIX_SIZE:PREFIX_SIZE + 8]).view("<u8").ravel()
+        tcrc = np.ascontiguousarray(tails[:, :4]).view("<u4").ravel()
+        icrc = loc["crc"][ok]
+        c = np.zeros(ok.size, np.int8)
+        e = np.zeros(ok.size, np.uint64)
+        a = np.zeros(ok.size, np.uint64)
+
+        def mark(m, what, exp=0, act=0):  # later (earlier-checked) marks win
+            c[m] = what
+            e[m] = exp[m] if isinstance(exp, np.ndarray) else exp
+            a[m] = act[m] if isinstance(act, np.ndarray) else act
+
+        if verify:
+            calc = np.array([_crc.crc32c(vb[o:o + tpos]) for o in offs[ok].tolist()], dtype=np.uint32)
+            mark(calc != tcrc, GATHER_CRC, tcrc, calc)
+        mark(tails[:, TRAILER_SIZE:].any(axis=1), GATHER_PADDING)
+        mark(tcrc != icrc, GATHER_INDEX_CRC, icrc, tcrc)
+        mark((tails[:, 4:8] != np.frombuffer(FRAME_END_MAGIC, np.uint8)).any(axis=1), GATHER_TORN)
+        mark(got != want[ok], GATHER_GIDX, want[ok], got)
+        mark((heads[:, :PREFIX_SIZE] != np.frombuffer(pre, np.uint8)).any(axis=1)
+             | (heads[:, PREFIX_SIZE + 8:] != np.frombuffer(rest, np.uint8)).any(axis=1), GATHER_DIFFERS)
+        code[ok], expected[ok], actual[ok] = c, e, a
+    bad = np.flatnonzero(code)
+    if bad.size:
+        i = int(bad[0])
+        if plen:  # as the native pass, which copies frame by frame up to the first bad one
+            _copy_runs(seg, offs[:i], dest[:i], pstart, plen, flen, vo)
+        return (int(code[i]), i, int(expected[i]), int(actual[i]))
+    if plen:
+        _copy_runs(seg, offs, dest, pstart, plen, flen, vo)
+    return (GATHER_OK, -1, 0, 0)
+
+
+def _copy_runs(seg, offs, dest, pstart: int, plen: int, flen: int, vo) -> None:
+    """Copy the payloads of frames at ``offs`` into rows ``dest`` of ``vo``, one strided copy
+    per run of frames lying back to back."""
+    if not offs.size:
+        return
+    dst = np.frombuffer(vo, np.uint8).reshape(-1, plen)
+    order = np.argsort(offs, kind="stable")
+    so = offs[order]
+    cuts = np.flatnonzero(np.diff(so) != flen) + 1
+    for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), so.size]):
+        src = as_strided(seg[int(so[a]) + pstart:], shape=(b - a, plen), strides=(flen, 1), writeable=False)
+        dst[dest[order[a:b]]] = src
