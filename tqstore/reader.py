@@ -132,7 +132,7 @@ def _check_heads(units, kind: int, field: str, gidxs, locs, heads) -> None:
         size = _ITEMSIZE.get(h.dtype)
         need = None if size is None else size * math.prod(h.shape)
         have = h.raw_len if h.flags & CODEC_MASK else h.payload_len
-        if h.kind != kind or need != have or h.field != field:
+        if h.kind != kind or need != have or h.field != field or h.gidx != gidxs[i]:
             unit = units[gidxs[i] % len(units)]
             raise CorruptionError(f"row {gidxs[i]} field {field!r}: frame header is inconsistent (kind {h.kind}, "
                                   f"dtype code {h.dtype}, shape {h.shape}, {have} payload bytes)",

@@ -40,7 +40,7 @@ from ._format.segment import decode_segment_header, parse_segment_name, segment_
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
-from .errors import CorruptionError, StorageIOError
+from .errors import CorruptionError, FormatVersionError, StorageIOError
 
 log = logging.getLogger("tqstore")
 
@@ -96,6 +96,37 @@ class SegInfo:
         return cls(int(d["size"]), int(d["live"]), bool(d["sealed"]))
 
 
+UNIT_INDEX_FORMAT = 1
+
+
+def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> None:
+    """Check (or, when ``create`` and absent, record) the unit index format version.
+
+    The version lives under key ``format`` of the ``meta`` database.  Raises
+    FormatVersionError for any version other than :data:`UNIT_INDEX_FORMAT`.
+    """
+    with wrap_errors("open unit index", path):
+        if create:
+            with env.begin(write=True) as txn:
+                db = env.open_db(b"meta", txn=txn)
+                raw = txn.get(b"format", db=db)
+                if raw is None:
+                    txn.put(b"format", str(UNIT_INDEX_FORMAT).encode(), db=db)
+                    return
+        else:
+            with env.begin() as txn:
+                try:
+                    db = env.open_db(b"meta", txn=txn, create=False)
+                except lmdb.NotFoundError:
+                    return  # written before the marker existed: version 1
+                raw = txn.get(b"format", db=db)
+                if raw is None:
+                    return
+    if bytes(raw) != str(UNIT_INDEX_FORMAT).encode():
+        raise FormatVersionError(f"unit index format {bytes(raw)[:16]!r} is not supported (reads "
+                                 f"{UNIT_INDEX_FORMAT})", path=str(path))
+
+
 def _seg_key(seg_id: int) -> bytes:
     return seg_id.to_bytes(4, "big")
 
@@ -135,7 +166,8 @@ class Unit:
         self.compress = compress  # None | "zstd" | set of field names
         files.mkdir(self.path, exist_ok=True, parents=True)
         kw = {"map_bytes": map_bytes} if map_bytes else {}
-        self.env = open_env(self.path / "index", max_dbs=4, sync=self.sync, **kw)
+        self.env = open_env(self.path / "index", max_dbs=8, sync=self.sync, **kw)
+        check_index_format(self.env, self.path / "index", create=True)
         self.db_loc = self.env.open_db(b"loc")
         self.db_segs = self.env.open_db(b"segs")
         # undo records of overwriting puts not yet settled: token (u64 BE) + index key -> replaced loc
@@ -759,13 +791,20 @@ class Unit:
                 if h.payload_len != dv.nbytes:
                     raise CorruptionError(f"row payload holds {h.payload_len} bytes, expected {dv.nbytes}", path=path,
                                           offset=loc.offset)
+                end = h.payload_start + h.payload_len
+                if (end + TRAILER.size + ALIGN - 1) & ~(ALIGN - 1) != loc.length:
+                    raise CorruptionError("record frame lengths do not match its extent in the index", path=path,
+                                          offset=loc.offset)
                 fd = self._fd(fds, loc.seg)
                 head = bytearray(h.payload_start)
-                trail = bytearray(TRAILER.size)
+                trail = bytearray(loc.length - end)  # trailer and zero padding
                 n = os.preadv(fd, [head, dv, trail], loc.offset)
-                if n != h.payload_start + h.payload_len + TRAILER.size:
+                if n != loc.length:
                     raise CorruptionError("truncated record frame", path=path, offset=loc.offset)
-                crc_exp, emagic = TRAILER.unpack(trail)
+                hlen = int.from_bytes(head[6:8], "little")
+                if any(head[PREFIX_SIZE + hlen:]) or any(trail[TRAILER.size:]):
+                    raise CorruptionError("record frame padding is not zero", path=path, offset=loc.offset)
+                crc_exp, emagic = TRAILER.unpack_from(trail)
                 if emagic != FRAME_END_MAGIC or crc_exp != loc.crc:
                     raise CorruptionError("record frame trailer does not match the index", path=path,
                                           offset=loc.offset, expected_crc=loc.crc, actual_crc=crc_exp)

@@ -37,6 +37,7 @@ from .._io import files
 from .._io.lmdbenv import open_env
 from .._io.segfile import SegmentWriter
 from ..errors import CheckpointError, CorruptionError, TqstoreError
+from ..unit import check_index_format
 from . import manifest as M
 from .planner import INDEX_VALUE_DTYPE, FrameTable, TargetPlan, plan_load_mode, plan_reshard
 from .scan import BadFrame, scan_file
@@ -241,8 +242,9 @@ class Builder:
 
     def _read_index(self, i: int) -> FrameTable:
         segs = self.man.segments(i)
-        env = open_env(self.src / M.unit_dir_name(i) / "index", max_dbs=4, readonly=True)
+        env = open_env(self.src / M.unit_dir_name(i) / "index", max_dbs=8, readonly=True)
         try:
+            check_index_format(env, self.src / M.unit_dir_name(i) / "index", create=False)
             with env.begin() as txn:
                 try:
                     db = env.open_db(b"loc", txn=txn, create=False)

@@ -19,7 +19,8 @@ import lmdb
 
 from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE
 from .._io.lmdbenv import open_env
-from ..errors import CheckpointNotFoundError, CorruptionError
+from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError
+from ..unit import check_index_format
 from . import manifest as M
 from .scan import scan_file
 
@@ -264,10 +265,14 @@ def _read_unit_index(src: Path, man: M.Manifest, u: int,
     segs = man.segments(u)
     out: List[Problem] = []
     try:
-        env = open_env(p.parent, max_dbs=4, readonly=True)
+        env = open_env(p.parent, max_dbs=8, readonly=True)
     except Exception as e:  # noqa: BLE001 - reported, not raised
         return [Problem(str(p), f"unit index cannot be opened: {e}")]
     try:
+        try:
+            check_index_format(env, p.parent, create=False)
+        except FormatVersionError as e:
+            return [Problem(str(p), str(e))]
         with env.begin() as txn:
             try:
                 db = env.open_db(b"loc", txn=txn, create=False)
