@@ -48,3 +48,22 @@ def test_unit_index_of_an_unknown_format_version_is_rejected_by_name(tmp_path):
     env.close()
     with pytest.raises(FormatVersionError, match="unit index format"):
         tqstore.open(tmp_path / "s")
+
+
+def test_segment_of_an_unknown_format_version_is_rejected_by_name_on_open(tmp_path):
+    import struct
+
+    from tqstore import _native
+    from tqstore.errors import FormatVersionError
+
+    with tqstore.open(tmp_path / "s") as s:
+        s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 4)})
+        seg = next(s.units[0].path.glob("seg-*.tqs"))
+    with open(seg, "r+b") as f:
+        head = bytearray(f.read(64))
+        head[4:6] = struct.pack("<H", 9)
+        head[60:64] = _native.crc32c(bytes(head[:60])).to_bytes(4, "little")
+        f.seek(0)
+        f.write(head)
+    with pytest.raises(FormatVersionError, match="segment format version 9"):
+        tqstore.open(tmp_path / "s")

@@ -209,6 +209,7 @@ class Unit:
         if short:
             self._drop_entries_past(short)
             segs = self._load_segs()
+        self._check_segment_headers(segs)
         active = [s for s, i in segs.items() if not i.sealed]
         if active:
             sid = max(active)
@@ -218,6 +219,20 @@ class Unit:
             for s in active:
                 if s != sid:
                     self._set_seg(s, sealed=True)
+
+    def _check_segment_headers(self, segs: Dict[int, SegInfo]) -> None:
+        """Reject segments of an unknown format version by name (FormatVersionError).
+
+        A damaged header is only logged: its frames are checked on every read anyway."""
+        for seg_id in segs:
+            p = self.path / segment_name(seg_id)
+            try:
+                with open(p, "rb") as f:
+                    decode_segment_header(f.read(SEGMENT_HEADER_SIZE), path=str(p))
+            except FormatVersionError:
+                raise
+            except (OSError, CorruptionError) as e:
+                log.warning("unit %d: segment header of %s does not check: %s", self.unit_id, p.name, e)
 
     def _drop_entries_past(self, short: Dict[int, int]) -> None:
         log.warning("unit %d: segments %s are shorter than recorded (power loss?); dropping the rows "
