@@ -15,70 +15,38 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import lmdb
-import numpy as np
 import zstandard
 
 from . import _native
 from ._format.columns import Column
 from ._format.frame import (
-    Frame, FrameHead, check_rows, decode_frame, decode_frames, encode_parts, encode_uniform, gather_run,
-    parse_head,
+    decode_frame, encode_parts, encode_uniform,
 )
 from ._format.layout import (
-    ALIGN, CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
-    FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION, KIND_VALUE,
+    CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, SEGMENT_HEADER_SIZE, KIND_VALUE,
 )
 from ._format.segment import decode_segment_header, parse_segment_name, segment_name
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
-from .errors import CorruptionError, FormatVersionError, StorageIOError
+from .errors import CorruptionError, FormatVersionError
+
+from .unit_read import HEAD_READ_BYTES, LOC_DTYPE, MMAP_READ_BYTES, Loc, UnitReader  # noqa: F401
 
 log = logging.getLogger("tqstore")
 
 SMALL_FRAME_BYTES = 64 << 10  # kept for callers; the read and write paths use the two bounds below
 BULK_FRAME_BYTES = 4 << 10  # payloads below this are framed in bulk (one native call, copied into one buffer);
 # larger ones are framed in place and written from the caller's memory (no copy)
-MMAP_READ_BYTES = 16 << 10  # frames up to this are read through the segment mmap, larger ones with preadv
 DEFAULT_SEGMENT_BYTES = 256 << 20
 COMPACT_LIVE_RATIO = 0.5
-HEAD_READ_BYTES = 640  # covers the largest header (255-byte field name, 32 dims)
-
-
-# an index value (INDEX_VALUE, "<IQII") as a numpy record, for vectorised lookups
-LOC_DTYPE = np.dtype({"names": ["seg", "offset", "length", "crc"], "formats": ["<u4", "<u8", "<u4", "<u4"],
-                      "offsets": [0, 4, 12, 16], "itemsize": INDEX_VALUE.size})
-
-
-def _raise_truncated(path: str, offset: int):
-    raise CorruptionError("truncated record frame", path=path, offset=offset)
-
-
-class Loc(NamedTuple):
-    """Where a frame lies: segment id, offset in the segment file, frame length, frame CRC.
-
-    A named tuple: one is made per row and field read, so it must be cheap.
-    """
-
-    seg: int
-    offset: int
-    length: int
-    crc: int
-
-    @classmethod
-    def unpack(cls, raw: bytes) -> "Loc":
-        return cls._make(INDEX_VALUE.unpack(raw))
-
-    def pack(self) -> bytes:
-        return INDEX_VALUE.pack(self.seg, self.offset, self.length, self.crc)
 
 
 @dataclass
@@ -153,7 +121,7 @@ class UnitView:
                 self.unit._unpin(self.segs)
 
 
-class Unit:
+class Unit(UnitReader):
     """One storage unit. Thread-safe: appends and index updates are serialised by a lock."""
 
     def __init__(self, path: Path, unit_id: int, *, durability: str = "checkpoint",
@@ -632,325 +600,6 @@ class Unit:
             self._after_change()
             log.info("unit %d: compacted %d segments (%d frames moved)", self.unit_id, len(victims), len(items))
             return len(victims)
-
-    # ------------------------------------------------------------------ reading
-    def lookup(self, gidxs: Sequence[int], field: str, txn=None) -> List[Optional[Loc]]:
-        """Locations of ``field`` for each gidx (None where absent)."""
-        f = field.encode()
-        own = txn is None
-        txn = txn or self.env.begin()
-        try:
-            out = []
-            get = txn.get
-            db = self.db_loc
-            key = INDEX_KEY_HEAD.pack
-            unpack = INDEX_VALUE.unpack
-            make = Loc._make
-            for g in gidxs:
-                v = get(key(g) + f, db=db)
-                out.append(None if v is None else make(unpack(v)))
-            return out
-        finally:
-            if own:
-                txn.abort()
-
-    def lookup_array(self, gidxs: Sequence[int], field: str, txn=None,
-                     key_heads: Optional[Sequence[bytes]] = None) -> Optional[np.ndarray]:
-        """Locations of ``field`` for each gidx as one :data:`LOC_DTYPE` array (one native
-        multi-get); None when some gidx has no entry (use :meth:`lookup` to see which).
-        ``key_heads`` may give the packed gidxs (``INDEX_KEY_HEAD``) when reading many fields."""
-        f = field.encode()
-        if key_heads is None:
-            key = INDEX_KEY_HEAD.pack
-            keys = [key(g) + f for g in gidxs]
-        else:
-            keys = [h + f for h in key_heads]
-        own = txn is None
-        txn = txn or self.env.begin()
-        try:
-            pairs = txn.cursor(self.db_loc).getmulti(keys)
-        finally:
-            if own:
-                txn.abort()
-        if len(pairs) != len(keys):
-            return None
-        return np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE)
-
-    def read_uniform_mapped(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
-                            payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
-                            verify: bool = True) -> bool:
-        """Copy the payloads of frames of one length and one expected head into ``out[rows]``.
-
-        ``locs`` is a :data:`LOC_DTYPE` array, ``gidxs`` u64 and ``rows`` i64 arrays, ``out``
-        a writable C-contiguous ``(n, payload_len)`` uint8 array.  Works on the segment mmaps:
-        one :func:`~tqstore._format.frame.gather_run` per segment checks every frame (head
-        against ``template``, gidx, trailer, index CRC, padding, CRC32C) and copies its payload,
-        in one native pass.  Returns False when a head differs from ``template`` (read the frames
-        with :meth:`read_small`).
-
-        Raises:
-            CorruptionError: a frame is truncated, torn or fails its CRC32C.
-        """
-        n = len(locs)
-        if not n:
-            return True
-        flen = int(locs["length"][0])
-        segs = locs["seg"]
-        s0 = int(segs[0])
-        if n == 1 or (segs == s0).all():
-            groups = [(s0, locs, gidxs, rows)]
-        else:
-            groups = []
-            for seg in np.unique(segs).tolist():
-                sel = np.flatnonzero(segs == seg)
-                groups.append((seg, locs[sel], gidxs[sel], rows[sel]))
-        for seg, ls, gs, rs in groups:
-            m = self._map_to(seg, int(ls["offset"].max()) + flen)
-            if not gather_run(m, ls, gs, out, rs, template=template, payload_start=payload_start,
-                              payload_len=payload_len, verify=verify, path=self._seg_path(seg)):
-                return False
-        return True
-
-    def _seg_path(self, seg: int) -> str:
-        p = self._paths.get(seg)
-        if p is None:
-            p = self._paths[seg] = str(self.path / segment_name(seg))
-        return p
-
-    def _map_to(self, seg: int, end: int):
-        try:
-            return self.maps.get(seg, end)
-        except (FileNotFoundError, EOFError) as e:
-            raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(seg)) from e
-
-    def _map(self, loc: Loc):
-        try:
-            return self.maps.get(loc.seg, loc.offset + loc.length)
-        except (FileNotFoundError, EOFError) as e:
-            raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(loc.seg),
-                                  offset=loc.offset) from e
-
-    def read_frame(self, loc: Loc, *, verify: bool = True) -> Frame:
-        """The verified frame at ``loc``; its payload is a zero-copy view of the mmapped segment."""
-        m = self._map(loc)
-        return decode_frame(m, loc.offset, loc.length, path=self._seg_path(loc.seg), verify=verify,
-                            expected_crc=loc.crc)
-
-    def decode_payload(self, fr: Frame):
-        """The frame's raw payload bytes (decompressed if the frame is compressed)."""
-        if fr.codec == CODEC_ZSTD:
-            try:
-                return zstandard.ZstdDecompressor().decompress(fr.payload, max_output_size=fr.raw_len)
-            except zstandard.ZstdError as e:
-                raise CorruptionError(f"zstd payload does not decode: {e}", path=None) from e
-        return fr.payload
-
-    def read_heads(self, locs: Sequence[Loc]) -> List[FrameHead]:
-        """Parse the head of each frame with a small positional read (no mapping of payloads)."""
-        out = []
-        fds: Dict[int, int] = {}
-        try:
-            for loc in locs:
-                fd = self._fd(fds, loc.seg)
-                raw = os.pread(fd, min(loc.length, HEAD_READ_BYTES), loc.offset)
-                out.append(parse_head(raw, 0, loc.length if len(raw) == min(loc.length, HEAD_READ_BYTES) else None,
-                                      path=self._seg_path(loc.seg)) if len(raw) >= PREFIX_SIZE else
-                           _raise_truncated(self._seg_path(loc.seg), loc.offset))
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-        return out
-
-    def read_head_raw(self, loc: Loc) -> Tuple[FrameHead, bytes]:
-        """The parsed head of the frame at ``loc`` and its bytes up to the payload start."""
-        (h,) = self.read_heads([loc])
-        fds: Dict[int, int] = {}
-        try:
-            raw = os.pread(self._fd(fds, loc.seg), h.payload_start, loc.offset)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-        if len(raw) != h.payload_start:
-            _raise_truncated(self._seg_path(loc.seg), loc.offset)
-        return h, raw
-
-    def _fd(self, fds: Dict[int, int], seg: int) -> int:
-        fd = fds.get(seg)
-        if fd is None:
-            try:
-                fd = fds[seg] = os.open(self._seg_path(seg), os.O_RDONLY)
-            except FileNotFoundError as e:
-                raise CorruptionError("segment file missing", path=self._seg_path(seg)) from e
-        return fd
-
-    def read_into(self, locs: Sequence[Loc], heads: Sequence[FrameHead], dests: Sequence, *,
-                  verify: bool = True) -> None:
-        """Read each raw frame's payload straight into the writable buffer ``dests[i]``.
-
-        One ``preadv`` per frame (head, destination, trailer); the CRC32C is checked over
-        what landed.  Compressed frames are decompressed into the destination.
-        Raises CorruptionError on any mismatch (the destination content is then undefined).
-        """
-        fds: Dict[int, int] = {}
-        try:
-            for loc, h, dest in zip(locs, heads, dests):
-                dv = memoryview(dest).cast("B")
-                path = self._seg_path(loc.seg)
-                if h.flags & CODEC_MASK:
-                    data = self.decode_payload(self.read_frame(loc, verify=verify))
-                    if len(data) != dv.nbytes:
-                        raise CorruptionError(f"row payload holds {len(data)} bytes, expected {dv.nbytes}", path=path,
-                                              offset=loc.offset)
-                    dv[:] = data
-                    continue
-                if h.payload_len != dv.nbytes:
-                    raise CorruptionError(f"row payload holds {h.payload_len} bytes, expected {dv.nbytes}", path=path,
-                                          offset=loc.offset)
-                end = h.payload_start + h.payload_len
-                if (end + TRAILER.size + ALIGN - 1) & ~(ALIGN - 1) != loc.length:
-                    raise CorruptionError("record frame lengths do not match its extent in the index", path=path,
-                                          offset=loc.offset)
-                fd = self._fd(fds, loc.seg)
-                head = bytearray(h.payload_start)
-                trail = bytearray(loc.length - end)  # trailer and zero padding
-                n = os.preadv(fd, [head, dv, trail], loc.offset)
-                if n != loc.length:
-                    raise CorruptionError("truncated record frame", path=path, offset=loc.offset)
-                hlen = int.from_bytes(head[6:8], "little")
-                if any(head[PREFIX_SIZE + hlen:]) or any(trail[TRAILER.size:]):
-                    raise CorruptionError("record frame padding is not zero", path=path, offset=loc.offset)
-                crc_exp, emagic = TRAILER.unpack_from(trail)
-                if emagic != FRAME_END_MAGIC or crc_exp != loc.crc:
-                    raise CorruptionError("record frame trailer does not match the index", path=path,
-                                          offset=loc.offset, expected_crc=loc.crc, actual_crc=crc_exp)
-                if verify:
-                    act = _native.crc32c(dv, _native.crc32c(head))
-                    if act != crc_exp:
-                        raise CorruptionError("record frame checksum mismatch", path=path, offset=loc.offset,
-                                              expected_crc=crc_exp, actual_crc=act)
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-
-    def read_small(self, locs: Sequence[Loc], gidxs: Sequence[int], *, verify: bool = True) -> List[Tuple[FrameHead, object]]:
-        """Read frames through the segment mmaps, checked in bulk (one native call per segment).
-
-        Returns ``(head, payload)`` per frame: the payload is a read-only view of the mapped
-        segment (no copy), or the decompressed bytes of a compressed frame.
-
-        Raises:
-            CorruptionError: a frame does not check (names file and offset).
-        """
-        out: List = [None] * len(locs)
-        by_seg: Dict[int, List[int]] = defaultdict(list)
-        for i, loc in enumerate(locs):
-            by_seg[loc.seg].append(i)
-        for seg, idx in by_seg.items():
-            sel = [locs[i] for i in idx]
-            m = self._map_to(seg, max(l.offset + l.length for l in sel))
-            got = decode_frames(m, [l.offset for l in sel], [l.length for l in sel], crcs=[l.crc for l in sel],
-                                gidxs=[gidxs[i] for i in idx], verify=verify, path=self._seg_path(seg))
-            for i, l, (h, payload) in zip(idx, sel, got):
-                if h.flags & CODEC_MASK:
-                    payload = self._decompress(payload, h.raw_len, self._seg_path(seg), l.offset)
-                out[i] = (h, payload)
-        return out
-
-    def _decompress(self, payload, raw_len: int, path: str, offset: int) -> bytes:
-        try:
-            data = zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
-        except zstandard.ZstdError as e:
-            raise CorruptionError(f"zstd payload does not decode: {e}", path=path, offset=offset) from e
-        if len(data) != raw_len:
-            raise CorruptionError(f"zstd payload holds {len(data)} bytes, the frame says {raw_len}", path=path,
-                                  offset=offset)
-        return data
-
-    def read_uniform_into(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
-                          payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
-                          verify: bool = True) -> bool:
-        """Read raw frames of one length and one expected head straight into ``out[rows]``.
-
-        ``locs`` is a :data:`LOC_DTYPE` array, ``out`` a C-contiguous writable
-        ``(n, payload_len)`` uint8 array.  Frames adjacent on disk are read with one
-        vectored read (heads and trailers into a scratch buffer, payloads into ``out``),
-        then checked (vectorised) against ``template`` (see
-        :func:`~tqstore._format.frame.head_template`), the index and their CRC32C.
-        Returns False when a frame's head differs from the template (another shape or
-        dtype with the same length): read those rows with :meth:`read_heads` and
-        :meth:`read_into` instead.
-
-        Raises:
-            CorruptionError: a frame is truncated, torn or fails its CRC32C.
-        """
-        n = len(locs)
-        if not n:
-            return True
-        flen = int(locs["length"][0])
-        gap = flen - payload_len
-        if gap < payload_start + TRAILER.size or out.shape[1] != payload_len or not out.flags.c_contiguous:
-            return False
-        order = np.lexsort((locs["offset"], locs["seg"]))
-        segs = locs["seg"][order]
-        offs = locs["offset"][order].astype(np.int64)
-        crcs = locs["crc"][order]
-        gs = np.asarray(gidxs, dtype=np.uint64)[order]
-        brk = np.flatnonzero((np.diff(offs) != flen) | (np.diff(segs) != 0)) + 1
-        starts = [0] + brk.tolist() + [n]
-        scratch = np.empty((n, gap), np.uint8)
-        sv = memoryview(scratch.reshape(-1))
-        ov = memoryview(out.reshape(-1))
-        dests = [ov[p * payload_len:(p + 1) * payload_len] for p in np.asarray(rows)[order].tolist()]
-        offl = offs.tolist()
-        ps = payload_start
-        fds: Dict[int, int] = {}
-        try:
-            for a, b in zip(starts[:-1], starts[1:]):
-                seg = int(segs[a])
-                path = self._seg_path(seg)
-                iov = [sv[a * gap:a * gap + ps]]
-                for r in range(a, b):
-                    iov.append(dests[r])
-                    iov.append(sv[r * gap + ps:(r + 1) * gap + (ps if r + 1 < b else 0)])
-                got = files.preadv_all(self._fd(fds, seg), iov, offl[a])
-                if got != (b - a) * flen:
-                    raise CorruptionError("truncated record frame", path=path, offset=offl[a] + got - got % flen)
-                if not check_rows(scratch[a:b, :ps], scratch[a:b, ps:], template=template, gidxs=gs[a:b],
-                                  crcs=crcs[a:b], offsets=offs[a:b], path=path):
-                    return False
-        finally:
-            for fd in fds.values():
-                os.close(fd)
-        if verify:
-            crc = _native.crc32c
-            act = np.fromiter((crc(dests[r], crc(sv[r * gap:r * gap + ps])) for r in range(n)), dtype=np.uint32,
-                              count=n)
-            bad = np.flatnonzero(act != crcs)
-            if bad.size:
-                r = int(bad[0])
-                raise CorruptionError("record frame checksum mismatch", path=self._seg_path(int(segs[r])),
-                                      offset=offl[r], expected_crc=int(crcs[r]), actual_crc=int(act[r]))
-        return True
-
-    def verify(self) -> List[str]:
-        """Check every indexed frame and segment header; returns one line per problem."""
-        problems = []
-        segs = self._load_segs()
-        for s in segs:
-            p = self.path / segment_name(s)
-            try:
-                with open(p, "rb") as f:
-                    decode_segment_header(f.read(SEGMENT_HEADER_SIZE), path=str(p))
-            except (OSError, CorruptionError) as e:
-                problems.append(str(e))
-        with self.env.begin() as txn:
-            for k, v in txn.cursor(self.db_loc):
-                loc = Loc.unpack(v)
-                try:
-                    self.read_frame(loc)
-                except CorruptionError as e:
-                    problems.append(str(e))
-        return problems
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -31,11 +31,11 @@ def decode_segment_header(data, *, path: str) -> Tuple[int, int]:
     magic, version, _r, unit_id, seg_id, _z, crc = SEGMENT_HEADER.unpack_from(data, 0)
     if magic != SEGMENT_MAGIC:
         raise CorruptionError("not a tqstore segment file (bad magic)", path=path, offset=0)
-    if version != SEGMENT_VERSION:
-        raise FormatVersionError(f"segment format version {version} is not supported (reads {SEGMENT_VERSION})",
-                                 path=path, offset=0)
     actual = _native.crc32c(bytes(data[:SEGMENT_HEADER_SIZE - 4]))
     if actual != crc:
         raise CorruptionError("segment header checksum mismatch", path=path, offset=0, expected_crc=crc,
                               actual_crc=actual)
+    if version != SEGMENT_VERSION:
+        raise FormatVersionError(f"segment format version {version} is not supported (reads {SEGMENT_VERSION})",
+                                 path=path, offset=0)
     return unit_id, seg_id
