@@ -193,6 +193,9 @@ def test_failed_save_step_raises_clearly_and_keeps_previous_checkpoint_and_store
             def check(e, n):
                 _clear_error(e, action, str(ck))
                 assert verify_checkpoint(ck, raise_on_error=False).ok, (name, n)
+                # the checkpoint at ck is whole: the previous one, or the new one if the fault
+                # came after its publication
+                assert _loaded_state(d, ck) in (prev, live), (name, n)
                 assert store_state(s) == live, (name, n)
                 assert not [p for p in os.listdir(d) if ".tmp-" in p], (name, n)
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from . import _default
 from .client import FORWARDED, TransferQueueClient

@@ -222,7 +222,6 @@ class GRPOGroupNSampler(BaseSampler):
                 return hit
         if batch_size % n:
             raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
-        want = batch_size // n
         rows = getattr(partition, "rows", None)
 
         def seq(g: int) -> int:

@@ -22,11 +22,10 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import layout_dirs as L
-from ._format.columns import Column, allocate_batch, assemble, row_to_object, to_column
-from ._format.layout import KIND_VALUE
+from ._format.columns import Column, to_column
 from ._io import files
 from .checkpoint import CheckpointMixin
 from .controller import Controller, PutPlan

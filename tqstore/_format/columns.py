@@ -15,7 +15,7 @@ import torch
 from ..errors import CapacityError, InvalidInputError, UnsupportedTypeError
 from . import dtypes
 from .layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
-from .values import check_value, decode_value, encode_value
+from .values import decode_value, encode_value
 
 # a frame's length is a u32 in the unit index: payload + header + padding + trailer must fit
 MAX_ROW_BYTES = (1 << 32) - 4096

@@ -10,7 +10,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable, List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Union
 
 from . import failpoints as fp
 

@@ -26,7 +26,6 @@ Meant for tests: it reads whole files at every fsync, so keep the data small.
 """
 from __future__ import annotations
 
-import errno
 import os
 import random
 import shutil
