@@ -24,6 +24,19 @@ def _fp(name: str, *args) -> None:
         fp.observe(name, *args)
 
 
+def _advance(views: List[memoryview], i: int, n: int) -> int:
+    """After a vectored transfer of ``n`` bytes starting at ``views[i]``: skip the views done
+    in full, trim a partly done one in place, and return the index of the first view left."""
+    while n > 0 and i < len(views):
+        if n >= views[i].nbytes:
+            n -= views[i].nbytes
+            i += 1
+        else:
+            views[i] = views[i][n:]
+            n = 0
+    return i
+
+
 def pwrite_all(fd: int, buffers: Sequence, offset: int) -> int:
     """Write ``buffers`` back to back at ``offset`` (handles partial writes and IOV_MAX).
 
@@ -52,14 +65,7 @@ def pwrite_all(fd: int, buffers: Sequence, offset: int) -> int:
         chunk = views[i:i + IOV_MAX]
         n = os.pwritev(fd, chunk, pos)
         pos += n
-        # advance past fully written views; trim a partially written one
-        while n > 0 and i < len(views):
-            if n >= views[i].nbytes:
-                n -= views[i].nbytes
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
+        i = _advance(views, i, n)
     return total
 
 
@@ -79,13 +85,7 @@ def preadv_all(fd: int, buffers: Sequence, offset: int) -> int:
             break
         pos += n
         done += n
-        while n > 0 and i < len(views):
-            if n >= views[i].nbytes:
-                n -= views[i].nbytes
-                i += 1
-            else:
-                views[i] = views[i][n:]
-                n = 0
+        i = _advance(views, i, n)
     return done
 
 
