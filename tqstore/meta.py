@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -47,6 +47,19 @@ def _merge_extra(infos: Sequence[Dict[str, Any]], what: str) -> Dict[str, Any]:
                 raise InvalidInputError(f"{what}: extra_info key {k!r} has conflicting values across chunks")
             out.setdefault(k, v)
     return out
+
+
+def _chunk_bounds(size: int, chunks: int) -> List[Tuple[int, int]]:
+    """``(start, end)`` of ``chunks`` near-equal parts of ``range(size)``, earlier parts one larger."""
+    if chunks < 1:
+        raise InvalidInputError(f"chunks must be >= 1, got {chunks}")
+    base, rem = divmod(size, chunks)
+    bounds, start = [], 0
+    for i in range(chunks):
+        end = start + base + (1 if i < rem else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
 
 
 class BatchMeta:
@@ -194,15 +207,7 @@ class BatchMeta:
 
     def chunk(self, chunks: int) -> List["BatchMeta"]:
         """Split into ``chunks`` parts of near-equal size (earlier parts one larger)."""
-        if chunks < 1:
-            raise InvalidInputError(f"chunks must be >= 1, got {chunks}")
-        base, rem = divmod(self.size, chunks)
-        out, start = [], 0
-        for i in range(chunks):
-            end = start + base + (1 if i < rem else 0)
-            out.append(self.select_samples(range(start, end)))
-            start = end
-        return out
+        return [self.select_samples(range(start, end)) for start, end in _chunk_bounds(self.size, chunks)]
 
     def chunk_by_partition(self) -> List["BatchMeta"]:
         """Split into one BatchMeta per partition, in order of first appearance."""
@@ -321,16 +326,8 @@ class KVBatchMeta:
 
     def chunk(self, chunks: int) -> List["KVBatchMeta"]:
         """Split into ``chunks`` parts of near-equal size (earlier parts one larger)."""
-        if chunks < 1:
-            raise InvalidInputError(f"chunks must be >= 1, got {chunks}")
-        base, rem = divmod(self.size, chunks)
-        out, start = [], 0
-        for i in range(chunks):
-            end = start + base + (1 if i < rem else 0)
-            out.append(KVBatchMeta(self.keys[start:end], self.tags[start:end], self.partition_id, self.fields,
-                                   self.extra_info))
-            start = end
-        return out
+        return [KVBatchMeta(self.keys[start:end], self.tags[start:end], self.partition_id, self.fields,
+                            self.extra_info) for start, end in _chunk_bounds(self.size, chunks)]
 
     @classmethod
     def concat(cls, data: Sequence["KVBatchMeta"]) -> "KVBatchMeta":
