@@ -41,7 +41,7 @@ from ..unit import check_index_format
 from . import manifest as M
 from .planner import INDEX_VALUE_DTYPE, FrameTable, TargetPlan, plan_load_mode, plan_reshard
 from .scan import BadFrame, scan_file
-from .verify import _read_unit_index, read_manifest, resolve_checkpoint_dir
+from .verify import _read_unit_index, bad_block, read_manifest, resolve_checkpoint_dir
 
 log = logging.getLogger("tqstore")
 
@@ -88,13 +88,7 @@ def locate_damage(p: Path, e: M.FileEntry, res) -> CorruptionError:
         b: BadFrame = res.bad[0]
         return CorruptionError(f"checkpoint {e.role.replace('_', ' ')}: {b.message}", path=str(p), offset=b.offset,
                                expected_crc=b.expected_crc, actual_crc=b.actual_crc)
-    offset = None
-    if e.block_crc32c and res.blocks:
-        for i, (want, got) in enumerate(zip(e.block_crc32c, res.blocks)):
-            if want != got:
-                offset = i * M.INDEX_BLOCK_BYTES
-                break
-    where = "" if offset is None else f" in the {M.INDEX_BLOCK_BYTES >> 20} MiB block at this offset"
+    offset, where = bad_block(e, res)
     return CorruptionError(f"checkpoint file checksum mismatch{where}", path=str(p), offset=offset,
                            expected_crc=e.crc32c, actual_crc=res.crc)
 

@@ -122,17 +122,21 @@ class CheckpointReport:
                 "elapsed_s": round(self.elapsed_s, 6)}
 
 
+def bad_block(e: M.FileEntry, res) -> Tuple[Optional[int], str]:
+    """``(offset, where)`` of the first block whose CRC32C differs from ``e.block_crc32c``:
+    ``(None, "")`` when the file has no block CRCs or none differs; ``where`` ends a message."""
+    if e.block_crc32c and res.blocks:
+        for i, (want, got) in enumerate(zip(e.block_crc32c, res.blocks)):
+            if want != got:
+                return i * M.INDEX_BLOCK_BYTES, f" in the {M.INDEX_BLOCK_BYTES >> 20} MiB block at this offset"
+    return None, ""
+
+
 def _crc_problem(p: Path, e: M.FileEntry, res) -> Problem:
     if res.bad:
         b = res.bad[0]
         return Problem(str(p), f"{b.message} ({len(res.bad)} bad frame(s))", b.offset, b.expected_crc, b.actual_crc)
-    offset = None
-    if e.block_crc32c and res.blocks:
-        for i, (want, got) in enumerate(zip(e.block_crc32c, res.blocks)):
-            if want != got:
-                offset = i * M.INDEX_BLOCK_BYTES
-                break
-    where = "" if offset is None else f" in the {M.INDEX_BLOCK_BYTES >> 20} MiB block at this offset"
+    offset, where = bad_block(e, res)
     if e.role == M.ROLE_SEGMENT and offset is None:
         where = " (outside every indexed frame)" if res.frames else ""
     return Problem(str(p), f"file checksum mismatch{where}", offset, e.crc32c, res.crc)
