@@ -202,14 +202,20 @@ def row_to_object(kind: int, dtype: int, shape: Tuple[int, ...], payload, *, cop
     return t.view(t_dtype).reshape(shape)
 
 
-def allocate_batch(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
-    """Allocate a batch output and return ``(obj, row_views)`` with a writable view per row."""
+def _allocate_raw(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
+    """A new ``(n,) + row_shape`` array or tensor and a flat uint8 array over its memory."""
     if kind == KIND_NDARRAY:
         obj = np.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_NUMPY[dtype])
         raw = obj.reshape(-1).view(np.uint8)
     else:
         obj = torch.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_TORCH[dtype])
         raw = obj.reshape(-1).view(torch.uint8).numpy() if obj.numel() else np.empty(0, np.uint8)
+    return obj, raw
+
+
+def allocate_batch(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
+    """Allocate a batch output and return ``(obj, row_views)`` with a writable view per row."""
+    obj, raw = _allocate_raw(kind, dtype, n, row_shape)
     per = raw.nbytes // n if n else 0
     return obj, [raw[i * per:(i + 1) * per] for i in range(n)]
 
@@ -217,12 +223,7 @@ def allocate_batch(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
 def allocate_rows(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
     """Allocate a batch output and return ``(obj, rows)``: ``rows`` is a writable
     ``(n, row_bytes)`` uint8 array over the output's memory (row ``i`` is ``rows[i]``)."""
-    if kind == KIND_NDARRAY:
-        obj = np.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_NUMPY[dtype])
-        raw = obj.reshape(-1).view(np.uint8)
-    else:
-        obj = torch.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_TORCH[dtype])
-        raw = obj.reshape(-1).view(torch.uint8).numpy() if obj.numel() else np.empty(0, np.uint8)
+    obj, raw = _allocate_raw(kind, dtype, n, row_shape)
     return obj, raw.reshape(n, raw.nbytes // n if n else 0)
 
 
