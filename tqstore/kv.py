@@ -28,7 +28,7 @@ import threading
 import time
 from collections import defaultdict
 from itertools import islice
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -670,15 +670,10 @@ class KVMixin:
         ``consumed`` is an int8 tensor (1 consumed, 0 not).  ``(None, None)`` when the
         partition does not exist (as TransferQueue).
         """
-        self._check_open()
-        with self._meta_lock:
-            p = self.controller.parts.get(partition_id)
-            if p is None:
-                return None, None
-            gidxs = sorted(p.rows)
+        def consumed(p, gidxs):
             done = self.controller.consumed.get((partition_id, task_name), set())
-            return (torch.tensor(gidxs, dtype=torch.long),
-                    torch.tensor([1 if g in done else 0 for g in gidxs], dtype=torch.int8))
+            return torch.tensor([1 if g in done else 0 for g in gidxs], dtype=torch.int8)
+        return self._row_status(partition_id, consumed)
 
     def get_production_status(self, data_fields: Union[str, Sequence[str]], partition_id: str
                               ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
@@ -688,15 +683,23 @@ class KVMixin:
         None)`` when the partition does not exist (as TransferQueue).
         """
         fields = _field_list(data_fields, "data_fields") or []
+
+        def produced(p, gidxs):
+            status = [[1 if f in p.rows[g].fields else 0 for f in fields] for g in gidxs]
+            return torch.tensor(status, dtype=torch.int8).reshape(len(gidxs), len(fields))
+        return self._row_status(partition_id, produced)
+
+    def _row_status(self, partition_id: str, status: Callable[[Any, List[int]], torch.Tensor]
+                    ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(global_indexes, status(partition, global_indexes))`` with the partition's global
+        indexes sorted, under the meta lock; ``(None, None)`` when the partition does not exist."""
         self._check_open()
         with self._meta_lock:
             p = self.controller.parts.get(partition_id)
             if p is None:
                 return None, None
             gidxs = sorted(p.rows)
-            status = [[1 if f in p.rows[g].fields else 0 for f in fields] for g in gidxs]
-            return (torch.tensor(gidxs, dtype=torch.long),
-                    torch.tensor(status, dtype=torch.int8).reshape(len(gidxs), len(fields)))
+            return torch.tensor(gidxs, dtype=torch.long), status(p, gidxs)
 
     def check_consumption_status(self, task_name: str, partition_id: str) -> bool:
         """True when the partition has rows and ``task_name`` consumed all of them."""
