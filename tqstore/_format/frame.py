@@ -41,8 +41,8 @@ from .layout import (
 
 
 @dataclass(frozen=True)
-class Frame:
-    """A verified frame. ``payload`` is a memoryview into the source buffer (no copy)."""
+class _HeadFields:
+    """What a frame's header says, shared by :class:`Frame` and :class:`FrameHead`."""
 
     gidx: int
     field: str
@@ -51,6 +51,12 @@ class Frame:
     shape: Tuple[int, ...]
     flags: int
     raw_len: int
+
+
+@dataclass(frozen=True)
+class Frame(_HeadFields):
+    """A verified frame. ``payload`` is a memoryview into the source buffer (no copy)."""
+
     payload: memoryview
     crc: int
 
@@ -103,16 +109,9 @@ def encode_uniform(field: bytes, kind: int, dtype: int, shape, gidxs: Sequence[i
 
 
 @dataclass(frozen=True)
-class FrameHead:
+class FrameHead(_HeadFields):
     """The parsed prefix and header of a frame (not yet CRC-verified)."""
 
-    gidx: int
-    field: str
-    kind: int
-    dtype: int
-    shape: Tuple[int, ...]
-    flags: int
-    raw_len: int
     payload_start: int  # from the frame start
     payload_len: int
 
