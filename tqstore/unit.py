@@ -42,7 +42,6 @@ from .unit_read import HEAD_READ_BYTES, LOC_DTYPE, MMAP_READ_BYTES, Loc, UnitRea
 
 log = logging.getLogger("tqstore")
 
-SMALL_FRAME_BYTES = 64 << 10  # kept for callers; the read and write paths use the two bounds below
 BULK_FRAME_BYTES = 4 << 10  # payloads below this are framed in bulk (one native call, copied into one buffer);
 # larger ones are framed in place and written from the caller's memory (no copy)
 DEFAULT_SEGMENT_BYTES = 256 << 20

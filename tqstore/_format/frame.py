@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from .. import _native
 from .._native._pure import GATHER_DIFFERS as _GATHER_DIFFERS, GATHER_GIDX as _GATHER_GIDX, \
@@ -254,36 +253,6 @@ def head_template(head) -> Tuple[bytes, bytes]:
     """
     hb = bytes(head)
     return hb[:_GIDX.start], hb[_GIDX.stop:]
-
-
-def check_run(buf, start: int, count: int, length: int, *, template: Tuple[bytes, bytes], payload_start: int,
-              payload_len: int, gidxs, crcs, path: str = "<buffer>"):
-    """Check ``count`` frames of one ``length`` lying back to back in ``buf`` from ``start``.
-
-    Vectorised: every frame's head must equal ``template`` (see :func:`head_template`)
-    apart from its gidx, which must be ``gidxs[i]``; every trailer must carry end magic,
-    the index's CRC ``crcs[i]`` and zero padding.  The CRC32C itself is not computed
-    here (do it in bulk with ``_native.verify_frames``).
-
-    Returns a read-only ``(count, payload_len)`` uint8 view of the payloads (no copy), or
-    None when some head differs from the template (another shape or dtype).
-
-    Raises:
-        CorruptionError: a frame is truncated, torn, or not the one the index names.
-    """
-    seg = np.frombuffer(buf, np.uint8)
-    if start < 0 or start + count * length > seg.size:
-        raise CorruptionError("truncated record frame", path=path, offset=max(start, 0))
-
-    def rows(skip: int, width: int):
-        return as_strided(seg[start + skip:], shape=(count, width), strides=(length, 1), writeable=False)
-
-    tpos = payload_start + payload_len
-    offsets = start + np.arange(count, dtype=np.int64) * length
-    if not check_rows(rows(0, payload_start), rows(tpos, length - tpos), template=template, gidxs=gidxs, crcs=crcs,
-                      offsets=offsets, path=path):
-        return None
-    return rows(payload_start, payload_len)
 
 
 def gather_run(buf, locs, gidxs, out, rows, *, template: Tuple[bytes, bytes], payload_start: int, payload_len: int,

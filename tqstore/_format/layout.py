@@ -53,11 +53,6 @@ def payload_offset(header_len: int) -> int:
     return align_up(PREFIX_SIZE + header_len)
 
 
-def frame_length(header_len: int, payload_len: int) -> int:
-    """Total bytes a frame occupies on disk, padding included (a multiple of 64)."""
-    return align_up(payload_offset(header_len) + payload_len + TRAILER_SIZE)
-
-
 def index_key(gidx: int, field: bytes) -> bytes:
     """Unit-index key of (global index, field)."""
     return INDEX_KEY_HEAD.pack(gidx) + field
