@@ -145,6 +145,8 @@ class Unit(UnitReader):
         self._zc = zstandard.ZstdCompressor(level=3)
         self._writer: Optional[SegmentWriter] = None
         self._paths: Dict[int, str] = {}
+        # segments that may have become sealed with no live bytes (checked by _after_change)
+        self._maybe_dead: set = set()
         self._recover()
 
     # ------------------------------------------------------------------ open / recovery
@@ -161,6 +163,7 @@ class Unit(UnitReader):
         """Make disk agree with the index: cut torn tails, drop stray segment files and
         index entries that point past the end of a (power-loss shortened) segment."""
         segs = self._load_segs()
+        self._maybe_dead.update(segs)  # the first change after opening looks at every segment
         on_disk = {parse_segment_name(n): n for n in files.listdir(self.path)}
         on_disk.pop(None, None)
         for seg_id, name in on_disk.items():
@@ -211,15 +214,14 @@ class Unit(UnitReader):
             for k in drop:
                 txn.delete(k, db=self.db_loc)
             for seg_id, size in short.items():
-                raw = txn.get(_seg_key(seg_id), db=self.db_segs)
-                info = SegInfo.unpack(raw)
+                info = self._get_seg(txn, seg_id)
                 if size < SEGMENT_HEADER_SIZE:
                     txn.delete(_seg_key(seg_id), db=self.db_segs)
                     files.unlink(self.path / segment_name(seg_id))
                 else:
                     info.size = size
                     info.sealed = True
-                    txn.put(_seg_key(seg_id), info.pack(), db=self.db_segs)
+                    self._put_seg(txn, seg_id, info)
         self._recompute_live()
 
     def _recompute_live(self) -> None:
@@ -233,15 +235,25 @@ class Unit(UnitReader):
                 live[loc.seg] += loc.length
             for k, v in list(txn.cursor(self.db_segs)):
                 info = SegInfo.unpack(v)
-                info.live = live.get(int.from_bytes(k, "big"), 0)
-                txn.put(k, info.pack(), db=self.db_segs)
+                seg_id = int.from_bytes(k, "big")
+                info.live = live.get(seg_id, 0)
+                self._put_seg(txn, seg_id, info)
+
+    def _get_seg(self, txn, seg_id: int) -> SegInfo:
+        return SegInfo.unpack(txn.get(_seg_key(seg_id), db=self.db_segs))
+
+    def _put_seg(self, txn, seg_id: int, info: SegInfo) -> None:
+        """Write a segment record; one left sealed with no live bytes is noted for :meth:`_after_change`."""
+        txn.put(_seg_key(seg_id), info.pack(), db=self.db_segs)
+        if info.sealed and info.live == 0:
+            self._maybe_dead.add(seg_id)
 
     def _set_seg(self, seg_id: int, **changes) -> None:
         with self.env.begin(write=True) as txn:
-            info = SegInfo.unpack(txn.get(_seg_key(seg_id), db=self.db_segs))
+            info = self._get_seg(txn, seg_id)
             for k, v in changes.items():
                 setattr(info, k, v)
-            txn.put(_seg_key(seg_id), info.pack(), db=self.db_segs)
+            self._put_seg(txn, seg_id, info)
 
     # ------------------------------------------------------------------ writing
     def _compressed(self, field: str) -> bool:
@@ -265,7 +277,7 @@ class Unit(UnitReader):
         if self.sync:
             # the new file's directory entry must be durable before an index commit names it
             files.fsync_dir(self.path)
-        txn.put(_seg_key(seg_id), SegInfo(w.size, 0, False).pack(), db=self.db_segs)
+        self._put_seg(txn, seg_id, SegInfo(w.size, 0, False))
         self._writer = w
         return w
 
@@ -275,11 +287,10 @@ class Unit(UnitReader):
             return
         if self.sync:
             w.fsync()
-        raw = txn.get(_seg_key(w.seg_id), db=self.db_segs)
-        info = SegInfo.unpack(raw)
+        info = self._get_seg(txn, w.seg_id)
         info.sealed = True
         info.size = w.size
-        txn.put(_seg_key(w.seg_id), info.pack(), db=self.db_segs)
+        self._put_seg(txn, w.seg_id, info)
         w.close()
         self._writer = None
 
@@ -383,7 +394,7 @@ class Unit(UnitReader):
                 for s, info in segs.items():
                     if not info.sealed:
                         info.sealed = True
-                        txn.put(_seg_key(s), info.pack(), db=self.db_segs)
+                        self._put_seg(txn, s, info)
             for name in files.listdir(self.path):
                 sid = parse_segment_name(name)
                 if sid is not None and sid not in segs:
@@ -404,10 +415,10 @@ class Unit(UnitReader):
                         continue
                     o = Loc.unpack(old)
                     dead[o.seg] += o.length
-        info = SegInfo.unpack(txn.get(_seg_key(seg_id), db=self.db_segs))
+        info = self._get_seg(txn, seg_id)
         info.size += added
         info.live += added
-        txn.put(_seg_key(seg_id), info.pack(), db=self.db_segs)
+        self._put_seg(txn, seg_id, info)
         self._apply_dead(txn, dead)
 
     def _apply_dead(self, txn, dead: Dict[int, int]) -> None:
@@ -417,7 +428,7 @@ class Unit(UnitReader):
                 continue
             info = SegInfo.unpack(raw)
             info.live = max(0, info.live - n)
-            txn.put(_seg_key(s), info.pack(), db=self.db_segs)
+            self._put_seg(txn, s, info)
 
     def undo_tokens(self) -> List[int]:
         """Tokens of overwriting puts whose undo records are not settled yet."""
@@ -500,11 +511,26 @@ class Unit(UnitReader):
 
     # ------------------------------------------------------------------ segment lifecycle
     def _after_change(self) -> None:
-        """Unlink sealed segments with no live bytes and no pin."""
-        segs = self._load_segs()
-        dead = [s for s, i in segs.items() if i.sealed and i.live == 0 and not self._pins.get(s)]
-        if dead:
-            self._remove_segments(dead)
+        """Unlink sealed segments with no live bytes and no pin.
+
+        Only segments noted since the last call are looked at: those whose record was
+        written sealed with no live bytes (:meth:`_put_seg`), those whose last pin went,
+        and, after opening, all of them.  A pinned one is noted again when unpinned."""
+        with self._lock:
+            if not self._maybe_dead:
+                return
+            cand, self._maybe_dead = self._maybe_dead, set()
+            with self.env.begin() as txn:
+                dead = []
+                for s in sorted(cand):
+                    raw = txn.get(_seg_key(s), db=self.db_segs)
+                    if raw is None or self._pins.get(s):
+                        continue
+                    i = SegInfo.unpack(raw)
+                    if i.sealed and i.live == 0:
+                        dead.append(s)
+            if dead:
+                self._remove_segments(dead)
 
     def _remove_segments(self, seg_ids: Sequence[int]) -> None:
         with self._lock:
@@ -547,6 +573,7 @@ class Unit(UnitReader):
                 self._pins[s] -= 1
                 if self._pins[s] <= 0:
                     del self._pins[s]
+                    self._maybe_dead.add(s)
         self._after_change()
 
     def pinned(self) -> Dict[int, int]:
@@ -585,15 +612,14 @@ class Unit(UnitReader):
                 if self.sync:
                     w.fsync()
                 txn.cursor(self.db_loc).putmulti(items)
-                info = SegInfo.unpack(txn.get(_seg_key(w.seg_id), db=self.db_segs))
+                info = self._get_seg(txn, w.seg_id)
                 info.size += off - start
                 info.live += off - start
-                txn.put(_seg_key(w.seg_id), info.pack(), db=self.db_segs)
+                self._put_seg(txn, w.seg_id, info)
                 for s in victims:
-                    raw = txn.get(_seg_key(s), db=self.db_segs)
-                    i = SegInfo.unpack(raw)
+                    i = self._get_seg(txn, s)
                     i.live = 0
-                    txn.put(_seg_key(s), i.pack(), db=self.db_segs)
+                    self._put_seg(txn, s, i)
                 lmdb_commit_point("unit_commit")
             del bufs
             self._after_change()
