@@ -21,8 +21,8 @@ from ._format.frame import (
     parse_head,
 )
 from ._format.layout import (
-    ALIGN, CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
-    FRAME_END_MAGIC,
+    CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
+    FRAME_END_MAGIC, frame_extent,
 )
 from ._format.segment import decode_segment_header, segment_name
 from ._io import files
@@ -238,7 +238,7 @@ class UnitReader:
                     raise CorruptionError(f"row payload holds {h.payload_len} bytes, expected {dv.nbytes}", path=path,
                                           offset=loc.offset)
                 end = h.payload_start + h.payload_len
-                if (end + TRAILER.size + ALIGN - 1) & ~(ALIGN - 1) != loc.length:
+                if frame_extent(h.payload_start, h.payload_len) != loc.length:
                     raise CorruptionError("record frame lengths do not match its extent in the index", path=path,
                                           offset=loc.offset)
                 fd = self._fd(fds, loc.seg)

@@ -36,6 +36,8 @@ from .layout import (
     PREFIX_SIZE,
     TRAILER,
     TRAILER_SIZE,
+    frame_extent,
+    payload_offset,
 )
 
 
@@ -137,10 +139,10 @@ def parse_head(buf, offset: int = 0, length: Optional[int] = None, *, path: str 
             f"{FRAME_VERSION})", path=path, offset=offset)
     if flags & ~KNOWN_FLAGS or (flags & CODEC_MASK) not in (CODEC_RAW, CODEC_ZSTD):
         raise CorruptionError(f"record frame has unknown flags {flags:#x}", path=path, offset=offset)
-    pstart = (PREFIX_SIZE + hlen + ALIGN - 1) & ~(ALIGN - 1)
+    pstart = payload_offset(hlen)
     if hlen < HEADER_HEAD_SIZE or PREFIX_SIZE + hlen > avail:
         raise CorruptionError("record frame header is truncated or malformed", path=path, offset=offset)
-    if length is not None and (pstart + plen + TRAILER_SIZE + ALIGN - 1) & ~(ALIGN - 1) != length:
+    if length is not None and frame_extent(pstart, plen) != length:
         raise CorruptionError("record frame lengths disagree with its extent (torn or truncated)", path=path,
                               offset=offset)
     gidx, kind, dtype, ndim, flen = HEADER_HEAD.unpack_from(mv, offset + PREFIX_SIZE)
@@ -197,10 +199,6 @@ _ZEROS = bytes(ALIGN)
 _GIDX = slice(PREFIX_SIZE, PREFIX_SIZE + 8)  # where a frame's gidx lies, from the frame start
 
 
-def _extent(payload_start: int, payload_len: int) -> int:
-    return (payload_start + payload_len + TRAILER_SIZE + ALIGN - 1) & ~(ALIGN - 1)
-
-
 def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: Optional[Sequence[int]] = None,
                   gidxs: Optional[Sequence[int]] = None, verify: bool = True,
                   path: str = "<buffer>") -> List[Tuple[FrameHead, memoryview]]:
@@ -232,7 +230,7 @@ def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: 
             raise CorruptionError("record frame is not the one the index names", path=path, offset=off,
                                   expected_crc=crcs[i], actual_crc=crc_exp)
         end = pos + plen + TRAILER_SIZE
-        if _extent(pos - off, plen) != length or (end != off + length and mv[end:off + length] != _ZEROS[:off + length - end]):
+        if frame_extent(pos - off, plen) != length or (end != off + length and mv[end:off + length] != _ZEROS[:off + length - end]):
             decode_frame(mv, off, length, path=path, verify=verify)
             raise CorruptionError("record frame extent or padding is damaged", path=path, offset=off)
         key = mv[off + 4:off + PREFIX_SIZE].tobytes() + mv[off + PREFIX_SIZE + 8:pos].tobytes()

@@ -53,6 +53,11 @@ def payload_offset(header_len: int) -> int:
     return align_up(PREFIX_SIZE + header_len)
 
 
+def frame_extent(payload_start: int, payload_len: int) -> int:
+    """Bytes a frame takes (trailer and zero padding included) given its payload start and length."""
+    return align_up(payload_start + payload_len + TRAILER_SIZE)
+
+
 def index_key(gidx: int, field: bytes) -> bytes:
     """Unit-index key of (global index, field)."""
     return INDEX_KEY_HEAD.pack(gidx) + field

@@ -26,6 +26,8 @@ from .._format.layout import (
     PREFIX_SIZE,
     TRAILER,
     TRAILER_SIZE,
+    frame_extent,
+    payload_offset,
 )
 
 IMPLEMENTATION = "pure"
@@ -186,7 +188,7 @@ def verify_frames(buf, offsets: Sequence[int], lengths: Sequence[int]):
             out.append((1, 0, 0, 0, 0))
             continue
         magic, ver, flags, hlen, plen, _raw = PREFIX.unpack_from(mv, off)
-        pstart = (PREFIX_SIZE + hlen + ALIGN - 1) & ~(ALIGN - 1)
+        pstart = payload_offset(hlen)
         end = pstart + plen
         if magic != FRAME_MAGIC or ver != FRAME_VERSION or end + TRAILER_SIZE > length:
             out.append((1, 0, 0, 0, 0))
@@ -279,7 +281,7 @@ def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: i
     seg = np.frombuffer(vb, np.uint8)
     size = seg.size
     tpos = pstart + plen
-    flen = (tpos + TRAILER_SIZE + ALIGN - 1) & ~(ALIGN - 1)
+    flen = frame_extent(pstart, plen)
     offs = loc["offset"]
     code = np.zeros(n, np.int8)
     expected = np.zeros(n, np.uint64)

@@ -13,7 +13,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from .. import _native
 from .._format.layout import (
-    ALIGN, FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION, PREFIX, PREFIX_SIZE, TRAILER, TRAILER_SIZE,
+    FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION, PREFIX, PREFIX_SIZE, TRAILER, TRAILER_SIZE,
+    payload_offset,
 )
 
 CHUNK_BYTES = 8 << 20
@@ -151,7 +152,7 @@ def check_frame(fd: int, offset: int, length: int, recorded: int, *, chunk_bytes
     if len(head) < PREFIX_SIZE:
         return BadFrame(offset, "record frame lies past the end of the file (truncated)")
     magic, version, _flags, hlen, plen, _raw = PREFIX.unpack(head)
-    pstart = (PREFIX_SIZE + hlen + ALIGN - 1) & ~(ALIGN - 1)
+    pstart = payload_offset(hlen)
     end = pstart + plen
     if magic != FRAME_MAGIC or version != FRAME_VERSION or end + TRAILER_SIZE > length:
         return BadFrame(offset, "not an intact record frame (bad magic, version or lengths)")
