@@ -148,22 +148,16 @@ class UnitReader:
             p = self._paths[seg] = str(self.path / segment_name(seg))
         return p
 
-    def _map_to(self, seg: int, end: int):
+    def _map_to(self, seg: int, end: int, offset: Optional[int] = None):
         try:
             return self.maps.get(seg, end)
         except (FileNotFoundError, EOFError) as e:
-            raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(seg)) from e
-
-    def _map(self, loc: Loc):
-        try:
-            return self.maps.get(loc.seg, loc.offset + loc.length)
-        except (FileNotFoundError, EOFError) as e:
-            raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(loc.seg),
-                                  offset=loc.offset) from e
+            raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(seg),
+                                  offset=offset) from e
 
     def read_frame(self, loc: Loc, *, verify: bool = True) -> Frame:
         """The verified frame at ``loc``; its payload is a zero-copy view of the mmapped segment."""
-        m = self._map(loc)
+        m = self._map_to(loc.seg, loc.offset + loc.length, loc.offset)
         return decode_frame(m, loc.offset, loc.length, path=self._seg_path(loc.seg), verify=verify,
                             expected_crc=loc.crc)
 
@@ -182,28 +176,32 @@ class UnitReader:
         fds: Dict[int, int] = {}
         try:
             for loc in locs:
-                fd = self._fd(fds, loc.seg)
-                raw = os.pread(fd, min(loc.length, HEAD_READ_BYTES), loc.offset)
-                out.append(parse_head(raw, 0, loc.length if len(raw) == min(loc.length, HEAD_READ_BYTES) else None,
-                                      path=self._seg_path(loc.seg)) if len(raw) >= PREFIX_SIZE else
-                           _raise_truncated(self._seg_path(loc.seg), loc.offset))
+                out.append(self._head_at(self._fd(fds, loc.seg), loc)[0])
         finally:
             for fd in fds.values():
                 os.close(fd)
         return out
 
+    def _head_at(self, fd: int, loc: Loc) -> Tuple[FrameHead, bytes]:
+        """The parsed head of the frame at ``loc`` and the bytes read for it (the head, at least)."""
+        want = min(loc.length, HEAD_READ_BYTES)
+        raw = os.pread(fd, want, loc.offset)
+        if len(raw) < PREFIX_SIZE:
+            _raise_truncated(self._seg_path(loc.seg), loc.offset)
+        return parse_head(raw, 0, loc.length if len(raw) == want else None, path=self._seg_path(loc.seg)), raw
+
     def read_head_raw(self, loc: Loc) -> Tuple[FrameHead, bytes]:
-        """The parsed head of the frame at ``loc`` and its bytes up to the payload start."""
-        (h,) = self.read_heads([loc])
+        """The parsed head of the frame at ``loc`` and its bytes up to the payload start
+        (one positional read: ``HEAD_READ_BYTES`` covers the largest payload start)."""
         fds: Dict[int, int] = {}
         try:
-            raw = os.pread(self._fd(fds, loc.seg), h.payload_start, loc.offset)
+            h, raw = self._head_at(self._fd(fds, loc.seg), loc)
         finally:
             for fd in fds.values():
                 os.close(fd)
-        if len(raw) != h.payload_start:
+        if len(raw) < h.payload_start:
             _raise_truncated(self._seg_path(loc.seg), loc.offset)
-        return h, raw
+        return h, raw[:h.payload_start]
 
     def _fd(self, fds: Dict[int, int], seg: int) -> int:
         fd = fds.get(seg)
