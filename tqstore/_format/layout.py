@@ -58,10 +58,6 @@ def frame_extent(payload_start: int, payload_len: int) -> int:
     return align_up(payload_start + payload_len + TRAILER_SIZE)
 
 
-def index_key(gidx: int, field: bytes) -> bytes:
-    """Unit-index key of (global index, field)."""
-    return INDEX_KEY_HEAD.pack(gidx) + field
-
 # segment file: a 64-byte header, then frames back to back (each 64-byte aligned)
 SEGMENT_MAGIC = b"TQSG"
 SEGMENT_VERSION = 1
