@@ -27,6 +27,8 @@ EXPECTED = {
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
     # checkpoints
     "save_checkpoint", "load_checkpoint", "CheckpointManager", "verify_checkpoint",
+    # how often to checkpoint (tqstore.policy)
+    "checkpoint_interval", "young_interval", "expected_overhead",
 }
 
 

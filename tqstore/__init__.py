@@ -22,6 +22,7 @@ from .errors import (
     RestorePendingError, SchemaError, StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError,
 )
 from .meta import BatchMeta, KVBatchMeta
+from .policy import checkpoint_interval, expected_overhead, young_interval
 from .samplers import BaseSampler, GRPOGroupNSampler, RandomSampler, RankAwareSampler, SequentialSampler
 from .store import Store, open
 
@@ -41,5 +42,6 @@ __all__ = [
     "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
     "get_partition_list", "save_checkpoint", "load_checkpoint",
     "CheckpointManager", "verify_checkpoint",
+    "checkpoint_interval", "young_interval", "expected_overhead",
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
 ]

@@ -21,11 +21,6 @@ FORWARDED = (
 )
 
 
-def _signature_without_self(func: Callable) -> inspect.Signature:
-    sig = inspect.signature(func)
-    return sig.replace(parameters=list(sig.parameters.values())[1:])
-
-
 def _client_method(name: str) -> Callable:
     target = getattr(KVMixin, name)
 

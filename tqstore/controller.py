@@ -41,7 +41,6 @@ from .errors import (
 log = logging.getLogger("tqstore")
 
 CONTROLLER_FORMAT = 1
-_G = ">Q"
 
 
 # one encoder for every row (json.dumps with options builds a new encoder per call)
@@ -431,18 +430,6 @@ class Controller:
             self.next_gidx = next_after
             if token is not None:
                 self.put_token = token
-
-    def create_partition(self, pid: str) -> bool:
-        """Create an empty partition; returns False if it existed."""
-        check_name("partition_id", pid)
-        with self._lock, wrap_errors("create partition", self.path):
-            if pid in self.parts:
-                return False
-            p = Partition(pid)
-            with self.env.begin(write=True) as txn:
-                txn.put(pid.encode(), p.pack(), db=self.db["parts"])
-            self.parts[pid] = p
-            return True
 
     # ------------------------------------------------------------------ clears
     def clear_rows(self, pid: str, gidxs: Iterable[int], *, drop_partition: bool = False) -> List[int]:

@@ -63,23 +63,18 @@ class _Split:
         self.keys = {u: [INDEX_KEY_HEAD.pack(g) for g in gs] for u, gs in self.gidxs.items()}
 
 
-def read_field(units: Sequence[Unit], pool, gidxs: List[int], field: str, kind: int, *, verify: bool = True,
-               txns: Sequence[Any] = None) -> Any:
-    """Read ``field`` of rows ``gidxs`` (row g on unit g % len(units)) as one batched value.
-
-    ``txns`` optionally gives each unit's read transaction (a snapshot); else the latest state.
-
-    Raises:
-        FieldNotFoundError: a row has no stored payload of ``field``.
-        CorruptionError: a frame does not check (names file and offset).
-    """
-    return read_fields(units, pool, gidxs, [(field, kind)], verify=verify, txns=txns)[field]
-
-
 def read_fields(units: Sequence[Unit], pool, gidxs: List[int], fields: Sequence[Tuple[str, int]], *,
                 verify: bool = True, txns: Sequence[Any] = None) -> Dict[str, Any]:
-    """Read several ``(field, kind)`` of rows ``gidxs``; each unit's index is read in one
-    transaction, so all fields come from one state.  See :func:`read_field`."""
+    """Read each ``(field, kind)`` of rows ``gidxs`` (row g on unit g % len(units)) as one
+    batched value per field.
+
+    Each unit's index is read in one transaction, so all fields come from one state:
+    ``txns`` optionally gives each unit's read transaction (a snapshot); else the latest.
+
+    Raises:
+        FieldNotFoundError: a row has no stored payload of a field.
+        CorruptionError: a frame does not check (names file and offset).
+    """
     split = _Split(gidxs, len(units))
     own = txns is None
     if own:

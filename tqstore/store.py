@@ -35,7 +35,7 @@ from .errors import (
 )
 from .kv import KVMixin
 from ._gcpause import pausing
-from .reader import PARALLEL_MIN_BYTES, read_field, read_fields
+from .reader import PARALLEL_MIN_BYTES, read_fields
 from .unit import DEFAULT_SEGMENT_BYTES, Unit, UnitView
 
 log = logging.getLogger("tqstore")
@@ -446,9 +446,6 @@ class Store(KVMixin, CheckpointMixin):
                                              f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
                                              f"{known}")
         return read_fields(self.units, self._pool, gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify)
-
-    def _read_field(self, gidxs: List[int], field: str, verify: bool, kind: int) -> Any:
-        return read_field(self.units, self._pool, gidxs, field, kind, verify=verify)
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:

@@ -38,7 +38,7 @@ from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, FormatVersionError
 
-from .unit_read import HEAD_READ_BYTES, LOC_DTYPE, MMAP_READ_BYTES, Loc, UnitReader  # noqa: F401
+from .unit_read import LOC_DTYPE, MMAP_READ_BYTES, Loc, UnitReader  # noqa: F401 - re-exported (reader.py, tests)
 
 log = logging.getLogger("tqstore")
 

@@ -178,10 +178,6 @@ def _to_column(field: str, value: Any, n: int) -> Column:
 
 # ---------------------------------------------------------------------------------- decoding
 
-def torch_dtype(code: int) -> torch.dtype:
-    return dtypes.CODE_TO_TORCH[code]
-
-
 def row_to_object(kind: int, dtype: int, shape: Tuple[int, ...], payload, *, copy: bool = True) -> Any:
     """Decode one row payload. With ``copy=False`` tensors are read-only views of ``payload``."""
     if kind == KIND_VALUE:

@@ -12,7 +12,7 @@ import crc32c as _crc
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .._format.layout import (
+from .layout import (
     ALIGN,
     FRAME_END_MAGIC,
     FRAME_MAGIC,
