@@ -188,6 +188,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------- inspect
 def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
     """Partitions of a checkpoint's controller copy with their row counts (read only)."""
+    from ._format.values import loads as loads_value
     from ._io.lmdbenv import open_env
 
     try:
@@ -203,7 +204,7 @@ def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
                 counts[bytes(k).decode("utf-8", "replace")] = 0
             for v in txn.cursor(rows).iternext(keys=False):
                 try:
-                    pid = json.loads(bytes(v))["p"]
+                    pid = loads_value(v)["p"]  # tags may hold integers of any size
                 except (ValueError, KeyError, TypeError):
                     continue
                 counts[pid] = counts.get(pid, 0) + 1

@@ -278,9 +278,13 @@ class Controller:
         self.env = open_env(self.path, max_dbs=12, sync=sync, **kw)
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
-        with wrap_errors("open controller", self.path):
-            self._init_meta(num_units)
-            self._load()
+        try:
+            with wrap_errors("open controller", self.path):
+                self._init_meta(num_units)
+                self._load()
+        except BaseException:
+            self.env.close()  # a damaged index must not stay open (it could not be reopened once repaired)
+            raise
 
     # ------------------------------------------------------------------ open
     def _init_meta(self, num_units: int) -> None:

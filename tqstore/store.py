@@ -220,12 +220,21 @@ class Store(KVMixin, CheckpointMixin):
         sync = self.durability == "commit"
         self.controller = Controller(L.controller_dir(state), num_units=self.num_units, sync=sync,
                                      map_bytes=self._opts["map_bytes"])
-        if self.controller.num_units != self.num_units:
-            raise ConfigError(f"controller of {state} says {self.controller.num_units} units, STORE.json says "
-                              f"{self.num_units}")
-        self.units = [Unit(L.unit_dir(state, i), i, durability=self.durability,
-                           segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"],
-                           map_bytes=self._opts["map_bytes"]) for i in range(self.num_units)]
+        units: List[Unit] = []
+        try:
+            if self.controller.num_units != self.num_units:
+                raise ConfigError(f"controller of {state} says {self.controller.num_units} units, STORE.json says "
+                                  f"{self.num_units}")
+            for i in range(self.num_units):
+                units.append(Unit(L.unit_dir(state, i), i, durability=self.durability,
+                                  segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"],
+                                  map_bytes=self._opts["map_bytes"]))
+        except BaseException:  # close what opened: a failed open leaves nothing open
+            for u in units:
+                u.close()
+            self.controller.close()
+            raise
+        self.units = units
 
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
