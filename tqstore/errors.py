@@ -88,6 +88,7 @@ class CorruptionError(TqstoreError, ValueError):
         if expected_crc is not None and actual_crc is not None:
             parts.append(f"expected crc32c {expected_crc:#010x}, got {actual_crc:#010x}")
         super().__init__(": ".join(parts[:1]) + ("" if len(parts) == 1 else " (" + ", ".join(parts[1:]) + ")"))
+        self.message = message  # without the location
         self.path = path
         self.offset = offset
         self.expected_crc = expected_crc
