@@ -145,3 +145,19 @@ def test_streaming_dataset_yields_micro_batches_until_consumed():
             tq.StreamingDataLoader(ds, num_workers=2)
     finally:
         tq.close()
+
+
+def test_set_custom_meta_on_rows_made_by_put_and_refuses_a_stale_meta():
+    tq.init()
+    try:
+        c = tq.get_client()
+        meta = c.put({"x": torch.zeros(3, 1)}, partition_id="p")
+        meta.update_custom_meta([{"s": i} for i in range(3)])
+        c.set_custom_meta(meta)
+        assert c.get_meta(["x"], None, "p", mode="force_fetch").custom_meta == [{"s": 0}, {"s": 1}, {"s": 2}]
+        tq.clear_samples(meta)
+        c.put({"x": torch.zeros(3, 1)}, partition_id="p")  # global indexes reused by new rows
+        with pytest.raises(tq.KeyNotFoundError, match="stale"):
+            c.set_custom_meta(meta)
+    finally:
+        tq.close()

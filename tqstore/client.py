@@ -16,7 +16,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _default, _executor, config as _config, metrics as _metrics
-from .errors import InvalidInputError, PartitionNotFoundError, StoreClosedError
+from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError, StoreClosedError
 from .kv import KVMixin
 from .meta import BatchMeta
 
@@ -139,17 +139,21 @@ class _ClientBase:
             raise InvalidInputError(f"set_custom_meta takes a BatchMeta, got {type(metadata).__name__}")
         if metadata.size == 0:
             return
-        keyless = [g for g, k in zip(metadata.global_indexes, metadata.keys) if k is None]
-        if keyless:
-            raise InvalidInputError(f"set_custom_meta: rows {keyless[:5]} have no user key; tags of rows made by "
-                                    f"put() are written with put(data, metadata) (tag-only writes by global index "
-                                    f"need #11 part 2)")
         by_pid: Dict[str, List[int]] = {}
         for i, pid in enumerate(metadata.partition_ids):
             by_pid.setdefault(pid, []).append(i)
-        for pid, pos in by_pid.items():
-            store.kv_batch_put([metadata.keys[i] for i in pos], pid,
-                               tags=[metadata.custom_meta[i] for i in pos])
+        plans = []
+        for pid, pos in by_pid.items():  # check every partition before writing any
+            every = store.get_meta(None, None, pid, mode="force_fetch")
+            live = dict(zip(every.global_indexes, every._seqs))
+            stale = [metadata.global_indexes[i] for i in pos if metadata.global_indexes[i] not in live
+                     or metadata._seqs[i] not in (None, live[metadata.global_indexes[i]])]
+            if stale:
+                raise KeyNotFoundError(f"set_custom_meta: rows {stale[:5]} of partition {pid!r} were cleared "
+                                       f"(the BatchMeta is stale)")
+            plans.append((pid, [metadata.global_indexes[i] for i in pos], [metadata.custom_meta[i] for i in pos]))
+        for pid, gidxs, tags in plans:  # Store.write with no fields: a tag-only controller transaction
+            store.write(pid, {}, gidxs=gidxs, tags=tags)
 
     def _kv_retrieve_meta(self, store: Any, keys: Union[str, List[str]], partition_id: str,
                           create: bool = False) -> BatchMeta:
@@ -221,10 +225,9 @@ class TransferQueueClient(_ClientBase):
 
     # ------------------------------------------------------------------ TransferQueue's extra calls
     def set_custom_meta(self, metadata: BatchMeta) -> None:
-        """Store ``metadata.custom_meta`` as the rows' tags (dicts merged into existing dict tags).
+        """Store ``metadata.custom_meta`` as the rows' tags (replacing them; no field is written).
 
-        Rows addressed by user key only: a row made by ``put`` without a key has no public
-        tag-only write yet (InvalidInputError; docs/MIGRATING.md).
+        Raises KeyNotFoundError when the meta is stale (its rows were cleared).
         """
         return self._call("set_custom_meta", metadata)
 
