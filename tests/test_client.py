@@ -333,7 +333,9 @@ def test_batch_meta_select_chunk_concat_union_and_reorder():
     assert [c.size for c in m.chunk(3)] == [2, 1, 1]
     assert BatchMeta.concat(m.chunk(3)).global_indexes == m.global_indexes
     assert m[1:3].global_indexes == [11, 12] and m[-1].keys == ["d"]
-    assert m.union(m[2:]).size == 4 and m[:2].union(m[1:]).global_indexes == [10, 11, 12, 13]
+    assert m.union_rows(m[2:]).size == 4 and m[:2].union_rows(m[1:]).global_indexes == [10, 11, 12, 13]
+    u = m.union(m.select_fields([]))  # TransferQueue's union: same rows, fields merged
+    assert u.global_indexes == m.global_indexes and u.field_names == ["x"] and u is not m
     assert not m.is_ready and m.select_samples([0, 1, 3]).is_ready
     r = m.select_samples(range(4))
     r.reorder([3, 2, 1, 0])

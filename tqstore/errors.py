@@ -30,8 +30,11 @@ class UnsupportedTypeError(InvalidInputError, TypeError):
     """A value of a type tqstore cannot store safely (no pickle) was given."""
 
 
-class NotFoundError(TqstoreError, KeyError):
-    """A partition, key, field or row does not exist."""
+class NotFoundError(TqstoreError, KeyError, ValueError):
+    """A partition, key, field or row does not exist.
+
+    Catches as ``KeyError`` and, like TransferQueue's not-found errors, as ``ValueError``.
+    """
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
