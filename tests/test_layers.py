@@ -15,11 +15,14 @@ ports          ``ports`` / ``ports/*`` (the UnitPort and ControllerPort     form
                interfaces; not written yet)
 engine-impl    ``unit``, ``unit_read``, ``controller``                       ports, io, format, native, base
 engine         ``store``, ``kv``, ``reader``, ``meta``, ``samplers``,         ports, io (not ``_io.lmdbenv``
-               ``policy``, ``layout_dirs``, ``_gcpause``, ``_default``,      nor ``_io.segfile``), format,
+               ``seqlen_sampler``, ``policy``, ``layout_dirs``, ``_gcpause``,  nor ``_io.segfile``), format,
+               ``_default``,
                ``checkpoint/*``, ``dump/*`` (the engine over the ports)      native, base
 ray            ``ray/*`` (units and controller as actors, same ports)        engine, engine-impl, ports, io,
                                                                             format, native, base
-api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``     ray, engine, ports, base
+api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,    ray, engine, ports, base
+               ``async_api``, ``_executor``, ``config``, ``metrics``,
+               ``streaming`` (TransferQueue's API edge)
 testing        ``testing/*`` (crash and power-loss harnesses)               anything
 =============  ==========================================================  ===============================
 
@@ -58,10 +61,11 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("io", ("_io",)),
     ("ports", ("ports",)),
     ("engine-impl", ("unit", "unit_read", "controller")),
-    ("engine", ("store", "kv", "reader", "meta", "samplers", "policy", "layout_dirs", "_gcpause", "_default",
-                "checkpoint", "dump")),
+    ("engine", ("store", "kv", "reader", "meta", "samplers", "seqlen_sampler", "policy", "layout_dirs", "_gcpause",
+                "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
-    ("api", ("", "api", "client", "cli", "__main__")),  # "" is tqstore/__init__.py
+    ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
+             "streaming")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
 ]
 ALLOWED: Dict[str, Set[str]] = {
@@ -91,6 +95,10 @@ KNOWN_VIOLATIONS: Set[Tuple[str, str]] = {
     ("tqstore.checkpoint.loader", "tqstore.controller"),
     ("tqstore.checkpoint.loader", "tqstore.unit"),
     ("tqstore.checkpoint.verify", "lmdb"),
+    ("tqstore.checkpoint.verify", "tqstore.controller"),
+    ("tqstore.cli", "lmdb"),
+    ("tqstore.cli", "tqstore.controller"),
+    ("tqstore.cli", "tqstore._format.values"),
     ("tqstore.checkpoint.verify", "tqstore._io.lmdbenv"),
     ("tqstore.checkpoint.verify", "tqstore.unit"),
     ("tqstore.checkpoint.writer", "lmdb"),
