@@ -63,12 +63,13 @@ def is_checkpoint_dir(d: PathLike) -> bool:
 
 
 def _is_torn_checkpoint(d: Path) -> bool:
-    """A checkpoint directory that lost its manifest: only ``controller`` and ``unit-NNN`` dirs."""
+    """A checkpoint directory that lost its manifest: no MANIFEST.json, only ``controller`` and
+    ``unit-NNN`` directories."""
     try:
         names = os.listdir(d)
     except OSError:
         return False
-    return all(_CKPT_ENTRY.match(n) and (d / n).is_dir() for n in names if n != M.MANIFEST_NAME)
+    return all(_CKPT_ENTRY.match(n) and (d / n).is_dir() for n in names)
 
 
 def is_generation_root(d: PathLike) -> bool:
@@ -157,8 +158,13 @@ def describe(p: Path) -> str:
         return "a tqstore store directory (it holds STORE.json)"
     if M.MANIFEST_NAME in names and not is_checkpoint_dir(p):
         return f"a directory holding a {M.MANIFEST_NAME} that is not a tqstore checkpoint manifest"
-    if ROOT_LOCK_NAME in names:
-        return "a checkpoint generation root"
+    if ROOT_LOCK_NAME in names or any(_ROOT_ENTRY.match(n) for n in names):
+        foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and (p / n).is_dir())]
+        if not foreign:
+            return "a checkpoint generation root"
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        return (f"a checkpoint generation root that also holds {len(foreign)} entr"
+                f"{'y' if len(foreign) == 1 else 'ies'} no CheckpointManager puts there ({shown})")
     if is_checkpoint_dir(p):
         return "a tqstore checkpoint"
     shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
@@ -218,9 +224,11 @@ def _check_one(path: PathLike, real: Path, kind: TargetKind, what: str = "") -> 
         raise _refuse(path, kind, f"{real} cannot be listed ({e.strerror})") from e
     if empty or kind.is_own(real):
         return
-    only = "fill" if not kind.published else "replace only"
-    raise _refuse(path, kind, f"{what}{real} is {describe(real)}, and a save may {only} {kind.label} or fill an "
-                              f"empty directory; move it away or choose another path")
+    if kind.published:
+        rule = f"a save may replace only {kind.label} or fill an empty directory"
+    else:
+        rule = f"{kind.label} must be missing, empty, or hold only what tqstore puts there"
+    raise _refuse(path, kind, f"{what}{real} is {describe(real)}, and {rule}; move it away or choose another path")
 
 
 def check_store_location(root: PathLike) -> None:
