@@ -374,7 +374,7 @@ def _wait_first(proc: subprocess.Popen) -> None:
 
 def test_loads_of_a_path_another_process_resaves_always_see_a_complete_checkpoint(tmp_path):
     ck = tmp_path / "ckpt"
-    proc = _start_writer(tmp_path, ck, "path", 60)
+    proc = _start_writer(tmp_path, ck, "path", 12)
     loads = 0
     try:
         _wait_first(proc)
@@ -387,12 +387,12 @@ def test_loads_of_a_path_another_process_resaves_always_see_a_complete_checkpoin
     finally:
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert loads >= 5
+    assert loads >= 5, loads
 
 
 def test_restore_of_a_root_another_process_saves_and_prunes_never_falls_back(tmp_path):
     root = tmp_path / "gens"
-    proc = _start_writer(tmp_path, root, "root", 40)
+    proc = _start_writer(tmp_path, root, "root", 10)
     restores = 0
     try:
         _wait_first(proc)
@@ -408,7 +408,7 @@ def test_restore_of_a_root_another_process_saves_and_prunes_never_falls_back(tmp
     finally:
         out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
-    assert restores >= 5
+    assert restores >= 5, restores
 
 
 def test_own_background_save_then_load_or_restore_does_not_deadlock(store, tmp_path):
