@@ -480,3 +480,11 @@ def test_a_failing_lock_open_fails_the_save_or_load_and_changes_nothing(store, t
     with pytest.raises(CheckpointError, match="read lock"):
         store.load_checkpoint(ck)
     assert state(store) == want
+
+
+def test_loading_a_missing_checkpoint_leaves_no_lock_file_behind(store, tmp_path):
+    with pytest.raises(tqstore.CheckpointNotFoundError):
+        store.load_checkpoint(tmp_path / "nothing")
+    with pytest.raises(tqstore.CheckpointNotFoundError):
+        verify_checkpoint(tmp_path / "nothing")
+    assert sorted(os.listdir(tmp_path)) == ["store"]

@@ -264,8 +264,9 @@ def reading(path: PathLike) -> Iterator[bool]:
     publication replaces it and no prune deletes it meanwhile.  Yields False when the lock
     could not be taken (read-only location: see :func:`tqstore._io.locks.flocked`)."""
     lp = lock_path_for(path)
-    if not lp.parent.is_dir():
-        yield False  # nothing there to read; the reader raises its own not-found error
+    real = lp.parent / Path(os.path.realpath(os.fspath(path))).name
+    if not (os.path.lexists(real) or os.path.lexists(real.with_name(real.name + ".old"))):
+        yield False  # nothing there to read (and no lock file left behind): the reader raises not-found
         return
     stack = contextlib.ExitStack()
     try:
