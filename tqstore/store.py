@@ -28,6 +28,7 @@ from . import layout_dirs as L
 from ._format.columns import Column, to_column
 from ._io import files
 from .checkpoint import CheckpointMixin
+from .checkpoint.target import check_store_location
 from .controller import Controller, PutPlan
 from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
@@ -106,7 +107,9 @@ class Store(KVMixin, CheckpointMixin):
         verify_reads: check CRC32C on every read (default True).
 
     Raises:
-        ConfigError: a setting is invalid or contradicts the existing store.
+        ConfigError: a setting is invalid or contradicts the existing store, or ``path``
+            lies inside a store directory, a checkpoint or a checkpoint generation root
+            (symlinks resolved), whose replacement, load or prune would delete it.
         StorageIOError: the directory is locked by another process or cannot be opened.
     """
 
@@ -125,6 +128,8 @@ class Store(KVMixin, CheckpointMixin):
         self._closed = True
         self._temporary = path is None
         self.root = Path(tempfile.mkdtemp(prefix="tqstore-")) if path is None else Path(path)
+        if path is not None:
+            check_store_location(self.root)  # never inside a store, checkpoint or generation root
         self.durability = durability
         self.verify_reads = verify_reads
         self._opts = dict(durability=durability, segment_bytes=int(segment_bytes),

@@ -29,7 +29,14 @@ class CheckpointMixin:
         checkpoint.  The checkpoint is written into ``<dir>.tmp-XXXXXXXX``, every file and
         directory fsynced, MANIFEST.json written last, then renamed into place (an existing
         checkpoint there is replaced atomically and stays readable until the new one is
-        durable).
+        durable; a concurrent load of that path, also from another process, sees the old
+        checkpoint or the new one).
+
+        Only a tqstore checkpoint is ever replaced, and an empty directory filled: anything
+        else at ``checkpoint_dir`` (a file, a user's directory, a store directory) is
+        refused before anything is touched, as is a path inside a store directory (the
+        live store included), a checkpoint or a generation root.  A symlinked path is
+        resolved: the checkpoint is published at the link's target, the link stays.
 
         Args:
             checkpoint_dir: target directory (its parent is created if missing).
@@ -47,8 +54,10 @@ class CheckpointMixin:
 
         Raises:
             InvalidInputError: metadata is not JSON (nothing was cut).
-            CheckpointError: the save failed (the previous checkpoint at the path is intact),
-                or the previous background save failed unseen.
+            CheckpointError: the target is not a checkpoint, not empty, or inside a store,
+                a checkpoint or a generation root (nothing was cut or written); the save
+                failed (the previous checkpoint at the path is intact); or the previous
+                background save failed unseen.
             CorruptionError: a store segment does not verify (names file and offset).
         """
         from . import writer
@@ -65,7 +74,9 @@ class CheckpointMixin:
         as it was.  Works into a store holding data (the result equals the checkpoint) and
         onto any unit count (rows re-routed by global index, each unit reading only its
         rows' byte ranges).  New rows never collide with loaded ones (the allocator state
-        is part of the checkpoint).
+        is part of the checkpoint).  The load holds the path's lock file shared (see
+        :func:`target.reading`): a save replacing that checkpoint meanwhile, in any
+        process, publishes only after the load, so the load sees one complete checkpoint.
 
         Raises:
             CheckpointNotFoundError: no directory or no MANIFEST.json (a FileNotFoundError).
@@ -74,10 +85,15 @@ class CheckpointMixin:
                 (names file and offset).
             CheckpointError: the previous background save failed unseen, or an I/O error.
         """
-        from . import loader
+        from . import loader, writer
+        from .target import reading
 
         self._check_open()
-        return loader.load(self, checkpoint_dir)
+        st = writer.state_of(self)
+        with st.lock:  # our own background save first: it may need the lock exclusively to publish
+            writer.settle(st)
+            with reading(checkpoint_dir):
+                return loader.load(self, checkpoint_dir)
 
     def _checkpoint_wait(self) -> None:
         """Wait for a background save (called by ``close``)."""

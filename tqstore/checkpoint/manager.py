@@ -8,26 +8,33 @@
 * :meth:`CheckpointManager.restore` loads the newest generation that verifies and falls
   back past torn or corrupt ones, with a warning.
 
-Saves and prunes under one root are serialised across processes by an flock on
-``root/.tqstore-checkpoints.lock``.
+A root is only ever a missing or empty directory or one holding nothing but what a
+manager puts there (``step-N`` directories, their ``.old``/``.tmp-*``/``.deleting-*``
+leftovers, ``.tqstore-checkpoints.lock``), never inside a store, a checkpoint or another
+root (:func:`target.check_target`); anything else is refused with CheckpointError.
+
+``root/.tqstore-checkpoints.lock`` (created with the manager; it also marks the directory
+as a generation root) is held exclusively to publish a generation and to prune, and
+shared by :meth:`restore`, :meth:`verify` and every load or verify of a generation, so a
+reader never sees a generation half replaced or deleted under it.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import re
 import secrets
 import warnings
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from .. import _default
-from .._io import files
+from .._io import files, locks
 from ..errors import (
     CheckpointError, CheckpointNotFoundError, CorruptionError, InvalidInputError, StorageIOError, TqstoreError,
 )
 from . import manifest as M
+from . import target as T
 from . import writer
 from .planner import Reusable
 from .retention import KeepAll, KeepLast, RetentionPolicy
@@ -35,8 +42,8 @@ from .verify import CheckpointReport, read_manifest, resolve_checkpoint_dir, ver
 
 log = logging.getLogger("tqstore")
 
-_STEP = re.compile(r"^step-(\d{10,})(\.old)?$")
-LOCK_NAME = ".tqstore-checkpoints.lock"
+_STEP = T.STEP_RE
+LOCK_NAME = T.ROOT_LOCK_NAME
 
 
 class CheckpointFallbackWarning(UserWarning):
@@ -70,6 +77,11 @@ class CheckpointManager:
             ``KeepAny(KeepLast(3), KeepEvery(1000))``).
         copy_segments: always copy segment files instead of hard-linking the store's
             (generations still share unchanged segments among themselves).
+
+    Raises:
+        CheckpointError: ``root`` is not a directory of generations (a file, a user's or
+            a store's directory, a checkpoint), or lies inside a store, a checkpoint or
+            another generation root; nothing was created.
     """
 
     def __init__(self, root, keep_last: Optional[int] = None, *, store=None,
@@ -80,10 +92,12 @@ class CheckpointManager:
         self.policy: RetentionPolicy = policy or (KeepLast(keep_last) if keep_last is not None else KeepAll())
         self.copy_segments = copy_segments
         self._store = store
+        T.check_target(self.root, T.GENERATION_ROOT)
         try:
             files.mkdir(self.root, exist_ok=True, parents=True)
         except OSError as e:
             raise StorageIOError(f"cannot create the checkpoint root {self.root}: {e}") from e
+        locks.ensure_lock_file(self.root / LOCK_NAME)  # marks the root (best effort: it may be read-only)
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.root)!r}, policy={self.policy!r})"
@@ -138,12 +152,19 @@ class CheckpointManager:
         return dict(read_manifest(self.path(step)).metadata)
 
     def verify(self, step: Optional[int] = None, **kwargs) -> CheckpointReport:
-        """:func:`verify_checkpoint` of generation ``step`` (newest when None)."""
-        if step is None:
-            step = self.latest_step()
+        """:func:`verify_checkpoint` of generation ``step`` (newest when None), under the
+        root's lock held shared (no prune deletes it, no save replaces it meanwhile).
+
+        Raises:
+            CheckpointNotFoundError: no generation (``step`` None) or not that one.
+            CorruptionError, FormatVersionError: as :func:`verify_checkpoint`.
+        """
+        with locks.flocked(self.root / LOCK_NAME, shared=True):
             if step is None:
-                raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}")
-        return verify_checkpoint(self.path(step), **kwargs)
+                step = self.latest_step()
+                if step is None:
+                    raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}")
+            return verify_checkpoint(self.path(step), **kwargs)
 
     # ------------------------------------------------------------------ save
     def _reusable(self) -> Dict[str, Reusable]:
@@ -172,7 +193,7 @@ class CheckpointManager:
         path = self.path(step)
         return writer.save(self.store, path, include_storage=include_storage, metadata=metadata, blocking=blocking,
                            copy_segments=self.copy_segments, reuse=self._reusable(),
-                           lock_path=self.root / LOCK_NAME, on_published=lambda info: self.prune())
+                           lock_path=self.root / LOCK_NAME, on_published=lambda info: self.prune(), kind=T.GENERATION)
 
     def wait_until_finished(self) -> None:
         """Wait for a background save of the managed store; raise its error if unseen."""
@@ -183,9 +204,20 @@ class CheckpointManager:
     def prune(self) -> List[int]:
         """Delete the generations the policy does not keep (and leftovers of interrupted
         saves and prunes; a generation left at ``step-N.old`` by an interrupted replacement
-        is moved back to ``step-N``). Returns the steps deleted."""
+        is moved back to ``step-N``). Returns the steps deleted.
+
+        Runs under the root's lock held exclusively (waits for readers of the root).  The
+        root is checked again first: if it now holds anything a manager does not put there,
+        or lies inside a store or checkpoint, nothing is deleted.  A generation whose
+        manifest is not a tqstore checkpoint manifest is left alone (with a warning), as is
+        the temporary directory of a save still running.
+
+        Raises:
+            CheckpointError: the root is no longer a generation root (nothing deleted).
+        """
         deleted = []
         with _os_errors(f"pruning checkpoint generations under {self.root}"), writer.path_lock(self.root / LOCK_NAME):
+            T.check_target(self.root, T.GENERATION_ROOT)
             for name in files.listdir(self.root):  # finish replacements interrupted between their renames
                 m = _STEP.match(name)
                 if m and m.group(2) and not os.path.lexists(self.root / name[:-4]) \
@@ -196,6 +228,13 @@ class CheckpointManager:
             steps = self.steps()
             keep = self.policy.keep(steps)
             doomed = [s for s in steps if s not in keep]
+            for s in list(doomed):
+                foreign = [n for n in (step_name(s), step_name(s) + ".old") if os.path.lexists(self.root / n)
+                           and not T.GENERATION.is_own(self.root / n)]
+                if foreign:
+                    log.warning("not pruning generation %d under %s: %s is not a tqstore checkpoint", s, self.root,
+                                foreign)
+                    doomed.remove(s)
             for s in doomed:
                 for name in (step_name(s), step_name(s) + ".old"):
                     p = self.root / name
@@ -205,7 +244,8 @@ class CheckpointManager:
             if doomed:
                 files.fsync_dir(self.root)
             for name in files.listdir(self.root):
-                if name.startswith(".deleting-") or (_STEP.match(name.split(".tmp-")[0]) and ".tmp-" in name):
+                if name.startswith(".deleting-") or (_STEP.match(name.split(".tmp-")[0]) and ".tmp-" in name
+                                                     and not locks.dir_in_use(self.root / name)):
                     files.rmtree(self.root / name)
         if deleted:
             log.info("pruned checkpoint generations %s under %s", deleted, self.root)
@@ -218,11 +258,23 @@ class CheckpointManager:
 
         Returns the step restored.  Raises CheckpointNotFoundError when there is no
         generation, and the load's error when ``step`` is given or none verifies.
+
+        The root's lock is held shared from listing the generations to the end of the load
+        (after the store's own background save, if any, has finished): no save publishes
+        and no prune deletes a generation under it, in any process, so a generation is never
+        skipped for being replaced or pruned meanwhile.
         """
         store = self.store
         if step is not None:
             store.load_checkpoint(self.path(step))
             return step
+        st = writer.state_of(store)
+        with st.lock:  # re-entered by load_checkpoint; our own save must publish before we lock
+            writer.settle(st)
+            with locks.flocked(self.root / LOCK_NAME, shared=True):
+                return self._restore_newest(store)
+
+    def _restore_newest(self, store) -> int:
         steps = sorted(self.steps(), reverse=True)
         if not steps:
             raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}")
@@ -232,7 +284,7 @@ class CheckpointManager:
                 msg = (f"checkpoint generation {s} under {self.root} has no {M.MANIFEST_NAME} (torn or damaged); "
                        f"skipping it")
                 log.warning(msg)
-                warnings.warn(msg, CheckpointFallbackWarning, stacklevel=2)
+                warnings.warn(msg, CheckpointFallbackWarning, stacklevel=3)
         for s in steps:
             try:
                 store.load_checkpoint(self.path(s))
@@ -240,7 +292,7 @@ class CheckpointManager:
                 failures.append((s, e))
                 msg = f"checkpoint generation {s} under {self.root} does not verify ({e}); trying an older one"
                 log.warning(msg)
-                warnings.warn(msg, CheckpointFallbackWarning, stacklevel=2)
+                warnings.warn(msg, CheckpointFallbackWarning, stacklevel=3)
                 continue
             if failures:
                 log.warning("restored generation %d after skipping %s", s, [f[0] for f in failures])

@@ -24,6 +24,7 @@ from ..controller import CONTROLLER_DBS, decode_controller
 from ..unit import check_index_format
 from . import manifest as M
 from .scan import scan_file
+from .target import read_locked
 
 log = logging.getLogger("tqstore")
 
@@ -143,6 +144,7 @@ def _crc_problem(p: Path, e: M.FileEntry, res) -> Problem:
     return Problem(str(p), f"file checksum mismatch{where}", offset, e.crc32c, res.crc)
 
 
+@read_locked  # no save replaces it and no prune deletes it while it is read
 def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool = True,
                       progress: Optional[Callable[[int], None]] = None) -> CheckpointReport:
     """Check the checkpoint at ``path``; nothing is written.

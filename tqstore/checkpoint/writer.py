@@ -14,13 +14,18 @@ Steps (docs/FORMAT.md, "Checkpoints"):
    checkpoint through ``<dir>.old``), fsync the parent.
 
 A failure at any step removes the temporary directory and leaves any previous checkpoint
-at ``<dir>`` untouched.  Saves to one path are serialised across processes by an flock
-on ``.<name>.lock`` in the parent directory.
+at ``<dir>`` untouched.  The target is checked first (:func:`target.check_target`: only a
+checkpoint is replaced, never a file, a user's or a store's directory; symlinks resolved)
+and again right before publication.  The lock file of the path (``.<name>.lock`` in the
+parent directory, a generation root's ``.tqstore-checkpoints.lock``) is held exclusively
+while stale temporary directories are removed and the new one is made, and while the new
+checkpoint is published; readers hold it shared, so a load sees the old checkpoint or the
+new one.  The temporary directory is marked in use (:func:`tqstore._io.locks.hold_dir`)
+while it is written, so a cleaner never removes a concurrent save's work.
 """
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import secrets
@@ -36,10 +41,11 @@ import lmdb
 import numpy as np
 
 from .._format.segment import segment_name
-from .._io import files
+from .._io import files, locks
 from .._io.lmdbenv import DEFAULT_MAP_BYTES
 from ..errors import CheckpointError, CorruptionError, StorageIOError, TqstoreError
 from . import manifest as M
+from . import target as T
 from .planner import COPY, INDEX_VALUE_DTYPE, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes
 from .scan import identity, scan_file
 
@@ -156,7 +162,7 @@ class _State:
     """Per-store checkpoint state: one save in flight, calls serialised."""
 
     def __init__(self) -> None:
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # re-entered by a restore that settles, locks, then loads
         self.inflight: Optional[SaveHandle] = None
 
 
@@ -194,22 +200,21 @@ def wait_quietly(store) -> None:
 @contextlib.contextmanager
 def path_lock(lock_path: Path) -> Iterator[None]:
     """An exclusive flock on ``lock_path`` (created if missing), released on exit."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with locks.flocked(lock_path):
         yield
-    finally:
-        os.close(fd)
 
 
 def default_lock_path(final: Path) -> Path:
-    return final.parent / f".{final.name}.lock"
+    return T.lock_path_for(final)
 
 
 def clean_stale(parent: Path, name: str) -> None:
-    """Remove temporary directories of interrupted saves to ``parent/name`` (caller holds the lock)."""
+    """Remove temporary directories of interrupted saves to ``parent/name`` (caller holds the
+    lock); one a running save still marks as in use is left alone."""
     for n in files.listdir(parent):
         if n.startswith(name + ".tmp-"):
+            if locks.dir_in_use(parent / n):
+                continue
             log.info("removing %s left by an interrupted checkpoint save", parent / n)
             files.rmtree(parent / n)
 
@@ -253,7 +258,8 @@ class SaveJob:
 
     def __init__(self, cut: Cut, final: Path, *, include_storage: bool, metadata: Dict[str, Any],
                  copy_segments: bool, reuse: Mapping[str, Reusable], lock_path: Optional[Path],
-                 on_published: Optional[Callable[[CheckpointInfo], None]], max_workers: int = 8) -> None:
+                 on_published: Optional[Callable[[CheckpointInfo], None]], max_workers: int = 8,
+                 kind: T.TargetKind = T.CHECKPOINT) -> None:
         self.cut = cut
         self.final = final
         self.include_storage = include_storage
@@ -263,6 +269,7 @@ class SaveJob:
         self.lock_path = lock_path or default_lock_path(final)
         self.on_published = on_published
         self.max_workers = max_workers
+        self.kind = kind
         raw = cut.snap.controller_txn.get(b"put_token", db=cut.controller_dbs["meta"])
         self.put_token = int(raw) if raw is not None else 0  # overwriting puts the controller committed
 
@@ -292,15 +299,20 @@ class SaveJob:
             clean_stale(parent, final.name)
             tmp = parent / f"{final.name}.tmp-{secrets.token_hex(4)}"
             files.mkdir(tmp)
-            try:
-                info = self._write(tmp, t0)
+            mark = locks.hold_dir(tmp)
+        try:
+            info = self._write(tmp, t0)
+            with path_lock(self.lock_path):  # readers hold it shared: they see the old or the new one
+                T.check_target(final, self.kind, live_store=self.cut.store_root)  # still ours to replace?
                 files.publish_dir(tmp, final)
-            except BaseException:
-                try:
-                    files.rmtree(tmp)
-                except OSError:
-                    log.warning("could not remove %s after a failed save", tmp)
-                raise
+        except BaseException:
+            try:
+                files.rmtree(tmp)
+            except OSError:
+                log.warning("could not remove %s after a failed save", tmp)
+            raise
+        finally:
+            locks.release_dir(mark)
         log.info("saved checkpoint %s: %d rows, %d units, %.1f MiB (%.1f MiB copied) in %.3f s", final, info.rows,
                  info.num_units, info.total_bytes / 2**20, info.copied_bytes / 2**20, info.write_s)
         return info
@@ -544,10 +556,14 @@ def _fix_index(index_dir: Path, keep: Dict[int, Tuple[int, int]], put_back: Dict
 def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metadata: Optional[Mapping] = None,
          blocking: bool = True, copy_segments: bool = False, reuse: Optional[Mapping[str, Reusable]] = None,
          lock_path: Optional[Path] = None, on_published: Optional[Callable[[CheckpointInfo], None]] = None,
-         before_cut: Optional[Callable[[], None]] = None):
-    """Save ``store`` to ``checkpoint_dir`` (see :meth:`CheckpointMixin.save_checkpoint`)."""
+         before_cut: Optional[Callable[[], None]] = None, kind: T.TargetKind = T.CHECKPOINT):
+    """Save ``store`` to ``checkpoint_dir`` (see :meth:`CheckpointMixin.save_checkpoint`).
+
+    ``checkpoint_dir`` is resolved (symlinks followed: a symlinked path publishes at its
+    target) and checked with :func:`target.check_target` before the cut.
+    """
     meta = M.check_metadata(metadata)
-    final = Path(os.path.abspath(os.fspath(checkpoint_dir)))
+    final = T.check_target(checkpoint_dir, kind, live_store=store.root)
     if final.name in ("", ".", "..") or final.name.endswith(".old") or ".tmp-" in final.name:
         raise CheckpointError(f"{final} is not a usable checkpoint directory name")
     state = state_of(store)
@@ -558,7 +574,7 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
         cut = take_cut(store)
         job = SaveJob(cut, final, include_storage=include_storage, metadata=meta, copy_segments=copy_segments,
                       reuse=reuse or {}, lock_path=lock_path, on_published=on_published,
-                      max_workers=max(1, min(8, store.num_units)))
+                      max_workers=max(1, min(8, store.num_units)), kind=kind)
         if blocking:
             return job.run()
         handle = SaveHandle(final, cut.stall_s)

@@ -1,0 +1,132 @@
+"""Advisory locks (``flock``) across processes: the lock file of a checkpoint path, and the
+"in use" mark of a directory being written.
+
+* :func:`flocked` holds a shared (readers) or exclusive (publication, deletion) flock on a
+  lock file, created if missing.  Opening (and possibly creating) the lock file is the one
+  durable change, behind failpoint ``lock_open``.  A *shared* lock whose file cannot be
+  created (read-only directory, read-only file system) or cannot be flocked (a file
+  system without flock) is skipped with a DEBUG log: the reader goes on without it, as a
+  reader of a directory it cannot write into (no writer without write access can publish
+  there either).  An exclusive lock that cannot be taken raises ``OSError``.
+* :func:`hold_dir` / :func:`dir_in_use`: a writer holds an exclusive flock on the open
+  directory it is filling; a cleaner removes a directory only when it can take that flock
+  itself (its writer is gone, e.g. killed).  The mark vanishes with the process.
+
+Locks are per open file description: two ``flocked`` calls in one process on one file
+conflict like two processes would (shared with shared is fine).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+from typing import Iterator, Optional, Union
+
+from . import failpoints as fp
+
+log = logging.getLogger("tqstore")
+
+PathLike = Union[str, "os.PathLike[str]"]
+LOCK_OPEN = "lock_open"
+_UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+_NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
+
+
+def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
+    """The fd of the lock file at ``path`` (created if missing), or None for a shared lock
+    whose file does not exist and cannot be created."""
+    if fp.active:
+        fp.hit(LOCK_OPEN)
+        fp.observe(LOCK_OPEN, str(path))
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        if not shared or e.errno not in _UNWRITABLE:
+            raise
+    try:  # a read-only directory (or a lock file we may not write): flock works on a read-only fd
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in (errno.ENOENT,) + _UNWRITABLE:
+            log.debug("cannot create lock file %s (%s); reading without the lock", path, e.strerror)
+            return None
+        raise
+
+
+@contextlib.contextmanager
+def flocked(path: PathLike, *, shared: bool = False) -> Iterator[bool]:
+    """Hold an flock on the lock file ``path`` (blocking) for the ``with`` body.
+
+    Yields True when the lock is held, False when a shared lock was skipped (see the module
+    docstring).  Failpoint ``lock_open``.
+
+    Raises:
+        OSError: the lock file cannot be opened or locked (for a shared lock: for another
+            reason than a read-only location or a file system without flock).
+    """
+    fd = _open_lock_file(path, shared=shared)
+    if fd is None:
+        yield False
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+        except OSError as e:
+            if not shared or e.errno not in _NO_FLOCK:
+                raise
+            log.debug("cannot flock %s (%s); reading without the lock", path, e.strerror)
+            yield False
+            return
+        yield True
+    finally:
+        os.close(fd)
+
+
+def ensure_lock_file(path: PathLike) -> bool:
+    """Create the (empty) lock file ``path`` if missing; False if the location is read-only.
+    Failpoint ``lock_open``."""
+    try:
+        fd = _open_lock_file(path, shared=True)
+    except OSError as e:
+        log.debug("cannot create lock file %s: %s", path, e)
+        return False
+    if fd is None:
+        return False
+    os.close(fd)
+    return True
+
+
+def hold_dir(path: PathLike) -> Optional[int]:
+    """Mark the directory ``path`` as in use by this writer: an exclusive flock on an fd of it,
+    held until :func:`release_dir`.  None (and a DEBUG log) where directories cannot be flocked."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        os.close(fd)
+        log.debug("cannot mark %s as in use (%s)", path, e)
+        return None
+    return fd
+
+
+def release_dir(fd: Optional[int]) -> None:
+    """Drop the mark of :func:`hold_dir` (None: nothing to drop)."""
+    if fd is not None:
+        os.close(fd)
+
+
+def dir_in_use(path: PathLike) -> bool:
+    """True while another open file description (a writer of this or another process) holds
+    the :func:`hold_dir` mark of ``path``; False when it is free, gone or cannot be flocked."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno in (errno.EWOULDBLOCK, errno.EAGAIN)
+    finally:
+        os.close(fd)
+    return False

@@ -1,0 +1,293 @@
+"""Where tqstore may write: the one rule for checkpoint, generation, generation-root and
+(coming) dump directories, and the lock a reader or publisher of such a path takes.
+
+tqstore never destroys what is not its own (issue #8):
+
+* a save may replace only a directory of its own kind (a checkpoint: a directory whose
+  MANIFEST.json parses as a tqstore checkpoint manifest) or fill a missing or empty
+  directory; a regular file, a user's directory, a store directory, anything else is
+  refused with :class:`CheckpointError` before anything is touched;
+* nothing tqstore owns nests inside another thing it owns: a checkpoint, dump or generation
+  root is never written inside a store directory, a checkpoint or a generation root (a
+  generation inside its own root excepted), and a store is never opened inside one of
+  them (:func:`check_store_location`); otherwise the outer one's next load, reopen,
+  replacement or prune would delete the inner one;
+* symbolic links are resolved first (:func:`os.path.realpath`): a save through a
+  symlinked path publishes at the symlink's target and leaves the link in place.
+
+A kind of directory is a :class:`TargetKind`.  The selective dump passes its own, e.g.
+``TargetKind("dump", "tqstore dump", is_own=<does DUMP manifest parse>)``, to
+:func:`check_target` and gets the same rule.
+
+The lock of a published path (:func:`lock_path_for`): ``<parent>/.<name>.lock``, or for a
+generation ``step-N`` of a generation root ``root/.tqstore-checkpoints.lock``.  Readers
+take it shared (:func:`reading`), publication and deletion exclusive.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import re
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+from .._io import locks
+from ..errors import CheckpointError, ConfigError
+from ..layout_dirs import STORE_FILE
+from . import manifest as M
+
+PathLike = Any
+ROOT_LOCK_NAME = ".tqstore-checkpoints.lock"  # the lock file of a generation root, also its mark
+STEP_RE = re.compile(r"^step-(\d{10,})(\.old)?$")
+_ROOT_ENTRY = re.compile(r"^(step-\d{10,}(\.old|\.tmp-[0-9a-f]{8})?|\.deleting-step-\d{10,}(\.old)?-[0-9a-f]{8})$")
+_CKPT_ENTRY = re.compile(r"^(controller|unit-\d{3,})$")
+
+
+def is_checkpoint_dir(d: PathLike) -> bool:
+    """True if ``d/MANIFEST.json`` is a regular file whose JSON declares the tqstore checkpoint
+    format (its checksum and members are not checked: a damaged checkpoint is still one)."""
+    mp = os.path.join(os.fspath(d), M.MANIFEST_NAME)
+    try:
+        st = os.lstat(mp)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > M.MAX_MANIFEST_BYTES:
+            return False
+        with open(mp, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == M.FORMAT_NAME
+
+
+def _is_torn_checkpoint(d: Path) -> bool:
+    """A checkpoint directory that lost its manifest: no MANIFEST.json, only ``controller`` and
+    ``unit-NNN`` directories."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    return all(_CKPT_ENTRY.match(n) and (d / n).is_dir() for n in names)
+
+
+def is_generation_root(d: PathLike) -> bool:
+    """True if ``d`` holds only what a :class:`CheckpointManager` puts there: ``step-N`` (and
+    ``step-N.old``, ``step-N.tmp-X``) directories, ``.deleting-*`` directories, its lock file."""
+    d = Path(d)
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    for n in names:
+        if n == ROOT_LOCK_NAME:
+            if not (d / n).is_file():
+                return False
+        elif not (_ROOT_ENTRY.match(n) and (d / n).is_dir()):
+            return False
+    return True
+
+
+@dataclass(frozen=True)
+class TargetKind:
+    """A kind of directory tqstore writes.
+
+    Attributes:
+        name: short name, e.g. ``"checkpoint"``.
+        label: what the user reads in an error, e.g. ``"a tqstore checkpoint"``.
+        is_own: ``is_own(dir)``: the existing non-empty directory is one of this kind and
+            may be replaced (published kinds) or filled (a generation root).
+        published: replaced as a whole through ``<dir>.old`` (:func:`tqstore._io.files.publish_dir`);
+            then a ``<dir>.old`` beside it must be of this kind too.
+        in_generation_root: lives directly in a generation root (a generation).
+    """
+
+    name: str
+    label: str
+    is_own: Callable[[Path], bool]
+    published: bool = True
+    in_generation_root: bool = False
+
+
+CHECKPOINT = TargetKind("checkpoint", "a tqstore checkpoint", is_checkpoint_dir)
+GENERATION = TargetKind("generation", "a checkpoint generation",
+                        lambda d: is_checkpoint_dir(d) or _is_torn_checkpoint(d), in_generation_root=True)
+GENERATION_ROOT = TargetKind("generation root", "a checkpoint generation root", is_generation_root, published=False)
+
+
+def _within(inner: Path, outer: Path) -> bool:
+    return inner == outer or outer in inner.parents
+
+
+def enclosing_owner(real: Path, *, skip_root_parent: bool = False) -> Optional[Tuple[str, Path]]:
+    """The nearest strict ancestor of ``real`` (a resolved path) that tqstore owns, as
+    ``(what, directory)``: ``"the store"`` (holds STORE.json), ``"the checkpoint"`` (holds a
+    checkpoint MANIFEST.json) or ``"the checkpoint generation root"`` (holds
+    ``.tqstore-checkpoints.lock``).  ``skip_root_parent``: the immediate parent may be a
+    generation root (``real`` is one of its generations)."""
+    for i, a in enumerate(real.parents):
+        if os.path.lexists(a / STORE_FILE):
+            return "the store", a
+        if os.path.lexists(a / M.MANIFEST_NAME) and is_checkpoint_dir(a):
+            return "the checkpoint", a
+        if os.path.lexists(a / ROOT_LOCK_NAME) and not (i == 0 and skip_root_parent):
+            return "the checkpoint generation root", a
+    return None
+
+
+def describe(p: Path) -> str:
+    """What is at ``p``, in words, for an error message."""
+    try:
+        st = os.lstat(p)
+    except FileNotFoundError:
+        return "nothing"
+    except OSError as e:
+        return f"unreadable ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "a symbolic link that does not resolve (a loop?)"
+    if stat.S_ISREG(st.st_mode):
+        return f"a regular file of {st.st_size} bytes"
+    if not stat.S_ISDIR(st.st_mode):
+        return "a special file (not a directory)"
+    try:
+        names = sorted(os.listdir(p))
+    except OSError as e:
+        return f"a directory that cannot be listed ({e.strerror})"
+    if STORE_FILE in names:
+        return "a tqstore store directory (it holds STORE.json)"
+    if M.MANIFEST_NAME in names and not is_checkpoint_dir(p):
+        return f"a directory holding a {M.MANIFEST_NAME} that is not a tqstore checkpoint manifest"
+    if ROOT_LOCK_NAME in names or any(_ROOT_ENTRY.match(n) for n in names):
+        foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and (p / n).is_dir())]
+        if not foreign:
+            return "a checkpoint generation root"
+        shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+        return (f"a checkpoint generation root that also holds {len(foreign)} entr"
+                f"{'y' if len(foreign) == 1 else 'ies'} no CheckpointManager puts there ({shown})")
+    if is_checkpoint_dir(p):
+        return "a tqstore checkpoint"
+    shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
+    return f"a directory holding {len(names)} entr{'y' if len(names) == 1 else 'ies'} ({shown})"
+
+
+def _refuse(path: PathLike, kind: TargetKind, why: str) -> CheckpointError:
+    return CheckpointError(f"refusing to write {kind.label} at {os.fspath(path)}: {why}; nothing was changed")
+
+
+def check_target(path: PathLike, kind: TargetKind = CHECKPOINT, *, live_store: Optional[PathLike] = None) -> Path:
+    """Check that ``kind`` may be written at ``path``; return the resolved path to write.
+
+    Allowed: ``path`` is missing (a dangling symlink: its target is missing), an empty
+    directory, or a directory ``kind.is_own`` recognises.  Refused: anything else (a file, a
+    user's directory, a store, a checkpoint where a generation root is asked for, ...);
+    ``path`` inside a store, a checkpoint or a generation root (``kind.in_generation_root``:
+    its own parent excepted); ``path`` holding ``live_store`` (the store being saved); for
+    a published kind, a ``<path>.old`` that is not of the kind (publication would remove it).
+    Nothing is written.
+
+    Raises:
+        CheckpointError: naming the path and what is there.
+    """
+    real = Path(os.path.realpath(os.fspath(path)))
+    owner = enclosing_owner(real, skip_root_parent=kind.in_generation_root)
+    if owner is not None:
+        raise _refuse(path, kind, f"{real} is inside {owner[0]} {owner[1]}, which would delete it when it is "
+                                  f"replaced, loaded, reopened or pruned; choose a path outside it")
+    if kind.in_generation_root and not os.path.lexists(real.parent / ROOT_LOCK_NAME) \
+            and not is_generation_root(real.parent):
+        raise _refuse(path, kind, f"{real.parent} is not a checkpoint generation root ({describe(real.parent)})")
+    if live_store is not None:
+        sroot = Path(os.path.realpath(os.fspath(live_store)))
+        if _within(sroot, real):
+            raise _refuse(path, kind, f"the store being saved lives at {sroot}")
+    _check_one(path, real, kind)
+    if kind.published:
+        old = real.with_name(real.name + ".old")
+        if os.path.lexists(old):
+            _check_one(old, old, kind, what="the leftover of an interrupted replacement ")
+    return real
+
+
+def _check_one(path: PathLike, real: Path, kind: TargetKind, what: str = "") -> None:
+    try:
+        st = os.lstat(real)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise _refuse(path, kind, f"{real} cannot be examined ({e.strerror})") from e
+    if not stat.S_ISDIR(st.st_mode):
+        raise _refuse(path, kind, f"{what}{real} is {describe(real)}")
+    try:
+        empty = not os.listdir(real)
+    except OSError as e:
+        raise _refuse(path, kind, f"{real} cannot be listed ({e.strerror})") from e
+    if empty or kind.is_own(real):
+        return
+    if kind.published:
+        rule = f"a save may replace only {kind.label} or fill an empty directory"
+    else:
+        rule = f"{kind.label} must be missing, empty, or hold only what tqstore puts there"
+    raise _refuse(path, kind, f"{what}{real} is {describe(real)}, and {rule}; move it away or choose another path")
+
+
+def check_store_location(root: PathLike) -> None:
+    """Refuse to open or create a store inside a store directory, a checkpoint or a
+    checkpoint generation root (symlinks resolved).
+
+    Raises:
+        ConfigError: naming the store path and the directory it would be inside.
+    """
+    real = Path(os.path.realpath(os.fspath(root)))
+    owner = enclosing_owner(real)
+    if owner is not None:
+        raise ConfigError(f"refusing to open a store at {os.fspath(root)}: {real} is inside {owner[0]} {owner[1]}, "
+                          f"which would delete it when it is replaced, loaded, reopened or pruned; choose a path "
+                          f"outside it")
+
+
+# ---------------------------------------------------------------------------- locks
+def lock_path_for(path: PathLike) -> Path:
+    """The lock file serialising publication, deletion and reads of the checkpoint at ``path``
+    (resolved): ``root/.tqstore-checkpoints.lock`` for a generation ``step-N`` of a generation
+    root, else ``<parent>/.<name>.lock``."""
+    real = Path(os.path.realpath(os.fspath(path)))
+    m = STEP_RE.match(real.name)
+    if m and not m.group(2) and os.path.lexists(real.parent / ROOT_LOCK_NAME):
+        return real.parent / ROOT_LOCK_NAME
+    return real.parent / f".{real.name}.lock"
+
+
+@contextlib.contextmanager
+def reading(path: PathLike) -> Iterator[bool]:
+    """Hold the shared lock of the checkpoint at ``path`` (:func:`lock_path_for`): no
+    publication replaces it and no prune deletes it meanwhile.  Yields False when the lock
+    could not be taken (read-only location: see :func:`tqstore._io.locks.flocked`)."""
+    lp = lock_path_for(path)
+    real = lp.parent / Path(os.path.realpath(os.fspath(path))).name
+    if not (os.path.lexists(real) or os.path.lexists(real.with_name(real.name + ".old"))):
+        yield False  # nothing there to read (and no lock file left behind): the reader raises not-found
+        return
+    stack = contextlib.ExitStack()
+    try:
+        held = stack.enter_context(locks.flocked(lp, shared=True))
+    except OSError as e:
+        raise CheckpointError(f"cannot take the read lock {lp} of checkpoint {os.fspath(path)}: {e}") from e
+    with stack:
+        yield held
+
+
+def read_locked(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorate ``fn(path, ...)`` to run under :func:`reading` of ``path``."""
+
+    @functools.wraps(fn)
+    def wrapper(path: PathLike, *args: Any, **kwargs: Any) -> Any:
+        with reading(path):
+            return fn(path, *args, **kwargs)
+
+    return wrapper
+
+
+__all__: List[str] = ["TargetKind", "CHECKPOINT", "GENERATION", "GENERATION_ROOT", "check_target",
+                      "check_store_location", "enclosing_owner", "is_checkpoint_dir", "is_generation_root",
+                      "lock_path_for", "reading", "read_locked", "ROOT_LOCK_NAME"]
