@@ -49,7 +49,7 @@ from . import manifest as M
 from .planner import INDEX_VALUE_DTYPE, FrameTable, TargetPlan, plan_load_mode, plan_reshard
 from .scan import BadFrame, scan_file
 from .verify import (
-    _read_unit_index, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
+    _check_controller, _read_unit_index, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
     unit_frames, walk_problems,
 )
 
@@ -167,6 +167,9 @@ class Builder:
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
                 self.read_bytes += sum(pool.map(lambda e: _check_file(self.src, e), idx))
         self._walked()
+        probs = _check_controller(self.src, self.man)  # unit and row counts, as a deep verify
+        if probs:
+            raise probs[0].to_error()
         files.mkdir(new_dir / "controller")
         copy_env_compact(self.src / "controller", new_dir / "controller")
         if self.man.num_units != self.num_units:

@@ -261,6 +261,7 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
         else:
             good_index[e.path] = e
     frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]] = defaultdict(list)
+    skip: set = set()
     if deep and good_index:
         # every LMDB file is walked in a child process before this one maps it
         walked = [e for e in man.files if e.path in good_index]
@@ -272,10 +273,10 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
         for u in range(man.num_units):
             rel = M.unit_index_file(u)
             if rel in good_index:
-                problems.extend(_read_unit_index(src, man, u, frames_by_seg))
+                problems.extend(_read_unit_index(src, man, u, frames_by_seg, skip))
     for e in man.files:
-        if e.role != M.ROLE_SEGMENT or e.path not in present:
-            continue
+        if e.role != M.ROLE_SEGMENT or e.path not in present or (e.unit, e.seg) in skip:
+            continue  # (a segment of another size than its index records is not read: already reported)
         frames = frames_by_seg.get((e.unit, e.seg), [])
         try:
             res = scan_file(src / e.path, e.size, frames=frames, progress=progress, under=src, stop_at_bad=True)
@@ -320,14 +321,16 @@ def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
     return out
 
 
-def unit_frames(src: Path, man: M.Manifest, u: int) -> Tuple[Optional[FrameTable], List[Problem]]:
+def unit_frames(src: Path, man: M.Manifest, u: int,
+                bad_segments: Optional[set] = None) -> Tuple[Optional[FrameTable], List[Problem]]:
     """Read unit ``u``'s index of the checkpoint (already walked, see :func:`lmdb_walk`)
     and check it against the manifest: its format version; every ``loc`` entry names bytes
     ``[offset, offset + length)`` with ``offset >= 64`` inside a listed segment of the unit;
     every listed segment has a ``segs`` record of the size MANIFEST.json records.
 
     Returns the entries that name bytes the checkpoint holds (None if the index cannot be
-    read) and the problems found.  Shared by :func:`verify_checkpoint` and the loader.
+    read) and the problems found; the ids of segments whose size disagrees are added to
+    ``bad_segments`` (not worth reading).  Shared by :func:`verify_checkpoint` and the loader.
     """
     p = src / M.unit_index_file(u)
     segs = man.segments(u)
@@ -361,6 +364,8 @@ def unit_frames(src: Path, man: M.Manifest, u: int) -> Tuple[Optional[FrameTable
         env.close()
     for seg, e in sorted(segs.items()):
         if recorded.get(seg) != e.size:
+            if bad_segments is not None:
+                bad_segments.add(seg)
             out.append(Problem(str(src / e.path), f"MANIFEST.json records {e.size} bytes for this segment, the unit "
                                                   f"index {recorded.get(seg, 'no record')}"))
     sizes = np.full(int(table.seg.max()) + 1 if len(table) else 1, -1, np.int64)
@@ -398,8 +403,12 @@ def frames_of(table: FrameTable) -> Dict[int, List[Tuple[int, int, int]]]:
 
 
 def _read_unit_index(src: Path, man: M.Manifest, u: int,
-                     frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]]) -> List[Problem]:
-    table, out = unit_frames(src, man, u)
+                     frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]],
+                     skip: Optional[set] = None) -> List[Problem]:
+    bad: set = set()
+    table, out = unit_frames(src, man, u, bad)
+    if skip is not None:
+        skip.update((u, s) for s in bad)
     if table is not None:
         for seg, fr in frames_of(table).items():
             frames_by_seg[(u, seg)] = fr
