@@ -22,7 +22,7 @@ import numpy as np
 from .._format.layout import SEGMENT_HEADER_SIZE
 from .._io import files
 from .._io.lmdbenv import open_env
-from .._io.lmdbwalk import LmdbWalk
+from .._io.lmdbwalk import DEFAULT_TIMEOUT_S, LmdbWalk
 from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError, TqstoreError
 from ..unit import SegInfo, check_index_format
 from . import manifest as M
@@ -32,6 +32,7 @@ from .scan import scan_file
 log = logging.getLogger("tqstore")
 
 PathLike = Any
+WALK_BYTES_PER_S = 16 << 20  # the walk's time bound grows by a second per this many index bytes
 
 
 def resolve_checkpoint_dir(path: PathLike) -> Path:
@@ -108,7 +109,9 @@ def lmdb_walk(src: Path, entries: List[M.FileEntry], *, first_only: bool) -> Lmd
     """Start the structural walk (in a child process, see :mod:`tqstore._io.lmdbwalk`) of
     the controller and unit index files ``entries``, which :func:`file_problem` passed."""
     schema = {M.ROLE_CONTROLLER: "controller", M.ROLE_UNIT_INDEX: "unit_index"}
-    return LmdbWalk([(str((src / e.path).parent), schema[e.role]) for e in entries], first_only=first_only)
+    timeout_s = DEFAULT_TIMEOUT_S + sum(e.size for e in entries) / WALK_BYTES_PER_S  # a slow disk is not damage
+    return LmdbWalk([(str((src / e.path).parent), schema[e.role]) for e in entries], first_only=first_only,
+                    timeout_s=timeout_s)
 
 
 def walk_problems(walk: LmdbWalk) -> List[Problem]:
