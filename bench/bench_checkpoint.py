@@ -19,6 +19,10 @@ text, and a tag.  Progress goes to stderr; the last line of stdout is one JSON o
 * ``load_gib_s``: CRC-verified load (cold cache) of the copied checkpoint; ``raw_read_gib_s``
   the same files read by a plain loop (cold cache); ``load_vs_raw_read`` the ratio;
 * ``reshard_load_gib_s``: the same checkpoint loaded into a 3-unit store (cold cache);
+* ``lmdb_walk_ms``: the out-of-process structural walk of the checkpoint's LMDB files
+  (controller and unit indexes: one child process iterates every entry) that every load
+  runs before it maps them, on its own (median of 3; in a load it runs beside the index
+  CRC checks); ``lmdb_walk_in_load_ms`` the walk's duration inside the measured loads;
 * V1 = ``kv_batch_get`` of every key + ``torch.save`` + fsync, and ``torch.load`` +
   ``kv_batch_put``: ``v1_save_speedup`` (V1 save ÷ our copy-mode save),
   ``v1_load_speedup`` (V1 load ÷ our load, both cold), ``critical_path_speedup`` (V1 save ÷
@@ -299,6 +303,21 @@ def run(base: Path, gib: float, units: int, res: dict) -> int:
         log(f"round {rnd}: load {ck_bytes / GiB / loads[-1]:.2f} GiB/s, raw read "
             f"{ck_bytes / GiB / raw_reads[-1]:.2f} GiB/s")
     load_s, raw_r_s = statistics.median(loads), statistics.median(raw_reads)
+    from tqstore.checkpoint import manifest as M
+    from tqstore.checkpoint.verify import lmdb_walk, read_manifest
+
+    man = read_manifest(ck)
+    lm = [e for e in man.files if e.role != M.ROLE_SEGMENT]
+    walks = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        w = lmdb_walk(ck, lm, first_only=True)
+        assert not w.result()
+        walks.append(time.perf_counter() - t0)
+    res.update(lmdb_walk_ms=round(statistics.median(walks) * 1e3, 1), lmdb_walk_entries=w.entries,
+               lmdb_walk_in_load_ms=round(li.lmdb_walk_s * 1e3, 1),
+               lmdb_index_mib=round(sum(e.size for e in lm) / 2**20, 1))
+    log(f"LMDB walk: {res['lmdb_walk_ms']:.1f} ms for {w.entries} entries in {res['lmdb_index_mib']} MiB of indexes")
     res.update(cache=how, load_s=round(load_s, 3), load_gib_s=round(ck_bytes / GiB / load_s, 3),
                raw_read_gib_s=round(ck_bytes / GiB / raw_r_s, 3), load_vs_raw_read=round(raw_r_s / load_s, 3),
                load_peak_mib=round(max(lpeaks), 1))
@@ -344,7 +363,7 @@ def run(base: Path, gib: float, units: int, res: dict) -> int:
                critical_path_speedup=round(v1_save_s / stall_s, 1))
     log(f"V1: save {v1_save_s:.2f} s, load {v1_load_s:.2f} s")
     keys_out = ["save_stall_ms", "save_gib_s", "raw_write_gib_s", "incremental_ratio", "load_gib_s",
-                "raw_read_gib_s", "reshard_load_gib_s", "v1_save_speedup", "v1_load_speedup",
+                "raw_read_gib_s", "reshard_load_gib_s", "lmdb_walk_ms", "v1_save_speedup", "v1_load_speedup",
                 "critical_path_speedup", "save_peak_mib", "load_peak_mib"]
     out = {k: res[k] for k in keys_out}
     out.update({k: v for k, v in res.items() if k not in out})

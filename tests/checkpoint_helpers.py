@@ -93,3 +93,37 @@ def payload_offset_of_first_frame(seg: Path) -> int:
     data = seg.read_bytes()
     h = parse_head(data, SEGMENT_HEADER_SIZE)
     return SEGMENT_HEADER_SIZE + h.payload_start + max(0, h.payload_len // 2)
+
+
+def resign(ckpt: Path, *, keep: tuple = ()) -> None:
+    """What an attacker (or a buggy tool) does after tampering with a checkpoint: recompute
+    the size, CRC32C and block CRCs of every listed file (except the paths in ``keep``,
+    whose entries stay as they are) and the manifest's own checksum."""
+    import json
+
+    from tqstore import _native
+    from tqstore.checkpoint import manifest as M
+
+    mp = Path(ckpt) / M.MANIFEST_NAME
+    d = json.loads(mp.read_bytes())
+    for e in d["files"]:
+        if e["path"] in keep:
+            continue
+        data = (Path(ckpt) / e["path"]).read_bytes()
+        e["size"], e["crc32c"] = len(data), _native.crc32c(data)
+        if "block_crc32c" in e:
+            b = M.INDEX_BLOCK_BYTES
+            e["block_crc32c"] = [_native.crc32c(data[i:i + b]) for i in range(0, len(data), b)] or [0]
+    resign_manifest(ckpt, d)
+
+
+def resign_manifest(ckpt: Path, d: dict) -> None:
+    """Write manifest object ``d`` into ``ckpt`` with a freshly computed ``manifest_crc32c``."""
+    import json
+
+    from tqstore import _native
+    from tqstore.checkpoint import manifest as M
+
+    d = {k: v for k, v in d.items() if k != "manifest_crc32c"}
+    d["manifest_crc32c"] = _native.crc32c(M._canonical(d))
+    rewrite(Path(ckpt) / M.MANIFEST_NAME, (json.dumps(d, sort_keys=True, indent=1) + "\n").encode())

@@ -216,19 +216,22 @@ def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
 
 
 def _checkpoint_doc(path: Path) -> Dict[str, Any]:
-    from .checkpoint.manifest import ROLE_SEGMENT
-    from .checkpoint.verify import read_manifest, resolve_checkpoint_dir
+    from .checkpoint.manifest import ROLE_CONTROLLER, ROLE_SEGMENT
+    from .checkpoint.verify import file_problem, lmdb_walk, read_manifest, resolve_checkpoint_dir, walk_problems
 
     src = resolve_checkpoint_dir(path)
     man = read_manifest(src)
     segs = man.by_role(ROLE_SEGMENT)
+    ctrl = man.by_role(ROLE_CONTROLLER)[0]
+    # the controller copy is only mapped once it is a regular file that walks cleanly out of process
+    readable = file_problem(src, ctrl) is None and not walk_problems(lmdb_walk(src, [ctrl], first_only=True))
     return {
         "kind": "checkpoint", "path": str(src), "format_version": man.version,
         "tqstore_version": man.tqstore_version, "created_unix": man.created_unix,
         "include_storage": man.include_storage, "num_units": man.num_units, "snapshot": man.snapshot,
         "metadata": man.metadata, "files": len(man.files) + 1, "total_bytes": man.total_bytes,
         "segment_bytes": sum(e.size for e in segs), "segments": len(segs),
-        "partitions": _partitions(src),
+        "partitions": _partitions(src) if readable else None,
     }
 
 

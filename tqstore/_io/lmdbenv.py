@@ -52,3 +52,23 @@ def lmdb_commit_point(name: str) -> None:
     if fp.active:
         fp.hit(name)
         fp.observe(name)
+
+
+def copy_env_compact(src: Path, dst: Path, *, max_dbs: int = 16) -> None:
+    """Write a compacted copy of the LMDB environment ``src`` into the existing, empty
+    directory ``dst`` (``dst/data.mdb``), reading ``src`` read-only without a lock file.
+
+    Only the pages reachable from the main database are read (a walk that
+    :mod:`tqstore._io.lmdbwalk` can do first, out of process) and the copy has no free
+    pages, so a store writing into it never reads the source's free list.  Failpoint
+    ``copy``.  Raises ``lmdb.Error`` (the caller adds context).
+    """
+    if fp.active:
+        fp.hit("copy")
+        fp.observe("copy", str(src), str(dst))
+    env = lmdb.open(str(src), map_size=DEFAULT_MAP_BYTES, max_dbs=max_dbs, subdir=True, readonly=True, lock=False,
+                    readahead=False, create=False)
+    try:
+        env.copy(str(dst), compact=True)
+    finally:
+        env.close()

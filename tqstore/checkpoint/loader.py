@@ -5,9 +5,15 @@ it, opens it and switches the ``CURRENT`` pointer with one rename); every byte t
 the checkpoint is verified first.  Any failure before the switch leaves the running store
 exactly as it was.
 
-* same unit count: the controller and index files are checked and copied; segments are
-  hard-linked (same file system) or copied at once, and their CRC32C is checked by
-  background threads while the store opens the new parts (``before_switch`` waits for it);
+* every file is first checked to be a regular file (no symbolic link, FIFO or device) of
+  the size MANIFEST.json records; every LMDB file is walked in a child process
+  (:mod:`tqstore._io.lmdbwalk`, in parallel with the CRC checks of the index files) before
+  this process maps it, and is then copied compacted (no free pages);
+* same unit count: the controller and index files are checked and copied; every index
+  entry must name bytes inside a listed segment (the checks of a deep
+  :func:`verify_checkpoint`, same code); segments are hard-linked (same file system) or
+  copied at once, and their CRC32C and every indexed frame are checked by background
+  threads while the store opens the new parts (``before_switch`` waits for it);
 * another unit count: the controller is copied with its unit count updated; every frame
   is routed to unit ``gidx % M`` (:func:`planner.plan_reshard`) and each target unit, in
   parallel, reads only its frames' byte ranges, checks each frame's CRC32C and appends
@@ -34,14 +40,18 @@ from .. import _native
 from .._format.layout import SEGMENT_HEADER_SIZE, TRAILER
 from .._format.segment import segment_name
 from .._io import files
-from .._io.lmdbenv import open_env
+from .._io.lmdbenv import copy_env_compact, open_env
+from .._io.lmdbwalk import LmdbWalk
 from .._io.segfile import SegmentWriter
 from ..errors import CheckpointError, CorruptionError, TqstoreError
 from ..unit import check_index_format
 from . import manifest as M
 from .planner import INDEX_VALUE_DTYPE, FrameTable, TargetPlan, plan_load_mode, plan_reshard
 from .scan import BadFrame, scan_file
-from .verify import _read_unit_index, bad_block, read_manifest, resolve_checkpoint_dir
+from .verify import (
+    _check_controller, _read_unit_index, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
+    unit_frames, walk_problems,
+)
 
 log = logging.getLogger("tqstore")
 
@@ -62,23 +72,22 @@ class LoadInfo:
     read_bytes: int  # bytes read and verified
     elapsed_s: float
     metadata: Dict[str, Any] = field(default_factory=dict)
+    lmdb_walk_s: float = 0.0  # the out-of-process walk of the LMDB files (runs beside the CRC checks)
 
 
 def _check_file(src: Path, e: M.FileEntry, *, frames=()) -> int:
-    """Verify a checkpoint file against its manifest entry; returns bytes read."""
+    """Verify a checkpoint file against its manifest entry (and the ``frames`` its unit
+    index names in it), stopping at the first bad block or frame; returns bytes read."""
     p = src / e.path
-    try:
-        st = os.stat(p)
-    except FileNotFoundError as err:
-        raise CorruptionError("checkpoint file listed in MANIFEST.json is missing", path=str(p)) from err
-    if st.st_size != e.size:
-        raise CorruptionError(f"checkpoint file holds {st.st_size} bytes, MANIFEST.json records {e.size} "
-                              f"(truncated or replaced)", path=str(p), offset=min(st.st_size, e.size))
-    res = scan_file(p, e.size, frames=frames, block_bytes=M.INDEX_BLOCK_BYTES if e.block_crc32c else None)
+    prob = file_problem(src, e)
+    if prob is not None:
+        raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
+    res = scan_file(p, e.size, frames=frames, block_bytes=M.INDEX_BLOCK_BYTES if e.block_crc32c else None,
+                    under=src, expect_blocks=e.block_crc32c, stop_at_bad=True)
+    if res.bad or res.stopped or (res.nread == e.size and res.crc != e.crc32c):
+        raise locate_damage(p, e, res)
     if res.nread != e.size:
         raise CorruptionError("checkpoint file is truncated", path=str(p), offset=res.nread)
-    if res.crc != e.crc32c or res.bad:
-        raise locate_damage(p, e, res)
     return res.nread
 
 
@@ -90,7 +99,7 @@ def locate_damage(p: Path, e: M.FileEntry, res) -> CorruptionError:
                                expected_crc=b.expected_crc, actual_crc=b.actual_crc)
     offset, where = bad_block(e, res)
     return CorruptionError(f"checkpoint file checksum mismatch{where}", path=str(p), offset=offset,
-                           expected_crc=e.crc32c, actual_crc=res.crc)
+                           expected_crc=e.crc32c, actual_crc=None if res.stopped else res.crc)
 
 
 def _set_controller_units(ctrl_dir: Path, n: int) -> None:
@@ -124,8 +133,11 @@ class Builder:
     for that verification and raises what it found, so nothing unverified is switched in.
     """
 
-    def __init__(self, src: Path, man: M.Manifest, num_units: int, segment_bytes: int, max_workers: int) -> None:
+    def __init__(self, src: Path, man: M.Manifest, num_units: int, segment_bytes: int, max_workers: int,
+                 walk: Optional[LmdbWalk] = None) -> None:
         self.src = src
+        self.walk = walk
+        self._frames: Dict[int, Dict[int, List[Tuple[int, int, int]]]] = {}
         self.man = man
         self.num_units = num_units
         self.segment_bytes = segment_bytes
@@ -135,17 +147,36 @@ class Builder:
         self._pending: List[Any] = []
         self._vpool: Optional[ThreadPoolExecutor] = None
 
+    def _walked(self) -> None:
+        """Wait for the out-of-process walk of the LMDB files; raise what it found.  Nothing
+        in this process maps a checkpoint's LMDB file before this returned."""
+        if self.walk is None:
+            return
+        t0 = time.perf_counter()
+        probs = walk_problems(self.walk)
+        log.debug("LMDB walk of %s: %.3f s, waited %.3f s", self.src, self.walk.elapsed_s, time.perf_counter() - t0)
+        if probs:
+            raise probs[0].to_error()
+
     def __call__(self, new_dir: Path) -> str:
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
         self.read_bytes += _check_file(self.src, ctrl)
+        workers = max(1, min(self.max_workers, max(self.num_units, self.man.num_units)))
+        if self.mode != "metadata":  # index CRCs while the walk runs
+            idx = [self.man.find(M.unit_index_file(i)) for i in range(self.man.num_units)]
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
+                self.read_bytes += sum(pool.map(lambda e: _check_file(self.src, e), idx))
+        self._walked()
+        probs = _check_controller(self.src, self.man)  # unit and row counts, as a deep verify
+        if probs:
+            raise probs[0].to_error()
         files.mkdir(new_dir / "controller")
-        files.copy_file(self.src / ctrl.path, new_dir / M.CONTROLLER_FILE, fsync=False)
+        copy_env_compact(self.src / "controller", new_dir / "controller")
         if self.man.num_units != self.num_units:
             _set_controller_units(new_dir / "controller", self.num_units)
         if self.mode == "metadata":
             _clear_produced(new_dir / "controller", self.num_units)
             return self.mode
-        workers = max(1, min(self.max_workers, max(self.num_units, self.man.num_units)))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
             if self.mode == "same":
                 # a checkpoint file whose fsync failed in this process is copied, never linked and fsynced again
@@ -187,13 +218,13 @@ class Builder:
 
     # -------------------------------------------------------------- same unit count
     def _same_unit(self, new_dir: Path, i: int, link: bool) -> int:
-        """Verify and copy unit ``i``'s index; link or copy its segments (verified later)."""
+        """Check and copy unit ``i``'s (verified, walked) index; link or copy its segments
+        (verified later, frame by frame)."""
         udir = new_dir / M.unit_dir_name(i)
         files.mkdir(udir)
         files.mkdir(udir / "index")
-        idx = self.man.find(M.unit_index_file(i))
-        n = _check_file(self.src, idx)
-        files.copy_file(self.src / idx.path, new_dir / idx.path, fsync=False)
+        self._frames[i] = frames_of(self._unit_table(i))
+        copy_env_compact(self.src / M.unit_dir_name(i) / "index", udir / "index")
         for seg, e in sorted(self.man.segments(i).items()):
             dst = udir / segment_name(seg)
             if link:
@@ -203,13 +234,31 @@ class Builder:
                 if got != e.size:
                     raise CorruptionError("checkpoint segment is shorter than MANIFEST.json records",
                                           path=str(self.src / e.path), offset=got)
-        return n
+        return 0
+
+    def _unit_table(self, i: int) -> FrameTable:
+        """Unit ``i``'s index entries, with the checks of a deep verify (shared code): the
+        format version, every entry inside a listed segment, the segment records' sizes
+        and the frame counts MANIFEST.json records."""
+        table, probs = unit_frames(self.src, self.man, i)
+        if not probs and table is not None:
+            segs, counts = np.unique(table.seg, return_counts=True)
+            have = dict(zip(segs.tolist(), counts.tolist()))
+            for seg, e in sorted(self.man.segments(i).items()):
+                if e.frames is not None and have.get(seg, 0) != e.frames:
+                    raise CorruptionError(f"the unit index names {have.get(seg, 0)} frames in this segment, "
+                                          f"MANIFEST.json records {e.frames}", path=str(self.src / e.path))
+        if probs:
+            raise probs[0].to_error()
+        assert table is not None
+        return table
 
     def _verify_unit(self, root: Path, i: int) -> int:
         n = 0
-        for _seg, e in sorted(self.man.segments(i).items()):
+        frames = self._frames.get(i, {})
+        for seg, e in sorted(self.man.segments(i).items()):
             try:
-                n += _check_file(root, e)
+                n += _check_file(root, e, frames=frames.get(seg, ()))
             except CorruptionError as err:
                 raise self._pinpoint(i, e) or (err if root == self.src else CorruptionError(
                     f"segment copied from the checkpoint does not verify: {err}", path=str(self.src / e.path)))
@@ -229,41 +278,8 @@ class Builder:
 
     # -------------------------------------------------------------- another unit count
     def _plan(self, pool):
-        idx = [self.man.find(M.unit_index_file(i)) for i in range(self.man.num_units)]
-        self.read_bytes += sum(pool.map(lambda e: _check_file(self.src, e), idx))
-        refs = dict(zip(range(self.man.num_units), pool.map(self._read_index, range(self.man.num_units))))
+        refs = dict(zip(range(self.man.num_units), pool.map(self._unit_table, range(self.man.num_units))))
         return plan_reshard(refs, self.num_units)
-
-    def _read_index(self, i: int) -> FrameTable:
-        segs = self.man.segments(i)
-        env = open_env(self.src / M.unit_dir_name(i) / "index", max_dbs=8, readonly=True)
-        try:
-            check_index_format(env, self.src / M.unit_dir_name(i) / "index", create=False)
-            with env.begin() as txn:
-                try:
-                    db = env.open_db(b"loc", txn=txn, create=False)
-                except lmdb.NotFoundError:
-                    return FrameTable.from_index([], b"")  # a unit that never held a row
-                keys = list(txn.cursor(db).iternext(values=False))
-                table = FrameTable.from_index(keys, b"".join(txn.cursor(db).iternext(keys=False)))
-        except lmdb.Error as err:
-            raise CorruptionError(f"unit {i} index of the checkpoint cannot be read: {err}",
-                                  path=str(self.src / M.unit_index_file(i))) from err
-        finally:
-            env.close()
-        sizes = np.full(int(table.seg.max()) + 1 if len(table) else 1, -1, np.int64)
-        for seg, e in segs.items():
-            if seg < len(sizes):
-                sizes[seg] = e.size
-        held = sizes[np.minimum(table.seg, len(sizes) - 1)] if len(table) else sizes[:0]
-        bad = np.flatnonzero((table.seg >= len(sizes)) | (held < 0) | (table.offset < SEGMENT_HEADER_SIZE)
-                             | (table.offset + table.length > held))
-        if len(bad):
-            b = int(bad[0])
-            raise CorruptionError(f"unit {i} index names bytes [{int(table.offset[b])}, "
-                                  f"{int(table.offset[b] + table.length[b])}) of segment {int(table.seg[b])}, which the "
-                                  f"checkpoint does not hold", path=str(self.src / M.unit_index_file(i)))
-        return table
 
     def _reshard_unit(self, new_dir: Path, t: TargetPlan) -> int:
         """Build target unit ``t``: map a window of each source segment at a time, touch only
@@ -303,9 +319,11 @@ class Builder:
             for src_unit, seg, lo, hi in t.groups():
                 path = str(self.src / M.segment_file(src_unit, seg))
                 try:
-                    fd = os.open(path, os.O_RDONLY)
+                    fd = files.open_regular(path, under=self.src)
                 except FileNotFoundError as e:
                     raise CorruptionError("checkpoint segment listed in MANIFEST.json is missing", path=path) from e
+                except files.NotRegularFile as e:
+                    raise CorruptionError(f"checkpoint segment: {e.strerror}", path=str(e.filename or path)) from e
                 try:
                     i = lo
                     while i < hi:
@@ -406,16 +424,16 @@ def load(store, checkpoint_dir) -> LoadInfo:
         settle(state)
         src = resolve_checkpoint_dir(checkpoint_dir)
         man = read_manifest(src)
-        for e in man.files:  # cheap checks before taking the store's write lock
-            p = src / e.path
-            try:
-                size = os.stat(p).st_size
-            except FileNotFoundError as err:
-                raise CorruptionError("checkpoint file listed in MANIFEST.json is missing", path=str(p)) from err
-            if size != e.size:
-                raise CorruptionError(f"checkpoint file holds {size} bytes, MANIFEST.json records {e.size} "
-                                      f"(truncated or replaced)", path=str(p), offset=min(size, e.size))
-        build = Builder(src, man, store.num_units, store._opts["segment_bytes"], max(1, min(8, store.num_units)))
+        for e in man.files:  # cheap checks before taking the store's write lock: regular files, sizes
+            prob = file_problem(src, e)
+            if prob is not None:
+                raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
+        lmdb_files = [e for e in man.files if e.role == M.ROLE_CONTROLLER or
+                      (e.role == M.ROLE_UNIT_INDEX and plan_load_mode(man.num_units, store.num_units,
+                                                                       man.include_storage) != "metadata")]
+        walk = lmdb_walk(src, lmdb_files, first_only=True)  # runs while the lock is taken and CRCs are checked
+        build = Builder(src, man, store.num_units, store._opts["segment_bytes"], max(1, min(8, store.num_units)),
+                        walk=walk)
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
             mode = store.install_state(build, reconcile=False, before_switch=build.finish)
@@ -423,10 +441,14 @@ def load(store, checkpoint_dir) -> LoadInfo:
             raise
         except (OSError, lmdb.Error) as e:
             raise CheckpointError(f"loading checkpoint {src} failed: {e}; the store is unchanged") from e
+        except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:  # a value the new state cannot decode
+            raise CorruptionError(f"checkpoint {src} holds an index value that cannot be decoded: {e!r}; the store "
+                                  f"is unchanged", path=str(src)) from e
         finally:
             build.abandon()
+            walk.cancel()
     info = LoadInfo(src, man.num_units, store.num_units, mode, man.rows, man.total_bytes, build.read_bytes,
-                    time.perf_counter() - t0, dict(man.metadata))
+                    time.perf_counter() - t0, dict(man.metadata), walk.elapsed_s)
     log.info("loaded checkpoint %s (%s, %d -> %d units, %d rows) in %.3f s", src, mode, man.num_units,
              store.num_units, man.rows, info.elapsed_s)
     return info

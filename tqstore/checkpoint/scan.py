@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from .. import _native
+from .._io import files
 from .._format.layout import (
     FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION, PREFIX, PREFIX_SIZE, TRAILER, TRAILER_SIZE,
     payload_offset,
@@ -41,6 +42,7 @@ class ScanResult:
     blocks: Optional[List[int]] = None
     bad: List[BadFrame] = field(default_factory=list)
     frames: int = 0
+    stopped: bool = False  # ended before ``size`` at a bad block or frame (``stop_at_bad``)
 
 
 def _read_exact(fd: int, view: memoryview, offset: int) -> int:
@@ -54,16 +56,25 @@ def _read_exact(fd: int, view: memoryview, offset: int) -> int:
 
 
 def scan_file(path, size: int, *, frames: Sequence[FrameSpec] = (), block_bytes: Optional[int] = None,
-              chunk_bytes: int = CHUNK_BYTES, progress: Progress = None) -> ScanResult:
+              chunk_bytes: int = CHUNK_BYTES, progress: Progress = None, under=None,
+              expect_blocks: Optional[Sequence[int]] = None, stop_at_bad: bool = False) -> ScanResult:
     """Read the first ``size`` bytes of ``path`` once: whole-file CRC32C, optional per-block
     CRCs, and a check of each frame in ``frames`` (sorted by offset, non-overlapping).
 
-    ``nread < size`` means the file is shorter (truncated).  Raises OSError when the file
+    The file is opened with :func:`tqstore._io.files.open_regular` (``under``: the
+    checkpoint directory, so no symbolic link or non-directory inside it is followed).
+    With ``stop_at_bad``, the scan ends (``stopped``) after the chunk holding the first bad
+    frame or the first block whose CRC differs from ``expect_blocks`` (one CRC per
+    ``block_bytes`` block): a damaged file is rejected without reading all of it.
+
+    ``nread < size`` without ``stopped`` means the file is shorter (truncated).  Raises
+    OSError (``files.NotRegularFile`` for a link or a non-regular file) when the file
     cannot be opened.
     """
     if block_bytes is not None:
         chunk_bytes = max(block_bytes, (chunk_bytes // block_bytes) * block_bytes)
-    fd = os.open(path, os.O_RDONLY)
+    fd = files.open_regular(path, under=under)
+    stopped = False
     try:
         try:
             os.posix_fadvise(fd, 0, size, os.POSIX_FADV_SEQUENTIAL)
@@ -86,8 +97,12 @@ def scan_file(path, size: int, *, frames: Sequence[FrameSpec] = (), block_bytes:
             view = mv[:n]
             crc = _native.crc32c(view, crc)
             if blocks is not None:
+                first = len(blocks)
                 for b in range(0, n, block_bytes):
                     blocks.append(_native.crc32c(view[b:b + block_bytes]))
+                if stop_at_bad and expect_blocks is not None and list(expect_blocks[first:len(blocks)]) != \
+                        blocks[first:]:
+                    stopped = True
             end = pos + n
             offs: List[int] = []
             lens: List[int] = []
@@ -111,6 +126,11 @@ def scan_file(path, size: int, *, frames: Sequence[FrameSpec] = (), block_bytes:
             pos = end
             if n < want:
                 break
+            if stop_at_bad and bad:
+                stopped = True
+            if stopped and pos < size:
+                bad.sort(key=lambda b: b.offset)
+                return ScanResult(pos, crc, blocks, bad, nf, stopped=True)
         for off, ln, c in straddling:
             if off + ln <= pos:
                 b = check_frame(fd, off, ln, c)

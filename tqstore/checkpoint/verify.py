@@ -17,18 +17,24 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import lmdb
 
-from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE
+import numpy as np
+
+from .._format.layout import SEGMENT_HEADER_SIZE
+from .._io import files
 from .._io.lmdbenv import open_env
-from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError
+from .._io.lmdbwalk import DEFAULT_TIMEOUT_S, LmdbWalk
+from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError, TqstoreError
 from ..controller import CONTROLLER_DBS, decode_controller
-from ..unit import check_index_format
+from ..unit import SegInfo, check_index_format
 from . import manifest as M
+from .planner import FrameTable
 from .scan import scan_file
 from .target import read_locked
 
 log = logging.getLogger("tqstore")
 
 PathLike = Any
+WALK_BYTES_PER_S = 16 << 20  # the walk's time bound grows by a second per this many index bytes
 
 
 def resolve_checkpoint_dir(path: PathLike) -> Path:
@@ -63,11 +69,56 @@ def read_manifest(path: PathLike) -> M.Manifest:
     src = resolve_checkpoint_dir(path)
     mp = src / M.MANIFEST_NAME
     try:
-        with open(mp, "rb") as f:
-            data = f.read(M.MAX_MANIFEST_BYTES + 1)
+        fd = files.open_regular(mp, under=src)
     except FileNotFoundError as e:
         raise CheckpointNotFoundError(f"{mp} does not exist") from e
-    return M.parse(data, path=str(mp))
+    except files.NotRegularFile as e:
+        raise CorruptionError(f"{M.MANIFEST_NAME} is {e.strerror}", path=str(e.filename or mp)) from e
+    try:
+        chunks, left = [], M.MAX_MANIFEST_BYTES + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+    finally:
+        os.close(fd)
+    return M.parse(b"".join(chunks), path=str(mp))
+
+
+def file_problem(src: Path, e: M.FileEntry) -> Optional[Problem]:
+    """The cheap checks of one listed file, before any byte is read: it exists, it is a
+    regular file reached through real directories (no symbolic link, FIFO or device; see
+    :func:`tqstore._io.files.open_regular`), and it holds the size MANIFEST.json records."""
+    p = src / e.path
+    try:
+        st = files.check_regular(p, under=src)
+    except FileNotFoundError:
+        return Problem(str(p), "file listed in MANIFEST.json is missing")
+    except files.NotRegularFile as err:
+        return Problem(str(err.filename or p), f"{err.strerror}: refused (a checkpoint holds only regular files in "
+                                               f"real directories)")
+    except OSError as err:
+        return Problem(str(p), f"file cannot be opened: {err}")
+    if st.st_size != e.size:
+        return Problem(str(p), f"holds {st.st_size} bytes, MANIFEST.json records {e.size} (truncated or replaced)",
+                       min(st.st_size, e.size))
+    return None
+
+
+def lmdb_walk(src: Path, entries: List[M.FileEntry], *, first_only: bool) -> LmdbWalk:
+    """Start the structural walk (in a child process, see :mod:`tqstore._io.lmdbwalk`) of
+    the controller and unit index files ``entries``, which :func:`file_problem` passed."""
+    schema = {M.ROLE_CONTROLLER: "controller", M.ROLE_UNIT_INDEX: "unit_index"}
+    timeout_s = DEFAULT_TIMEOUT_S + sum(e.size for e in entries) / WALK_BYTES_PER_S  # a slow disk is not damage
+    return LmdbWalk([(str((src / e.path).parent), schema[e.role]) for e in entries], first_only=first_only,
+                    timeout_s=timeout_s)
+
+
+def walk_problems(walk: LmdbWalk) -> List[Problem]:
+    """The walk's findings as problems (waits for it)."""
+    return [Problem(w.path, w.message) for w in walk.result()]
 
 
 @dataclass(frozen=True)
@@ -137,11 +188,13 @@ def bad_block(e: M.FileEntry, res) -> Tuple[Optional[int], str]:
 def _crc_problem(p: Path, e: M.FileEntry, res) -> Problem:
     if res.bad:
         b = res.bad[0]
-        return Problem(str(p), f"{b.message} ({len(res.bad)} bad frame(s))", b.offset, b.expected_crc, b.actual_crc)
+        more = " before the scan stopped" if res.stopped else ""
+        return Problem(str(p), f"{b.message} ({len(res.bad)} bad frame(s){more})", b.offset, b.expected_crc,
+                       b.actual_crc)
     offset, where = bad_block(e, res)
     if e.role == M.ROLE_SEGMENT and offset is None:
         where = " (outside every indexed frame)" if res.frames else ""
-    return Problem(str(p), f"file checksum mismatch{where}", offset, e.crc32c, res.crc)
+    return Problem(str(p), f"file checksum mismatch{where}", offset, e.crc32c, None if res.stopped else res.crc)
 
 
 @read_locked  # no save replaces it and no prune deletes it while it is read
@@ -183,21 +236,16 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
     problems = rep.problems
     present: Dict[str, M.FileEntry] = {}
     for e in man.files:
-        p = src / e.path
-        try:
-            st = os.lstat(p)
-        except FileNotFoundError:
-            problems.append(Problem(str(p), "file listed in MANIFEST.json is missing"))
-            continue
-        if not os.path.isfile(p) or os.path.islink(p):
-            problems.append(Problem(str(p), "not a regular file"))
-        elif st.st_size != e.size:
-            problems.append(Problem(str(p), f"holds {st.st_size} bytes, MANIFEST.json records {e.size} (truncated "
-                                            f"or replaced)", min(st.st_size, e.size)))
+        prob = file_problem(src, e)
+        if prob is not None:
+            problems.append(prob)
         else:
             present[e.path] = e
     listed = {e.path for e in man.files} | {M.MANIFEST_NAME}
-    for dirpath, _dirs, names in os.walk(src):
+    for dirpath, dirs, names in os.walk(src):
+        for n in dirs:
+            if os.path.islink(os.path.join(dirpath, n)):
+                problems.append(Problem(os.path.join(dirpath, n), "not a real directory (a symbolic link): refused"))
         for n in names:
             rel = os.path.relpath(os.path.join(dirpath, n), src).replace(os.sep, "/")
             if rel not in listed:
@@ -207,26 +255,40 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
     for e in man.files:
         if e.role == M.ROLE_SEGMENT or e.path not in present:
             continue
-        res = scan_file(src / e.path, e.size, block_bytes=M.INDEX_BLOCK_BYTES if e.block_crc32c else None,
-                        progress=progress)
+        try:
+            res = scan_file(src / e.path, e.size, block_bytes=M.INDEX_BLOCK_BYTES if e.block_crc32c else None,
+                            progress=progress, under=src, expect_blocks=e.block_crc32c, stop_at_bad=True)
+        except OSError as err:
+            problems.append(Problem(str(src / e.path), f"file cannot be read: {err}"))
+            continue
         rep.bytes_checked += res.nread
-        if res.crc != e.crc32c:
+        if res.crc != e.crc32c or res.stopped:
             problems.append(_crc_problem(src / e.path, e, res))
         else:
             good_index[e.path] = e
     frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]] = defaultdict(list)
-    if deep:
+    skip: set = set()
+    if deep and good_index:
+        # every LMDB file is walked in a child process before this one maps it
+        walked = [e for e in man.files if e.path in good_index]
+        for prob in walk_problems(lmdb_walk(src, walked, first_only=False)):
+            problems.append(prob)
+            good_index.pop(os.path.relpath(prob.path, src).replace(os.sep, "/"), None)
         if M.CONTROLLER_FILE in good_index:
             problems.extend(_check_controller(src, man))
         for u in range(man.num_units):
             rel = M.unit_index_file(u)
             if rel in good_index:
-                problems.extend(_read_unit_index(src, man, u, frames_by_seg))
+                problems.extend(_read_unit_index(src, man, u, frames_by_seg, skip))
     for e in man.files:
-        if e.role != M.ROLE_SEGMENT or e.path not in present:
+        if e.role != M.ROLE_SEGMENT or e.path not in present or (e.unit, e.seg) in skip:
+            continue  # (a segment of another size than its index records is not read: already reported)
+        frames = frames_by_seg.get((e.unit, e.seg), [])
+        try:
+            res = scan_file(src / e.path, e.size, frames=frames, progress=progress, under=src, stop_at_bad=True)
+        except OSError as err:
+            problems.append(Problem(str(src / e.path), f"file cannot be read: {err}"))
             continue
-        frames = sorted(frames_by_seg.get((e.unit, e.seg), ()))
-        res = scan_file(src / e.path, e.size, frames=frames, progress=progress)
         rep.bytes_checked += res.nread
         rep.frames_checked += len(frames)
         if res.bad or res.crc != e.crc32c:
@@ -266,42 +328,95 @@ def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
     return out
 
 
-def _read_unit_index(src: Path, man: M.Manifest, u: int,
-                     frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]]) -> List[Problem]:
-    rel = M.unit_index_file(u)
-    p = src / rel
+def unit_frames(src: Path, man: M.Manifest, u: int,
+                bad_segments: Optional[set] = None) -> Tuple[Optional[FrameTable], List[Problem]]:
+    """Read unit ``u``'s index of the checkpoint (already walked, see :func:`lmdb_walk`)
+    and check it against the manifest: its format version; every ``loc`` entry names bytes
+    ``[offset, offset + length)`` with ``offset >= 64`` inside a listed segment of the unit;
+    every listed segment has a ``segs`` record of the size MANIFEST.json records.
+
+    Returns the entries that name bytes the checkpoint holds (None if the index cannot be
+    read) and the problems found; the ids of segments whose size disagrees are added to
+    ``bad_segments`` (not worth reading).  Shared by :func:`verify_checkpoint` and the loader.
+    """
+    p = src / M.unit_index_file(u)
     segs = man.segments(u)
     out: List[Problem] = []
     try:
         env = open_env(p.parent, max_dbs=8, readonly=True)
-    except Exception as e:  # noqa: BLE001 - reported, not raised
-        return [Problem(str(p), f"unit index cannot be opened: {e}")]
+    except TqstoreError as e:
+        return None, [Problem(str(p), f"unit index cannot be opened: {e}")]
     try:
         try:
             check_index_format(env, p.parent, create=False)
         except FormatVersionError as e:
-            return [Problem(str(p), str(e))]
+            return None, [Problem(str(p), str(e))]
         with env.begin() as txn:
             try:
                 db = env.open_db(b"loc", txn=txn, create=False)
+                keys = list(txn.cursor(db).iternext(values=False))
+                table = FrameTable.from_index(keys, b"".join(txn.cursor(db).iternext(keys=False)))
             except lmdb.NotFoundError:
-                return out
-            bad = 0
-            for k, v in txn.cursor(db):
-                seg, off, ln, crc = INDEX_VALUE.unpack(v)
-                e = segs.get(seg)
-                if e is None or off < SEGMENT_HEADER_SIZE or off + ln > e.size:
-                    bad += 1
-                    if bad <= 5:
-                        out.append(Problem(str(p), f"entry for global index {int.from_bytes(bytes(k[:8]), 'big')} "
-                                                   f"names bytes [{off}, {off + ln}) of segment {seg}, which the "
-                                                   f"checkpoint does not hold"))
-                    continue
-                frames_by_seg[(u, seg)].append((off, ln, crc))
-            if bad > 5:
-                out.append(Problem(str(p), f"{bad - 5} more entries name bytes the checkpoint does not hold"))
-    except (lmdb.Error, ValueError) as e:
-        out.append(Problem(str(p), f"unit index cannot be read: {e}"))
+                table = FrameTable.from_index([], b"")  # a unit that never held a row
+            recorded: Dict[int, int] = {}
+            try:
+                sdb = env.open_db(b"segs", txn=txn, create=False)
+                for k, v in txn.cursor(sdb):
+                    recorded[int.from_bytes(bytes(k), "big")] = SegInfo.unpack(v).size
+            except lmdb.NotFoundError:
+                pass
+    except (lmdb.Error, ValueError, KeyError, TypeError, TqstoreError) as e:
+        return None, [Problem(str(p), f"unit index cannot be read: {e}")]
     finally:
         env.close()
+    for seg, e in sorted(segs.items()):
+        if recorded.get(seg) != e.size:
+            if bad_segments is not None:
+                bad_segments.add(seg)
+            out.append(Problem(str(src / e.path), f"MANIFEST.json records {e.size} bytes for this segment, the unit "
+                                                  f"index {recorded.get(seg, 'no record')}"))
+    sizes = np.full(int(table.seg.max()) + 1 if len(table) else 1, -1, np.int64)
+    for seg, e in segs.items():
+        if seg < len(sizes):
+            sizes[seg] = e.size
+    held = sizes[np.minimum(table.seg, len(sizes) - 1)] if len(table) else sizes[:0]
+    bad = (table.seg >= len(sizes)) | (held < 0) | (table.offset < SEGMENT_HEADER_SIZE) | \
+        (table.offset + table.length > held)
+    nbad = int(bad.sum())
+    for b in np.flatnonzero(bad)[:5].tolist():
+        off, ln = int(table.offset[b]), int(table.length[b])
+        out.append(Problem(str(p), f"entry for global index {int(table.gidx[b])} names bytes [{off}, {off + ln}) of "
+                                   f"segment {int(table.seg[b])}, which the checkpoint does not hold"))
+    if nbad > 5:
+        out.append(Problem(str(p), f"{nbad - 5} more entries name bytes the checkpoint does not hold"))
+    if nbad:
+        keep = np.flatnonzero(~bad)
+        table = FrameTable([table.keys[i] for i in keep.tolist()], table.gidx[keep], table.seg[keep],
+                           table.offset[keep], table.length[keep], table.crc[keep])
+    return table, out
+
+
+def frames_of(table: FrameTable) -> Dict[int, List[Tuple[int, int, int]]]:
+    """``{segment: [(offset, length, crc), ...] sorted by offset}`` of a unit's entries."""
+    order = np.lexsort((table.offset, table.seg))
+    seg, off, ln, crc = table.seg[order], table.offset[order], table.length[order], table.crc[order]
+    out: Dict[int, List[Tuple[int, int, int]]] = {}
+    if not len(order):
+        return out
+    cuts = np.flatnonzero(np.diff(seg)) + 1
+    for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(seg)].tolist()):
+        out[int(seg[a])] = list(zip(off[a:b].tolist(), ln[a:b].tolist(), crc[a:b].tolist()))
+    return out
+
+
+def _read_unit_index(src: Path, man: M.Manifest, u: int,
+                     frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]],
+                     skip: Optional[set] = None) -> List[Problem]:
+    bad: set = set()
+    table, out = unit_frames(src, man, u, bad)
+    if skip is not None:
+        skip.update((u, s) for s in bad)
+    if table is not None:
+        for seg, fr in frames_of(table).items():
+            frames_by_seg[(u, seg)] = fr
     return out

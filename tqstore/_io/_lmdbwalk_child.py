@@ -1,0 +1,140 @@
+"""The child side of :mod:`tqstore._io.lmdbwalk`: run as a script (``python -I -S``), it
+imports only the standard library and lmdb, walks the LMDB environments named in its
+argument and writes one JSON line per step to stdout.  See lmdbwalk for the protocol."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+#: schema name -> {database name: checker name}; a database not listed is a problem
+SCHEMAS: dict = {
+    "unit_index": {b"loc": "loc", b"segs": "segs", b"undo": "undo", b"meta": "meta_format"},
+    "controller": {b"meta": "meta_decimal", b"free": "gidx_empty", b"parts": "json_object", b"keys": "gidx_value",
+                   b"rows": "rows", b"cons": "cons", b"schema": "json_object", b"sampler": "json_object",
+                   b"restores": "any"},
+}
+
+_MAP_BYTES = 1 << 36  # as tqstore's own readers map it (tqstore._io.lmdbenv.DEFAULT_MAP_BYTES)
+
+
+class _Bad(Exception):
+    pass
+
+
+def _json_object(v: bytes, what: str) -> dict:
+    try:
+        d = json.loads(v.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise _Bad(f"{what}: value is not UTF-8 JSON ({e})") from None
+    if not isinstance(d, dict):
+        raise _Bad(f"{what}: value is not a JSON object")
+    return d
+
+
+def _check_db(txn, db, name: str, kind: str) -> int:
+    """Iterate every entry of one database (values copied out: every page touched)."""
+    what = f"database {name}"
+    n = 0
+    if kind == "loc":  # millions of entries: checked in bulk
+        keys, vals = [], []
+        for k, v in txn.cursor(db):
+            keys.append(k)
+            vals.append(v)
+        n = len(keys)
+        if n:
+            if min(map(len, keys)) < 9:
+                raise _Bad(f"{what}: a key is shorter than a global index and a field name")
+            if set(map(len, vals)) != {20}:
+                raise _Bad(f"{what}: a value is not 20 bytes")
+            for f in {k[8:] for k in keys}:
+                try:
+                    f.decode("utf-8")
+                except UnicodeDecodeError:
+                    raise _Bad(f"{what}: a field name is not UTF-8") from None
+        return n
+    for k, v in txn.cursor(db):
+        n += 1
+        if kind == "any":
+            continue
+        if kind == "segs":
+            d = _json_object(v, what)
+            if len(k) != 4 or not all(isinstance(d.get(x), int) and not isinstance(d.get(x), bool) and d[x] >= 0
+                                      for x in ("size", "live")) or not isinstance(d.get("sealed"), bool):
+                raise _Bad(f"{what}: entry is not a segment record")
+        elif kind == "undo":
+            if len(k) < 17 or len(v) != 20:
+                raise _Bad(f"{what}: entry is not an undo record")
+        elif kind in ("meta_format", "meta_decimal"):
+            if not v or len(v) > 40 or not v.isdigit():
+                raise _Bad(f"{what}: value of {k[:40]!r} is not a decimal number")
+        elif kind == "gidx_empty":
+            if len(k) != 8 or v:
+                raise _Bad(f"{what}: entry is not a free global index")
+        elif kind == "gidx_value":
+            if len(v) != 8:
+                raise _Bad(f"{what}: value is not a global index")
+        elif kind == "rows":
+            if len(k) != 8:
+                raise _Bad(f"{what}: key is not a global index")
+            _json_object(v, what)
+        elif kind == "cons":
+            if v or len(k) < 10 or k[:-8].count(b"\0") < 2:
+                raise _Bad(f"{what}: entry is not a consumption mark")
+        elif kind == "json_object":
+            _json_object(v, what)
+    return n
+
+
+def walk_env(env_dir: str, schema: str) -> int:
+    """Walk one LMDB environment directory in *this* process (the child); returns the
+    entries seen.  Raises ``_Bad`` or ``lmdb.Error`` for a problem."""
+    import lmdb
+
+    dbs = SCHEMAS[schema]
+    env = lmdb.open(env_dir, readonly=True, lock=False, subdir=True, max_dbs=len(dbs) + 1, map_size=_MAP_BYTES,
+                    readahead=False, create=False)
+    try:
+        total = 0
+        with env.begin(buffers=False) as txn:
+            names = []
+            for k, _v in txn.cursor():
+                names.append(k)
+            for name in names:
+                kind = dbs.get(name)
+                if kind is None:
+                    raise _Bad(f"unexpected entry {name[:40]!r} in the main database")
+                db = env.open_db(name, txn=txn, create=False)
+                seen = _check_db(txn, db, name.decode(), kind)
+                if seen != txn.stat(db)["entries"]:
+                    raise _Bad(f"database {name.decode()} holds {seen} entries, its record says "
+                               f"{txn.stat(db)['entries']}")
+                total += seen
+        return total
+    finally:
+        env.close()
+
+
+def _child_main(argv: List[str]) -> int:
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a crash here is expected: no core file
+    except (ImportError, ValueError, OSError):
+        pass
+    sys.path.insert(0, argv[2])  # where lmdb is installed (the child runs without site)
+    targets = json.loads(argv[1])
+    out = sys.stdout.fileno()
+    for i, (env_dir, schema) in enumerate(targets):
+        os.write(out, (json.dumps({"start": i}) + "\n").encode())
+        try:
+            n = walk_env(env_dir, schema)
+            rec = {"done": i, "entries": n}
+        except Exception as e:  # noqa: BLE001 - every problem is reported
+            rec = {"done": i, "error": (str(e) if isinstance(e, _Bad) else f"{type(e).__name__}: {e}")[:500]}
+        os.write(out, (json.dumps(rec) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child_main(sys.argv))
