@@ -123,6 +123,8 @@ def _child_main(argv: List[str]) -> int:
     except (ImportError, ValueError, OSError):
         pass
     sys.path.insert(0, argv[2])  # where lmdb is installed (the child runs without site)
+    if hasattr(sys, "set_int_max_str_digits"):
+        sys.set_int_max_str_digits(0)  # values hold integers of any size (docs/FORMAT.md, "Values")
     targets = json.loads(argv[1])
     out = sys.stdout.fileno()
     for i, (env_dir, schema) in enumerate(targets):
@@ -131,7 +133,8 @@ def _child_main(argv: List[str]) -> int:
             n = walk_env(env_dir, schema)
             rec = {"done": i, "entries": n}
         except Exception as e:  # noqa: BLE001 - every problem is reported
-            rec = {"done": i, "error": (str(e) if isinstance(e, _Bad) else f"{type(e).__name__}: {e}")[:500]}
+            msg = str(e) if isinstance(e, _Bad) else f"{type(e).__name__}: {e}"
+            rec = {"done": i, "error": f"{schema} index: {msg}"[:500]}
         os.write(out, (json.dumps(rec) + "\n").encode())
     return 0
 
