@@ -20,7 +20,7 @@ import tempfile
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
@@ -35,8 +35,9 @@ from .errors import (
 )
 from .kv import KVMixin
 from ._gcpause import pausing
+from .ports import SnapshotId, UnitPort
 from .reader import PARALLEL_MIN_BYTES, read_field, read_fields
-from .unit import DEFAULT_SEGMENT_BYTES, Unit, UnitView
+from .unit import DEFAULT_SEGMENT_BYTES, Unit
 
 log = logging.getLogger("tqstore")
 
@@ -46,23 +47,31 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @dataclass
 class StoreSnapshot:
-    """An MVCC cut of a whole store: the controller's and each unit's read transaction.
+    """An MVCC cut of a whole store: the controller's read transaction and each unit's
+    snapshot id (``unit_snaps[i]`` resolved by unit ``i`` of ``ports``).
 
-    Holds segment pins until :meth:`release`; later puts and clears do not change it.
+    Holds segment pins until :meth:`release` (idempotent); later puts and clears do not change it.
     """
 
     controller_txn: Any
-    units: List[UnitView]
+    unit_snaps: List[SnapshotId]
     num_units: int
     state_dir: Path
+    ports: List[UnitPort] = field(repr=False, default_factory=list)
+
+    @property
+    def unit_views(self) -> List[Any]:
+        """Each unit's view (read transaction and segment records) of the cut.  To be removed when
+        the checkpoint writer goes through ``export_snapshot``: only the embedded Unit has views."""
+        return [u.view(sid) for u, sid in zip(self.ports, self.unit_snaps)]
 
     def release(self) -> None:
         try:
             self.controller_txn.abort()
         except Exception:  # noqa: BLE001 - already closed env
             pass
-        for u in self.units:
-            u.release()
+        for u, sid in zip(self.ports, self.unit_snaps):
+            u.release(sid)
 
     def __enter__(self) -> "StoreSnapshot":
         return self
@@ -198,7 +207,7 @@ class Store(KVMixin, CheckpointMixin):
         if self.controller.num_units != self.num_units:
             raise ConfigError(f"controller of {state} says {self.controller.num_units} units, STORE.json says "
                               f"{self.num_units}")
-        self.units = [Unit(L.unit_dir(state, i), i, durability=self.durability,
+        self.units: List[UnitPort] = [Unit(L.unit_dir(state, i), i, durability=self.durability,
                            segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"],
                            map_bytes=self._opts["map_bytes"]) for i in range(self.num_units)]
 
@@ -208,7 +217,7 @@ class Store(KVMixin, CheckpointMixin):
         rows = self.controller.rows
         missing: Dict[int, Set[str]] = defaultdict(set)
 
-        def one(u: Unit):
+        def one(u: UnitPort):
             present = u.keys()
             orphan: Dict[int, List[str]] = defaultdict(list)
             have: Dict[int, Set[str]] = defaultdict(set)
@@ -453,20 +462,22 @@ class Store(KVMixin, CheckpointMixin):
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:
         """Take an MVCC cut: under the write and metadata locks (held only for the cut) every
-        unit seals its active segment and opens a read transaction, and the controller opens one."""
+        unit seals its active segment and pins a snapshot (named by an id), and the controller
+        opens a read transaction."""
         self._check_open()
         with self._write_lock, self._meta_lock:
             self._check_open()
-            views: List[UnitView] = []
+            units = list(self.units)
+            ids: List[SnapshotId] = []
             try:
-                for u in self.units:
-                    views.append(u.snapshot())
+                for u in units:
+                    ids.append(u.snapshot())
                 txn = self.controller.snapshot_txn()
             except BaseException:
-                for v in views:
-                    v.release()
+                for u, sid in zip(units, ids):
+                    u.release(sid)
                 raise
-            return StoreSnapshot(txn, views, self.num_units, self.state_dir)
+            return StoreSnapshot(txn, ids, self.num_units, self.state_dir, units)
 
     def install_state(self, build: Callable[[Path], Any], *, reconcile: bool = True,
                       before_switch: Optional[Callable[[], Any]] = None) -> Any:

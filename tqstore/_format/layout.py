@@ -37,10 +37,8 @@ KINDS = (KIND_TENSOR, KIND_NDARRAY, KIND_VALUE)
 MAX_FIELD_BYTES = 255
 MAX_NDIM = 32
 
-# index entry of a unit: key = gidx (u64 big-endian, so keys sort by row) + field UTF-8
-INDEX_KEY_HEAD = struct.Struct(">Q")
-# value = segment id, frame offset, frame length, frame crc32c
-INDEX_VALUE = struct.Struct("<IQII")
+# index entry of a unit (key and location value): defined in _format/index.py, named here too
+from .index import INDEX_KEY_HEAD, INDEX_VALUE  # noqa: E402,F401
 
 
 def align_up(n: int, a: int = ALIGN) -> int:
