@@ -2,7 +2,7 @@
 and compaction running while the write goes on never reach or tear the checkpoint; one
 save in flight; a background failure surfaces on the handle and on the next call.
 
-The background writer is held at its first fsync (through the I/O layer's observer) until
+The background writer is held at its first I/O event (through the I/O layer's observer) until
 the test has done its concurrent work, so the overlap is certain, not timing-dependent.
 """
 from __future__ import annotations
@@ -17,6 +17,7 @@ from tqstore._io import failpoints as fp
 from tqstore.checkpoint import CheckpointInfo, SaveHandle, verify_checkpoint
 
 from checkpoint_helpers import fill, state
+from sync_helpers import watch_handle_waits
 
 
 class Gate:
@@ -60,9 +61,9 @@ def test_puts_overwrites_and_clears_during_an_async_save_never_reach_the_checkpo
     want = state(store)
     with Gate() as gate:
         h = store.save_checkpoint(tmp_path / "ckpt", blocking=False)
-        assert isinstance(h, SaveHandle) and h.stall_s < 5
-        assert gate.reached.wait(30)
-        assert not h.done()
+        assert isinstance(h, SaveHandle)
+        assert not h.done(), "save_checkpoint(blocking=False) returned only after the write"
+        assert gate.reached.wait(30), "the background write never started"
         fill(store, "train", 10, start=30, seed=1)  # new rows
         fill(store, "train", 10, seed=2)  # overwrite rows the checkpoint holds
         store.kv_clear(keys[10:], "train")  # clear rows the checkpoint holds
@@ -118,21 +119,26 @@ def test_writes_racing_a_blocking_save_from_other_threads_never_tear_it(store, t
 def test_one_save_in_flight_a_second_call_waits_for_the_first(store, tmp_path):
     fill(store, "train", 6)
     done2 = threading.Event()
+    first_done_at_second_return = []
     with Gate() as gate:
         h1 = store.save_checkpoint(tmp_path / "a", blocking=False)
-        assert gate.reached.wait(30)
+        assert gate.reached.wait(30), "the background write never started"
+        waited_on = watch_handle_waits(h1)
 
         def second():
             store.save_checkpoint(tmp_path / "b")
+            first_done_at_second_return.append(h1.done())
             done2.set()
 
         t = threading.Thread(target=second)
         t.start()
-        assert not done2.wait(0.3)  # queued behind the first
-        assert not h1.done()
+        assert waited_on.wait(30), "the second save did not wait for the one in flight"
+        assert not done2.is_set() and not h1.done()
         gate.open_.set()
         t.join(60)
-    assert done2.is_set() and h1.result().path == tmp_path / "a"
+    assert done2.is_set(), "the second save did not finish after the first"
+    assert first_done_at_second_return == [True]
+    assert h1.result().path == tmp_path / "a"
     verify_checkpoint(tmp_path / "a")
     verify_checkpoint(tmp_path / "b")
 
@@ -167,14 +173,15 @@ def test_close_waits_for_the_background_save(tmp_path):
     want = state(s)
     with Gate() as gate:
         h = s.save_checkpoint(tmp_path / "ckpt", blocking=False)
-        assert gate.reached.wait(30)
+        assert gate.reached.wait(30), "the background write never started"
+        waited_on = watch_handle_waits(h)
         closer = threading.Thread(target=s.close)
         closer.start()
-        closer.join(0.3)
+        assert waited_on.wait(30), "close did not wait for the save in flight"
         assert closer.is_alive() and not h.done()
         gate.open_.set()
         closer.join(60)
-    assert h.done() and h.exception() is None and s.closed
+    assert not closer.is_alive() and h.done() and h.exception() is None and s.closed
     with tqstore.open(tmp_path / "other", num_units=2) as o:
         o.load_checkpoint(tmp_path / "ckpt")
         assert state(o) == want
@@ -184,7 +191,7 @@ def test_handle_result_times_out_while_the_save_runs(store, tmp_path):
     fill(store, "train", 2)
     with Gate() as gate:
         h = store.save_checkpoint(tmp_path / "ckpt", blocking=False)
-        assert gate.reached.wait(30)
+        assert gate.reached.wait(30), "the background write never started"
         with pytest.raises(TimeoutError):
             h.result(timeout=0.05)
         assert "running" in repr(h)

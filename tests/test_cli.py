@@ -122,7 +122,7 @@ def test_ls_lists_generations_and_files(saved):
     rows = json.loads(out)
     assert code == 0 and {r["role"] for r in rows} == {"controller", "unit_index", "segment"}
     assert all(len(r["crc32c"]) == 8 for r in rows)
-    assert run("ls", saved / "store")[0] == EXIT_USAGE
+    assert run("ls", saved / "store")[0] == EXIT_OK  # a store: its partitions (tests/test_hardening_input.py)
 
 
 def test_no_subcommand_prints_help_and_a_bad_one_exits_2():

@@ -7,7 +7,6 @@ have their own tests.
 from __future__ import annotations
 
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -18,6 +17,8 @@ from tqstore import (
     BatchMeta, ConfigError, InvalidInputError, KeyNotFoundError, KVBatchMeta, PartitionNotFoundError, SchemaError,
     StoreClosedError,
 )
+
+from sync_helpers import watch_fetch_waits
 
 
 @pytest.fixture
@@ -99,20 +100,23 @@ def test_fetch_of_an_unknown_partition_returns_an_empty_meta(client):
     assert meta.size == 0 and not meta.is_ready and client.get_data(meta) == {}
 
 
-def test_fetch_waits_for_a_producer_up_to_timeout(client):
-    def produce():
-        time.sleep(0.2)
-        client.put(_prompts(2), partition_id="p")
-
-    th = threading.Thread(target=produce)
-    th.start()
-    t0 = time.monotonic()
-    meta = client.get_meta(["prompt"], 2, "p", task_name="t", timeout_s=5.0)
-    th.join()
-    assert meta.size == 2 and time.monotonic() - t0 < 4.0
-    t0 = time.monotonic()
+def test_fetch_waits_for_a_producer_up_to_timeout(store, client, monkeypatch):
+    waiting, woken = watch_fetch_waits(store, monkeypatch)
+    assert client.get_meta(["prompt"], 2, "p", task_name="t").size == 0
+    assert not woken, "a fetch without timeout_s waited"
+    # nobody produces: the fetch waits (only timeouts end its waits), then returns empty
     assert client.get_meta(["prompt"], 2, "p", task_name="t", timeout_s=0.15).size == 0
-    assert time.monotonic() - t0 >= 0.14
+    assert woken and not any(woken), "a fetch with timeout_s returned without waiting"
+    waiting.clear()
+    got = []
+    consumer = threading.Thread(
+        target=lambda: got.append(client.get_meta(["prompt"], 2, "p", task_name="t", timeout_s=60)))
+    consumer.start()
+    assert waiting.wait(30), "the fetch never started to wait for a producer"
+    client.put(_prompts(2), partition_id="p")  # committed while the fetch waits
+    consumer.join(30)
+    assert not consumer.is_alive(), "the waiting fetch did not return the producer's rows"
+    assert got[0].size == 2 and got[0].is_ready
 
 
 def test_concurrent_consumers_of_one_task_never_get_the_same_row(client):
@@ -329,7 +333,9 @@ def test_batch_meta_select_chunk_concat_union_and_reorder():
     assert [c.size for c in m.chunk(3)] == [2, 1, 1]
     assert BatchMeta.concat(m.chunk(3)).global_indexes == m.global_indexes
     assert m[1:3].global_indexes == [11, 12] and m[-1].keys == ["d"]
-    assert m.union(m[2:]).size == 4 and m[:2].union(m[1:]).global_indexes == [10, 11, 12, 13]
+    assert m.union_rows(m[2:]).size == 4 and m[:2].union_rows(m[1:]).global_indexes == [10, 11, 12, 13]
+    u = m.union(m.select_fields([]))  # TransferQueue's union: same rows, fields merged
+    assert u.global_indexes == m.global_indexes and u.field_names == ["x"] and u is not m
     assert not m.is_ready and m.select_samples([0, 1, 3]).is_ready
     r = m.select_samples(range(4))
     r.reorder([3, 2, 1, 0])

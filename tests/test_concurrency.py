@@ -1,7 +1,8 @@
 """Concurrency of the data plane and the incremental fetch structures.
 
-* a consumer's ``get_meta`` (and status queries) complete while a put's unit writes are
-  in flight — consumers take only the short metadata lock;
+* a consumer's ``get_meta`` (and status queries) complete while a put is held inside its
+  unit writes — consumers take only the short metadata lock; a waiting fetch is woken
+  by a put;
 * puts, clears and fetches from many threads: no row is returned twice to one task, no
   row is returned before its fields are produced, and the data read is the row's own;
 * a checkpoint taken during concurrent puts and fetches is a consistent cut;
@@ -21,6 +22,8 @@ import torch
 import tqstore as tq
 from tqstore import KeyNotFoundError, PartitionNotFoundError
 
+from sync_helpers import watch_fetch_waits
+
 
 def _rows(ids, fields=("x", "y")):
     ids = torch.as_tensor(ids, dtype=torch.int64).reshape(-1, 1)
@@ -39,9 +42,9 @@ def _record(errors, fn):
         errors.append(e)
 
 
-# ------------------------------------------------------------------ consumers vs a slow put
+# ------------------------------------------------------------------ consumers vs a blocked put
 
-def test_fetch_completes_while_a_slow_put_is_in_flight(tmp_path):
+def test_fetch_completes_while_a_put_is_blocked_in_its_unit_writes(tmp_path):
     with tq.open(tmp_path / "s", num_units=2) as s:
         c = tq.get_client(s)
         c.put(_rows(range(8)), partition_id="p")
@@ -84,13 +87,13 @@ def test_fetch_completes_while_a_slow_put_is_in_flight(tmp_path):
         th = threading.Thread(target=producer)
         th.start()
         try:
-            assert started.wait(10)
+            assert started.wait(30), "the producer's unit write never started"
             cons = threading.Thread(target=lambda: _record(errors, consumer))
             cons.start()
-            cons.join(10)
+            cons.join(30)
             assert not errors, errors[0]
             assert finished.is_set(), "the consumer waited for the producer's unit writes"
-            assert th.is_alive()
+            assert th.is_alive() and not release.is_set()  # the producer is still held in its unit write
         finally:
             release.set()
             th.join(30)
@@ -104,17 +107,20 @@ def test_fetch_completes_while_a_slow_put_is_in_flight(tmp_path):
         s.controller.check_mirror()
 
 
-def test_a_waiting_fetch_is_woken_by_a_put(tmp_path):
+def test_a_waiting_fetch_is_woken_by_a_put(tmp_path, monkeypatch):
     with tq.open(tmp_path / "s", num_units=2) as s:
         c = tq.get_client(s)
+        # the fetch's waits end only on a notify (its poll interval is ignored)
+        waiting, woken = watch_fetch_waits(s, monkeypatch, notify_only=True)
         got = []
-        th = threading.Thread(target=lambda: got.append(c.get_meta(["x"], 2, "p", task_name="t", timeout_s=20)))
+        th = threading.Thread(target=lambda: got.append(c.get_meta(["x"], 2, "p", task_name="t", timeout_s=120)))
         th.start()
-        time.sleep(0.1)
-        t0 = time.monotonic()
+        assert waiting.wait(30), "the fetch never started to wait for a producer"
         c.put(_rows(range(2)), partition_id="p")
-        th.join(20)
-        assert got and got[0].size == 2 and time.monotonic() - t0 < 5
+        th.join(60)
+        assert not th.is_alive(), "the waiting fetch did not return"
+        assert woken == [True], "the put did not wake the waiting fetch (its wait timed out)"
+        assert got[0].size == 2 and got[0].is_ready
 
 
 # ------------------------------------------------------------------ many threads

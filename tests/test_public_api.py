@@ -27,6 +27,12 @@ EXPECTED = {
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
     # checkpoints
     "save_checkpoint", "load_checkpoint", "CheckpointManager", "verify_checkpoint",
+    # how often to checkpoint (tqstore.policy)
+    "checkpoint_interval", "young_interval", "expected_overhead",
+    # TransferQueue drop-in: async twins, streaming dataset, seqlen balancing, metrics
+    "async_kv_put", "async_kv_batch_put", "async_kv_batch_get", "async_kv_batch_get_by_meta", "async_kv_list",
+    "async_kv_clear", "AsyncTransferQueueClient", "StreamingDataset", "StreamingDataLoader",
+    "SeqlenBalancedSampler", "get_seqlen_balanced_partitions", "get_metrics_endpoint",
 }
 
 
@@ -47,6 +53,22 @@ def test_module_functions_and_client_methods_mirror_the_store_methods():
         assert inspect.signature(getattr(tqstore, name)) == store_sig.replace(parameters=params), name
         assert inspect.signature(getattr(TransferQueueClient(None), name)) == store_sig.replace(parameters=params)
         assert getattr(tqstore, name).__doc__ == getattr(Store, name).__doc__
+
+
+def test_async_twins_mirror_the_sync_signatures():
+    for name in FORWARDED:
+        assert inspect.signature(getattr(TransferQueueClient(None), "async_" + name)) == \
+            inspect.signature(getattr(TransferQueueClient(None), name)), name
+    for name in ("kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear"):
+        assert inspect.signature(getattr(tqstore, "async_" + name)) == inspect.signature(getattr(tqstore, name))
+
+
+def test_not_found_errors_catch_as_key_and_value_errors_with_a_readable_message():
+    err = tqstore.KeyNotFoundError("key 'a' not in partition 'p'")
+    assert isinstance(err, KeyError) and isinstance(err, ValueError) and isinstance(err, tqstore.TqstoreError)
+    assert str(err) == "key 'a' not in partition 'p'"
+    mro = tqstore.KeyNotFoundError.__mro__
+    assert mro.index(KeyError) < mro.index(ValueError) < mro.index(Exception)
 
 
 def test_errors_inherit_the_matching_builtins():

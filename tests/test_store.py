@@ -349,7 +349,7 @@ def test_bad_config_raises_config_error(tmp_path):
 def test_store_directory_is_locked_against_a_second_open(tmp_path):
     with Store(tmp_path / "s") as s:
         s.write("p", {"v": [1]}, new_rows=True)
-        with pytest.raises(StorageIOError, match="open in another process"):
+        with pytest.raises(StorageIOError, match="already open in this process"):
             Store(tmp_path / "s")
         code = ("import sys, tqstore\n"
                 "try:\n    tqstore.open(sys.argv[1])\nexcept tqstore.StorageIOError as e:\n"
@@ -357,6 +357,7 @@ def test_store_directory_is_locked_against_a_second_open(tmp_path):
         r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 3, r.stderr
+        assert "open in another process" in r.stdout
     with Store(tmp_path / "s") as s:  # released on close
         assert s.read("p", [0])["v"] == [1]
 

@@ -12,9 +12,12 @@ from .api import (
     check_consumption_status, check_production_status, clear_partition, clear_samples, close, current_store,
     get_client, get_consumption_status, get_data, get_meta, get_partition_list, get_production_status, init,
     kv_batch_get, kv_batch_get_by_meta, kv_batch_put, kv_clear, kv_list, kv_put, load_checkpoint, put,
-    reset_consumption, save_checkpoint,
+    reset_consumption, save_checkpoint, get_metrics_endpoint,
 )
-from .client import TransferQueueClient
+from .async_api import (
+    async_kv_batch_get, async_kv_batch_get_by_meta, async_kv_batch_put, async_kv_clear, async_kv_list, async_kv_put,
+)
+from .client import AsyncTransferQueueClient, TransferQueueClient
 from .checkpoint import CheckpointManager, verify_checkpoint
 from .errors import (
     CapacityError, CheckpointError, CheckpointNotFoundError, ConfigError, CorruptionError, FieldNotFoundError,
@@ -22,8 +25,11 @@ from .errors import (
     RestorePendingError, SchemaError, StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError,
 )
 from .meta import BatchMeta, KVBatchMeta
+from .policy import checkpoint_interval, expected_overhead, young_interval
 from .samplers import BaseSampler, GRPOGroupNSampler, RandomSampler, RankAwareSampler, SequentialSampler
+from .seqlen_sampler import SeqlenBalancedSampler, get_seqlen_balanced_partitions
 from .store import Store, open
+from .streaming import StreamingDataLoader, StreamingDataset
 
 logging.getLogger("tqstore").addHandler(logging.NullHandler())
 
@@ -41,5 +47,10 @@ __all__ = [
     "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
     "get_partition_list", "save_checkpoint", "load_checkpoint",
     "CheckpointManager", "verify_checkpoint",
+    "checkpoint_interval", "young_interval", "expected_overhead",
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
+    # TransferQueue drop-in (issue 11)
+    "async_kv_put", "async_kv_batch_put", "async_kv_batch_get", "async_kv_batch_get_by_meta", "async_kv_list",
+    "async_kv_clear", "AsyncTransferQueueClient", "StreamingDataset", "StreamingDataLoader",
+    "SeqlenBalancedSampler", "get_seqlen_balanced_partitions", "get_metrics_endpoint",
 ]

@@ -20,7 +20,7 @@ def get_default():
     """The default store. Raises StoreClosedError (a RuntimeError) before ``tq.init()``."""
     s = _store
     if s is None or s.closed:
-        raise StoreClosedError("tqstore is not initialised: call tqstore.init() first")
+        raise StoreClosedError("tqstore is not initialized: call tqstore.init() first")
     return s
 
 

@@ -9,8 +9,8 @@ import inspect
 import threading
 from typing import Any, Callable, Mapping, Optional
 
-from . import _default
-from .client import FORWARDED, TransferQueueClient
+from . import _default, config as _config, metrics as _metrics
+from .client import FORWARDED, TransferQueueClient, call_store
 from .errors import ConfigError
 from .kv import KVMixin
 from .samplers import make_sampler
@@ -18,34 +18,28 @@ from .store import Store
 
 _init_lock = threading.Lock()
 
-_STORE_KEYS = {"path", "num_units", "durability", "segment_bytes", "compress", "verify_reads", "max_workers",
-               "index_map_bytes"}
-_KNOWN_KEYS = _STORE_KEYS | {"backend", "sampler"}
 
-
-def init(config: Optional[Mapping[str, Any]] = None) -> Store:
+def init(config: Any = None) -> Store:
     """Open (or create) the default store from ``config`` and return it.
 
     Keys: ``path`` (store directory; without one, a private temporary store removed on
     close), ``num_units``, ``durability``, ``segment_bytes``, ``compress``, ``verify_reads``,
     ``backend`` (``"embedded"``), ``sampler`` (a name such as ``"grpo_group_n"``, a
     ``BaseSampler`` instance or class, or ``{"name": ..., **kwargs}``; default sequential).
+    TransferQueue's config (a mapping or an OmegaConf ``DictConfig`` with ``controller``,
+    ``backend`` and ``metrics`` sections) is accepted too and mapped by :mod:`tqstore.config`
+    (docs/MIGRATING.md has the table).
     Calling ``init`` again while a store is open raises ``ConfigError``; call ``close()`` first.
     """
-    cfg = dict(config or {})
-    unknown = set(cfg) - _KNOWN_KEYS
-    if unknown:
-        raise ConfigError(f"unknown config keys {sorted(unknown)}; known: {sorted(_KNOWN_KEYS)}")
-    backend = cfg.pop("backend", "embedded")
-    if backend != "embedded":
-        raise ConfigError(f"backend {backend!r} is not available in this build; use 'embedded'")
-    sampler = make_sampler(cfg.pop("sampler", None))  # ConfigError before anything is opened
+    cfg, sampler_spec, settings = _config.translate(config)
+    sampler = make_sampler(sampler_spec)  # ConfigError before anything is opened
     with _init_lock:
         cur = _default.peek_default()
         if cur is not None and not cur.closed:
-            raise ConfigError("tqstore is already initialised; call tqstore.close() first")
+            raise ConfigError("tqstore is already initialized; call tqstore.close() first")
         store = Store(cfg.pop("path", None), **cfg)
         store.set_sampler(sampler)
+        _config.remember(store, settings)
         _default.set_default(store)
         return store
 
@@ -75,7 +69,7 @@ def _module_function(name: str) -> Callable:
 
     @functools.wraps(target)
     def fn(*args: Any, **kwargs: Any) -> Any:
-        return getattr(_default.get_default(), name)(*args, **kwargs)
+        return call_store(_default.get_default(), name, *args, **kwargs)
 
     sig = inspect.signature(target)
     fn.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])  # type: ignore[attr-defined]
@@ -108,13 +102,28 @@ assert set(FORWARDED) <= set(globals()), "every client method has a module-level
 def save_checkpoint(checkpoint_dir, *, include_storage: bool = True, metadata: Optional[Mapping[str, Any]] = None,
                     blocking: bool = True):
     """Save the default store's state to ``checkpoint_dir``; see ``Store.save_checkpoint``."""
-    return current_store().save_checkpoint(checkpoint_dir, include_storage=include_storage, metadata=metadata,
-                                           blocking=blocking)
+    store = current_store()
+    with _metrics.REGISTRY.timed("save_checkpoint"):
+        return store.save_checkpoint(checkpoint_dir, include_storage=include_storage, metadata=metadata,
+                                     blocking=blocking)
 
 
 def load_checkpoint(checkpoint_dir):
     """Replace the default store's state with a checkpoint; see ``Store.load_checkpoint``."""
-    return current_store().load_checkpoint(checkpoint_dir)
+    store = current_store()
+    with _metrics.REGISTRY.timed("load_checkpoint"):
+        return store.load_checkpoint(checkpoint_dir)
 
 
-__all__ = ["init", "close", "current_store", "get_client", *FORWARDED, "save_checkpoint", "load_checkpoint"]
+def get_metrics_endpoint() -> Any:
+    """Counters and latencies of this process's API calls (puts, gets, get_meta, clears, saves,
+    loads, dumps): Prometheus text format when ``prometheus_client`` is installed, else a
+    mapping (``tqstore.metrics.snapshot()``).  Works without ``init``.
+
+    TransferQueue returns the ``host:port`` of an HTTP exporter instead; docs/MIGRATING.md.
+    """
+    return _metrics.endpoint_payload()
+
+
+__all__ = ["init", "close", "current_store", "get_client", *FORWARDED, "save_checkpoint", "load_checkpoint",
+           "get_metrics_endpoint"]

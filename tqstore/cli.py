@@ -7,7 +7,8 @@ Subcommands (``--json`` for machine-readable output on stdout):
   checkpoint or a generation root;
 * ``inspect PATH`` — what a checkpoint, generation root or store directory holds (exit 1
   when its manifest or descriptor is unreadable, 2 when PATH is none of these);
-* ``ls PATH``      — the generations under a root, or the files of a checkpoint;
+* ``ls PATH``      — the generations under a root, the files of a checkpoint, or the
+  partitions of a store (rows and keys of each);
 * ``demo``         — a short put → save_checkpoint → verify → clear → load → get
   walk-through, then three CheckpointManager generations (keep_last=2) and a restore.
 
@@ -187,6 +188,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------- inspect
 def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
     """Partitions of a checkpoint's controller copy with their row counts (read only)."""
+    from ._format.values import loads as loads_value
     from ._io.lmdbenv import open_env
 
     try:
@@ -202,7 +204,7 @@ def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
                 counts[bytes(k).decode("utf-8", "replace")] = 0
             for v in txn.cursor(rows).iternext(keys=False):
                 try:
-                    pid = json.loads(bytes(v))["p"]
+                    pid = loads_value(v)["p"]  # tags may hold integers of any size
                 except (ValueError, KeyError, TypeError):
                     continue
                 counts[pid] = counts.get(pid, 0) + 1
@@ -322,11 +324,54 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
 
 
 # ---------------------------------------------------------------------------- ls
+def _store_partitions(path: Path) -> List[Dict[str, Any]]:
+    """Partitions of the store at ``path`` with their row and key counts, decoded (and checked)
+    by the store's own controller decoder; reads only.  Raises CorruptionError on damage."""
+    import lmdb
+
+    from . import layout_dirs as L
+    from ._io.lmdbenv import open_env
+    from .controller import CONTROLLER_DBS, decode_controller
+
+    L.read_store_file(path)
+    cur = L.read_current(path)
+    if cur is None:
+        raise CorruptionError(f"store has no {L.CURRENT_FILE} pointer", path=str(path / L.CURRENT_FILE))
+    ctrl = L.controller_dir(path / cur)
+    if not (ctrl / "data.mdb").is_file():
+        return []  # created, never opened past its descriptor
+    if os.access(ctrl / "lock.mdb", os.W_OK):  # a reader slot: safe while the store is open elsewhere
+        env = lmdb.open(str(ctrl), readonly=True, lock=True, max_dbs=12, subdir=True, create=False)
+    else:
+        env = open_env(ctrl, max_dbs=12, readonly=True)
+    try:
+        with env.begin() as txn:
+            dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CONTROLLER_DBS if n != "restores"}
+            st = decode_controller(txn, dbs, ctrl)
+    except lmdb.Error as e:
+        raise CorruptionError(f"controller index cannot be read: {e}", path=str(ctrl / "data.mdb")) from e
+    finally:
+        env.close()
+    return [{"partition": pid, "rows": len(p.rows), "keys": len(p.keys)} for pid, p in sorted(st.parts.items())]
+
+
 def cmd_ls(args, out: TextIO, err: TextIO) -> int:
     from .checkpoint.verify import read_manifest, resolve_checkpoint_dir
 
     path = Path(args.path).absolute()
     kind = _kind(path)
+    if kind == "store":
+        try:
+            parts = _store_partitions(path)
+        except CorruptionError as e:
+            err.write(f"error: {e}\n")
+            return EXIT_DAMAGED
+        if args.json:
+            out.write(json.dumps(parts, indent=1) + "\n")
+        else:
+            for p in parts:
+                out.write(f"{p['rows']:>10} rows  {p['keys']:>10} keys  {p['partition']}\n")
+        return EXIT_OK
     if kind == "root":
         doc = _root_doc(path)
         if args.json:
@@ -464,12 +509,14 @@ def build_parser() -> argparse.ArgumentParser:
                                    "unreadable checkpoint manifest or store descriptor, 2 PATH is none of these.")
     i.add_argument("path", help="a checkpoint, a CheckpointManager root or a store directory")
     i.add_argument("--json", action="store_true", help="print a JSON document on stdout")
-    ls = sub.add_parser("ls", help="list the generations under a root, or the files of a checkpoint",
+    ls = sub.add_parser("ls", help="list the generations under a root, the files of a checkpoint, or the "
+                                   "partitions of a store",
                         description="List the generations under a CheckpointManager root (step, size, time, "
-                                    "directory), or the files of a checkpoint (size, CRC32C, role, path) as "
-                                    "MANIFEST.json records them. Exit status: 0 ok, 1 unreadable manifest, 2 PATH "
-                                    "is neither.")
-    ls.add_argument("path", help="a checkpoint directory or a CheckpointManager root")
+                                    "directory), the files of a checkpoint (size, CRC32C, role, path) as "
+                                    "MANIFEST.json records them, or the partitions of a store directory (rows, "
+                                    "keys, partition id; read only). Exit status: 0 ok, 1 unreadable manifest or "
+                                    "damaged store metadata, 2 PATH is none of these.")
+    ls.add_argument("path", help="a checkpoint directory, a CheckpointManager root or a store directory")
     ls.add_argument("--json", action="store_true", help="print JSON on stdout")
     d = sub.add_parser("demo", help="a walk-through: put, save, clear, load, get, generations",
                        description="Walk through the API on a 2-unit store: kv_batch_put, save_checkpoint, "

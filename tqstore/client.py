@@ -1,17 +1,24 @@
-"""The streaming client: ``tq.get_client()`` (TransferQueue's ``TransferQueueClient`` shape).
+"""The streaming clients: ``tq.get_client()`` (TransferQueue's ``TransferQueueClient`` shape).
 
 A client is a thin handle that forwards every call to a store: the one it was made for,
 or — for ``get_client()`` without arguments — whatever default store ``tq.init`` has
 opened at the time of each call, so a client survives ``close()`` + ``init()``.
+
+:class:`AsyncTransferQueueClient` has the ``async_*`` form of every call; each runs the
+synchronous call on the API layer's own small thread pool (:mod:`tqstore._executor`), so
+engine work never blocks the event loop.  :class:`TransferQueueClient` has both forms.
+Every call is timed into :data:`tqstore.metrics.REGISTRY`.
 """
 from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from . import _default
+from . import _default, _executor, config as _config, metrics as _metrics
+from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError, StoreClosedError
 from .kv import KVMixin
+from .meta import BatchMeta
 
 #: Store methods a client (and the module API) forwards, in documentation order.
 FORWARDED = (
@@ -20,10 +27,40 @@ FORWARDED = (
     "get_partition_list", "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear",
 )
 
+#: calls a client adds over public Store methods (TransferQueue's client surface)
+EXTRA = ("set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "save_controller_checkpoint",
+         "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint")
 
-def _signature_without_self(func: Callable) -> inspect.Signature:
-    sig = inspect.signature(func)
-    return sig.replace(parameters=list(sig.parameters.values())[1:])
+_ROW_OPS = {"put", "kv_put", "kv_batch_put", "get_data", "kv_batch_get", "kv_batch_get_by_meta", "get_meta"}
+
+
+def call_store(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """``store.<name>(*args, **kwargs)``, timed into the metrics registry, with the
+    TransferQueue polling-mode rule of ``get_meta`` applied (see :class:`~tqstore.config.CompatSettings`)."""
+    with _metrics.REGISTRY.timed(name) as box:
+        if name == "get_meta":
+            out = _get_meta(store, *args, **kwargs)
+        else:
+            out = getattr(store, name)(*args, **kwargs)
+        if name in _ROW_OPS:
+            box["rows"] = _metrics.rows_of(out)
+        return out
+
+
+def _get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
+    settings = _config.settings_for(store)
+    bound = inspect.signature(KVMixin.get_meta).bind(store, *args, **kwargs)
+    bound.apply_defaults()
+    if settings.polling_mode or bound.arguments["mode"] != "fetch" or "timeout_s" in kwargs:
+        return store.get_meta(*args, **kwargs)
+    # TransferQueue with polling_mode=False: wait for enough rows, then TimeoutError
+    meta = store.get_meta(*args, **{**kwargs, "timeout_s": settings.get_meta_timeout_s})
+    if meta.size == 0:
+        raise TimeoutError(f"Timeout while waiting for sufficient data for task {bound.arguments['task_name']!r}. "
+                           f"Required: {bound.arguments['batch_size']} rows with fields "
+                           f"{bound.arguments['data_fields']} in partition {bound.arguments['partition_id']!r} "
+                           f"(waited {settings.get_meta_timeout_s} s; polling_mode=False)")
+    return meta
 
 
 def _client_method(name: str) -> Callable:
@@ -31,36 +68,205 @@ def _client_method(name: str) -> Callable:
 
     @functools.wraps(target)
     def method(self, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.store, name)(*args, **kwargs)
+        return call_store(self.store, name, *args, **kwargs)
 
     method.__signature__ = inspect.signature(target)  # type: ignore[attr-defined]
     del method.__wrapped__
     return method
 
 
-class TransferQueueClient:
-    """Forwards the data-plane calls (``get_meta``, ``put``, ``get_data``, ``kv_*``, ...) to a store.
+def _async_method(name: str) -> Callable:
+    sync = getattr(TransferQueueClient, name)
 
-    Args:
-        store: the store to use; None (default) means the default store of ``tq.init``,
-            looked up at each call (StoreClosedError when there is none).
-    """
+    async def method(self, *args: Any, **kwargs: Any) -> Any:
+        store = self.store  # resolved on the loop: StoreClosedError at once, before the hop
+        return await _executor.run(self._dispatch, store, name, *args, **kwargs)
 
-    def __init__(self, store: Optional[Any] = None) -> None:
+    method.__name__ = method.__qualname__ = f"async_{name}"
+    method.__doc__ = f"Awaitable form of :meth:`TransferQueueClient.{name}` (runs on the API thread pool).\n\n" + \
+        (sync.__doc__ or "")
+    method.__signature__ = inspect.signature(sync)  # type: ignore[attr-defined]
+    return method
+
+
+class _ClientBase:
+    def __init__(self, store: Optional[Any] = None, *, client_id: Optional[str] = None) -> None:
         self._store = store
+        self._closed = False
+        self.client_id = client_id or f"tqstore-client-{id(self):x}"
 
     @property
     def store(self):
         """The store calls go to."""
+        if self._closed:
+            raise StoreClosedError(f"client {self.client_id} is closed")
         return self._store if self._store is not None else _default.get_default()
 
+    def close(self) -> None:
+        """Close this client (idempotent).  The store stays open: ``tq.close()`` closes it."""
+        self._closed = True
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __repr__(self) -> str:
-        return f"TransferQueueClient(store={self._store!r})" if self._store is not None else \
-            "TransferQueueClient(default store)"
+        return f"{type(self).__name__}(store={self._store!r})" if self._store is not None else \
+            f"{type(self).__name__}(default store)"
+
+    def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._dispatch(self.store, name, *args, **kwargs)
+
+    def _dispatch(self, store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name in FORWARDED:
+            return call_store(store, name, *args, **kwargs)
+        return getattr(self, "_" + name)(store, *args, **kwargs)
+
+    # ------------------------------------------------------------------ bodies (store passed explicitly)
+    def _set_custom_meta(self, store: Any, metadata: BatchMeta) -> None:
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"set_custom_meta takes a BatchMeta, got {type(metadata).__name__}")
+        if metadata.size == 0:
+            return
+        by_pid: Dict[str, List[int]] = {}
+        for i, pid in enumerate(metadata.partition_ids):
+            by_pid.setdefault(pid, []).append(i)
+        plans = []
+        for pid, pos in by_pid.items():  # check every partition before writing any
+            every = store.get_meta(None, None, pid, mode="force_fetch")
+            live = dict(zip(every.global_indexes, every._seqs))
+            stale = [metadata.global_indexes[i] for i in pos if metadata.global_indexes[i] not in live
+                     or metadata._seqs[i] not in (None, live[metadata.global_indexes[i]])]
+            if stale:
+                raise KeyNotFoundError(f"set_custom_meta: rows {stale[:5]} of partition {pid!r} were cleared "
+                                       f"(the BatchMeta is stale)")
+            plans.append((pid, [metadata.global_indexes[i] for i in pos], [metadata.custom_meta[i] for i in pos]))
+        for pid, gidxs, tags in plans:  # Store.write with no fields: a tag-only controller transaction
+            store.write(pid, {}, gidxs=gidxs, tags=tags)
+
+    def _kv_retrieve_meta(self, store: Any, keys: Union[str, List[str]], partition_id: str,
+                          create: bool = False) -> BatchMeta:
+        if isinstance(keys, str):
+            keys = [keys]
+        elif isinstance(keys, list):
+            if not keys:
+                raise InvalidInputError("Received an empty list as keys.")
+            if not all(isinstance(k, str) for k in keys):
+                raise TypeError("Not all elements in `keys` are strings.")
+        else:
+            raise TypeError("Only string or list of strings are allowed as `keys`.")
+        if create:
+            have = store.kv_list(partition_id).get(partition_id, {})
+            missing = [k for k in keys if k not in have]
+            if missing:
+                store.kv_batch_put(missing, partition_id, tags=[{}] * len(missing))
+        try:
+            every = store.get_meta(None, None, partition_id, mode="force_fetch")
+        except PartitionNotFoundError:
+            return BatchMeta.empty()
+        pos = {k: i for i, k in enumerate(every.keys) if k is not None}
+        return every.select_samples([pos[k] for k in keys if k in pos])
+
+    def _kv_retrieve_keys(self, store: Any, global_indexes: Union[int, List[int]], partition_id: str) -> List[str]:
+        if isinstance(global_indexes, int):
+            global_indexes = [global_indexes]
+        elif isinstance(global_indexes, list):
+            if not global_indexes:
+                raise InvalidInputError("Received an empty list as `global_indexes`.")
+            if not all(isinstance(i, int) for i in global_indexes):
+                raise TypeError("Not all elements in `global_indexes` are int.")
+        else:
+            raise TypeError("Only int or list of int are allowed as `global_indexes`.")
+        every = store.get_meta(None, None, partition_id, mode="force_fetch")
+        key_of = dict(zip(every.global_indexes, every.keys))
+        keys = [key_of.get(g) for g in global_indexes]
+        if any(k is None for k in keys):
+            raise RuntimeError(f"Some global_indexes have no corresponding keys! "
+                               f"{[g for g, k in zip(global_indexes, keys) if k is None][:5]}")
+        return keys  # type: ignore[return-value]
+
+    def _save_controller_checkpoint(self, store: Any, path: str) -> Any:
+        with _metrics.REGISTRY.timed("save_checkpoint"):
+            return store.save_checkpoint(path, include_storage=False)
+
+    def _load_controller_checkpoint(self, store: Any, path: str) -> Any:
+        with _metrics.REGISTRY.timed("load_checkpoint"):
+            return store.load_checkpoint(path)
+
+    def _save_storage_checkpoint(self, store: Any, checkpoint_dir: str) -> Any:
+        with _metrics.REGISTRY.timed("save_checkpoint"):
+            return store.save_checkpoint(checkpoint_dir)
+
+    def _load_storage_checkpoint(self, store: Any, checkpoint_dir: str) -> Any:
+        with _metrics.REGISTRY.timed("load_checkpoint"):
+            return store.load_checkpoint(checkpoint_dir)
+
+
+class TransferQueueClient(_ClientBase):
+    """Forwards the data-plane calls (``get_meta``, ``put``, ``get_data``, ``kv_*``, ...) to a store,
+    in synchronous and ``async_*`` forms.
+
+    Args:
+        store: the store to use; None (default) means the default store of ``tq.init``,
+            looked up at each call (StoreClosedError when there is none).
+        client_id: a name for logs and errors.
+    """
+
+    # ------------------------------------------------------------------ TransferQueue's extra calls
+    def set_custom_meta(self, metadata: BatchMeta) -> None:
+        """Store ``metadata.custom_meta`` as the rows' tags (replacing them; no field is written).
+
+        Raises KeyNotFoundError when the meta is stale (its rows were cleared).
+        """
+        return self._call("set_custom_meta", metadata)
+
+    def kv_retrieve_meta(self, keys: Union[str, List[str]], partition_id: str, create: bool = False) -> BatchMeta:
+        """The BatchMeta of ``keys`` (every field of the partition; production status per row).
+
+        Keys that do not exist are created (no fields) with ``create=True`` and left out otherwise;
+        an unknown partition gives an empty BatchMeta.
+        """
+        return self._call("kv_retrieve_meta", keys, partition_id, create)
+
+    def kv_retrieve_keys(self, global_indexes: Union[int, List[int]], partition_id: str) -> List[str]:
+        """The user keys of rows by global index (RuntimeError when a row has none)."""
+        return self._call("kv_retrieve_keys", global_indexes, partition_id)
+
+    def save_controller_checkpoint(self, path: str) -> Any:
+        """``save_checkpoint(path, include_storage=False)``: keys, tags, consumption and sampler state only."""
+        return self._call("save_controller_checkpoint", path)
+
+    def load_controller_checkpoint(self, path: str) -> Any:
+        """``load_checkpoint(path)`` (tqstore loads whole checkpoints; see docs/MIGRATING.md)."""
+        return self._call("load_controller_checkpoint", path)
+
+    def save_storage_checkpoint(self, checkpoint_dir: str) -> Any:
+        """``save_checkpoint(checkpoint_dir)``: the whole store (one consistent cut, controller included)."""
+        return self._call("save_storage_checkpoint", checkpoint_dir)
+
+    def load_storage_checkpoint(self, checkpoint_dir: str) -> Any:
+        """``load_checkpoint(checkpoint_dir)``."""
+        return self._call("load_storage_checkpoint", checkpoint_dir)
 
 
 for _name in FORWARDED:
     setattr(TransferQueueClient, _name, _client_method(_name))
+for _name in FORWARDED + EXTRA:
+    setattr(TransferQueueClient, f"async_{_name}", _async_method(_name))
 
 
-__all__ = ["TransferQueueClient", "FORWARDED"]
+class AsyncTransferQueueClient(_ClientBase):
+    """The ``async_*`` calls of :class:`TransferQueueClient` only (TransferQueue's async client)."""
+
+
+for _name in FORWARDED + EXTRA:
+    setattr(AsyncTransferQueueClient, f"async_{_name}", getattr(TransferQueueClient, f"async_{_name}"))
+
+
+__all__ = ["TransferQueueClient", "AsyncTransferQueueClient", "FORWARDED", "EXTRA", "call_store"]

@@ -28,36 +28,20 @@ import threading
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ._format.columns import KIND_NAMES, Column
 from ._format.dtypes import DTYPE_NAMES
-from ._format.values import check_value
+from ._format.values import check_value, dumps as _dumps_value, loads as _loads_value
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from .errors import (
-    FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
+    CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
 )
+from ._format.names import check_key, check_name
 
 log = logging.getLogger("tqstore")
 
 CONTROLLER_FORMAT = 1
-_G = ">Q"
-
-
-# one encoder for every row (json.dumps with options builds a new encoder per call)
-_ROW_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
-
-
-def check_name(what: str, value: Any) -> None:
-    """Partition ids and task names are non-empty str without NUL (NUL separates index keys).
-
-    Raises:
-        InvalidInputError: otherwise.
-    """
-    if not isinstance(value, str) or not value:
-        raise InvalidInputError(f"{what} must be a non-empty str, got {value!r}")
-    if "\0" in value:
-        raise InvalidInputError(f"{what} {value!r} contains a NUL character")
 
 
 def _g(gidx: int) -> bytes:
@@ -80,13 +64,19 @@ class Row:
     seq: int
 
     def pack(self) -> bytes:
-        return _ROW_JSON({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields),
-                          "s": self.seq}).encode()
+        return _dumps_value({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields),
+                             "s": self.seq}, ensure_ascii=True).encode()
 
     @classmethod
     def unpack(cls, gidx: int, raw: bytes) -> "Row":
-        d = json.loads(bytes(raw))
-        return cls(gidx, d["p"], d["k"], d["t"], set(d["f"]), int(d["s"]))
+        """Raises ValueError, KeyError, TypeError or UnicodeDecodeError on a malformed value."""
+        d = _loads_value(raw)
+        p, k, f, s = d["p"], d["k"], d["f"], d["s"]
+        if type(p) is not str or not (k is None or type(k) is str) or type(f) is not list \
+                or type(s) is not int or s < 0 or not all(type(x) is str for x in f):
+            raise ValueError(f"members of the wrong type: p {type(p).__name__}, k {type(k).__name__}, "
+                             f"f {type(f).__name__}, s {type(s).__name__}")
+        return cls(gidx, p, k, d["t"], set(f), s)
 
 
 class _Ready:
@@ -148,6 +138,136 @@ class PutPlan:
     new_partition: bool
 
 
+CONTROLLER_DBS = ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")
+
+
+@dataclass
+class ControllerState:
+    """Everything :func:`decode_controller` read from a controller index."""
+
+    num_units: int
+    next_gidx: int
+    put_token: int  # last committed overwriting put (0 when none)
+    free: List[int]
+    parts: Dict[str, Partition]
+    rows: Dict[int, Row]
+    consumed: Dict[Tuple[str, str], Set[int]]
+
+
+def _decimal(raw: Any, least: int = 0) -> int:
+    """An ASCII decimal value of the ``meta`` database (ValueError otherwise)."""
+    if raw is None:
+        raise ValueError("missing")
+    b = bytes(raw)
+    if not b.isdigit() or len(b) > 20 or int(b) < least:
+        raise ValueError(f"{b[:40]!r} is not an ASCII decimal integer >= {least}")
+    return int(b)
+
+
+def _json_obj(raw: Any) -> Dict[str, Any]:
+    d = _loads_value(raw)
+    if not isinstance(d, dict):
+        raise ValueError(f"a JSON {type(d).__name__}, not an object")
+    return d
+
+
+def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerState:
+    """Decode and check every entry of the controller index at ``path`` in read transaction
+    ``txn`` (``dbs``: its named databases, see :data:`CONTROLLER_DBS`; ``keys`` and
+    ``restores`` are not read).  The one decoder of the store's open and of checkpoint
+    verification.
+
+    Raises:
+        FormatVersionError: ``meta/format`` names another version.
+        CorruptionError: any entry is malformed (names ``data.mdb`` and the entry).
+    """
+    file = str(Path(path) / "data.mdb")
+    where: Any = "meta/format"
+    try:
+        meta = dbs["meta"]
+        fmt = _decimal(txn.get(b"format", db=meta))
+        if fmt != CONTROLLER_FORMAT:
+            raise FormatVersionError(f"controller index format {fmt} is not supported (reads {CONTROLLER_FORMAT})",
+                                     path=file)
+        where = "meta/num_units"
+        num_units = _decimal(txn.get(b"num_units", db=meta), 1)
+        where = "meta/next_gidx"
+        next_gidx = _decimal(txn.get(b"next_gidx", db=meta))
+        where = "meta/put_token"
+        raw_token = txn.get(b"put_token", db=meta)
+        put_token = _decimal(raw_token) if raw_token is not None else 0
+        free: List[int] = []
+        for k in txn.cursor(dbs["free"]).iternext(values=False):
+            where = ("free", bytes(k))
+            g = int.from_bytes(k, "big")
+            if len(k) != 8 or g >= next_gidx:
+                raise ValueError(f"not a global index below next_gidx {next_gidx}")
+            free.append(g)
+        free.sort()
+        parts: Dict[str, Partition] = {}
+        for k, v in txn.cursor(dbs["parts"]):
+            where = ("parts", bytes(k))
+            pid = bytes(k).decode("utf-8")
+            d = _json_obj(v)
+            seq, pmeta = d["next_seq"], d.get("meta", {})
+            if type(seq) is not int or seq < 0 or not isinstance(pmeta, dict):
+                raise ValueError("next_seq must be an int >= 0 and meta an object")
+            parts[pid] = Partition(pid, next_seq=seq, meta=pmeta)
+        loaded = []
+        for k, v in txn.cursor(dbs["rows"]):
+            where = ("rows", bytes(k))
+            g = int.from_bytes(k, "big")
+            if len(k) != 8 or g >= next_gidx:
+                raise ValueError(f"not a global index below next_gidx {next_gidx}")
+            r = Row.unpack(g, v)
+            if r.pid not in parts:
+                raise ValueError(f"row of partition {r.pid[:40]!r}, which has no parts entry")
+            loaded.append(r)
+        loaded.sort(key=lambda r: r.seq)  # Partition.rows is kept in seq order
+        rows: Dict[int, Row] = {}
+        for r in loaded:
+            where = ("rows", _g(r.gidx))
+            rows[r.gidx] = r
+            p = parts[r.pid]
+            p.rows[r.gidx] = r
+            if r.key is not None:
+                if r.key in p.keys:
+                    raise ValueError(f"key {r.key[:40]!r} of partition {r.pid[:40]!r} is claimed by two rows")
+                p.keys[r.key] = r.gidx
+        if len(free) + len(rows) > next_gidx or not rows.keys().isdisjoint(free):
+            where = "free"
+            raise ValueError("a global index is both free and a row")
+        for k, v in txn.cursor(dbs["schema"]):
+            where = ("schema", bytes(k))
+            pid, sep, f = bytes(k).decode("utf-8").partition("\0")
+            d = _json_obj(v)
+            kind, dt = d["kind"], d["dtype"]
+            if not sep or not f or pid not in parts or type(kind) is not int or kind not in KIND_NAMES \
+                    or type(dt) is not int or dt not in DTYPE_NAMES:
+                raise ValueError("not a known partition, field, kind and dtype")
+            parts[pid].schema[f] = (kind, dt)
+        consumed: Dict[Tuple[str, str], Set[int]] = defaultdict(set)
+        for k in txn.cursor(dbs["cons"]).iternext(values=False):
+            k = bytes(k)
+            where = ("cons", k)
+            task, sep, pid = k[:-9].decode("utf-8").partition("\0")
+            if len(k) < 11 or k[-9] != 0 or not sep or not task or not pid:
+                raise ValueError("not task NUL partition NUL global index")
+            consumed[(pid, task)].add(int.from_bytes(k[-8:], "big"))
+        for k, v in txn.cursor(dbs["sampler"]):
+            where = ("sampler", bytes(k))
+            bytes(k).decode("utf-8")
+            _json_obj(v)
+    except CorruptionError:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as e:
+        if isinstance(where, tuple):
+            where = f"{where[0]} entry {where[1][:40]!r}"
+        raise CorruptionError(f"controller index: malformed {where}: {type(e).__name__}: {e} (damaged metadata: "
+                              f"load the last good checkpoint into a new store)", path=file) from e
+    return ControllerState(num_units, next_gidx, put_token, free, parts, rows, consumed)
+
+
 class Controller:
     """Metadata of a store. See the module docstring for guarantees."""
 
@@ -155,12 +275,15 @@ class Controller:
         self.path = Path(path)
         kw = {"map_bytes": map_bytes} if map_bytes else {}
         self.env = open_env(self.path, max_dbs=12, sync=sync, **kw)
-        self.db = {name: self.env.open_db(name.encode()) for name in
-                   ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")}
+        self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
-        with wrap_errors("open controller", self.path):
-            self._init_meta(num_units)
-            self._load()
+        try:
+            with wrap_errors("open controller", self.path):
+                self._init_meta(num_units)
+                self._load()
+        except BaseException:
+            self.env.close()  # a damaged index must not stay open (it could not be reopened once repaired)
+            raise
 
     # ------------------------------------------------------------------ open
     def _init_meta(self, num_units: int) -> None:
@@ -170,41 +293,13 @@ class Controller:
                 txn.put(b"format", str(CONTROLLER_FORMAT).encode(), db=self.db["meta"])
                 txn.put(b"next_gidx", b"0", db=self.db["meta"])
                 txn.put(b"num_units", str(num_units).encode(), db=self.db["meta"])
-            elif int(fmt) != CONTROLLER_FORMAT:
-                raise FormatVersionError(f"controller index format {int(fmt)} is not supported (reads "
-                                         f"{CONTROLLER_FORMAT})", path=str(self.path))
+            # an existing format is checked by decode_controller
 
     def _load(self) -> None:
-        m = self.db
-        self.parts: Dict[str, Partition] = {}
-        self.rows: Dict[int, Row] = {}
-        self.consumed: Dict[Tuple[str, str], Set[int]] = defaultdict(set)
         with self.env.begin() as txn:
-            self.num_units = int(txn.get(b"num_units", db=m["meta"]))
-            self.next_gidx = int(txn.get(b"next_gidx", db=m["meta"]))
-            raw_token = txn.get(b"put_token", db=m["meta"])
-            self.put_token = int(raw_token) if raw_token is not None else 0  # last committed overwriting put
-            self.free = sorted(int.from_bytes(k, "big") for k in txn.cursor(m["free"]).iternext(values=False))
-            for k, v in txn.cursor(m["parts"]):
-                d = json.loads(bytes(v))
-                self.parts[bytes(k).decode()] = Partition(bytes(k).decode(), next_seq=d["next_seq"],
-                                                          meta=d.get("meta", {}))
-            loaded = [Row.unpack(int.from_bytes(k, "big"), v) for k, v in txn.cursor(m["rows"])]
-            loaded.sort(key=lambda r: r.seq)  # Partition.rows is kept in seq order
-            for r in loaded:
-                self.rows[r.gidx] = r
-                p = self.parts[r.pid]
-                p.rows[r.gidx] = r
-                if r.key is not None:
-                    p.keys[r.key] = r.gidx
-            for k, v in txn.cursor(m["schema"]):
-                pid, _, f = bytes(k).decode().partition("\0")
-                d = json.loads(bytes(v))
-                self.parts[pid].schema[f] = (d["kind"], d["dtype"])
-            for k in txn.cursor(m["cons"]).iternext(values=False):
-                k = bytes(k)
-                task, pid, g = k[:-9].decode().split("\0", 1)[0], k[:-9].decode().split("\0", 1)[1], k[-8:]
-                self.consumed[(pid, task)].add(int.from_bytes(g, "big"))
+            st = decode_controller(txn, self.db, self.path)
+        self.num_units, self.next_gidx, self.put_token = st.num_units, st.next_gidx, st.put_token
+        self.parts, self.rows, self.consumed, self.free = st.parts, st.rows, st.consumed, st.free
         heapq.heapify(self.free)
 
     # ------------------------------------------------------------------ queries
@@ -301,7 +396,10 @@ class Controller:
         if tags is not None:
             if len(tags) != n:
                 raise InvalidInputError(f"{len(tags)} tags for {n} rows")
-            tags = [check_value(t) for t in tags]
+            try:
+                tags = [check_value(t) for t in tags]
+            except InvalidInputError as e:  # UnsupportedTypeError included
+                raise type(e)(f"tags: {e}") from None
         for col in columns:
             if len(col.payloads) != n:
                 raise InvalidInputError(f"field {col.field!r} has {len(col.payloads)} rows, expected {n}")
@@ -339,6 +437,7 @@ class Controller:
                 if g is None:
                     if not create_keys:
                         raise KeyNotFoundError(f"key {k!r} not in partition {pid!r}")
+                    check_key(pid, k)
                     g = alloc()
                     new_rows.append(Row(g, pid, k, None, set(), seq))
                     seq += 1
@@ -431,18 +530,6 @@ class Controller:
             self.next_gidx = next_after
             if token is not None:
                 self.put_token = token
-
-    def create_partition(self, pid: str) -> bool:
-        """Create an empty partition; returns False if it existed."""
-        check_name("partition_id", pid)
-        with self._lock, wrap_errors("create partition", self.path):
-            if pid in self.parts:
-                return False
-            p = Partition(pid)
-            with self.env.begin(write=True) as txn:
-                txn.put(pid.encode(), p.pack(), db=self.db["parts"])
-            self.parts[pid] = p
-            return True
 
     # ------------------------------------------------------------------ clears
     def clear_rows(self, pid: str, gidxs: Iterable[int], *, drop_partition: bool = False) -> List[int]:
@@ -538,7 +625,13 @@ class Controller:
     def sampler_state(self, key: str) -> Optional[Any]:
         with self.env.begin() as txn:
             raw = txn.get(key.encode(), db=self.db["sampler"])
-        return None if raw is None else json.loads(bytes(raw))
+        if raw is None:
+            return None
+        try:
+            return _json_obj(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            raise CorruptionError(f"controller index: malformed sampler entry {key[:40]!r}: {e}",
+                                  path=str(self.path / "data.mdb")) from e
 
     def set_sampler_state(self, key: str, state: Any) -> None:
         with self._lock, wrap_errors("save sampler state", self.path):

@@ -30,8 +30,11 @@ class UnsupportedTypeError(InvalidInputError, TypeError):
     """A value of a type tqstore cannot store safely (no pickle) was given."""
 
 
-class NotFoundError(TqstoreError, KeyError):
-    """A partition, key, field or row does not exist."""
+class NotFoundError(TqstoreError, KeyError, ValueError):
+    """A partition, key, field or row does not exist.
+
+    Catches as ``KeyError`` and, like TransferQueue's not-found errors, as ``ValueError``.
+    """
 
     def __str__(self) -> str:  # KeyError quotes its argument; keep the message readable
         return str(self.args[0]) if self.args else ""
@@ -88,6 +91,7 @@ class CorruptionError(TqstoreError, ValueError):
         if expected_crc is not None and actual_crc is not None:
             parts.append(f"expected crc32c {expected_crc:#010x}, got {actual_crc:#010x}")
         super().__init__(": ".join(parts[:1]) + ("" if len(parts) == 1 else " (" + ", ".join(parts[1:]) + ")"))
+        self.message = message  # without the location
         self.path = path
         self.offset = offset
         self.expected_crc = expected_crc

@@ -33,7 +33,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ._format.columns import KIND_NAMES, assemble, to_column
+from ._format.columns import KIND_NAMES, assemble, plain_tensor, to_column
 from ._format.dtypes import CODE_TO_NUMPY, CODE_TO_TORCH
 from ._format.layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
 from .controller import check_name
@@ -46,6 +46,7 @@ from .samplers import BaseSampler, make_sampler
 log = logging.getLogger("tqstore")
 
 MODES = ("fetch", "force_fetch", "insert")
+MAX_INSERT_ROWS = 1 << 24  # rows one get_meta(mode="insert") may reserve
 _POLL_S = 0.05
 
 
@@ -122,7 +123,7 @@ def _single_row(fields: Any) -> Any:
         if isinstance(v, torch.Tensor):
             if v.is_nested:
                 raise InvalidInputError(f"field {name!r}: a nested tensor is a batch; use kv_batch_put")
-            out[name] = v.unsqueeze(0)
+            out[name] = plain_tensor(str(name), v).unsqueeze(0)
         elif isinstance(v, np.ndarray) and v.dtype.kind not in "OUSV":
             out[name] = v[None]
         else:
@@ -135,7 +136,11 @@ def _field_names(data: Any) -> List[str]:
         return []
     if not hasattr(data, "keys"):
         raise InvalidInputError(f"data must be a mapping of field name to batched value, got {type(data).__name__}")
-    return [str(k) for k in data.keys()]
+    names = list(data.keys())
+    bad = [k for k in names if not isinstance(k, str)]
+    if bad:
+        raise InvalidInputError(f"field names must be str, got {type(bad[0]).__name__} {bad[0]!r}")
+    return names
 
 
 def _take(value: Any, idx: List[int]) -> Any:
@@ -460,6 +465,9 @@ class KVMixin:
         if mode == "insert":
             if fields is None:
                 raise InvalidInputError("mode 'insert' needs data_fields")
+            if batch_size > MAX_INSERT_ROWS:
+                raise InvalidInputError(f"mode 'insert' reserves at most {MAX_INSERT_ROWS} rows per call, got "
+                                        f"batch_size={batch_size}; reserve them in several calls")
             with self._write_lock:
                 gidxs = self.write(partition_id, {}, new_rows=True, tags=[None] * batch_size)
                 return self._batch_meta(partition_id, gidxs, fields, placeholders=True)

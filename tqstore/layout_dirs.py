@@ -47,6 +47,10 @@ def read_store_file(root: Path) -> Optional[dict]:
     if d.get("version") != STORE_VERSION:
         raise FormatVersionError(f"store format version {d.get('version')} is not supported (reads "
                                  f"{STORE_VERSION})", path=str(p))
+    n = d.get("num_units")
+    if type(n) is not int or n < 1:
+        raise CorruptionError(f"{STORE_FILE} has num_units {n!r}, not a positive int (damaged descriptor: it must "
+                              f"match the controller's unit count)", path=str(p))
     return d
 
 

@@ -13,13 +13,96 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, KeyNotFoundError
 
 log = logging.getLogger("tqstore")
+
+
+class _KeysNotInBatchError(KeyNotFoundError, RuntimeError):
+    """``KVBatchMeta.select_keys`` with keys the batch does not hold (TransferQueue raises RuntimeError)."""
+
+
+def _schema_of_value(name: str, value: Any, batch_size: int) -> Dict[str, Any]:
+    """TransferQueue's field schema of one batched value: dtype, per-row shape, is_nested, is_non_tensor
+    (and ``per_sample_shapes`` for jagged fields)."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            rows = value.unbind()
+            if len(rows) != batch_size:
+                raise InvalidInputError(f"Inconsistent batch dimension for field {name!r}: expected batch_size[0]="
+                                        f"{batch_size}, got nested tensor composed of {len(rows)} tensors")
+            shapes = [tuple(t.shape) for t in rows]
+            return {"dtype": value.dtype, "shape": torch.Size(shapes[0]) if shapes else None, "is_nested": True,
+                    "is_non_tensor": False, "per_sample_shapes": shapes}
+        if value.ndim == 0 or value.shape[0] != batch_size:
+            raise InvalidInputError(f"Inconsistent batch dimension for field {name!r}: expected batch_size[0]="
+                                    f"{batch_size}, got value.shape[0]={tuple(value.shape)[:1]}")
+        shape = value.shape[1:] if value.ndim > 1 else torch.Size([1])  # TQ unsqueezes 1-D fields
+        return {"dtype": value.dtype, "shape": shape, "is_nested": False, "is_non_tensor": False}
+    if isinstance(value, np.ndarray) and value.dtype.kind not in "OUSV" and value.ndim >= 1:
+        return {"dtype": value.dtype, "shape": tuple(value.shape[1:]), "is_nested": False, "is_non_tensor": False}
+    rows = list(value) if not isinstance(value, (str, bytes)) else [value]
+    if len(rows) != batch_size:
+        raise InvalidInputError(f"Inconsistent batch dimension for field {name!r}: expected batch_size[0]="
+                                f"{batch_size}, got len(value)={len(rows)}")
+    if rows and all(isinstance(r, torch.Tensor) for r in rows):  # a list of per-row tensors: jagged
+        shapes = [tuple(r.shape) for r in rows]
+        return {"dtype": rows[0].dtype, "shape": None if len(set(shapes)) > 1 else torch.Size(shapes[0]),
+                "is_nested": len(set(shapes)) > 1, "is_non_tensor": False, "per_sample_shapes": shapes}
+    return {"dtype": None, "shape": None, "is_nested": False, "is_non_tensor": True}
+
+
+def extract_field_schema(data: Any) -> Dict[str, Dict[str, Any]]:
+    """Field schema of a batch (a TensorDict or a mapping of field → batched value), TransferQueue's shape."""
+    if hasattr(data, "batch_size") and len(tuple(data.batch_size)) >= 1:
+        n = int(tuple(data.batch_size)[0])
+    else:
+        n = None
+    out: Dict[str, Dict[str, Any]] = {}
+    for name in data.keys():
+        value = data[name]
+        if n is None:
+            n = _batch_len_of(value)
+        if n == 0:
+            return {}
+        out[str(name)] = _schema_of_value(str(name), _plain(value), n)
+    return out
+
+
+def _plain(value: Any) -> Any:
+    """A TensorDict ``NonTensorStack`` / ``NonTensorData`` as a list; anything else unchanged."""
+    if type(value).__module__.split(".")[0] == "tensordict" and hasattr(value, "tolist"):
+        try:
+            return value.tolist()
+        except Exception:  # noqa: BLE001 - not a non-tensor stack after all
+            return value
+    return value
+
+
+def _batch_len_of(value: Any) -> int:
+    import torch
+    if isinstance(value, torch.Tensor):
+        return value.size(0) if value.is_nested else (value.shape[0] if value.ndim else 1)
+    if isinstance(value, np.ndarray):
+        return value.shape[0] if value.ndim else 1
+    return len(_plain(value))
+
+
+def _normalise_schema(schema: Optional[Dict[str, Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
+    """Copy a field schema; every entry gets ``shape`` and ``is_nested`` (None: not known to this meta)."""
+    out = {}
+    for k, v in (schema or {}).items():
+        entry = copy.deepcopy(dict(v))
+        entry.setdefault("shape", None)
+        entry.setdefault("is_nested", None)
+        out[k] = entry
+    return out
 
 
 def _equal(a: Any, b: Any) -> bool:
@@ -79,18 +162,23 @@ class BatchMeta:
     """
 
     __slots__ = ("global_indexes", "partition_ids", "field_schema", "production_status", "extra_info",
-                 "custom_meta", "keys", "_seqs")
+                 "custom_meta", "_custom_backend_meta", "keys", "_seqs")
 
     def __init__(self, global_indexes: Sequence[int], partition_ids: Sequence[str],
                  field_schema: Optional[Dict[str, Dict[str, Any]]] = None, production_status: Any = None,
                  extra_info: Optional[Dict[str, Any]] = None, custom_meta: Optional[Sequence[Any]] = None,
-                 keys: Optional[Sequence[Optional[str]]] = None, _seqs: Optional[Sequence[Optional[int]]] = None):
+                 keys: Optional[Sequence[Optional[str]]] = None, _seqs: Optional[Sequence[Optional[int]]] = None,
+                 *, _custom_backend_meta: Optional[Sequence[Dict[str, Any]]] = None):
         self.global_indexes = [int(g) for g in global_indexes]
         self.partition_ids = list(partition_ids)
         n = len(self.global_indexes)
         if len(self.partition_ids) != n:
             raise InvalidInputError(f"BatchMeta: {n} global indexes but {len(self.partition_ids)} partition ids")
-        self.field_schema = {k: dict(v) for k, v in (field_schema or {}).items()}
+        self.field_schema = _normalise_schema(field_schema)
+        for name, entry in self.field_schema.items():
+            pss = entry.get("per_sample_shapes")
+            if pss is not None and len(pss) != n:
+                raise InvalidInputError(f"Field {name!r} per_sample_shapes length {len(pss)} != batch_size {n}")
         if production_status is None:
             self.production_status = np.zeros(n, dtype=np.int8)
         else:
@@ -99,9 +187,15 @@ class BatchMeta:
                 raise InvalidInputError(f"BatchMeta: production_status has {self.production_status.shape[0]} "
                                         f"entries for {n} rows")
         self.extra_info = dict(extra_info or {})
-        self.custom_meta = [({} if m is None else m) for m in custom_meta] if custom_meta else [{} for _ in range(n)]
+        self.custom_meta = ([({} if m is None else dict(m) if isinstance(m, dict) else m) for m in custom_meta]
+                            if custom_meta else [{} for _ in range(n)])
         if len(self.custom_meta) != n:
             raise InvalidInputError(f"BatchMeta: custom_meta has {len(self.custom_meta)} entries for {n} rows")
+        self._custom_backend_meta = ([dict(m or {}) for m in _custom_backend_meta] if _custom_backend_meta
+                                     else [{} for _ in range(n)])
+        if len(self._custom_backend_meta) != n:
+            raise InvalidInputError(f"BatchMeta: _custom_backend_meta has {len(self._custom_backend_meta)} entries "
+                                    f"for {n} rows")
         self.keys = list(keys) if keys is not None else [None] * n
         if len(self.keys) != n:
             raise InvalidInputError(f"BatchMeta: {len(self.keys)} keys for {n} rows")
@@ -133,6 +227,35 @@ class BatchMeta:
         """The partition when all rows share one, else None."""
         ps = set(self.partition_ids)
         return next(iter(ps)) if len(ps) == 1 else None
+
+    @property
+    def samples(self) -> "_SampleViewList":
+        """Lazy read-only per-row views: ``meta.samples[i].fields["x"]["shape"]``, ``len()``, iteration."""
+        return _SampleViewList(self)
+
+    def get_dtypes(self, field_name: str) -> List[Any]:
+        """The field's dtype once per row (KeyError when this batch is not about ``field_name``)."""
+        if field_name not in self.field_schema:
+            raise KeyError(f"Field '{field_name}' not found in field_schema")
+        return [self.field_schema[field_name].get("dtype")] * self.size
+
+    def get_shapes(self, field_name: str) -> List[Any]:
+        """The field's per-row shape, once per row (``per_sample_shapes`` for jagged fields)."""
+        if field_name not in self.field_schema:
+            raise KeyError(f"Field '{field_name}' not found in field_schema")
+        meta = self.field_schema[field_name]
+        pss = meta.get("per_sample_shapes")
+        return list(pss) if pss is not None else [meta.get("shape")] * self.size
+
+    # ------------------------------------------------------------------ pickling (in-memory transport only)
+    def __getstate__(self):
+        return tuple(getattr(self, slot) for slot in self.__slots__)
+
+    def __setstate__(self, state) -> None:
+        for slot, value in zip(self.__slots__, state):
+            if slot == "production_status" and isinstance(value, np.ndarray) and not value.flags.writeable:
+                value = value.copy()  # zero-copy deserialisers hand out read-only arrays
+            setattr(self, slot, value)
 
     # ------------------------------------------------------------------ extra info / custom meta
     def get_extra_info(self, key: str, default: Any = None) -> Any:
@@ -183,17 +306,50 @@ class BatchMeta:
         idx = [int(i) for i in sample_indices]
         if any(i < 0 or i >= self.size for i in idx):
             raise InvalidInputError(f"sample indices must be in [0, {self.size})")
+        schema = copy.deepcopy(self.field_schema)
+        for entry in schema.values():
+            if entry.get("per_sample_shapes") is not None:
+                entry["per_sample_shapes"] = [entry["per_sample_shapes"][i] for i in idx]
         return BatchMeta([self.global_indexes[i] for i in idx], [self.partition_ids[i] for i in idx],
-                         self.field_schema, self.production_status[idx] if idx else [],
+                         schema, self.production_status[idx] if idx else [],
                          copy.deepcopy(self.extra_info), [copy.deepcopy(self.custom_meta[i]) for i in idx],
-                         [self.keys[i] for i in idx], [self._seqs[i] for i in idx])
+                         [self.keys[i] for i in idx], [self._seqs[i] for i in idx],
+                         _custom_backend_meta=[copy.deepcopy(self._custom_backend_meta[i]) for i in idx])
 
     def select_fields(self, field_names: Iterable[str]) -> "BatchMeta":
         """A new BatchMeta about only ``field_names`` (those this batch knows)."""
         names = [field_names] if isinstance(field_names, str) else list(field_names)
         schema = {f: self.field_schema[f] for f in names if f in self.field_schema}
+        backend = [{f: v for f, v in m.items() if f.startswith("_") or f in names} for m in self._custom_backend_meta]
         return BatchMeta(self.global_indexes, self.partition_ids, schema, self.production_status,
-                         copy.deepcopy(self.extra_info), copy.deepcopy(self.custom_meta), self.keys, self._seqs)
+                         copy.deepcopy(self.extra_info), copy.deepcopy(self.custom_meta), self.keys, self._seqs,
+                         _custom_backend_meta=copy.deepcopy(backend))
+
+    def copy(self) -> "BatchMeta":
+        """A deep copy."""
+        return BatchMeta(self.global_indexes, self.partition_ids, self.field_schema, self.production_status,
+                         copy.deepcopy(self.extra_info), copy.deepcopy(self.custom_meta), self.keys, self._seqs,
+                         _custom_backend_meta=copy.deepcopy(self._custom_backend_meta))
+
+    def add_fields(self, tensor_dict: Any, set_all_ready: bool = True) -> "BatchMeta":
+        """Add the fields of a batch (TensorDict or mapping, one entry per row) to this meta, in place.
+
+        With ``set_all_ready`` every row is marked produced.  Returns ``self`` (TransferQueue's shape).
+        """
+        schema = extract_field_schema(tensor_dict)
+        if not schema:
+            log.warning("add_fields: empty batch, nothing added")
+            return self
+        n = len(next(iter(schema.values())).get("per_sample_shapes") or []) or _batch_len_of(
+            _plain(tensor_dict[next(iter(tensor_dict.keys()))]))
+        if hasattr(tensor_dict, "batch_size") and len(tuple(tensor_dict.batch_size)):
+            n = int(tuple(tensor_dict.batch_size)[0])
+        if n != self.size:
+            raise InvalidInputError(f"add_fields batch size mismatch: self.size={self.size} vs tensor_dict={n}")
+        self.field_schema.update(schema)
+        if set_all_ready:
+            self.production_status[:] = 1
+        return self
 
     def __getitem__(self, item) -> "BatchMeta":
         if isinstance(item, (int, np.integer)):
@@ -219,8 +375,16 @@ class BatchMeta:
     def reorder(self, indices: Sequence[int]) -> None:
         """Reorder rows in place; ``indices`` is a permutation of ``range(size)``."""
         idx = [int(i) for i in indices]
+        if len(idx) != self.size:
+            raise InvalidInputError(f"Indices length {len(idx)} mismatch batch size {self.size}")
+        if len(set(idx)) != self.size:
+            raise InvalidInputError("Indices contain duplicates")
         if sorted(idx) != list(range(self.size)):
-            raise InvalidInputError(f"reorder needs a permutation of range({self.size}), got {idx[:8]}...")
+            raise InvalidInputError(f"Reorder indices must be in range [0, {self.size})")
+        for entry in self.field_schema.values():
+            if entry.get("per_sample_shapes") is not None:
+                entry["per_sample_shapes"] = [entry["per_sample_shapes"][i] for i in idx]
+        self._custom_backend_meta = [self._custom_backend_meta[i] for i in idx]
         self.global_indexes = [self.global_indexes[i] for i in idx]
         self.partition_ids = [self.partition_ids[i] for i in idx]
         self.production_status = self.production_status[idx]
@@ -229,28 +393,87 @@ class BatchMeta:
         self._seqs = [self._seqs[i] for i in idx]
 
     @classmethod
-    def concat(cls, data: Sequence["BatchMeta"]) -> "BatchMeta":
-        """Concatenate batches (empty ones skipped); their field names must agree."""
+    def concat(cls, data: Sequence["BatchMeta"], validate: bool = True) -> "BatchMeta":
+        """Concatenate batches (empty ones skipped); their field names (and, with ``validate``, dtypes) must agree."""
         data = [d for d in data if d is not None and d.size > 0]
         if not data:
             return cls.empty()
         names = data[0].field_names
-        for i, d in enumerate(data):
-            if d.field_names != names:
-                raise InvalidInputError(f"BatchMeta.concat: chunk {i} has fields {d.field_names}, chunk 0 {names}")
-        gi, pi, ps, cm, ks, sq = [], [], [], [], [], []
+        if validate:
+            for i, d in enumerate(data):
+                if d.field_names != names:
+                    raise InvalidInputError(f"BatchMeta.concat: field_names mismatch at chunk[{i}]: {d.field_names}, "
+                                            f"chunk[0] {names}")
+            for f in names:
+                base = data[0].field_schema[f].get("dtype")
+                for i, d in enumerate(data[1:], start=1):
+                    other = d.field_schema[f].get("dtype")
+                    if base is not None and other is not None and other != base:  # None: not yet produced
+                        raise InvalidInputError(f"Field {f!r} dtype mismatch in concat: chunk[0]={base}, "
+                                                f"chunk[{i}]={d.field_schema[f].get('dtype')}")
+        schema: Dict[str, Dict[str, Any]] = {}
+        for f, first in data[0].field_schema.items():
+            entries = [d.field_schema.get(f, {}) for d in data]
+            nested = any(e.get("is_nested") for e in entries)
+            entry = dict(first)
+            entry.pop("per_sample_shapes", None)
+            if nested:
+                entry["is_nested"], entry["shape"] = True, None
+            if nested or any(e.get("per_sample_shapes") for e in entries):
+                shapes: List[Any] = []
+                for d, e in zip(data, entries):
+                    shapes += list(e.get("per_sample_shapes") or [e.get("shape")] * d.size)
+                entry["per_sample_shapes"] = shapes
+            schema[f] = entry
+        gi, pi, ps, cm, bm, ks, sq = [], [], [], [], [], [], []
         for d in data:
             gi += d.global_indexes
             pi += d.partition_ids
             ps.append(d.production_status)
             cm += copy.deepcopy(d.custom_meta)
+            bm += copy.deepcopy(d._custom_backend_meta)
             ks += d.keys
             sq += d._seqs
-        return cls(gi, pi, data[0].field_schema, np.concatenate(ps), _merge_extra([d.extra_info for d in data],
-                   "BatchMeta.concat"), cm, ks, sq)
+        return cls(gi, pi, schema, np.concatenate(ps), _merge_extra([d.extra_info for d in data],
+                   "BatchMeta.concat"), cm, ks, sq, _custom_backend_meta=bm)
 
     def union(self, other: "BatchMeta") -> "BatchMeta":
-        """This batch plus the rows of ``other`` it does not already hold."""
+        """TransferQueue's union: the same rows with the fields of both batches, as a new BatchMeta.
+
+        Both must hold the same global indexes and partitions in the same order (ValueError
+        otherwise).  ``other``'s schema wins on a shared field; a row is produced only when it is
+        produced in both; extra_info and per-row custom metadata are merged, ``other`` winning.
+        An empty side yields a copy of the other.  (Appending rows is :meth:`union_rows`.)
+        """
+        if other is None or other.size == 0:
+            return self.copy()
+        if self.size == 0:
+            return other.copy()
+        if self.global_indexes != other.global_indexes:
+            raise InvalidInputError(f"BatchMeta.union: global_indexes do not match. self.global_indexes="
+                                    f"{self.global_indexes}, other.global_indexes={other.global_indexes}")
+        if self.partition_ids != other.partition_ids:
+            raise InvalidInputError(f"BatchMeta.union: partition_ids do not match. self.partition_ids="
+                                    f"{self.partition_ids}, other.partition_ids={other.partition_ids}")
+        schema = copy.deepcopy(self.field_schema)
+        schema.update(copy.deepcopy(other.field_schema))
+        custom = []
+        for a, b in zip(self.custom_meta, other.custom_meta):
+            if isinstance(a, dict) and isinstance(b, dict):
+                custom.append({**copy.deepcopy(a), **copy.deepcopy(b)})
+            else:
+                custom.append(copy.deepcopy(b if b not in (None, {}) else a))
+        backend = [{**copy.deepcopy(a), **copy.deepcopy(b)}
+                   for a, b in zip(self._custom_backend_meta, other._custom_backend_meta)]
+        keys = [k if k is not None else ok for k, ok in zip(self.keys, other.keys)]
+        seqs = [s if s is not None else os_ for s, os_ in zip(self._seqs, other._seqs)]
+        return BatchMeta(self.global_indexes, self.partition_ids, schema,
+                         np.bitwise_and(self.production_status, other.production_status),
+                         {**copy.deepcopy(self.extra_info), **copy.deepcopy(other.extra_info)}, custom, keys, seqs,
+                         _custom_backend_meta=backend)
+
+    def union_rows(self, other: "BatchMeta") -> "BatchMeta":
+        """This batch plus the rows of ``other`` it does not already hold (tqstore's former ``union``)."""
         if other is None or other.size == 0:
             return self
         if self.size == 0:
@@ -268,6 +491,68 @@ class BatchMeta:
         return (f"BatchMeta(size={self.size}, field_names={self.field_names}, is_ready={self.is_ready}, "
                 f"partitions={sorted(set(self.partition_ids))}, global_indexes={self.global_indexes[:8]}"
                 f"{'...' if self.size > 8 else ''})")
+
+
+class _SampleView:
+    """Read-only view of one row of a BatchMeta (``BatchMeta.samples[i]``)."""
+
+    __slots__ = ("_batch", "_idx")
+
+    def __init__(self, batch: BatchMeta, idx: int) -> None:
+        self._batch, self._idx = batch, idx
+
+    @property
+    def global_index(self) -> int:
+        return self._batch.global_indexes[self._idx]
+
+    @property
+    def partition_id(self) -> str:
+        return self._batch.partition_ids[self._idx]
+
+    @property
+    def production_status(self) -> int:
+        return int(self._batch.production_status[self._idx])
+
+    @property
+    def custom_meta(self) -> "MappingProxyType[str, Any]":
+        m = self._batch.custom_meta[self._idx]
+        return MappingProxyType(m if isinstance(m, dict) else {"tag": m})
+
+    @property
+    def fields(self) -> "MappingProxyType[str, MappingProxyType]":
+        """Per-row schema: for a jagged field ``shape`` is this row's shape."""
+        out = {}
+        for name, meta in self._batch.field_schema.items():
+            entry = {k: v for k, v in meta.items() if k != "per_sample_shapes"}
+            if meta.get("per_sample_shapes") is not None:
+                entry["shape"] = meta["per_sample_shapes"][self._idx]
+            out[name] = MappingProxyType(entry)
+        return MappingProxyType(out)
+
+    def __repr__(self) -> str:
+        return (f"_SampleView(global_index={self.global_index}, partition_id={self.partition_id!r}, "
+                f"production_status={self.production_status}, fields={list(self._batch.field_schema)})")
+
+
+class _SampleViewList:
+    """``BatchMeta.samples``: indexable, sized, iterable, lazy."""
+
+    __slots__ = ("_batch",)
+
+    def __init__(self, batch: BatchMeta) -> None:
+        self._batch = batch
+
+    def __len__(self) -> int:
+        return self._batch.size
+
+    def __getitem__(self, idx: int) -> _SampleView:
+        i = int(idx) + (self._batch.size if idx < 0 else 0)
+        if i < 0 or i >= self._batch.size:
+            raise IndexError("sample index out of range")
+        return _SampleView(self._batch, i)
+
+    def __iter__(self):
+        return (_SampleView(self._batch, i) for i in range(self._batch.size))
 
 
 @dataclass
@@ -288,13 +573,14 @@ class KVBatchMeta:
         self.keys = list(self.keys)
         self.tags = copy.deepcopy(list(self.tags))
         if len(self.keys) != len(self.tags):
-            raise InvalidInputError(f"KVBatchMeta: {len(self.keys)} keys but {len(self.tags)} tags")
+            raise InvalidInputError(f"KVBatchMeta: keys and tags must have same length, but got {len(self.keys)} "
+                                    f"and {len(self.tags)}")
         if len(set(self.keys)) != len(self.keys):
-            raise InvalidInputError("KVBatchMeta: duplicate keys")
+            raise InvalidInputError("KVBatchMeta: Got duplicated keys.")
         if self.fields is not None:
             self.fields = list(self.fields)
             if len(set(self.fields)) != len(self.fields):
-                raise InvalidInputError("KVBatchMeta: duplicate fields")
+                raise InvalidInputError("KVBatchMeta: Got duplicated fields.")
         self.extra_info = copy.deepcopy(dict(self.extra_info or {}))
 
     @property
@@ -308,19 +594,22 @@ class KVBatchMeta:
         """A new KVBatchMeta with only ``keys_to_select`` (all must be in this batch)."""
         ks = list(keys_to_select)
         if len(set(ks)) != len(ks):
-            raise InvalidInputError("select_keys: duplicate keys")
+            raise InvalidInputError("select_keys: Contain duplicate keys.")
         pos = {k: i for i, k in enumerate(self.keys)}
         missing = [k for k in ks if k not in pos]
         if missing:
-            from .errors import KeyNotFoundError
-            raise KeyNotFoundError(f"select_keys: keys not in this batch: {missing[:5]!r}")
+            raise _KeysNotInBatchError(f"select_keys: keys {missing[:5]!r} not found in current batch")
         return KVBatchMeta(ks, [self.tags[pos[k]] for k in ks], self.partition_id, self.fields, self.extra_info)
 
     def reorder(self, indexes: Sequence[int]) -> None:
         """Reorder keys and tags in place; ``indexes`` is a permutation of ``range(size)``."""
         idx = [int(i) for i in indexes]
+        if len(idx) != self.size:
+            raise InvalidInputError(f"reorder: indexes length {len(idx)} does not match the batch size {self.size}")
+        if len(set(idx)) != len(idx):
+            raise InvalidInputError("reorder: Contain duplicate indexes.")
         if sorted(idx) != list(range(self.size)):
-            raise InvalidInputError(f"reorder needs a permutation of range({self.size})")
+            raise InvalidInputError(f"reorder: indexes must be a permutation of range({self.size})")
         self.keys = [self.keys[i] for i in idx]
         self.tags = [self.tags[i] for i in idx]
 
@@ -340,13 +629,13 @@ class KVBatchMeta:
         tags: List[Any] = []
         for d in data:
             if d.partition_id != base.partition_id:
-                raise InvalidInputError("KVBatchMeta.concat: partitions differ")
+                raise InvalidInputError("KVBatchMeta.concat: Partition do not match for concatenation.")
             if d.fields is not None and base.fields is not None and set(d.fields) != set(base.fields):
-                raise InvalidInputError("KVBatchMeta.concat: fields differ")
+                raise InvalidInputError("KVBatchMeta.concat: Field names do not match for concatenation.")
             keys += d.keys
             tags += d.tags
         return cls(keys, tags, base.partition_id, base.fields,
                    _merge_extra([d.extra_info for d in data], "KVBatchMeta.concat"))
 
 
-__all__ = ["BatchMeta", "KVBatchMeta"]
+__all__ = ["BatchMeta", "KVBatchMeta", "extract_field_schema"]

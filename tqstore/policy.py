@@ -38,7 +38,7 @@ def young_interval(save_cost_s: float, mtbf_s: float) -> float:
 
 
 def checkpoint_interval(save_cost_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
-    """Compute time between checkpoints (seconds) that minimises the expected run time.
+    """The compute time between checkpoints (seconds) that minimises the expected run time.
 
     Daly's higher-order estimate: with ``C = save_cost_s`` and ``M = mtbf_s``,
     ``sqrt(2CM) * (1 + sqrt(C/2M)/3 + (C/2M)/9) - C`` when ``C < 2M``, else ``M``.

@@ -69,23 +69,18 @@ class _Split:
         self.gidxs = {u: [gidxs[i] for i in ps] for u, ps in per_unit.items()}
 
 
-def read_field(units: Sequence[UnitPort], pool, gidxs: List[int], field: str, kind: int, *, verify: bool = True,
-               snapshots: Optional[Sequence[SnapshotId]] = None) -> Any:
-    """Read ``field`` of rows ``gidxs`` (row g on unit g % len(units)) as one batched value.
-
-    ``snapshots`` optionally gives each unit's snapshot id; else the latest state.
-
-    Raises:
-        FieldNotFoundError: a row has no stored payload of ``field``.
-        CorruptionError: a frame does not check (names file and offset).
-    """
-    return read_fields(units, pool, gidxs, [(field, kind)], verify=verify, snapshots=snapshots)[field]
-
-
 def read_fields(units: Sequence[UnitPort], pool, gidxs: List[int], fields: Sequence[Tuple[str, int]], *,
                 verify: bool = True, snapshots: Optional[Sequence[SnapshotId]] = None) -> Dict[str, Any]:
-    """Read several ``(field, kind)`` of rows ``gidxs``; each unit's index is read in one
-    lookup (one transaction), so all fields come from one state.  See :func:`read_field`."""
+    """Read each ``(field, kind)`` of rows ``gidxs`` (row g on unit g % len(units)) as one
+    batched value per field.
+
+    Each unit's index is read in one lookup (one transaction), so all fields come from one
+    state: ``snapshots`` optionally gives each unit's snapshot id; else the latest.
+
+    Raises:
+        FieldNotFoundError: a row has no stored payload of a field.
+        CorruptionError: a frame does not check (names file and offset).
+    """
     split = _Split(gidxs, len(units))
     names = [f for f, _kind in fields]
     found: Dict[int, Dict[str, Optional[np.ndarray]]] = {}

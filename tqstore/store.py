@@ -36,12 +36,17 @@ from .errors import (
 from .kv import KVMixin
 from ._gcpause import pausing
 from .ports import SnapshotId, UnitPort
-from .reader import PARALLEL_MIN_BYTES, read_field, read_fields
+from .reader import PARALLEL_MIN_BYTES, read_fields
 from .unit import DEFAULT_SEGMENT_BYTES, Unit
 
 log = logging.getLogger("tqstore")
 
 DURABILITY = ("checkpoint", "commit")
+# realpath of every store root open in this process -> the pid that opened it (a forked
+# child inherits the dict but not the store): a second open says so instead of blaming
+# "another process" for the flock it holds itself
+_OPEN_ROOTS: Dict[str, int] = {}
+_OPEN_LOCK = threading.Lock()
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -88,7 +93,10 @@ def _normalise_fields(fields: Any) -> List[Tuple[str, Any]]:
     else:
         raise InvalidInputError(f"fields must be a mapping of field name to batched value, got "
                                 f"{type(fields).__name__}")
-    return [(str(k) if not isinstance(k, str) else k, v) for k, v in items]
+    bad = [k for k, _ in items if not isinstance(k, str)]
+    if bad:
+        raise InvalidInputError(f"field names must be str, got {type(bad[0]).__name__} {bad[0]!r}")
+    return items
 
 
 class Store(KVMixin, CheckpointMixin):
@@ -139,7 +147,7 @@ class Store(KVMixin, CheckpointMixin):
         try:
             self._open_state(num_units)
         except BaseException:
-            os.close(self._lock_fd)
+            self._release_lock()
             raise
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
                                         thread_name_prefix="tqstore-unit")
@@ -150,18 +158,35 @@ class Store(KVMixin, CheckpointMixin):
         self._write_lock = threading.RLock()
         self._meta_lock = threading.RLock()
         self._closed = False
-        self._reconcile()
+        try:
+            self._reconcile()
+        except BaseException:
+            self.close()  # releases the lock: the store can be opened again once repaired
+            raise
         log.info("opened store %s (%d units, durability=%s)", self.root, self.num_units, durability)
 
     # ------------------------------------------------------------------ open / close
     def _take_lock(self) -> int:
-        fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            os.close(fd)
-            raise StorageIOError(f"store {self.root} is open in another process (LOCK is held)") from e
+        real = os.path.realpath(self.root)
+        with _OPEN_LOCK:
+            if _OPEN_ROOTS.get(real) == os.getpid():
+                raise StorageIOError(f"store {self.root} is already open in this process; use the open Store "
+                                     f"(or close it first)")
+            fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                raise StorageIOError(f"store {self.root} is open in another process (LOCK is held)") from e
+            _OPEN_ROOTS[real] = os.getpid()
+        self._real_root = real
         return fd
+
+    def _release_lock(self) -> None:
+        with _OPEN_LOCK:
+            if _OPEN_ROOTS.get(self._real_root) == os.getpid():
+                del _OPEN_ROOTS[self._real_root]
+            os.close(self._lock_fd)
 
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
@@ -204,12 +229,21 @@ class Store(KVMixin, CheckpointMixin):
         sync = self.durability == "commit"
         self.controller = Controller(L.controller_dir(state), num_units=self.num_units, sync=sync,
                                      map_bytes=self._opts["map_bytes"])
-        if self.controller.num_units != self.num_units:
-            raise ConfigError(f"controller of {state} says {self.controller.num_units} units, STORE.json says "
-                              f"{self.num_units}")
-        self.units: List[UnitPort] = [Unit(L.unit_dir(state, i), i, durability=self.durability,
-                           segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"],
-                           map_bytes=self._opts["map_bytes"]) for i in range(self.num_units)]
+        units: List[Unit] = []
+        try:
+            if self.controller.num_units != self.num_units:
+                raise ConfigError(f"controller of {state} says {self.controller.num_units} units, STORE.json says "
+                                  f"{self.num_units}")
+            for i in range(self.num_units):
+                units.append(Unit(L.unit_dir(state, i), i, durability=self.durability,
+                                  segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"],
+                                  map_bytes=self._opts["map_bytes"]))
+        except BaseException:  # close what opened: a failed open leaves nothing open
+            for u in units:
+                u.close()
+            self.controller.close()
+            raise
+        self.units: List[UnitPort] = units
 
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
@@ -258,7 +292,7 @@ class Store(KVMixin, CheckpointMixin):
             self._closed = True
             self._pool.shutdown(wait=True)
             self._close_parts()
-            os.close(self._lock_fd)
+            self._release_lock()
         if self._temporary:
             shutil.rmtree(self.root, ignore_errors=True)
         log.info("closed store %s", self.root)
@@ -455,9 +489,6 @@ class Store(KVMixin, CheckpointMixin):
                                              f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
                                              f"{known}")
         return read_fields(self.units, self._pool, gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify)
-
-    def _read_field(self, gidxs: List[int], field: str, verify: bool, kind: int) -> Any:
-        return read_field(self.units, self._pool, gidxs, field, kind, verify=verify)
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from ..errors import CapacityError, InvalidInputError, UnsupportedTypeError
+from .names import check_field_name
 from . import dtypes
 from .layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
 from .values import decode_value, encode_value
@@ -44,9 +45,23 @@ class Column:
         return sum(memoryview(p).nbytes for p in self.payloads)
 
 
-def _tensor_bytes(t: torch.Tensor) -> np.ndarray:
-    """A uint8 numpy view of a contiguous CPU tensor's memory (no copy)."""
+def plain_tensor(field: str, t: torch.Tensor) -> torch.Tensor:
+    """``t`` detached, as a strided tensor whose memory holds its values (conjugate and negative
+    views resolved); UnsupportedTypeError for sparse, quantized or meta tensors."""
+    if t.layout != torch.strided:
+        raise UnsupportedTypeError(f"field {field!r}: a {t.layout} tensor is not supported; store t.to_dense(), or "
+                                   f"its indices and values as separate fields")
+    if t.device.type == "meta":
+        raise UnsupportedTypeError(f"field {field!r}: a tensor on the meta device has no data to store")
     t = t.detach()
+    if t.is_conj() or t.is_neg():  # lazy views: their memory is not their values
+        t = t.resolve_conj().resolve_neg()
+    return t
+
+
+def _tensor_bytes(t: torch.Tensor, field: str = "?") -> np.ndarray:
+    """A uint8 numpy view of a contiguous CPU tensor's memory (no copy)."""
+    t = plain_tensor(field, t)
     if t.device.type != "cpu":
         t = t.cpu()
     if not t.is_contiguous():
@@ -67,8 +82,8 @@ def _tensor_column(field: str, t: torch.Tensor, n: int) -> Column:
             f"field {field!r}: batch dimension is {t.shape[0] if t.dim() else 'missing'}, expected {n} rows")
     if t.dtype not in dtypes.TORCH_TO_CODE:
         raise UnsupportedTypeError(f"field {field!r}: tensor dtype {t.dtype} is not supported")
-    t = t.detach().cpu().contiguous()
-    raw = _tensor_bytes(t)
+    t = plain_tensor(field, t).cpu().contiguous()
+    raw = _tensor_bytes(t, field)
     row_shape = tuple(t.shape[1:])
     per = raw.nbytes // n if n else 0
     payloads = [raw[i * per:(i + 1) * per] for i in range(n)]
@@ -76,7 +91,10 @@ def _tensor_column(field: str, t: torch.Tensor, n: int) -> Column:
 
 
 def _ndarray_column(field: str, a: np.ndarray, n: int) -> Column:
-    if a.dtype.kind in "OUSV":
+    if a.dtype.kind == "V":
+        raise UnsupportedTypeError(f"field {field!r}: numpy dtype {a.dtype} (structured or void) is not supported; "
+                                   f"store each member as its own field")
+    if a.dtype.kind in "OUS":
         return _values_column(field, a.tolist(), n)
     if a.dtype not in dtypes.NUMPY_TO_CODE:
         raise UnsupportedTypeError(f"field {field!r}: numpy dtype {a.dtype} is not supported")
@@ -106,7 +124,7 @@ def _rows_column(field: str, rows: Sequence[Any], n: int) -> Column:
             c = dtypes.TORCH_TO_CODE.get(r.dtype)
             if c is None:
                 raise UnsupportedTypeError(f"field {field!r}: tensor dtype {r.dtype} is not supported")
-            raw = _tensor_bytes(r)
+            raw = _tensor_bytes(r, field)
         else:
             if not isinstance(r, np.ndarray):
                 raise InvalidInputError(f"field {field!r}: mixes arrays and {type(r).__name__} rows")
@@ -131,8 +149,8 @@ def _values_column(field: str, values: Sequence[Any], n: int) -> Column:
         raise InvalidInputError(f"field {field!r}: {len(values)} values given, expected {n}")
     try:
         payloads = [encode_value(v) for v in values]
-    except UnsupportedTypeError as e:
-        raise UnsupportedTypeError(f"field {field!r}: {e}") from None
+    except InvalidInputError as e:  # UnsupportedTypeError included
+        raise type(e)(f"field {field!r}: {e}") from None
     return Column(field, KIND_VALUE, 0, [()] * n, payloads, (), None)
 
 
@@ -143,12 +161,7 @@ def to_column(field: str, value: Any, n: int) -> Column:
         InvalidInputError: the value does not have ``n`` rows, or mixes row types.
         UnsupportedTypeError: a dtype or Python type that cannot be stored safely.
     """
-    if not isinstance(field, str) or not field:
-        raise InvalidInputError(f"field names must be non-empty str, got {field!r}")
-    if len(field.encode()) > 255:
-        raise InvalidInputError(f"field name {field[:40]!r}... is longer than 255 UTF-8 bytes")
-    if "\0" in field:
-        raise InvalidInputError(f"field name {field!r} contains a NUL character")
+    check_field_name(field)
     col = _to_column(field, value, n)
     big = max((memoryview(p).nbytes for p in col.payloads), default=0)
     if big > MAX_ROW_BYTES:
@@ -177,10 +190,6 @@ def _to_column(field: str, value: Any, n: int) -> Column:
 
 
 # ---------------------------------------------------------------------------------- decoding
-
-def torch_dtype(code: int) -> torch.dtype:
-    return dtypes.CODE_TO_TORCH[code]
-
 
 def row_to_object(kind: int, dtype: int, shape: Tuple[int, ...], payload, *, copy: bool = True) -> Any:
     """Decode one row payload. With ``copy=False`` tensors are read-only views of ``payload``."""

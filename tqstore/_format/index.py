@@ -1,6 +1,6 @@
 """The unit index's entries (format version 1; see docs/FORMAT.md, "Unit index").
 
-The one home of the location value: the index of a unit maps key (gidx, field) to where
+The engine's one name for the location value: the index of a unit maps key (gidx, field) to where
 the frame lies, ``(segment id, frame offset, frame length, frame CRC32C)``, 20 bytes
 little-endian.  Three views of those same bytes:
 
@@ -8,24 +8,17 @@ little-endian.  Three views of those same bytes:
 * :data:`LOC_DTYPE`, the numpy record (many values at once: lookups, plans, scans);
 * :class:`Loc`, the named tuple one value unpacks to.
 
-Constants and pure conversions only: no I/O.
+Constants and pure conversions only: no I/O.  Engine code (unit, reader, checkpoint)
+imports the location value from here and nowhere else.
 """
 from __future__ import annotations
 
-import struct
 from typing import NamedTuple
 
-import numpy as np
-
-# key = gidx (u64 big-endian, so keys sort by row) + field UTF-8
-INDEX_KEY_HEAD = struct.Struct(">Q")
-# value = segment id, frame offset, frame length, frame crc32c
-INDEX_VALUE = struct.Struct("<IQII")
-
-#: an index value (:data:`INDEX_VALUE`) as a numpy record, for vectorised lookups and plans
-LOC_DTYPE = np.dtype({"names": ["seg", "offset", "length", "crc"], "formats": ["<u4", "<u8", "<u4", "<u4"],
-                      "offsets": [0, 4, 12, 16], "itemsize": INDEX_VALUE.size})
-assert LOC_DTYPE.itemsize == INDEX_VALUE.size == 20
+# the key, the value's struct and its numpy record are defined beside the other byte
+# constants, at the bottom of the record path (_native needs them and imports nothing
+# from _format); everything above names them here
+from .._native.layout import INDEX_KEY_HEAD, INDEX_VALUE, LOC_DTYPE
 
 #: frames up to this many bytes are read through the segment mmap, larger ones with
 #: ``preadv`` straight into their destination (the unit chooses the path of a uniform read;

@@ -1,63 +1,72 @@
-"""Record-frame byte layout (format version 1); see docs/FORMAT.md, "Record frame".
+"""The byte layout of records, unit index entries and segment headers, for the format
+layer and everything above it (docs/FORMAT.md).
 
-Constants only: the single source of truth shared by the pure-Python codec, the C
-extension (which repeats them and is checked against them by the tests) and the
-readers.
+Defined in :mod:`tqstore._native.layout`, below both layers, because the record hot path
+(``tqstore._native``) needs the same constants and must not import ``_format``
+(tests/test_layers.py); this module only re-exports them.
 """
 from __future__ import annotations
 
-import struct
+from .._native.layout import (
+    FRAME_MAGIC,
+    FRAME_END_MAGIC,
+    FRAME_VERSION,
+    ALIGN,
+    PREFIX,
+    PREFIX_SIZE,
+    HEADER_HEAD,
+    HEADER_HEAD_SIZE,
+    TRAILER,
+    TRAILER_SIZE,
+    CODEC_MASK,
+    CODEC_RAW,
+    CODEC_ZSTD,
+    KNOWN_FLAGS,
+    KIND_TENSOR,
+    KIND_NDARRAY,
+    KIND_VALUE,
+    KINDS,
+    MAX_FIELD_BYTES,
+    MAX_NDIM,
+    INDEX_KEY_HEAD,
+    INDEX_VALUE,
+    align_up,
+    payload_offset,
+    frame_extent,
+    SEGMENT_MAGIC,
+    SEGMENT_VERSION,
+    SEGMENT_HEADER,
+    SEGMENT_HEADER_SIZE,
+)
 
-FRAME_MAGIC = b"TQFR"
-FRAME_END_MAGIC = b"TQFE"
-FRAME_VERSION = 1
-ALIGN = 64
-
-# prefix: magic, version, flags, header_len, payload_len, raw_len
-PREFIX = struct.Struct("<4sBBHQQ")
-PREFIX_SIZE = PREFIX.size  # 24
-# header head: gidx, kind, dtype, ndim, field_len; then field bytes, then ndim u64 dims
-HEADER_HEAD = struct.Struct("<QBBBB")
-HEADER_HEAD_SIZE = HEADER_HEAD.size  # 12
-TRAILER = struct.Struct("<I4s")  # crc32c, end magic
-TRAILER_SIZE = TRAILER.size  # 8
-
-# flags: bits 0-1 payload codec
-CODEC_MASK = 0x03
-CODEC_RAW = 0
-CODEC_ZSTD = 1
-KNOWN_FLAGS = CODEC_MASK
-
-# kinds of payload
-KIND_TENSOR = 0  # torch tensor, C-contiguous bytes
-KIND_NDARRAY = 1  # numpy array, C-contiguous bytes
-KIND_VALUE = 2  # non-tensor value, UTF-8 JSON of the safe value codec
-KINDS = (KIND_TENSOR, KIND_NDARRAY, KIND_VALUE)
-
-MAX_FIELD_BYTES = 255
-MAX_NDIM = 32
-
-# index entry of a unit (key and location value): defined in _format/index.py, named here too
-from .index import INDEX_KEY_HEAD, INDEX_VALUE  # noqa: E402,F401
-
-
-def align_up(n: int, a: int = ALIGN) -> int:
-    """Round ``n`` up to a multiple of ``a`` (a power of two)."""
-    return (n + a - 1) & ~(a - 1)
-
-
-def payload_offset(header_len: int) -> int:
-    """Offset of the payload from the frame start for a header of ``header_len`` bytes."""
-    return align_up(PREFIX_SIZE + header_len)
-
-
-def frame_extent(payload_start: int, payload_len: int) -> int:
-    """Bytes a frame takes (trailer and zero padding included) given its payload start and length."""
-    return align_up(payload_start + payload_len + TRAILER_SIZE)
-
-
-# segment file: a 64-byte header, then frames back to back (each 64-byte aligned)
-SEGMENT_MAGIC = b"TQSG"
-SEGMENT_VERSION = 1
-SEGMENT_HEADER = struct.Struct("<4sHHII44sI")  # magic, version, reserved, unit, segment, zeros, crc
-SEGMENT_HEADER_SIZE = SEGMENT_HEADER.size  # 64
+__all__ = [
+    "FRAME_MAGIC",
+    "FRAME_END_MAGIC",
+    "FRAME_VERSION",
+    "ALIGN",
+    "PREFIX",
+    "PREFIX_SIZE",
+    "HEADER_HEAD",
+    "HEADER_HEAD_SIZE",
+    "TRAILER",
+    "TRAILER_SIZE",
+    "CODEC_MASK",
+    "CODEC_RAW",
+    "CODEC_ZSTD",
+    "KNOWN_FLAGS",
+    "KIND_TENSOR",
+    "KIND_NDARRAY",
+    "KIND_VALUE",
+    "KINDS",
+    "MAX_FIELD_BYTES",
+    "MAX_NDIM",
+    "INDEX_KEY_HEAD",
+    "INDEX_VALUE",
+    "align_up",
+    "payload_offset",
+    "frame_extent",
+    "SEGMENT_MAGIC",
+    "SEGMENT_VERSION",
+    "SEGMENT_HEADER",
+    "SEGMENT_HEADER_SIZE",
+]

@@ -1,20 +1,42 @@
 """Safe codec for non-tensor values: UTF-8 JSON (NaN and infinities allowed), never pickle.
 
-Accepted: ``None``, ``bool``, ``int``, ``float`` (NaN and infinities included), ``str``,
-``list``/``tuple`` (tuples come back as lists) and ``dict`` with ``str`` keys, nested.
-Numpy scalars are stored as the matching Python number.  Anything else raises
-:class:`~tqstore.errors.UnsupportedTypeError` before anything is written.
+Accepted: ``None``, ``bool``, ``int`` (any size), ``float`` (NaN and infinities included),
+``str`` (valid Unicode: no lone surrogates), ``list``/``tuple`` (tuples come back as
+lists) and ``dict`` with ``str`` keys, nested.  Numpy scalars are stored as the matching
+Python number.  Anything else raises :class:`~tqstore.errors.UnsupportedTypeError` (a
+string that is not valid Unicode :class:`~tqstore.errors.InvalidInputError`) before
+anything is written.
+
+Integers of any size: Python refuses to convert integers of more than
+``sys.get_int_max_str_digits()`` (default 4300) decimal digits to or from text, so
+:func:`dumps` and :func:`loads` fall back to a slower path that converts such integers in
+pieces when the fast ``json`` path refuses them.  The bytes are plain JSON numbers either
+way.
 """
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import CorruptionError, UnsupportedTypeError
+from ..errors import CorruptionError, InvalidInputError, UnsupportedTypeError
 
 _MAX_DEPTH = 64
+# pieces of at most this many digits convert under any int_max_str_digits (its minimum is 640)
+_PIECE_DIGITS = 600
+_PIECE_BITS = 1900  # < 600 · log2(10): an int of fewer bits has fewer than 600 digits
+
+
+def check_str(s: str, what: str = "a string") -> str:
+    """``s`` if it encodes to UTF-8 (no lone surrogates); raises InvalidInputError naming ``what``."""
+    if not s.isascii():
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidInputError(f"{what} {s[:40]!r} is not valid Unicode ({e.reason} at position {e.start}); "
+                                    f"tqstore stores text as UTF-8") from None
+    return s
 
 
 def check_value(value: Any, _depth: int = 0) -> Any:
@@ -23,16 +45,19 @@ def check_value(value: Any, _depth: int = 0) -> Any:
     Raises:
         UnsupportedTypeError: for any type outside the accepted set, non-str dict keys,
             or nesting deeper than 64.
+        InvalidInputError: a string (or dict key) with a lone surrogate.
     """
     if _depth > _MAX_DEPTH:
         raise UnsupportedTypeError("non-tensor value nested deeper than 64 levels")
-    if value is None or isinstance(value, (bool, str)):
+    if value is None or isinstance(value, bool):
         return value
+    if isinstance(value, str):
+        return check_str(value)
     if isinstance(value, int):
         return value
     if isinstance(value, float):
         return value
-    if isinstance(value, np.generic) and value.shape == ():
+    if isinstance(value, np.generic) and value.shape == () and not isinstance(value, np.void):
         return check_value(value.item(), _depth)
     if isinstance(value, (list, tuple)):
         return [check_value(v, _depth + 1) for v in value]
@@ -43,7 +68,7 @@ def check_value(value: Any, _depth: int = 0) -> Any:
                 raise UnsupportedTypeError(
                     f"dict keys of non-tensor values must be str, got {type(k).__name__} key {k!r}"
                 )
-            out[k] = check_value(v, _depth + 1)
+            out[check_str(k, "a dict key")] = check_value(v, _depth + 1)
         return out
     raise UnsupportedTypeError(
         f"cannot store a value of type {type(value).__name__}: non-tensor fields accept "
@@ -51,9 +76,74 @@ def check_value(value: Any, _depth: int = 0) -> Any:
     )
 
 
+# ------------------------------------------------------------------ integers of any size
+def _int_text(n: int) -> str:
+    """Decimal text of ``n``, in pieces small enough for any int_max_str_digits."""
+    if n < 0:
+        return "-" + _int_text(-n)
+    if n.bit_length() < _PIECE_BITS:
+        return str(n)
+    k = max(1, int(n.bit_length() * 0.30103) // 2)  # about half the digits
+    hi, lo = divmod(n, 10 ** k)
+    return _int_text(hi) + _int_text(lo).zfill(k)
+
+
+def _parse_int(s: str) -> int:
+    """``int(s)`` for a JSON integer of any length."""
+    if len(s) <= _PIECE_DIGITS:
+        return int(s)
+    if s[0] == "-":
+        return -_parse_int(s[1:])
+    k = len(s) // 2
+    return _parse_int(s[:-k]) * 10 ** k + int(_parse_int(s[-k:]))
+
+
+def _dumps_slow(v: Any, ensure_ascii: bool) -> str:
+    """JSON text of a checked value, writing integers through :func:`_int_text`."""
+    if isinstance(v, bool) or v is None or isinstance(v, (str, float)):
+        return json.dumps(v, ensure_ascii=ensure_ascii, allow_nan=True)
+    if isinstance(v, int):
+        return _int_text(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(_dumps_slow(x, ensure_ascii) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ",".join(json.dumps(str(k), ensure_ascii=ensure_ascii) + ":" + _dumps_slow(x, ensure_ascii)
+                              for k, x in v.items()) + "}"
+    raise UnsupportedTypeError(f"cannot store a value of type {type(v).__name__}")  # pragma: no cover
+
+
+_COMPACT = json.JSONEncoder(separators=(",", ":"), allow_nan=True, ensure_ascii=False).encode
+_COMPACT_ASCII = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
+
+
+def dumps(value: Any, *, ensure_ascii: bool = False) -> str:
+    """Compact JSON text (separators ``,`` ``:``) of an already checked value; integers of
+    any size are written in full."""
+    enc: Callable[[Any], str] = _COMPACT_ASCII if ensure_ascii else _COMPACT
+    try:
+        return enc(value)
+    except ValueError:  # an integer past sys.get_int_max_str_digits()
+        return _dumps_slow(value, ensure_ascii)
+
+
+def loads(data) -> Any:
+    """Parse JSON text or UTF-8 bytes written by :func:`dumps` (integers of any size).
+
+    Raises:
+        UnicodeDecodeError, json.JSONDecodeError, ValueError: not UTF-8 JSON.
+    """
+    text = data if isinstance(data, str) else bytes(data).decode("utf-8")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise
+    except ValueError:  # an integer past sys.get_int_max_str_digits()
+        return json.loads(text, parse_int=_parse_int)
+
+
 def encode_value(value: Any) -> bytes:
-    """Encode an accepted value to bytes. Raises UnsupportedTypeError for others."""
-    return json.dumps(check_value(value), ensure_ascii=False, separators=(",", ":"), allow_nan=True).encode()
+    """Encode an accepted value to bytes. Raises UnsupportedTypeError / InvalidInputError for others."""
+    return dumps(check_value(value)).encode("utf-8")
 
 
 def decode_value(data, *, path: str = None, offset: int = None) -> Any:
@@ -63,6 +153,6 @@ def decode_value(data, *, path: str = None, offset: int = None) -> Any:
         CorruptionError: the bytes are not valid UTF-8 JSON.
     """
     try:
-        return json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return loads(data)
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise CorruptionError(f"undecodable non-tensor value: {e}", path=path, offset=offset) from e

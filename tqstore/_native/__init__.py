@@ -4,7 +4,9 @@ The choice is made once at import: the extension when it imports and ``TQSTORE_P
 is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functions:
 ``crc32c``, ``build_header``, ``frame_head``, ``frame_tail``, ``encode_frames``,
 ``verify_frames``, ``gather_frames`` (its ``GATHER_*`` result codes are in ``_pure``), and
-the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).
+the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they implement
+is in ``layout``.  This package is the bottom of the record path: it imports nothing from
+the rest of tqstore (``_format`` builds on it; tests/test_layers.py).
 """
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
  *
  * Same functions, arguments, results, exceptions and bytes as tqstore/_native/_pure.py
  * (crc32c, build_header, frame_head, frame_tail, encode_frames, verify_frames, gather_frames)
- * (the reference).  Layout constants repeat tqstore/_format/layout.py and are exposed as
+ * (the reference).  Layout constants repeat tqstore/_native/layout.py and are exposed as
  * ``_LAYOUT`` so the tests can check them against it.
  *
  * CRC32C: SSE4.2 crc32 instruction, three interleaved streams combined with zero-shift
@@ -25,7 +25,7 @@
 #include <nmmintrin.h>
 #endif
 
-/* ---- layout (tqstore/_format/layout.py) ---------------------------------------- */
+/* ---- layout (tqstore/_native/layout.py) ---------------------------------------- */
 
 #define FRAME_MAGIC "TQFR"
 #define FRAME_END_MAGIC "TQFE"

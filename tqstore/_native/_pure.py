@@ -12,7 +12,7 @@ import crc32c as _crc
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from .._format.layout import (
+from .layout import (
     ALIGN,
     FRAME_END_MAGIC,
     FRAME_MAGIC,
@@ -20,6 +20,7 @@ from .._format.layout import (
     HEADER_HEAD,
     INDEX_KEY_HEAD,
     INDEX_VALUE,
+    LOC_DTYPE,
     MAX_FIELD_BYTES,
     MAX_NDIM,
     PREFIX,
@@ -29,7 +30,6 @@ from .._format.layout import (
     frame_extent,
     payload_offset,
 )
-from .._format.index import LOC_DTYPE
 
 IMPLEMENTATION = "pure"
 

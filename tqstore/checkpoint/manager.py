@@ -13,17 +13,20 @@ Saves and prunes under one root are serialised across processes by an flock on
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from .. import _default
 from .._io import files
-from ..errors import CheckpointError, CheckpointNotFoundError, CorruptionError, InvalidInputError
+from ..errors import (
+    CheckpointError, CheckpointNotFoundError, CorruptionError, InvalidInputError, StorageIOError, TqstoreError,
+)
 from . import manifest as M
 from . import writer
 from .planner import Reusable
@@ -38,6 +41,17 @@ LOCK_NAME = ".tqstore-checkpoints.lock"
 
 class CheckpointFallbackWarning(UserWarning):
     """``restore()`` skipped a generation that does not verify and used an older one."""
+
+
+@contextlib.contextmanager
+def _os_errors(what: str) -> Iterator[None]:
+    """A bare OSError (a read-only root, say) as StorageIOError naming ``what``."""
+    try:
+        yield
+    except OSError as e:
+        if isinstance(e, TqstoreError):
+            raise
+        raise StorageIOError(f"{what} failed: {e}") from e
 
 
 def step_name(step: int) -> str:
@@ -66,7 +80,10 @@ class CheckpointManager:
         self.policy: RetentionPolicy = policy or (KeepLast(keep_last) if keep_last is not None else KeepAll())
         self.copy_segments = copy_segments
         self._store = store
-        files.mkdir(self.root, exist_ok=True, parents=True)
+        try:
+            files.mkdir(self.root, exist_ok=True, parents=True)
+        except OSError as e:
+            raise StorageIOError(f"cannot create the checkpoint root {self.root}: {e}") from e
 
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.root)!r}, policy={self.policy!r})"
@@ -168,7 +185,7 @@ class CheckpointManager:
         saves and prunes; a generation left at ``step-N.old`` by an interrupted replacement
         is moved back to ``step-N``). Returns the steps deleted."""
         deleted = []
-        with writer.path_lock(self.root / LOCK_NAME):
+        with _os_errors(f"pruning checkpoint generations under {self.root}"), writer.path_lock(self.root / LOCK_NAME):
             for name in files.listdir(self.root):  # finish replacements interrupted between their renames
                 m = _STEP.match(name)
                 if m and m.group(2) and not os.path.lexists(self.root / name[:-4]) \

@@ -97,9 +97,6 @@ class Manifest:
     def by_role(self, role: str) -> List[FileEntry]:
         return [f for f in self.files if f.role == role]
 
-    def unit_files(self, unit: int) -> List[FileEntry]:
-        return [f for f in self.files if f.unit == unit]
-
     def segments(self, unit: int) -> Dict[int, FileEntry]:
         return {f.seg: f for f in self.files if f.role == ROLE_SEGMENT and f.unit == unit}
 

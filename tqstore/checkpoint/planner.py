@@ -167,10 +167,6 @@ class TargetPlan:
     def nbytes(self) -> int:
         return int(self.length.sum())
 
-    @property
-    def nframes(self) -> int:
-        return len(self.keys)
-
     def groups(self) -> List[Tuple[int, int, int, int]]:
         """``(src_unit, seg, lo, hi)``: the frames ``lo:hi`` come from that source segment."""
         n = len(self.keys)

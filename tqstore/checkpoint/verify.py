@@ -20,6 +20,7 @@ import lmdb
 from .._format.layout import INDEX_VALUE, SEGMENT_HEADER_SIZE
 from .._io.lmdbenv import open_env
 from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError
+from ..controller import CONTROLLER_DBS, decode_controller
 from ..unit import check_index_format
 from . import manifest as M
 from .scan import scan_file
@@ -246,15 +247,16 @@ def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
         return [Problem(str(p / "data.mdb"), f"controller index cannot be opened: {e}")]
     try:
         with env.begin() as txn:
-            meta = env.open_db(b"meta", txn=txn, create=False)
-            rows = env.open_db(b"rows", txn=txn, create=False)
-            n = txn.get(b"num_units", db=meta)
-            if n is None or int(n) != man.num_units:
-                out.append(Problem(str(p / "data.mdb"), f"controller says {n!r} units, MANIFEST.json {man.num_units}"))
-            have = txn.stat(rows)["entries"]
-            if have != man.rows:
-                out.append(Problem(str(p / "data.mdb"), f"controller holds {have} rows, MANIFEST.json records "
+            dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CONTROLLER_DBS if n != "restores"}
+            st = decode_controller(txn, dbs, p)  # the store's own decoder: every entry checked
+            if st.num_units != man.num_units:
+                out.append(Problem(str(p / "data.mdb"), f"controller says {st.num_units} units, MANIFEST.json "
+                                                       f"{man.num_units}"))
+            if len(st.rows) != man.rows:
+                out.append(Problem(str(p / "data.mdb"), f"controller holds {len(st.rows)} rows, MANIFEST.json records "
                                                        f"{man.rows}"))
+    except CorruptionError as e:
+        out.append(Problem(e.path or str(p / "data.mdb"), e.message))
     except (lmdb.Error, ValueError) as e:
         out.append(Problem(str(p / "data.mdb"), f"controller index cannot be read: {e}"))
     finally:

@@ -226,7 +226,7 @@ class Cut:
     stall_s: float
 
 
-def take_cut(store, *, include_storage: bool) -> Cut:
+def take_cut(store) -> Cut:
     """The MVCC cut, under the store's write lock (held only for the cut)."""
     t0 = time.perf_counter()
     with store._write_lock:
@@ -557,7 +557,7 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
         settle(state)
         if before_cut is not None:
             before_cut()
-        cut = take_cut(store, include_storage=include_storage)
+        cut = take_cut(store)
         job = SaveJob(cut, final, include_storage=include_storage, metadata=meta, copy_segments=copy_segments,
                       reuse=reuse or {}, lock_path=lock_path, on_published=on_published,
                       max_workers=max(1, min(8, store.num_units)))

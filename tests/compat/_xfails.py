@@ -1,0 +1,70 @@
+"""Why each ported TransferQueue test that does not pass is marked xfail (keys: path[::class[::test]]).
+
+"needs #11 part 2: ..." waits for the engine refactor branches (kv.py, controller.py,
+samplers.py, store.py, reader.py, unit.py); "differs on purpose: ..." is a deliberate
+difference, each with its entry in docs/MIGRATING.md.
+"""
+
+LAYOUT = ("differs on purpose: pickle-free checkpoint layout (MANIFEST.json, LMDB index copies, segment "
+          "files; no metadata.json / controller_state.pkl / simple_storage/) - MIGRATING.md 'Checkpoints'")
+NP_STR = ("needs #11 part 2: numpy bytes/str/object arrays stored per row inside a TensorDict (np_bytes_str is "
+          "refused), then TensorDict/NonTensorStack return types from get_data")
+RETURN_TYPES = "needs #11 part 2: get_data/kv_batch_get return a TensorDict with TransferQueue's nested/NonTensorStack types"
+WORDING = "needs #11 part 2: error message wording of kv.py/controller.py/samplers.py (TransferQueue's tests match it)"
+STATE = ("differs on purpose: sampler state is JSON-safe and persisted in the controller ({task: {'cache': "
+         "{str(rank): {str(batch_index): ...}}}}), not TransferQueue's in-memory tuples keyed by int - MIGRATING.md 'Samplers'")
+GRPO_ALIGNED = ("differs on purpose: GRPO groups are aligned to n by insertion order (rows k*n..k*n+n-1), not any n "
+                "consecutive ready indexes - MIGRATING.md 'Samplers'")
+
+XFAIL = {
+    # ---- checkpoints
+    "test_checkpoint_e2e.py::TestCheckpointRoundtrip::test_tensor_fields": LAYOUT,
+    "test_checkpoint_e2e.py::TestCheckpointRoundtrip::test_user_metadata_preserved": LAYOUT,
+    "test_checkpoint_e2e.py::TestIncludeStorageFalse::test_storage_saved_is_true": LAYOUT,
+    "test_checkpoint_e2e.py::TestIncludeStorageFalse::test_both_restored_after_load": (
+        "differs on purpose: include_storage=False is honoured (controller only: fields come back unproduced); "
+        "TransferQueue forces storage on for SimpleStorage - MIGRATING.md 'Checkpoints'"),
+    "test_checkpoint_e2e.py::TestCheckpointErrors::test_load_raises_if_metadata_missing": (
+        "differs on purpose: the error names MANIFEST.json (CheckpointNotFoundError, a FileNotFoundError), not "
+        "metadata.json - MIGRATING.md 'Checkpoints'"),
+    "test_checkpoint_e2e.py::TestCheckpointErrors::test_load_raises_on_storage_unit_count_mismatch": (
+        "differs on purpose: a checkpoint loads onto any unit count (rows re-routed), so there is no count "
+        "mismatch error and no storage_unit_info.json to edit - MIGRATING.md 'Checkpoints'"),
+    "test_checkpoint_e2e.py::TestCheckpointErrors::test_no_partial_state_on_failed_save": (
+        "differs on purpose: patches TransferQueue's client internals (TransferQueueClient.save_storage_checkpoint); "
+        "tqstore's no-partial-checkpoint guarantee is tested by tests/test_failpoints.py and the crash matrix"),
+    # ---- lifecycle (every test puts the complex TensorDict with np_bytes_str)
+    "test_e2e_lifecycle_consistency.py::test_core_consistency": NP_STR,
+    "test_e2e_lifecycle_consistency.py::test_cross_shard_complex_update": NP_STR,
+    "test_e2e_lifecycle_consistency.py::test_custom_metadata_persistence": NP_STR,
+    "test_e2e_lifecycle_consistency.py::test_reset_consumption": NP_STR,
+    "test_e2e_lifecycle_consistency.py::test_clear_partition": NP_STR,
+    "test_e2e_lifecycle_consistency.py::test_retrieved_data_writability_and_memory_safety": NP_STR,
+    "test_e2e_lifecycle_consistency.py::test_dynamic_tensor_shape_nested_transition": (
+        RETURN_TYPES + " (dense fields returned nested, as TransferQueue does) and is_nested recorded in get_meta "
+        "schemas"),
+    # ---- KV interface
+    "test_kv_interface_e2e.py::TestKVGetE2E::test_kv_batch_get_nonexistent_key": (
+        WORDING + ": an unknown key/partition says 'not found'"),
+    "test_kv_interface_e2e.py::TestKVBatchGetByMetaE2E::test_kv_batch_get_by_meta_select_fields_invalid": (
+        WORDING + ": 'select_fields ... not found'"),
+    # ---- metadata
+    "test_metadata.py::TestStorageUnitDataStrict": (
+        "differs on purpose: tests TransferQueue's SimpleStorage internals (StorageUnitData), which tqstore "
+        "does not have - MIGRATING.md 'Storage backends'"),
+    # ---- samplers
+    "test_samplers.py::TestSequentialSampler::test_sequential_sampler_batch_size_larger_than_ready": (
+        "differs on purpose: the sequential sampler waits for a whole batch (returns nothing with fewer ready "
+        "rows) instead of a short batch - MIGRATING.md 'Samplers'"),
+    "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_zero_batch_size": (
+        "needs #11 part 2: GRPOGroupNSampler.sample(ready, 0) returns nothing (today every complete group)"),
+    "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_non_sequential_indexes": GRPO_ALIGNED,
+    "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_sorting_functionality": GRPO_ALIGNED,
+    "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_invalid_n_samples_per_prompt": (
+        WORDING + ": 'must be positive'"),
+    "test_samplers.py::TestRankAwareSampler::test_rank_aware_sampler_multiple_tasks": STATE,
+    "test_samplers.py::TestRankAwareSampler::test_rank_aware_sampler_multiple_partitions": STATE,
+    "test_samplers.py::TestRankAwareSampler::test_rank_aware_sampler_invalid_dp_rank": (
+        WORDING + ": 'greater than or equal to 0'"),
+    "test_samplers.py::TestSeqlenBalancedSampler::test_states_cache_populated_for_all_ranks": STATE,
+}

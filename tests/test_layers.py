@@ -1,0 +1,287 @@
+"""Imports between tqstore's layers point one way (docs: DESIGN.md §1, "The parts").
+
+Every module under ``tqstore/`` is parsed with :mod:`ast` (nothing is imported): every
+``import`` and ``from ... import``, relative or absolute, at module level or inside a
+function, counts.  Layers, and what each may import besides its own layer:
+
+=============  ==========================================================  ===============================
+layer          modules                                                      may import
+=============  ==========================================================  ===============================
+base           ``errors``, ``_version``                                     nothing of tqstore
+native         ``_native/*`` (record hot path, C or pure Python)            base
+format         ``_format/*`` (bytes in, objects out; never opens a file)     native, base
+io             ``_io/*`` (every syscall, LMDB envs, failpoints)             format, native, base
+ports          ``ports`` / ``ports/*`` (the UnitPort and ControllerPort     format, native, base
+               interfaces; not written yet)
+engine-impl    ``unit``, ``unit_read``, ``controller``                       ports, io, format, native, base
+engine         ``store``, ``kv``, ``reader``, ``meta``, ``samplers``,         ports, io (not ``_io.lmdbenv``
+               ``seqlen_sampler``, ``policy``, ``layout_dirs``, ``_gcpause``,  nor ``_io.segfile``), format,
+               ``_default``,
+               ``checkpoint/*``, ``dump/*`` (the engine over the ports)      native, base
+ray            ``ray/*`` (units and controller as actors, same ports)        engine, engine-impl, ports, io,
+                                                                            format, native, base
+api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,    ray, engine, ports, base
+               ``async_api``, ``_executor``, ``config``, ``metrics``,
+               ``streaming`` (TransferQueue's API edge)
+testing        ``testing/*`` (crash and power-loss harnesses)               anything
+=============  ==========================================================  ===============================
+
+Nothing outside ``testing`` imports ``testing``.  A module in no layer fails the test:
+a new module is placed in the table on purpose.
+
+Native is the bottom of the record path: ``_format`` uses its CRC32C and framing
+functions, so ``_native`` imports nothing from ``_format``.  The byte layout both need
+(frame and segment constants) is defined in ``_native/layout.py``; ``_format/layout.py``
+re-exports it for the format layer and everything above.
+
+Checks: (a) no import outside what the importer's layer may import; (b) no cycle in
+the import graph between modules, between packages (a subpackage such as ``checkpoint``
+is one node, a top-level module is a node) or between layers; (c) only ``_io``, ``unit``,
+``unit_read`` and ``controller`` import ``lmdb``.
+
+``KNOWN_VIOLATIONS`` lists today's breaches as ``(importer, imported)``; the test fails
+on any breach not in it, and on any entry that no longer occurs, so it only shrinks.
+"""
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional, Set, Tuple
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "tqstore"
+
+# (layer, module-name prefixes, without the leading "tqstore.")
+LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
+    ("base", ("errors", "_version")),
+    ("native", ("_native",)),
+    ("format", ("_format",)),
+    ("io", ("_io",)),
+    ("ports", ("ports",)),
+    ("engine-impl", ("unit", "unit_read", "controller")),
+    ("engine", ("store", "kv", "reader", "meta", "samplers", "seqlen_sampler", "policy", "layout_dirs", "_gcpause",
+                "_default", "checkpoint", "dump")),
+    ("ray", ("ray",)),
+    ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
+             "streaming")),  # "" is tqstore/__init__.py
+    ("testing", ("testing",)),
+]
+ALLOWED: Dict[str, Set[str]] = {
+    "base": set(),
+    "native": {"base"},
+    "format": {"native", "base"},
+    "io": {"format", "native", "base"},
+    "ports": {"format", "native", "base"},
+    "engine-impl": {"ports", "io", "format", "native", "base"},
+    "engine": {"ports", "io", "format", "native", "base"},
+    "ray": {"engine", "engine-impl", "ports", "io", "format", "native", "base"},
+    "api": {"ray", "engine", "ports", "base"},
+    "testing": {name for name, _ in LAYERS},
+}
+# io modules the engine over the ports must not reach: LMDB environments and segment files
+ENGINE_FORBIDDEN_IO = {"tqstore._io.lmdbenv", "tqstore._io.segfile"}
+LMDB_ALLOWED = ("_io", "unit", "unit_read", "controller")
+
+# To be emptied by issue #9's ports refactor: the engine over the ports reaches units,
+# the controller, LMDB and segment files directly instead of through UnitPort and
+# ControllerPort; the CLI opens LMDB environments itself.  Remove an entry when its
+# import goes; add none.
+KNOWN_VIOLATIONS: Set[Tuple[str, str]] = {
+    ("tqstore.checkpoint.loader", "lmdb"),
+    ("tqstore.checkpoint.loader", "tqstore._io.lmdbenv"),
+    ("tqstore.checkpoint.loader", "tqstore._io.segfile"),
+    ("tqstore.checkpoint.loader", "tqstore.controller"),
+    ("tqstore.checkpoint.loader", "tqstore.unit"),
+    ("tqstore.checkpoint.verify", "lmdb"),
+    ("tqstore.checkpoint.verify", "tqstore.controller"),
+    ("tqstore.cli", "lmdb"),
+    ("tqstore.cli", "tqstore.controller"),
+    ("tqstore.cli", "tqstore._format.values"),
+    ("tqstore.checkpoint.verify", "tqstore._io.lmdbenv"),
+    ("tqstore.checkpoint.verify", "tqstore.unit"),
+    ("tqstore.checkpoint.writer", "lmdb"),
+    ("tqstore.checkpoint.writer", "tqstore._io.lmdbenv"),
+    ("tqstore.checkpoint.writer", "tqstore.unit"),
+    ("tqstore.cli", "tqstore._io.lmdbenv"),
+    ("tqstore.kv", "tqstore.controller"),
+    ("tqstore.store", "tqstore.controller"),
+    ("tqstore.store", "tqstore.unit"),
+}
+
+
+# ------------------------------------------------------------------ the import graph
+def _modules() -> Dict[str, Path]:
+    out = {}
+    for path in sorted(PKG.rglob("*.py")):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+        out[".".join(parts)] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _package_of(module: str) -> str:
+    return module if MODULES[module].name == "__init__.py" else module.rsplit(".", 1)[0]
+
+
+def _resolve(base: str, name: Optional[str]) -> str:
+    """``base.name`` when that is a module of tqstore, else ``base``."""
+    if name and f"{base}.{name}" in MODULES:
+        return f"{base}.{name}"
+    return base
+
+
+def imports_of(module: str) -> Iterator[Tuple[str, int]]:
+    """``(imported module, line)`` for every import in ``module``, function-local ones included."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = _package_of(module)
+                for _ in range(node.level - 1):
+                    base = base.rsplit(".", 1)[0]
+                if node.module:
+                    base = f"{base}.{node.module}"
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                yield _resolve(base, alias.name), node.lineno
+
+
+def layer_of(module: str) -> Optional[str]:
+    rest = module[len("tqstore."):] if module.startswith("tqstore.") else ("" if module == "tqstore" else None)
+    if rest is None:
+        return None
+    for name, prefixes in LAYERS:
+        for p in prefixes:
+            if rest == p or (p and rest.startswith(p + ".")):
+                return name
+    return None
+
+
+def _internal(target: str) -> bool:
+    return target == "tqstore" or target.startswith("tqstore.")
+
+
+def _node(module: str) -> str:
+    """A subpackage of tqstore is one node of the package graph; a top-level module is its own."""
+    parts = module.split(".")
+    if len(parts) >= 2 and f"tqstore.{parts[1]}" in MODULES and MODULES[f"tqstore.{parts[1]}"].name == "__init__.py":
+        return f"tqstore.{parts[1]}"
+    return ".".join(parts[:2])
+
+
+def find_violations() -> Dict[Tuple[str, str], str]:
+    """Every breach of (a) and (c): ``(importer, imported)`` → a readable reason."""
+    found: Dict[Tuple[str, str], str] = {}
+    for module in MODULES:
+        src = layer_of(module)
+        for target, line in imports_of(module):
+            where = f"{MODULES[module].relative_to(PKG.parent)}:{line}"
+            if target.split(".")[0] == "lmdb":
+                if not any(module == f"tqstore.{p}" or module.startswith(f"tqstore.{p}.") for p in LMDB_ALLOWED):
+                    found[(module, "lmdb")] = f"{where}: imports lmdb (only {', '.join(LMDB_ALLOWED)} may)"
+                continue
+            if not _internal(target):
+                continue
+            dst = layer_of(target)
+            if src is None or dst is None or src == dst:
+                continue
+            if dst not in ALLOWED[src]:
+                found[(module, target)] = f"{where}: {src} layer imports {target} ({dst} layer)"
+            elif src == "engine" and target in ENGINE_FORBIDDEN_IO:
+                found[(module, target)] = f"{where}: the engine over the ports imports {target}"
+    return found
+
+
+def _cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
+    """Strongly connected components of more than one node (Tarjan)."""
+    index: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on: Set[str] = set()
+    out: List[List[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _graph(key, *, skip_known: bool) -> Dict[str, Set[str]]:
+    edges: Dict[str, Set[str]] = defaultdict(set)
+    for module in MODULES:
+        for target, _ in imports_of(module):
+            if not _internal(target) or (skip_known and (module, target) in KNOWN_VIOLATIONS):
+                continue
+            a, b = key(module), key(target)
+            if a is not None and b is not None and a != b:
+                edges[a].add(b)
+    return edges
+
+
+# ------------------------------------------------------------------ the tests
+def test_every_module_is_in_a_layer():
+    lost = sorted(m for m in MODULES if layer_of(m) is None)
+    assert not lost, f"modules in no layer (place them in LAYERS and the docstring's table): {lost}"
+
+
+def test_imports_point_down_the_layers_and_only_the_engine_impl_and_io_import_lmdb():
+    found = find_violations()
+    new = sorted(reason for pair, reason in found.items() if pair not in KNOWN_VIOLATIONS)
+    assert not new, "imports against the layers of DESIGN.md §1:\n  " + "\n  ".join(new)
+
+
+def test_known_violations_only_shrink():
+    gone = sorted(KNOWN_VIOLATIONS - find_violations().keys())
+    assert not gone, f"these KNOWN_VIOLATIONS no longer occur: delete them from tests/test_layers.py: {gone}"
+
+
+def _module(name: str) -> Optional[str]:
+    return name if name in MODULES else None
+
+
+@pytest.mark.parametrize("graph", ["modules", "packages", "layers"])
+def test_no_import_cycles(graph):
+    # the known violations are reported above; a cycle made of allowed imports is a new problem
+    key = {"modules": _module, "packages": _node, "layers": layer_of}[graph]
+    cycles = _cycles(_graph(key, skip_known=True))
+    assert not cycles, f"import cycles between {graph}: {cycles}"
+
+
+def test_the_checker_sees_relative_local_and_aliased_imports():
+    got = dict(imports_of("tqstore.checkpoint.loader"))
+    assert "tqstore.controller" in got  # function-local, two dots
+    assert "tqstore._io.files" in got  # from .._io import files: the submodule
+    assert "lmdb" in got
+    assert layer_of("tqstore") == "api" and layer_of("tqstore.unit_read") == "engine-impl"
+    assert layer_of("tqstore.checkpoint.writer") == "engine" and layer_of("tqstore.units") is None
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]

@@ -1,0 +1,163 @@
+"""TransferQueue-shaped API edge: init config mapping, metrics, client extras, seqlen balancing, streaming."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import tqstore as tq
+from tqstore.config import translate
+from tqstore.errors import ConfigError
+
+
+def test_translate_maps_transfer_queue_config_and_logs_what_does_not_apply(caplog):
+    caplog.set_level(logging.DEBUG, logger="tqstore")
+    store, sampler, s = translate({"controller": {"sampler": "GRPOGroupNSampler", "polling_mode": True,
+                                                  "zmq_info": None},
+                                   "backend": {"storage_backend": "SimpleStorage",
+                                               "SimpleStorage": {"num_data_storage_units": 3,
+                                                                 "total_storage_size": 200, "zmq_info": None},
+                                               "MooncakeStore": {"auto_init": True}},
+                                   "metrics": {"enabled": True, "port": 0}})
+    assert store == {"num_units": 3} and sampler == "GRPOGroupNSampler"
+    assert s.polling_mode is True and s.metrics_enabled and s.total_storage_size == 200
+    assert "backend.MooncakeStore" in s.ignored and "controller.zmq_info" in s.ignored
+    assert "backend.MooncakeStore" in caplog.text
+
+
+def test_translate_rejects_backends_tqstore_does_not_provide_and_unknown_keys():
+    with pytest.raises(ConfigError, match="MooncakeStore"):
+        translate({"backend": {"storage_backend": "MooncakeStore"}})
+    with pytest.raises(ConfigError, match="unknown config keys"):
+        translate({"bogus": 1})
+
+
+def test_init_accepts_an_omegaconf_dictconfig_with_a_sampler_instance():
+    omegaconf = pytest.importorskip("omegaconf")
+    sampler = tq.GRPOGroupNSampler(n_samples_per_prompt=2)
+    cfg = omegaconf.OmegaConf.create({"controller": {"sampler": sampler, "polling_mode": True},
+                                      "backend": {"SimpleStorage": {"num_data_storage_units": 2}}},
+                                     flags={"allow_objects": True})
+    store = tq.init(cfg)
+    try:
+        assert store.num_units == 2 and store.sampler is sampler
+    finally:
+        tq.close()
+
+
+def test_polling_mode_false_waits_then_raises_timeout_like_transfer_queue():
+    tq.init({"controller": {"polling_mode": False}, "get_meta_timeout_s": 0.05})
+    try:
+        with pytest.raises(TimeoutError, match="sufficient data"):
+            tq.get_meta(["x"], 2, "p", task_name="t")
+        assert tq.get_meta(["x"], 2, "p", task_name="t", timeout_s=0).size == 0  # explicit timeout: tqstore's rule
+    finally:
+        tq.close()
+
+
+def test_metrics_count_puts_and_gets_and_render_as_prometheus_text():
+    from tqstore import metrics
+    metrics.REGISTRY.reset()
+    tq.init()
+    try:
+        tq.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 3)})
+        tq.kv_batch_get(["a", "b"], "p")
+        with pytest.raises(tq.KeyNotFoundError):
+            tq.kv_batch_get(["zz"], "p")
+        snap = metrics.snapshot()
+        assert snap["operations"]["kv_batch_put"]["calls"] == 1 and snap["operations"]["kv_batch_put"]["rows"] == 2
+        assert snap["families"]["get"]["calls"] == 2 and snap["families"]["get"]["errors"] == 1
+        pytest.importorskip("prometheus_client")
+        text = tq.get_metrics_endpoint()
+        assert 'tqstore_calls_total{family="put",op="kv_batch_put"} 1.0' in text
+        assert "tqstore_latency_seconds_bucket" in text
+    finally:
+        tq.close()
+
+
+def test_client_retrieve_meta_keys_custom_meta_and_close():
+    tq.init()
+    try:
+        c = tq.get_client()
+        meta = c.kv_retrieve_meta(["a", "b"], "p", create=True)
+        assert meta.size == 2 and meta.keys == ["a", "b"]
+        assert c.kv_retrieve_keys(meta.global_indexes, "p") == ["a", "b"]
+        assert c.kv_retrieve_meta(["a", "nope"], "p").keys == ["a"]
+        assert c.kv_retrieve_meta("a", "no-such-partition").size == 0
+        meta.update_custom_meta([{"score": 1}, {"score": 2}])
+        c.set_custom_meta(meta)
+        assert tq.kv_list("p")["p"] == {"a": {"score": 1}, "b": {"score": 2}}
+        c.close()
+        c.close()
+        with pytest.raises(tq.StoreClosedError):
+            c.kv_list()
+    finally:
+        tq.close()
+
+
+def test_client_checkpoint_halves(tmp_path):
+    tq.init()
+    try:
+        c = tq.get_client()
+        tq.kv_put("a", "p", fields={"x": torch.ones(2)}, tag={"v": 1})
+        c.save_storage_checkpoint(str(tmp_path / "full"))
+        c.save_controller_checkpoint(str(tmp_path / "ctl"))
+        tq.kv_clear("a", "p")
+        c.load_storage_checkpoint(str(tmp_path / "full"))
+        assert torch.equal(tq.kv_batch_get("a", "p")["x"], torch.ones(1, 2))
+        c.load_controller_checkpoint(str(tmp_path / "ctl"))
+        assert tq.kv_list("p")["p"] == {"a": {"v": 1}}
+    finally:
+        tq.close()
+
+
+def test_seqlen_balanced_partitions_and_sampler_through_get_meta():
+    parts = tq.get_seqlen_balanced_partitions([100, 100, 10, 10], 2, equal_size=True)
+    assert sorted(sum(parts, [])) == [0, 1, 2, 3] and [sum([100, 100, 10, 10][i] for i in p) for p in parts] == [110, 110]
+    tq.init({"controller": {"sampler": tq.SeqlenBalancedSampler(n_samples_per_prompt=1, dp_size=2),
+                            "polling_mode": True}})
+    try:
+        tq.kv_batch_put([f"k{i}" for i in range(4)], "p", fields={"x": torch.zeros(4, 1)},
+                        tags=[{"total_lengths": n} for n in (100, 100, 10, 10)])
+        m0 = tq.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": 0})
+        m1 = tq.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 1, "batch_index": 0})
+        assert sorted(m0.global_indexes + m1.global_indexes) == [0, 1, 2, 3]
+        lens = {0: 100, 1: 100, 2: 10, 3: 10}
+        assert sum(lens[g] for g in m0.global_indexes) == sum(lens[g] for g in m1.global_indexes) == 110
+    finally:
+        tq.close()
+
+
+def test_streaming_dataset_yields_micro_batches_until_consumed():
+    tq.init({"sampler": "rank_aware"})
+    try:
+        tq.put({"x": torch.arange(12).view(6, 2), "text": [f"t{i}" for i in range(6)]}, partition_id="train")
+        ds = tq.StreamingDataset(None, batch_size=3, micro_batch_size=2, data_fields=["x", "text"],
+                                 partition_id="train", task_name="actor", dp_rank=0,
+                                 should_check_consumption_status=True)
+        out = list(tq.StreamingDataLoader(ds))
+        assert [int(td.batch_size[0]) for td, _ in out] == [2, 1, 2, 1]
+        assert torch.equal(torch.cat([td["x"] for td, _ in out]), torch.arange(12).view(6, 2))
+        assert sum((m.global_indexes for _, m in out), []) == list(range(6))
+        assert out[0][0]["text"] == ["t0", "t1"]
+        with pytest.raises(ValueError, match="num_workers"):
+            tq.StreamingDataLoader(ds, num_workers=2)
+    finally:
+        tq.close()
+
+
+def test_set_custom_meta_on_rows_made_by_put_and_refuses_a_stale_meta():
+    tq.init()
+    try:
+        c = tq.get_client()
+        meta = c.put({"x": torch.zeros(3, 1)}, partition_id="p")
+        meta.update_custom_meta([{"s": i} for i in range(3)])
+        c.set_custom_meta(meta)
+        assert c.get_meta(["x"], None, "p", mode="force_fetch").custom_meta == [{"s": 0}, {"s": 1}, {"s": 2}]
+        tq.clear_samples(meta)
+        c.put({"x": torch.zeros(3, 1)}, partition_id="p")  # global indexes reused by new rows
+        with pytest.raises(tq.KeyNotFoundError, match="stale"):
+            c.set_custom_meta(meta)
+    finally:
+        tq.close()

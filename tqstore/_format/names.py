@@ -1,0 +1,90 @@
+"""Limits on the names and keys that go into LMDB keys (docs/FORMAT.md, "Name and key limits").
+
+LMDB keys are at most 511 bytes (py-lmdb's ``Environment.max_key_size()``).  The longest
+keys the controller builds are (``\\0`` one byte, a global index 8 bytes)::
+
+    keys    partition id ‖ \\0 ‖ key
+    cons    task name ‖ \\0 ‖ partition id ‖ \\0 ‖ global index
+    schema  partition id ‖ \\0 ‖ field name
+    parts, sampler   partition id
+
+and a unit index's longest is ``undo``: token (8) ‖ global index (8) ‖ field name.  So,
+counting UTF-8 bytes: partition ids and task names at most 250 (``cons``: 250 + 1 + 250
++ 1 + 8 = 510), field names at most 255 (the frame header stores their length in one
+byte; ``schema``: 250 + 1 + 255 = 506), and a key at most 510 minus its partition id's
+bytes (``keys``), so at least 260.  Every name and key is valid Unicode (no lone
+surrogates) without NUL (NUL separates the parts of composite keys).  Checked before
+anything is written; a violation raises :class:`~tqstore.errors.InvalidInputError`.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidInputError
+
+LMDB_MAX_KEY_BYTES = 511
+MAX_NAME_BYTES = 250    # partition ids and task names
+MAX_FIELD_BYTES = 255   # field names
+MIN_KEY_BYTES = LMDB_MAX_KEY_BYTES - 1 - MAX_NAME_BYTES  # 260: fits with any partition id
+
+
+def utf8(what: str, value: str) -> bytes:
+    """``value`` as UTF-8; InvalidInputError (naming ``what``) for lone surrogates."""
+    try:
+        return value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidInputError(f"{what} {value[:40]!r} is not valid Unicode ({e.reason} at position {e.start}); "
+                                f"names and keys are stored as UTF-8") from None
+
+
+def _check(what: str, value: Any, limit: int, *, empty_ok: bool = False, why: str = "") -> int:
+    if not isinstance(value, str) or (not value and not empty_ok):
+        raise InvalidInputError(f"{what} must be a {'' if empty_ok else 'non-empty '}str, got "
+                                f"{type(value).__name__} {value!r}")
+    if "\0" in value:
+        raise InvalidInputError(f"{what} {value!r} contains a NUL character (NUL separates the parts of index "
+                                f"keys)")
+    n = len(value) if value.isascii() else len(utf8(what, value))
+    if n > limit:
+        raise InvalidInputError(f"{what} {value[:40]!r}... has {n} UTF-8 bytes, more than the {limit} allowed{why} "
+                                f"(LMDB index keys hold at most {LMDB_MAX_KEY_BYTES} bytes); use a shorter one, or a "
+                                f"hash of it")
+    return n
+
+
+def check_name(what: str, value: Any) -> None:
+    """A partition id or task name: non-empty str, no NUL, valid Unicode, at most 250 UTF-8 bytes.
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    _check(what, value, MAX_NAME_BYTES)
+
+
+def check_field_name(value: Any) -> None:
+    """A field name: non-empty str, no NUL, valid Unicode, at most 255 UTF-8 bytes.
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    _check("field name", value, MAX_FIELD_BYTES)
+
+
+def max_key_bytes(partition_id: str) -> int:
+    """UTF-8 bytes a key of ``partition_id`` may have: 510 minus the partition id's."""
+    return LMDB_MAX_KEY_BYTES - 1 - len(partition_id.encode("utf-8"))
+
+
+def check_key(partition_id: str, key: Any) -> None:
+    """A key of ``partition_id`` (already checked): str, no NUL, valid Unicode, at most
+    :func:`max_key_bytes` UTF-8 bytes.
+
+    Raises:
+        InvalidInputError: otherwise.
+    """
+    _check("key", key, max_key_bytes(partition_id), empty_ok=True,
+           why=f" in partition {partition_id[:40]!r} (510 minus the partition id's UTF-8 bytes)")
+
+
+__all__ = ["LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
+           "check_field_name", "check_key", "max_key_bytes"]

@@ -1,0 +1,187 @@
+"""``tq.init`` configuration: tqstore's own keys and TransferQueue's config, mapped onto them.
+
+TransferQueue users write their config as a mapping or an OmegaConf ``DictConfig`` with
+the sections of TransferQueue's packaged ``config.yaml`` (``controller``, ``backend``,
+``metrics``).  :func:`translate` turns either form (or a mix) into the keyword arguments
+of :class:`~tqstore.store.Store` plus the settings the API layer applies itself
+(:class:`CompatSettings`: polling mode, metrics).  TransferQueue keys that have no
+meaning for an embedded store (ZMQ addresses, other backends' sections) are accepted and
+logged at DEBUG level; see docs/MIGRATING.md for the whole table.
+
+Pure: no I/O, nothing opened.  omegaconf is optional (a ``DictConfig`` is read through its
+mapping interface).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+from .errors import ConfigError
+
+log = logging.getLogger("tqstore")
+
+#: keys of :class:`~tqstore.store.Store` accepted at the top level of ``init``'s config
+STORE_KEYS = frozenset({"path", "num_units", "durability", "segment_bytes", "compress", "verify_reads",
+                        "max_workers", "index_map_bytes"})
+#: other top-level tqstore keys
+API_KEYS = frozenset({"backend", "sampler", "polling_mode", "get_meta_timeout_s"})
+#: TransferQueue's top-level sections
+TQ_SECTIONS = frozenset({"controller", "backend", "metrics"})
+
+#: TransferQueue storage backends tqstore replaces with its embedded store
+_EMBEDDED_BACKENDS = {"SimpleStorage", "embedded"}
+
+#: TransferQueue's sampler class names that live outside tqstore.samplers' registry
+_EXTRA_SAMPLERS = {"seqlenbalancedsampler": "tqstore.seqlen_sampler:SeqlenBalancedSampler",
+                   "seqlen_balanced": "tqstore.seqlen_sampler:SeqlenBalancedSampler"}
+
+
+@dataclass
+class CompatSettings:
+    """What the API layer does on top of the store for TransferQueue-configured users.
+
+    Attributes:
+        polling_mode: True (tqstore's behaviour): a ``fetch`` with too few ready rows
+            returns an empty BatchMeta at once.  False (TransferQueue's default when its
+            ``controller`` section is given): wait up to ``get_meta_timeout_s`` for rows,
+            then raise ``TimeoutError``.
+        get_meta_timeout_s: TransferQueue's ``TQ_CONTROLLER_GET_METADATA_TIMEOUT`` (1 s by default).
+        metrics_enabled, metrics_port: TransferQueue's ``metrics`` section.
+        total_storage_size: TransferQueue's row capacity (recorded, not enforced yet).
+        ignored: the TransferQueue keys accepted without effect, dotted.
+    """
+
+    polling_mode: bool = True
+    get_meta_timeout_s: float = 1.0
+    metrics_enabled: bool = False
+    metrics_port: int = 0
+    total_storage_size: Optional[int] = None
+    ignored: List[str] = field(default_factory=list)
+
+
+_SETTINGS: "weakref.WeakKeyDictionary[Any, CompatSettings]" = weakref.WeakKeyDictionary()
+
+
+def settings_for(store: Any) -> CompatSettings:
+    """The settings ``init`` recorded for ``store`` (defaults for stores opened otherwise)."""
+    try:
+        return _SETTINGS.get(store) or CompatSettings()
+    except TypeError:  # not weak-referenceable
+        return CompatSettings()
+
+
+def remember(store: Any, settings: CompatSettings) -> None:
+    _SETTINGS[store] = settings
+
+
+def to_plain(cfg: Any) -> Any:
+    """A mapping / OmegaConf node as plain dicts and lists; other values (sampler instances) unchanged."""
+    if cfg is None or isinstance(cfg, (str, bytes, int, float, bool, type)):
+        return cfg
+    if isinstance(cfg, Mapping) or (hasattr(cfg, "keys") and hasattr(cfg, "__getitem__") and hasattr(cfg, "items")):
+        return {str(k): to_plain(cfg[k]) for k in cfg.keys()}
+    if isinstance(cfg, (list, tuple)) or type(cfg).__name__ == "ListConfig":
+        return [to_plain(v) for v in cfg]
+    return cfg
+
+
+def _sampler_spec(spec: Any) -> Any:
+    """TransferQueue's sampler value (class name, class, instance) as what make_sampler takes."""
+    if isinstance(spec, str) and spec.lower() in _EXTRA_SAMPLERS:
+        import importlib
+        mod, _, name = _EXTRA_SAMPLERS[spec.lower()].partition(":")
+        return getattr(importlib.import_module(mod), name)
+    return spec
+
+
+def _ignore(settings: CompatSettings, dotted: str, value: Any) -> None:
+    settings.ignored.append(dotted)
+    log.debug("tq.init: TransferQueue key %s=%r does not apply to tqstore; ignored", dotted, value)
+
+
+def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
+    """Split ``init``'s config into ``(store_kwargs, sampler_spec, settings)``.
+
+    Raises:
+        ConfigError: an unknown top-level key, a backend tqstore does not provide, or a
+            value of the wrong type.
+    """
+    cfg = to_plain(config) or {}
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"config must be a mapping or an OmegaConf DictConfig, got {type(config).__name__}")
+    settings = CompatSettings()
+    store: Dict[str, Any] = {}
+    sampler: Any = None
+    unknown = sorted(set(cfg) - STORE_KEYS - API_KEYS - TQ_SECTIONS)
+    if unknown:
+        raise ConfigError(f"unknown config keys {unknown}; known: {sorted(STORE_KEYS | API_KEYS | TQ_SECTIONS)}")
+    for k in STORE_KEYS & set(cfg):
+        store[k] = cfg[k]
+
+    backend = cfg.get("backend", "embedded")
+    if isinstance(backend, Mapping):
+        _translate_backend(dict(backend), store, settings)
+    elif backend != "embedded":
+        raise ConfigError(f"backend {backend!r} is not available in this build; use 'embedded'")
+
+    controller = cfg.get("controller")
+    if controller is not None:
+        if not isinstance(controller, Mapping):
+            raise ConfigError(f"controller must be a mapping, got {type(controller).__name__}")
+        settings.polling_mode = bool(controller.get("polling_mode", False))  # TransferQueue's default
+        if "sampler" in controller:
+            sampler = _sampler_spec(controller["sampler"])
+        for k, v in controller.items():
+            if k not in ("polling_mode", "sampler"):
+                _ignore(settings, f"controller.{k}", v)
+    if "sampler" in cfg:
+        if sampler is not None:
+            raise ConfigError("sampler given twice: as 'sampler' and as 'controller.sampler'")
+        sampler = _sampler_spec(cfg["sampler"])
+    if "polling_mode" in cfg:
+        settings.polling_mode = bool(cfg["polling_mode"])
+    env_timeout = os.environ.get("TQ_CONTROLLER_GET_METADATA_TIMEOUT")
+    settings.get_meta_timeout_s = float(cfg.get("get_meta_timeout_s", env_timeout if env_timeout else 1.0))
+
+    metrics = cfg.get("metrics")
+    if metrics is not None:
+        if not isinstance(metrics, Mapping):
+            raise ConfigError(f"metrics must be a mapping, got {type(metrics).__name__}")
+        settings.metrics_enabled = bool(metrics.get("enabled", False))
+        settings.metrics_port = int(metrics.get("port", 0) or 0)
+        for k, v in metrics.items():
+            if k not in ("enabled", "port"):
+                _ignore(settings, f"metrics.{k}", v)
+    return store, sampler, settings
+
+
+def _translate_backend(backend: Dict[str, Any], store: Dict[str, Any], settings: CompatSettings) -> None:
+    name = backend.get("storage_backend", "SimpleStorage")
+    if name not in _EMBEDDED_BACKENDS:
+        raise ConfigError(f"backend.storage_backend {name!r} is not available: tqstore replaces TransferQueue's "
+                          f"storage backends with its embedded store; use 'SimpleStorage' (see docs/MIGRATING.md)")
+    for section, value in backend.items():
+        if section == "storage_backend":
+            continue
+        if section == "SimpleStorage" and isinstance(value, Mapping):
+            for k, v in value.items():
+                if k == "num_data_storage_units":
+                    if v is not None:
+                        if "num_units" in store and store["num_units"] != v:
+                            raise ConfigError(f"num_units={store['num_units']} contradicts "
+                                              f"backend.SimpleStorage.num_data_storage_units={v}")
+                        store["num_units"] = v
+                elif k == "total_storage_size":
+                    settings.total_storage_size = None if v is None else int(v)
+                    if v is not None:
+                        _ignore(settings, "backend.SimpleStorage.total_storage_size", v)
+                else:
+                    _ignore(settings, f"backend.SimpleStorage.{k}", v)
+        else:
+            _ignore(settings, f"backend.{section}", value)
+
+
+__all__ = ["CompatSettings", "translate", "settings_for", "to_plain", "STORE_KEYS"]

@@ -1,0 +1,193 @@
+"""Sequence-length balanced sampling across data-parallel ranks (TransferQueue's ``SeqlenBalancedSampler``).
+
+:func:`get_seqlen_balanced_partitions` is the Karmarkar-Karp largest-differencing split
+(verl's ``seqlen_balancing``, same results as TransferQueue's copy): pure, no state.
+:class:`SeqlenBalancedSampler` picks whole GRPO groups for the global batch
+(``batch_size * dp_size``), then splits them across ranks so each rank's total of the
+rows' ``total_lengths`` tag is near equal, keeping groups whole.
+"""
+from __future__ import annotations
+
+import heapq
+import logging
+from typing import Any, Dict, List, Sequence, Tuple
+
+from .errors import ConfigError
+from .samplers import GRPOGroupNSampler, SampleResult
+
+log = logging.getLogger("tqstore")
+
+
+class _Set:
+    __slots__ = ("sum", "items")
+
+    def __init__(self) -> None:
+        self.sum = 0
+        self.items: List[Tuple[int, int]] = []
+
+    def add(self, idx: int, val: int) -> None:
+        self.items.append((idx, val))
+        self.sum += val
+
+    def merge(self, other: "_Set") -> None:
+        for idx, val in other.items:
+            self.add(idx, val)
+
+    def __lt__(self, other: "_Set") -> bool:
+        if self.sum != other.sum:
+            return self.sum < other.sum
+        if len(self.items) != len(other.items):
+            return len(self.items) < len(other.items)
+        return self.items < other.items
+
+
+class _State:
+    __slots__ = ("k", "sets")
+
+    def __init__(self, items: Sequence[Tuple[int, int]], k: int) -> None:
+        self.k = k
+        self.sets = [_Set() for _ in range(k)]
+        for i, (idx, val) in enumerate(items):
+            self.sets[i].add(idx, val)
+        self.sets.sort(reverse=True)
+
+    def merge(self, other: "_State") -> None:
+        for i in range(self.k):
+            self.sets[i].merge(other.sets[self.k - 1 - i])
+        self.sets.sort(reverse=True)
+
+    @property
+    def spread(self) -> int:
+        return self.sets[0].sum - self.sets[-1].sum
+
+    def __lt__(self, other: "_State") -> bool:  # the largest spread pops first
+        if self.spread != other.spread:
+            return self.spread > other.spread
+        return self.sets[0] > other.sets[0]
+
+
+def karmarkar_karp(seqlen_list: Sequence[int], k_partitions: int, equal_size: bool) -> List[List[int]]:
+    """k-way largest differencing: ``k_partitions`` lists of indexes into ``seqlen_list``."""
+    ordered = sorted((v, i) for i, v in enumerate(seqlen_list))
+    heap: List[_State] = []
+    if equal_size:
+        if len(seqlen_list) % k_partitions:
+            raise AssertionError(f"{len(seqlen_list)} % {k_partitions} != 0")
+        for off in range(0, len(ordered), k_partitions):
+            heapq.heappush(heap, _State([(i, v) for v, i in ordered[off:off + k_partitions]], k_partitions))
+    else:
+        for v, i in ordered:
+            heapq.heappush(heap, _State([(i, v)], k_partitions))
+    while len(heap) > 1:
+        a, b = heapq.heappop(heap), heapq.heappop(heap)
+        a.merge(b)
+        heapq.heappush(heap, a)
+    return [[i for i, _ in s.items] for s in heap[0].sets]
+
+
+def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int,
+                                   equal_size: bool) -> List[List[int]]:
+    """Split item indexes into ``k_partitions`` non-empty groups with near-equal sums of ``seqlen_list``.
+
+    With ``equal_size`` every group has the same number of items (``len % k == 0``).
+    Each group is sorted.  Raises AssertionError (as TransferQueue's) when there are fewer
+    items than partitions or sizes do not divide.
+    """
+    if len(seqlen_list) < k_partitions:
+        raise AssertionError(f"number of items:[{len(seqlen_list)}] < k_partitions:[{k_partitions}]")
+    parts = karmarkar_karp(seqlen_list, k_partitions, equal_size)
+    if len(parts) != k_partitions:
+        raise AssertionError(f"{len(parts)} != {k_partitions}")
+    seen = set()
+    for i, p in enumerate(parts):
+        if not p:
+            raise AssertionError(f"the {i}-th partition is empty")
+        if equal_size and len(p) * k_partitions != len(seqlen_list):
+            raise AssertionError(f"{len(p)} * {k_partitions} != {len(seqlen_list)}")
+        seen.update(p)
+    if seen != set(range(len(seqlen_list))):
+        raise AssertionError("partitions do not cover every item once")
+    return [sorted(p) for p in parts]
+
+
+def _lengths(partition: Any, gidxs: Sequence[int]) -> List[int]:
+    """Each row's ``total_lengths`` tag entry (1 when absent)."""
+    if hasattr(partition, "get_custom_meta"):  # TransferQueue's partition object
+        meta = partition.get_custom_meta(list(gidxs))
+        tags = [meta.get(g, {}) for g in gidxs]
+    else:
+        rows = partition.rows
+        tags = [getattr(rows[g], "tag", None) or {} for g in gidxs]
+    return [int(t.get("total_lengths", 1)) if isinstance(t, dict) else 1 for t in tags]
+
+
+class SeqlenBalancedSampler(GRPOGroupNSampler):
+    """Whole GRPO groups for ``batch_size * dp_size`` rows, split across ``dp_size`` ranks by token count.
+
+    Each rank calls ``get_meta`` with ``sampling_config={"dp_rank": r, "batch_index": i}`` and its
+    per-rank ``batch_size``.  The first call for ``(partition, task, batch_index)`` samples and
+    balances for every rank and remembers each rank's share (in the persisted sampler state);
+    later calls of the other ranks get theirs.  Rows' tags should carry
+    ``{"total_lengths": <int>}``; rows without it weigh 1.
+
+    Args:
+        n_samples_per_prompt: GRPO group size.
+        dp_size: data-parallel ranks.
+    """
+
+    name = "seqlen_balanced"
+
+    def __init__(self, n_samples_per_prompt: int = 1, dp_size: int = 1) -> None:
+        if not isinstance(dp_size, int) or dp_size <= 0:
+            raise ConfigError(f"dp_size must be positive, got {dp_size}")
+        super().__init__(n_samples_per_prompt=n_samples_per_prompt)
+        self.dp_size = dp_size
+
+    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=0,
+               batch_index=0, **kwargs) -> SampleResult:
+        dp_rank = 0 if dp_rank is None else dp_rank
+        batch_index = 0 if batch_index is None else batch_index
+        hit = self._cached(partition_id, task_name, dp_rank, batch_index)
+        if hit is not None:
+            return hit
+        chosen, _ = super().sample(ready_indexes, batch_size * self.dp_size, partition_id=partition_id,
+                                   task_name=task_name, partition=partition, **kwargs)
+        if not chosen:
+            return [], []
+        if partition is None:
+            log.warning("SeqlenBalancedSampler: no partition given, splitting equally without balancing")
+            size = len(chosen) // self.dp_size
+            shares = [chosen[r * size:(r + 1) * size if r < self.dp_size - 1 else len(chosen)]
+                      for r in range(self.dp_size)]
+        else:
+            lengths = _lengths(partition, chosen)
+            n = self.n_samples_per_prompt
+            groups = len(lengths) // n
+            if groups and len(lengths) % n == 0 and groups >= self.dp_size and groups % self.dp_size == 0:
+                weights = [sum(lengths[g * n:(g + 1) * n]) for g in range(groups)]
+                shares = [[chosen[g * n + s] for g in part for s in range(n)]
+                          for part in get_seqlen_balanced_partitions(weights, self.dp_size, equal_size=True)]
+            else:
+                shares = [[chosen[i] for i in part]
+                          for part in get_seqlen_balanced_partitions(lengths, self.dp_size, equal_size=False)]
+        for r in range(self.dp_size):
+            self._remember(partition_id, task_name, r, batch_index, (shares[r], shares[r]))
+        mine = shares[dp_rank] if 0 <= dp_rank < len(shares) else []
+        return list(mine), list(mine)
+
+    @property
+    def _balanced_cache(self) -> Dict[Tuple[str, str, str], Dict[str, List[int]]]:
+        """``{(partition, task, batch_index): {dp_rank: rows}}``, read from the persisted state."""
+        out: Dict[Tuple[str, str, str], Dict[str, List[int]]] = {}
+        for pid, tasks in self._states.items():
+            for task, st in tasks.items():
+                for rank, per_bi in st.get("cache", {}).items():
+                    for bi, entry in per_bi.items():
+                        out.setdefault((pid, task, bi), {})[rank] = list(entry[0])
+        return out
+
+    def __repr__(self) -> str:
+        return f"SeqlenBalancedSampler(n_samples_per_prompt={self.n_samples_per_prompt}, dp_size={self.dp_size})"
+
+
+__all__ = ["SeqlenBalancedSampler", "get_seqlen_balanced_partitions", "karmarkar_karp"]
