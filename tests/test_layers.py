@@ -106,7 +106,6 @@ KNOWN_VIOLATIONS: Set[Tuple[str, str]] = {
     ("tqstore.checkpoint.writer", "tqstore.unit"),
     ("tqstore.cli", "tqstore._io.lmdbenv"),
     ("tqstore.kv", "tqstore.controller"),
-    ("tqstore.reader", "tqstore.unit"),
     ("tqstore.store", "tqstore.controller"),
     ("tqstore.store", "tqstore.unit"),
 }

@@ -607,7 +607,7 @@ def test_gather_frames_argument_errors():
     assert both(blob, lb, g, template, pstart, 1.0, dst, rows) == ("err", TypeError)
     assert both(blob, lb, g, template, pstart, 16, dst) == ("err", TypeError)
     # index values as a LOC_DTYPE array (what the unit passes) and as bytes agree
-    from tqstore.unit import LOC_DTYPE
+    from tqstore._format.index import LOC_DTYPE
     arr = np.frombuffer(lb, LOC_DTYPE)
     d2 = np.zeros((4, 16), np.uint8)
     assert both(blob, arr, g, template, pstart, 16, d2, rows) == ("ok", (0, -1, 0, 0))

@@ -21,8 +21,8 @@ def test_large_jagged_get_rejects_a_flipped_padding_byte(tmp_path, where):
         s.kv_batch_put(["a", "b", "c"], "p", fields={"j": rows})
         unit = s.units[0]
         g = s.controller.gidxs_for_keys("p", ["a"])[0]
-        loc = unit.lookup([g], "j")[0]
-        path = unit._seg_path(loc.seg)
+        loc = unit.locate([g], "j")[0]
+        path = unit.describe(loc)
     # head padding: the header ends well before byte 63 of the frame; the tail padding ends the frame
     _flip(path, loc.offset + 60 if where == "head_padding" else loc.offset + loc.length - 1)
     with tqstore.open(tmp_path / "s") as s:

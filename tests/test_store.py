@@ -241,7 +241,7 @@ def codecs(s: Store, pid: str, field: str):
     out = set()
     for g in p.rows:
         u = s.units[g % s.num_units]
-        (loc,) = u.lookup([g], field)
+        (loc,) = u.locate([g], field)
         out.add(u.read_frame(loc).codec)
     return out
 
@@ -474,7 +474,7 @@ def test_verify_reports_a_flipped_byte_and_read_raises(tmp_path):
     with Store(tmp_path / "s", num_units=1) as s:
         g = s.write("p", {"x": torch.arange(100).reshape(4, 25)}, new_rows=True)
         u = s.units[0]
-        (loc,) = u.lookup([g[2]], "x")
+        (loc,) = u.locate([g[2]], "x")
         from tqstore._format.segment import segment_name
         path = u.path / segment_name(loc.seg)
         data = bytearray(path.read_bytes())
@@ -517,7 +517,7 @@ def test_read_rejects_a_flipped_byte_anywhere_in_a_frame(tmp_path, row_elems, wh
         x = torch.arange(6 * row_elems, dtype=torch.int32).reshape(6, row_elems)
         g = s.write("p", {"x": x}, new_rows=True)
         u = s.units[g[3] % 2]
-        (loc,) = u.lookup([g[3]], "x")
+        (loc,) = u.locate([g[3]], "x")
         path = u.path / segment_name(loc.seg)
         data = bytearray(path.read_bytes())
         h = parse_head(bytes(data[loc.offset:loc.offset + 640]), 0, loc.length)

@@ -36,15 +36,15 @@ def put(u: Unit, gidxs, fields, *, fresh=True):
     return u.write([(c, list(range(n)), list(gidxs)) for c in cols], fresh=fresh)
 
 
-def get(u: Unit, g: int, field: str, txn=None):
-    (loc,) = u.lookup([g], field, txn=txn)
+def get(u: Unit, g: int, field: str, snapshot=None):
+    (loc,) = u.locate([g], field, snapshot=snapshot)
     assert loc is not None, (g, field)
     fr = u.read_frame(loc)
     return row_to_object(fr.kind, fr.dtype, fr.shape, u.decode_payload(fr))
 
 
 def frame_bytes(u: Unit, g: int, field: str) -> bytes:
-    (loc,) = u.lookup([g], field)
+    (loc,) = u.locate([g], field)
     with open(u.path / segment_name(loc.seg), "rb") as f:
         f.seek(loc.offset)
         return f.read(loc.length)
@@ -102,7 +102,7 @@ def test_failed_commit_leaves_index_unchanged_and_next_write_works(unit):
             put(unit, range(4, 8), {"x": rows(4, 9)})
     finally:
         fp.disarm()
-    assert unit.lookup(list(range(4, 8)), "x") == [None] * 4
+    assert unit.locate(list(range(4, 8)), "x") == [None] * 4
     y = rows(4, 3)
     put(unit, range(4, 8), {"x": y})
     for i in range(4):
@@ -113,7 +113,7 @@ def test_failed_commit_leaves_index_unchanged_and_next_write_works(unit):
 
 def test_read_of_flipped_payload_byte_raises_corruption_naming_file_and_offset(unit):
     put(unit, range(3), {"x": rows(3)})
-    (loc,) = unit.lookup([1], "x")
+    (loc,) = unit.locate([1], "x")
     path = unit.path / segment_name(loc.seg)
     with open(path, "r+b") as f:
         f.seek(loc.offset + 64 + 5)  # inside the payload
@@ -135,7 +135,7 @@ def test_read_of_flipped_payload_byte_raises_corruption_naming_file_and_offset(u
 
 def test_read_of_truncated_segment_raises_corruption(unit):
     put(unit, range(3), {"x": rows(3)})
-    (loc,) = unit.lookup([2], "x")
+    (loc,) = unit.locate([2], "x")
     os.truncate(unit.path / segment_name(loc.seg), loc.offset + loc.length - 1)
     unit.maps.clear()
     with pytest.raises(CorruptionError):
@@ -145,7 +145,7 @@ def test_read_of_truncated_segment_raises_corruption(unit):
 def test_read_into_fills_destinations_and_checks_crc(unit):
     x = torch.randn(5, 30000)
     put(unit, range(5), {"x": x})
-    locs = unit.lookup(list(range(5)), "x")
+    locs = unit.locate(list(range(5)), "x")
     heads = unit.read_heads(locs)
     out = torch.empty(5, 30000)
     views = [out[i].view(torch.uint8).numpy() for i in range(5)]
@@ -159,10 +159,10 @@ def test_delete_drops_entries_and_live_bytes(unit):
     put(unit, range(10), {"x": rows(10), "y": rows(10, 1)})
     live = sum(i.live for i in unit.segments().values())
     assert unit.delete([3, 4], ["y"]) == 2
-    assert unit.lookup([3, 4], "y") == [None, None]
-    assert unit.lookup([3], "x")[0] is not None
+    assert unit.locate([3, 4], "y") == [None, None]
+    assert unit.locate([3], "x")[0] is not None
     assert unit.delete([5, 6]) == 4
-    assert unit.lookup([5, 6], "x") == [None, None] and unit.lookup([5, 6], "y") == [None, None]
+    assert unit.locate([5, 6], "x") == [None, None] and unit.locate([5, 6], "y") == [None, None]
     assert unit.delete([5, 6, 999]) == 0  # idempotent
     assert (5, "x") not in unit.keys()
     assert sum(i.live for i in unit.segments().values()) < live
@@ -181,7 +181,7 @@ def fill_segments(u: Unit, n_segments: int, rows_per_batch=20):
 
 
 def rows_in(u: Unit, seg: int):
-    return [g for g, f in u.keys() if u.lookup([g], f)[0].seg == seg]
+    return [g for g, f in u.keys() if u.locate([g], f)[0].seg == seg]
 
 
 def test_sealed_segment_without_live_bytes_is_unlinked(unit):
@@ -233,7 +233,7 @@ def test_compaction_keeps_live_rows_bit_identical_and_removes_old_segment(unit):
     assert not (unit.path / segment_name(first)).exists()
     assert first not in unit.segments()
     for g in keep:
-        assert unit.lookup([g], "x")[0].seg != first
+        assert unit.locate([g], "x")[0].seg != first
         assert frame_bytes(unit, g, "x") == before[g]  # frames are moved byte for byte
     for g, x in data.items():
         if g in keep or g not in victims:
@@ -255,8 +255,8 @@ def test_compaction_skips_mostly_live_segments(unit):
 
 def test_pinned_segment_survives_deletes_and_compaction_until_released(unit):
     data = fill_segments(unit, 1)
-    view = unit.snapshot()  # seals the active segment too
-    pinned = set(view.segs)
+    sid = unit.snapshot()  # seals the active segment too
+    pinned = set(unit.pinned())
     assert pinned and all(unit.segments()[s].sealed for s in pinned)
     unit.delete(list(data))
     assert unit.compact(live_ratio=1.0) == 0
@@ -265,12 +265,12 @@ def test_pinned_segment_survives_deletes_and_compaction_until_released(unit):
     assert unit.keys() == []
     # the view still sees and reads every row, bit-identical
     for g, x in data.items():
-        assert torch.equal(get(unit, g, "x", txn=view.txn), x)
+        assert torch.equal(get(unit, g, "x", snapshot=sid), x)
     # writes continue into a new segment meanwhile
     put(unit, [10_000], {"x": rows(1, 5)})
     assert not pinned & {s for s, i in unit.segments().items() if not i.sealed}
-    view.release()
-    view.release()  # idempotent
+    unit.release(sid)
+    unit.release(sid)  # idempotent
     for s in pinned:
         assert not (unit.path / segment_name(s)).exists()
     assert torch.equal(get(unit, 10_000, "x"), rows(1, 5)[0])
@@ -279,11 +279,12 @@ def test_pinned_segment_survives_deletes_and_compaction_until_released(unit):
 def test_two_pins_keep_a_segment_until_both_release(unit):
     data = fill_segments(unit, 1)
     a, b = unit.snapshot(), unit.snapshot()
+    segs = set(unit.pinned())
     unit.delete(list(data))
-    a.release()
-    assert all((unit.path / segment_name(s)).exists() for s in b.segs)
-    b.release()
-    assert not any((unit.path / segment_name(s)).exists() for s in b.segs)
+    unit.release(a)
+    assert all((unit.path / segment_name(s)).exists() for s in segs)
+    unit.release(b)
+    assert not any((unit.path / segment_name(s)).exists() for s in segs)
 
 
 # ---------------------------------------------------------------------------- reopen
@@ -320,7 +321,7 @@ def test_torn_tail_of_active_segment_is_ignored_on_reopen(tmp_path):
             assert torch.equal(get(u, i, "x"), x[i])
         y = rows(3, 1)
         put(u, range(8, 11), {"x": y})  # appends right after the last committed frame
-        assert u.lookup([8], "x")[0].offset == size
+        assert u.locate([8], "x")[0].offset == size
         for i in range(3):
             assert torch.equal(get(u, 8 + i, "x"), y[i])
         assert u.verify() == []
@@ -352,7 +353,7 @@ def test_segment_shortened_by_power_loss_drops_rows_past_its_end(tmp_path):
     u = Unit(tmp_path / "u", 0)
     x = rows(6)
     put(u, range(6), {"x": x})
-    locs = u.lookup(list(range(6)), "x")
+    locs = u.locate(list(range(6)), "x")
     u.close()
     os.truncate(tmp_path / "u" / segment_name(locs[0].seg), locs[3].offset + 10)  # rows 3.. lost
     u = Unit(tmp_path / "u", 0)

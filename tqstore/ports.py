@@ -110,35 +110,50 @@ class UnitPort(Protocol):
         """Every ``(gidx, field)`` the unit holds (at ``snapshot``, or now)."""
 
     # reads ------------------------------------------------------------------
+    # A location is the unit index's value (tqstore._format.index): one row of a LOC_DTYPE
+    # array, or a Loc named tuple (seg, offset, length, crc) made from one.
     def lookup(self, gidxs: Sequence[int], fields: Sequence[str], *, snapshot: Optional[SnapshotId] = None
                ) -> Dict[str, Optional[np.ndarray]]:
         """Locations (``LOC_DTYPE`` arrays, in the order of ``gidxs``) of each field, all read
-        in one index transaction; None for a field some row lacks."""
+        in one index transaction; None for a field some row lacks (:meth:`locate` says which)."""
+
+    def locate(self, gidxs: Sequence[int], field: str, *, snapshot: Optional[SnapshotId] = None
+               ) -> List[Optional[Any]]:
+        """The ``Loc`` of ``field`` for each gidx, None where the row has none."""
+
+    def describe(self, loc: Any) -> str:
+        """Where the frame at ``loc`` lives (its file's path), for errors raised caller-side."""
 
     def read_head(self, loc: Any) -> Tuple[Any, bytes]:
-        """The head of the frame at ``loc`` (a FrameHead and its raw bytes), unchecked."""
+        """The head of the frame at ``loc`` (a FrameHead, structure checked, and its bytes up
+        to the payload start); the CRC is checked by the read of the payload."""
 
     def read_uniform(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
                      payload_start: int, payload_len: int, *, into: Optional[np.ndarray] = None,
                      rows: Optional[np.ndarray] = None, verify: bool = True) -> Any:
         """Payloads of frames of one length and one head template: filled into ``into[rows]``
         (returns True/False: False when a head differs from the template) or returned as a
-        ``(n, payload_len)`` uint8 array (None when a head differs)."""
+        ``(n, payload_len)`` uint8 array (None when a head differs).  The unit chooses how it
+        reads them (mapped, or vectored reads for large frames)."""
 
     def read_frames(self, locs: Sequence[Any], gidxs: Sequence[int], *, verify: bool = True
                     ) -> List[Tuple[Any, Any]]:
-        """``(head, payload)`` of each frame, checked; payloads decompressed."""
+        """``(head, payload)`` of each frame, checked; payloads decompressed.  A payload is a
+        buffer: in process a read-only view of the mapped segment (copy it before the unit
+        closes), across a process boundary bytes."""
 
     def read_heads(self, locs: Sequence[Any]) -> List[Any]:
         """Heads of (large) frames, to size their destinations before :meth:`read_into`."""
 
-    def read_into(self, locs: Sequence[Any], heads: Sequence[Any], into: Sequence[Any], *,
+    def read_into(self, locs: Sequence[Any], heads: Sequence[Any], into: Optional[Sequence[Any]] = None, *,
                   verify: bool = True) -> Optional[List[Any]]:
-        """Payloads of large frames into the buffers ``into`` (or returned when it is None)."""
+        """Payloads of large frames into the writable buffers ``into`` (returns None), or
+        returned as buffers when ``into`` is None (as a unit across a process boundary does)."""
 
     # snapshots, checkpoints, dumps -------------------------------------------
     def snapshot(self) -> SnapshotId:
-        """Seal the active segment and pin an MVCC cut; returns its id."""
+        """Seal the active segment and pin an MVCC cut; returns its id (resolved by
+        :meth:`keys`, :meth:`lookup` and :meth:`locate` given ``snapshot=``)."""
 
     def release(self, snapshot: SnapshotId) -> None:
         """Unpin a snapshot (idempotent)."""

@@ -1,7 +1,10 @@
 """The get hot path: read one field of many rows from the units into one output.
 
-Each byte is copied once, from the page cache into the object returned, and every
-frame's CRC32C is checked unless ``verify=False``.
+Works through :class:`~tqstore.ports.UnitPort` only (values in, values out).  In process
+each byte is copied once, from the page cache into the object returned (the units fill
+the destinations passed as ``into``); a unit across a process boundary returns the
+payloads instead, and they are copied into the same destinations here.  Every frame's
+CRC32C is checked unless ``verify=False``.
 
 * Uniform plan (every frame of the field has one length, no compression — the common
   case of a batch of same-shaped rows): the first frame's head is read and taken as
@@ -16,6 +19,9 @@ frame's CRC32C is checked unless ``verify=False``.
   bulk through the mmaps (one native call per segment), large raw ones have their heads
   read first and then their payloads read into the output with ``preadv``.
 
+All fields of one read come from one index state per unit: one ``lookup`` per unit names
+every field's locations.
+
 The output is allocated once: a batch tensor (or array) when rows share a shape, one
 buffer under a jagged nested tensor when they differ only in their first dimension,
 else one allocation per row.
@@ -24,17 +30,18 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ._format import dtypes
 from ._format.columns import allocate_batch, allocate_jagged, allocate_rows, assemble, jagged_layout, row_to_object
 from ._format.frame import head_template
-from ._format.layout import CODEC_MASK, INDEX_KEY_HEAD, KIND_VALUE
+from ._format.index import MMAP_READ_BYTES, Loc
+from ._format.layout import CODEC_MASK, KIND_VALUE
 from ._io.memory import advise_hugepages
 from .errors import CorruptionError, FieldNotFoundError
-from .unit import MMAP_READ_BYTES, Loc, Unit
+from .ports import SnapshotId, UnitPort, fill_or_copy
 
 _ITEMSIZE = {c: dtypes.itemsize(c) for c in dtypes.DTYPE_NAMES if c in dtypes.CODE_TO_TORCH or c in dtypes.CODE_TO_NUMPY}
 
@@ -60,46 +67,40 @@ class _Split:
         self.per_unit = per_unit
         self.order = sorted(per_unit)
         self.gidxs = {u: [gidxs[i] for i in ps] for u, ps in per_unit.items()}
-        self.keys = {u: [INDEX_KEY_HEAD.pack(g) for g in gs] for u, gs in self.gidxs.items()}
 
 
-def read_fields(units: Sequence[Unit], pool, gidxs: List[int], fields: Sequence[Tuple[str, int]], *,
-                verify: bool = True, txns: Sequence[Any] = None) -> Dict[str, Any]:
+def read_fields(units: Sequence[UnitPort], pool, gidxs: List[int], fields: Sequence[Tuple[str, int]], *,
+                verify: bool = True, snapshots: Optional[Sequence[SnapshotId]] = None) -> Dict[str, Any]:
     """Read each ``(field, kind)`` of rows ``gidxs`` (row g on unit g % len(units)) as one
     batched value per field.
 
-    Each unit's index is read in one transaction, so all fields come from one state:
-    ``txns`` optionally gives each unit's read transaction (a snapshot); else the latest.
+    Each unit's index is read in one lookup (one transaction), so all fields come from one
+    state: ``snapshots`` optionally gives each unit's snapshot id; else the latest.
 
     Raises:
         FieldNotFoundError: a row has no stored payload of a field.
         CorruptionError: a frame does not check (names file and offset).
     """
     split = _Split(gidxs, len(units))
-    own = txns is None
-    if own:
-        txns = [units[u].env.begin() if u in split.per_unit else None for u in range(len(units))]
-    try:
-        return {f: _read_one(units, pool, gidxs, f, kind, verify, txns, split) for f, kind in fields}
-    finally:
-        if own:
-            for t in txns:
-                if t is not None:
-                    t.abort()
+    names = [f for f, _kind in fields]
+    found: Dict[int, Dict[str, Optional[np.ndarray]]] = {}
+    if names:
+        for u in split.order:  # index lookups hold the GIL: threads would only add hand-offs
+            snap = None if snapshots is None else snapshots[u]
+            found[u] = got = units[u].lookup(split.gidxs[u], names, snapshot=snap)
+            for f in names:
+                if got[f] is None:
+                    locs = units[u].locate(split.gidxs[u], f, snapshot=snap)
+                    bad = [g for g, loc in zip(split.gidxs[u], locs) if loc is None]
+                    raise FieldNotFoundError(f"field {f!r} has no stored payload for rows {bad[:5]} (store "
+                                             f"inconsistent; run verify)")
+    return {f: _read_one(units, pool, gidxs, f, kind, verify, {u: found[u][f] for u in split.order}, split)
+            for f, kind in fields}
 
 
-def _read_one(units, pool, gidxs, field, kind, verify, txns, split: _Split) -> Any:
+def _read_one(units, pool, gidxs, field, kind, verify, arrays: Dict[int, np.ndarray], split: _Split) -> Any:
     n = len(gidxs)
     per_unit, order = split.per_unit, split.order
-    arrays: Dict[int, np.ndarray] = {}
-    for u in order:  # index lookups hold the GIL: threads would only add hand-offs
-        arr = units[u].lookup_array(split.gidxs[u], field, txn=txns[u], key_heads=split.keys[u])
-        if arr is None:
-            got = units[u].lookup(split.gidxs[u], field, txn=txns[u])
-            bad = [g for g, loc in zip(split.gidxs[u], got) if loc is None]
-            raise FieldNotFoundError(f"field {field!r} has no stored payload for rows {bad[:5]} (store "
-                                     f"inconsistent; run verify)")
-        arrays[u] = arr
     if n == 0:
         return assemble(kind, [])
     lengths = np.concatenate([arrays[u]["length"] for u in order])
@@ -131,7 +132,7 @@ def _check_heads(units, kind: int, field: str, gidxs, locs, heads) -> None:
             unit = units[gidxs[i] % len(units)]
             raise CorruptionError(f"row {gidxs[i]} field {field!r}: frame header is inconsistent (kind {h.kind}, "
                                   f"dtype code {h.dtype}, shape {h.shape}, {have} payload bytes)",
-                                  path=unit._seg_path(locs[i].seg), offset=locs[i].offset)
+                                  path=unit.describe(locs[i]), offset=locs[i].offset)
 
 
 def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays):
@@ -139,29 +140,22 @@ def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arra
     n = len(gidxs)
     u0 = order[0]
     loc0 = Loc._make(arrays[u0][0].tolist())
-    h0, raw0 = units[u0].read_head_raw(loc0)
+    h0, raw0 = units[u0].read_head(loc0)
     if h0.flags & CODEC_MASK:
         return None
     _check_heads(units, kind, field, [gidxs[per_unit[u0][0]]], [loc0], [h0])
     template = head_template(raw0)
-    out, rows = allocate_rows(kind, h0.dtype, n, h0.shape)
-    advise_hugepages(rows)
+    out, dest = allocate_rows(kind, h0.dtype, n, h0.shape)
+    advise_hugepages(dest)
     plen = h0.payload_len
-    mapped = loc0.length <= MMAP_READ_BYTES
     ok: List[bool] = []
 
     def fill(u: int):
-        ps = per_unit[u]
-        gs = [gidxs[i] for i in ps]
-        if mapped:
-            done = units[u].read_uniform_mapped(arrays[u], np.asarray(gs, dtype=np.uint64), template,
-                                                h0.payload_start, plen, rows, np.asarray(ps, dtype=np.int64),
-                                                verify=verify)
-        else:
-            done = units[u].read_uniform_into(arrays[u], np.asarray(gs, dtype=np.uint64), template,
-                                              h0.payload_start, plen, rows, np.asarray(ps, dtype=np.int64),
-                                              verify=verify)
-        ok.append(done)
+        ps = np.asarray(per_unit[u], dtype=np.int64)
+        gs = np.asarray([gidxs[i] for i in per_unit[u]], dtype=np.uint64)
+        got = units[u].read_uniform(arrays[u], gs, template, h0.payload_start, plen, into=dest, rows=ps,
+                                    verify=verify)
+        ok.append(fill_or_copy(got, dest, ps))
 
     _each(pool, fill, order)
     return out if all(ok) else None
@@ -186,7 +180,7 @@ def _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs
     def scan(u: int):
         ps = [i for i in per_unit[u] if not big[i]]
         if ps:
-            got = units[u].read_small([locs[i] for i in ps], [gidxs[i] for i in ps], verify=verify)
+            got = units[u].read_frames([locs[i] for i in ps], [gidxs[i] for i in ps], verify=verify)
             for i, (h, payload) in zip(ps, got):
                 heads[i] = h
                 payloads[i] = payload
@@ -221,12 +215,20 @@ def _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs
             src = memoryview(payloads[i]).cast("B")
             if src.nbytes != dv.nbytes:
                 raise CorruptionError(f"row {gidxs[i]} field {field!r}: payload holds {src.nbytes} bytes, its shape "
-                                      f"{heads[i].shape} needs {dv.nbytes}", path=unit._seg_path(locs[i].seg),
+                                      f"{heads[i].shape} needs {dv.nbytes}", path=unit.describe(locs[i]),
                                       offset=locs[i].offset)
             dv[:] = src
         if ps_big:
-            unit.read_into([locs[i] for i in ps_big], [heads[i] for i in ps_big], [views[i] for i in ps_big],
-                           verify=verify)
+            dests = [views[i] for i in ps_big]
+            got = unit.read_into([locs[i] for i in ps_big], [heads[i] for i in ps_big], dests, verify=verify)
+            if got is not None:  # a unit across a process boundary returns the payloads
+                for i, d, p in zip(ps_big, dests, got):
+                    dv = memoryview(d).cast("B")
+                    if memoryview(p).nbytes != dv.nbytes:
+                        raise CorruptionError(f"row {gidxs[i]} field {field!r}: payload holds "
+                                              f"{memoryview(p).nbytes} bytes, its shape {heads[i].shape} needs "
+                                              f"{dv.nbytes}", path=unit.describe(locs[i]), offset=locs[i].offset)
+                    dv[:] = memoryview(p).cast("B")
 
     _each(pool, fill, order)
     if out is not None:

@@ -20,7 +20,7 @@ import tempfile
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
@@ -36,8 +36,9 @@ from .errors import (
 )
 from .kv import KVMixin
 from ._gcpause import pausing
+from .ports import SnapshotId, UnitPort
 from .reader import PARALLEL_MIN_BYTES, read_fields
-from .unit import DEFAULT_SEGMENT_BYTES, Unit, UnitView
+from .unit import DEFAULT_SEGMENT_BYTES, Unit
 
 log = logging.getLogger("tqstore")
 
@@ -52,23 +53,31 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @dataclass
 class StoreSnapshot:
-    """An MVCC cut of a whole store: the controller's and each unit's read transaction.
+    """An MVCC cut of a whole store: the controller's read transaction and each unit's
+    snapshot id (``unit_snaps[i]`` resolved by unit ``i`` of ``ports``).
 
-    Holds segment pins until :meth:`release`; later puts and clears do not change it.
+    Holds segment pins until :meth:`release` (idempotent); later puts and clears do not change it.
     """
 
     controller_txn: Any
-    units: List[UnitView]
+    unit_snaps: List[SnapshotId]
     num_units: int
     state_dir: Path
+    ports: List[UnitPort] = field(repr=False, default_factory=list)
+
+    @property
+    def unit_views(self) -> List[Any]:
+        """Each unit's view (read transaction and segment records) of the cut.  To be removed when
+        the checkpoint writer goes through ``export_snapshot``: only the embedded Unit has views."""
+        return [u.view(sid) for u, sid in zip(self.ports, self.unit_snaps)]
 
     def release(self) -> None:
         try:
             self.controller_txn.abort()
         except Exception:  # noqa: BLE001 - already closed env
             pass
-        for u in self.units:
-            u.release()
+        for u, sid in zip(self.ports, self.unit_snaps):
+            u.release(sid)
 
     def __enter__(self) -> "StoreSnapshot":
         return self
@@ -239,7 +248,7 @@ class Store(KVMixin, CheckpointMixin):
                 u.close()
             self.controller.close()
             raise
-        self.units = units
+        self.units: List[UnitPort] = units
 
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
@@ -247,7 +256,7 @@ class Store(KVMixin, CheckpointMixin):
         rows = self.controller.rows
         missing: Dict[int, Set[str]] = defaultdict(set)
 
-        def one(u: Unit):
+        def one(u: UnitPort):
             present = u.keys()
             orphan: Dict[int, List[str]] = defaultdict(list)
             have: Dict[int, Set[str]] = defaultdict(set)
@@ -489,20 +498,22 @@ class Store(KVMixin, CheckpointMixin):
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:
         """Take an MVCC cut: under the write and metadata locks (held only for the cut) every
-        unit seals its active segment and opens a read transaction, and the controller opens one."""
+        unit seals its active segment and pins a snapshot (named by an id), and the controller
+        opens a read transaction."""
         self._check_open()
         with self._write_lock, self._meta_lock:
             self._check_open()
-            views: List[UnitView] = []
+            units = list(self.units)
+            ids: List[SnapshotId] = []
             try:
-                for u in self.units:
-                    views.append(u.snapshot())
+                for u in units:
+                    ids.append(u.snapshot())
                 txn = self.controller.snapshot_txn()
             except BaseException:
-                for v in views:
-                    v.release()
+                for u, sid in zip(units, ids):
+                    u.release(sid)
                 raise
-            return StoreSnapshot(txn, views, self.num_units, self.state_dir)
+            return StoreSnapshot(txn, ids, self.num_units, self.state_dir, units)
 
     def install_state(self, build: Callable[[Path], Any], *, reconcile: bool = True,
                       before_switch: Optional[Callable[[], Any]] = None) -> Any:

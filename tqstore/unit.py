@@ -29,16 +29,17 @@ from ._format.columns import Column
 from ._format.frame import (
     decode_frame, encode_parts, encode_uniform,
 )
+from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
 from ._format.layout import (
-    CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, SEGMENT_HEADER_SIZE, KIND_VALUE,
+    CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
 )
 from ._format.segment import decode_segment_header, parse_segment_name, segment_name
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
-from .errors import CorruptionError, FormatVersionError
+from .errors import CorruptionError, FormatVersionError, InvalidInputError
 
-from .unit_read import LOC_DTYPE, MMAP_READ_BYTES, Loc, UnitReader  # noqa: F401 - re-exported (reader.py, tests)
+from .unit_read import UnitReader
 
 log = logging.getLogger("tqstore")
 
@@ -103,7 +104,9 @@ def _undo_key(token: int, index_key: bytes) -> bytes:
 
 
 class UnitView:
-    """A read transaction of a unit pinned to the segments it references (an MVCC cut)."""
+    """A read transaction of a unit pinned to the segments it references (an MVCC cut).
+
+    Held by its unit under a snapshot id (:meth:`Unit.snapshot`); callers name the id."""
 
     def __init__(self, unit: "Unit", txn: lmdb.Transaction, segs: Dict[int, SegInfo]) -> None:
         self.unit = unit
@@ -121,7 +124,10 @@ class UnitView:
 
 
 class Unit(UnitReader):
-    """One storage unit. Thread-safe: appends and index updates are serialised by a lock."""
+    """One storage unit. Thread-safe: appends and index updates are serialised by a lock.
+
+    Implements :class:`tqstore.ports.UnitPort` (``export_snapshot`` aside: the checkpoint
+    writer still reads :meth:`view`)."""
 
     def __init__(self, path: Path, unit_id: int, *, durability: str = "checkpoint",
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
@@ -147,6 +153,9 @@ class Unit(UnitReader):
         self._paths: Dict[int, str] = {}
         # segments that may have become sealed with no live bytes (checked by _after_change)
         self._maybe_dead: set = set()
+        # snapshots (MVCC cuts) by id: resolved by keys/lookup/locate(snapshot=id), ended by release(id)
+        self._views: Dict[int, UnitView] = {}
+        self._next_snapshot = 1
         self._recover()
 
     # ------------------------------------------------------------------ open / recovery
@@ -499,10 +508,10 @@ class Unit(UnitReader):
             self._after_change()
             return dropped
 
-    def keys(self, txn=None) -> List[Tuple[int, str]]:
-        """All (gidx, field) pairs in the index."""
-        own = txn is None
-        txn = txn or self.env.begin()
+    def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
+        """All (gidx, field) pairs in the index (at ``snapshot``, or now)."""
+        own = snapshot is None
+        txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
             return [(INDEX_KEY_HEAD.unpack(k[:8])[0], bytes(k[8:]).decode()) for k in txn.cursor(self.db_loc).iternext(values=False)]
         finally:
@@ -554,10 +563,11 @@ class Unit(UnitReader):
                 self._seal_writer(txn)
             return w.seg_id
 
-    def snapshot(self) -> UnitView:
-        """Seal the active segment and open a read transaction pinned to its segments.
+    def snapshot(self) -> int:
+        """Seal the active segment and open a read transaction pinned to its segments; returns
+        the snapshot's id (for ``keys``, ``lookup``, ``locate`` and :meth:`release`).
 
-        Call under the store's cut lock. Release the view when done.
+        Call under the store's cut lock. Release the snapshot when done.
         """
         with self._lock:
             self.seal()
@@ -565,7 +575,29 @@ class Unit(UnitReader):
             segs = self._load_segs(txn)
             for s in segs:
                 self._pins[s] += 1
-            return UnitView(self, txn, segs)
+            sid = self._next_snapshot
+            self._next_snapshot += 1
+            self._views[sid] = UnitView(self, txn, segs)
+            return sid
+
+    def release(self, snapshot: int) -> None:
+        """Unpin a snapshot (idempotent)."""
+        with self._lock:
+            view = self._views.pop(snapshot, None)
+        if view is not None:
+            view.release()
+
+    def view(self, snapshot: int) -> UnitView:
+        """The read transaction and segment records of a snapshot.  To be removed when the
+        checkpoint writer goes through ``export_snapshot``: nothing else may hold a txn."""
+        with self._lock:
+            v = self._views.get(snapshot)
+        if v is None:
+            raise InvalidInputError(f"unit {self.unit_id}: snapshot {snapshot!r} is unknown or released")
+        return v
+
+    def _snapshot_txn(self, snapshot: int):
+        return self.view(snapshot).txn
 
     def _unpin(self, segs: Dict[int, SegInfo]) -> None:
         with self._lock:
@@ -628,7 +660,15 @@ class Unit(UnitReader):
 
     # ------------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        """Close (idempotent); snapshots still held end with it."""
         with self._lock:
+            for v in self._views.values():
+                v._released = True
+                try:
+                    v.txn.abort()
+                except lmdb.Error:
+                    pass
+            self._views.clear()
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import zstandard
@@ -20,8 +20,9 @@ from ._format.frame import (
     Frame, FrameHead, check_rows, decode_frame, decode_frames, gather_run,
     parse_head,
 )
+from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, MMAP_READ_BYTES, Loc
 from ._format.layout import (
-    CODEC_MASK, CODEC_ZSTD, INDEX_KEY_HEAD, INDEX_VALUE, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
+    CODEC_MASK, CODEC_ZSTD, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
     FRAME_END_MAGIC, frame_extent,
 )
 from ._format.segment import decode_segment_header, segment_name
@@ -30,98 +31,103 @@ from .errors import CorruptionError
 
 log = logging.getLogger("tqstore")
 
-MMAP_READ_BYTES = 16 << 10  # frames up to this are read through the segment mmap, larger ones with preadv
 HEAD_READ_BYTES = 640  # covers the largest header (255-byte field name, 32 dims)
-
-
-# an index value (INDEX_VALUE, "<IQII") as a numpy record, for vectorised lookups
-LOC_DTYPE = np.dtype({"names": ["seg", "offset", "length", "crc"], "formats": ["<u4", "<u8", "<u4", "<u4"],
-                      "offsets": [0, 4, 12, 16], "itemsize": INDEX_VALUE.size})
 
 
 def _raise_truncated(path: str, offset: int):
     raise CorruptionError("truncated record frame", path=path, offset=offset)
 
 
-class Loc(NamedTuple):
-    """Where a frame lies: segment id, offset in the segment file, frame length, frame CRC.
-
-    A named tuple: one is made per row and field read, so it must be cheap.
-    """
-
-    seg: int
-    offset: int
-    length: int
-    crc: int
-
-    @classmethod
-    def unpack(cls, raw: bytes) -> "Loc":
-        return cls._make(INDEX_VALUE.unpack(raw))
-
-    def pack(self) -> bytes:
-        return INDEX_VALUE.pack(self.seg, self.offset, self.length, self.crc)
-
-
 class UnitReader:
     """The read methods of a unit (needs ``path``, ``env``, ``db_loc``, ``maps`` of the Unit)."""
 
-    def lookup(self, gidxs: Sequence[int], field: str, txn=None) -> List[Optional[Loc]]:
-        """Locations of ``field`` for each gidx (None where absent)."""
+    # The index is read through a transaction of its own or through a snapshot's (``snapshot``:
+    # an id from :meth:`Unit.snapshot`, resolved by ``_snapshot_txn``).
+
+    def locate(self, gidxs: Sequence[int], field: str, *, snapshot: Optional[int] = None) -> List[Optional[Loc]]:
+        """The :class:`Loc` of ``field`` for each gidx (None where absent), in one transaction."""
         f = field.encode()
-        own = txn is None
-        txn = txn or self.env.begin()
+        own = snapshot is None
+        txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
             out = []
             get = txn.get
             db = self.db_loc
             key = INDEX_KEY_HEAD.pack
-            unpack = INDEX_VALUE.unpack
-            make = Loc._make
+            unpack = Loc.unpack
             for g in gidxs:
                 v = get(key(g) + f, db=db)
-                out.append(None if v is None else make(unpack(v)))
+                out.append(None if v is None else unpack(v))
             return out
         finally:
             if own:
                 txn.abort()
 
-    def lookup_array(self, gidxs: Sequence[int], field: str, txn=None,
-                     key_heads: Optional[Sequence[bytes]] = None) -> Optional[np.ndarray]:
-        """Locations of ``field`` for each gidx as one :data:`LOC_DTYPE` array (one native
-        multi-get); None when some gidx has no entry (use :meth:`lookup` to see which).
-        ``key_heads`` may give the packed gidxs (``INDEX_KEY_HEAD``) when reading many fields."""
-        f = field.encode()
-        if key_heads is None:
-            key = INDEX_KEY_HEAD.pack
-            keys = [key(g) + f for g in gidxs]
-        else:
-            keys = [h + f for h in key_heads]
-        own = txn is None
-        txn = txn or self.env.begin()
+    def lookup(self, gidxs: Sequence[int], fields: Sequence[str], *, snapshot: Optional[int] = None
+               ) -> Dict[str, Optional[np.ndarray]]:
+        """Locations of each field for the rows ``gidxs``: a :data:`LOC_DTYPE` array in the order of
+        ``gidxs`` (one native multi-get per field), None for a field some row lacks (:meth:`locate`
+        tells which).  Every field is read in one index transaction: all come from one state."""
+        key = INDEX_KEY_HEAD.pack
+        heads = [key(g) for g in gidxs]
+        out: Dict[str, Optional[np.ndarray]] = {}
+        own = snapshot is None
+        txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
-            pairs = txn.cursor(self.db_loc).getmulti(keys)
+            cur = txn.cursor(self.db_loc)
+            for field in fields:
+                f = field.encode()
+                keys = [h + f for h in heads]
+                pairs = cur.getmulti(keys)
+                out[field] = (np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE) if len(pairs) == len(keys)
+                              else None)
         finally:
             if own:
                 txn.abort()
-        if len(pairs) != len(keys):
-            return None
-        return np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE)
+        return out
 
-    def read_uniform_mapped(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
-                            payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
-                            verify: bool = True) -> bool:
-        """Copy the payloads of frames of one length and one expected head into ``out[rows]``.
+    def describe(self, loc) -> str:
+        """Where the frame at ``loc`` lives (its segment file's path), for error messages."""
+        return self._seg_path(int(loc[0]))
 
-        ``locs`` is a :data:`LOC_DTYPE` array, ``gidxs`` u64 and ``rows`` i64 arrays, ``out``
-        a writable C-contiguous ``(n, payload_len)`` uint8 array.  Works on the segment mmaps:
-        one :func:`~tqstore._format.frame.gather_run` per segment checks every frame (head
-        against ``template``, gidx, trailer, index CRC, padding, CRC32C) and copies its payload,
-        in one native pass.  Returns False when a head differs from ``template`` (read the frames
-        with :meth:`read_small`).
+    def read_uniform(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
+                     payload_start: int, payload_len: int, *, into: Optional[np.ndarray] = None,
+                     rows: Optional[np.ndarray] = None, verify: bool = True):
+        """Payloads of frames of one length and one expected head (``template``, see
+        :func:`~tqstore._format.frame.head_template`), each frame checked.
+
+        ``locs`` is a :data:`LOC_DTYPE` array, ``gidxs`` the rows' global indexes.  With ``into``
+        (a writable C-contiguous ``(m, payload_len)`` uint8 array) the payload of frame ``i``
+        lands in ``into[rows[i]]`` (the single copy) and the answer is True, or False when a
+        head differs from the template (another shape or dtype of the same length: read those
+        frames with :meth:`read_frames` or :meth:`read_heads` and :meth:`read_into`).  Without
+        ``into`` the answer is a ``(len(locs), payload_len)`` uint8 array, or None when a head
+        differs.  Frames up to ``MMAP_READ_BYTES`` are read through the segment mmaps, larger
+        ones with ``preadv`` straight into the destination.
 
         Raises:
             CorruptionError: a frame is truncated, torn or fails its CRC32C.
         """
+        n = len(locs)
+        gidxs = np.asarray(gidxs, dtype=np.uint64)
+        if into is None:
+            out = np.empty((n, payload_len), np.uint8)
+            done = self.read_uniform(locs, gidxs, template, payload_start, payload_len, into=out,
+                                     rows=np.arange(n, dtype=np.int64), verify=verify)
+            return out if done else None
+        if not n:
+            return True
+        rows = np.asarray(rows, dtype=np.int64)
+        read = self._uniform_mapped if int(locs["length"][0]) <= MMAP_READ_BYTES else self._uniform_preadv
+        return read(locs, gidxs, template, payload_start, payload_len, into, rows, verify=verify)
+
+    def _uniform_mapped(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
+                        payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
+                        verify: bool = True) -> bool:
+        """:meth:`read_uniform` through the segment mmaps: one
+        :func:`~tqstore._format.frame.gather_run` per segment checks every frame (head against
+        ``template``, gidx, trailer, index CRC, padding, CRC32C) and copies its payload, in one
+        native pass.  ``gidxs`` u64 and ``rows`` i64 arrays."""
         n = len(locs)
         if not n:
             return True
@@ -190,9 +196,10 @@ class UnitReader:
             _raise_truncated(self._seg_path(loc.seg), loc.offset)
         return parse_head(raw, 0, loc.length if len(raw) == want else None, path=self._seg_path(loc.seg)), raw
 
-    def read_head_raw(self, loc: Loc) -> Tuple[FrameHead, bytes]:
+    def read_head(self, loc: Loc) -> Tuple[FrameHead, bytes]:
         """The parsed head of the frame at ``loc`` and its bytes up to the payload start
-        (one positional read: ``HEAD_READ_BYTES`` covers the largest payload start)."""
+        (one positional read: ``HEAD_READ_BYTES`` covers the largest payload start); the
+        structure is checked, the CRC is not (the frame's read checks it)."""
         fds: Dict[int, int] = {}
         try:
             h, raw = self._head_at(self._fd(fds, loc.seg), loc)
@@ -212,14 +219,21 @@ class UnitReader:
                 raise CorruptionError("segment file missing", path=self._seg_path(seg)) from e
         return fd
 
-    def read_into(self, locs: Sequence[Loc], heads: Sequence[FrameHead], dests: Sequence, *,
-                  verify: bool = True) -> None:
-        """Read each raw frame's payload straight into the writable buffer ``dests[i]``.
+    def read_into(self, locs: Sequence[Loc], heads: Sequence[FrameHead], into: Optional[Sequence] = None, *,
+                  verify: bool = True) -> Optional[List[bytearray]]:
+        """Read each frame's payload straight into the writable buffer ``into[i]`` (sized from
+        ``heads``, see :meth:`read_heads`); returns None.  Without ``into`` the payloads are
+        read into new buffers and returned.
 
         One ``preadv`` per frame (head, destination, trailer); the CRC32C is checked over
         what landed.  Compressed frames are decompressed into the destination.
         Raises CorruptionError on any mismatch (the destination content is then undefined).
         """
+        if into is None:
+            bufs = [bytearray(h.raw_len if h.flags & CODEC_MASK else h.payload_len) for h in heads]
+            self.read_into(locs, heads, bufs, verify=verify)
+            return bufs
+        dests = into
         fds: Dict[int, int] = {}
         try:
             for loc, h, dest in zip(locs, heads, dests):
@@ -260,8 +274,10 @@ class UnitReader:
         finally:
             for fd in fds.values():
                 os.close(fd)
+        return None
 
-    def read_small(self, locs: Sequence[Loc], gidxs: Sequence[int], *, verify: bool = True) -> List[Tuple[FrameHead, object]]:
+    def read_frames(self, locs: Sequence[Loc], gidxs: Sequence[int], *, verify: bool = True
+                    ) -> List[Tuple[FrameHead, object]]:
         """Read frames through the segment mmaps, checked in bulk (one native call per segment).
 
         Returns ``(head, payload)`` per frame: the payload is a read-only view of the mapped
@@ -295,23 +311,13 @@ class UnitReader:
                                   offset=offset)
         return data
 
-    def read_uniform_into(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
-                          payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
-                          verify: bool = True) -> bool:
-        """Read raw frames of one length and one expected head straight into ``out[rows]``.
-
-        ``locs`` is a :data:`LOC_DTYPE` array, ``out`` a C-contiguous writable
-        ``(n, payload_len)`` uint8 array.  Frames adjacent on disk are read with one
-        vectored read (heads and trailers into a scratch buffer, payloads into ``out``),
-        then checked (vectorised) against ``template`` (see
-        :func:`~tqstore._format.frame.head_template`), the index and their CRC32C.
-        Returns False when a frame's head differs from the template (another shape or
-        dtype with the same length): read those rows with :meth:`read_heads` and
-        :meth:`read_into` instead.
-
-        Raises:
-            CorruptionError: a frame is truncated, torn or fails its CRC32C.
-        """
+    def _uniform_preadv(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
+                        payload_start: int, payload_len: int, out: np.ndarray, rows: np.ndarray, *,
+                        verify: bool = True) -> bool:
+        """:meth:`read_uniform` with vectored reads, no mapping (so no resident file pages are
+        added): frames adjacent on disk are read with one ``preadv`` (heads and trailers into a
+        scratch buffer, payloads into ``out``), then checked (vectorised) against ``template``,
+        the index and their CRC32C."""
         n = len(locs)
         if not n:
             return True

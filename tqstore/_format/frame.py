@@ -18,8 +18,9 @@ import numpy as np
 from .. import _native
 from .._native._pure import GATHER_DIFFERS as _GATHER_DIFFERS, GATHER_GIDX as _GATHER_GIDX, \
     GATHER_INDEX_CRC as _GATHER_INDEX_CRC, GATHER_PADDING as _GATHER_PADDING, GATHER_TORN as _GATHER_TORN, \
-    GATHER_TRUNCATED as _GATHER_TRUNCATED, _LOC as _LOC_VALUE
+    GATHER_TRUNCATED as _GATHER_TRUNCATED
 from ..errors import CorruptionError, FormatVersionError
+from .index import LOC_DTYPE
 from .layout import (
     ALIGN,
     CODEC_MASK,
@@ -277,7 +278,7 @@ def gather_run(buf, locs, gidxs, out, rows, *, template: Tuple[bytes, bytes], pa
         return True
     if code == _GATHER_DIFFERS:
         return False
-    off = int(np.frombuffer(memoryview(locs).cast("B"), _LOC_VALUE)[i]["offset"])
+    off = int(np.frombuffer(memoryview(locs).cast("B"), LOC_DTYPE)[i]["offset"])
     if code == _GATHER_TRUNCATED:
         raise CorruptionError("truncated record frame", path=path, offset=off)
     if code == _GATHER_GIDX:

@@ -20,6 +20,7 @@ from .layout import (
     HEADER_HEAD,
     INDEX_KEY_HEAD,
     INDEX_VALUE,
+    LOC_DTYPE,
     MAX_FIELD_BYTES,
     MAX_NDIM,
     PREFIX,
@@ -213,9 +214,6 @@ GATHER_INDEX_CRC = 5  # the trailer's CRC is not the index's (expected: index, a
 GATHER_PADDING = 6  # padding after the trailer is not zero
 GATHER_CRC = 7  # CRC32C of prefix + header + payload differs (expected: trailer, actual: computed)
 
-_LOC = np.dtype({"names": ["seg", "offset", "length", "crc"], "formats": ["<u4", "<u8", "<u4", "<u4"],
-                 "offsets": [0, 4, 12, 16], "itemsize": INDEX_VALUE.size})
-
 
 def _contig(o, what: str, writable: bool = False) -> memoryview:
     mv = memoryview(o)
@@ -268,7 +266,7 @@ def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: i
     n = vl.nbytes // INDEX_VALUE.size
     if vg.nbytes != 8 * n or vr.nbytes != 8 * n:
         raise ValueError("gidxs and rows must hold one 8-byte integer per index value")
-    loc = np.frombuffer(vl, _LOC)
+    loc = np.frombuffer(vl, LOC_DTYPE)
     want = np.frombuffer(vg, "<u8")
     dest = np.frombuffer(vr, "<i8")
     if plen:

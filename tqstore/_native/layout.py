@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import struct
 
+import numpy as np
+
 FRAME_MAGIC = b"TQFR"
 FRAME_END_MAGIC = b"TQFE"
 FRAME_VERSION = 1
@@ -44,6 +46,11 @@ MAX_NDIM = 32
 INDEX_KEY_HEAD = struct.Struct(">Q")
 # value = segment id, frame offset, frame length, frame crc32c
 INDEX_VALUE = struct.Struct("<IQII")
+# the same value as a numpy record, for vectorised lookups, plans and scans (the engine
+# names it through tqstore._format.index, with Loc, the named tuple of one value)
+LOC_DTYPE = np.dtype({"names": ["seg", "offset", "length", "crc"], "formats": ["<u4", "<u8", "<u4", "<u4"],
+                      "offsets": [0, 4, 12, 16], "itemsize": INDEX_VALUE.size})
+assert LOC_DTYPE.itemsize == INDEX_VALUE.size == 20
 
 
 def align_up(n: int, a: int = ALIGN) -> int:

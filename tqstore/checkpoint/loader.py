@@ -37,6 +37,7 @@ import lmdb
 import numpy as np
 
 from .. import _native
+from .._format.index import LOC_DTYPE
 from .._format.layout import SEGMENT_HEADER_SIZE, TRAILER
 from .._format.segment import segment_name
 from .._io import files
@@ -46,7 +47,7 @@ from .._io.segfile import SegmentWriter
 from ..errors import CheckpointError, CorruptionError, TqstoreError
 from ..unit import check_index_format
 from . import manifest as M
-from .planner import INDEX_VALUE_DTYPE, FrameTable, TargetPlan, plan_load_mode, plan_reshard
+from .planner import FrameTable, TargetPlan, plan_load_mode, plan_reshard
 from .scan import BadFrame, scan_file
 from .verify import (
     _check_controller, _read_unit_index, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
@@ -384,13 +385,13 @@ class Builder:
             total = int(ln.sum())
             sid, base = append(iov, total)
             iov.clear()
-            vals = np.empty(j - i, INDEX_VALUE_DTYPE)
+            vals = np.empty(j - i, LOC_DTYPE)
             vals["seg"] = sid
-            vals["off"] = base + np.cumsum(ln) - ln
-            vals["len"] = ln
+            vals["offset"] = base + np.cumsum(ln) - ln
+            vals["length"] = ln
             vals["crc"] = t.crc[i:j]
             vb = vals.tobytes()
-            size = INDEX_VALUE_DTYPE.itemsize
+            size = LOC_DTYPE.itemsize
             items.extend(zip(t.keys[i:j], [vb[x:x + size] for x in range(0, len(vb), size)]))
         finally:
             iov.clear()

@@ -17,6 +17,7 @@ from typing import Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tupl
 
 import numpy as np
 
+from .._format.index import LOC_DTYPE
 from ..errors import CorruptionError
 
 LINK = "link"  # hard link to the store's sealed segment
@@ -83,11 +84,6 @@ def plan_segment_writes(sources: Sequence[SegmentSource], *, link: bool,
     return out
 
 
-#: a unit index value (``<IQII``: segment, frame offset, frame length, frame CRC) as a numpy record
-INDEX_VALUE_DTYPE = np.dtype([("seg", "<u4"), ("off", "<u8"), ("len", "<u4"), ("crc", "<u4")])
-assert INDEX_VALUE_DTYPE.itemsize == 20  # tqstore._format.layout.INDEX_VALUE
-
-
 class FrameRef(NamedTuple):
     """One entry of a source unit's index: the frame of (gidx, field) in segment ``seg``."""
 
@@ -124,9 +120,9 @@ class FrameTable:
     @classmethod
     def from_index(cls, keys: Sequence[bytes], values: bytes) -> "FrameTable":
         """From unit index keys and their concatenated ``<IQII`` values."""
-        v = np.frombuffer(values, INDEX_VALUE_DTYPE)
+        v = np.frombuffer(values, LOC_DTYPE)
         gidx = np.frombuffer(b"".join(k[:8] for k in keys), ">u8") if keys else np.zeros(0, np.uint64)
-        return cls(keys, gidx, v["seg"], v["off"], v["len"], v["crc"])
+        return cls(keys, gidx, v["seg"], v["offset"], v["length"], v["crc"])
 
     def __len__(self) -> int:
         return len(self.keys)

@@ -40,13 +40,14 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import lmdb
 import numpy as np
 
+from .._format.index import LOC_DTYPE
 from .._format.segment import segment_name
 from .._io import files, locks
 from .._io.lmdbenv import DEFAULT_MAP_BYTES
 from ..errors import CheckpointError, CorruptionError, StorageIOError, TqstoreError
 from . import manifest as M
 from . import target as T
-from .planner import COPY, INDEX_VALUE_DTYPE, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes
+from .planner import COPY, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes
 from .scan import identity, scan_file
 
 log = logging.getLogger("tqstore")
@@ -336,9 +337,10 @@ class SaveJob:
         results: List[_UnitResult] = []
         if self.include_storage:
             link = (not self.copy_segments) and files.same_filesystem(cut.store_root, tmp)
-            workers = max(1, min(self.max_workers, len(snap.units)))
+            views = snap.unit_views
+            workers = max(1, min(self.max_workers, len(views)))
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-ckpt") as pool:
-                futs = [pool.submit(self._write_unit, tmp, i, view, link) for i, view in enumerate(snap.units)]
+                futs = [pool.submit(self._write_unit, tmp, i, view, link) for i, view in enumerate(views)]
                 errors = []
                 for f in futs:
                     try:
@@ -473,12 +475,12 @@ class _SegmentFrames:
     a store holds millions of frames and most segments need only their count)."""
 
     def __init__(self, values: bytes) -> None:
-        arr = np.frombuffer(values, INDEX_VALUE_DTYPE)
-        arr = arr[np.lexsort((arr["off"], arr["seg"]))]
+        arr = np.frombuffer(values, LOC_DTYPE)
+        arr = arr[np.lexsort((arr["offset"], arr["seg"]))]
         self._arr = arr
         self.total = len(arr)
         segs, starts, counts = np.unique(arr["seg"], return_index=True, return_counts=True)
-        live = np.add.reduceat(arr["len"].astype(np.int64), starts) if len(arr) else np.zeros(0, np.int64)
+        live = np.add.reduceat(arr["length"].astype(np.int64), starts) if len(arr) else np.zeros(0, np.int64)
         self.segs: List[int] = [int(x) for x in segs]
         self._where = {int(s): (int(a), int(c), int(b)) for s, a, c, b in zip(segs, starts, counts, live)}
 
@@ -492,7 +494,7 @@ class _SegmentFrames:
         """A callable giving ``[(offset, length, crc), ...]`` of ``seg`` (built only if called)."""
         start, count, _ = self._where[seg]
         part = self._arr[start:start + count]
-        return lambda: list(zip(part["off"].tolist(), part["len"].tolist(), part["crc"].tolist()))
+        return lambda: list(zip(part["offset"].tolist(), part["length"].tolist(), part["crc"].tolist()))
 
 
 def _scan_or_raise(path: str, size: int, frames, *, what: str, source: Optional[str] = None) -> int:
