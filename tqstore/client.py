@@ -11,7 +11,7 @@ import inspect
 from typing import Any, Callable, Optional
 
 from . import _default
-from .kv import KVMixin
+from .kv import DataPlane
 
 #: Store methods a client (and the module API) forwards, in documentation order.
 FORWARDED = (
@@ -27,7 +27,7 @@ def _signature_without_self(func: Callable) -> inspect.Signature:
 
 
 def _client_method(name: str) -> Callable:
-    target = getattr(KVMixin, name)
+    target = getattr(DataPlane, name)
 
     @functools.wraps(target)
     def method(self, *args: Any, **kwargs: Any) -> Any:

@@ -6,46 +6,48 @@ sequence), per-task consumption, per-partition field schemas, the global index a
 
 Every mutating method is one LMDB transaction: when it returns, the change is committed
 (and survives a process kill; with durability "commit" also a power loss).  The
-in-memory mirror is updated only after the commit succeeds, so a failed call changes
-nothing.  Not thread-safe for writers: the store serialises them.
+in-memory mirror (:mod:`tqstore.controller_mirror`) is updated only after the commit
+succeeds, so a failed call changes nothing.
 
-Incremental structures (derived from the mirror, kept in step by every mutating method):
-
-* ``Partition.rows`` is in insertion order, i.e. ordered by ``seq`` (new rows always get
-  the partition's next sequence number; :meth:`Controller._load` sorts once);
-* ``Partition.ready[task][need]`` — for each ``(task, requested field set)`` a fetch has
-  asked about — the rows whose ``need`` fields are produced and that ``task`` has not
-  consumed, so that a fetch costs O(ready) rather than a scan and sort of the partition.
-  Built on first use, updated by :meth:`commit_put`, :meth:`mark_consumed`,
-  :meth:`clear_rows`, dropped by :meth:`reset_consumption` / :meth:`drop_fields`.
+The controller implements :class:`~tqstore.ports.ControllerPort`: every port method takes
+the controller's lock (it is thread-safe by itself) and answers values — copies, never the
+mirror.  ``plan_put`` → unit writes → ``commit_put`` must still be serialised by the caller
+(the store's write lock): a plan is valid only until the next commit.  The sampler lives
+here too (:class:`~tqstore.controller_sampling.SamplerHost`), so that a fetch chooses rows
+and marks them consumed in one transaction under one lock.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import logging
 import threading
-from collections import defaultdict
-from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+
+import numpy as np
 
 from ._format.columns import KIND_NAMES, Column
 from ._format.dtypes import DTYPE_NAMES
 from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
+from .controller_mirror import (
+    Partition, PutPlan, Row, check_mirror, consumption_status, list_keys, load_mirror, partition_info,
+    production_status, row_batch, row_info,
+)
+from .controller_sampling import SamplerHost
 from .errors import (
     FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
 )
+from .ports import PartitionInfo, RowBatch, RowInfo
 
 log = logging.getLogger("tqstore")
 
 CONTROLLER_FORMAT = 1
 _G = ">Q"
 
-
-# one encoder for every row (json.dumps with options builds a new encoder per call)
-_ROW_JSON = json.JSONEncoder(separators=(",", ":"), allow_nan=True).encode
 
 
 def check_name(what: str, value: Any) -> None:
@@ -68,84 +70,13 @@ def _pk(pid: str, key: str) -> bytes:
     return pid.encode() + b"\0" + key.encode()
 
 
-@dataclass
-class Row:
-    """One row's metadata. ``fields`` are the produced fields."""
-
-    gidx: int
-    pid: str
-    key: Optional[str]
-    tag: Any
-    fields: Set[str]
-    seq: int
-
-    def pack(self) -> bytes:
-        return _ROW_JSON({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields),
-                          "s": self.seq}).encode()
-
-    @classmethod
-    def unpack(cls, gidx: int, raw: bytes) -> "Row":
-        d = json.loads(bytes(raw))
-        return cls(gidx, d["p"], d["k"], d["t"], set(d["f"]), int(d["s"]))
-
-
-class _Ready:
-    """Rows of one partition ready for one ``(task, need)``: gidx -> seq, seq-ordered unless
-    ``dirty`` (a row older than the newest one became ready; sorted on next use)."""
-
-    __slots__ = ("rows", "last", "dirty")
-
-    def __init__(self, rows: Dict[int, int]) -> None:
-        self.rows = rows
-        self.last = max(rows.values(), default=-1)
-        self.dirty = False
-
-    def add(self, gidx: int, seq: int) -> None:
-        if gidx in self.rows:
-            return
-        self.rows[gidx] = seq
-        if seq < self.last:
-            self.dirty = True
-        else:
-            self.last = seq
-
-    def ordered(self) -> List[int]:
-        if self.dirty:
-            self.rows = dict(sorted(self.rows.items(), key=lambda kv: kv[1]))
-            self.dirty = False
-        return list(self.rows)
-
-
-_MAX_VIEWS_PER_TASK = 8
-
-
-@dataclass
-class Partition:
-    pid: str
-    keys: Dict[str, int] = field(default_factory=dict)
-    rows: Dict[int, Row] = field(default_factory=dict)
-    schema: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # field -> (kind, dtype)
-    next_seq: int = 0
-    meta: Dict[str, Any] = field(default_factory=dict)
-    # task -> frozenset(requested fields) -> rows ready and unconsumed (see the module docstring)
-    ready: Dict[str, Dict[frozenset, _Ready]] = field(default_factory=dict, repr=False, compare=False)
-
-    def pack(self) -> bytes:
-        return json.dumps({"next_seq": self.next_seq, "meta": self.meta}).encode()
-
-
-@dataclass
-class PutPlan:
-    """A validated put, with global indexes reserved in memory but nothing committed."""
-
-    pid: str
-    gidxs: List[int]
-    new_rows: List[Row]
-    tags: Optional[List[Any]]
-    fields: List[str]
-    schema_new: Dict[str, Tuple[int, int]]
-    overwrites: bool  # some (gidx, field) already produced
-    new_partition: bool
+def _locked(method):
+    """Run a controller method under the controller's lock."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
 
 
 class Controller:
@@ -158,6 +89,7 @@ class Controller:
         self.db = {name: self.env.open_db(name.encode()) for name in
                    ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")}
         self._lock = threading.RLock()
+        self._sampling = SamplerHost(self)
         with wrap_errors("open controller", self.path):
             self._init_meta(num_units)
             self._load()
@@ -176,35 +108,13 @@ class Controller:
 
     def _load(self) -> None:
         m = self.db
-        self.parts: Dict[str, Partition] = {}
-        self.rows: Dict[int, Row] = {}
-        self.consumed: Dict[Tuple[str, str], Set[int]] = defaultdict(set)
         with self.env.begin() as txn:
             self.num_units = int(txn.get(b"num_units", db=m["meta"]))
             self.next_gidx = int(txn.get(b"next_gidx", db=m["meta"]))
             raw_token = txn.get(b"put_token", db=m["meta"])
             self.put_token = int(raw_token) if raw_token is not None else 0  # last committed overwriting put
             self.free = sorted(int.from_bytes(k, "big") for k in txn.cursor(m["free"]).iternext(values=False))
-            for k, v in txn.cursor(m["parts"]):
-                d = json.loads(bytes(v))
-                self.parts[bytes(k).decode()] = Partition(bytes(k).decode(), next_seq=d["next_seq"],
-                                                          meta=d.get("meta", {}))
-            loaded = [Row.unpack(int.from_bytes(k, "big"), v) for k, v in txn.cursor(m["rows"])]
-            loaded.sort(key=lambda r: r.seq)  # Partition.rows is kept in seq order
-            for r in loaded:
-                self.rows[r.gidx] = r
-                p = self.parts[r.pid]
-                p.rows[r.gidx] = r
-                if r.key is not None:
-                    p.keys[r.key] = r.gidx
-            for k, v in txn.cursor(m["schema"]):
-                pid, _, f = bytes(k).decode().partition("\0")
-                d = json.loads(bytes(v))
-                self.parts[pid].schema[f] = (d["kind"], d["dtype"])
-            for k in txn.cursor(m["cons"]).iternext(values=False):
-                k = bytes(k)
-                task, pid, g = k[:-9].decode().split("\0", 1)[0], k[:-9].decode().split("\0", 1)[1], k[-8:]
-                self.consumed[(pid, task)].add(int.from_bytes(g, "big"))
+            self.parts, self.rows, self.consumed = load_mirror(txn, m)
         heapq.heapify(self.free)
 
     # ------------------------------------------------------------------ queries
@@ -235,34 +145,111 @@ class Controller:
             p = self.parts.get(pid)
             if p is None:
                 return []
-            views = p.ready.setdefault(task, {})
-            v = views.pop(need, None)
-            if v is None:
-                done = self.consumed.get((pid, task), ())
-                v = _Ready({g: r.seq for g, r in p.rows.items() if g not in done and need <= r.fields})
-                while len(views) >= _MAX_VIEWS_PER_TASK:
-                    del views[next(iter(views))]  # least recently used
-            views[need] = v  # most recently used last
-            return v.ordered()
+            return p.ready_view(task, need, self.consumed.get((pid, task), ())).ordered()
 
     def check_mirror(self) -> None:
         """Assert the incremental structures agree with the rows and consumption (tests)."""
         with self._lock:
-            for pid, p in self.parts.items():
-                seqs = [r.seq for r in p.rows.values()]
-                assert seqs == sorted(seqs), f"rows of {pid!r} are not in seq order"
-                assert len(set(seqs)) == len(seqs), f"duplicate seq in {pid!r}"
-                assert all(self.rows.get(g) is r for g, r in p.rows.items()), f"rows of {pid!r} differ from the index"
-                assert {k: g for k, g in p.keys.items()} == {r.key: g for g, r in p.rows.items()
-                                                              if r.key is not None}, f"keys of {pid!r}"
-                for task, views in p.ready.items():
-                    done = self.consumed.get((pid, task), set())
-                    for need, v in views.items():
-                        want = [g for g, r in p.rows.items() if g not in done and need <= r.fields]
-                        assert v.ordered() == want, (pid, task, sorted(need), v.ordered(), want)
-            assert sum(len(p.rows) for p in self.parts.values()) == len(self.rows)
+            check_mirror(self.parts, self.rows, self.consumed)
+
+    # ------------------------------------------------------------------ port: queries (values)
+    @_locked
+    def partitions(self) -> List[str]:
+        """Partition ids, sorted."""
+        return sorted(self.parts)
+
+    @_locked
+    def partition_info(self, pid: str) -> PartitionInfo:
+        """Schema and row count; raises PartitionNotFoundError."""
+        return partition_info(self.partition(pid))
+
+    @_locked
+    def resolve_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
+        """Global indexes of ``keys``. Raises PartitionNotFoundError / KeyNotFoundError."""
+        return self.gidxs_for_keys(pid, keys)
+
+    @_locked
+    def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
+        """Row metadata (None for a gidx that is not a row of ``pid``)."""
+        p = self.parts.get(pid)
+        if p is None:
+            return [None] * len(gidxs)
+        return row_batch(p, gidxs).rows
+
+    @_locked
+    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[List[Optional[RowInfo]]]:
+        """Row metadata of ``keys`` (None for a key not in ``pid``); None for an unknown partition."""
+        p = self.parts.get(pid)
+        if p is None:
+            return None
+        rows, index = p.rows, p.keys
+        out: List[Optional[RowInfo]] = []
+        for k in keys:
+            g = index.get(k)
+            out.append(None if g is None else row_info(rows[g]))
+        return out
+
+    @_locked
+    def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``gidxs`` in one answer; None for an unknown partition."""
+        p = self.parts.get(pid)
+        return None if p is None else row_batch(p, gidxs)
+
+    @_locked
+    def first_rows(self, pid: str, limit: Optional[int] = None) -> Optional[RowBatch]:
+        """The first ``limit`` rows (all when None) in insertion order with the schema; None
+        for an unknown partition."""
+        p = self.parts.get(pid)
+        if p is None:
+            return None
+        gidxs = list(p.rows) if limit is None else list(islice(p.rows, limit))  # rows are in seq order
+        return row_batch(p, gidxs)
+
+    @_locked
+    def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+        """``{partition: {key: tag}}`` (keys in insertion order, tags as stored) for one
+        partition (empty when unknown) or all."""
+        return list_keys(self.parts, pid)
+
+    @_locked
+    def claims(self, unit_id: int) -> Dict[int, frozenset]:
+        """Rows on unit ``unit_id`` with their produced fields (for the store's reconcile)."""
+        n = self.num_units
+        return {g: frozenset(r.fields) for g, r in self.rows.items() if g % n == unit_id}
+
+    @_locked
+    def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """``(sorted gidxs, int8 matrix rows x fields)``; None for an unknown partition."""
+        p = self.parts.get(pid)
+        return None if p is None else production_status(p, fields)
+
+    @_locked
+    def consumption_status(self, pid: str, task: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """``(sorted gidxs, int8 flags: 1 consumed by task)``; None for an unknown partition."""
+        p = self.parts.get(pid)
+        return None if p is None else consumption_status(p, self.consumed.get((pid, task), ()))
+
+    # ------------------------------------------------------------------ port: sampling
+    @_locked
+    def set_sampler(self, sampler: Any) -> None:
+        """Sample fetches with ``sampler`` (a BaseSampler or a make_sampler spec) from now on."""
+        self._sampling.set(sampler)
+
+    @property
+    def sampler(self):
+        """The sampler instance fetches use (in-process only)."""
+        return self._sampling.sampler
+
+    @_locked
+    def fetch(self, pid: str, task: str, fields: Optional[Sequence[str]], batch_size: int,
+              sampling_config: Optional[Mapping[str, Any]] = None) -> Optional[RowBatch]:
+        """Choose ready rows with the sampler and mark them consumed, with the sampler's state,
+        in one transaction; see ControllerPort.fetch."""
+        check_name("task_name", task)
+        return self._sampling.fetch(pid, task, fields, batch_size, dict(sampling_config or {}))
 
     # ------------------------------------------------------------------ puts
+    @_locked
     def plan_put(self, pid: str, columns: Sequence[Column], *, keys: Optional[Sequence[str]] = None,
                  gidxs: Optional[Sequence[int]] = None, n_new: int = 0, tags: Optional[Sequence[Any]] = None,
                  create_keys: bool = True) -> PutPlan:
@@ -448,7 +435,8 @@ class Controller:
     def clear_rows(self, pid: str, gidxs: Iterable[int], *, drop_partition: bool = False) -> List[int]:
         """Delete rows (keys, consumption marks) and free their global indexes.
 
-        Idempotent: rows already gone are skipped. Returns the gidxs actually removed.
+        Idempotent: rows already gone are skipped. Returns the gidxs actually removed.  The
+        sampler forgets cached results that mention them, in the same transaction.
         """
         with self._lock, wrap_errors("clear", self.path):
             p = self.parts.get(pid)
@@ -457,7 +445,10 @@ class Controller:
             gone = sorted({int(g) for g in gidxs if int(g) in p.rows})
             m = self.db
             tasks = [t for (pp, t) in self.consumed if pp == pid]
-            with self.env.begin(write=True) as txn:
+            forget = None if drop_partition or not gone else (lambda s: s.forget_rows(pid, gone))
+            with self._sampling.change(pid, forget) as state, self.env.begin(write=True) as txn:
+                if state is not None:
+                    txn.put(pid.encode(), json.dumps(state).encode(), db=m["sampler"])
                 for g in gone:
                     r = p.rows[g]
                     txn.delete(_g(g), db=m["rows"])
@@ -491,7 +482,14 @@ class Controller:
                 del self.parts[pid]
                 for t in tasks:
                     self.consumed.pop((pid, t), None)
+                self._sampling.drop(pid)
             return gone
+
+    @_locked
+    def drop_partition(self, pid: str) -> List[int]:
+        """Remove a partition with its rows, consumption and sampler state (idempotent)."""
+        p = self.parts.get(pid)
+        return [] if p is None else self.clear_rows(pid, list(p.rows), drop_partition=True)
 
     # ------------------------------------------------------------------ consumption
     @staticmethod
@@ -517,11 +515,17 @@ class Controller:
                     for g in gidxs:
                         v.rows.pop(g, None)
 
-    def reset_consumption(self, pid: str, task: Optional[str] = None) -> None:
-        """Forget consumption of ``pid`` by ``task`` (all tasks when None)."""
+    def reset_consumption(self, pid: str, task: Optional[str] = None) -> bool:
+        """Forget consumption of ``pid`` by ``task`` (all tasks when None) and the sampler's
+        cache of it, in one transaction.  False (nothing done) for an unknown partition."""
         with self._lock, wrap_errors("reset consumption", self.path):
+            if pid not in self.parts:
+                return False
             tasks = [t for (pp, t) in list(self.consumed) if pp == pid and (task is None or t == task)]
-            with self.env.begin(write=True) as txn:
+            with self._sampling.change(pid, lambda s: s.clear_cache(pid, task)) as state, \
+                    self.env.begin(write=True) as txn:
+                if state is not None:
+                    txn.put(pid.encode(), json.dumps(state).encode(), db=self.db["sampler"])
                 for t in tasks:
                     for g in self.consumed[(pid, t)]:
                         txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
@@ -533,6 +537,7 @@ class Controller:
                     p.ready.clear()
                 else:
                     p.ready.pop(task, None)
+            return True
 
     # ------------------------------------------------------------------ sampler state
     def sampler_state(self, key: str) -> Optional[Any]:

@@ -58,6 +58,16 @@ class PartitionInfo:
     rows: int
 
 
+@dataclass(frozen=True)
+class RowBatch:
+    """Rows of one partition with the partition's schema, in one answer: what a BatchMeta is
+    made from.  ``rows`` follows the order asked for; None for a gidx that is not a row."""
+
+    pid: str
+    schema: Dict[str, Tuple[int, int]]
+    rows: List[Optional[RowInfo]]
+
+
 @dataclass
 class UnitExport:
     """What a unit wrote when it exported a snapshot into a checkpoint or dump directory.
@@ -175,6 +185,8 @@ class ControllerPort(Protocol):
         """Commit a planned put in one transaction."""
 
     # queries (values, never the mirror) -------------------------------------
+    # Each costs O(what is asked) unless it says otherwise; an unknown partition is an
+    # error only where the method says so (else None / empty).
     def partitions(self) -> List[str]:
         """Partition ids, sorted."""
 
@@ -184,21 +196,48 @@ class ControllerPort(Protocol):
     def resolve_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
         """Global indexes of ``keys``; raises PartitionNotFoundError / KeyNotFoundError."""
 
-    def rows(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
-        """Row metadata (None for a gidx that is not a row of ``pid``)."""
+    def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
+        """Row metadata (None for a gidx that is not a row of ``pid``).  (Not ``rows``: the
+        embedded Controller's ``rows`` is its in-memory index, which no port exposes.)"""
+
+    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[List[Optional[RowInfo]]]:
+        """Row metadata of ``keys`` (None for a key not in ``pid``); None for an unknown partition."""
+
+    def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``gidxs`` in one answer; None for an unknown partition."""
+
+    def first_rows(self, pid: str, limit: Optional[int] = None) -> Optional[RowBatch]:
+        """The partition's first ``limit`` rows (all when None) in insertion order, with the
+        schema; None for an unknown partition.  O(limit)."""
 
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
-        """``{partition: {key: tag}}`` in insertion order."""
+        """``{partition: {key: tag}}`` in insertion order (tags as stored, None for none).  O(partition)."""
+
+    def claims(self, unit_id: int) -> Dict[int, frozenset]:
+        """Every row living on unit ``unit_id`` (``gidx % num_units``) with its produced
+        fields, for the store's reconcile.  O(rows)."""
 
     # clears -----------------------------------------------------------------
     def clear_rows(self, pid: str, gidxs: Sequence[int], *, drop_partition: bool = False) -> List[int]:
-        """Remove rows (idempotent); returns the gidxs removed."""
+        """Remove rows (idempotent; with the sampler's results that mention them, in the same
+        transaction); returns the gidxs removed."""
+
+    def drop_partition(self, pid: str) -> List[int]:
+        """Remove a partition with its rows, consumption and sampler state (idempotent);
+        returns the gidxs removed."""
 
     # consumption --------------------------------------------------------------
+    def set_sampler(self, sampler: Any) -> None:
+        """Sample fetches with ``sampler`` (a BaseSampler, or a spec for make_sampler) from now
+        on; its state per partition is loaded from the controller as fetches need it."""
+
     def fetch(self, pid: str, task: str, fields: Optional[Sequence[str]], batch_size: int,
-              sampling_config: Optional[Mapping[str, Any]] = None) -> List[int]:
+              sampling_config: Optional[Mapping[str, Any]] = None) -> Optional[RowBatch]:
         """Choose ready rows with the sampler and mark them consumed, sampler state and
-        consumption marks in one transaction; ``[]`` when the sampler chose none."""
+        consumption marks in one transaction, so no row goes to two consumers of one task.
+        ``fields=None`` means the partition's whole schema.  Returns the chosen rows with the
+        schema (``rows`` empty when the sampler chose none); None for an unknown partition.
+        O(ready rows)."""
 
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         """``(sorted gidxs, int8 matrix rows x fields)``; None for an unknown partition."""
@@ -235,5 +274,5 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
     return True
 
 
-__all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "UnitExport", "ControllerExport", "UnitPort",
+__all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "UnitExport", "ControllerExport", "UnitPort",
            "ControllerPort", "fill_or_copy"]

@@ -33,7 +33,7 @@ from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
 )
-from .kv import KVMixin
+from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .reader import PARALLEL_MIN_BYTES, read_field, read_fields
 from .unit import DEFAULT_SEGMENT_BYTES, Unit, UnitView
@@ -82,8 +82,12 @@ def _normalise_fields(fields: Any) -> List[Tuple[str, Any]]:
     return [(str(k) if not isinstance(k, str) else k, v) for k, v in items]
 
 
-class Store(KVMixin, CheckpointMixin):
+class Store(CheckpointMixin):
     """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
+
+    The data-plane calls (``kv_*``, ``get_meta``, ``put``, ``get_data``, ...) are those of
+    :class:`~tqstore.kv.DataPlane`, which the store composes over its controller and its own
+    ``write`` / ``read`` / ``delete_rows`` / ``drop_partition``, and forwards to.
 
     Args:
         path: store directory (created if missing). ``None``: a private temporary store,
@@ -140,6 +144,8 @@ class Store(KVMixin, CheckpointMixin):
         # writes.  Always take _write_lock before _meta_lock.
         self._write_lock = threading.RLock()
         self._meta_lock = threading.RLock()
+        self._data = DataPlane(self.controller, self, write_lock=self._write_lock, lock=self._meta_lock,
+                               check_open=self._check_open)
         self._closed = False
         self._reconcile()
         log.info("opened store %s (%d units, durability=%s)", self.root, self.num_units, durability)
@@ -205,25 +211,25 @@ class Store(KVMixin, CheckpointMixin):
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
         self._settle_undo()
-        rows = self.controller.rows
         missing: Dict[int, Set[str]] = defaultdict(set)
 
         def one(u: Unit):
+            claims = self.controller.claims(u.unit_id)  # this unit's rows: gidx -> produced fields
             present = u.keys()
             orphan: Dict[int, List[str]] = defaultdict(list)
             have: Dict[int, Set[str]] = defaultdict(set)
             for g, f in present:
-                r = rows.get(g)
-                if r is None or f not in r.fields or g % self.num_units != u.unit_id:
+                fs = claims.get(g)
+                if fs is None or f not in fs:
                     orphan[g].append(f)
                 else:
                     have[g].add(f)
             for g, fs in orphan.items():
                 u.delete([g], fs)
             lost = {}
-            for g, r in rows.items():
-                if g % self.num_units == u.unit_id and r.fields - have.get(g, set()):
-                    lost[g] = r.fields - have.get(g, set())
+            for g, fs in claims.items():
+                if fs - have.get(g, set()):
+                    lost[g] = set(fs - have.get(g, set()))
             return sum(len(v) for v in orphan.values()), lost
 
         for n_orphan, lost in self._pool.map(one, self.units):
@@ -396,10 +402,7 @@ class Store(KVMixin, CheckpointMixin):
         self._check_open()
         with self._write_lock:
             with self._meta_lock:
-                p = self.controller.parts.get(partition_id)
-                if p is None:
-                    return []
-                gone = self.controller.clear_rows(partition_id, list(p.rows), drop_partition=True)
+                gone = self.controller.drop_partition(partition_id)
             self._delete_units(gone)
             return gone
 
@@ -518,6 +521,7 @@ class Store(KVMixin, CheckpointMixin):
                 raise
             self._close_parts()
             self.controller, self.units, self.state_dir = new[0], new[1], new_dir
+            self._data.rebind(self.controller)
             try:
                 files.rmtree(old[2])
             except OSError:
@@ -543,6 +547,15 @@ class Store(KVMixin, CheckpointMixin):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def sampler(self):
+        """The sampler ``get_meta(mode="fetch")`` uses (default :class:`SequentialSampler`)."""
+        return self._data.sampler
+
+
+for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and docstrings kept)
+    setattr(Store, _name, forwarder(DataPlane, "_data", _name))
 
 
 def _creation_debris(name: str) -> bool:

@@ -1,0 +1,423 @@
+"""Streaming calls of the data plane (TransferQueue-shaped), rows addressed by global index.
+
+``put``, ``get_meta`` (modes ``fetch`` / ``force_fetch`` / ``insert``), ``get_data``,
+``clear_samples``, ``clear_partition``, status queries; rows are
+:class:`~tqstore.meta.BatchMeta`.  :class:`Streaming` is composed into
+:class:`~tqstore.kv.DataPlane` and works through the same collaborators: the controller
+(a :class:`~tqstore.ports.ControllerPort`, answering values) and the store's payload side
+(``write`` / ``read`` / ``delete_rows`` / ``drop_partition``).
+
+A fetch is one controller call (the controller chooses and marks rows in one transaction,
+see :meth:`~tqstore.ports.ControllerPort.fetch`); waiting for producers (``timeout_s``)
+happens here, on a condition the data plane notifies after every put.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from ._format.columns import KIND_NAMES, assemble, to_column
+from ._format.dtypes import CODE_TO_NUMPY, CODE_TO_TORCH
+from ._format.layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
+from .controller import check_name
+from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError
+from .meta import BatchMeta, KVBatchMeta
+from .ports import RowBatch, RowInfo
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kv import DataPlane
+
+log = logging.getLogger("tqstore")
+
+MODES = ("fetch", "force_fetch", "insert")
+_POLL_S = 0.05
+
+
+# ---------------------------------------------------------------------------- helpers
+def _field_list(fields: Union[None, str, Sequence[str]], what: str = "select_fields") -> Optional[List[str]]:
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        return [fields]
+    if not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
+        raise InvalidInputError(f"{what} must be a str or a list of str, got {fields!r}")
+    if len(set(fields)) != len(fields):
+        raise InvalidInputError(f"{what} names a field twice: {list(fields)}")
+    return list(fields)
+
+
+def _check_pid(pid: Any) -> str:
+    if not isinstance(pid, str) or not pid:
+        raise InvalidInputError(f"partition_id must be a non-empty str, got {pid!r}")
+    return pid
+
+
+def _tag_out(tag: Any) -> Any:
+    return {} if tag is None else tag
+
+
+def _no_partition(pid: str, known: Sequence[str]) -> PartitionNotFoundError:
+    return PartitionNotFoundError(f"partition {pid!r} does not exist (known: {list(known)[:10]})")
+
+
+def _field_names(data: Any) -> List[str]:
+    if data is None:
+        return []
+    if not hasattr(data, "keys"):
+        raise InvalidInputError(f"data must be a mapping of field name to batched value, got {type(data).__name__}")
+    return [str(k) for k in data.keys()]
+
+
+def _take(value: Any, idx: List[int]) -> Any:
+    """Rows ``idx`` of a batched value (for splitting a put across partitions)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            rows = value.unbind()
+            return [rows[i] for i in idx]
+        return value[torch.as_tensor(idx, dtype=torch.long)]
+    if isinstance(value, np.ndarray):
+        return value[idx]
+    if type(value).__name__ in ("NonTensorStack", "NonTensorData"):
+        value = list(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [value[i] for i in idx]
+    return value  # to_column rejects it with a clear error
+
+
+def _rows_of(value: Any) -> List[Any]:
+    if isinstance(value, torch.Tensor):
+        return list(value.unbind()) if value.is_nested else list(value.unbind(0))
+    if isinstance(value, np.ndarray):
+        return list(value)
+    return list(value)
+
+
+def _schema_entry(kind: int, dtype: int) -> Dict[str, Any]:
+    if kind == KIND_TENSOR:
+        dt: Any = CODE_TO_TORCH.get(dtype)
+    elif kind == KIND_NDARRAY:
+        dt = CODE_TO_NUMPY.get(dtype)
+    else:
+        dt = None
+    return {"dtype": dt, "kind": KIND_NAMES.get(kind, "?"), "is_non_tensor": kind == KIND_VALUE}
+
+
+def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = False) -> BatchMeta:
+    """A BatchMeta of ``batch``'s rows about ``fields`` (those of the schema; with
+    ``placeholders`` also the others, kind unknown)."""
+    schema = {}
+    for f in fields:
+        if f in batch.schema:
+            schema[f] = _schema_entry(*batch.schema[f])
+        elif placeholders:
+            schema[f] = {"dtype": None, "kind": None, "is_non_tensor": None}
+    rows: List[RowInfo] = []
+    for r in batch.rows:
+        if r is None:
+            raise KeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
+        rows.append(r)
+    need = set(schema)
+    return BatchMeta([r.gidx for r in rows], [batch.pid] * len(rows), schema,
+                     np.array([1 if need <= r.fields else 0 for r in rows], dtype=np.int8), None,
+                     [_tag_out(r.tag) for r in rows], [r.key for r in rows], [r.seq for r in rows])
+
+
+# ---------------------------------------------------------------------------- streaming
+class Streaming:
+    """The streaming calls of a :class:`~tqstore.kv.DataPlane` (see the module docstring)."""
+
+    def __init__(self, plane: "DataPlane") -> None:
+        self._dp = plane
+
+    # ------------------------------------------------------------------ metadata
+    def _batch_meta(self, pid: str, gidxs: Sequence[int], fields: Sequence[str], *,
+                    placeholders: bool = False) -> BatchMeta:
+        batch = self._dp.controller.row_batch(pid, list(gidxs))
+        if batch is None:
+            raise _no_partition(pid, self._dp.controller.partitions())
+        return meta_from(batch, fields, placeholders=placeholders)
+
+    def get_meta(self, data_fields: Union[None, str, Sequence[str]], batch_size: Optional[int], partition_id: str,
+                 mode: str = "fetch", task_name: Optional[str] = None,
+                 sampling_config: Optional[Mapping[str, Any]] = None, *, timeout_s: float = 0.0) -> BatchMeta:
+        """Metadata of a batch of rows, in one of three modes.
+
+        * ``"fetch"``: rows whose ``data_fields`` are all produced and that ``task_name``
+          has not consumed, chosen by the store's sampler and marked consumed by that task
+          (atomically, with the sampler's state).  With fewer ready rows than the sampler
+          needs, waits up to ``timeout_s`` for producers, then returns an empty BatchMeta.
+          An unknown partition counts as "no rows yet".
+        * ``"force_fetch"``: the partition's rows in insertion order (the first
+          ``batch_size`` when given), produced or not, consumed or not; marks nothing,
+          bypasses the sampler.  ``production_status`` says which rows are ready.
+        * ``"insert"``: reserves ``batch_size`` new empty rows (creating the partition) for a
+          later ``put(data, metadata)``.
+
+        ``data_fields=None`` means every field of the partition's schema (not for insert).
+
+        Raises:
+            InvalidInputError: bad mode, batch_size, task_name or data_fields.
+            PartitionNotFoundError: ``force_fetch`` of an unknown partition.
+        """
+        if mode not in MODES:
+            raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
+        fields = _field_list(data_fields, "data_fields")
+        _check_pid(partition_id)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise InvalidInputError(f"batch_size must be a positive int, got {batch_size!r}")
+        if mode != "force_fetch" and batch_size is None:
+            raise InvalidInputError(f"mode {mode!r} needs a batch_size")
+        cfg = dict(sampling_config or {})
+        dp = self._dp
+        dp.check_open()
+        if mode == "insert":
+            if fields is None:
+                raise InvalidInputError("mode 'insert' needs data_fields")
+            with dp.write_lock:
+                gidxs = dp.io.write(partition_id, {}, new_rows=True, tags=[None] * batch_size)
+                return self._batch_meta(partition_id, gidxs, fields, placeholders=True)
+        if mode == "force_fetch":
+            with dp.lock:
+                batch = dp.controller.first_rows(partition_id, batch_size)
+                if batch is None:
+                    raise _no_partition(partition_id, dp.controller.partitions())
+                return meta_from(batch, list(batch.schema) if fields is None else fields)
+        if not isinstance(task_name, str) or not task_name:
+            raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
+        check_name("task_name", task_name)
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        with dp.lock:
+            while True:
+                dp.check_open()
+                batch = dp.controller.fetch(partition_id, task_name, fields, batch_size, cfg)
+                if batch is not None and batch.rows:
+                    return meta_from(batch, list(batch.schema) if fields is None else fields)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return BatchMeta.empty()
+                dp.cond.wait(min(left, _POLL_S))
+
+    # ------------------------------------------------------------------ data
+    def _live_rows(self, meta: BatchMeta, *, strict: bool) -> Dict[str, Tuple[RowBatch, List[Tuple[int, RowInfo]]]]:
+        """Group a BatchMeta's rows by partition: the partition's answer and ``(position,
+        row)`` of each row that is still the row the meta was made for (same insertion
+        sequence number).  ``strict``: raise for the first (in meta order) that is not."""
+        ctrl = self._dp.controller
+        positions: Dict[str, List[int]] = defaultdict(list)
+        for i, pid in enumerate(meta.partition_ids):
+            positions[pid].append(i)
+        gi = meta.global_indexes
+        batches = {pid: ctrl.row_batch(pid, [gi[i] for i in pos]) for pid, pos in positions.items()}
+        found: Dict[int, Optional[RowInfo]] = {}
+        for pid, pos in positions.items():
+            b = batches[pid]
+            for i, r in zip(pos, b.rows if b is not None else [None] * len(pos)):
+                found[i] = r
+        groups: Dict[str, Tuple[RowBatch, List[Tuple[int, RowInfo]]]] = {}
+        for i, (pid, g, seq) in enumerate(zip(meta.partition_ids, gi, meta._seqs)):
+            r = found[i]
+            if r is None or (seq is not None and r.seq != seq):
+                if strict:
+                    if batches[pid] is None:
+                        raise PartitionNotFoundError(f"partition {pid!r} of the BatchMeta does not exist (cleared?)")
+                    raise KeyNotFoundError(f"row {g} of partition {pid!r} in the BatchMeta no longer exists "
+                                           f"(cleared); get fresh metadata")
+                continue
+            if pid not in groups:
+                groups[pid] = (batches[pid], [])
+            groups[pid][1].append((i, r))
+        return groups
+
+    def put(self, data: Any, metadata: Optional[BatchMeta] = None, partition_id: Optional[str] = None) -> BatchMeta:
+        """Write a batch of fields.
+
+        Without ``metadata``, appends ``len(batch)`` new rows to ``partition_id`` (created
+        when missing).  With it, writes the fields to the meta's rows (e.g. from
+        ``get_meta(mode="insert")`` or ``"fetch"``); the meta's ``custom_meta`` is stored as
+        the rows' tags.  Returns the meta (updated in place with the new fields and
+        production status when given).
+
+        Raises:
+            InvalidInputError: no partition_id and no metadata, an empty metadata, sizes.
+            KeyNotFoundError: the metadata's rows were cleared.
+            SchemaError, UnsupportedTypeError: nothing written.
+        """
+        names = _field_names(data)
+        if not names:
+            raise InvalidInputError("put needs at least one field")
+        dp = self._dp
+        dp.check_open()
+        if metadata is None:
+            if partition_id is None:
+                raise InvalidInputError("put needs metadata or a partition_id")
+            _check_pid(partition_id)
+            with dp.write_lock:
+                gidxs = dp.io.write(partition_id, data, new_rows=True)
+                dp.notify()
+                return self._batch_meta(partition_id, gidxs, names)
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"metadata must be a BatchMeta, got {type(metadata).__name__}")
+        if metadata.size == 0:
+            raise InvalidInputError("metadata is empty")
+        with dp.write_lock:
+            groups = self._live_rows(metadata, strict=True)
+            plans = []
+            for pid, (_, pos_r) in groups.items():
+                pos = [i for i, _ in pos_r]
+                gidxs = [r.gidx for _, r in pos_r]
+                part = data if len(groups) == 1 else {f: _take(data[f], pos) for f in names}
+                cur = [_tag_out(r.tag) for _, r in pos_r]
+                want = [metadata.custom_meta[i] for i in pos]
+                tags = None
+                if any(w != c for w, c in zip(want, cur)):
+                    tags = [w if w != c else r.tag for w, c, (_, r) in zip(want, cur, pos_r)]
+                if len(groups) > 1:  # validate every partition before writing any
+                    cols = [to_column(f, part[f], len(gidxs)) for f in names]
+                    dp.controller.plan_put(pid, cols, gidxs=gidxs, tags=tags)
+                plans.append((pid, part, gidxs, tags))
+            for pid, part, gidxs, tags in plans:
+                dp.io.write(pid, part, gidxs=gidxs, tags=tags)
+            dp.notify()
+            after = {pid: dp.controller.row_batch(pid, gidxs) for pid, _, gidxs, _ in plans}
+            for f in names:
+                for pid in groups:
+                    kind_dtype = after[pid].schema.get(f)
+                    if kind_dtype is not None:
+                        metadata.field_schema[f] = _schema_entry(*kind_dtype)
+                        break
+            status = np.zeros(metadata.size, dtype=np.int8)
+            need = set(metadata.field_schema)
+            for pid, (_, pos_r) in groups.items():
+                for (i, _), r in zip(pos_r, after[pid].rows):
+                    status[i] = 1 if need <= r.fields else 0
+                    metadata.custom_meta[i] = _tag_out(r.tag)
+            metadata.production_status = status
+        return metadata
+
+    def get_data(self, metadata: Union[BatchMeta, KVBatchMeta]) -> Dict[str, Any]:
+        """Read the fields of a BatchMeta (``metadata.field_names``) for its rows, in order.
+
+        Returns ``{}`` for an empty meta.  A :class:`KVBatchMeta` is read by key.
+
+        Raises:
+            KeyNotFoundError, PartitionNotFoundError: the meta's rows were cleared.
+            FieldNotFoundError: a field is not produced for some row.
+        """
+        if isinstance(metadata, KVBatchMeta):
+            return self._dp.kv_batch_get_by_meta(metadata)
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"get_data takes a BatchMeta, got {type(metadata).__name__}")
+        if metadata.size == 0 or not metadata.field_names:
+            return {}
+        self._dp.check_open()
+        read = self._dp.io.read
+        fields = metadata.field_names
+        groups = self._live_rows(metadata, strict=True)
+        if len(groups) == 1:
+            pid, (_, pos_r) = next(iter(groups.items()))
+            return read(pid, [r.gidx for _, r in pos_r], fields)
+        parts = {pid: read(pid, [r.gidx for _, r in pos_r], fields) for pid, (_, pos_r) in groups.items()}
+        out: Dict[str, Any] = {}
+        for f in fields:
+            rows: List[Any] = [None] * metadata.size
+            kinds = set()
+            for pid, (batch, pos_r) in groups.items():
+                kinds.add(batch.schema[f])
+                for (i, _), v in zip(pos_r, _rows_of(parts[pid][f])):
+                    rows[i] = v
+            out[f] = assemble(next(iter(kinds))[0], rows) if len(kinds) == 1 else rows
+        return out
+
+    # ------------------------------------------------------------------ clears
+    def clear_partition(self, partition_id: str) -> None:
+        """Remove a partition with all its rows, consumption and sampler state (idempotent)."""
+        self._dp.check_open()
+        with self._dp.write_lock:
+            gone = self._dp.io.drop_partition(partition_id)
+        if gone:
+            log.info("cleared partition %r (%d rows)", partition_id, len(gone))
+
+    def clear_samples(self, metadata: Union[BatchMeta, KVBatchMeta]) -> None:
+        """Remove the rows of a BatchMeta (or the keys of a KVBatchMeta); idempotent.
+
+        Rows already gone — also rows whose global index now belongs to a newer row — are
+        skipped, never the newer row.
+        """
+        if isinstance(metadata, KVBatchMeta):
+            if metadata.partition_id is not None and metadata.size:
+                self._dp.kv_clear(metadata.keys, metadata.partition_id)
+            return
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"clear_samples takes a BatchMeta, got {type(metadata).__name__}")
+        self._dp.check_open()
+        with self._dp.write_lock:
+            for pid, (_, pos_r) in self._live_rows(metadata, strict=False).items():
+                self._dp.io.delete_rows(pid, [r.gidx for _, r in pos_r])
+
+    # ------------------------------------------------------------------ status
+    def get_consumption_status(self, task_name: str, partition_id: str
+                               ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(global_indexes, consumed)`` of a partition's rows for a task, sorted by global index.
+
+        ``consumed`` is an int8 tensor (1 consumed, 0 not).  ``(None, None)`` when the
+        partition does not exist (as TransferQueue).
+        """
+        self._dp.check_open()
+        with self._dp.lock:
+            st = self._dp.controller.consumption_status(partition_id, task_name)
+        return (None, None) if st is None else (torch.from_numpy(st[0]), torch.from_numpy(st[1]))
+
+    def get_production_status(self, data_fields: Union[str, Sequence[str]], partition_id: str
+                              ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(global_indexes, produced)`` for ``data_fields``, sorted by global index.
+
+        ``produced`` is an int8 tensor of shape ``(rows, len(data_fields))``.  ``(None,
+        None)`` when the partition does not exist (as TransferQueue).
+        """
+        fields = _field_list(data_fields, "data_fields") or []
+        self._dp.check_open()
+        with self._dp.lock:
+            st = self._dp.controller.production_status(partition_id, fields)
+        return (None, None) if st is None else (torch.from_numpy(st[0]), torch.from_numpy(st[1]))
+
+    def check_consumption_status(self, task_name: str, partition_id: str) -> bool:
+        """True when the partition has rows and ``task_name`` consumed all of them."""
+        _, c = self.get_consumption_status(task_name, partition_id)
+        return c is not None and c.numel() > 0 and bool(torch.all(c == 1))
+
+    def check_production_status(self, data_fields: Union[str, Sequence[str]], partition_id: str) -> bool:
+        """True when the partition has rows and all of them produced every one of ``data_fields``."""
+        _, s = self.get_production_status(data_fields, partition_id)
+        return s is not None and s.shape[0] > 0 and bool(torch.all(s == 1))
+
+    def reset_consumption(self, partition_id: str, task_name: Optional[str] = None) -> bool:
+        """Forget what ``task_name`` (every task when None) consumed, and its sampler cache.
+
+        Returns False when the partition does not exist.
+        """
+        self._dp.check_open()
+        with self._dp.lock:
+            done = self._dp.controller.reset_consumption(partition_id, task_name)
+            if done:
+                self._dp.cond.notify_all()
+        return done
+
+    def get_partition_list(self) -> List[str]:
+        """Partition ids, sorted."""
+        self._dp.check_open()
+        with self._dp.lock:
+            return self._dp.controller.partitions()
+
+
+#: the public calls of :class:`Streaming`, in documentation order
+STREAMING_CALLS = ("get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
+                   "get_production_status", "check_consumption_status", "check_production_status",
+                   "reset_consumption", "get_partition_list")
+
+__all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from"]
