@@ -172,28 +172,24 @@ class Controller:
     def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
         """Row metadata (None for a gidx that is not a row of ``pid``)."""
         p = self.parts.get(pid)
-        if p is None:
-            return [None] * len(gidxs)
-        return row_batch(p, gidxs).rows
+        rows = p.rows if p is not None else {}
+        return [None if r is None else row_info(r) for r in map(rows.get, gidxs)]
 
     @_locked
-    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[List[Optional[RowInfo]]]:
-        """Row metadata of ``keys`` (None for a key not in ``pid``); None for an unknown partition."""
+    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``keys`` (missing: ``seqs[i] is None``); None for an
+        unknown partition."""
         p = self.parts.get(pid)
         if p is None:
             return None
         rows, index = p.rows, p.keys
-        out: List[Optional[RowInfo]] = []
-        for k in keys:
-            g = index.get(k)
-            out.append(None if g is None else row_info(rows[g]))
-        return out
+        return row_batch(p, [None if g is None else rows[g] for g in map(index.get, keys)])
 
     @_locked
     def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
         """Schema and row metadata of ``gidxs`` in one answer; None for an unknown partition."""
         p = self.parts.get(pid)
-        return None if p is None else row_batch(p, gidxs)
+        return None if p is None else row_batch(p, list(map(p.rows.get, gidxs)), gidxs)
 
     @_locked
     def first_rows(self, pid: str, limit: Optional[int] = None) -> Optional[RowBatch]:
@@ -202,8 +198,7 @@ class Controller:
         p = self.parts.get(pid)
         if p is None:
             return None
-        gidxs = list(p.rows) if limit is None else list(islice(p.rows, limit))  # rows are in seq order
-        return row_batch(p, gidxs)
+        return row_batch(p, list(p.rows.values()) if limit is None else list(islice(p.rows.values(), limit)))
 
     @_locked
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
@@ -215,7 +210,7 @@ class Controller:
     def claims(self, unit_id: int) -> Dict[int, frozenset]:
         """Rows on unit ``unit_id`` with their produced fields (for the store's reconcile)."""
         n = self.num_units
-        return {g: frozenset(r.fields) for g, r in self.rows.items() if g % n == unit_id}
+        return {g: r.fields for g, r in self.rows.items() if g % n == unit_id}  # frozensets
 
     @_locked
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -364,7 +359,7 @@ class Controller:
             result: List[Row] = []
             for i, g in enumerate(plan.gidxs):
                 base = new_by_g.get(g) or p.rows[g]
-                r = Row(g, base.pid, base.key, base.tag, set(base.fields) | set(plan.fields), base.seq)
+                r = Row(g, base.pid, base.key, base.tag, frozenset(base.fields).union(plan.fields), base.seq)
                 if plan.tags is not None:
                     r.tag = plan.tags[i]
                 result.append(r)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
@@ -40,7 +40,7 @@ class Row:
     pid: str
     key: Optional[str]
     tag: Any
-    fields: Set[str]
+    fields: AbstractSet[str]  # a frozenset in the mirror: handed out as a value as it is
     seq: int
 
     def pack(self) -> bytes:
@@ -50,7 +50,7 @@ class Row:
     @classmethod
     def unpack(cls, gidx: int, raw: bytes) -> "Row":
         d = json.loads(bytes(raw))
-        return cls(gidx, d["p"], d["k"], d["t"], set(d["f"]), int(d["s"]))
+        return cls(gidx, d["p"], d["k"], d["t"], frozenset(d["f"]), int(d["s"]))
 
 
 class _Ready:
@@ -166,23 +166,27 @@ def copy_value(v: Any) -> Any:
 
 
 def row_info(r: Row) -> RowInfo:
-    tag = r.tag
-    return RowInfo(r.gidx, r.key, copy_value(tag) if isinstance(tag, (dict, list)) else tag,
-                   frozenset(r.fields), r.seq)
+    return RowInfo(r.gidx, r.key, copy_value(r.tag), r.fields, r.seq)
 
 
 def partition_info(p: Partition) -> PartitionInfo:
     return PartitionInfo(p.pid, dict(p.schema), len(p.rows))
 
 
-def row_batch(p: Partition, gidxs: Sequence[int]) -> RowBatch:
-    """Schema and the rows ``gidxs`` (None for one that is not a row of ``p``)."""
-    rows = p.rows
-    out: List[Optional[RowInfo]] = []
-    for g in gidxs:
-        r = rows.get(g)
-        out.append(None if r is None else row_info(r))
-    return RowBatch(p.pid, dict(p.schema), out)
+def row_batch(p: Partition, rows: List[Optional[Row]], asked: Optional[Sequence[int]] = None) -> RowBatch:
+    """The answer for ``rows`` of ``p`` (None: not a row; ``asked[i]`` is then the gidx asked
+    for, when rows were asked by gidx).  Row fields are frozensets: handed out as they are."""
+    for r in rows:
+        if r is None:
+            break
+    else:  # every one is a row: one list per column
+        return RowBatch(p.pid, dict(p.schema), [r.gidx for r in rows], [r.key for r in rows],
+                        [None if r.tag is None else copy_value(r.tag) for r in rows], [r.fields for r in rows],
+                        [r.seq for r in rows])
+    gidxs = [r.gidx if r is not None else (None if asked is None else asked[i]) for i, r in enumerate(rows)]
+    return RowBatch(p.pid, dict(p.schema), gidxs, [None if r is None else r.key for r in rows],
+                    [None if r is None else copy_value(r.tag) for r in rows],
+                    [None if r is None else r.fields for r in rows], [None if r is None else r.seq for r in rows])
 
 
 def list_keys(parts: Dict[str, Partition], pid: Optional[str]) -> Dict[str, Dict[str, Any]]:
@@ -192,7 +196,8 @@ def list_keys(parts: Dict[str, Partition], pid: Optional[str]) -> Dict[str, Dict
     for q in (sorted(parts) if pid is None else [pid]):
         p = parts.get(q)
         if p is not None:
-            out[q] = {r.key: copy_value(r.tag) for r in p.rows.values() if r.key is not None}
+            out[q] = {r.key: r.tag if r.tag is None else copy_value(r.tag) for r in p.rows.values()
+                      if r.key is not None}
     return out
 
 

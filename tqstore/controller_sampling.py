@@ -18,7 +18,7 @@ import logging
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
-from .controller_mirror import row_info
+from .controller_mirror import row_batch
 from .errors import InvalidInputError
 from .ports import RowBatch
 from .samplers import BaseSampler, make_sampler
@@ -117,7 +117,7 @@ class SamplerHost:
             raise
         if sampled:
             log.debug("fetch %d rows of %r for task %r", len(sampled), pid, task)
-        return RowBatch(pid, dict(p.schema), [row_info(p.rows[g]) for g in sampled])
+        return row_batch(p, [p.rows[g] for g in sampled])
 
 
 __all__ = ["SamplerHost"]

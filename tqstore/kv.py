@@ -38,7 +38,7 @@ import torch
 
 from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError
 from .meta import KVBatchMeta
-from .ports import ControllerPort, RowInfo
+from .ports import ControllerPort, RowBatch
 from .samplers import BaseSampler, make_sampler
 from .streaming import STREAMING_CALLS, Streaming, _check_pid, _field_list, _no_partition, _tag_out
 
@@ -166,15 +166,15 @@ class DataPlane:
         with self.lock:
             self.cond.notify_all()
 
-    def _rows_for_keys(self, pid: str, keys: List[str]) -> List[RowInfo]:
+    def _rows_for_keys(self, pid: str, keys: List[str]) -> RowBatch:
         """Row metadata of ``keys``; raises PartitionNotFoundError / KeyNotFoundError."""
         rows = self.controller.rows_by_key(pid, keys)
         if rows is None:
             raise _no_partition(pid, self.controller.partitions())
-        missing = [k for k, r in zip(keys, rows) if r is None]
+        missing = [keys[i] for i in rows.missing()]
         if missing:
             raise KeyNotFoundError(f"{len(missing)} key(s) not in partition {pid!r}: {missing[:5]!r}")
-        return rows  # type: ignore[return-value]
+        return rows
 
     # ------------------------------------------------------------------ KV: by key
     def kv_put(self, key: str, partition_id: str, fields: Any = None, tag: Any = None) -> KVBatchMeta:
@@ -232,8 +232,8 @@ class DataPlane:
             self.check_open()
             merged = None
             if tags is not None:
-                old = self.controller.rows_by_key(partition_id, keys) or [None] * len(keys)
-                merged = [_merge_tag(None if o is None else o.tag, t) for o, t in zip(old, tags)]
+                old = self.controller.rows_by_key(partition_id, keys)
+                merged = [_merge_tag(o, t) for o, t in zip(old.tags if old is not None else [None] * len(keys), tags)]
             self.io.write(partition_id, fields if fields is not None else {}, keys=keys, tags=merged)
             self.notify()
             meta = self._kv_meta(partition_id, keys)
@@ -242,8 +242,8 @@ class DataPlane:
 
     def _kv_meta(self, pid: str, keys: List[str]) -> KVBatchMeta:
         rows = self._rows_for_keys(pid, keys)
-        common = frozenset.intersection(*(r.fields for r in rows)) if rows else set()
-        return KVBatchMeta(keys, [_tag_out(r.tag) for r in rows], pid, sorted(common))
+        common = frozenset.intersection(*rows.fields) if len(rows) else set()
+        return KVBatchMeta(keys, [_tag_out(t) for t in rows.tags], pid, sorted(common))
 
     def kv_batch_get(self, keys: Union[str, Sequence[str]], partition_id: str,
                      select_fields: Union[None, str, Sequence[str]] = None) -> Dict[str, Any]:
@@ -262,9 +262,9 @@ class DataPlane:
         sel = _field_list(select_fields)
         self.check_open()
         rows = self._rows_for_keys(partition_id, keys)
-        gidxs = [r.gidx for r in rows]
+        gidxs = rows.gidxs
         if sel is None:
-            common = frozenset.intersection(*(r.fields for r in rows))
+            common = frozenset.intersection(*rows.fields)
             if not common:
                 raise FieldNotFoundError(f"the {len(keys)} key(s) of partition {partition_id!r} have no field "
                                          f"produced in common; pass select_fields")
@@ -300,7 +300,7 @@ class DataPlane:
         self.check_open()
         with self.lock:
             listed = self.controller.list_keys(partition_id)
-        return {pid: {k: _tag_out(t) for k, t in keys.items()} for pid, keys in listed.items()}
+        return {pid: {k: {} if t is None else t for k, t in keys.items()} for pid, keys in listed.items()}
 
     def kv_clear(self, keys: Union[str, Sequence[str]], partition_id: str) -> None:
         """Remove keys with their data (idempotent: unknown keys or partition are ignored)."""
@@ -310,7 +310,7 @@ class DataPlane:
             rows = self.controller.rows_by_key(partition_id, keys)
             if rows is None:
                 return
-            gidxs = [r.gidx for r in rows if r is not None]
+            gidxs = [g for g, q in zip(rows.gidxs, rows.seqs) if q is not None]
             if gidxs:
                 self.io.delete_rows(partition_id, gidxs)
         log.debug("kv_clear %d keys of %r", len(gidxs), partition_id)

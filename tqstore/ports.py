@@ -60,12 +60,32 @@ class PartitionInfo:
 
 @dataclass(frozen=True)
 class RowBatch:
-    """Rows of one partition with the partition's schema, in one answer: what a BatchMeta is
-    made from.  ``rows`` follows the order asked for; None for a gidx that is not a row."""
+    """Rows of one partition with the partition's schema, in one answer, column by column
+    (what a BatchMeta is made from; one list per column keeps a batch of thousands of rows
+    cheap to build and to send).  Columns follow the order asked for; a gidx or key that is
+    not a row of the partition has ``seqs[i] is None`` (and None in the other columns but
+    ``gidxs``, which keeps the gidx asked for).  ``fields[i]`` are row i's produced fields."""
 
     pid: str
     schema: Dict[str, Tuple[int, int]]
-    rows: List[Optional[RowInfo]]
+    gidxs: List[Optional[int]]
+    keys: List[Optional[str]]
+    tags: List[Any]
+    fields: List[Optional[frozenset]]
+    seqs: List[Optional[int]]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def missing(self) -> List[int]:
+        """Positions that are not rows of the partition."""
+        return [i for i, q in enumerate(self.seqs) if q is None]
+
+    def row(self, i: int) -> Optional[RowInfo]:
+        """Row ``i`` as a RowInfo (None when it is not a row)."""
+        if self.seqs[i] is None:
+            return None
+        return RowInfo(self.gidxs[i], self.keys[i], self.tags[i], self.fields[i], self.seqs[i])
 
 
 @dataclass

@@ -438,7 +438,7 @@ class Store(CheckpointMixin):
                 raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
             rows.append(r)
         if select_fields is None:
-            fields = sorted(set.intersection(*(r.fields for r in rows))) if rows else []
+            fields = sorted(frozenset.intersection(*(r.fields for r in rows))) if rows else []  # frozensets
         else:
             fields = list(select_fields)
             for f in fields:

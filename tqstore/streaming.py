@@ -27,7 +27,7 @@ from ._format.layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
 from .controller import check_name
 from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError
 from .meta import BatchMeta, KVBatchMeta
-from .ports import RowBatch, RowInfo
+from .ports import RowBatch
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kv import DataPlane
@@ -116,15 +116,13 @@ def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = Fa
             schema[f] = _schema_entry(*batch.schema[f])
         elif placeholders:
             schema[f] = {"dtype": None, "kind": None, "is_non_tensor": None}
-    rows: List[RowInfo] = []
-    for r in batch.rows:
-        if r is None:
-            raise KeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
-        rows.append(r)
+    if batch.missing():
+        raise KeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
     need = set(schema)
-    return BatchMeta([r.gidx for r in rows], [batch.pid] * len(rows), schema,
-                     np.array([1 if need <= r.fields else 0 for r in rows], dtype=np.int8), None,
-                     [_tag_out(r.tag) for r in rows], [r.key for r in rows], [r.seq for r in rows])
+    # BatchMeta makes a None tag {}; the tags are the answer's copies, not the controller's
+    return BatchMeta(batch.gidxs, [batch.pid] * len(batch), schema,
+                     np.array([need <= f for f in batch.fields], dtype=np.int8), None, batch.tags, batch.keys,
+                     batch.seqs)
 
 
 # ---------------------------------------------------------------------------- streaming
@@ -196,7 +194,7 @@ class Streaming:
             while True:
                 dp.check_open()
                 batch = dp.controller.fetch(partition_id, task_name, fields, batch_size, cfg)
-                if batch is not None and batch.rows:
+                if batch is not None and len(batch):
                     return meta_from(batch, list(batch.schema) if fields is None else fields)
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -204,34 +202,38 @@ class Streaming:
                 dp.cond.wait(min(left, _POLL_S))
 
     # ------------------------------------------------------------------ data
-    def _live_rows(self, meta: BatchMeta, *, strict: bool) -> Dict[str, Tuple[RowBatch, List[Tuple[int, RowInfo]]]]:
-        """Group a BatchMeta's rows by partition: the partition's answer and ``(position,
-        row)`` of each row that is still the row the meta was made for (same insertion
-        sequence number).  ``strict``: raise for the first (in meta order) that is not."""
+    def _live_rows(self, meta: BatchMeta, *, strict: bool) -> Dict[str, Tuple[RowBatch, List[int], List[int]]]:
+        """Group a BatchMeta's rows by partition: ``pid -> (answer, positions in the meta,
+        indexes in the answer)`` of the rows that are still the rows the meta was made for
+        (same insertion sequence number).  ``strict``: raise for the first (in meta order)
+        that is not."""
         ctrl = self._dp.controller
         positions: Dict[str, List[int]] = defaultdict(list)
         for i, pid in enumerate(meta.partition_ids):
             positions[pid].append(i)
-        gi = meta.global_indexes
-        batches = {pid: ctrl.row_batch(pid, [gi[i] for i in pos]) for pid, pos in positions.items()}
-        found: Dict[int, Optional[RowInfo]] = {}
+        gi, want = meta.global_indexes, meta._seqs
+        groups: Dict[str, Tuple[RowBatch, List[int], List[int]]] = {}
+        bad: List[Tuple[int, str, Optional[RowBatch]]] = []
         for pid, pos in positions.items():
-            b = batches[pid]
-            for i, r in zip(pos, b.rows if b is not None else [None] * len(pos)):
-                found[i] = r
-        groups: Dict[str, Tuple[RowBatch, List[Tuple[int, RowInfo]]]] = {}
-        for i, (pid, g, seq) in enumerate(zip(meta.partition_ids, gi, meta._seqs)):
-            r = found[i]
-            if r is None or (seq is not None and r.seq != seq):
-                if strict:
-                    if batches[pid] is None:
-                        raise PartitionNotFoundError(f"partition {pid!r} of the BatchMeta does not exist (cleared?)")
-                    raise KeyNotFoundError(f"row {g} of partition {pid!r} in the BatchMeta no longer exists "
-                                           f"(cleared); get fresh metadata")
+            b = ctrl.row_batch(pid, [gi[i] for i in pos])
+            if b is None:
+                bad.extend((i, pid, None) for i in pos)
                 continue
-            if pid not in groups:
-                groups[pid] = (batches[pid], [])
-            groups[pid][1].append((i, r))
+            live_pos, live_idx = [], []
+            for j, (i, seq) in enumerate(zip(pos, b.seqs)):
+                if seq is None or (want[i] is not None and seq != want[i]):
+                    bad.append((i, pid, b))
+                else:
+                    live_pos.append(i)
+                    live_idx.append(j)
+            if live_pos:
+                groups[pid] = (b, live_pos, live_idx)
+        if strict and bad:
+            i, pid, b = min(bad, key=lambda x: x[0])
+            if b is None:
+                raise PartitionNotFoundError(f"partition {pid!r} of the BatchMeta does not exist (cleared?)")
+            raise KeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta no longer exists "
+                                   f"(cleared); get fresh metadata")
         return groups
 
     def put(self, data: Any, metadata: Optional[BatchMeta] = None, partition_id: Optional[str] = None) -> BatchMeta:
@@ -268,15 +270,15 @@ class Streaming:
         with dp.write_lock:
             groups = self._live_rows(metadata, strict=True)
             plans = []
-            for pid, (_, pos_r) in groups.items():
-                pos = [i for i, _ in pos_r]
-                gidxs = [r.gidx for _, r in pos_r]
+            for pid, (b, pos, idx) in groups.items():
+                gidxs = [b.gidxs[j] for j in idx]
                 part = data if len(groups) == 1 else {f: _take(data[f], pos) for f in names}
-                cur = [_tag_out(r.tag) for _, r in pos_r]
+                stored = [b.tags[j] for j in idx]
+                cur = [_tag_out(t) for t in stored]
                 want = [metadata.custom_meta[i] for i in pos]
                 tags = None
                 if any(w != c for w, c in zip(want, cur)):
-                    tags = [w if w != c else r.tag for w, c, (_, r) in zip(want, cur, pos_r)]
+                    tags = [w if w != c else t for w, c, t in zip(want, cur, stored)]
                 if len(groups) > 1:  # validate every partition before writing any
                     cols = [to_column(f, part[f], len(gidxs)) for f in names]
                     dp.controller.plan_put(pid, cols, gidxs=gidxs, tags=tags)
@@ -293,10 +295,11 @@ class Streaming:
                         break
             status = np.zeros(metadata.size, dtype=np.int8)
             need = set(metadata.field_schema)
-            for pid, (_, pos_r) in groups.items():
-                for (i, _), r in zip(pos_r, after[pid].rows):
-                    status[i] = 1 if need <= r.fields else 0
-                    metadata.custom_meta[i] = _tag_out(r.tag)
+            for pid, (_, pos, _) in groups.items():
+                a = after[pid]
+                for i, fs, tag in zip(pos, a.fields, a.tags):
+                    status[i] = 1 if need <= fs else 0
+                    metadata.custom_meta[i] = _tag_out(tag)
             metadata.production_status = status
         return metadata
 
@@ -320,16 +323,16 @@ class Streaming:
         fields = metadata.field_names
         groups = self._live_rows(metadata, strict=True)
         if len(groups) == 1:
-            pid, (_, pos_r) = next(iter(groups.items()))
-            return read(pid, [r.gidx for _, r in pos_r], fields)
-        parts = {pid: read(pid, [r.gidx for _, r in pos_r], fields) for pid, (_, pos_r) in groups.items()}
+            pid, (b, _, idx) = next(iter(groups.items()))
+            return read(pid, [b.gidxs[j] for j in idx], fields)
+        parts = {pid: read(pid, [b.gidxs[j] for j in idx], fields) for pid, (b, _, idx) in groups.items()}
         out: Dict[str, Any] = {}
         for f in fields:
             rows: List[Any] = [None] * metadata.size
             kinds = set()
-            for pid, (batch, pos_r) in groups.items():
-                kinds.add(batch.schema[f])
-                for (i, _), v in zip(pos_r, _rows_of(parts[pid][f])):
+            for pid, (b, pos, _) in groups.items():
+                kinds.add(b.schema[f])
+                for i, v in zip(pos, _rows_of(parts[pid][f])):
                     rows[i] = v
             out[f] = assemble(next(iter(kinds))[0], rows) if len(kinds) == 1 else rows
         return out
@@ -357,8 +360,8 @@ class Streaming:
             raise InvalidInputError(f"clear_samples takes a BatchMeta, got {type(metadata).__name__}")
         self._dp.check_open()
         with self._dp.write_lock:
-            for pid, (_, pos_r) in self._live_rows(metadata, strict=False).items():
-                self._dp.io.delete_rows(pid, [r.gidx for _, r in pos_r])
+            for pid, (b, _, idx) in self._live_rows(metadata, strict=False).items():
+                self._dp.io.delete_rows(pid, [b.gidxs[j] for j in idx])
 
     # ------------------------------------------------------------------ status
     def get_consumption_status(self, task_name: str, partition_id: str
