@@ -220,8 +220,9 @@ class ControllerPort(Protocol):
         """Row metadata (None for a gidx that is not a row of ``pid``).  (Not ``rows``: the
         embedded Controller's ``rows`` is its in-memory index, which no port exposes.)"""
 
-    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[List[Optional[RowInfo]]]:
-        """Row metadata of ``keys`` (None for a key not in ``pid``); None for an unknown partition."""
+    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``keys`` (a key not in ``pid``: ``seqs[i] is None``);
+        None for an unknown partition."""
 
     def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
         """Schema and row metadata of ``gidxs`` in one answer; None for an unknown partition."""
@@ -256,7 +257,7 @@ class ControllerPort(Protocol):
         """Choose ready rows with the sampler and mark them consumed, sampler state and
         consumption marks in one transaction, so no row goes to two consumers of one task.
         ``fields=None`` means the partition's whole schema.  Returns the chosen rows with the
-        schema (``rows`` empty when the sampler chose none); None for an unknown partition.
+        schema (no rows when the sampler chose none); None for an unknown partition.
         O(ready rows)."""
 
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:

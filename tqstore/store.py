@@ -139,9 +139,10 @@ class Store(CheckpointMixin):
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
                                         thread_name_prefix="tqstore-unit")
         # _write_lock serialises puts, clears, state replacement and close (held for a whole
-        # put, unit writes included); _meta_lock guards the controller's in-memory mirror and
-        # is held only for metadata steps, so fetches and status queries don't wait for unit
-        # writes.  Always take _write_lock before _meta_lock.
+        # put, unit writes included); _meta_lock is held only for metadata steps (the data
+        # plane holds it around fetches and status queries, so they don't wait for unit writes,
+        # and state replacement holds it to swap the controller; the controller is thread-safe
+        # by itself).  Always take _write_lock before _meta_lock.
         self._write_lock = threading.RLock()
         self._meta_lock = threading.RLock()
         self._data = DataPlane(self.controller, self, write_lock=self._write_lock, lock=self._meta_lock,
