@@ -176,13 +176,13 @@ def partition_info(p: Partition) -> PartitionInfo:
 def row_batch(p: Partition, rows: List[Optional[Row]], asked: Optional[Sequence[int]] = None) -> RowBatch:
     """The answer for ``rows`` of ``p`` (None: not a row; ``asked[i]`` is then the gidx asked
     for, when rows were asked by gidx).  Row fields are frozensets: handed out as they are."""
-    for r in rows:
-        if r is None:
-            break
+    try:
+        seqs = [r.seq for r in rows]
+    except AttributeError:  # a None: some are not rows
+        pass
     else:  # every one is a row: one list per column
         return RowBatch(p.pid, dict(p.schema), [r.gidx for r in rows], [r.key for r in rows],
-                        [None if r.tag is None else copy_value(r.tag) for r in rows], [r.fields for r in rows],
-                        [r.seq for r in rows])
+                        [None if r.tag is None else copy_value(r.tag) for r in rows], [r.fields for r in rows], seqs)
     gidxs = [r.gidx if r is not None else (None if asked is None else asked[i]) for i, r in enumerate(rows)]
     return RowBatch(p.pid, dict(p.schema), gidxs, [None if r is None else r.key for r in rows],
                     [None if r is None else copy_value(r.tag) for r in rows],
@@ -237,5 +237,5 @@ def check_mirror(parts: Dict[str, Partition], rows: Dict[int, Row], consumed) ->
     assert sum(len(p.rows) for p in parts.values()) == len(rows)
 
 
-__all__ = ["Row", "Partition", "PutPlan", "copy_value", "row_info", "partition_info", "row_batch", "list_keys", "load_mirror",
-           "production_status", "consumption_status", "check_mirror"]
+__all__ = ["Row", "Partition", "PutPlan", "copy_value", "row_info", "partition_info", "row_batch", "list_keys",
+           "load_mirror", "production_status", "consumption_status", "check_mirror"]

@@ -92,13 +92,14 @@ class SamplerHost:
             return None
         need = frozenset(p.schema if fields is None else fields)
         done = c.consumed.get((pid, task), ())
+        sampler = self._for(pid)
         ready: List[int] = []
-        seqs: List[int] = []
+        seqs: Optional[List[int]] = [] if sampler.uses_seqs else None
         if all(f in p.schema for f in need):
             v = p.ready_view(task, need, done)
             ready = v.ordered()
-            seqs = v.seqs()
-        sampler = self._for(pid)
+            if seqs is not None:
+                seqs = v.seqs()
         before = _snapshot(sampler, pid)
         try:
             sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task, ready_seqs=seqs, **cfg)

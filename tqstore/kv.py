@@ -171,7 +171,7 @@ class DataPlane:
         rows = self.controller.rows_by_key(pid, keys)
         if rows is None:
             raise _no_partition(pid, self.controller.partitions())
-        missing = [keys[i] for i in rows.missing()]
+        missing = [keys[i] for i in rows.missing()] if None in rows.seqs else None
         if missing:
             raise KeyNotFoundError(f"{len(missing)} key(s) not in partition {pid!r}: {missing[:5]!r}")
         return rows
@@ -261,6 +261,8 @@ class DataPlane:
         keys = _key_list(keys)
         sel = _field_list(select_fields)
         self.check_open()
+        if sel is not None:  # only the global indexes are needed (Store.read checks the fields)
+            return self.io.read(partition_id, self.controller.resolve_keys(partition_id, keys), sel)
         rows = self._rows_for_keys(partition_id, keys)
         gidxs = rows.gidxs
         if sel is None:

@@ -44,6 +44,8 @@ class BaseSampler(ABC):
 
     #: name written beside the persisted state; state saved by another sampler is ignored
     name: str = "base"
+    #: whether :meth:`sample` reads ``ready_seqs`` (False spares a fetch a copy of them)
+    uses_seqs: bool = True
 
     def __init__(self) -> None:
         self._states: Dict[str, Dict[str, Any]] = {}
@@ -59,7 +61,8 @@ class BaseSampler(ABC):
             batch_size: rows requested.
             partition_id, task_name: what is being sampled, for keeping state.
             ready_seqs: the partition-local insertion sequence number of each ready row,
-                parallel to ``ready_indexes`` (None when called without a store).
+                parallel to ``ready_indexes`` (None when called without a store, or when
+                the class sets ``uses_seqs = False``).
             **sampling_config: the ``sampling_config`` given to ``get_meta``.
 
         Returns:
@@ -146,6 +149,7 @@ class SequentialSampler(BaseSampler):
     """The oldest ``batch_size`` ready rows; consumed as they are returned."""
 
     name = "sequential"
+    uses_seqs = False
 
     def sample(self, ready_indexes, batch_size, **kwargs) -> SampleResult:
         if len(ready_indexes) < batch_size:
@@ -170,6 +174,7 @@ class RankAwareSampler(BaseSampler):
     """
 
     name = "rank_aware"
+    uses_seqs = False
 
     def __init__(self, replicas: Optional[int] = None) -> None:
         super().__init__()
@@ -258,6 +263,7 @@ class RandomSampler(BaseSampler):
     """
 
     name = "random"
+    uses_seqs = False
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()

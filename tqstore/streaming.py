@@ -107,6 +107,13 @@ def _schema_entry(kind: int, dtype: int) -> Dict[str, Any]:
     return {"dtype": dt, "kind": KIND_NAMES.get(kind, "?"), "is_non_tensor": kind == KIND_VALUE}
 
 
+def _pick(column: List[Any], idx: Sequence[int]) -> List[Any]:
+    """``column[j] for j in idx`` (the column itself when ``idx`` is all of it, in order)."""
+    if isinstance(idx, range) and len(idx) == len(column):
+        return column
+    return [column[j] for j in idx]
+
+
 def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = False) -> BatchMeta:
     """A BatchMeta of ``batch``'s rows about ``fields`` (those of the schema; with
     ``placeholders`` also the others, kind unknown)."""
@@ -116,7 +123,7 @@ def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = Fa
             schema[f] = _schema_entry(*batch.schema[f])
         elif placeholders:
             schema[f] = {"dtype": None, "kind": None, "is_non_tensor": None}
-    if batch.missing():
+    if None in batch.seqs:
         raise KeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
     need = set(schema)
     # BatchMeta makes a None tag {}; the tags are the answer's copies, not the controller's
@@ -202,20 +209,28 @@ class Streaming:
                 dp.cond.wait(min(left, _POLL_S))
 
     # ------------------------------------------------------------------ data
-    def _live_rows(self, meta: BatchMeta, *, strict: bool) -> Dict[str, Tuple[RowBatch, List[int], List[int]]]:
+    def _live_rows(self, meta: BatchMeta, *, strict: bool
+                   ) -> Dict[str, Tuple[RowBatch, Sequence[int], Sequence[int]]]:
         """Group a BatchMeta's rows by partition: ``pid -> (answer, positions in the meta,
         indexes in the answer)`` of the rows that are still the rows the meta was made for
         (same insertion sequence number).  ``strict``: raise for the first (in meta order)
         that is not."""
         ctrl = self._dp.controller
-        positions: Dict[str, List[int]] = defaultdict(list)
-        for i, pid in enumerate(meta.partition_ids):
-            positions[pid].append(i)
         gi, want = meta.global_indexes, meta._seqs
-        groups: Dict[str, Tuple[RowBatch, List[int], List[int]]] = {}
+        pids = meta.partition_ids
+        asked: Dict[str, Optional[RowBatch]] = {}
+        if pids and pids.count(pids[0]) == len(pids):  # one partition (the usual case)
+            b = asked[pids[0]] = ctrl.row_batch(pids[0], gi)
+            if b is not None and b.seqs == want:  # and every row is live: C-speed checks
+                every = range(len(gi))
+                return {pids[0]: (b, every, every)}
+        positions: Dict[str, List[int]] = defaultdict(list)
+        for i, pid in enumerate(pids):
+            positions[pid].append(i)
+        groups: Dict[str, Tuple[RowBatch, Sequence[int], Sequence[int]]] = {}
         bad: List[Tuple[int, str, Optional[RowBatch]]] = []
         for pid, pos in positions.items():
-            b = ctrl.row_batch(pid, [gi[i] for i in pos])
+            b = asked[pid] if pid in asked else ctrl.row_batch(pid, [gi[i] for i in pos])
             if b is None:
                 bad.extend((i, pid, None) for i in pos)
                 continue
@@ -271,9 +286,9 @@ class Streaming:
             groups = self._live_rows(metadata, strict=True)
             plans = []
             for pid, (b, pos, idx) in groups.items():
-                gidxs = [b.gidxs[j] for j in idx]
+                gidxs = _pick(b.gidxs, idx)
                 part = data if len(groups) == 1 else {f: _take(data[f], pos) for f in names}
-                stored = [b.tags[j] for j in idx]
+                stored = _pick(b.tags, idx)
                 cur = [_tag_out(t) for t in stored]
                 want = [metadata.custom_meta[i] for i in pos]
                 tags = None
@@ -324,8 +339,8 @@ class Streaming:
         groups = self._live_rows(metadata, strict=True)
         if len(groups) == 1:
             pid, (b, _, idx) = next(iter(groups.items()))
-            return read(pid, [b.gidxs[j] for j in idx], fields)
-        parts = {pid: read(pid, [b.gidxs[j] for j in idx], fields) for pid, (b, _, idx) in groups.items()}
+            return read(pid, _pick(b.gidxs, idx), fields)
+        parts = {pid: read(pid, _pick(b.gidxs, idx), fields) for pid, (b, _, idx) in groups.items()}
         out: Dict[str, Any] = {}
         for f in fields:
             rows: List[Any] = [None] * metadata.size
@@ -361,7 +376,7 @@ class Streaming:
         self._dp.check_open()
         with self._dp.write_lock:
             for pid, (b, _, idx) in self._live_rows(metadata, strict=False).items():
-                self._dp.io.delete_rows(pid, [b.gidxs[j] for j in idx])
+                self._dp.io.delete_rows(pid, _pick(b.gidxs, idx))
 
     # ------------------------------------------------------------------ status
     def get_consumption_status(self, task_name: str, partition_id: str
