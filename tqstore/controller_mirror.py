@@ -159,9 +159,13 @@ def copy_value(v: Any) -> Any:
     """A copy of a stored non-tensor value (tags: None, numbers, str, lists, str-keyed dicts),
     so that a caller editing what it got never edits the mirror."""
     if isinstance(v, dict):
-        return {k: copy_value(x) for k, x in v.items()}
+        v = dict(v)  # stored values are JSON-shaped: only nested dicts and lists need more
+        for k, x in v.items():
+            if isinstance(x, (dict, list)):
+                v[k] = copy_value(x)
+        return v
     if isinstance(v, list):
-        return [copy_value(x) for x in v]
+        return [copy_value(x) if isinstance(x, (dict, list)) else x for x in v]
     return v
 
 
