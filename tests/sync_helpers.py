@@ -21,7 +21,7 @@ def watch_fetch_waits(store, monkeypatch, *, notify_only: bool = False) -> Tuple
     fetch's poll interval and lasts up to ``NOTIFY_ONLY_WAIT_S``, so a waiting fetch only
     sees new rows early if a producer wakes it.
     """
-    cond = store._kv().cond
+    cond = store._data.cond
     orig = cond.wait
     waiting = threading.Event()
     results: List[bool] = []

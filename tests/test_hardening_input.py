@@ -26,7 +26,7 @@ from tqstore.cli import EXIT_DAMAGED, EXIT_OK, main
 from tqstore.errors import (
     CheckpointError, CorruptionError, InvalidInputError, StorageIOError, TqstoreError, UnsupportedTypeError,
 )
-from tqstore.kv import MAX_INSERT_ROWS
+from tqstore.streaming import MAX_INSERT_ROWS
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,27 +4,31 @@ Every module under ``tqstore/`` is parsed with :mod:`ast` (nothing is imported):
 ``import`` and ``from ... import``, relative or absolute, at module level or inside a
 function, counts.  Layers, and what each may import besides its own layer:
 
-=============  ==========================================================  ===============================
-layer          modules                                                      may import
-=============  ==========================================================  ===============================
-base           ``errors``, ``_version``                                     nothing of tqstore
-native         ``_native/*`` (record hot path, C or pure Python)            base
-format         ``_format/*`` (bytes in, objects out; never opens a file)     native, base
-io             ``_io/*`` (every syscall, LMDB envs, failpoints)             format, native, base
-ports          ``ports`` / ``ports/*`` (the UnitPort and ControllerPort     format, native, base
-               interfaces; not written yet)
-engine-impl    ``unit``, ``unit_read``, ``controller``                       ports, io, format, native, base
-engine         ``store``, ``kv``, ``reader``, ``meta``, ``samplers``,         ports, io (not ``_io.lmdbenv``
-               ``seqlen_sampler``, ``policy``, ``layout_dirs``, ``_gcpause``,  nor ``_io.segfile``), format,
-               ``_default``,
-               ``checkpoint/*``, ``dump/*`` (the engine over the ports)      native, base
-ray            ``ray/*`` (units and controller as actors, same ports)        engine, engine-impl, ports, io,
-                                                                            format, native, base
-api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,    ray, engine, ports, base
-               ``async_api``, ``_executor``, ``config``, ``metrics``,
-               ``streaming`` (TransferQueue's API edge)
-testing        ``testing/*`` (crash and power-loss harnesses)               anything
-=============  ==========================================================  ===============================
+=============  ============================================================  ==========================
+layer          modules                                                        may import
+=============  ============================================================  ==========================
+base           ``errors``, ``_version``                                       nothing of tqstore
+native         ``_native/*`` (record hot path, C or pure Python)              base
+format         ``_format/*`` (bytes in, objects out; never opens a file)      native, base
+io             ``_io/*`` (every syscall, LMDB envs, failpoints)               format, native, base
+ports          ``ports`` (the UnitPort and ControllerPort interfaces and       format, native, base
+               the values that cross them)
+policies       ``samplers``, ``seqlen_sampler`` (pure sampling policies:       base
+               the controller runs them, users choose them)
+engine-impl    ``unit``, ``unit_read``, ``controller``, ``controller_*``       policies, ports, io,
+               (the implementations of the ports)                              format, native, base
+engine         ``store``, ``kv``, ``streaming``, ``reader``, ``meta``,         policies, ports, io (not
+               ``policy``, ``layout_dirs``, ``_gcpause``, ``_default``,        ``_io.lmdbenv`` nor
+               ``checkpoint/*``, ``dump/*`` (the engine over the ports)        ``_io.segfile``), format,
+                                                                              native, base
+ray            ``ray/*`` (units and controller as actors, same ports)          engine, engine-impl,
+                                                                              policies, ports, io,
+                                                                              format, native, base
+api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      ray, engine, policies,
+               ``async_api``, ``_executor``, ``config``, ``metrics``,          ports, base
+               ``dataloader`` (TransferQueue's API edge)
+testing        ``testing/*`` (crash and power-loss harnesses, conformance)     anything
+=============  ============================================================  ==========================
 
 Nothing outside ``testing`` imports ``testing``.  A module in no layer fails the test:
 a new module is placed in the table on purpose.
@@ -60,12 +64,14 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("format", ("_format",)),
     ("io", ("_io",)),
     ("ports", ("ports",)),
-    ("engine-impl", ("unit", "unit_read", "controller")),
-    ("engine", ("store", "kv", "reader", "meta", "samplers", "seqlen_sampler", "policy", "layout_dirs", "_gcpause",
-                "_default", "checkpoint", "dump")),
+    ("policies", ("samplers", "seqlen_sampler")),
+    ("engine-impl", ("unit", "unit_read", "controller", "controller_mirror", "controller_decode",
+                     "controller_sampling")),
+    ("engine", ("store", "kv", "streaming", "reader", "meta", "policy", "layout_dirs",
+                "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
-             "streaming")),  # "" is tqstore/__init__.py
+             "dataloader")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
 ]
 ALLOWED: Dict[str, Set[str]] = {
@@ -74,10 +80,11 @@ ALLOWED: Dict[str, Set[str]] = {
     "format": {"native", "base"},
     "io": {"format", "native", "base"},
     "ports": {"format", "native", "base"},
-    "engine-impl": {"ports", "io", "format", "native", "base"},
-    "engine": {"ports", "io", "format", "native", "base"},
-    "ray": {"engine", "engine-impl", "ports", "io", "format", "native", "base"},
-    "api": {"ray", "engine", "ports", "base"},
+    "policies": {"base"},
+    "engine-impl": {"policies", "ports", "io", "format", "native", "base"},
+    "engine": {"policies", "ports", "io", "format", "native", "base"},
+    "ray": {"engine", "engine-impl", "policies", "ports", "io", "format", "native", "base"},
+    "api": {"ray", "engine", "policies", "ports", "base"},
     "testing": {name for name, _ in LAYERS},
 }
 # io modules the engine over the ports must not reach: LMDB environments and segment files
@@ -105,7 +112,6 @@ KNOWN_VIOLATIONS: Set[Tuple[str, str]] = {
     ("tqstore.checkpoint.writer", "tqstore._io.lmdbenv"),
     ("tqstore.checkpoint.writer", "tqstore.unit"),
     ("tqstore.cli", "tqstore._io.lmdbenv"),
-    ("tqstore.kv", "tqstore.controller"),
     ("tqstore.store", "tqstore.controller"),
     ("tqstore.store", "tqstore.unit"),
 }
@@ -135,10 +141,24 @@ def _resolve(base: str, name: Optional[str]) -> str:
     return base
 
 
-def imports_of(module: str) -> Iterator[Tuple[str, int]]:
-    """``(imported module, line)`` for every import in ``module``, function-local ones included."""
-    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+def _type_checking_only(tree: ast.AST) -> Set[int]:
+    """ids of the import nodes inside ``if TYPE_CHECKING:`` blocks (never executed)."""
+    out: Set[int] = set()
     for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", None)) == "TYPE_CHECKING":
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def imports_of(module: str, *, runtime_only: bool = False) -> Iterator[Tuple[str, int]]:
+    """``(imported module, line)`` for every import in ``module``, function-local ones included;
+    ``runtime_only`` leaves out imports for type checkers only (``if TYPE_CHECKING:``), which
+    obey the layers like any other but cannot form a cycle at run time."""
+    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+    skip = _type_checking_only(tree) if runtime_only else set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name, node.lineno
@@ -239,7 +259,7 @@ def _cycles(edges: Dict[str, Set[str]]) -> List[List[str]]:
 def _graph(key, *, skip_known: bool) -> Dict[str, Set[str]]:
     edges: Dict[str, Set[str]] = defaultdict(set)
     for module in MODULES:
-        for target, _ in imports_of(module):
+        for target, _ in imports_of(module, runtime_only=True):
             if not _internal(target) or (skip_known and (module, target) in KNOWN_VIOLATIONS):
                 continue
             a, b = key(module), key(target)

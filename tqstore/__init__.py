@@ -29,7 +29,7 @@ from .policy import checkpoint_interval, expected_overhead, young_interval
 from .samplers import BaseSampler, GRPOGroupNSampler, RandomSampler, RankAwareSampler, SequentialSampler
 from .seqlen_sampler import SeqlenBalancedSampler, get_seqlen_balanced_partitions
 from .store import Store, open
-from .streaming import StreamingDataLoader, StreamingDataset
+from .dataloader import StreamingDataLoader, StreamingDataset
 
 logging.getLogger("tqstore").addHandler(logging.NullHandler())
 

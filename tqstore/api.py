@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Optional
 from . import _default, config as _config, metrics as _metrics
 from .client import FORWARDED, TransferQueueClient, call_store
 from .errors import ConfigError
-from .kv import KVMixin
+from .kv import DataPlane
 from .samplers import make_sampler
 from .store import Store
 
@@ -65,7 +65,7 @@ def get_client(store: Optional[Store] = None) -> TransferQueueClient:
 
 
 def _module_function(name: str) -> Callable:
-    target = getattr(KVMixin, name)
+    target = getattr(DataPlane, name)
 
     @functools.wraps(target)
     def fn(*args: Any, **kwargs: Any) -> Any:

@@ -12,13 +12,13 @@ from typing import Any, Callable
 
 from . import _default, _executor
 from .client import call_store
-from .kv import KVMixin
+from .kv import DataPlane
 
 ASYNC_KV = ("kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear")
 
 
 def _async_function(name: str) -> Callable:
-    target = getattr(KVMixin, name)
+    target = getattr(DataPlane, name)
 
     async def fn(*args: Any, **kwargs: Any) -> Any:
         store = _default.get_default()

@@ -17,7 +17,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _default, _executor, config as _config, metrics as _metrics
 from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError, StoreClosedError
-from .kv import KVMixin
+from .kv import DataPlane
 from .meta import BatchMeta
 
 #: Store methods a client (and the module API) forwards, in documentation order.
@@ -49,7 +49,7 @@ def call_store(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
 
 def _get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
     settings = _config.settings_for(store)
-    bound = inspect.signature(KVMixin.get_meta).bind(store, *args, **kwargs)
+    bound = inspect.signature(DataPlane.get_meta).bind(store, *args, **kwargs)
     bound.apply_defaults()
     if settings.polling_mode or bound.arguments["mode"] != "fetch" or "timeout_s" in kwargs:
         return store.get_meta(*args, **kwargs)
@@ -64,7 +64,7 @@ def _get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
 
 
 def _client_method(name: str) -> Callable:
-    target = getattr(KVMixin, name)
+    target = getattr(DataPlane, name)
 
     @functools.wraps(target)
     def method(self, *args: Any, **kwargs: Any) -> Any:

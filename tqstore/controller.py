@@ -6,42 +6,49 @@ sequence), per-task consumption, per-partition field schemas, the global index a
 
 Every mutating method is one LMDB transaction: when it returns, the change is committed
 (and survives a process kill; with durability "commit" also a power loss).  The
-in-memory mirror is updated only after the commit succeeds, so a failed call changes
-nothing.  Not thread-safe for writers: the store serialises them.
+in-memory mirror (:mod:`tqstore.controller_mirror`) is updated only after the commit
+succeeds, so a failed call changes nothing.
 
-Incremental structures (derived from the mirror, kept in step by every mutating method):
-
-* ``Partition.rows`` is in insertion order, i.e. ordered by ``seq`` (new rows always get
-  the partition's next sequence number; :meth:`Controller._load` sorts once);
-* ``Partition.ready[task][need]`` — for each ``(task, requested field set)`` a fetch has
-  asked about — the rows whose ``need`` fields are produced and that ``task`` has not
-  consumed, so that a fetch costs O(ready) rather than a scan and sort of the partition.
-  Built on first use, updated by :meth:`commit_put`, :meth:`mark_consumed`,
-  :meth:`clear_rows`, dropped by :meth:`reset_consumption` / :meth:`drop_fields`.
+The controller implements :class:`~tqstore.ports.ControllerPort`: every port method takes
+the controller's lock (it is thread-safe by itself) and answers values — copies, never the
+mirror.  ``plan_put`` → unit writes → ``commit_put`` must still be serialised by the caller
+(the store's write lock): a plan is valid only until the next commit.  The sampler lives
+here too (:class:`~tqstore.controller_sampling.SamplerHost`), so that a fetch chooses rows
+and marks them consumed in one transaction under one lock.
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import json
 import logging
 import threading
-from collections import defaultdict
-from dataclasses import dataclass, field
+from itertools import islice
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+import numpy as np
+
 from ._format.columns import KIND_NAMES, Column
 from ._format.dtypes import DTYPE_NAMES
-from ._format.values import check_value, dumps as _dumps_value, loads as _loads_value
+from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
+from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
+    CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, _json_obj, decode_controller,
+)
+from .controller_mirror import (
+    Partition, PutPlan, Row, check_mirror, consumption_status, list_keys, partition_info,
+    production_status, row_batch, row_info,
+)
+from .controller_sampling import SamplerHost
 from .errors import (
     CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
 )
-from ._format.names import check_key, check_name
+from ._format.names import check_key, check_name  # noqa: F401 - check_name re-exported
+from .ports import PartitionInfo, RowBatch, RowInfo
 
 log = logging.getLogger("tqstore")
 
-CONTROLLER_FORMAT = 1
 
 
 def _g(gidx: int) -> bytes:
@@ -52,220 +59,13 @@ def _pk(pid: str, key: str) -> bytes:
     return pid.encode() + b"\0" + key.encode()
 
 
-@dataclass
-class Row:
-    """One row's metadata. ``fields`` are the produced fields."""
-
-    gidx: int
-    pid: str
-    key: Optional[str]
-    tag: Any
-    fields: Set[str]
-    seq: int
-
-    def pack(self) -> bytes:
-        return _dumps_value({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields),
-                             "s": self.seq}, ensure_ascii=True).encode()
-
-    @classmethod
-    def unpack(cls, gidx: int, raw: bytes) -> "Row":
-        """Raises ValueError, KeyError, TypeError or UnicodeDecodeError on a malformed value."""
-        d = _loads_value(raw)
-        p, k, f, s = d["p"], d["k"], d["f"], d["s"]
-        if type(p) is not str or not (k is None or type(k) is str) or type(f) is not list \
-                or type(s) is not int or s < 0 or not all(type(x) is str for x in f):
-            raise ValueError(f"members of the wrong type: p {type(p).__name__}, k {type(k).__name__}, "
-                             f"f {type(f).__name__}, s {type(s).__name__}")
-        return cls(gidx, p, k, d["t"], set(f), s)
-
-
-class _Ready:
-    """Rows of one partition ready for one ``(task, need)``: gidx -> seq, seq-ordered unless
-    ``dirty`` (a row older than the newest one became ready; sorted on next use)."""
-
-    __slots__ = ("rows", "last", "dirty")
-
-    def __init__(self, rows: Dict[int, int]) -> None:
-        self.rows = rows
-        self.last = max(rows.values(), default=-1)
-        self.dirty = False
-
-    def add(self, gidx: int, seq: int) -> None:
-        if gidx in self.rows:
-            return
-        self.rows[gidx] = seq
-        if seq < self.last:
-            self.dirty = True
-        else:
-            self.last = seq
-
-    def ordered(self) -> List[int]:
-        if self.dirty:
-            self.rows = dict(sorted(self.rows.items(), key=lambda kv: kv[1]))
-            self.dirty = False
-        return list(self.rows)
-
-
-_MAX_VIEWS_PER_TASK = 8
-
-
-@dataclass
-class Partition:
-    pid: str
-    keys: Dict[str, int] = field(default_factory=dict)
-    rows: Dict[int, Row] = field(default_factory=dict)
-    schema: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # field -> (kind, dtype)
-    next_seq: int = 0
-    meta: Dict[str, Any] = field(default_factory=dict)
-    # task -> frozenset(requested fields) -> rows ready and unconsumed (see the module docstring)
-    ready: Dict[str, Dict[frozenset, _Ready]] = field(default_factory=dict, repr=False, compare=False)
-
-    def pack(self) -> bytes:
-        return json.dumps({"next_seq": self.next_seq, "meta": self.meta}).encode()
-
-
-@dataclass
-class PutPlan:
-    """A validated put, with global indexes reserved in memory but nothing committed."""
-
-    pid: str
-    gidxs: List[int]
-    new_rows: List[Row]
-    tags: Optional[List[Any]]
-    fields: List[str]
-    schema_new: Dict[str, Tuple[int, int]]
-    overwrites: bool  # some (gidx, field) already produced
-    new_partition: bool
-
-
-CONTROLLER_DBS = ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")
-
-
-@dataclass
-class ControllerState:
-    """Everything :func:`decode_controller` read from a controller index."""
-
-    num_units: int
-    next_gidx: int
-    put_token: int  # last committed overwriting put (0 when none)
-    free: List[int]
-    parts: Dict[str, Partition]
-    rows: Dict[int, Row]
-    consumed: Dict[Tuple[str, str], Set[int]]
-
-
-def _decimal(raw: Any, least: int = 0) -> int:
-    """An ASCII decimal value of the ``meta`` database (ValueError otherwise)."""
-    if raw is None:
-        raise ValueError("missing")
-    b = bytes(raw)
-    if not b.isdigit() or len(b) > 20 or int(b) < least:
-        raise ValueError(f"{b[:40]!r} is not an ASCII decimal integer >= {least}")
-    return int(b)
-
-
-def _json_obj(raw: Any) -> Dict[str, Any]:
-    d = _loads_value(raw)
-    if not isinstance(d, dict):
-        raise ValueError(f"a JSON {type(d).__name__}, not an object")
-    return d
-
-
-def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerState:
-    """Decode and check every entry of the controller index at ``path`` in read transaction
-    ``txn`` (``dbs``: its named databases, see :data:`CONTROLLER_DBS`; ``keys`` and
-    ``restores`` are not read).  The one decoder of the store's open and of checkpoint
-    verification.
-
-    Raises:
-        FormatVersionError: ``meta/format`` names another version.
-        CorruptionError: any entry is malformed (names ``data.mdb`` and the entry).
-    """
-    file = str(Path(path) / "data.mdb")
-    where: Any = "meta/format"
-    try:
-        meta = dbs["meta"]
-        fmt = _decimal(txn.get(b"format", db=meta))
-        if fmt != CONTROLLER_FORMAT:
-            raise FormatVersionError(f"controller index format {fmt} is not supported (reads {CONTROLLER_FORMAT})",
-                                     path=file)
-        where = "meta/num_units"
-        num_units = _decimal(txn.get(b"num_units", db=meta), 1)
-        where = "meta/next_gidx"
-        next_gidx = _decimal(txn.get(b"next_gidx", db=meta))
-        where = "meta/put_token"
-        raw_token = txn.get(b"put_token", db=meta)
-        put_token = _decimal(raw_token) if raw_token is not None else 0
-        free: List[int] = []
-        for k in txn.cursor(dbs["free"]).iternext(values=False):
-            where = ("free", bytes(k))
-            g = int.from_bytes(k, "big")
-            if len(k) != 8 or g >= next_gidx:
-                raise ValueError(f"not a global index below next_gidx {next_gidx}")
-            free.append(g)
-        free.sort()
-        parts: Dict[str, Partition] = {}
-        for k, v in txn.cursor(dbs["parts"]):
-            where = ("parts", bytes(k))
-            pid = bytes(k).decode("utf-8")
-            d = _json_obj(v)
-            seq, pmeta = d["next_seq"], d.get("meta", {})
-            if type(seq) is not int or seq < 0 or not isinstance(pmeta, dict):
-                raise ValueError("next_seq must be an int >= 0 and meta an object")
-            parts[pid] = Partition(pid, next_seq=seq, meta=pmeta)
-        loaded = []
-        for k, v in txn.cursor(dbs["rows"]):
-            where = ("rows", bytes(k))
-            g = int.from_bytes(k, "big")
-            if len(k) != 8 or g >= next_gidx:
-                raise ValueError(f"not a global index below next_gidx {next_gidx}")
-            r = Row.unpack(g, v)
-            if r.pid not in parts:
-                raise ValueError(f"row of partition {r.pid[:40]!r}, which has no parts entry")
-            loaded.append(r)
-        loaded.sort(key=lambda r: r.seq)  # Partition.rows is kept in seq order
-        rows: Dict[int, Row] = {}
-        for r in loaded:
-            where = ("rows", _g(r.gidx))
-            rows[r.gidx] = r
-            p = parts[r.pid]
-            p.rows[r.gidx] = r
-            if r.key is not None:
-                if r.key in p.keys:
-                    raise ValueError(f"key {r.key[:40]!r} of partition {r.pid[:40]!r} is claimed by two rows")
-                p.keys[r.key] = r.gidx
-        if len(free) + len(rows) > next_gidx or not rows.keys().isdisjoint(free):
-            where = "free"
-            raise ValueError("a global index is both free and a row")
-        for k, v in txn.cursor(dbs["schema"]):
-            where = ("schema", bytes(k))
-            pid, sep, f = bytes(k).decode("utf-8").partition("\0")
-            d = _json_obj(v)
-            kind, dt = d["kind"], d["dtype"]
-            if not sep or not f or pid not in parts or type(kind) is not int or kind not in KIND_NAMES \
-                    or type(dt) is not int or dt not in DTYPE_NAMES:
-                raise ValueError("not a known partition, field, kind and dtype")
-            parts[pid].schema[f] = (kind, dt)
-        consumed: Dict[Tuple[str, str], Set[int]] = defaultdict(set)
-        for k in txn.cursor(dbs["cons"]).iternext(values=False):
-            k = bytes(k)
-            where = ("cons", k)
-            task, sep, pid = k[:-9].decode("utf-8").partition("\0")
-            if len(k) < 11 or k[-9] != 0 or not sep or not task or not pid:
-                raise ValueError("not task NUL partition NUL global index")
-            consumed[(pid, task)].add(int.from_bytes(k[-8:], "big"))
-        for k, v in txn.cursor(dbs["sampler"]):
-            where = ("sampler", bytes(k))
-            bytes(k).decode("utf-8")
-            _json_obj(v)
-    except CorruptionError:
-        raise
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError) as e:
-        if isinstance(where, tuple):
-            where = f"{where[0]} entry {where[1][:40]!r}"
-        raise CorruptionError(f"controller index: malformed {where}: {type(e).__name__}: {e} (damaged metadata: "
-                              f"load the last good checkpoint into a new store)", path=file) from e
-    return ControllerState(num_units, next_gidx, put_token, free, parts, rows, consumed)
+def _locked(method):
+    """Run a controller method under the controller's lock."""
+    @functools.wraps(method)
+    def locked(self, *args, **kwargs):
+        with self._lock:
+            return method(self, *args, **kwargs)
+    return locked
 
 
 class Controller:
@@ -277,6 +77,7 @@ class Controller:
         self.env = open_env(self.path, max_dbs=12, sync=sync, **kw)
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
+        self._sampling = SamplerHost(self)
         try:
             with wrap_errors("open controller", self.path):
                 self._init_meta(num_units)
@@ -330,34 +131,106 @@ class Controller:
             p = self.parts.get(pid)
             if p is None:
                 return []
-            views = p.ready.setdefault(task, {})
-            v = views.pop(need, None)
-            if v is None:
-                done = self.consumed.get((pid, task), ())
-                v = _Ready({g: r.seq for g, r in p.rows.items() if g not in done and need <= r.fields})
-                while len(views) >= _MAX_VIEWS_PER_TASK:
-                    del views[next(iter(views))]  # least recently used
-            views[need] = v  # most recently used last
-            return v.ordered()
+            return p.ready_view(task, need, self.consumed.get((pid, task), ())).ordered()
 
     def check_mirror(self) -> None:
         """Assert the incremental structures agree with the rows and consumption (tests)."""
         with self._lock:
-            for pid, p in self.parts.items():
-                seqs = [r.seq for r in p.rows.values()]
-                assert seqs == sorted(seqs), f"rows of {pid!r} are not in seq order"
-                assert len(set(seqs)) == len(seqs), f"duplicate seq in {pid!r}"
-                assert all(self.rows.get(g) is r for g, r in p.rows.items()), f"rows of {pid!r} differ from the index"
-                assert {k: g for k, g in p.keys.items()} == {r.key: g for g, r in p.rows.items()
-                                                              if r.key is not None}, f"keys of {pid!r}"
-                for task, views in p.ready.items():
-                    done = self.consumed.get((pid, task), set())
-                    for need, v in views.items():
-                        want = [g for g, r in p.rows.items() if g not in done and need <= r.fields]
-                        assert v.ordered() == want, (pid, task, sorted(need), v.ordered(), want)
-            assert sum(len(p.rows) for p in self.parts.values()) == len(self.rows)
+            check_mirror(self.parts, self.rows, self.consumed)
+
+    # ------------------------------------------------------------------ port: queries (values)
+    @_locked
+    def partitions(self) -> List[str]:
+        """Partition ids, sorted."""
+        return sorted(self.parts)
+
+    @_locked
+    def partition_info(self, pid: str) -> PartitionInfo:
+        """Schema and row count; raises PartitionNotFoundError."""
+        return partition_info(self.partition(pid))
+
+    @_locked
+    def resolve_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
+        """Global indexes of ``keys``. Raises PartitionNotFoundError / KeyNotFoundError."""
+        return self.gidxs_for_keys(pid, keys)
+
+    @_locked
+    def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
+        """Row metadata (None for a gidx that is not a row of ``pid``)."""
+        p = self.parts.get(pid)
+        rows = p.rows if p is not None else {}
+        return [None if r is None else row_info(r) for r in map(rows.get, gidxs)]
+
+    @_locked
+    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``keys`` (missing: ``seqs[i] is None``); None for an
+        unknown partition."""
+        p = self.parts.get(pid)
+        if p is None:
+            return None
+        rows, index = p.rows, p.keys
+        return row_batch(p, [None if g is None else rows[g] for g in map(index.get, keys)])
+
+    @_locked
+    def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``gidxs`` in one answer; None for an unknown partition."""
+        p = self.parts.get(pid)
+        return None if p is None else row_batch(p, list(map(p.rows.get, gidxs)), gidxs)
+
+    @_locked
+    def first_rows(self, pid: str, limit: Optional[int] = None) -> Optional[RowBatch]:
+        """The first ``limit`` rows (all when None) in insertion order with the schema; None
+        for an unknown partition."""
+        p = self.parts.get(pid)
+        if p is None:
+            return None
+        return row_batch(p, list(p.rows.values()) if limit is None else list(islice(p.rows.values(), limit)))
+
+    @_locked
+    def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
+        """``{partition: {key: tag}}`` (keys in insertion order, tags as stored) for one
+        partition (empty when unknown) or all."""
+        return list_keys(self.parts, pid)
+
+    @_locked
+    def claims(self, unit_id: int) -> Dict[int, frozenset]:
+        """Rows on unit ``unit_id`` with their produced fields (for the store's reconcile)."""
+        n = self.num_units
+        return {g: r.fields for g, r in self.rows.items() if g % n == unit_id}  # frozensets
+
+    @_locked
+    def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """``(sorted gidxs, int8 matrix rows x fields)``; None for an unknown partition."""
+        p = self.parts.get(pid)
+        return None if p is None else production_status(p, fields)
+
+    @_locked
+    def consumption_status(self, pid: str, task: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        """``(sorted gidxs, int8 flags: 1 consumed by task)``; None for an unknown partition."""
+        p = self.parts.get(pid)
+        return None if p is None else consumption_status(p, self.consumed.get((pid, task), ()))
+
+    # ------------------------------------------------------------------ port: sampling
+    @_locked
+    def set_sampler(self, sampler: Any) -> None:
+        """Sample fetches with ``sampler`` (a BaseSampler or a make_sampler spec) from now on."""
+        self._sampling.set(sampler)
+
+    @property
+    def sampler(self):
+        """The sampler instance fetches use (in-process only)."""
+        return self._sampling.sampler
+
+    @_locked
+    def fetch(self, pid: str, task: str, fields: Optional[Sequence[str]], batch_size: int,
+              sampling_config: Optional[Mapping[str, Any]] = None) -> Optional[RowBatch]:
+        """Choose ready rows with the sampler and mark them consumed, with the sampler's state,
+        in one transaction; see ControllerPort.fetch."""
+        check_name("task_name", task)
+        return self._sampling.fetch(pid, task, fields, batch_size, dict(sampling_config or {}))
 
     # ------------------------------------------------------------------ puts
+    @_locked
     def plan_put(self, pid: str, columns: Sequence[Column], *, keys: Optional[Sequence[str]] = None,
                  gidxs: Optional[Sequence[int]] = None, n_new: int = 0, tags: Optional[Sequence[Any]] = None,
                  create_keys: bool = True) -> PutPlan:
@@ -476,7 +349,7 @@ class Controller:
             result: List[Row] = []
             for i, g in enumerate(plan.gidxs):
                 base = new_by_g.get(g) or p.rows[g]
-                r = Row(g, base.pid, base.key, base.tag, set(base.fields) | set(plan.fields), base.seq)
+                r = Row(g, base.pid, base.key, base.tag, frozenset(base.fields).union(plan.fields), base.seq)
                 if plan.tags is not None:
                     r.tag = plan.tags[i]
                 result.append(r)
@@ -535,7 +408,8 @@ class Controller:
     def clear_rows(self, pid: str, gidxs: Iterable[int], *, drop_partition: bool = False) -> List[int]:
         """Delete rows (keys, consumption marks) and free their global indexes.
 
-        Idempotent: rows already gone are skipped. Returns the gidxs actually removed.
+        Idempotent: rows already gone are skipped. Returns the gidxs actually removed.  The
+        sampler forgets cached results that mention them, in the same transaction.
         """
         with self._lock, wrap_errors("clear", self.path):
             p = self.parts.get(pid)
@@ -544,7 +418,10 @@ class Controller:
             gone = sorted({int(g) for g in gidxs if int(g) in p.rows})
             m = self.db
             tasks = [t for (pp, t) in self.consumed if pp == pid]
-            with self.env.begin(write=True) as txn:
+            forget = None if drop_partition or not gone else (lambda s: s.forget_rows(pid, gone))
+            with self._sampling.change(pid, forget) as state, self.env.begin(write=True) as txn:
+                if state is not None:
+                    txn.put(pid.encode(), json.dumps(state).encode(), db=m["sampler"])
                 for g in gone:
                     r = p.rows[g]
                     txn.delete(_g(g), db=m["rows"])
@@ -578,7 +455,14 @@ class Controller:
                 del self.parts[pid]
                 for t in tasks:
                     self.consumed.pop((pid, t), None)
+                self._sampling.drop(pid)
             return gone
+
+    @_locked
+    def drop_partition(self, pid: str) -> List[int]:
+        """Remove a partition with its rows, consumption and sampler state (idempotent)."""
+        p = self.parts.get(pid)
+        return [] if p is None else self.clear_rows(pid, list(p.rows), drop_partition=True)
 
     # ------------------------------------------------------------------ consumption
     @staticmethod
@@ -604,11 +488,17 @@ class Controller:
                     for g in gidxs:
                         v.rows.pop(g, None)
 
-    def reset_consumption(self, pid: str, task: Optional[str] = None) -> None:
-        """Forget consumption of ``pid`` by ``task`` (all tasks when None)."""
+    def reset_consumption(self, pid: str, task: Optional[str] = None) -> bool:
+        """Forget consumption of ``pid`` by ``task`` (all tasks when None) and the sampler's
+        cache of it, in one transaction.  False (nothing done) for an unknown partition."""
         with self._lock, wrap_errors("reset consumption", self.path):
+            if pid not in self.parts:
+                return False
             tasks = [t for (pp, t) in list(self.consumed) if pp == pid and (task is None or t == task)]
-            with self.env.begin(write=True) as txn:
+            with self._sampling.change(pid, lambda s: s.clear_cache(pid, task)) as state, \
+                    self.env.begin(write=True) as txn:
+                if state is not None:
+                    txn.put(pid.encode(), json.dumps(state).encode(), db=self.db["sampler"])
                 for t in tasks:
                     for g in self.consumed[(pid, t)]:
                         txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
@@ -620,6 +510,7 @@ class Controller:
                     p.ready.clear()
                 else:
                     p.ready.pop(task, None)
+            return True
 
     # ------------------------------------------------------------------ sampler state
     def sampler_state(self, key: str) -> Optional[Any]:

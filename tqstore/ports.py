@@ -58,6 +58,36 @@ class PartitionInfo:
     rows: int
 
 
+@dataclass(frozen=True)
+class RowBatch:
+    """Rows of one partition with the partition's schema, in one answer, column by column
+    (what a BatchMeta is made from; one list per column keeps a batch of thousands of rows
+    cheap to build and to send).  Columns follow the order asked for; a gidx or key that is
+    not a row of the partition has ``seqs[i] is None`` (and None in the other columns but
+    ``gidxs``, which keeps the gidx asked for).  ``fields[i]`` are row i's produced fields."""
+
+    pid: str
+    schema: Dict[str, Tuple[int, int]]
+    gidxs: List[Optional[int]]
+    keys: List[Optional[str]]
+    tags: List[Any]
+    fields: List[Optional[frozenset]]
+    seqs: List[Optional[int]]
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+    def missing(self) -> List[int]:
+        """Positions that are not rows of the partition."""
+        return [i for i, q in enumerate(self.seqs) if q is None]
+
+    def row(self, i: int) -> Optional[RowInfo]:
+        """Row ``i`` as a RowInfo (None when it is not a row)."""
+        if self.seqs[i] is None:
+            return None
+        return RowInfo(self.gidxs[i], self.keys[i], self.tags[i], self.fields[i], self.seqs[i])
+
+
 @dataclass
 class UnitExport:
     """What a unit wrote when it exported a snapshot into a checkpoint or dump directory.
@@ -190,6 +220,8 @@ class ControllerPort(Protocol):
         """Commit a planned put in one transaction."""
 
     # queries (values, never the mirror) -------------------------------------
+    # Each costs O(what is asked) unless it says otherwise; an unknown partition is an
+    # error only where the method says so (else None / empty).
     def partitions(self) -> List[str]:
         """Partition ids, sorted."""
 
@@ -199,21 +231,49 @@ class ControllerPort(Protocol):
     def resolve_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
         """Global indexes of ``keys``; raises PartitionNotFoundError / KeyNotFoundError."""
 
-    def rows(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
-        """Row metadata (None for a gidx that is not a row of ``pid``)."""
+    def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
+        """Row metadata (None for a gidx that is not a row of ``pid``).  (Not ``rows``: the
+        embedded Controller's ``rows`` is its in-memory index, which no port exposes.)"""
+
+    def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``keys`` (a key not in ``pid``: ``seqs[i] is None``);
+        None for an unknown partition."""
+
+    def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
+        """Schema and row metadata of ``gidxs`` in one answer; None for an unknown partition."""
+
+    def first_rows(self, pid: str, limit: Optional[int] = None) -> Optional[RowBatch]:
+        """The partition's first ``limit`` rows (all when None) in insertion order, with the
+        schema; None for an unknown partition.  O(limit)."""
 
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
-        """``{partition: {key: tag}}`` in insertion order."""
+        """``{partition: {key: tag}}`` in insertion order (tags as stored, None for none).  O(partition)."""
+
+    def claims(self, unit_id: int) -> Dict[int, frozenset]:
+        """Every row living on unit ``unit_id`` (``gidx % num_units``) with its produced
+        fields, for the store's reconcile.  O(rows)."""
 
     # clears -----------------------------------------------------------------
     def clear_rows(self, pid: str, gidxs: Sequence[int], *, drop_partition: bool = False) -> List[int]:
-        """Remove rows (idempotent); returns the gidxs removed."""
+        """Remove rows (idempotent; with the sampler's results that mention them, in the same
+        transaction); returns the gidxs removed."""
+
+    def drop_partition(self, pid: str) -> List[int]:
+        """Remove a partition with its rows, consumption and sampler state (idempotent);
+        returns the gidxs removed."""
 
     # consumption --------------------------------------------------------------
+    def set_sampler(self, sampler: Any) -> None:
+        """Sample fetches with ``sampler`` (a BaseSampler, or a spec for make_sampler) from now
+        on; its state per partition is loaded from the controller as fetches need it."""
+
     def fetch(self, pid: str, task: str, fields: Optional[Sequence[str]], batch_size: int,
-              sampling_config: Optional[Mapping[str, Any]] = None) -> List[int]:
+              sampling_config: Optional[Mapping[str, Any]] = None) -> Optional[RowBatch]:
         """Choose ready rows with the sampler and mark them consumed, sampler state and
-        consumption marks in one transaction; ``[]`` when the sampler chose none."""
+        consumption marks in one transaction, so no row goes to two consumers of one task.
+        ``fields=None`` means the partition's whole schema.  Returns the chosen rows with the
+        schema (no rows when the sampler chose none); None for an unknown partition.
+        O(ready rows)."""
 
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         """``(sorted gidxs, int8 matrix rows x fields)``; None for an unknown partition."""
@@ -250,5 +310,5 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
     return True
 
 
-__all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "UnitExport", "ControllerExport", "UnitPort",
+__all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "UnitExport", "ControllerExport", "UnitPort",
            "ControllerPort", "fill_or_copy"]

@@ -1,7 +1,9 @@
 """Samplers: which ready rows a ``get_meta(mode="fetch")`` call hands out.
 
 A sampler gets the rows that are *ready* for a task (every requested field produced,
-not yet consumed by that task), in insertion order, and returns
+not yet consumed by that task), in insertion order, with their insertion sequence numbers
+(``ready_seqs``, values: a sampler never sees the controller's partition object; it runs
+beside the controller, in its process), and returns
 ``(sampled_indexes, consumed_indexes)``: the global indexes to return and those to mark
 consumed.  Returning ``([], [])`` means "not enough data yet".
 
@@ -21,7 +23,7 @@ import json
 import logging
 import zlib
 from abc import ABC, abstractmethod
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Type, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import numpy as np
 
@@ -42,13 +44,18 @@ class BaseSampler(ABC):
 
     #: name written beside the persisted state; state saved by another sampler is ignored
     name: str = "base"
+    #: whether :meth:`sample` reads ``ready_seqs`` (False spares a fetch a copy of them)
+    uses_seqs: bool = True
+    #: whether :meth:`sample` reads ``ready_tags`` (each ready row's tag, a copy; off by
+    #: default: a fetch then copies no tags)
+    uses_tags: bool = False
 
     def __init__(self) -> None:
         self._states: Dict[str, Dict[str, Any]] = {}
 
     @abstractmethod
     def sample(self, ready_indexes: List[int], batch_size: int, *, partition_id: str = "", task_name: str = "",
-               partition: Any = None, **sampling_config: Any) -> SampleResult:
+               ready_seqs: Optional[Sequence[int]] = None, **sampling_config: Any) -> SampleResult:
         """Choose rows from ``ready_indexes`` (global indexes, insertion order).
 
         Args:
@@ -56,8 +63,11 @@ class BaseSampler(ABC):
                 has not consumed, oldest first.
             batch_size: rows requested.
             partition_id, task_name: what is being sampled, for keeping state.
-            partition: read-only view of the partition (``partition.rows[g].seq`` is the
-                row's insertion sequence number, ``.key`` / ``.tag`` its key and tag).
+            ready_seqs: the partition-local insertion sequence number of each ready row,
+                parallel to ``ready_indexes`` (None when called without a store, or when
+                the class sets ``uses_seqs = False``).
+            ready_tags: (only for a class that sets ``uses_tags = True``) each ready row's
+                tag, parallel to ``ready_indexes``, as a copy.
             **sampling_config: the ``sampling_config`` given to ``get_meta``.
 
         Returns:
@@ -144,6 +154,7 @@ class SequentialSampler(BaseSampler):
     """The oldest ``batch_size`` ready rows; consumed as they are returned."""
 
     name = "sequential"
+    uses_seqs = False
 
     def sample(self, ready_indexes, batch_size, **kwargs) -> SampleResult:
         if len(ready_indexes) < batch_size:
@@ -168,6 +179,7 @@ class RankAwareSampler(BaseSampler):
     """
 
     name = "rank_aware"
+    uses_seqs = False
 
     def __init__(self, replicas: Optional[int] = None) -> None:
         super().__init__()
@@ -213,7 +225,7 @@ class GRPOGroupNSampler(BaseSampler):
             raise ConfigError(f"n_samples_per_prompt must be a positive int, got {n_samples_per_prompt!r}")
         self.n_samples_per_prompt = n_samples_per_prompt
 
-    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=None,
+    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", ready_seqs=None, dp_rank=None,
                batch_index=None, n_samples_per_prompt=None, **kwargs) -> SampleResult:
         n = int(n_samples_per_prompt or self.n_samples_per_prompt)
         if dp_rank is not None:
@@ -222,24 +234,20 @@ class GRPOGroupNSampler(BaseSampler):
                 return hit
         if batch_size % n:
             raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
-        rows = getattr(partition, "rows", None)
-
-        def seq(g: int) -> int:
-            return rows[g].seq if rows is not None else g
-
-        members: Dict[int, List[int]] = {}
+        seqs = ready_indexes if ready_seqs is None else ready_seqs  # without a store: gidx order
+        members: Dict[int, List[Tuple[int, int]]] = {}
         order: List[int] = []
-        for g in ready_indexes:
-            gid = seq(g) // n
+        for g, sq in zip(ready_indexes, seqs):
+            gid = sq // n
             if gid not in members:
                 members[gid] = []
                 order.append(gid)
-            members[gid].append(g)
+            members[gid].append((sq, g))
         out: List[int] = []
         for gid in sorted(order):
             grp = members[gid]
             if len(grp) == n:
-                out.extend(sorted(grp, key=seq))
+                out.extend(g for _, g in sorted(grp))
                 if len(out) == batch_size:
                     break
         if len(out) < batch_size:
@@ -260,6 +268,7 @@ class RandomSampler(BaseSampler):
     """
 
     name = "random"
+    uses_seqs = False
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()

@@ -111,13 +111,14 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int
 
 
 def _lengths(partition: Any, gidxs: Sequence[int]) -> List[int]:
-    """Each row's ``total_lengths`` tag entry (1 when absent)."""
+    """Each row's ``total_lengths`` tag entry (1 when absent); ``partition`` is a mapping
+    gidx -> tag (what the store hands a sampler that sets ``uses_tags``) or TransferQueue's
+    partition object."""
     if hasattr(partition, "get_custom_meta"):  # TransferQueue's partition object
         meta = partition.get_custom_meta(list(gidxs))
         tags = [meta.get(g, {}) for g in gidxs]
     else:
-        rows = partition.rows
-        tags = [getattr(rows[g], "tag", None) or {} for g in gidxs]
+        tags = [partition.get(g) or {} for g in gidxs]
     return [int(t.get("total_lengths", 1)) if isinstance(t, dict) else 1 for t in tags]
 
 
@@ -136,6 +137,7 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
     """
 
     name = "seqlen_balanced"
+    uses_tags = True  # the token counts are in the rows' tags
 
     def __init__(self, n_samples_per_prompt: int = 1, dp_size: int = 1) -> None:
         if not isinstance(dp_size, int) or dp_size <= 0:
@@ -144,14 +146,16 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         self.dp_size = dp_size
 
     def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=0,
-               batch_index=0, **kwargs) -> SampleResult:
+               batch_index=0, ready_tags=None, **kwargs) -> SampleResult:
         dp_rank = 0 if dp_rank is None else dp_rank
         batch_index = 0 if batch_index is None else batch_index
         hit = self._cached(partition_id, task_name, dp_rank, batch_index)
         if hit is not None:
             return hit
+        if partition is None and ready_tags is not None:
+            partition = dict(zip(ready_indexes, ready_tags))
         chosen, _ = super().sample(ready_indexes, batch_size * self.dp_size, partition_id=partition_id,
-                                   task_name=task_name, partition=partition, **kwargs)
+                                   task_name=task_name, **kwargs)
         if not chosen:
             return [], []
         if partition is None:

@@ -34,7 +34,7 @@ from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
 )
-from .kv import KVMixin
+from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .ports import SnapshotId, UnitPort
 from .reader import PARALLEL_MIN_BYTES, read_fields
@@ -100,8 +100,12 @@ def _normalise_fields(fields: Any) -> List[Tuple[str, Any]]:
     return items
 
 
-class Store(KVMixin, CheckpointMixin):
+class Store(CheckpointMixin):
     """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
+
+    The data-plane calls (``kv_*``, ``get_meta``, ``put``, ``get_data``, ...) are those of
+    :class:`~tqstore.kv.DataPlane`, which the store composes over its controller and its own
+    ``write`` / ``read`` / ``delete_rows`` / ``drop_partition``, and forwards to.
 
     Args:
         path: store directory (created if missing). ``None``: a private temporary store,
@@ -157,11 +161,14 @@ class Store(KVMixin, CheckpointMixin):
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
                                         thread_name_prefix="tqstore-unit")
         # _write_lock serialises puts, clears, state replacement and close (held for a whole
-        # put, unit writes included); _meta_lock guards the controller's in-memory mirror and
-        # is held only for metadata steps, so fetches and status queries don't wait for unit
-        # writes.  Always take _write_lock before _meta_lock.
+        # put, unit writes included); _meta_lock is held only for metadata steps (the data
+        # plane holds it around fetches and status queries, so they don't wait for unit writes,
+        # and state replacement holds it to swap the controller; the controller is thread-safe
+        # by itself).  Always take _write_lock before _meta_lock.
         self._write_lock = threading.RLock()
         self._meta_lock = threading.RLock()
+        self._data = DataPlane(self.controller, self, write_lock=self._write_lock, lock=self._meta_lock,
+                               check_open=self._check_open)
         self._closed = False
         try:
             self._reconcile()
@@ -253,25 +260,25 @@ class Store(KVMixin, CheckpointMixin):
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
         self._settle_undo()
-        rows = self.controller.rows
         missing: Dict[int, Set[str]] = defaultdict(set)
 
         def one(u: UnitPort):
+            claims = self.controller.claims(u.unit_id)  # this unit's rows: gidx -> produced fields
             present = u.keys()
             orphan: Dict[int, List[str]] = defaultdict(list)
             have: Dict[int, Set[str]] = defaultdict(set)
             for g, f in present:
-                r = rows.get(g)
-                if r is None or f not in r.fields or g % self.num_units != u.unit_id:
+                fs = claims.get(g)
+                if fs is None or f not in fs:
                     orphan[g].append(f)
                 else:
                     have[g].add(f)
             for g, fs in orphan.items():
                 u.delete([g], fs)
             lost = {}
-            for g, r in rows.items():
-                if g % self.num_units == u.unit_id and r.fields - have.get(g, set()):
-                    lost[g] = r.fields - have.get(g, set())
+            for g, fs in claims.items():
+                if fs - have.get(g, set()):
+                    lost[g] = set(fs - have.get(g, set()))
             return sum(len(v) for v in orphan.values()), lost
 
         for n_orphan, lost in self._pool.map(one, self.units):
@@ -444,10 +451,7 @@ class Store(KVMixin, CheckpointMixin):
         self._check_open()
         with self._write_lock:
             with self._meta_lock:
-                p = self.controller.parts.get(partition_id)
-                if p is None:
-                    return []
-                gone = self.controller.clear_rows(partition_id, list(p.rows), drop_partition=True)
+                gone = self.controller.drop_partition(partition_id)
             self._delete_units(gone)
             return gone
 
@@ -483,7 +487,7 @@ class Store(KVMixin, CheckpointMixin):
                 raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
             rows.append(r)
         if select_fields is None:
-            fields = sorted(set.intersection(*(r.fields for r in rows))) if rows else []
+            fields = sorted(frozenset.intersection(*(r.fields for r in rows))) if rows else []  # frozensets
         else:
             fields = list(select_fields)
             for f in fields:
@@ -565,6 +569,7 @@ class Store(KVMixin, CheckpointMixin):
                 raise
             self._close_parts()
             self.controller, self.units, self.state_dir = new[0], new[1], new_dir
+            self._data.rebind(self.controller)
             try:
                 files.rmtree(old[2])
             except OSError:
@@ -590,6 +595,15 @@ class Store(KVMixin, CheckpointMixin):
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def sampler(self):
+        """The sampler ``get_meta(mode="fetch")`` uses (default :class:`SequentialSampler`)."""
+        return self._data.sampler
+
+
+for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and docstrings kept)
+    setattr(Store, _name, forwarder(DataPlane, "_data", _name))
 
 
 def _creation_debris(name: str) -> bool:

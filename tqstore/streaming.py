@@ -1,225 +1,449 @@
-"""``StreamingDataset`` / ``StreamingDataLoader``: a torch ``IterableDataset`` over ``get_meta`` + ``get_data``
-for one task (TransferQueue's ``transfer_queue.dataloader``, same arguments).
+"""Streaming calls of the data plane (TransferQueue-shaped), rows addressed by global index.
 
-Each iteration step fetches ``batch_size`` rows for ``task_name`` (``sampling_config`` carries
-``dp_rank`` and ``batch_index``, so ranks of one data-parallel group get the same rows with
-the rank-aware samplers), reads them as a ``TensorDict`` and yields ``(micro_batch, meta)``
-pairs cut by ``process_batch_fn`` (default :func:`chunk_batch_fn`).
+``put``, ``get_meta`` (modes ``fetch`` / ``force_fetch`` / ``insert``), ``get_data``,
+``clear_samples``, ``clear_partition``, status queries; rows are
+:class:`~tqstore.meta.BatchMeta`.  :class:`Streaming` is composed into
+:class:`~tqstore.kv.DataPlane` and works through the same collaborators: the controller
+(a :class:`~tqstore.ports.ControllerPort`, answering values) and the store's payload side
+(``write`` / ``read`` / ``delete_rows`` / ``drop_partition``).
 
-The batch is converted to a ``TensorDict`` here, at the edge (tensors and nested tensors
-as they are, non-tensor fields as a ``NonTensorStack``), whatever mapping ``get_data`` returns.
+A fetch is one controller call (the controller chooses and marks rows in one transaction,
+see :meth:`~tqstore.ports.ControllerPort.fetch`); waiting for producers (``timeout_s``)
+happens here, on a condition the data plane notifies after every put.
 """
 from __future__ import annotations
 
 import logging
-import os
 import time
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset
 
-from .errors import InvalidInputError
-from .meta import BatchMeta
+from ._format.columns import KIND_NAMES, assemble, to_column
+from ._format.dtypes import CODE_TO_NUMPY, CODE_TO_TORCH
+from ._format.layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
+from ._format.names import check_name
+from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError
+from .meta import BatchMeta, KVBatchMeta
+from .ports import RowBatch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .kv import DataPlane
 
 log = logging.getLogger("tqstore")
 
-#: seconds to wait after an empty fetch (TransferQueue's TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL)
-EMPTY_BATCH_SLEEP_S = float(os.environ.get("TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL", 1))
+MODES = ("fetch", "force_fetch", "insert")
+MAX_INSERT_ROWS = 1 << 24  # rows one get_meta(mode="insert") may reserve
+_POLL_S = 0.05
 
 
-def to_tensordict(data: Any, batch_size: Optional[int] = None) -> Any:
-    """A mapping of field → batched value as a ``TensorDict`` of ``batch_size`` rows (a TensorDict unchanged)."""
-    from tensordict import NonTensorStack, TensorDict
-    if isinstance(data, TensorDict):
-        return data
-    out = {}
-    n = batch_size
-    for name, value in dict(data).items():
-        if isinstance(value, torch.Tensor):
-            out[name] = value
-            n = value.size(0) if n is None else n
-        elif isinstance(value, np.ndarray) and value.dtype.kind not in "OUSV":
-            out[name] = torch.from_numpy(np.ascontiguousarray(value))
-            n = value.shape[0] if n is None else n
-        else:
-            rows = list(value)
-            out[name] = NonTensorStack(*rows) if rows else NonTensorStack()
-            n = len(rows) if n is None else n
-    return TensorDict(out, batch_size=[n or 0])
+# ---------------------------------------------------------------------------- helpers
+def _field_list(fields: Union[None, str, Sequence[str]], what: str = "select_fields") -> Optional[List[str]]:
+    if fields is None:
+        return None
+    if isinstance(fields, str):
+        return [fields]
+    if not isinstance(fields, (list, tuple)) or not all(isinstance(f, str) for f in fields):
+        raise InvalidInputError(f"{what} must be a str or a list of str, got {fields!r}")
+    if len(set(fields)) != len(fields):
+        raise InvalidInputError(f"{what} names a field twice: {list(fields)}")
+    return list(fields)
 
 
-def default_fetch_batch_fn(tq_client: Any, data_fields: List[str], batch_size: int, partition_id: str,
-                           task_name: str, sampling_config: dict, batch_index: int) -> Tuple[Any, BatchMeta]:
-    """One ``get_meta`` (+ ``get_data`` when rows came back): ``(TensorDict or None, BatchMeta)``."""
-    cfg = {k: v for k, v in {**sampling_config, "batch_index": batch_index}.items()
-           if k not in ("task_name", "partition_id")}  # passed as get_meta's own arguments
-    meta = tq_client.get_meta(data_fields=data_fields, batch_size=batch_size, partition_id=partition_id,
-                              task_name=task_name, sampling_config=cfg)
-    if meta.size == 0:
-        log.debug("StreamingDataset: empty batch for task %r in %r; waiting for data", task_name, partition_id)
-        return None, meta
-    return to_tensordict(tq_client.get_data(meta), meta.size), meta
+def _check_pid(pid: Any) -> str:
+    if not isinstance(pid, str) or not pid:
+        raise InvalidInputError(f"partition_id must be a non-empty str, got {pid!r}")
+    return pid
 
 
-def chunk_batch_fn(td: Any, batch_meta: BatchMeta, micro_batch_size: int = 1) -> List[Tuple[Any, BatchMeta]]:
-    """Split a TensorDict and its BatchMeta into micro-batches of ``micro_batch_size`` rows (the last may be smaller).
-
-    Nested (jagged or strided) fields are re-nested per chunk in their layout.
-
-    Raises:
-        TypeError: ``td`` is not a TensorDict.
-        ValueError: ``micro_batch_size`` not a positive int or larger than the batch, or no batch dimension.
-    """
-    from tensordict import TensorDict
-    if not isinstance(td, TensorDict):
-        raise TypeError(f"Expected TensorDict, got {type(td).__name__}")
-    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size <= 0:
-        raise InvalidInputError(f"micro_batch_size must be a positive integer, got {micro_batch_size}")
-    if len(td.batch_size) == 0:
-        raise InvalidInputError("Input TensorDict must have non-empty batch_size")
-    total = int(td.batch_size[0])
-    if micro_batch_size > total:
-        raise InvalidInputError(f"micro_batch_size ({micro_batch_size}) exceeds total batch size ({total})")
-    splits = (total + micro_batch_size - 1) // micro_batch_size
-    metas = batch_meta.chunk(splits)
-    nested, dense = {}, {}
-    for key, value in td.items():
-        if isinstance(value, torch.Tensor) and value.is_nested:
-            nested[key] = (value.unbind(0), value.layout)
-        else:
-            dense[key] = value
-    dense_td = TensorDict(dense, batch_size=td.batch_size) if dense else None
-    out = []
-    for i in range(splits):
-        start, end = i * micro_batch_size, min((i + 1) * micro_batch_size, total)
-        chunk = dense_td[start:end] if dense_td is not None else TensorDict({}, batch_size=(end - start,))
-        for key, (rows, layout) in nested.items():
-            chunk[key] = torch.nested.as_nested_tensor(list(rows[start:end]), layout=layout)
-        out.append((chunk, metas[i]))
-    return out
+def _tag_out(tag: Any) -> Any:
+    return {} if tag is None else tag
 
 
-class StreamingDataset(IterableDataset):
-    """Batches of one task's rows from a store, as ``(TensorDict, BatchMeta)`` micro-batches.
+def _no_partition(pid: str, known: Sequence[str]) -> PartitionNotFoundError:
+    return PartitionNotFoundError(f"partition {pid!r} does not exist (known: {list(known)[:10]})")
 
-    Args:
-        config: TransferQueue's config (ignored: the default store of ``tq.init`` is used),
-            a :class:`~tqstore.store.Store`, or a client.
-        batch_size: rows fetched per ``get_meta``.
-        micro_batch_size: rows per yielded micro-batch.
-        data_fields: fields to read.
-        partition_id, task_name: what to consume, and as whom.
-        dp_rank: data-parallel group; ranks with one ``dp_rank`` get the same rows
-            (with ``RankAwareSampler``-style samplers).
-        should_check_consumption_status: False (default): an endless stream, waiting
-            ``EMPTY_BATCH_SLEEP_S`` after an empty fetch.  True: stop once the partition's
-            rows are all consumed by ``task_name`` and the buffer is drained.
-        fetch_batch_fn: replaces :func:`default_fetch_batch_fn`.
-        process_batch_fn: replaces :func:`chunk_batch_fn`.
-    """
 
-    def __init__(self, config: Any, batch_size: int, micro_batch_size: int, data_fields: List[str],
-                 partition_id: str, task_name: str, dp_rank: int, should_check_consumption_status: bool = False,
-                 fetch_batch_fn: Optional[Callable] = None, process_batch_fn: Optional[Callable] = None) -> None:
-        if micro_batch_size < 1:
-            raise InvalidInputError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        if len(data_fields) < 1:
-            raise InvalidInputError(f"data_fields must be a list with at least one field name, got {data_fields}")
-        if dp_rank < 0:
-            raise InvalidInputError(f"dp_rank {dp_rank} must be greater than or equal to 0")
-        super().__init__()
-        self.config = config
-        self.batch_size = batch_size
-        self.micro_batch_size = micro_batch_size
-        self.data_fields = list(data_fields)
-        self.partition_id = partition_id
-        self.task_name = task_name
-        self.dp_rank = dp_rank
-        self.should_check_consumption_status = should_check_consumption_status
-        self.fetch_batch_fn = fetch_batch_fn or default_fetch_batch_fn
-        self.process_batch_fn = process_batch_fn or chunk_batch_fn
-        self.sampling_config = {"dp_rank": dp_rank, "task_name": task_name}
-        self.buffer: List[Tuple[Any, BatchMeta]] = []
-        self.batch_index = 0
-        self._tq_client: Any = None
+def _field_names(data: Any) -> List[str]:
+    if data is None:
+        return []
+    if not hasattr(data, "keys"):
+        raise InvalidInputError(f"data must be a mapping of field name to batched value, got {type(data).__name__}")
+    names = list(data.keys())
+    bad = [k for k in names if not isinstance(k, str)]
+    if bad:
+        raise InvalidInputError(f"field names must be str, got {type(bad[0]).__name__} {bad[0]!r}")
+    return names
 
-    def _client(self) -> Any:
-        if self._tq_client is None:
-            from .client import TransferQueueClient
-            from .store import Store
-            if isinstance(self.config, TransferQueueClient):
-                self._tq_client = self.config
-            else:
-                self._tq_client = TransferQueueClient(self.config if isinstance(self.config, Store) else None)
-        return self._tq_client
 
-    def _finished(self, client: Any) -> bool:
-        if not self.should_check_consumption_status:
-            return False
-        if self.batch_index < len(self.buffer):
-            return False
-        return bool(client.check_consumption_status(self.task_name, self.partition_id))
+def _take(value: Any, idx: List[int]) -> Any:
+    """Rows ``idx`` of a batched value (for splitting a put across partitions)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_nested:
+            rows = value.unbind()
+            return [rows[i] for i in idx]
+        return value[torch.as_tensor(idx, dtype=torch.long)]
+    if isinstance(value, np.ndarray):
+        return value[idx]
+    if type(value).__name__ in ("NonTensorStack", "NonTensorData"):
+        value = list(value.tolist())
+    if isinstance(value, (list, tuple)):
+        return [value[i] for i in idx]
+    return value  # to_column rejects it with a clear error
 
-    def __iter__(self) -> Iterator[Tuple[Any, BatchMeta]]:
-        client = self._client()
-        while not self._finished(client):
-            if self.batch_index < len(self.buffer):
-                current = self.buffer[self.batch_index]
-                self.batch_index += 1
-                yield from self.process_batch_fn(*current, micro_batch_size=self.micro_batch_size)
+
+def _rows_of(value: Any) -> List[Any]:
+    if isinstance(value, torch.Tensor):
+        return list(value.unbind()) if value.is_nested else list(value.unbind(0))
+    if isinstance(value, np.ndarray):
+        return list(value)
+    return list(value)
+
+
+def _schema_entry(kind: int, dtype: int) -> Dict[str, Any]:
+    if kind == KIND_TENSOR:
+        dt: Any = CODE_TO_TORCH.get(dtype)
+    elif kind == KIND_NDARRAY:
+        dt = CODE_TO_NUMPY.get(dtype)
+    else:
+        dt = None
+    return {"dtype": dt, "kind": KIND_NAMES.get(kind, "?"), "is_non_tensor": kind == KIND_VALUE}
+
+
+def _pick(column: List[Any], idx: Sequence[int]) -> List[Any]:
+    """``column[j] for j in idx`` (the column itself when ``idx`` is all of it, in order)."""
+    if isinstance(idx, range) and len(idx) == len(column):
+        return column
+    return [column[j] for j in idx]
+
+
+def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = False) -> BatchMeta:
+    """A BatchMeta of ``batch``'s rows about ``fields`` (those of the schema; with
+    ``placeholders`` also the others, kind unknown)."""
+    schema = {}
+    for f in fields:
+        if f in batch.schema:
+            schema[f] = _schema_entry(*batch.schema[f])
+        elif placeholders:
+            schema[f] = {"dtype": None, "kind": None, "is_non_tensor": None}
+    if None in batch.seqs:
+        raise KeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
+    need = set(schema)
+    # BatchMeta makes a None tag {}; the tags are the answer's copies, not the controller's
+    return BatchMeta(batch.gidxs, [batch.pid] * len(batch), schema,
+                     np.array([need <= f for f in batch.fields], dtype=np.int8), None, batch.tags, batch.keys,
+                     batch.seqs)
+
+
+# ---------------------------------------------------------------------------- streaming
+class Streaming:
+    """The streaming calls of a :class:`~tqstore.kv.DataPlane` (see the module docstring)."""
+
+    def __init__(self, plane: "DataPlane") -> None:
+        self._dp = plane
+
+    # ------------------------------------------------------------------ metadata
+    def _batch_meta(self, pid: str, gidxs: Sequence[int], fields: Sequence[str], *,
+                    placeholders: bool = False) -> BatchMeta:
+        batch = self._dp.controller.row_batch(pid, list(gidxs))
+        if batch is None:
+            raise _no_partition(pid, self._dp.controller.partitions())
+        return meta_from(batch, fields, placeholders=placeholders)
+
+    def get_meta(self, data_fields: Union[None, str, Sequence[str]], batch_size: Optional[int], partition_id: str,
+                 mode: str = "fetch", task_name: Optional[str] = None,
+                 sampling_config: Optional[Mapping[str, Any]] = None, *, timeout_s: float = 0.0) -> BatchMeta:
+        """Metadata of a batch of rows, in one of three modes.
+
+        * ``"fetch"``: rows whose ``data_fields`` are all produced and that ``task_name``
+          has not consumed, chosen by the store's sampler and marked consumed by that task
+          (atomically, with the sampler's state).  With fewer ready rows than the sampler
+          needs, waits up to ``timeout_s`` for producers, then returns an empty BatchMeta.
+          An unknown partition counts as "no rows yet".
+        * ``"force_fetch"``: the partition's rows in insertion order (the first
+          ``batch_size`` when given), produced or not, consumed or not; marks nothing,
+          bypasses the sampler.  ``production_status`` says which rows are ready.
+        * ``"insert"``: reserves ``batch_size`` new empty rows (creating the partition) for a
+          later ``put(data, metadata)``.
+
+        ``data_fields=None`` means every field of the partition's schema (not for insert).
+
+        Raises:
+            InvalidInputError: bad mode, batch_size, task_name or data_fields.
+            PartitionNotFoundError: ``force_fetch`` of an unknown partition.
+        """
+        if mode not in MODES:
+            raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
+        fields = _field_list(data_fields, "data_fields")
+        _check_pid(partition_id)
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise InvalidInputError(f"batch_size must be a positive int, got {batch_size!r}")
+        if mode != "force_fetch" and batch_size is None:
+            raise InvalidInputError(f"mode {mode!r} needs a batch_size")
+        cfg = dict(sampling_config or {})
+        dp = self._dp
+        dp.check_open()
+        if mode == "insert":
+            if fields is None:
+                raise InvalidInputError("mode 'insert' needs data_fields")
+            if batch_size > MAX_INSERT_ROWS:
+                raise InvalidInputError(f"mode 'insert' reserves at most {MAX_INSERT_ROWS} rows per call, got "
+                                        f"batch_size={batch_size}; reserve them in several calls")
+            with dp.write_lock:
+                gidxs = dp.io.write(partition_id, {}, new_rows=True, tags=[None] * batch_size)
+                return self._batch_meta(partition_id, gidxs, fields, placeholders=True)
+        if mode == "force_fetch":
+            with dp.lock:
+                batch = dp.controller.first_rows(partition_id, batch_size)
+                if batch is None:
+                    raise _no_partition(partition_id, dp.controller.partitions())
+                return meta_from(batch, list(batch.schema) if fields is None else fields)
+        if not isinstance(task_name, str) or not task_name:
+            raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
+        check_name("task_name", task_name)
+        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        with dp.lock:
+            while True:
+                dp.check_open()
+                batch = dp.controller.fetch(partition_id, task_name, fields, batch_size, cfg)
+                if batch is not None and len(batch):
+                    return meta_from(batch, list(batch.schema) if fields is None else fields)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return BatchMeta.empty()
+                dp.cond.wait(min(left, _POLL_S))
+
+    # ------------------------------------------------------------------ data
+    def _live_rows(self, meta: BatchMeta, *, strict: bool
+                   ) -> Dict[str, Tuple[RowBatch, Sequence[int], Sequence[int]]]:
+        """Group a BatchMeta's rows by partition: ``pid -> (answer, positions in the meta,
+        indexes in the answer)`` of the rows that are still the rows the meta was made for
+        (same insertion sequence number).  ``strict``: raise for the first (in meta order)
+        that is not."""
+        ctrl = self._dp.controller
+        gi, want = meta.global_indexes, meta._seqs
+        pids = meta.partition_ids
+        asked: Dict[str, Optional[RowBatch]] = {}
+        if pids and pids.count(pids[0]) == len(pids):  # one partition (the usual case)
+            b = asked[pids[0]] = ctrl.row_batch(pids[0], gi)
+            if b is not None and b.seqs == want:  # and every row is live: C-speed checks
+                every = range(len(gi))
+                return {pids[0]: (b, every, every)}
+        positions: Dict[str, List[int]] = defaultdict(list)
+        for i, pid in enumerate(pids):
+            positions[pid].append(i)
+        groups: Dict[str, Tuple[RowBatch, Sequence[int], Sequence[int]]] = {}
+        bad: List[Tuple[int, str, Optional[RowBatch]]] = []
+        for pid, pos in positions.items():
+            b = asked[pid] if pid in asked else ctrl.row_batch(pid, [gi[i] for i in pos])
+            if b is None:
+                bad.extend((i, pid, None) for i in pos)
                 continue
-            data, meta = self.fetch_batch_fn(tq_client=client, data_fields=self.data_fields,
-                                             batch_size=self.batch_size, partition_id=self.partition_id,
-                                             task_name=self.task_name, sampling_config=self.sampling_config,
-                                             batch_index=self.batch_index)
-            if data is not None:
-                self.buffer.append((data, meta))
-            else:
-                time.sleep(EMPTY_BATCH_SLEEP_S)
+            live_pos, live_idx = [], []
+            for j, (i, seq) in enumerate(zip(pos, b.seqs)):
+                if seq is None or (want[i] is not None and seq != want[i]):
+                    bad.append((i, pid, b))
+                else:
+                    live_pos.append(i)
+                    live_idx.append(j)
+            if live_pos:
+                groups[pid] = (b, live_pos, live_idx)
+        if strict and bad:
+            i, pid, b = min(bad, key=lambda x: x[0])
+            if b is None:
+                raise PartitionNotFoundError(f"partition {pid!r} of the BatchMeta does not exist (cleared?)")
+            raise KeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta no longer exists "
+                                   f"(cleared); get fresh metadata")
+        return groups
 
-    def reset(self) -> None:
-        """Iterate the buffered batches again from the first."""
-        self.batch_index = 0
+    def put(self, data: Any, metadata: Optional[BatchMeta] = None, partition_id: Optional[str] = None) -> BatchMeta:
+        """Write a batch of fields.
 
-    def step(self, partition_id: str) -> None:
-        """Switch to another partition, dropping the buffer."""
-        self.buffer = []
-        self.batch_index = 0
-        self.partition_id = partition_id
+        Without ``metadata``, appends ``len(batch)`` new rows to ``partition_id`` (created
+        when missing).  With it, writes the fields to the meta's rows (e.g. from
+        ``get_meta(mode="insert")`` or ``"fetch"``); the meta's ``custom_meta`` is stored as
+        the rows' tags.  Returns the meta (updated in place with the new fields and
+        production status when given).
+
+        Raises:
+            InvalidInputError: no partition_id and no metadata, an empty metadata, sizes.
+            KeyNotFoundError: the metadata's rows were cleared.
+            SchemaError, UnsupportedTypeError: nothing written.
+        """
+        names = _field_names(data)
+        if not names:
+            raise InvalidInputError("put needs at least one field")
+        dp = self._dp
+        dp.check_open()
+        if metadata is None:
+            if partition_id is None:
+                raise InvalidInputError("put needs metadata or a partition_id")
+            _check_pid(partition_id)
+            with dp.write_lock:
+                gidxs = dp.io.write(partition_id, data, new_rows=True)
+                dp.notify()
+                return self._batch_meta(partition_id, gidxs, names)
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"metadata must be a BatchMeta, got {type(metadata).__name__}")
+        if metadata.size == 0:
+            raise InvalidInputError("metadata is empty")
+        with dp.write_lock:
+            groups = self._live_rows(metadata, strict=True)
+            plans = []
+            for pid, (b, pos, idx) in groups.items():
+                gidxs = _pick(b.gidxs, idx)
+                part = data if len(groups) == 1 else {f: _take(data[f], pos) for f in names}
+                stored = _pick(b.tags, idx)
+                cur = [_tag_out(t) for t in stored]
+                want = [metadata.custom_meta[i] for i in pos]
+                tags = None
+                if any(w != c for w, c in zip(want, cur)):
+                    tags = [w if w != c else t for w, c, t in zip(want, cur, stored)]
+                if len(groups) > 1:  # validate every partition before writing any
+                    cols = [to_column(f, part[f], len(gidxs)) for f in names]
+                    dp.controller.plan_put(pid, cols, gidxs=gidxs, tags=tags)
+                plans.append((pid, part, gidxs, tags))
+            for pid, part, gidxs, tags in plans:
+                dp.io.write(pid, part, gidxs=gidxs, tags=tags)
+            dp.notify()
+            after = {pid: dp.controller.row_batch(pid, gidxs) for pid, _, gidxs, _ in plans}
+            for f in names:
+                for pid in groups:
+                    kind_dtype = after[pid].schema.get(f)
+                    if kind_dtype is not None:
+                        metadata.field_schema[f] = _schema_entry(*kind_dtype)
+                        break
+            status = np.zeros(metadata.size, dtype=np.int8)
+            need = set(metadata.field_schema)
+            for pid, (_, pos, _) in groups.items():
+                a = after[pid]
+                for i, fs, tag in zip(pos, a.fields, a.tags):
+                    status[i] = 1 if need <= fs else 0
+                    metadata.custom_meta[i] = _tag_out(tag)
+            metadata.production_status = status
+        return metadata
+
+    def get_data(self, metadata: Union[BatchMeta, KVBatchMeta]) -> Dict[str, Any]:
+        """Read the fields of a BatchMeta (``metadata.field_names``) for its rows, in order.
+
+        Returns ``{}`` for an empty meta.  A :class:`KVBatchMeta` is read by key.
+
+        Raises:
+            KeyNotFoundError, PartitionNotFoundError: the meta's rows were cleared.
+            FieldNotFoundError: a field is not produced for some row.
+        """
+        if isinstance(metadata, KVBatchMeta):
+            return self._dp.kv_batch_get_by_meta(metadata)
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"get_data takes a BatchMeta, got {type(metadata).__name__}")
+        if metadata.size == 0 or not metadata.field_names:
+            return {}
+        self._dp.check_open()
+        read = self._dp.io.read
+        fields = metadata.field_names
+        groups = self._live_rows(metadata, strict=True)
+        if len(groups) == 1:
+            pid, (b, _, idx) = next(iter(groups.items()))
+            return read(pid, _pick(b.gidxs, idx), fields)
+        parts = {pid: read(pid, _pick(b.gidxs, idx), fields) for pid, (b, _, idx) in groups.items()}
+        out: Dict[str, Any] = {}
+        for f in fields:
+            rows: List[Any] = [None] * metadata.size
+            kinds = set()
+            for pid, (b, pos, _) in groups.items():
+                kinds.add(b.schema[f])
+                for i, v in zip(pos, _rows_of(parts[pid][f])):
+                    rows[i] = v
+            out[f] = assemble(next(iter(kinds))[0], rows) if len(kinds) == 1 else rows
+        return out
+
+    # ------------------------------------------------------------------ clears
+    def clear_partition(self, partition_id: str) -> None:
+        """Remove a partition with all its rows, consumption and sampler state (idempotent)."""
+        self._dp.check_open()
+        with self._dp.write_lock:
+            gone = self._dp.io.drop_partition(partition_id)
+        if gone:
+            log.info("cleared partition %r (%d rows)", partition_id, len(gone))
+
+    def clear_samples(self, metadata: Union[BatchMeta, KVBatchMeta]) -> None:
+        """Remove the rows of a BatchMeta (or the keys of a KVBatchMeta); idempotent.
+
+        Rows already gone — also rows whose global index now belongs to a newer row — are
+        skipped, never the newer row.
+        """
+        if isinstance(metadata, KVBatchMeta):
+            if metadata.partition_id is not None and metadata.size:
+                self._dp.kv_clear(metadata.keys, metadata.partition_id)
+            return
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"clear_samples takes a BatchMeta, got {type(metadata).__name__}")
+        self._dp.check_open()
+        with self._dp.write_lock:
+            for pid, (b, _, idx) in self._live_rows(metadata, strict=False).items():
+                self._dp.io.delete_rows(pid, _pick(b.gidxs, idx))
+
+    # ------------------------------------------------------------------ status
+    def get_consumption_status(self, task_name: str, partition_id: str
+                               ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(global_indexes, consumed)`` of a partition's rows for a task, sorted by global index.
+
+        ``consumed`` is an int8 tensor (1 consumed, 0 not).  ``(None, None)`` when the
+        partition does not exist (as TransferQueue).
+        """
+        self._dp.check_open()
+        with self._dp.lock:
+            st = self._dp.controller.consumption_status(partition_id, task_name)
+        return (None, None) if st is None else (torch.from_numpy(st[0]), torch.from_numpy(st[1]))
+
+    def get_production_status(self, data_fields: Union[str, Sequence[str]], partition_id: str
+                              ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+        """``(global_indexes, produced)`` for ``data_fields``, sorted by global index.
+
+        ``produced`` is an int8 tensor of shape ``(rows, len(data_fields))``.  ``(None,
+        None)`` when the partition does not exist (as TransferQueue).
+        """
+        fields = _field_list(data_fields, "data_fields") or []
+        self._dp.check_open()
+        with self._dp.lock:
+            st = self._dp.controller.production_status(partition_id, fields)
+        return (None, None) if st is None else (torch.from_numpy(st[0]), torch.from_numpy(st[1]))
+
+    def check_consumption_status(self, task_name: str, partition_id: str) -> bool:
+        """True when the partition has rows and ``task_name`` consumed all of them."""
+        _, c = self.get_consumption_status(task_name, partition_id)
+        return c is not None and c.numel() > 0 and bool(torch.all(c == 1))
+
+    def check_production_status(self, data_fields: Union[str, Sequence[str]], partition_id: str) -> bool:
+        """True when the partition has rows and all of them produced every one of ``data_fields``."""
+        _, s = self.get_production_status(data_fields, partition_id)
+        return s is not None and s.shape[0] > 0 and bool(torch.all(s == 1))
+
+    def reset_consumption(self, partition_id: str, task_name: Optional[str] = None) -> bool:
+        """Forget what ``task_name`` (every task when None) consumed, and its sampler cache.
+
+        Returns False when the partition does not exist.
+        """
+        self._dp.check_open()
+        with self._dp.lock:
+            done = self._dp.controller.reset_consumption(partition_id, task_name)
+            if done:
+                self._dp.cond.notify_all()
+        return done
+
+    def get_partition_list(self) -> List[str]:
+        """Partition ids, sorted."""
+        self._dp.check_open()
+        with self._dp.lock:
+            return self._dp.controller.partitions()
 
 
-def _identity_collate_fn(data: Any) -> Any:
-    return data
+#: the public calls of :class:`Streaming`, in documentation order
+STREAMING_CALLS = ("get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
+                   "get_production_status", "check_consumption_status", "check_production_status",
+                   "reset_consumption", "get_partition_list")
 
-
-class StreamingDataLoader(DataLoader):
-    """A ``DataLoader`` over a :class:`StreamingDataset` (batching is the dataset's; ``batch_size=None``).
-
-    ``num_workers`` must be 0 with the embedded backend: a store is one process's open LMDB
-    environments, which forked workers must not share (docs/MIGRATING.md).
-    """
-
-    def __init__(self, dataset: StreamingDataset, num_workers: int = 0, collate_fn: Optional[Callable] = None,
-                 pin_memory: bool = False, worker_init_fn: Optional[Callable] = None, multiprocessing_context=None,
-                 prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
-                 pin_memory_device: str = "") -> None:
-        if num_workers:
-            raise InvalidInputError("StreamingDataLoader: num_workers must be 0 with tqstore's embedded store "
-                                    "(worker processes cannot share its open LMDB environments)")
-        kwargs = {"pin_memory_device": pin_memory_device} if pin_memory_device else {}
-        super().__init__(dataset=dataset, batch_size=None, shuffle=None, sampler=None, batch_sampler=None,
-                         num_workers=0, collate_fn=collate_fn or _identity_collate_fn, pin_memory=pin_memory,
-                         drop_last=False, timeout=0, worker_init_fn=worker_init_fn,
-                         multiprocessing_context=multiprocessing_context, generator=None,
-                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, **kwargs)
-
-    def reset(self) -> None:
-        self.dataset.reset()
-
-    def step(self, partition_id: str) -> None:
-        self.dataset.step(partition_id)
-
-
-__all__ = ["StreamingDataset", "StreamingDataLoader", "chunk_batch_fn", "default_fetch_batch_fn", "to_tensordict"]
+__all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from"]

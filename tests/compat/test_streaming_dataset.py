@@ -21,7 +21,7 @@
 import torch
 from tensordict import TensorDict
 
-from tqstore.streaming import chunk_batch_fn
+from tqstore.dataloader import chunk_batch_fn
 from tqstore import BatchMeta
 
 

@@ -1,0 +1,125 @@
+"""The controller's sampler: which ready rows a fetch hands out, on the controller's side of
+the port.
+
+A fetch is one step under the controller's lock: the ready rows of ``(task, fields)`` (an
+incremental view, O(ready)), the sampler's choice, the consumption marks and the sampler's
+new state in one controller transaction.  So concurrent consumers of one task never get
+the same row, and with the Ray backend (the controller an actor) a fetch is one call.
+
+The sampler gets values only: the ready rows' global indexes and, parallel to them, their
+insertion sequence numbers (``ready_seqs``), never the partition object.  Its state per
+partition is loaded from the controller on first use and saved in the transaction of the
+change (fetch, clear, reset); a failed transaction puts the committed state back.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+
+from .controller_mirror import copy_value, row_batch
+from .errors import InvalidInputError
+from .ports import RowBatch
+from .samplers import BaseSampler, make_sampler
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .controller import Controller
+
+log = logging.getLogger("tqstore")
+
+
+def _snapshot(sampler: BaseSampler, pid: str) -> str:
+    return json.dumps(sampler.state_dict(pid), sort_keys=True)
+
+
+class SamplerHost:
+    """The sampler of one :class:`~tqstore.controller.Controller`; its methods run under the
+    controller's lock (the controller's port methods take it)."""
+
+    def __init__(self, controller: "Controller") -> None:
+        self._ctrl = controller
+        self.sampler: BaseSampler = make_sampler(None)
+        self._loaded: Set[str] = set()  # partitions whose saved state the sampler holds
+
+    def set(self, spec: Any) -> BaseSampler:
+        """Use ``spec`` (see make_sampler) from now on; state is loaded per partition as needed."""
+        s = make_sampler(spec)  # its own state (e.g. a custom sampler's rng set in __init__) is kept
+        self.sampler = s
+        self._loaded.clear()
+        return s
+
+    def _for(self, pid: str) -> BaseSampler:
+        if pid not in self._loaded:
+            self.sampler.load_state_dict(pid, self._ctrl.sampler_state(pid))
+            self._loaded.add(pid)
+        return self.sampler
+
+    def revert(self, pid: str) -> None:
+        """Back to the committed state of ``pid`` (after a failed transaction)."""
+        self.sampler.load_state_dict(pid, self._ctrl.sampler_state(pid))
+        self._loaded.add(pid)
+
+    def drop(self, pid: str) -> None:
+        """The partition is gone (its saved state was deleted with it)."""
+        self.sampler.clear_cache(pid)
+        self._loaded.discard(pid)
+
+    @contextmanager
+    def change(self, pid: str, edit: Optional[Callable[[BaseSampler], Any]]) -> Iterator[Optional[Dict[str, Any]]]:
+        """Apply ``edit(sampler)`` to the in-memory state of ``pid``; yield the state the caller
+        saves in its transaction (None: unchanged, or no edit).  If the block raises, the
+        committed state is put back."""
+        if edit is None:
+            yield None
+            return
+        s = self._for(pid)
+        before = _snapshot(s, pid)
+        try:
+            edit(s)
+            yield s.state_dict(pid) if _snapshot(s, pid) != before else None
+        except BaseException:
+            self.revert(pid)
+            raise
+
+    def fetch(self, pid: str, task: str, fields: Optional[Sequence[str]], batch_size: int,
+              cfg: Dict[str, Any]) -> Optional[RowBatch]:
+        """See ControllerPort.fetch."""
+        c = self._ctrl
+        p = c.parts.get(pid)
+        if p is None:
+            return None
+        need = frozenset(p.schema if fields is None else fields)
+        done = c.consumed.get((pid, task), ())
+        sampler = self._for(pid)
+        ready: List[int] = []
+        seqs: Optional[List[int]] = [] if sampler.uses_seqs else None
+        if all(f in p.schema for f in need):
+            v = p.ready_view(task, need, done)
+            ready = v.ordered()
+            if seqs is not None:
+                seqs = v.seqs()
+        before = _snapshot(sampler, pid)
+        try:
+            extra = {"ready_tags": [copy_value(p.rows[g].tag) for g in ready]} if sampler.uses_tags else {}
+            sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task, ready_seqs=seqs,
+                                        **extra, **cfg)
+            sampled, consumed = [int(g) for g in sampled], [int(g) for g in consumed]
+            bad = [g for g in sampled + consumed if g not in p.rows]
+            if bad or len(set(sampled)) != len(sampled):
+                raise InvalidInputError(f"sampler {sampler!r} returned rows that are not (unique) rows of partition "
+                                        f"{pid!r}: {bad[:5] or sampled[:8]}")
+            new = [g for g in dict.fromkeys(consumed) if g not in done]
+            changed = _snapshot(sampler, pid) != before
+            if new or changed:
+                c.mark_consumed(pid, task, new, sampler_state=sampler.state_dict(pid) if changed else None,
+                                sampler_key=pid)
+        except BaseException:
+            self.revert(pid)  # back to the committed state
+            raise
+        if sampled:
+            log.debug("fetch %d rows of %r for task %r", len(sampled), pid, task)
+        return row_batch(p, [p.rows[g] for g in sampled])
+
+
+__all__ = ["SamplerHost"]

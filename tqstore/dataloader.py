@@ -1,0 +1,225 @@
+"""``StreamingDataset`` / ``StreamingDataLoader``: a torch ``IterableDataset`` over ``get_meta`` + ``get_data``
+for one task (TransferQueue's ``transfer_queue.dataloader``, same arguments).
+
+Each iteration step fetches ``batch_size`` rows for ``task_name`` (``sampling_config`` carries
+``dp_rank`` and ``batch_index``, so ranks of one data-parallel group get the same rows with
+the rank-aware samplers), reads them as a ``TensorDict`` and yields ``(micro_batch, meta)``
+pairs cut by ``process_batch_fn`` (default :func:`chunk_batch_fn`).
+
+The batch is converted to a ``TensorDict`` here, at the edge (tensors and nested tensors
+as they are, non-tensor fields as a ``NonTensorStack``), whatever mapping ``get_data`` returns.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, IterableDataset
+
+from .errors import InvalidInputError
+from .meta import BatchMeta
+
+log = logging.getLogger("tqstore")
+
+#: seconds to wait after an empty fetch (TransferQueue's TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL)
+EMPTY_BATCH_SLEEP_S = float(os.environ.get("TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL", 1))
+
+
+def to_tensordict(data: Any, batch_size: Optional[int] = None) -> Any:
+    """A mapping of field → batched value as a ``TensorDict`` of ``batch_size`` rows (a TensorDict unchanged)."""
+    from tensordict import NonTensorStack, TensorDict
+    if isinstance(data, TensorDict):
+        return data
+    out = {}
+    n = batch_size
+    for name, value in dict(data).items():
+        if isinstance(value, torch.Tensor):
+            out[name] = value
+            n = value.size(0) if n is None else n
+        elif isinstance(value, np.ndarray) and value.dtype.kind not in "OUSV":
+            out[name] = torch.from_numpy(np.ascontiguousarray(value))
+            n = value.shape[0] if n is None else n
+        else:
+            rows = list(value)
+            out[name] = NonTensorStack(*rows) if rows else NonTensorStack()
+            n = len(rows) if n is None else n
+    return TensorDict(out, batch_size=[n or 0])
+
+
+def default_fetch_batch_fn(tq_client: Any, data_fields: List[str], batch_size: int, partition_id: str,
+                           task_name: str, sampling_config: dict, batch_index: int) -> Tuple[Any, BatchMeta]:
+    """One ``get_meta`` (+ ``get_data`` when rows came back): ``(TensorDict or None, BatchMeta)``."""
+    cfg = {k: v for k, v in {**sampling_config, "batch_index": batch_index}.items()
+           if k not in ("task_name", "partition_id")}  # passed as get_meta's own arguments
+    meta = tq_client.get_meta(data_fields=data_fields, batch_size=batch_size, partition_id=partition_id,
+                              task_name=task_name, sampling_config=cfg)
+    if meta.size == 0:
+        log.debug("StreamingDataset: empty batch for task %r in %r; waiting for data", task_name, partition_id)
+        return None, meta
+    return to_tensordict(tq_client.get_data(meta), meta.size), meta
+
+
+def chunk_batch_fn(td: Any, batch_meta: BatchMeta, micro_batch_size: int = 1) -> List[Tuple[Any, BatchMeta]]:
+    """Split a TensorDict and its BatchMeta into micro-batches of ``micro_batch_size`` rows (the last may be smaller).
+
+    Nested (jagged or strided) fields are re-nested per chunk in their layout.
+
+    Raises:
+        TypeError: ``td`` is not a TensorDict.
+        ValueError: ``micro_batch_size`` not a positive int or larger than the batch, or no batch dimension.
+    """
+    from tensordict import TensorDict
+    if not isinstance(td, TensorDict):
+        raise TypeError(f"Expected TensorDict, got {type(td).__name__}")
+    if isinstance(micro_batch_size, bool) or not isinstance(micro_batch_size, int) or micro_batch_size <= 0:
+        raise InvalidInputError(f"micro_batch_size must be a positive integer, got {micro_batch_size}")
+    if len(td.batch_size) == 0:
+        raise InvalidInputError("Input TensorDict must have non-empty batch_size")
+    total = int(td.batch_size[0])
+    if micro_batch_size > total:
+        raise InvalidInputError(f"micro_batch_size ({micro_batch_size}) exceeds total batch size ({total})")
+    splits = (total + micro_batch_size - 1) // micro_batch_size
+    metas = batch_meta.chunk(splits)
+    nested, dense = {}, {}
+    for key, value in td.items():
+        if isinstance(value, torch.Tensor) and value.is_nested:
+            nested[key] = (value.unbind(0), value.layout)
+        else:
+            dense[key] = value
+    dense_td = TensorDict(dense, batch_size=td.batch_size) if dense else None
+    out = []
+    for i in range(splits):
+        start, end = i * micro_batch_size, min((i + 1) * micro_batch_size, total)
+        chunk = dense_td[start:end] if dense_td is not None else TensorDict({}, batch_size=(end - start,))
+        for key, (rows, layout) in nested.items():
+            chunk[key] = torch.nested.as_nested_tensor(list(rows[start:end]), layout=layout)
+        out.append((chunk, metas[i]))
+    return out
+
+
+class StreamingDataset(IterableDataset):
+    """Batches of one task's rows from a store, as ``(TensorDict, BatchMeta)`` micro-batches.
+
+    Args:
+        config: TransferQueue's config (ignored: the default store of ``tq.init`` is used),
+            a :class:`~tqstore.store.Store`, or a client.
+        batch_size: rows fetched per ``get_meta``.
+        micro_batch_size: rows per yielded micro-batch.
+        data_fields: fields to read.
+        partition_id, task_name: what to consume, and as whom.
+        dp_rank: data-parallel group; ranks with one ``dp_rank`` get the same rows
+            (with ``RankAwareSampler``-style samplers).
+        should_check_consumption_status: False (default): an endless stream, waiting
+            ``EMPTY_BATCH_SLEEP_S`` after an empty fetch.  True: stop once the partition's
+            rows are all consumed by ``task_name`` and the buffer is drained.
+        fetch_batch_fn: replaces :func:`default_fetch_batch_fn`.
+        process_batch_fn: replaces :func:`chunk_batch_fn`.
+    """
+
+    def __init__(self, config: Any, batch_size: int, micro_batch_size: int, data_fields: List[str],
+                 partition_id: str, task_name: str, dp_rank: int, should_check_consumption_status: bool = False,
+                 fetch_batch_fn: Optional[Callable] = None, process_batch_fn: Optional[Callable] = None) -> None:
+        if micro_batch_size < 1:
+            raise InvalidInputError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if len(data_fields) < 1:
+            raise InvalidInputError(f"data_fields must be a list with at least one field name, got {data_fields}")
+        if dp_rank < 0:
+            raise InvalidInputError(f"dp_rank {dp_rank} must be greater than or equal to 0")
+        super().__init__()
+        self.config = config
+        self.batch_size = batch_size
+        self.micro_batch_size = micro_batch_size
+        self.data_fields = list(data_fields)
+        self.partition_id = partition_id
+        self.task_name = task_name
+        self.dp_rank = dp_rank
+        self.should_check_consumption_status = should_check_consumption_status
+        self.fetch_batch_fn = fetch_batch_fn or default_fetch_batch_fn
+        self.process_batch_fn = process_batch_fn or chunk_batch_fn
+        self.sampling_config = {"dp_rank": dp_rank, "task_name": task_name}
+        self.buffer: List[Tuple[Any, BatchMeta]] = []
+        self.batch_index = 0
+        self._tq_client: Any = None
+
+    def _client(self) -> Any:
+        if self._tq_client is None:
+            from .client import TransferQueueClient
+            from .store import Store
+            if isinstance(self.config, TransferQueueClient):
+                self._tq_client = self.config
+            else:
+                self._tq_client = TransferQueueClient(self.config if isinstance(self.config, Store) else None)
+        return self._tq_client
+
+    def _finished(self, client: Any) -> bool:
+        if not self.should_check_consumption_status:
+            return False
+        if self.batch_index < len(self.buffer):
+            return False
+        return bool(client.check_consumption_status(self.task_name, self.partition_id))
+
+    def __iter__(self) -> Iterator[Tuple[Any, BatchMeta]]:
+        client = self._client()
+        while not self._finished(client):
+            if self.batch_index < len(self.buffer):
+                current = self.buffer[self.batch_index]
+                self.batch_index += 1
+                yield from self.process_batch_fn(*current, micro_batch_size=self.micro_batch_size)
+                continue
+            data, meta = self.fetch_batch_fn(tq_client=client, data_fields=self.data_fields,
+                                             batch_size=self.batch_size, partition_id=self.partition_id,
+                                             task_name=self.task_name, sampling_config=self.sampling_config,
+                                             batch_index=self.batch_index)
+            if data is not None:
+                self.buffer.append((data, meta))
+            else:
+                time.sleep(EMPTY_BATCH_SLEEP_S)
+
+    def reset(self) -> None:
+        """Iterate the buffered batches again from the first."""
+        self.batch_index = 0
+
+    def step(self, partition_id: str) -> None:
+        """Switch to another partition, dropping the buffer."""
+        self.buffer = []
+        self.batch_index = 0
+        self.partition_id = partition_id
+
+
+def _identity_collate_fn(data: Any) -> Any:
+    return data
+
+
+class StreamingDataLoader(DataLoader):
+    """A ``DataLoader`` over a :class:`StreamingDataset` (batching is the dataset's; ``batch_size=None``).
+
+    ``num_workers`` must be 0 with the embedded backend: a store is one process's open LMDB
+    environments, which forked workers must not share (docs/MIGRATING.md).
+    """
+
+    def __init__(self, dataset: StreamingDataset, num_workers: int = 0, collate_fn: Optional[Callable] = None,
+                 pin_memory: bool = False, worker_init_fn: Optional[Callable] = None, multiprocessing_context=None,
+                 prefetch_factor: Optional[int] = None, persistent_workers: bool = False,
+                 pin_memory_device: str = "") -> None:
+        if num_workers:
+            raise InvalidInputError("StreamingDataLoader: num_workers must be 0 with tqstore's embedded store "
+                                    "(worker processes cannot share its open LMDB environments)")
+        kwargs = {"pin_memory_device": pin_memory_device} if pin_memory_device else {}
+        super().__init__(dataset=dataset, batch_size=None, shuffle=None, sampler=None, batch_sampler=None,
+                         num_workers=0, collate_fn=collate_fn or _identity_collate_fn, pin_memory=pin_memory,
+                         drop_last=False, timeout=0, worker_init_fn=worker_init_fn,
+                         multiprocessing_context=multiprocessing_context, generator=None,
+                         prefetch_factor=prefetch_factor, persistent_workers=persistent_workers, **kwargs)
+
+    def reset(self) -> None:
+        self.dataset.reset()
+
+    def step(self, partition_id: str) -> None:
+        self.dataset.step(partition_id)
+
+
+__all__ = ["StreamingDataset", "StreamingDataLoader", "chunk_batch_fn", "default_fetch_batch_fn", "to_tensordict"]
