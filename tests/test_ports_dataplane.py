@@ -15,6 +15,7 @@ import tqstore as tq
 from tqstore import BaseSampler, GRPOGroupNSampler, KeyNotFoundError, PartitionNotFoundError, RankAwareSampler
 from tqstore.kv import PUBLIC_CALLS, DataPlane
 from tqstore.ports import ControllerPort, RowBatch, RowInfo
+from tqstore.testing.proxy import PickledController
 
 # the port's data-plane part: what the embedded Controller implements today (snapshot,
 # release and export_snapshot come with the checkpoint work)
@@ -26,25 +27,6 @@ DATA_PLANE_PORT = ("plan_put", "commit_put", "partitions", "partition_info", "re
 def _rows(ids):
     ids = list(ids)
     return {"x": torch.tensor(ids).reshape(-1, 1)}
-
-
-class CopyingPort:
-    """Only ControllerPort's methods, every answer copied through pickle (as a Ray actor's
-    would be): a data plane that worked on the mirror would see stale copies or fail."""
-
-    def __init__(self, real):
-        self._real = real
-        self.calls = []
-
-    def __getattr__(self, name):
-        if name not in DATA_PLANE_PORT:
-            raise AttributeError(f"{name} is not a ControllerPort method")
-        fn = getattr(self._real, name)
-
-        def call(*args, **kwargs):
-            self.calls.append(name)
-            return pickle.loads(pickle.dumps(fn(*args, **kwargs)))
-        return call
 
 
 def test_the_controller_implements_the_data_plane_part_of_the_port():
@@ -67,7 +49,7 @@ def test_store_composes_a_data_plane_and_forwards_every_public_call(tmp_path):
 
 def test_the_data_plane_works_through_a_copying_port_alone(tmp_path):
     with tq.open(tmp_path / "s", num_units=2) as s:
-        port = CopyingPort(s.controller)
+        port = PickledController(s.controller)  # only port methods, through pickle
         s._data.rebind(port)
         # KV
         meta = s.kv_batch_put(["a", "b"], "kv", {"x": torch.tensor([[1], [2]])}, tags=[{"i": 1}, None])

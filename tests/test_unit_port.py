@@ -1,16 +1,16 @@
 """The store's read, write and snapshot paths cross the unit through :class:`UnitPort` only.
 
-A proxy stands in for a unit across a process boundary (a Ray actor): it forwards only the
-port's public methods, pickles every argument and result, ignores ``into`` destinations
-(the unit returns its values instead) and turns buffers that cannot leave a process (views
-of a mapped segment) into bytes, as an actor layer must.  A store read through such proxies
+A proxy (tqstore.testing.proxy.PickledUnit) stands in for a unit across a process boundary
+(a Ray actor): it forwards only the port's public methods, pickles every argument and
+result, ignores ``into`` destinations (the unit returns its values instead) and turns
+buffers that cannot leave a process (views of a mapped segment) into bytes, as an actor
+layer must.  A store read through such proxies
 returns bit-identical results on every read plan.
 """
 from __future__ import annotations
 
 import ast
 import inspect
-import pickle
 from pathlib import Path
 
 import numpy as np
@@ -23,50 +23,14 @@ from tqstore._format.index import LOC_DTYPE
 from tqstore._format.layout import KIND_TENSOR
 from tqstore.errors import CorruptionError, FieldNotFoundError
 from tqstore.store import Store
+from tqstore.testing.proxy import PickledUnit, port_methods
 from tqstore.unit import Unit
 
 from test_store import same
 
 pytestmark = pytest.mark.usefixtures("record_path")
 
-_PORT_METHODS = {n for n, v in vars(ports.UnitPort).items() if callable(v) and not n.startswith("_")}
-
-
-def _portable(obj):
-    """What an actor layer sends back for ``obj``: views of mapped segments become bytes."""
-    if isinstance(obj, memoryview):
-        return obj.tobytes()
-    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
-        return tuple(_portable(x) for x in obj)
-    if isinstance(obj, list):
-        return [_portable(x) for x in obj]
-    return obj
-
-
-class PickledUnit:
-    """A unit reached through pickled calls: the port's public methods only, no ``into``."""
-
-    def __init__(self, unit: Unit) -> None:
-        self._unit = unit
-        self.unit_id = unit.unit_id
-        self.calls = []
-
-    def __getattr__(self, name):
-        if name not in _PORT_METHODS:
-            raise AttributeError(f"{name!r} is not a UnitPort method")
-        method = getattr(self._unit, name)
-
-        def call(*args, **kwargs):
-            self.calls.append(name)
-            if "into" in kwargs:  # a remote unit cannot fill the caller's memory
-                kwargs["into"] = None
-                kwargs.pop("rows", None)
-            elif name == "read_into" and len(args) > 2:
-                args = args[:2] + (None,) + args[3:]
-            args, kwargs = pickle.loads(pickle.dumps((args, kwargs)))
-            return pickle.loads(pickle.dumps(_portable(method(*args, **kwargs))))
-
-        return call
+_PORT_METHODS = port_methods(ports.UnitPort)
 
 
 def _batch(n: int):

@@ -502,6 +502,7 @@ class Controller:
                 for t in tasks:
                     for g in self.consumed[(pid, t)]:
                         txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
+                lmdb_commit_point("controller_commit")
             for t in tasks:
                 self.consumed.pop((pid, t), None)
             p = self.parts.get(pid)

@@ -1,0 +1,384 @@
+"""The controller half of the port conformance suite: :class:`ControllerPortTests` (see
+:mod:`tqstore.testing.conformance`)."""
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any, List, Optional, Sequence
+
+import numpy as np
+
+from .._format.columns import to_column
+from ..errors import (
+    InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError, TqstoreError,
+)
+from ..ports import PartitionInfo, RowBatch, RowInfo
+from ._conformance_base import _PortTests, pytest
+
+RANK0 = {"dp_rank": 0, "batch_index": 0}
+
+
+def _cols(fields: Sequence[str], n: int, dtype: Any = np.int64) -> List[Any]:
+    return [to_column(f, np.arange(n, dtype=dtype).reshape(n, 1), n) for f in fields]
+
+
+def _pairs(status: Any) -> Any:
+    return None if status is None else tuple(np.asarray(x).tolist() for x in status)
+
+
+class ControllerPortTests(_PortTests):
+    """Conformance of a :class:`~tqstore.ports.ControllerPort` implementation.
+
+    Subclasses define :meth:`make_controller`."""
+
+    NUM_UNITS = 2
+
+    def make_controller(self, path: Path, num_units: int) -> Any:
+        """A controller port of a store of ``num_units`` units, in ``path`` (new or existing)."""
+        raise NotImplementedError
+
+    # helpers ------------------------------------------------------------------
+    def controller(self, tmp_path: Path) -> Any:
+        args = ((tmp_path / "controller", self.NUM_UNITS), {})
+        return self._track(self.make_controller(*args[0]), self.make_controller, args)
+
+    @staticmethod
+    def put(c: Any, pid: str, *, keys: Optional[List[str]] = None, gidxs: Optional[List[int]] = None, n: int = 0,
+            fields: Sequence[str] = ("x",), tags: Optional[List[Any]] = None, token: Optional[int] = None
+            ) -> List[int]:
+        """plan_put + commit_put (the unit writes between them are not the controller's business)."""
+        rows = len(keys) if keys is not None else len(gidxs) if gidxs is not None else n
+        plan = c.plan_put(pid, _cols(fields, rows), keys=keys, gidxs=gidxs, n_new=n, tags=tags)
+        c.commit_put(plan, token=token)
+        return list(plan.gidxs)
+
+    @staticmethod
+    def state(c: Any, tasks: Sequence[str] = ("t",)) -> Any:
+        """Everything the port's queries say, as plain values (to compare before and after)."""
+        out = {"partitions": c.partitions(), "keys": c.list_keys()}
+        for pid in out["partitions"]:
+            info = c.partition_info(pid)
+            first = c.first_rows(pid)
+            schema = sorted(info.schema)
+            out[pid] = (info.rows, sorted(info.schema.items()), first.gidxs, first.keys, first.tags,
+                        [sorted(f) for f in first.fields], first.seqs, _pairs(c.production_status(pid, schema)),
+                        [_pairs(c.consumption_status(pid, t)) for t in tasks])
+        out["claims"] = [{g: sorted(f) for g, f in c.claims(u).items()} for u in range(c.num_units)]
+        return out
+
+    # puts and queries -----------------------------------------------------------
+    def test_num_units_is_the_stores(self, tmp_path):
+        assert self.controller(tmp_path).num_units == self.NUM_UNITS
+
+    def test_plan_put_commits_nothing_until_commit_put(self, tmp_path):
+        c = self.controller(tmp_path)
+        plan = c.plan_put("p", _cols(["x"], 2), keys=["a", "b"], tags=[{"i": 1}, None])
+        assert c.partitions() == [] and c.list_keys() == {} and c.first_rows("p") is None
+        c.commit_put(plan)
+        assert c.partitions() == ["p"] and c.list_keys() == {"p": {"a": {"i": 1}, "b": None}}
+        assert c.resolve_keys("p", ["b", "a"]) == list(plan.gidxs)[::-1]
+        info = c.partition_info("p")
+        assert isinstance(info, PartitionInfo) and info.rows == 2 and set(info.schema) == {"x"}
+        assert [r.fields for r in c.row_infos("p", list(plan.gidxs))] == [frozenset({"x"})] * 2
+
+    def test_global_indexes_are_unique_across_partitions(self, tmp_path):
+        c = self.controller(tmp_path)
+        got = self.put(c, "p", n=3) + self.put(c, "q", keys=["a", "b"]) + self.put(c, "p", keys=["c"])
+        assert len(set(got)) == 6
+
+    def test_a_put_to_existing_rows_adds_fields_and_replaces_tags(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", keys=["a", "b"], tags=[{"v": 1}, {"v": 2}])
+        assert self.put(c, "p", gidxs=g[:1], fields=["y"], tags=[{"v": 3}]) == g[:1]
+        assert self.put(c, "p", keys=["b"], fields=["x"]) == g[1:]  # an existing key keeps its index
+        rows = c.row_infos("p", g)
+        assert [r.fields for r in rows] == [frozenset({"x", "y"}), frozenset({"x"})]
+        assert [r.tag for r in rows] == [{"v": 3}, {"v": 2}]
+        assert c.partition_info("p").rows == 2
+
+    def test_resolve_keys_of_an_unknown_key_raises_key_not_found_also_a_value_error(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["a"])
+        for exc in (KeyNotFoundError, KeyError, ValueError, TqstoreError):
+            with pytest.raises(exc):
+                c.resolve_keys("p", ["a", "nope"])
+        with pytest.raises(PartitionNotFoundError):
+            c.resolve_keys("q", ["a"])
+        with pytest.raises(PartitionNotFoundError):
+            c.partition_info("q")
+
+    def test_row_queries_say_none_for_rows_and_partitions_that_do_not_exist(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=3)
+        self.put(c, "p", keys=["k"], tags=[{"t": 1}])
+        b = c.row_batch("p", [g[1], 999, g[0]])
+        assert isinstance(b, RowBatch) and b.missing() == [1] and b.gidxs == [g[1], 999, g[0]]
+        assert b.row(1) is None and isinstance(b.row(0), RowInfo) and b.row(0).seq == 1
+        k = c.rows_by_key("p", ["nope", "k"])
+        assert k.missing() == [0] and k.keys[1] == "k" and k.tags[1] == {"t": 1}
+        assert [r and r.gidx for r in c.row_infos("p", [g[2], 999])] == [g[2], None]
+        assert c.row_infos("q", g) == [None] * 3
+        assert c.row_batch("q", g) is None and c.rows_by_key("q", ["k"]) is None and c.first_rows("q") is None
+        assert c.production_status("q", ["x"]) is None and c.consumption_status("q", "t") is None
+        assert c.fetch("q", "t", ["x"], 1) is None and c.list_keys("q") in ({}, {"q": {}})
+
+    def test_query_answers_are_copies_editing_them_changes_nothing(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", keys=["a", "b"], tags=[{"n": [1, 2]}, {"m": {"k": 1}}])
+        before = self.state(c)
+        c.list_keys("p")["p"]["a"]["n"].append(3)
+        c.list_keys()["p"].pop("b")
+        c.row_infos("p", g)[0].tag["n"].append(4)
+        b = c.row_batch("p", g)
+        b.tags[1]["m"]["k"] = 2
+        b.gidxs.append(5)
+        b.schema.clear()
+        k = c.rows_by_key("p", ["a"])
+        k.tags[0].clear()
+        k.keys[0] = "z"
+        c.first_rows("p").tags[0]["n"].clear()
+        c.partition_info("p").schema.clear()
+        gs, flags = c.production_status("p", ["x"])
+        flags[:] = 0
+        c.claims(g[0] % self.NUM_UNITS).clear()
+        assert self.state(c) == before
+
+    def test_list_keys_keeps_insertion_order(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["b", "a"])
+        self.put(c, "q", keys=["z"])
+        self.put(c, "p", keys=["c", "a"], tags=[None, {"t": 1}])
+        assert list(c.list_keys("p")["p"].items()) == [("b", None), ("a", {"t": 1}), ("c", None)]
+        assert list(c.list_keys()) == ["p", "q"] and c.list_keys("q") == {"q": {"z": None}}
+        assert c.first_rows("p", 2).keys == ["b", "a"] and len(c.first_rows("p")) == 3
+
+    def test_claims_name_each_units_rows_with_their_produced_fields(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=5)
+        k = self.put(c, "q", keys=["a"], fields=[])
+        claims = [c.claims(u) for u in range(self.NUM_UNITS)]
+        assert all(x % self.NUM_UNITS == u for u, cl in enumerate(claims) for x in cl)
+        assert {x: f for cl in claims for x, f in cl.items()} == {**{x: frozenset({"x"}) for x in g},
+                                                                   k[0]: frozenset()}
+
+    # clears ---------------------------------------------------------------------
+    def test_clear_rows_is_idempotent_and_frees_indexes_reused_smallest_first(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=5)
+        assert sorted(c.clear_rows("p", [g[3], g[1], 999])) == [g[1], g[3]]
+        assert c.clear_rows("p", [g[3], g[1]]) == [] and c.clear_rows("q", g) == []
+        assert c.partition_info("p").rows == 3
+        again = self.put(c, "q", n=3)
+        assert again[:2] == sorted([g[1], g[3]]) and again[2] not in g
+
+    def test_clear_rows_forgets_keys_and_consumption(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", keys=["a", "b"])
+        assert c.fetch("p", "t", ["x"], 2).gidxs == g
+        c.clear_rows("p", g[:1])
+        assert c.list_keys("p") == {"p": {"b": None}}
+        with pytest.raises(KeyNotFoundError):
+            c.resolve_keys("p", ["a"])
+        assert _pairs(c.consumption_status("p", "t")) == ([g[1]], [1])
+
+    def test_drop_partition_removes_it_with_its_rows_and_is_idempotent(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", keys=["a", "b"])
+        self.put(c, "q", n=1)
+        c.fetch("p", "t", ["x"], 1)
+        assert sorted(c.drop_partition("p")) == g and c.drop_partition("p") == []
+        assert c.partitions() == ["q"] and c.row_batch("p", g) is None
+        again = self.put(c, "p", keys=["a"])  # a new partition of the same name
+        assert again[0] in g and _pairs(c.consumption_status("p", "t")) == (again, [0])
+
+    # consumption ----------------------------------------------------------------
+    def test_fetch_marks_the_rows_it_hands_out_consumed_by_the_task(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=4)
+        first = c.fetch("p", "t", ["x"], 3)
+        assert isinstance(first, RowBatch) and first.gidxs == g[:3] and set(first.schema) == {"x"}
+        empty = c.fetch("p", "t", ["x"], 3)  # the default sampler: a whole batch or nothing
+        assert empty is not None and len(empty) == 0
+        assert c.fetch("p", "t", ["x"], 1).gidxs == g[3:]
+        assert len(c.fetch("p", "t", ["x"], 1)) == 0
+        assert c.fetch("p", "other", None, 4).gidxs == g  # fields=None: the whole schema
+        assert _pairs(c.consumption_status("p", "t")) == (g, [1, 1, 1, 1])
+        assert _pairs(c.consumption_status("p", "never")) == (g, [0, 0, 0, 0])
+
+    def test_fetch_hands_out_only_rows_whose_fields_are_produced(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=3)
+        self.put(c, "p", gidxs=[g[1]], fields=["y"])
+        assert _pairs(c.production_status("p", ["x", "y"])) == (g, [[1, 0], [1, 1], [1, 0]])
+        assert c.fetch("p", "t", ["x", "y"], 1).gidxs == [g[1]]
+        assert len(c.fetch("p", "t", ["x", "y"], 1)) == 0 and len(c.fetch("p", "t", ["x", "nope"], 1)) == 0
+        self.put(c, "p", gidxs=[g[2]], fields=["y"])
+        assert c.fetch("p", "t", ["x", "y"], 1).gidxs == [g[2]]
+        assert c.fetch("p", "u", ["x"], 3).gidxs == g
+
+    def test_concurrent_fetches_of_one_task_never_share_a_row(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=60)
+        got: List[List[int]] = [[] for _ in range(4)]
+        errors: List[BaseException] = []
+
+        def consume(i: int) -> None:
+            try:
+                while True:
+                    b = c.fetch("p", "t", ["x"], 2)
+                    if not len(b):
+                        return
+                    got[i].extend(b.gidxs)
+            except BaseException as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        threads = [threading.Thread(target=consume, args=(i,)) for i in range(4)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not errors, errors[0]
+        served = [x for part in got for x in part]
+        assert sorted(served) == sorted(g)  # every row once, none twice
+
+    def test_reset_consumption_forgets_one_task_or_all(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=2)
+        c.fetch("p", "a", ["x"], 2)
+        c.fetch("p", "b", ["x"], 2)
+        assert c.reset_consumption("p", "a") is True
+        assert _pairs(c.consumption_status("p", "a")) == (g, [0, 0])
+        assert _pairs(c.consumption_status("p", "b")) == (g, [1, 1])
+        assert c.fetch("p", "a", ["x"], 2).gidxs == g
+        assert c.reset_consumption("p") is True and c.fetch("p", "b", ["x"], 2).gidxs == g
+        assert c.reset_consumption("q") is False
+
+    def test_set_sampler_changes_what_fetch_chooses(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=20)
+        c.set_sampler({"name": "random", "seed": 3})
+        drawn = c.fetch("p", "t", ["x"], 5).gidxs
+        assert len(set(drawn)) == 5 and set(drawn) <= set(g) and drawn != g[:5]
+        c.set_sampler("grpo_group_n")
+        c.set_sampler(None)  # sequential
+        rest = [x for x in g if x not in drawn]
+        assert c.fetch("p", "t", ["x"], 3).gidxs == rest[:3]
+
+    def test_sampler_state_is_saved_with_the_fetch_and_survives_a_reopen(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=4)
+        c.set_sampler("rank_aware")
+        first = c.fetch("p", "t", ["x"], 2, RANK0).gidxs
+        assert first == g[:2] and c.fetch("p", "t", ["x"], 2, RANK0).gidxs == first  # cached
+        c = self.reopen(c)
+        c.set_sampler("rank_aware")
+        assert c.fetch("p", "t", ["x"], 2, RANK0).gidxs == first  # the cache came back
+        assert c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": 1}).gidxs == g[2:]
+
+    # durability -----------------------------------------------------------------
+    def test_committed_state_survives_a_reopen_and_an_uncommitted_plan_does_not(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["a", "b"], tags=[{"i": 1}, None])
+        g = self.put(c, "q", n=3)
+        c.clear_rows("q", g[:1])
+        c.fetch("p", "t", ["x"], 1)
+        plan = c.plan_put("r", _cols(["x"], 2), keys=["u", "v"])  # never committed
+        before = self.state(c)
+        c = self.reopen(c)
+        assert self.state(c) == before and "r" not in c.partitions()
+        again = c.plan_put("r", _cols(["x"], 2), keys=["u", "v"])
+        assert list(again.gidxs) == list(plan.gidxs)  # the uncommitted reservation was not kept
+
+    def test_put_token_is_committed_with_the_put_and_survives_a_reopen(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", n=1, token=3)
+        assert c.put_token == 3
+        self.put(c, "p", n=1)  # no token: unchanged
+        c = self.reopen(c)
+        assert c.put_token == 3
+
+    # errors and failed calls ----------------------------------------------------------
+    def test_rejected_puts_raise_tqstore_errors_and_change_nothing(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", keys=["a"])
+        before = self.state(c)
+        bad = [
+            (InvalidInputError, lambda: c.plan_put("p", _cols(["x"], 2), keys=["b", "b"])),
+            (SchemaError, lambda: c.plan_put("p", _cols(["x"], 1, np.float32), keys=["b"])),
+            (KeyNotFoundError, lambda: c.plan_put("p", _cols(["x"], 1), gidxs=[g[0] + 1000])),
+            (PartitionNotFoundError, lambda: c.plan_put("q", _cols(["x"], 1), gidxs=g)),
+            (InvalidInputError, lambda: c.plan_put("p", _cols(["x"], 1), keys=["b"], tags=[None, None])),
+            (InvalidInputError, lambda: c.plan_put("p", _cols(["x"], 2), keys=["b"])),
+            (KeyNotFoundError, lambda: c.plan_put("p", _cols(["x"], 1), keys=["b"], create_keys=False)),
+        ]
+        for exc, call in bad:
+            with pytest.raises(exc):
+                call()
+        assert self.state(c) == before
+
+    def test_a_failed_commit_changes_nothing(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["a"], token=1)
+        before = self.state(c)
+        plan = c.plan_put("p", _cols(["x", "y"], 2), keys=["a", "b"], tags=[{"i": 1}, None])
+        with self._failing("controller_commit"):
+            with pytest.raises(TqstoreError):
+                c.commit_put(plan, token=2)
+        assert self.state(c) == before and c.put_token == 1
+        assert self.put(c, "p", keys=["a", "b"], fields=["x", "y"], token=2) == list(plan.gidxs)
+        assert c.put_token == 2
+
+    def test_a_failed_clear_fetch_or_reset_changes_nothing(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", keys=["a", "b", "c"])
+        c.set_sampler("rank_aware")
+        c.fetch("p", "t", ["x"], 1, RANK0)
+        before = self.state(c)
+        with self._failing("controller_commit"):
+            for call in (lambda: c.clear_rows("p", g), lambda: c.drop_partition("p"),
+                         lambda: c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": 1}),
+                         lambda: c.reset_consumption("p")):
+                with pytest.raises(TqstoreError):
+                    call()
+        assert self.state(c) == before
+        assert c.fetch("p", "t", ["x"], 1, RANK0).gidxs == g[:1]  # the sampler's cache is intact
+        assert c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": 1}).gidxs == g[1:]
+
+    # snapshots (methods still being added to the embedded Controller) ----------------
+    def test_a_snapshot_exports_the_state_at_its_cut(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "snapshot")
+        self._needs(c, "export_snapshot")
+        self.put(c, "p", n=2)
+        snap = c.snapshot()
+        try:
+            self.put(c, "p", n=3)  # after the cut
+            dest = tmp_path / "export"
+            dest.mkdir()
+            out = c.export_snapshot(snap, str(dest))
+        finally:
+            c.release(snap)
+        c.release(snap)  # idempotent
+        assert out.files
+        for entry in out.files:
+            assert (dest / entry["path"]).is_file(), entry
+        if "rows" in out.summary:
+            assert out.summary["rows"] == 2
+        with pytest.raises(TqstoreError):
+            c.export_snapshot(snap, str(tmp_path / "again"))  # released
+
+    def test_snapshot_ids_are_distinct_and_an_unknown_one_is_a_tqstore_error(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "snapshot")
+        a, b = c.snapshot(), c.snapshot()
+        try:
+            assert a != b
+        finally:
+            c.release(a)
+            c.release(b)
+        if callable(getattr(c, "export_snapshot", None)):
+            with pytest.raises(TqstoreError):
+                c.export_snapshot(987654, str(tmp_path / "x"))
+
+
+__all__ = ["ControllerPortTests"]
