@@ -188,8 +188,8 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------- inspect
 def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
     """Partitions of a checkpoint's controller copy with their row counts (read only)."""
-    from ._format.values import loads as loads_value
     from ._io.lmdbenv import open_env
+    from .controller import RecordError, decode_row
 
     try:
         env = open_env(ckpt / "controller", max_dbs=12, readonly=True)
@@ -204,8 +204,8 @@ def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
                 counts[bytes(k).decode("utf-8", "replace")] = 0
             for v in txn.cursor(rows).iternext(keys=False):
                 try:
-                    pid = loads_value(v)["p"]  # tags may hold integers of any size
-                except (ValueError, KeyError, TypeError):
+                    pid = decode_row(v).pid
+                except RecordError:
                     continue
                 counts[pid] = counts.get(pid, 0) + 1
         return [{"partition": p, "rows": n} for p, n in sorted(counts.items())]
