@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
@@ -408,11 +406,13 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
 
     import tqstore as tq
 
+    from . import layout_dirs as L
+
     def say(s: str = "") -> None:
         out.write(s + "\n")
         out.flush()
 
-    base = Path(args.dir).absolute() if args.dir else Path(tempfile.mkdtemp(prefix="tqstore-demo-"))
+    base = Path(args.dir).absolute() if args.dir else L.scratch_dir("tqstore-demo-")
     keep = bool(args.dir)
     try:
         store_dir, ckpt, root = base / "store", base / "ckpt", base / "generations"
@@ -479,7 +479,7 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
         return EXIT_OK
     finally:
         if not keep:
-            shutil.rmtree(base, ignore_errors=True)
+            L.remove_tree(base, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- main

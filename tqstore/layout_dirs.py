@@ -12,6 +12,17 @@ from ._io import files
 from .errors import ConfigError
 
 
+def scratch_dir(prefix: str) -> Path:
+    """A new private temporary directory (``tempfile.mkdtemp`` through :mod:`tqstore._io`,
+    failpoint ``mkdir``), for the API edge, which does not reach the I/O layer itself."""
+    return files.make_temp_dir(prefix)
+
+
+def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
+    """Remove a directory tree (through :mod:`tqstore._io`, failpoint ``rmtree``)."""
+    files.rmtree(path, ignore_errors=ignore_errors)
+
+
 def unit_dir(state: Path, i: int) -> Path:
     return Path(state) / f"unit-{i:03d}"
 

@@ -149,7 +149,14 @@ class Unit(UnitReader):
         # snapshots (MVCC cuts) by id: resolved by keys/lookup/locate(snapshot=id), ended by release(id)
         self._views: Dict[int, UnitView] = {}
         self._next_snapshot = 1
-        self._recover()
+        try:
+            with wrap_errors(f"open unit {unit_id}", self.path):
+                self._recover()
+        except BaseException:
+            if self._writer is not None:
+                self._writer.close()
+            self.env.close()  # a unit that failed to open must not keep its index open
+            raise
 
     # ------------------------------------------------------------------ open / recovery
     def _load_segs(self, txn=None) -> Dict[int, SegInfo]:

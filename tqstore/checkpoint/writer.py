@@ -44,7 +44,7 @@ from .._format import controller_records as CR, unit_records as UR
 from .._format.index import LOC_DTYPE
 from .._format.segment import segment_name
 from .._io import files, locks
-from .._io.lmdbenv import DEFAULT_MAP_BYTES
+from .._io.lmdbenv import DEFAULT_MAP_BYTES, copy_txn_compact
 from ..errors import CheckpointError, CorruptionError, StorageIOError, TqstoreError
 from . import manifest as M
 from . import target as T
@@ -323,7 +323,7 @@ class SaveJob:
         cut = self.cut
         snap = cut.snap
         files.mkdir(tmp / "controller")
-        cut.controller_env.copy(str(tmp / "controller"), compact=True, txn=snap.controller_txn)
+        copy_txn_compact(cut.controller_env, tmp / "controller", snap.controller_txn)
         ctrl_entry = _seal_index_file(tmp / M.CONTROLLER_FILE, M.CONTROLLER_FILE, M.ROLE_CONTROLLER, None)
         files.fsync_dir(tmp / "controller")
         txn, dbs = snap.controller_txn, cut.controller_dbs
@@ -393,7 +393,7 @@ class SaveJob:
         if unknown:
             raise CorruptionError(f"unit {i} index names segments {unknown[:5]} it does not list; run verify on "
                                   f"the store", path=str(unit.path))
-        unit.env.copy(str(udir / "index"), compact=True, txn=view.txn)
+        copy_txn_compact(unit.env, udir / "index", view.txn)
         keep = {s: (segs[s].size, per_seg.live_bytes(s)) for s in per_seg.segs}
         if undo or set(segs) != set(keep) or any(not segs[s].sealed or segs[s].live != keep[s][1] for s in keep):
             _fix_index(udir / "index", keep, put_back, bool(undo))
