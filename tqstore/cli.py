@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
@@ -188,8 +186,8 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------- inspect
 def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
     """Partitions of a checkpoint's controller copy with their row counts (read only)."""
-    from ._format.values import loads as loads_value
     from ._io.lmdbenv import open_env
+    from .controller import RecordError, decode_row
 
     try:
         env = open_env(ckpt / "controller", max_dbs=12, readonly=True)
@@ -204,8 +202,8 @@ def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
                 counts[bytes(k).decode("utf-8", "replace")] = 0
             for v in txn.cursor(rows).iternext(keys=False):
                 try:
-                    pid = loads_value(v)["p"]  # tags may hold integers of any size
-                except (ValueError, KeyError, TypeError):
+                    pid = decode_row(v).pid
+                except RecordError:
                     continue
                 counts[pid] = counts.get(pid, 0) + 1
         return [{"partition": p, "rows": n} for p, n in sorted(counts.items())]
@@ -408,11 +406,13 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
 
     import tqstore as tq
 
+    from . import layout_dirs as L
+
     def say(s: str = "") -> None:
         out.write(s + "\n")
         out.flush()
 
-    base = Path(args.dir).absolute() if args.dir else Path(tempfile.mkdtemp(prefix="tqstore-demo-"))
+    base = Path(args.dir).absolute() if args.dir else L.scratch_dir("tqstore-demo-")
     keep = bool(args.dir)
     try:
         store_dir, ckpt, root = base / "store", base / "ckpt", base / "generations"
@@ -479,7 +479,7 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
         return EXIT_OK
     finally:
         if not keep:
-            shutil.rmtree(base, ignore_errors=True)
+            L.remove_tree(base, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------- main

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import functools
 import heapq
-import json
 import logging
 import threading
 from itertools import islice
@@ -31,10 +30,12 @@ import numpy as np
 
 from ._format.columns import KIND_NAMES, Column
 from ._format.dtypes import DTYPE_NAMES
+from ._format import controller_records as R
+from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
 from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
-    CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, _json_obj, decode_controller,
+    CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
 from .controller_mirror import (
     Partition, PutPlan, Row, check_mirror, consumption_status, list_keys, partition_info,
@@ -51,12 +52,8 @@ log = logging.getLogger("tqstore")
 
 
 
-def _g(gidx: int) -> bytes:
-    return gidx.to_bytes(8, "big")
-
-
-def _pk(pid: str, key: str) -> bytes:
-    return pid.encode() + b"\0" + key.encode()
+_g = R.gidx_key
+_pk = R.keys_key
 
 
 def _locked(method):
@@ -89,11 +86,11 @@ class Controller:
     # ------------------------------------------------------------------ open
     def _init_meta(self, num_units: int) -> None:
         with self.env.begin(write=True) as txn:
-            fmt = txn.get(b"format", db=self.db["meta"])
+            fmt = txn.get(R.META_FORMAT, db=self.db["meta"])
             if fmt is None:
-                txn.put(b"format", str(CONTROLLER_FORMAT).encode(), db=self.db["meta"])
-                txn.put(b"next_gidx", b"0", db=self.db["meta"])
-                txn.put(b"num_units", str(num_units).encode(), db=self.db["meta"])
+                txn.put(R.META_FORMAT, R.encode_decimal(CONTROLLER_FORMAT), db=self.db["meta"])
+                txn.put(R.META_NEXT_GIDX, R.encode_decimal(0), db=self.db["meta"])
+                txn.put(R.META_NUM_UNITS, R.encode_decimal(num_units), db=self.db["meta"])
             # an existing format is checked by decode_controller
 
     def _load(self) -> None:
@@ -365,15 +362,14 @@ class Controller:
                 for g in used_new:
                     if g < self.next_gidx:
                         txn.delete(_g(g), db=m["free"])
-                txn.put(b"next_gidx", str(next_after).encode(), db=m["meta"])
+                txn.put(R.META_NEXT_GIDX, R.encode_decimal(next_after), db=m["meta"])
                 if token is not None:
-                    txn.put(b"put_token", str(token).encode(), db=m["meta"])
+                    txn.put(R.META_PUT_TOKEN, R.encode_decimal(token), db=m["meta"])
                 for f, (kind, dt) in plan.schema_new.items():
-                    txn.put((plan.pid + "\0" + f).encode(), json.dumps({"kind": kind, "dtype": dt}).encode(),
-                            db=m["schema"])
+                    txn.put(R.schema_key(plan.pid, f), R.encode_schema(kind, dt), db=m["schema"])
                 old_seq = p.next_seq
                 p.next_seq = next_seq
-                txn.put(plan.pid.encode(), p.pack(), db=m["parts"])
+                txn.put(R.parts_key(plan.pid), p.pack(), db=m["parts"])
                 p.next_seq = old_seq
                 lmdb_commit_point("controller_commit")
             # committed: update the mirror
@@ -421,7 +417,7 @@ class Controller:
             forget = None if drop_partition or not gone else (lambda s: s.forget_rows(pid, gone))
             with self._sampling.change(pid, forget) as state, self.env.begin(write=True) as txn:
                 if state is not None:
-                    txn.put(pid.encode(), json.dumps(state).encode(), db=m["sampler"])
+                    txn.put(R.sampler_key(pid), R.encode_sampler(state), db=m["sampler"])
                 for g in gone:
                     r = p.rows[g]
                     txn.delete(_g(g), db=m["rows"])
@@ -432,13 +428,13 @@ class Controller:
                         if g in self.consumed[(pid, t)]:
                             txn.delete(self._cons_key(t, pid, g), db=m["cons"])
                 if drop_partition:
-                    txn.delete(pid.encode(), db=m["parts"])
+                    txn.delete(R.parts_key(pid), db=m["parts"])
                     for f in p.schema:
-                        txn.delete((pid + "\0" + f).encode(), db=m["schema"])
+                        txn.delete(R.schema_key(pid, f), db=m["schema"])
                     for t in tasks:
                         for g in self.consumed[(pid, t)]:
                             txn.delete(self._cons_key(t, pid, g), db=m["cons"])
-                    txn.delete(pid.encode(), db=m["sampler"])
+                    txn.delete(R.sampler_key(pid), db=m["sampler"])
                 lmdb_commit_point("controller_commit")
             all_views = [v for vs in p.ready.values() for v in vs.values()]
             for g in gone:
@@ -465,9 +461,7 @@ class Controller:
         return [] if p is None else self.clear_rows(pid, list(p.rows), drop_partition=True)
 
     # ------------------------------------------------------------------ consumption
-    @staticmethod
-    def _cons_key(task: str, pid: str, gidx: int) -> bytes:
-        return task.encode() + b"\0" + pid.encode() + b"\0" + _g(gidx)
+    _cons_key = staticmethod(R.cons_key)
 
     def mark_consumed(self, pid: str, task: str, gidxs: Sequence[int], *, sampler_state=None,
                       sampler_key: Optional[str] = None) -> None:
@@ -476,10 +470,10 @@ class Controller:
         with self._lock, wrap_errors("mark consumed", self.path):
             with self.env.begin(write=True) as txn:
                 if gidxs:
-                    prefix = task.encode() + b"\0" + pid.encode() + b"\0"  # as _cons_key
-                    txn.cursor(self.db["cons"]).putmulti([(prefix + g.to_bytes(8, "big"), b"") for g in gidxs])
+                    prefix = R.cons_prefix(task, pid)  # as R.cons_key
+                    txn.cursor(self.db["cons"]).putmulti([(prefix + _g(g), b"") for g in gidxs])
                 if sampler_state is not None:
-                    txn.put((sampler_key or pid).encode(), json.dumps(sampler_state).encode(), db=self.db["sampler"])
+                    txn.put(R.sampler_key(sampler_key or pid), R.encode_sampler(sampler_state), db=self.db["sampler"])
                 lmdb_commit_point("controller_commit")
             self.consumed[(pid, task)].update(gidxs)
             p = self.parts.get(pid)
@@ -498,7 +492,7 @@ class Controller:
             with self._sampling.change(pid, lambda s: s.clear_cache(pid, task)) as state, \
                     self.env.begin(write=True) as txn:
                 if state is not None:
-                    txn.put(pid.encode(), json.dumps(state).encode(), db=self.db["sampler"])
+                    txn.put(R.sampler_key(pid), R.encode_sampler(state), db=self.db["sampler"])
                 for t in tasks:
                     for g in self.consumed[(pid, t)]:
                         txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
@@ -516,19 +510,19 @@ class Controller:
     # ------------------------------------------------------------------ sampler state
     def sampler_state(self, key: str) -> Optional[Any]:
         with self.env.begin() as txn:
-            raw = txn.get(key.encode(), db=self.db["sampler"])
+            raw = txn.get(R.sampler_key(key), db=self.db["sampler"])
         if raw is None:
             return None
         try:
-            return _json_obj(raw)
-        except (ValueError, UnicodeDecodeError, RecursionError) as e:
+            return R.decode_sampler(raw)
+        except RecordError as e:
             raise CorruptionError(f"controller index: malformed sampler entry {key[:40]!r}: {e}",
                                   path=str(self.path / "data.mdb")) from e
 
     def set_sampler_state(self, key: str, state: Any) -> None:
         with self._lock, wrap_errors("save sampler state", self.path):
             with self.env.begin(write=True) as txn:
-                txn.put(key.encode(), json.dumps(state).encode(), db=self.db["sampler"])
+                txn.put(R.sampler_key(key), R.encode_sampler(state), db=self.db["sampler"])
 
     def drop_fields(self, missing: Dict[int, Set[str]]) -> None:
         """Forget produced fields whose payload no unit holds (after a power loss)."""

@@ -17,14 +17,13 @@ Incremental structures (kept in step by every mutating method of the controller)
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ._format.values import dumps as _dumps_value, loads as _loads_value
+from ._format.controller_records import decode_row, encode_partition, encode_row
 from .ports import PartitionInfo, RowBatch, RowInfo
 
 _MAX_VIEWS_PER_TASK = 8
@@ -42,19 +41,14 @@ class Row:
     seq: int
 
     def pack(self) -> bytes:
-        return _dumps_value({"p": self.pid, "k": self.key, "t": self.tag, "f": sorted(self.fields),
-                             "s": self.seq}, ensure_ascii=True).encode()
+        """The ``rows`` value (:func:`tqstore._format.controller_records.encode_row`)."""
+        return encode_row(self.pid, self.key, self.tag, self.fields, self.seq)
 
     @classmethod
     def unpack(cls, gidx: int, raw: bytes) -> "Row":
-        """Raises ValueError, KeyError, TypeError or UnicodeDecodeError on a malformed value."""
-        d = _loads_value(raw)
-        p, k, f, s = d["p"], d["k"], d["f"], d["s"]
-        if type(p) is not str or not (k is None or type(k) is str) or type(f) is not list \
-                or type(s) is not int or s < 0 or not all(type(x) is str for x in f):
-            raise ValueError(f"members of the wrong type: p {type(p).__name__}, k {type(k).__name__}, "
-                             f"f {type(f).__name__}, s {type(s).__name__}")
-        return cls(gidx, p, k, d["t"], frozenset(f), s)
+        """Raises RecordError (a ValueError) on a malformed value."""
+        p, k, t, f, s = decode_row(raw)
+        return cls(gidx, p, k, t, frozenset(f), s)
 
 
 class _Ready:
@@ -100,7 +94,7 @@ class Partition:
     ready: Dict[str, Dict[frozenset, _Ready]] = field(default_factory=dict, repr=False, compare=False)
 
     def pack(self) -> bytes:
-        return json.dumps({"next_seq": self.next_seq, "meta": self.meta}).encode()
+        return encode_partition(self.next_seq, self.meta)
 
     def ready_view(self, task: str, need: frozenset, done) -> _Ready:
         """The ready view of ``(task, need)`` (``done``: the rows ``task`` consumed), built

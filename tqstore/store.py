@@ -12,11 +12,8 @@ Guarantees:
 """
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
-import shutil
-import tempfile
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -26,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 
 from . import layout_dirs as L
 from ._format.columns import Column, to_column
-from ._io import files
+from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .controller import Controller, PutPlan
@@ -140,7 +137,10 @@ class Store(CheckpointMixin):
             raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
         self._closed = True
         self._temporary = path is None
-        self.root = Path(tempfile.mkdtemp(prefix="tqstore-")) if path is None else Path(path)
+        try:
+            self.root = files.make_temp_dir("tqstore-") if path is None else Path(path)
+        except OSError as e:
+            raise StorageIOError(f"cannot create a temporary store directory: {e}") from e
         if path is not None:
             check_store_location(self.root)  # never inside a store, checkpoint or generation root
         self.durability = durability
@@ -154,7 +154,12 @@ class Store(CheckpointMixin):
             raise StorageIOError(f"cannot create store directory {self.root}: {e}") from e
         self._lock_fd = self._take_lock()
         try:
-            self._open_state(num_units)
+            try:
+                self._open_state(num_units)
+            except TqstoreError:
+                raise
+            except OSError as e:
+                raise StorageIOError(f"cannot open store {self.root}: {e}") from e
         except BaseException:
             self._release_lock()
             raise
@@ -184,12 +189,12 @@ class Store(CheckpointMixin):
             if _OPEN_ROOTS.get(real) == os.getpid():
                 raise StorageIOError(f"store {self.root} is already open in this process; use the open Store "
                                      f"(or close it first)")
-            fd = os.open(self.root / "LOCK", os.O_RDWR | os.O_CREAT, 0o644)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                os.close(fd)
+                fd = locks.lock_exclusive_nowait(self.root / "LOCK")
+            except BlockingIOError as e:
                 raise StorageIOError(f"store {self.root} is open in another process (LOCK is held)") from e
+            except OSError as e:
+                raise StorageIOError(f"cannot lock store {self.root} (its LOCK file): {e}") from e
             _OPEN_ROOTS[real] = os.getpid()
         self._real_root = real
         return fd
@@ -198,7 +203,7 @@ class Store(CheckpointMixin):
         with _OPEN_LOCK:
             if _OPEN_ROOTS.get(self._real_root) == os.getpid():
                 del _OPEN_ROOTS[self._real_root]
-            os.close(self._lock_fd)
+            locks.unlock(self._lock_fd)
 
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
@@ -306,7 +311,7 @@ class Store(CheckpointMixin):
             self._close_parts()
             self._release_lock()
         if self._temporary:
-            shutil.rmtree(self.root, ignore_errors=True)
+            files.rmtree(self.root, ignore_errors=True)
         log.info("closed store %s", self.root)
 
     def _close_parts(self) -> None:
@@ -565,7 +570,7 @@ class Store(CheckpointMixin):
                     new[0].close()
                     raise
             except BaseException:
-                shutil.rmtree(new_dir, ignore_errors=True)
+                files.rmtree(new_dir, ignore_errors=True)
                 raise
             self._close_parts()
             self.controller, self.units, self.state_dir = new[0], new[1], new_dir

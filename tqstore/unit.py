@@ -13,11 +13,9 @@ length, crc); ``segs`` holds each segment's size, live bytes and sealed flag) an
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections import defaultdict
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -29,11 +27,13 @@ from ._format.columns import Column
 from ._format.frame import (
     decode_frame, encode_parts, encode_uniform,
 )
-from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
+from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc, decode_index_key
 from ._format.layout import (
     CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
 )
 from ._format.segment import decode_segment_header, parse_segment_name, segment_name
+from ._format import unit_records as UR
+from ._format.unit_records import SegInfo, UNIT_INDEX_FORMAT  # noqa: F401 - re-exported (checkpoint code)
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
@@ -49,24 +49,6 @@ DEFAULT_SEGMENT_BYTES = 256 << 20
 COMPACT_LIVE_RATIO = 0.5
 
 
-@dataclass
-class SegInfo:
-    size: int
-    live: int
-    sealed: bool
-
-    def pack(self) -> bytes:
-        return json.dumps({"size": self.size, "live": self.live, "sealed": self.sealed}).encode()
-
-    @classmethod
-    def unpack(cls, raw: bytes) -> "SegInfo":
-        d = json.loads(bytes(raw))
-        return cls(int(d["size"]), int(d["live"]), bool(d["sealed"]))
-
-
-UNIT_INDEX_FORMAT = 1
-
-
 def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> None:
     """Check (or, when ``create`` and absent, record) the unit index format version.
 
@@ -77,9 +59,9 @@ def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> No
         if create:
             with env.begin(write=True) as txn:
                 db = env.open_db(b"meta", txn=txn)
-                raw = txn.get(b"format", db=db)
+                raw = txn.get(UR.META_FORMAT, db=db)
                 if raw is None:
-                    txn.put(b"format", str(UNIT_INDEX_FORMAT).encode(), db=db)
+                    txn.put(UR.META_FORMAT, UR.encode_format(), db=db)
                     return
         else:
             with env.begin() as txn:
@@ -87,20 +69,31 @@ def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> No
                     db = env.open_db(b"meta", txn=txn, create=False)
                 except lmdb.NotFoundError:
                     return  # written before the marker existed: version 1
-                raw = txn.get(b"format", db=db)
+                raw = txn.get(UR.META_FORMAT, db=db)
                 if raw is None:
                     return
-    if bytes(raw) != str(UNIT_INDEX_FORMAT).encode():
+    try:
+        version = UR.decode_format(raw)
+    except UR.RecordError:
+        version = None
+    if version != UNIT_INDEX_FORMAT:
         raise FormatVersionError(f"unit index format {bytes(raw)[:16]!r} is not supported (reads "
                                  f"{UNIT_INDEX_FORMAT})", path=str(path))
 
 
-def _seg_key(seg_id: int) -> bytes:
-    return seg_id.to_bytes(4, "big")
+_seg_key = UR.seg_key
+_undo_key = UR.undo_key
 
 
-def _undo_key(token: int, index_key: bytes) -> bytes:
-    return token.to_bytes(8, "big") + bytes(index_key)
+def _seg_info(raw, seg_id, path: Path) -> SegInfo:
+    """The ``segs`` record of ``seg_id`` (``raw``: its value) of the unit index at ``path``;
+    CorruptionError naming the index for a malformed (or missing) one."""
+    try:
+        return SegInfo.unpack(raw)
+    except UR.RecordError as e:
+        raise CorruptionError(f"unit index: malformed segs entry of segment {seg_id}: {e} (damaged metadata: "
+                              f"load the last good checkpoint into a new store)",
+                              path=str(Path(path) / "index" / "data.mdb")) from e
 
 
 class UnitView:
@@ -156,14 +149,29 @@ class Unit(UnitReader):
         # snapshots (MVCC cuts) by id: resolved by keys/lookup/locate(snapshot=id), ended by release(id)
         self._views: Dict[int, UnitView] = {}
         self._next_snapshot = 1
-        self._recover()
+        try:
+            with wrap_errors(f"open unit {unit_id}", self.path):
+                self._recover()
+        except BaseException:
+            if self._writer is not None:
+                self._writer.close()
+            self.env.close()  # a unit that failed to open must not keep its index open
+            raise
 
     # ------------------------------------------------------------------ open / recovery
     def _load_segs(self, txn=None) -> Dict[int, SegInfo]:
         own = txn is None
         txn = txn or self.env.begin()
         try:
-            return {int.from_bytes(k, "big"): SegInfo.unpack(v) for k, v in txn.cursor(self.db_segs)}
+            out = {}
+            for k, v in txn.cursor(self.db_segs):
+                try:
+                    seg_id = UR.decode_seg_key(k)
+                except UR.RecordError as e:
+                    raise CorruptionError(f"unit index: malformed segs key {bytes(k)[:40]!r}: {e}",
+                                          path=str(self.path / "index" / "data.mdb")) from e
+                out[seg_id] = _seg_info(v, seg_id, self.path)
+            return out
         finally:
             if own:
                 txn.abort()
@@ -243,13 +251,13 @@ class Unit(UnitReader):
                 loc = Loc.unpack(v)
                 live[loc.seg] += loc.length
             for k, v in list(txn.cursor(self.db_segs)):
-                info = SegInfo.unpack(v)
-                seg_id = int.from_bytes(k, "big")
+                seg_id = UR.decode_seg_key(k)  # checked by _load_segs on open
+                info = _seg_info(v, seg_id, self.path)
                 info.live = live.get(seg_id, 0)
                 self._put_seg(txn, seg_id, info)
 
     def _get_seg(self, txn, seg_id: int) -> SegInfo:
-        return SegInfo.unpack(txn.get(_seg_key(seg_id), db=self.db_segs))
+        return _seg_info(txn.get(_seg_key(seg_id), db=self.db_segs), seg_id, self.path)
 
     def _put_seg(self, txn, seg_id: int, info: SegInfo) -> None:
         """Write a segment record; one left sealed with no live bytes is noted for :meth:`_after_change`."""
@@ -279,7 +287,7 @@ class Unit(UnitReader):
             return w
         if w is not None:
             self._seal_writer(txn)
-        segs = {int.from_bytes(k, "big") for k, _ in txn.cursor(self.db_segs)}
+        segs = {UR.decode_seg_key(k) for k in txn.cursor(self.db_segs).iternext(values=False)}
         on_disk = {parse_segment_name(n) for n in files.listdir(self.path)} - {None}
         seg_id = max(segs | on_disk | {0}) + 1
         w = SegmentWriter(self.path, self.unit_id, seg_id, create=True)
@@ -435,25 +443,28 @@ class Unit(UnitReader):
             raw = txn.get(_seg_key(s), db=self.db_segs)
             if raw is None:
                 continue
-            info = SegInfo.unpack(raw)
+            info = _seg_info(raw, s, self.path)
             info.live = max(0, info.live - n)
             self._put_seg(txn, s, info)
 
     def undo_tokens(self) -> List[int]:
         """Tokens of overwriting puts whose undo records are not settled yet."""
         with self.env.begin() as txn:
-            return sorted({int.from_bytes(bytes(k[:8]), "big")
-                           for k in txn.cursor(self.db_undo).iternext(values=False)})
+            try:
+                return sorted({UR.decode_undo_key(k)[0] for k in txn.cursor(self.db_undo).iternext(values=False)})
+            except UR.RecordError as e:
+                raise CorruptionError(f"unit index: malformed undo entry: {e}",
+                                      path=str(self.path / "index" / "data.mdb")) from e
 
     def settle(self, token: int, *, committed: bool) -> int:
         """Settle the overwriting put ``token``: committed, the frames it replaced become dead;
         not committed, the replaced entries are put back (its new frames become dead).
         Returns the undo records settled."""
-        prefix = token.to_bytes(8, "big")
+        prefix = UR.undo_prefix(token)
         with self._lock, wrap_errors(f"unit {self.unit_id} settle", self.path):
             with self.env.begin() as rtxn:
                 cur = rtxn.cursor(self.db_undo)
-                if not cur.set_range(prefix) or bytes(cur.key()[:8]) != prefix:
+                if not cur.set_range(prefix) or not bytes(cur.key()).startswith(prefix):
                     return 0
             dead: Dict[int, int] = defaultdict(int)
             with self.env.begin(write=True) as txn:
@@ -461,14 +472,14 @@ class Unit(UnitReader):
                 recs = []
                 if cur.set_range(prefix):
                     for k, v in cur:
-                        if bytes(k[:8]) != prefix:
+                        if not bytes(k).startswith(prefix):
                             break
                         recs.append((bytes(k), bytes(v)))
                 for k, old in recs:
                     if committed:
                         o = Loc.unpack(old)
                     else:
-                        o = txn.replace(k[8:], old, db=self.db_loc)
+                        o = txn.replace(UR.decode_undo_key(k)[1], old, db=self.db_loc)
                         o = Loc.unpack(o) if o is not None else None
                     if o is not None:
                         dead[o.seg] += o.length
@@ -513,7 +524,11 @@ class Unit(UnitReader):
         own = snapshot is None
         txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
-            return [(INDEX_KEY_HEAD.unpack(k[:8])[0], bytes(k[8:]).decode()) for k in txn.cursor(self.db_loc).iternext(values=False)]
+            try:
+                return [decode_index_key(k) for k in txn.cursor(self.db_loc).iternext(values=False)]
+            except UR.RecordError as e:
+                raise CorruptionError(f"unit index: malformed loc entry: {e}",
+                                      path=str(self.path / "index" / "data.mdb")) from e
         finally:
             if own:
                 txn.abort()
@@ -535,7 +550,7 @@ class Unit(UnitReader):
                     raw = txn.get(_seg_key(s), db=self.db_segs)
                     if raw is None or self._pins.get(s):
                         continue
-                    i = SegInfo.unpack(raw)
+                    i = _seg_info(raw, s, self.path)
                     if i.sealed and i.live == 0:
                         dead.append(s)
             if dead:

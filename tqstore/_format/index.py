@@ -13,12 +13,13 @@ imports the location value from here and nowhere else.
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Tuple
 
 # the key, the value's struct and its numpy record are defined beside the other byte
 # constants, at the bottom of the record path (_native needs them and imports nothing
 # from _format); everything above names them here
 from .._native.layout import INDEX_KEY_HEAD, INDEX_VALUE, LOC_DTYPE
+from .records import RecordError
 
 #: frames up to this many bytes are read through the segment mmap, larger ones with
 #: ``preadv`` straight into their destination (the unit chooses the path of a uniform read;
@@ -43,3 +44,26 @@ class Loc(NamedTuple):
 
     def pack(self) -> bytes:
         return INDEX_VALUE.pack(self.seg, self.offset, self.length, self.crc)
+
+
+def index_key(gidx: int, field: str) -> bytes:
+    """The ``loc`` (and, after a token, ``undo``) key of ``(gidx, field)``: the global index
+    u64 big-endian followed by the field name in UTF-8 (hot paths build it inline from
+    :data:`INDEX_KEY_HEAD`: the same bytes)."""
+    return INDEX_KEY_HEAD.pack(gidx) + field.encode()
+
+
+def decode_index_key(raw) -> Tuple[int, str]:
+    """``(gidx, field)`` of an index key.
+
+    Raises:
+        RecordError: shorter than a global index and a one-byte field name, or a field name
+            that is not UTF-8.
+    """
+    k = bytes(raw)
+    if len(k) < INDEX_KEY_HEAD.size + 1:
+        raise RecordError(f"not an index key (global index, field name): {k[:40]!r}")
+    try:
+        return INDEX_KEY_HEAD.unpack_from(k)[0], k[INDEX_KEY_HEAD.size:].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(f"index key: field name is not UTF-8 ({e.reason})") from None

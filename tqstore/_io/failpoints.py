@@ -9,6 +9,27 @@ Arm from code with :func:`arm`, or from the environment before import with
 ``TQSTORE_FAILPOINTS="rename=kill@3;fsync_file=eio@1"``.  Actions: ``eio``,
 ``enospc``, ``short`` (only writes honour it), ``kill``.  ``@N`` (default 1) is the
 occurrence, counted from arming; ``@N+`` fires at N and every later one.
+
+The names (tests/test_io_boundary.py checks that no durable syscall of tqstore bypasses them):
+
+=====================  ==================================================================
+``write``              every positional write (``files.pwrite_all``: segment appends and
+                       headers, ``write_file``)
+``create``             ``files.write_file`` creating or truncating a file
+``segment_create``     a new segment file (``segfile.SegmentWriter``), before it exists
+``truncate``           a truncation (``files.truncate``, ``files.ftruncate``: a segment's
+                       torn tail cut when its unit reopens)
+``fsync_file``         fsync of a file; ``fsync_dir`` of a directory
+``rename``, ``link``,  the directory operations of ``files``; ``mkdir`` also covers
+``unlink``, ``mkdir``, ``files.make_temp_dir``; ``rmtree`` also a best-effort removal
+``rmtree``             (``ignore_errors=True``, whose failure is then swallowed)
+``copy``               a file copy (``files.copy_file``) or an LMDB copy (``lmdbenv``:
+                       a snapshot's index copies, a checkpoint's indexes at load)
+``lock_open``          opening (creating) a lock file: the store's ``LOCK``, a checkpoint
+                       path's ``.lock``, a generation root's lock file
+``unit_commit``,       right before an LMDB commit of a unit or the controller (LMDB
+``controller_commit``  writes in C: a crash point, not a syscall of ours)
+=====================  ==================================================================
 """
 from __future__ import annotations
 

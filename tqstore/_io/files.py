@@ -11,6 +11,7 @@ import fcntl
 import os
 import shutil
 import stat
+import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
@@ -206,16 +207,38 @@ def mkdir(path: PathLike, *, exist_ok: bool = False, parents: bool = False) -> N
     Path(path).mkdir(parents=parents, exist_ok=exist_ok)
 
 
-def rmtree(path: PathLike) -> None:
-    """Remove a directory tree if it exists. Failpoint ``rmtree``."""
-    _fp("rmtree", str(path))
-    shutil.rmtree(path, ignore_errors=False) if os.path.exists(path) else None
+def rmtree(path: PathLike, *, ignore_errors: bool = False) -> None:
+    """Remove a directory tree if it exists. Failpoint ``rmtree``.
+
+    ``ignore_errors``: best-effort cleanup; an ``OSError`` (an injected one included) is
+    swallowed, as with ``shutil.rmtree(path, ignore_errors=True)``."""
+    try:
+        _fp("rmtree", str(path))
+        shutil.rmtree(path, ignore_errors=False) if os.path.exists(path) else None
+    except OSError:
+        if not ignore_errors:
+            raise
+
+
+def make_temp_dir(prefix: str) -> Path:
+    """A new private directory (mode 0700) in the system's temporary directory, as
+    ``tempfile.mkdtemp(prefix=prefix)`` makes it. Failpoint ``mkdir``."""
+    _fp("mkdir", os.path.join(tempfile.gettempdir(), prefix + "*"))
+    return Path(tempfile.mkdtemp(prefix=prefix))
 
 
 def truncate(path: PathLike, size: int) -> None:
     """Truncate a file to ``size`` bytes. Failpoint ``truncate``."""
     _fp("truncate", str(path), size)
     os.truncate(path, size)
+
+
+def ftruncate(fd: int, size: int, path: PathLike) -> None:
+    """Truncate the open file ``fd`` (at ``path``, for the failpoint's observer) to ``size``
+    bytes. Failpoint ``truncate``."""
+    _fp("truncate", str(path), size)
+    os.ftruncate(fd, size)
+
 
 
 def copy_file(src: PathLike, dst: PathLike, *, fsync: bool = True, chunk_bytes: int = 64 << 20,

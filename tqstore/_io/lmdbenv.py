@@ -54,6 +54,16 @@ def lmdb_commit_point(name: str) -> None:
         fp.observe(name)
 
 
+def copy_txn_compact(env: lmdb.Environment, dst: Path, txn: lmdb.Transaction) -> None:
+    """Write a compacted copy of the open environment ``env`` as read transaction ``txn``
+    sees it into the existing, empty directory ``dst`` (``dst/data.mdb``): a snapshot's
+    index copy.  Failpoint ``copy``.  Raises ``lmdb.Error`` (the caller adds context)."""
+    if fp.active:
+        fp.hit("copy")
+        fp.observe("copy", str(env.path()), str(dst))
+    env.copy(str(dst), compact=True, txn=txn)
+
+
 def copy_env_compact(src: Path, dst: Path, *, max_dbs: int = 16) -> None:
     """Write a compacted copy of the LMDB environment ``src`` into the existing, empty
     directory ``dst`` (``dst/data.mdb``), reading ``src`` read-only without a lock file.

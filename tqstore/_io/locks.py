@@ -83,6 +83,29 @@ def flocked(path: PathLike, *, shared: bool = False) -> Iterator[bool]:
         os.close(fd)
 
 
+def lock_exclusive_nowait(path: PathLike) -> int:
+    """Open the lock file ``path`` (created if missing, never truncated) and take an exclusive
+    flock on it without waiting; returns the descriptor, which holds the lock until
+    :func:`unlock` (or the process's end).  The store's ``LOCK``.  Failpoint ``lock_open``.
+
+    Raises:
+        BlockingIOError: another open file description holds the lock.
+        OSError: the lock file cannot be opened or locked.
+    """
+    fd = _open_lock_file(path, shared=False)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def unlock(fd: int) -> None:
+    """Release a lock taken by :func:`lock_exclusive_nowait` (closes its descriptor)."""
+    os.close(fd)
+
+
 def ensure_lock_file(path: PathLike) -> bool:
     """Create the (empty) lock file ``path`` if missing; False if the location is read-only.
     Failpoint ``lock_open``."""

@@ -12,25 +12,41 @@ from .._format.segment import encode_segment_header, segment_name
 from . import files
 
 
+#: failpoint of a segment file's creation (before the file exists); the header write that
+#: follows is failpoint ``write``, truncating a torn tail on reopen failpoint ``truncate``
+SEGMENT_CREATE = "segment_create"
+
+
 class SegmentWriter:
     """The active segment of a unit: frames are appended with positional vectored writes.
 
     ``size`` is the logical end (bytes acknowledged by this writer). Not thread-safe;
-    the owning unit serialises appends.
+    the owning unit serialises appends.  Failpoints ``segment_create`` (a new file),
+    ``write`` (its header, every append), ``truncate`` (a torn tail cut on reopen),
+    ``fsync_file``.
     """
 
     def __init__(self, directory: Path, unit_id: int, seg_id: int, *, create: bool, size: int = 0) -> None:
         self.path = Path(directory) / segment_name(seg_id)
         self.seg_id = seg_id
         if create:
+            files._fp(SEGMENT_CREATE, str(self.path))
             self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-            files.pwrite_all(self.fd, [encode_segment_header(unit_id, seg_id)], 0)
+            try:
+                files.pwrite_all(self.fd, [encode_segment_header(unit_id, seg_id)], 0)
+            except BaseException:
+                self._close_fd()  # the file stays: the unit's cleanup removes files its index never named
+                raise
             self.size = SEGMENT_HEADER_SIZE
         else:
             self.fd = os.open(self.path, os.O_RDWR)
             self.size = size
-            if os.fstat(self.fd).st_size != size:
-                os.ftruncate(self.fd, size)  # drop a torn tail past the last committed frame
+            try:
+                if os.fstat(self.fd).st_size != size:
+                    files.ftruncate(self.fd, size, self.path)  # drop a torn tail past the last committed frame
+            except BaseException:
+                self._close_fd()
+                raise
 
     def append(self, buffers: Sequence) -> int:
         """Write ``buffers`` at the end; returns the offset they start at."""
@@ -42,6 +58,9 @@ class SegmentWriter:
         files.fsync_fd(self.fd, str(self.path))
 
     def close(self) -> None:
+        self._close_fd()
+
+    def _close_fd(self) -> None:
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1

@@ -37,6 +37,7 @@ import lmdb
 import numpy as np
 
 from .. import _native
+from .._format import controller_records as CR, unit_records as UR
 from .._format.index import LOC_DTYPE
 from .._format.layout import SEGMENT_HEADER_SIZE, TRAILER
 from .._format.segment import segment_name
@@ -108,7 +109,7 @@ def _set_controller_units(ctrl_dir: Path, n: int) -> None:
     try:
         meta = env.open_db(b"meta")
         with env.begin(write=True) as txn:
-            txn.put(b"num_units", str(n).encode(), db=meta)
+            txn.put(CR.META_NUM_UNITS, CR.encode_decimal(n), db=meta)
         env.sync(True)
     finally:
         env.close()
@@ -286,7 +287,7 @@ class Builder:
         """Build target unit ``t``: map a window of each source segment at a time, touch only
         the target's frames in it, check each frame's CRC32C against the source index (and
         its padding), append the frames byte for byte to new segments and index them."""
-        from ..unit import SegInfo
+        SegInfo = UR.SegInfo
 
         udir = new_dir / M.unit_dir_name(t.unit)
         files.mkdir(udir)
@@ -344,7 +345,7 @@ class Builder:
                 if items:
                     txn.cursor(db_loc).putmulti(items)
                 for s, info in infos.items():
-                    txn.put(s.to_bytes(4, "big"), info.pack(), db=db_segs)
+                    txn.put(UR.seg_key(s), info.pack(), db=db_segs)
             env.sync(True)
         finally:
             if w[0] is not None:

@@ -20,12 +20,13 @@ import lmdb
 import numpy as np
 
 from .._format.layout import SEGMENT_HEADER_SIZE
+from .._format.unit_records import SegInfo, decode_seg_key
 from .._io import files
 from .._io.lmdbenv import open_env
 from .._io.lmdbwalk import DEFAULT_TIMEOUT_S, LmdbWalk
 from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError, TqstoreError
 from ..controller import CONTROLLER_DBS, decode_controller
-from ..unit import SegInfo, check_index_format
+from ..unit import check_index_format
 from . import manifest as M
 from .planner import FrameTable
 from .scan import scan_file
@@ -362,7 +363,7 @@ def unit_frames(src: Path, man: M.Manifest, u: int,
             try:
                 sdb = env.open_db(b"segs", txn=txn, create=False)
                 for k, v in txn.cursor(sdb):
-                    recorded[int.from_bytes(bytes(k), "big")] = SegInfo.unpack(v).size
+                    recorded[decode_seg_key(k)] = SegInfo.unpack(v).size
             except lmdb.NotFoundError:
                 pass
     except (lmdb.Error, ValueError, KeyError, TypeError, TqstoreError) as e:

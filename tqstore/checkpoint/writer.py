@@ -40,10 +40,11 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
 import lmdb
 import numpy as np
 
+from .._format import controller_records as CR, unit_records as UR
 from .._format.index import LOC_DTYPE
 from .._format.segment import segment_name
 from .._io import files, locks
-from .._io.lmdbenv import DEFAULT_MAP_BYTES
+from .._io.lmdbenv import DEFAULT_MAP_BYTES, copy_txn_compact
 from ..errors import CheckpointError, CorruptionError, StorageIOError, TqstoreError
 from . import manifest as M
 from . import target as T
@@ -271,8 +272,8 @@ class SaveJob:
         self.on_published = on_published
         self.max_workers = max_workers
         self.kind = kind
-        raw = cut.snap.controller_txn.get(b"put_token", db=cut.controller_dbs["meta"])
-        self.put_token = int(raw) if raw is not None else 0  # overwriting puts the controller committed
+        raw = cut.snap.controller_txn.get(CR.META_PUT_TOKEN, db=cut.controller_dbs["meta"])
+        self.put_token = CR.decode_optional_decimal(raw)  # overwriting puts the controller committed
 
     def run(self) -> CheckpointInfo:
         t0 = time.perf_counter()
@@ -322,15 +323,15 @@ class SaveJob:
         cut = self.cut
         snap = cut.snap
         files.mkdir(tmp / "controller")
-        cut.controller_env.copy(str(tmp / "controller"), compact=True, txn=snap.controller_txn)
+        copy_txn_compact(cut.controller_env, tmp / "controller", snap.controller_txn)
         ctrl_entry = _seal_index_file(tmp / M.CONTROLLER_FILE, M.CONTROLLER_FILE, M.ROLE_CONTROLLER, None)
         files.fsync_dir(tmp / "controller")
         txn, dbs = snap.controller_txn, cut.controller_dbs
-        raw_next = txn.get(b"next_gidx", db=dbs["meta"])
+        raw_next = txn.get(CR.META_NEXT_GIDX, db=dbs["meta"])
         snapshot = {
             "rows": txn.stat(dbs["rows"])["entries"],
             "partitions": txn.stat(dbs["parts"])["entries"],
-            "next_gidx": int(raw_next) if raw_next is not None else 0,
+            "next_gidx": CR.decode_optional_decimal(raw_next),
             "store": str(cut.store_root),
         }
         entries = [ctrl_entry]
@@ -381,7 +382,7 @@ class SaveJob:
         db_undo = getattr(unit, "db_undo", None)
         if db_undo is not None:
             undo = [(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=db_undo)]
-        put_back = {k[8:]: v for k, v in undo if int.from_bytes(k[:8], "big") > self.put_token}
+        put_back = {ik: v for (tok, ik), v in ((UR.decode_undo_key(k), v) for k, v in undo) if tok > self.put_token}
         if put_back:
             vals = b"".join(put_back.get(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=unit.db_loc))
         else:
@@ -392,7 +393,7 @@ class SaveJob:
         if unknown:
             raise CorruptionError(f"unit {i} index names segments {unknown[:5]} it does not list; run verify on "
                                   f"the store", path=str(unit.path))
-        unit.env.copy(str(udir / "index"), compact=True, txn=view.txn)
+        copy_txn_compact(unit.env, udir / "index", view.txn)
         keep = {s: (segs[s].size, per_seg.live_bytes(s)) for s in per_seg.segs}
         if undo or set(segs) != set(keep) or any(not segs[s].sealed or segs[s].live != keep[s][1] for s in keep):
             _fix_index(udir / "index", keep, put_back, bool(undo))
@@ -528,7 +529,7 @@ def _fix_index(index_dir: Path, keep: Dict[int, Tuple[int, int]], put_back: Dict
     (The cut may list a still-empty active segment, or dead segments kept only by another
     snapshot's pin.)  LMDB is opened without a lock file: the copy is private to this save.
     """
-    from ..unit import SegInfo  # the unit index's own record type
+    SegInfo = UR.SegInfo  # the unit index's own record type
 
     env = lmdb.open(str(index_dir), map_size=DEFAULT_MAP_BYTES, max_dbs=4, lock=False, sync=False, metasync=False,
                     readahead=False, subdir=True, create=False)
@@ -537,7 +538,7 @@ def _fix_index(index_dir: Path, keep: Dict[int, Tuple[int, int]], put_back: Dict
         db_loc = env.open_db(b"loc")
         with env.begin(write=True) as txn:
             for k, v in list(txn.cursor(db)):
-                s = int.from_bytes(k, "big")
+                s = UR.decode_seg_key(k)
                 if s not in keep:
                     txn.delete(k, db=db)
                 else:

@@ -375,6 +375,10 @@ class PowerLoss:
     def _ev_mkdir(self, ev: Event, path: str) -> None:
         self._deferred.append(("new", path))
 
+    def _ev_segment_create(self, ev: Event, path: str) -> None:
+        # a new segment file (O_CREAT | O_EXCL): it exists once the step is done
+        self._deferred.append(("new", path))
+
     def _ev_unlink(self, ev: Event, path: str) -> None:
         d, n = self._dir_of(path), self._node_at(path)
         if d is None or n is None:
