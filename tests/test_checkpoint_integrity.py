@@ -252,3 +252,53 @@ def test_a_process_killed_while_publishing_never_loses_the_last_checkpoint(tmp_p
             assert s.kv_batch_get(["new"], "train")["text"] == ["written after the first checkpoint"]
         s.save_checkpoint(tmp_path / "ckpt", metadata={"v": 3})  # the path is usable again
     assert sorted(n for n in os.listdir(tmp_path) if n.startswith("ckpt")) == ["ckpt"]
+
+
+# ------------------------------------------------------------------ the frame-check kernel in the scans
+def _first_frame_edit(edit):
+    """Edit the first frame of the first segment (re-sealing its CRC where the frame still has
+    one at the same place), then re-sign the manifest: only the frame checks can see it."""
+    def how(ckpt):
+        import crc32c as crc32c_pkg
+        from tqstore._format.layout import SEGMENT_HEADER_SIZE, payload_offset
+        from checkpoint_helpers import resign
+
+        seg = first_segment(ckpt)
+        data = bytearray(seg.read_bytes())
+        f = SEGMENT_HEADER_SIZE
+        hlen = int.from_bytes(data[f + 6:f + 8], "little")
+        plen = int.from_bytes(data[f + 8:f + 16], "little")
+        end = f + payload_offset(hlen) + plen
+        edit(data, f, end)
+        data[end:end + 4] = crc32c_pkg.crc32c(bytes(data[f:end])).to_bytes(4, "little")
+        rewrite(seg, bytes(data))
+        resign(ckpt)
+        return seg, f
+    return how
+
+
+FRAME_DAMAGE = {  # what the checkpoint scans did not check before the kernel
+    "padding": (lambda d, f, end: d.__setitem__(end + 8 + ((-(end - f + 8)) % 64 or 1) - 1, 7), "padding"),
+    "extent": (lambda d, f, end: d.__setitem__(slice(f + 8, f + 16), (int.from_bytes(d[f + 8:f + 16], "little")
+                                                                       + 64).to_bytes(8, "little")), "extent"),
+    "version": (lambda d, f, end: d.__setitem__(f + 4, 2), "version 2"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FRAME_DAMAGE))
+def test_checkpoint_scans_check_exact_extents_padding_and_versions(pristine, live, tmp_path, kind):
+    from tqstore.errors import FormatVersionError
+
+    edit, words = FRAME_DAMAGE[kind]
+    ckpt, (seg, off) = _damaged(pristine, tmp_path, _first_frame_edit(edit))
+    cls = FormatVersionError if kind == "version" else CorruptionError
+    before = state(live)
+    with pytest.raises(cls, match=words) as ei:
+        verify_checkpoint(ckpt)
+    assert ei.value.path == str(seg) and ei.value.offset == off
+    with pytest.raises(cls, match=words):
+        live.load_checkpoint(ckpt)
+    assert state(live) == before
+    with tqstore.open(tmp_path / "other", num_units=3) as s:  # the reshard loader
+        with pytest.raises(cls, match=words):
+            s.load_checkpoint(ckpt)

@@ -4,6 +4,7 @@ Runs with the C record path and with the pure-Python one (``record_path`` fixtur
 """
 from __future__ import annotations
 
+import math
 import struct
 
 import crc32c as crc32c_pkg
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from tqstore import _native
 from tqstore._format.frame import decode_frame, encode_parts, parse_head
 from tqstore._format.layout import (
-    ALIGN, CODEC_RAW, CODEC_ZSTD, FRAME_VERSION, INDEX_KEY_HEAD, INDEX_VALUE, KIND_NDARRAY, KIND_TENSOR, KIND_VALUE,
+    ALIGN, CODEC_RAW, DTYPE_ITEMSIZE, CODEC_ZSTD, FRAME_VERSION, INDEX_KEY_HEAD, INDEX_VALUE, KIND_NDARRAY, KIND_TENSOR, KIND_VALUE,
     PREFIX_SIZE, TRAILER,
 )
 from tqstore.errors import CorruptionError, FormatVersionError
@@ -25,8 +26,10 @@ pytestmark = pytest.mark.usefixtures("record_path")
 FAST = settings(deadline=None, max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def make_frame(payload: bytes, *, field="f", kind=KIND_TENSOR, dtype=6, gidx=7, shape=(3,), codec=CODEC_RAW,
+def make_frame(payload: bytes, *, field="f", kind=KIND_TENSOR, dtype=2, gidx=7, shape=None, codec=CODEC_RAW,
                raw_len=None) -> bytes:
+    if shape is None:
+        shape = (len(payload),)  # uint8 elements: consistent with the payload length
     head, tail, crc, flen = encode_parts(field.encode(), kind, dtype, gidx, shape, payload, codec, raw_len)
     frame = bytes(head) + bytes(payload) + bytes(tail)
     assert len(frame) == flen
@@ -39,8 +42,12 @@ shapes = st.lists(st.integers(0, 2**40), max_size=5).map(tuple)
 
 @FAST
 @given(payload=st.binary(max_size=3000), field=fields, kind=st.sampled_from([KIND_TENSOR, KIND_NDARRAY, KIND_VALUE]),
-       dtype=st.integers(0, 17), gidx=st.integers(0, 2**64 - 1), shape=shapes, lead=st.integers(0, 3))
+       dtype=st.integers(1, 17), gidx=st.integers(0, 2**64 - 1), shape=shapes, lead=st.integers(0, 3))
 def test_frame_round_trips_every_header_field(payload, field, kind, dtype, gidx, shape, lead):
+    if kind != KIND_VALUE:  # a tensor's payload is its elements: itemsize * prod(shape) bytes
+        shape = tuple(d % 7 for d in shape[:3])
+        n = DTYPE_ITEMSIZE[dtype] * math.prod(shape)
+        payload = (payload * (n // max(len(payload), 1) + 1))[:n] if payload else bytes(n)
     frame = make_frame(payload, field=field, kind=kind, dtype=dtype, gidx=gidx, shape=shape)
     assert len(frame) % ALIGN == 0
     buf = b"\xee" * (lead * ALIGN) + frame + b"\xee" * 64  # frames live inside larger segment buffers
@@ -52,6 +59,20 @@ def test_frame_round_trips_every_header_field(payload, field, kind, dtype, gidx,
     assert h.payload_start % ALIGN == 0 and h.payload_len == len(payload)
     assert fr.crc == struct.unpack_from("<I", frame, h.payload_start + h.payload_len)[0]
     assert fr.crc == crc32c_pkg.crc32c(frame[:h.payload_start + h.payload_len])
+
+
+@pytest.mark.parametrize("kind, dtype, shape, payload, raw_len", [
+    (KIND_TENSOR, 6, (3,), b"x" * 23, None),  # int64[3] needs 24 bytes
+    (KIND_NDARRAY, 9, (2, 2), b"x" * 17, None),
+    (KIND_TENSOR, 0, (1,), b"x", None),  # no dtype: no elements
+    (KIND_TENSOR, 99, (1,), b"x", None),  # unknown dtype code
+    (KIND_TENSOR, 2, (2**63, 2), b"", None),  # overflows 64 bits
+    (KIND_VALUE, 0, (), b"null", 5),  # raw codec: raw_len must be P
+])
+def test_header_inconsistent_with_payload_length_raises(kind, dtype, shape, payload, raw_len):
+    frame = make_frame(payload, kind=kind, dtype=dtype, shape=shape, raw_len=raw_len)
+    with pytest.raises(CorruptionError, match="disagrees with its header"):
+        decode_frame(frame, 0, len(frame))
 
 
 @FAST
@@ -86,7 +107,7 @@ def _sample_frames():
     z = zstandard.ZstdCompressor().compress(b"abc" * 40)
     return [
         make_frame(bytes(range(40))),  # payload smaller than the padding
-        make_frame(b"\x01" * 70, field="prompt_ids", shape=(2, 5, 7), dtype=9),
+        make_frame(b"\x01" * 70, field="prompt_ids", shape=(2, 5, 7), dtype=2),
         make_frame(b'{"a":[1,2]}', field="meta", kind=KIND_VALUE, dtype=0, shape=()),
         make_frame(b"", shape=(0,)),
         make_frame(z, codec=CODEC_ZSTD, raw_len=120, dtype=2, shape=(120,)),

@@ -1,9 +1,9 @@
 """The C record path (tqstore._native._frames) is byte-for-byte the pure-Python one.
 
 Every function is run on both implementations with the same arguments; results must be
-equal, and failures must raise the same exception type.  verify_frames is also fed
-garbage, bit flips and hostile offsets/lengths/header fields: it must never crash and
-must agree with the pure version.
+equal, and failures must raise the same exception type.  The frame-check kernel
+(check_frames) and gather_frames are also fed garbage, bit flips, truncations and hostile
+offsets/lengths/header fields: they must never crash and must agree with the pure version.
 """
 from __future__ import annotations
 
@@ -60,7 +60,7 @@ def index_offsets(items, base_offset=0):
 def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
-    for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "verify_frames",
+    for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "check_frames",
                  "gather_frames"):
         assert callable(getattr(F, name))
     c = F._LAYOUT
@@ -75,6 +75,10 @@ def test_surface_and_layout_constants():
     assert c["INDEX_VALUE_SIZE"] == layout.INDEX_VALUE.size
     assert c["MAX_FIELD_BYTES"] == layout.MAX_FIELD_BYTES
     assert c["MAX_NDIM"] == layout.MAX_NDIM
+    assert c["DTYPE_ITEMSIZE"] == bytes(layout.DTYPE_ITEMSIZE)
+    from tqstore._format import dtypes
+    assert all(layout.DTYPE_ITEMSIZE[code] == (dtypes.itemsize(code) if code else 0) for code in dtypes.DTYPE_NAMES)
+    assert len(layout.DTYPE_ITEMSIZE) == len(dtypes.DTYPE_NAMES)
 
 
 @pytest.mark.parametrize("pure_env, expected", [("1", "pure"), ("0", "native")])
@@ -264,10 +268,13 @@ def test_encode_frames_matches_and_verifies(args):
     assert len(blob) % layout.ALIGN == 0
     offs, lens = index_offsets(items, args["base_offset"])
     assert sum(lens) == len(blob)
-    res = run_both("verify_frames", blob, offs, lens)[1]
-    for (status, poff, plen, crc_exp, crc_act), (key, value), payload in zip(res, items, args["payloads"]):
-        assert status == 0 and crc_exp == crc_act == layout.INDEX_VALUE.unpack(value)[3]
-        assert blob[poff:poff + plen] == memoryview(payload).tobytes()
+    for off, flen, (key, value), payload, shape in zip(offs, lens, items, args["payloads"], args["shapes"]):
+        plen = memoryview(payload).nbytes
+        pstart = layout.payload_offset(layout.HEADER_HEAD_SIZE + len(args["field"]) + 8 * len(shape))
+        assert layout.frame_extent(pstart, plen) == flen
+        assert blob[off + pstart:off + pstart + plen] == memoryview(payload).tobytes()
+        crc = int.from_bytes(blob[off + pstart + plen:off + pstart + plen + 4], "little")
+        assert crc == crc32c_pkg.crc32c(blob[off:off + pstart + plen]) == layout.INDEX_VALUE.unpack(value)[3]
         assert key[8:] == args["field"]
 
 
@@ -275,11 +282,11 @@ def test_encode_frames_positional_and_large_payloads():
     """Large payloads: chunked copy + CRC, and the released-GIL path."""
     rng = np.random.default_rng(3)
     pls = [rng.integers(0, 256, size, dtype=np.uint8) for size in (0, 1, 200_000, 3 * 1024 * 1024 + 17)]
-    args = (b"obs", 1, 7, [10, 11, 12, 13], [(p.size,) for p in pls], pls, 0, None, 4, 4096)
+    args = (b"obs", 1, 2, [10, 11, 12, 13], [(p.size,) for p in pls], pls, 0, None, 4, 4096)
     a = F.encode_frames(*args)
     assert a == P.encode_frames(*args)
-    offs, lens = index_offsets(a[1], 4096)
-    assert all(r[0] == 0 for r in F.verify_frames(a[0], offs, lens))
+    locs = b"".join(v for _k, v in a[1])
+    assert F.check_frames(a[0], locs, np.array([10, 11, 12, 13], np.uint64), base=4096)[0] == bytes(4)
 
 
 def test_encode_frames_many_small_matches():
@@ -344,96 +351,241 @@ def test_encode_frames_threads():
     assert not errors
 
 
-# ---- verify_frames --------------------------------------------------------------------
+# ---- check_frames: the frame-check kernel ---------------------------------------------
 
 
-def _sample_blob(n=6, seed=0):
+def check_both(buf, locs, gidxs=None, verify=True, index_crc=True, base=0):
+    """check_frames on both implementations: same statuses and CRCs, or the same exception type."""
+    return run_both("check_frames", buf, locs, None if gidxs is None else np.asarray(gidxs, dtype=np.uint64),
+                    verify, index_crc, base)
+
+
+def _statuses(res):
+    return list(res[1][0])
+
+
+def _mixed_blob(n=6, seed=0, base=0):
+    """Frames of varying shapes, dtypes, kinds, fields and codecs back to back from ``base``:
+    (blob, locs bytes, gidxs, extents)."""
     rng = np.random.default_rng(seed)
-    pls = [rng.integers(0, 256, int(rng.integers(0, 400)), dtype=np.uint8) for _ in range(n)]
-    blob, items = F.encode_frames(b"field", 0, 1, list(range(n)), [(p.size,) for p in pls], pls, 0, None,
-                                  0, 0)
-    return blob, *index_offsets(items)
-
-
-@given(data=st.data())
-def test_verify_frames_bit_flips(data):
-    blob, offs, lens = _sample_blob(seed=data.draw(st.integers(0, 50)))
-    buf = bytearray(blob)
-    for _ in range(data.draw(st.integers(1, 4))):
-        pos = data.draw(st.integers(0, len(buf) - 1))
-        buf[pos] ^= 1 << data.draw(st.integers(0, 7))
-    res = run_both("verify_frames", bytes(buf), offs, lens)[1]
-    # flips in padding may go unnoticed; a flip in [frame start, trailer end) never does
-    for off, r in zip(offs, res):
-        if r[0] == 0:
-            checked_end = r[1] + r[2] + layout.TRAILER_SIZE
-            assert buf[off:checked_end] == blob[off:checked_end]
-
-
-@given(buf=st.binary(max_size=2000),
-       pairs=st.lists(st.tuples(st.integers(-(2**70), 2**70), st.integers(-(2**70), 2**70)), max_size=20),
-       small=st.lists(st.tuples(st.integers(-64, 2100), st.integers(-64, 2100)), max_size=20))
-def test_verify_frames_garbage(buf, pairs, small):
-    ps = pairs + small
-    run_both("verify_frames", buf, [p[0] for p in ps], [p[1] for p in ps])
+    parts, locs, gidxs = [], [], []
+    off = base
+    for i in range(n):
+        kind = int(rng.integers(0, 3))
+        dtype = int(rng.integers(1, 18)) if kind != layout.KIND_VALUE else 0
+        shape = tuple(int(d) for d in rng.integers(0, 5, int(rng.integers(0, 3)))) if kind != 2 else ()
+        plen = layout.DTYPE_ITEMSIZE[dtype] * int(np.prod(shape)) if kind != 2 else int(rng.integers(0, 90))
+        field = [b"f", b"obs", "é".encode() * 3, b"x" * 255][int(rng.integers(0, 4))]
+        g = int(rng.integers(0, 1 << 62))
+        blob, items = F.encode_frames(field, kind, dtype, [g], [shape], [rng.integers(0, 256, plen, np.uint8)], 0,
+                                      None, 3, off)
+        parts.append(blob)
+        locs.append(items[0][1])
+        gidxs.append(g)
+        off += len(blob)
+    return b"".join(parts), b"".join(locs), gidxs
 
 
 @st.composite
-def hostile_frame(draw):
-    """A frame whose prefix/trailer fields are overwritten with hostile values."""
-    blob, offs, lens = _sample_blob(n=3, seed=draw(st.integers(0, 20)))
+def check_case(draw):
+    n = draw(st.integers(0, 8))
+    base = draw(st.sampled_from([0, 64, 4096]))
+    blob, locs, gidxs = _mixed_blob(n, seed=draw(st.integers(0, 10_000)), base=base)
+    return blob, locs, gidxs, base
+
+
+def _loc_list(locs):
+    return [layout.INDEX_VALUE.unpack_from(locs, k) for k in range(0, len(locs), layout.INDEX_VALUE.size)]
+
+
+@given(case=check_case(), verify=st.booleans(), with_gidx=st.booleans())
+def test_check_frames_valid_runs(case, verify, with_gidx):
+    blob, locs, gidxs, base = case
+    res = check_both(blob, locs, gidxs if with_gidx else None, verify, True, base)
+    assert res[0] == "ok"
+    st_, crcs, trailers = res[1]
+    n = len(gidxs)
+    assert st_ == bytes(n)
+    recorded = [v[3] for v in _loc_list(locs)]
+    assert list(np.frombuffer(trailers, "<u4")) == recorded
+    assert list(np.frombuffer(crcs, "<u4")) == (recorded if verify else [0] * n)
+
+
+@given(case=check_case(), data=st.data(), verify=st.booleans())
+def test_check_frames_bit_flips(case, data, verify):
+    """Every byte of a frame is checked: a flip is seen (a payload flip by the CRC32C)."""
+    blob, locs, gidxs, base = case
+    assume(blob)
     buf = bytearray(blob)
-    i = draw(st.integers(0, 2))
-    off = offs[i]
-    magic = draw(st.sampled_from([b"TQFR", b"TQFX", b"\0\0\0\0"]))
-    ver = draw(st.sampled_from([1, 0, 2, 255]))
-    hlen = draw(st.one_of(st.integers(0, 0xFFFF), st.sampled_from([0, 0xFFFF, 39, 40, 41])))
-    plen = draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, 2000),
-                          st.sampled_from([2**64 - 1, 2**63, 2**64 - 64, 2**64 - 8])))
-    struct.pack_into("<4sBBHQ", buf, off, magic, ver, 0, hlen, plen)
-    if draw(st.booleans()):
-        pos = draw(st.integers(0, len(buf) - 8))
-        struct.pack_into("<I4s", buf, pos, draw(st.integers(0, 2**32 - 1)), b"TQFE")
-    length = draw(st.one_of(st.just(lens[i]), st.integers(0, len(buf) - off + 100)))
-    return bytes(buf), offs + [off], lens + [length]
+    for _ in range(data.draw(st.integers(1, 3))):
+        pos = data.draw(st.integers(0, len(buf) - 1))
+        buf[pos] ^= 1 << data.draw(st.integers(0, 7))
+    flipped = {p for p in range(len(buf)) if buf[p] != blob[p]}
+    res = check_both(bytes(buf), locs, gidxs, verify, True, base)
+    for (_seg, off, ln, _crc), code in zip(_loc_list(locs), res[1][0]):
+        f = off - base
+        hit = {p for p in flipped if f <= p < f + ln}
+        if not verify:  # without the CRC32C: magic, version, gidx, end magic and padding are still seen
+            hlen = blob[f + 6] | blob[f + 7] << 8
+            plen = int.from_bytes(blob[f + 8:f + 16], "little")
+            t = f + layout.payload_offset(hlen) + plen
+            hit = {p for p in hit if p < f + 5 or f + 24 <= p < f + 32 or p >= t + 4}
+            assert code != 0 or not hit, (code, hit)
+            continue
+        assert (code != 0) == bool(hit), (code, hit)
 
 
-@given(case=hostile_frame())
-def test_verify_frames_hostile_lengths(case):
-    buf, offs, lens = case
-    res = run_both("verify_frames", buf, offs, lens)[1]
-    for (off, length), r in zip(zip(offs, lens), res):
-        if r[0] != 1:
-            assert off <= r[1] and r[1] + r[2] + layout.TRAILER_SIZE <= off + length <= len(buf)
+@given(case=check_case(), data=st.data())
+def test_check_frames_truncated(case, data):
+    blob, locs, gidxs, base = case
+    cut = data.draw(st.integers(0, len(blob)))
+    res = check_both(blob[:cut], locs, gidxs, True, True, base)
+    for (_seg, off, ln, _crc), code in zip(_loc_list(locs), res[1][0]):
+        assert code == (layout.FRAME_TRUNCATED if off - base + ln > cut else 0)
 
 
-def test_verify_frames_inputs():
-    blob, offs, lens = _sample_blob()
-    # numpy buffers, numpy offsets, zip() semantics, out-of-range values
-    arr = np.frombuffer(blob, dtype=np.uint8)
-    assert run_both("verify_frames", arr, np.array(offs), np.array(lens))[1] == F.verify_frames(blob, offs, lens)
-    assert run_both("verify_frames", blob, offs, lens[:2])[1] == F.verify_frames(blob, offs[:2], lens[:2])
-    assert run_both("verify_frames", blob, [], []) == ("ok", [])
-    assert run_both("verify_frames", b"", [0, -1, 2**64], [32, 2**64, -(2**64)])[1] == [(1, 0, 0, 0, 0)] * 3
-    assert run_both("verify_frames", memoryview(blob)[len(blob) // 2:], offs, lens)[0] == "ok"
-    assert run_both("verify_frames", blob, [0.0], [64]) == ("err", TypeError)
-    assert run_both("verify_frames", blob, 5, [64]) == ("err", TypeError)
-    assert run_both("verify_frames", "text", [0], [64]) == ("err", TypeError)
-    noncontig = np.frombuffer(blob, dtype=np.uint8)[::2]
-    assert run_both("verify_frames", noncontig, [0], [64]) == ("err", TypeError)
-    f32 = np.frombuffer(blob, dtype=np.float32)  # offsets count bytes whatever the item size
-    assert run_both("verify_frames", f32, offs, lens)[1] == F.verify_frames(blob, offs, lens)
+@given(case=check_case(), data=st.data())
+def test_check_frames_wrong_extents_gidxs_and_index_crcs(case, data):
+    blob, locs, gidxs, base = case
+    assume(gidxs)
+    vals = _loc_list(locs)
+    i = data.draw(st.integers(0, len(vals) - 1))
+    seg, off, ln, crc = vals[i]
+    what = data.draw(st.sampled_from(["extent", "gidx", "crc"]))
+    g = list(gidxs)
+    if what == "extent":
+        vals[i] = (seg, off, data.draw(st.integers(0, 2**32 - 1).filter(lambda x: x != ln)), crc)
+    elif what == "gidx":
+        g[i] ^= 1 << data.draw(st.integers(0, 63))
+    else:
+        vals[i] = (seg, off, ln, crc ^ (1 << data.draw(st.integers(0, 31))))
+    res = check_both(blob, b"".join(layout.INDEX_VALUE.pack(*v) for v in vals), g, True, True, base)
+    codes = list(res[1][0])
+    assert codes[:i] + codes[i + 1:] == [0] * (len(vals) - 1)
+    if what == "extent":
+        assert codes[i] in (layout.FRAME_EXTENT, layout.FRAME_TRUNCATED, layout.FRAME_HEADER)
+    else:
+        assert codes[i] == (layout.FRAME_GIDX if what == "gidx" else layout.FRAME_INDEX_CRC)
+    assert check_both(blob, b"".join(layout.INDEX_VALUE.pack(*v) for v in vals), None, True, False, base)[1][0] == (
+        bytes(len(vals)) if what != "extent" else res[1][0])
 
 
-def test_verify_frames_large_released_gil():
+@given(buf=st.binary(max_size=2000), data=st.data(), verify=st.booleans(), index_crc=st.booleans())
+def test_check_frames_garbage(buf, data, verify, index_crc):
+    """Hostile index values over random bytes (and over frames with overwritten fields)."""
+    if data.draw(st.booleans()):
+        blob, _locs, _g = _mixed_blob(3, seed=data.draw(st.integers(0, 99)))
+        b = bytearray(blob)
+        for _ in range(data.draw(st.integers(1, 4))):
+            pos = data.draw(st.integers(0, len(b) - 8))
+            b[pos:pos + 8] = data.draw(st.sampled_from([b"TQFR\x01\x00\xff\xff", b"\xff" * 8, bytes(8), b"TQFE" * 2]))
+        buf = bytes(b)
+    n = data.draw(st.integers(0, 10))
+    locs = b"".join(layout.INDEX_VALUE.pack(
+        data.draw(st.integers(0, 2**32 - 1)),
+        data.draw(st.one_of(st.integers(0, 2**64 - 1), st.integers(0, len(buf) + 64).map(lambda x: x & ~63))),
+        data.draw(st.one_of(st.integers(0, 2**32 - 1), st.integers(0, len(buf) + 64))),
+        data.draw(st.integers(0, 2**32 - 1))) for _ in range(n))
+    gidxs = data.draw(st.one_of(st.none(), st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)))
+    base = data.draw(st.sampled_from([0, 0, 64, 2**64 - 1]))
+    check_both(buf, locs, gidxs, verify, index_crc, base)
+
+
+def _reseal(buf: bytearray, f: int) -> None:
+    """Rewrite the CRC of the frame at ``f`` after its head was changed (its lengths intact)."""
+    hlen = buf[f + 6] | buf[f + 7] << 8
+    plen = int.from_bytes(buf[f + 8:f + 16], "little")
+    end = f + layout.payload_offset(hlen) + plen
+    struct.pack_into("<I", buf, end, crc32c_pkg.crc32c(bytes(buf[f:end])))
+
+
+@pytest.mark.parametrize("change, code", [
+    (lambda b: b.__setitem__(slice(0, 4), b"TQFX"), layout.FRAME_MAGIC_BAD),
+    (lambda b: b.__setitem__(4, 2), layout.FRAME_VERSION_UNKNOWN),
+    (lambda b: b.__setitem__(5, 4), layout.FRAME_FLAGS),
+    (lambda b: b.__setitem__(5, 2), layout.FRAME_FLAGS),
+    (lambda b: b.__setitem__(24 + 8, 3), layout.FRAME_HEADER),  # kind
+    (lambda b: b.__setitem__(24 + 10, 2), layout.FRAME_HEADER),  # ndim against header_len
+    (lambda b: b.__setitem__(24 + 12, 0xFF), layout.FRAME_HEADER),  # field name not UTF-8
+    (lambda b: b.__setitem__(slice(24 + 12, 24 + 15), b"\xed\xa0\x80"[:3]), layout.FRAME_HEADER),  # surrogate
+    (lambda b: b.__setitem__(24 + 9, 6), layout.FRAME_SIZE),  # dtype int64: 8x the bytes
+    (lambda b: b.__setitem__(24 + 9, 40), layout.FRAME_SIZE),  # unknown dtype
+    (lambda b: b.__setitem__(16, 9), layout.FRAME_SIZE),  # raw_len != P for the raw codec
+    (lambda b: b.__setitem__(slice(8, 16), (1 << 40).to_bytes(8, "little")), layout.FRAME_EXTENT),
+])
+def test_check_frames_head_codes(change, code):
+    blob, items = F.encode_frames(b"abc", 0, 2, [5], [(100,)], [bytes(range(100))], 0, None, 0, 0)
+    buf = bytearray(blob)
+    change(buf)
+    _reseal(buf, 0) if code != layout.FRAME_EXTENT else None
+    loc = items[0][1]
+    res = check_both(bytes(buf), loc, None, True, False)
+    assert res[1][0] == bytes([code])
+
+
+def test_check_frames_tail_codes_and_crcs():
+    pls = [bytes([i]) * 40 for i in range(4)]
+    blob, items = F.encode_frames(b"f", 0, 2, [0, 1, 2, 3], [(40,)] * 4, pls, 0, None, 0, 0)
+    locs = b"".join(v for _k, v in items)
+    vals = _loc_list(locs)
+    buf = bytearray(blob)
+    buf[vals[1][1] + 64 + 40 + 4] ^= 1  # end magic
+    buf[vals[2][1] + 64 + 40 + 20] = 1  # padding
+    buf[vals[3][1] + 64 + 3] ^= 1  # payload
+    st_, crcs, trailers = check_both(bytes(buf), locs, [0, 1, 2, 3])[1]
+    assert list(st_) == [0, layout.FRAME_TORN, layout.FRAME_PADDING, layout.FRAME_CRC]
+    c = np.frombuffer(crcs, "<u4")
+    t = np.frombuffer(trailers, "<u4")
+    assert t[0] == c[0] == vals[0][3] and c[1] == 0 and t[3] == vals[3][3]
+    assert c[3] == crc32c_pkg.crc32c(bytes(buf[vals[3][1]:vals[3][1] + 104]))
+    assert list(check_both(bytes(buf), locs, None, False)[1][0]) == [0, layout.FRAME_TORN, layout.FRAME_PADDING, 0]
+
+
+def test_check_frames_arguments():
+    blob, locs, gidxs = _mixed_blob(4)
+    g = np.asarray(gidxs, dtype=np.uint64)
+    from tqstore._format.index import LOC_DTYPE
+    arr = np.frombuffer(locs, LOC_DTYPE)
+    ok = check_both(blob, locs, gidxs)
+    assert ok[0] == "ok" and ok[1][0] == bytes(4)
+    assert run_both("check_frames", blob, arr)[1] == ok[1]
+    assert run_both("check_frames", buf=np.frombuffer(blob, np.float32), locs=arr, gidxs=g, verify=1, index_crc=1,
+                    base=0)[1] == ok[1]
+    assert run_both("check_frames", blob, b"") == ("ok", (b"", b"", b""))
+    assert run_both("check_frames", b"", locs)[1][0] == bytes([layout.FRAME_TRUNCATED]) * 4
+    assert run_both("check_frames", blob, locs[:-1]) == ("err", ValueError)
+    assert run_both("check_frames", blob, locs, g[:3]) == ("err", ValueError)
+    assert run_both("check_frames", blob, locs, None, True, True, -1) == ("err", OverflowError)
+    assert run_both("check_frames", blob, locs, None, True, True, 1.0) == ("err", TypeError)
+    assert run_both("check_frames", "text", locs) == ("err", TypeError)
+    assert run_both("check_frames", np.frombuffer(blob, np.uint8)[::2], locs) == ("err", BufferError)
+    assert run_both("check_frames", blob) == ("err", TypeError)
+    assert run_both("check_frames", blob, locs, bogus=1) == ("err", TypeError)
+
+
+def test_check_frames_large_releases_gil():
     rng = np.random.default_rng(4)
     pls = [rng.integers(0, 256, 300_000, dtype=np.uint8) for _ in range(4)]
-    blob, items = F.encode_frames(b"x", 0, 0, [0, 1, 2, 3], [(300_000,)] * 4, pls, 0, None, 0, 0)
-    offs, lens = index_offsets(items)
+    blob, items = F.encode_frames(b"x", 0, 2, [0, 1, 2, 3], [(300_000,)] * 4, pls, 0, None, 0, 0)
+    locs = b"".join(v for _k, v in items)
     buf = bytearray(blob)
-    buf[offs[2] + 1000] ^= 0x10
-    res = run_both("verify_frames", bytes(buf), offs, lens)[1]
-    assert [r[0] for r in res] == [0, 0, 2, 0]
+    buf[_loc_list(locs)[2][1] + 1000] ^= 0x10
+    assert list(check_both(bytes(buf), locs)[1][0]) == [0, 0, layout.FRAME_CRC, 0]
+    errors = []
+
+    def work():
+        try:
+            for _ in range(20):
+                assert F.check_frames(blob, locs)[0] == bytes(4)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors
 
 
 # ---- gather_frames --------------------------------------------------------------------
@@ -547,7 +699,7 @@ def test_gather_frames_truncated(case, data):
     ext = _extents(case)
     short = [ext[i][0] + ext[i][1] > cut for i in case[7]]
     if any(short):
-        assert res[:2] == (2, short.index(True))
+        assert res[:2] == (layout.FRAME_TRUNCATED, short.index(True))
     else:
         assert res == (0, -1, 0, 0)
 
@@ -625,7 +777,7 @@ def test_gather_frames_large_releases_gil():
     off = layout.INDEX_VALUE.unpack(locs[40])[1]
     buf[off + pstart + 100] ^= 0x40
     (kind, res), _ = gather_both(bytes(buf), lb, gidxs, template, pstart, 4096, 64, rows)
-    assert res[:2] == (7, 40)
+    assert res[:2] == (layout.FRAME_CRC, 40)
     (kind, res), _ = gather_both(bytes(buf), lb, gidxs, template, pstart, 4096, 64, rows, verify=False)
     assert res == (0, -1, 0, 0)
     # threads calling it at once over one buffer

@@ -1,12 +1,16 @@
 """Encode and decode single record frames (docs/FORMAT.md, "Record frame").
 
-Bulk encoding of many small frames lives in ``tqstore._native`` (C or pure Python);
-this module turns raw bytes into checked frames: one at a time (:func:`decode_frame`),
-many of one buffer (:func:`decode_frames`), runs of one shape (:func:`check_run`, or
-:func:`gather_run`, which also copies the payloads out), or
-frames read apart from their payloads (:func:`check_rows`).  A torn, truncated,
-bit-flipped or foreign frame is never returned: it raises
-:class:`~tqstore.errors.CorruptionError` naming the file and offset.
+Bulk encoding of many small frames lives in ``tqstore._native`` (C or pure Python), and
+so does the frame-check kernel (``_native.check_frames``; :func:`check_run` here): every
+check docs/FORMAT.md requires of a frame, for a run of frames of one buffer, as one
+``FRAME_*`` status code per frame (:func:`first_fault` / :class:`FrameFault` turn a code
+into the error to raise).  This module turns raw bytes into checked frames with it: one
+at a time (:func:`decode_frame`), many of one buffer (:func:`decode_frames`); runs of one
+shape go through :func:`gather_run` (the kernel's checks against a head template, copying
+the payloads out), frames read apart from their payloads through :func:`check_rows`.  A
+torn, truncated, bit-flipped or foreign frame is never returned: it raises
+:class:`~tqstore.errors.CorruptionError` (``FormatVersionError`` for an unknown frame
+version) naming the file and offset.
 """
 from __future__ import annotations
 
@@ -16,21 +20,31 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _native
-from .._native._pure import GATHER_DIFFERS as _GATHER_DIFFERS, GATHER_GIDX as _GATHER_GIDX, \
-    GATHER_INDEX_CRC as _GATHER_INDEX_CRC, GATHER_PADDING as _GATHER_PADDING, GATHER_TORN as _GATHER_TORN, \
-    GATHER_TRUNCATED as _GATHER_TRUNCATED
 from ..errors import CorruptionError, FormatVersionError
 from .index import LOC_DTYPE
 from .layout import (
-    ALIGN,
     CODEC_MASK,
     CODEC_RAW,
     CODEC_ZSTD,
     FRAME_END_MAGIC,
     FRAME_MAGIC,
     FRAME_VERSION,
+    FRAME_CRC,
+    FRAME_DIFFERS,
+    FRAME_EXTENT,
+    FRAME_FLAGS,
+    FRAME_GIDX,
+    FRAME_HEADER,
+    FRAME_INDEX_CRC,
+    FRAME_MAGIC_BAD,
+    FRAME_PADDING,
+    FRAME_SIZE,
+    FRAME_TORN,
+    FRAME_TRUNCATED,
+    FRAME_VERSION_UNKNOWN,
     HEADER_HEAD,
     HEADER_HEAD_SIZE,
+    INDEX_VALUE,
     KINDS,
     KNOWN_FLAGS,
     PREFIX,
@@ -159,9 +173,108 @@ def parse_head(buf, offset: int = 0, length: Optional[int] = None, *, path: str 
     return FrameHead(gidx, field, kind, dtype, shape, flags, raw_len, pstart, plen)
 
 
+# ---------------------------------------------------------------------------------- the kernel
+
+FRAME_MESSAGES = {
+    FRAME_TRUNCATED: "truncated record frame",
+    FRAME_MAGIC_BAD: "not a tqstore record frame (bad magic)",
+    FRAME_VERSION_UNKNOWN: "record frame format version {version} is not supported (this tqstore reads version "
+                           f"{FRAME_VERSION})",
+    FRAME_FLAGS: "record frame has unknown flags",
+    FRAME_HEADER: "record frame header is truncated or malformed",
+    FRAME_EXTENT: "record frame lengths disagree with its extent (torn or truncated)",
+    FRAME_SIZE: "record frame payload length disagrees with its header (raw length, dtype or shape)",
+    FRAME_GIDX: "record frame belongs to another row than the index says (row {expected})",
+    FRAME_TORN: "record frame trailer missing (torn write)",
+    FRAME_INDEX_CRC: "record frame is not the one the index names",
+    FRAME_PADDING: "record frame padding is not zero (damaged)",
+    FRAME_CRC: "record frame checksum mismatch",
+}
+
+
+@dataclass(frozen=True)
+class FrameFault:
+    """Why one frame failed the kernel's checks: its ``FRAME_*`` code, a message, and the
+    expected and actual CRCs of a checksum or identity mismatch."""
+
+    code: int
+    message: str
+    expected_crc: Optional[int] = None
+    actual_crc: Optional[int] = None
+
+    def error(self, *, path: Optional[str], offset: Optional[int], prefix: str = "") -> CorruptionError:
+        """The exception a reader raises: FormatVersionError for an unknown frame version."""
+        cls = FormatVersionError if self.code == FRAME_VERSION_UNKNOWN else CorruptionError
+        return cls(prefix + self.message, path=path, offset=offset, expected_crc=self.expected_crc,
+                   actual_crc=self.actual_crc)
+
+
+def frame_fault(code: int, frame, *, recorded: int = 0, crc: int = 0, trailer: int = 0,
+                gidx: Optional[int] = None) -> FrameFault:
+    """Describe a failed check: ``code`` from :func:`check_run` for the frame whose bytes start
+    ``frame`` (a buffer, for the version byte), ``recorded`` the index's CRC, ``crc`` and
+    ``trailer`` the kernel's computed and trailer CRCs, ``gidx`` the expected row."""
+    msg = FRAME_MESSAGES.get(code, f"record frame fails check {code}")
+    if code == FRAME_VERSION_UNKNOWN:
+        return FrameFault(code, msg.format(version=memoryview(frame).cast("B")[4]))
+    if code == FRAME_GIDX:
+        return FrameFault(code, msg.format(expected=gidx))
+    if code == FRAME_INDEX_CRC:
+        return FrameFault(code, msg, recorded, trailer)
+    if code == FRAME_CRC:
+        return FrameFault(code, msg, trailer, crc)
+    return FrameFault(code, msg)
+
+
+def check_run(buf, locs, gidxs=None, *, verify: bool = True, index_crc: bool = True,
+              base: int = 0) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Run the frame-check kernel (``_native.check_frames``) over the frames ``locs`` (a
+    ``LOC_DTYPE`` array, or packed ``INDEX_VALUE`` bytes) name in ``buf`` (``base``: the file
+    offset of ``buf[0]``); ``gidxs`` the rows they must belong to (u64), or None.
+
+    Returns ``(status, crcs, trailers)`` arrays (``FRAME_*`` codes as uint8; computed and
+    trailer CRCs as uint32); nothing is raised for a bad frame (see :func:`frame_fault`).
+    """
+    if gidxs is not None:
+        gidxs = np.ascontiguousarray(gidxs, dtype="<u8")
+    st, crcs, trailers = _native.check_frames(buf, locs, gidxs, verify, index_crc, base)
+    return np.frombuffer(st, np.uint8), np.frombuffer(crcs, "<u4"), np.frombuffer(trailers, "<u4")
+
+
+def first_fault(buf, locs, result, gidxs=None, *, base: int = 0) -> Optional[Tuple[int, FrameFault]]:
+    """``(index, fault)`` of the first frame of a :func:`check_run` result that failed, or None."""
+    status, crcs, trailers = result
+    bad = np.flatnonzero(status)
+    if not bad.size:
+        return None
+    i = int(bad[0])
+    loc = np.frombuffer(memoryview(locs).cast("B"), LOC_DTYPE)[i]
+    off = int(loc["offset"]) - base
+    mv = memoryview(buf).cast("B")
+    return i, frame_fault(int(status[i]), mv[off:off + PREFIX_SIZE] if 0 <= off < mv.nbytes else b"",
+                          recorded=int(loc["crc"]), crc=int(crcs[i]), trailer=int(trailers[i]),
+                          gidx=None if gidxs is None else int(gidxs[i]))
+
+
+def _raise_first(buf, locs, result, gidxs, *, path: str, base: int = 0) -> None:
+    got = first_fault(buf, locs, result, gidxs, base=base)
+    if got is not None:
+        i, fault = got
+        raise fault.error(path=path, offset=int(np.frombuffer(memoryview(locs).cast("B"), LOC_DTYPE)[i]["offset"]))
+
+
+def _locs(offsets: Sequence[int], lengths: Sequence[int], crcs: Optional[Sequence[int]] = None) -> np.ndarray:
+    loc = np.zeros(len(offsets), LOC_DTYPE)
+    loc["offset"] = offsets
+    loc["length"] = lengths
+    if crcs is not None:
+        loc["crc"] = crcs
+    return loc
+
+
 def decode_frame(buf, offset: int, length: int, *, path: str = "<buffer>", verify: bool = True,
                  expected_crc: Optional[int] = None) -> Frame:
-    """Parse and check the frame at ``buf[offset:offset+length]``.
+    """Parse and check the frame at ``buf[offset:offset+length]`` (the frame-check kernel).
 
     Args:
         verify: check the CRC32C (default). Structure is always checked.
@@ -172,42 +285,30 @@ def decode_frame(buf, offset: int, length: int, *, path: str = "<buffer>", verif
         FormatVersionError: the frame declares an unknown format version.
     """
     mv = memoryview(buf).cast("B")
-    if offset < 0 or length < PREFIX_SIZE + TRAILER_SIZE or offset + length > mv.nbytes:
+    if offset < 0 or length < PREFIX_SIZE + TRAILER_SIZE or offset + length > mv.nbytes or length >> 32:
         raise CorruptionError("truncated record frame", path=path, offset=offset)
+    loc = INDEX_VALUE.pack(0, offset, length, expected_crc or 0)
+    res = check_run(mv, loc, verify=verify, index_crc=expected_crc is not None)
+    _raise_first(mv, loc, res, None, path=path)
     h = parse_head(mv[:offset + length], offset, length, path=path)
     end = h.payload_start + h.payload_len
-    crc_exp, emagic = TRAILER.unpack_from(mv, offset + end)
-    if emagic != FRAME_END_MAGIC:
-        raise CorruptionError("record frame trailer missing (torn write)", path=path, offset=offset)
-    pad = mv[offset + end + TRAILER_SIZE:offset + length]
-    if pad.nbytes and pad.tobytes() != bytes(pad.nbytes):
-        raise CorruptionError("record frame padding is not zero (damaged)", path=path, offset=offset)
-    if verify:
-        crc_act = _native.crc32c(mv[offset:offset + end])
-        if crc_act != crc_exp:
-            raise CorruptionError("record frame checksum mismatch", path=path, offset=offset,
-                                  expected_crc=crc_exp, actual_crc=crc_act)
-    if expected_crc is not None and expected_crc != crc_exp:
-        raise CorruptionError("record frame is not the one the index names", path=path, offset=offset,
-                              expected_crc=expected_crc, actual_crc=crc_exp)
     return Frame(h.gidx, h.field, h.kind, h.dtype, h.shape, h.flags, h.raw_len,
-                 mv[offset + h.payload_start:offset + end], crc_exp)
+                 mv[offset + h.payload_start:offset + end], int(res[2][0]))
 
 
 # ---------------------------------------------------------------------------------- bulk reads
 
-_ZEROS = bytes(ALIGN)
 _GIDX = slice(PREFIX_SIZE, PREFIX_SIZE + 8)  # where a frame's gidx lies, from the frame start
 
 
 def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: Optional[Sequence[int]] = None,
                   gidxs: Optional[Sequence[int]] = None, verify: bool = True,
                   path: str = "<buffer>") -> List[Tuple[FrameHead, memoryview]]:
-    """Check many frames of one buffer (e.g. an mmapped segment) in one native call.
+    """Check many frames of one buffer (e.g. an mmapped segment) in one kernel call.
 
     Same checks as :func:`decode_frame` for each ``(offset, length)``: structure, extent,
-    zero padding, CRC32C (unless ``verify=False``), and, when given, the index's CRC and
-    the row's global index.  Headers that repeat (same field, dtype, shape) are parsed once.
+    sizes, zero padding, CRC32C (unless ``verify=False``), and, when given, the index's CRC
+    and the row's global index.  Headers that repeat (same field, dtype, shape) are parsed once.
 
     Returns ``(head, payload)`` per frame; ``payload`` is a view into ``buf`` (no copy).
 
@@ -215,33 +316,24 @@ def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: 
         CorruptionError / FormatVersionError: the first frame that does not check.
     """
     mv = memoryview(buf).cast("B")
-    checked = _native.verify_frames(mv, offsets, lengths)
+    n = len(offsets)
+    if any(o < 0 for o in offsets) or any(ln < 0 or ln >> 32 for ln in lengths[:n]):
+        bad = next(i for i in range(n) if offsets[i] < 0 or lengths[i] < 0 or lengths[i] >> 32)
+        raise CorruptionError("truncated record frame", path=path, offset=offsets[bad])
+    loc = _locs(offsets, lengths[:n], crcs)
+    want = None if gidxs is None else np.asarray(gidxs, dtype=np.uint64)
+    res = check_run(mv, loc, want, verify=verify, index_crc=crcs is not None)
+    _raise_first(mv, loc, res, want, path=path)
     cache: Dict[bytes, FrameHead] = {}
     out = []
-    for i, (status, pos, plen, crc_exp, crc_act) in enumerate(checked):
-        off = offsets[i]
-        length = lengths[i]
-        if status == 1:  # structure: let the one-frame decoder name the problem
-            decode_frame(mv, off, length, path=path, verify=verify)
-            raise CorruptionError("record frame is malformed", path=path, offset=off)
-        if status == 2 and verify:
-            raise CorruptionError("record frame checksum mismatch", path=path, offset=off, expected_crc=crc_exp,
-                                  actual_crc=crc_act)
-        if crcs is not None and crcs[i] != crc_exp:
-            raise CorruptionError("record frame is not the one the index names", path=path, offset=off,
-                                  expected_crc=crcs[i], actual_crc=crc_exp)
-        end = pos + plen + TRAILER_SIZE
-        if frame_extent(pos - off, plen) != length or (end != off + length and mv[end:off + length] != _ZEROS[:off + length - end]):
-            decode_frame(mv, off, length, path=path, verify=verify)
-            raise CorruptionError("record frame extent or padding is damaged", path=path, offset=off)
-        key = mv[off + 4:off + PREFIX_SIZE].tobytes() + mv[off + PREFIX_SIZE + 8:pos].tobytes()
+    for off, length in zip(offsets, lengths):
+        hlen = mv[off + 6] | mv[off + 7] << 8
+        key = mv[off + 4:off + PREFIX_SIZE].tobytes() + mv[off + PREFIX_SIZE + 8:off + PREFIX_SIZE + hlen].tobytes()
         h = cache.get(key)
         if h is None:
             h = cache[key] = parse_head(mv, off, length, path=path)
-        if gidxs is not None and int.from_bytes(mv[off + PREFIX_SIZE:off + PREFIX_SIZE + 8], "little") != gidxs[i]:
-            raise CorruptionError(f"record frame belongs to another row than the index says (row {gidxs[i]})",
-                                  path=path, offset=off)
-        out.append((h, mv[pos:pos + plen]))
+        pos = off + h.payload_start
+        out.append((h, mv[pos:pos + h.payload_len]))
     return out
 
 
@@ -276,23 +368,12 @@ def gather_run(buf, locs, gidxs, out, rows, *, template: Tuple[bytes, bytes], pa
                                                       rows, verify)
     if code == 0:
         return True
-    if code == _GATHER_DIFFERS:
+    if code == FRAME_DIFFERS:
         return False
     off = int(np.frombuffer(memoryview(locs).cast("B"), LOC_DTYPE)[i]["offset"])
-    if code == _GATHER_TRUNCATED:
-        raise CorruptionError("truncated record frame", path=path, offset=off)
-    if code == _GATHER_GIDX:
-        raise CorruptionError(f"record frame belongs to another row than the index says (row {expected})",
-                              path=path, offset=off)
-    if code == _GATHER_TORN:
-        raise CorruptionError("record frame trailer missing (torn write)", path=path, offset=off)
-    if code == _GATHER_INDEX_CRC:
-        raise CorruptionError("record frame is not the one the index names", path=path, offset=off,
-                              expected_crc=expected, actual_crc=actual)
-    if code == _GATHER_PADDING:
-        raise CorruptionError("record frame padding is not zero (damaged)", path=path, offset=off)
-    raise CorruptionError("record frame checksum mismatch", path=path, offset=off, expected_crc=expected,
-                          actual_crc=actual)
+    fault = frame_fault(code, b"", recorded=expected, crc=actual, trailer=expected if code == FRAME_CRC else actual,
+                        gidx=expected)
+    raise fault.error(path=path, offset=off)
 
 
 def check_rows(heads, tails, *, template: Tuple[bytes, bytes], gidxs, crcs, offsets, path: str) -> bool:

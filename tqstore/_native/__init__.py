@@ -3,8 +3,9 @@
 The choice is made once at import: the extension when it imports and ``TQSTORE_PURE``
 is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functions:
 ``crc32c``, ``build_header``, ``frame_head``, ``frame_tail``, ``encode_frames``,
-``verify_frames``, ``gather_frames`` (its ``GATHER_*`` result codes are in ``_pure``), and
-the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they implement
+``check_frames`` (the frame-check kernel: per-frame ``FRAME_*`` status codes, in
+``layout``), ``gather_frames`` (the same checks against a head template, copying the
+payloads; the same codes), and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they implement
 is in ``layout``.  This package is the bottom of the record path: it imports nothing from
 the rest of tqstore (``_format`` builds on it; tests/test_layers.py).
 """
@@ -36,7 +37,7 @@ build_header = impl.build_header
 frame_head = impl.frame_head
 frame_tail = impl.frame_tail
 encode_frames = impl.encode_frames
-verify_frames = impl.verify_frames
+check_frames = impl.check_frames
 gather_frames = impl.gather_frames
 
 __all__ = [
@@ -46,7 +47,7 @@ __all__ = [
     "frame_head",
     "frame_tail",
     "encode_frames",
-    "verify_frames",
+    "check_frames",
     "gather_frames",
     "impl",
 ]

@@ -2,7 +2,7 @@
  * tqstore._native._frames: compiled record hot path.
  *
  * Same functions, arguments, results, exceptions and bytes as tqstore/_native/_pure.py
- * (crc32c, build_header, frame_head, frame_tail, encode_frames, verify_frames, gather_frames)
+ * (crc32c, build_header, frame_head, frame_tail, encode_frames, check_frames, gather_frames)
  * (the reference).  Layout constants repeat tqstore/_native/layout.py and are exposed as
  * ``_LAYOUT`` so the tests can check them against it.
  *
@@ -738,155 +738,170 @@ done:
     return result;
 }
 
-/* ---- verify_frames ----------------------------------------------------------------- */
+/* ---- the frame-check kernel -------------------------------------------------------- */
+
+/* Per-frame status codes (same as _pure.FRAME_*; docs/FORMAT.md, "Record frame"): the
+ * first check a frame fails, checks made in this order. */
+#define C_OK 0
+#define C_TRUNCATED 1 /* the frame's extent does not lie inside the buffer */
+#define C_MAGIC 2     /* no frame magic */
+#define C_VERSION 3   /* a frame version this reader does not read */
+#define C_FLAGS 4     /* reserved flag bits or codec set */
+#define C_HEADER 5    /* header length, layout, kind or field name (not UTF-8) malformed */
+#define C_EXTENT 6    /* the frame's lengths do not add up to its extent */
+#define C_SIZE 7      /* payload length disagrees with raw_len (raw codec) or dtype and shape */
+#define C_GIDX 8      /* the header's gidx is not the expected one */
+#define C_TORN 9      /* no end magic */
+#define C_INDEX_CRC 10 /* the trailer's CRC is not the one the index recorded */
+#define C_PADDING 11  /* trailing padding not zero */
+#define C_CRC 12      /* CRC32C of prefix, header, header padding and payload differs */
+#define C_DIFFERS 13  /* gather_frames only: index length or head differ from the template */
+
+#define CODEC_MASK 0x03
+#define CODEC_ZSTD 1
+#define KIND_VALUE 2
+#define NUM_DTYPES 18
+/* bytes per element of each dtype code (layout.DTYPE_ITEMSIZE); 0: no elements (none) */
+static const uint8_t dtype_itemsize[NUM_DTYPES] = {0, 1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 8, 16, 2, 4, 8, 1, 1};
+
+static int is_zero(const uint8_t *p, size_t len) {
+    while (len && ((uintptr_t)p & 7)) {
+        if (*p++) return 0;
+        len--;
+    }
+    for (; len >= 8; p += 8, len -= 8) {
+        uint64_t w;
+        memcpy(&w, p, 8);
+        if (w) return 0;
+    }
+    while (len--)
+        if (*p++) return 0;
+    return 1;
+}
+
+/* Strict UTF-8, as Python's decoder: no overlong forms, no surrogates, at most U+10FFFF. */
+static int utf8_valid(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k;
+        uint8_t lo = 0x80, hi = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) {
+            k = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            k = 2;
+            if (c == 0xE0) lo = 0xA0;
+            if (c == 0xED) hi = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            k = 3;
+            if (c == 0xF0) lo = 0x90;
+            if (c == 0xF4) hi = 0x8F;
+        } else {
+            return 0;
+        }
+        if (n - i - 1 < k) return 0;
+        if (s[i + 1] < lo || s[i + 1] > hi) return 0;
+        for (size_t j = 2; j <= k; j++)
+            if ((s[i + j] & 0xC0) != 0x80) return 0;
+        i += k + 1;
+    }
+    return 1;
+}
+
+/* The head checks of one frame lying whole at f (length len, inside the buffer), in the
+ * order of the C_* codes up to C_SIZE.  On success sets *tpos (trailer offset). */
+static int check_head(const uint8_t *f, uint64_t len, uint64_t *tpos) {
+    if (len < PREFIX_SIZE) return C_EXTENT;
+    if (memcmp(f, FRAME_MAGIC, 4) != 0) return C_MAGIC;
+    if (f[4] != FRAME_VERSION) return C_VERSION;
+    uint8_t flags = f[5];
+    if ((flags & ~CODEC_MASK) || (flags & CODEC_MASK) > CODEC_ZSTD) return C_FLAGS;
+    uint64_t hlen = get_le16(f + 6), plen = get_le64(f + 8), raw = get_le64(f + 16);
+    if (hlen < HEADER_HEAD_SIZE || PREFIX_SIZE + hlen > len) return C_HEADER;
+    const uint8_t *h = f + PREFIX_SIZE;
+    uint8_t kind = h[8], dtype = h[9], ndim = h[10], flen = h[11];
+    if (HEADER_HEAD_SIZE + (uint64_t)flen + 8 * (uint64_t)ndim != hlen || kind > KIND_VALUE) return C_HEADER;
+    if (!utf8_valid(h + HEADER_HEAD_SIZE, flen)) return C_HEADER;
+    uint64_t pstart = align_up(PREFIX_SIZE + hlen);
+    /* align64(pstart + plen + 8) == len, without overflow */
+    if (pstart + TRAILER_SIZE > len || plen > len - pstart - TRAILER_SIZE ||
+        align_up(pstart + plen + TRAILER_SIZE) != len)
+        return C_EXTENT;
+    int zstd = (flags & CODEC_MASK) == CODEC_ZSTD;
+    if (!zstd && raw != plen) return C_SIZE;
+    if (kind != KIND_VALUE) {
+        uint64_t need = dtype < NUM_DTYPES ? dtype_itemsize[dtype] : 0;
+        if (!need) return C_SIZE;
+        const uint8_t *d = h + HEADER_HEAD_SIZE + flen;
+        int zero = 0, over = 0;
+        for (int k = 0; k < ndim; k++) {
+            uint64_t dim = get_le64(d + 8 * k);
+            if (!dim) zero = 1;
+            else if (!over && __builtin_mul_overflow(need, dim, &need)) over = 1;
+        }
+        if (zero) need = 0;
+        else if (over) return C_SIZE;
+        if (need != (zstd ? raw : plen)) return C_SIZE;
+    }
+    *tpos = pstart + plen;
+    return C_OK;
+}
+
+/* The checks after the head (shared by check_frames and gather_frames), in the order of
+ * the C_* codes from C_GIDX.  *tcrc gets the trailer's CRC, *ccrc the computed one. */
+static inline int check_tail(const uint8_t *f, uint64_t tpos, uint64_t len, const uint8_t *want_gidx,
+                             const uint8_t *icrc, int verify, uint32_t *tcrc, uint32_t *ccrc) {
+    if (want_gidx && memcmp(f + PREFIX_SIZE, want_gidx, 8) != 0) return C_GIDX;
+    const uint8_t *t = f + tpos;
+    if (memcmp(t + 4, FRAME_END_MAGIC, 4) != 0) return C_TORN;
+    *tcrc = get_le32(t);
+    if (icrc && *tcrc != get_le32(icrc)) return C_INDEX_CRC;
+    if (!is_zero(t + TRAILER_SIZE, (size_t)(len - tpos - TRAILER_SIZE))) return C_PADDING;
+    if (verify) {
+        *ccrc = crc_impl(0, f, (size_t)tpos);
+        if (*ccrc != *tcrc) return C_CRC;
+    }
+    return C_OK;
+}
 
 typedef struct {
-    int64_t off, len; /* valid only when status != 1 after pass 1 */
-    uint64_t pstart;  /* absolute payload offset */
-    uint64_t plen;
-    uint32_t crc_exp, crc_act;
-    int status;
-} ver_item;
+    const uint8_t *buf;
+    uint64_t size, base;
+    const uint8_t *locs, *gidxs;
+    Py_ssize_t n;
+    int verify, index_crc;
+    uint8_t *status, *crcs, *trailers;
+} check_job;
 
-/* operator.index(o) as int64; *ok = 0 when it does not fit (any such value makes the
- * frame out of range, whatever the other value). */
-static int as_i64(PyObject *o, int64_t *out, int *ok) {
-    PyObject *v = PyNumber_Index(o);
-    if (!v) return -1;
-    int overflow = 0;
-    long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
-    Py_DECREF(v);
-    if (x == -1 && PyErr_Occurred()) return -1;
-    *ok = !overflow;
-    *out = (int64_t)x;
-    return 0;
-}
-
-static void verify_one(const uint8_t *base, ver_item *it) {
-    const uint8_t *f = base + it->off;
-    uint64_t length = (uint64_t)it->len;
-    uint16_t hlen = get_le16(f + 6);
-    uint64_t plen = get_le64(f + 8);
-    uint64_t pstart = align_up(PREFIX_SIZE + (uint64_t)hlen);
-    it->status = 1;
-    if (memcmp(f, FRAME_MAGIC, 4) != 0 || f[4] != FRAME_VERSION) return;
-    /* end + TRAILER_SIZE > length, with end = pstart + plen, without overflow */
-    if (length < pstart + TRAILER_SIZE || plen > length - pstart - TRAILER_SIZE) return;
-    size_t end = (size_t)(pstart + plen);
-    if (memcmp(f + end + 4, FRAME_END_MAGIC, 4) != 0) return;
-    it->crc_exp = get_le32(f + end);
-    it->crc_act = crc_impl(0, f, end);
-    it->status = it->crc_act == it->crc_exp ? 0 : 2;
-    it->pstart = (uint64_t)it->off + pstart;
-    it->plen = plen;
-}
-
-static void verify_all(const uint8_t *base, ver_item *items, Py_ssize_t n) {
-    for (Py_ssize_t i = 0; i < n; i++)
-        if (items[i].status != 1) verify_one(base, &items[i]);
-}
-
-static PyObject *py_verify_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
-                                  PyObject *kwnames) {
-    static const char *const names[] = {"buf", "offsets", "lengths"};
-    PyObject *a[3];
-    if (parse_args("verify_frames", args, nargs, kwnames, names, 3, 3, a) < 0) return NULL;
-    Py_buffer view;
-    PyObject *s_off = NULL, *s_len = NULL, *list = NULL, *bad = NULL;
-    ver_item *items = NULL;
-    if (PyObject_GetBuffer(a[0], &view, PyBUF_FULL_RO) < 0) return NULL;
-    if (!PyBuffer_IsContiguous(&view, 'C')) {
-        PyErr_SetString(PyExc_TypeError, "memoryview: casts are restricted to C-contiguous views");
-        goto fail;
-    }
-    if (!(s_off = PySequence_Fast(a[1], "offsets must be iterable"))) goto fail;
-    if (!(s_len = PySequence_Fast(a[2], "lengths must be iterable"))) goto fail;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(s_off);
-    if (PySequence_Fast_GET_SIZE(s_len) < n) n = PySequence_Fast_GET_SIZE(s_len); /* zip() */
-    items = PyMem_Malloc((n ? (size_t)n : 1) * sizeof(ver_item));
-    if (!items) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    int64_t size = (int64_t)view.len;
-    size_t work = 0;
-    PyObject **po = PySequence_Fast_ITEMS(s_off);
-    PyObject **pl = PySequence_Fast_ITEMS(s_len);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ver_item *it = &items[i];
-        int ok_off, ok_len;
-        if (as_i64(po[i], &it->off, &ok_off) < 0 || as_i64(pl[i], &it->len, &ok_len) < 0) goto fail;
-        it->status = 1;
-        if (ok_off && ok_len && it->off >= 0 && it->len >= PREFIX_SIZE + TRAILER_SIZE && it->len <= size &&
-            it->off <= size - it->len) {
-            it->status = -1; /* to check */
-            work += (size_t)it->len;
-        }
-    }
-    if (work >= NOGIL_THRESHOLD) {
-        Py_BEGIN_ALLOW_THREADS verify_all((const uint8_t *)view.buf, items, n);
-        Py_END_ALLOW_THREADS
-    } else {
-        verify_all((const uint8_t *)view.buf, items, n);
-    }
-    PyBuffer_Release(&view);
-    view.obj = NULL;
-
-    list = PyList_New(n);
-    if (!list) goto fail;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ver_item *it = &items[i];
-        PyObject *t;
-        if (it->status == 1) {
-            if (!bad && !(bad = Py_BuildValue("(iiiii)", 1, 0, 0, 0, 0))) goto fail;
-            Py_INCREF(bad);
-            t = bad;
+static void check_all(check_job *j) {
+    for (Py_ssize_t i = 0; i < j->n; i++) {
+        const uint8_t *loc = j->locs + (size_t)i * INDEX_VALUE_SIZE;
+        uint64_t off = get_le64(loc + 4), len = get_le32(loc + 12);
+        uint32_t tcrc = 0, ccrc = 0, code;
+        uint64_t tpos = 0;
+        if (off < j->base || len > j->size || off - j->base > j->size - len) {
+            code = C_TRUNCATED;
         } else {
-            t = PyTuple_New(5);
-            if (!t) goto fail;
-            PyObject *v0 = PyLong_FromLong(it->status), *v1 = PyLong_FromUnsignedLongLong(it->pstart),
-                     *v2 = PyLong_FromUnsignedLongLong(it->plen), *v3 = PyLong_FromUnsignedLong(it->crc_exp),
-                     *v4 = PyLong_FromUnsignedLong(it->crc_act);
-            PyTuple_SET_ITEM(t, 0, v0);
-            PyTuple_SET_ITEM(t, 1, v1);
-            PyTuple_SET_ITEM(t, 2, v2);
-            PyTuple_SET_ITEM(t, 3, v3);
-            PyTuple_SET_ITEM(t, 4, v4);
-            if (!v0 || !v1 || !v2 || !v3 || !v4) {
-                Py_DECREF(t);
-                goto fail;
-            }
+            const uint8_t *f = j->buf + (off - j->base);
+            code = check_head(f, len, &tpos);
+            if (code == C_OK)
+                code = check_tail(f, tpos, len, j->gidxs ? j->gidxs + (size_t)i * 8 : NULL,
+                                  j->index_crc ? loc + 16 : NULL, j->verify, &tcrc, &ccrc);
         }
-        PyList_SET_ITEM(list, i, t);
+        j->status[i] = (uint8_t)code;
+        put_le32(j->crcs + (size_t)i * 4, ccrc);
+        put_le32(j->trailers + (size_t)i * 4, tcrc);
     }
-    PyMem_Free(items);
-    Py_DECREF(s_off);
-    Py_DECREF(s_len);
-    Py_XDECREF(bad);
-    return list;
-
-fail:
-    if (view.obj) PyBuffer_Release(&view);
-    PyMem_Free(items);
-    Py_XDECREF(s_off);
-    Py_XDECREF(s_len);
-    Py_XDECREF(list);
-    Py_XDECREF(bad);
-    return NULL;
 }
 
 /* ---- gather_frames ----------------------------------------------------------------- */
 
-/* Result codes (same as _pure.GATHER_*): the first frame, in the order given, that fails
- * a check, and the first check it fails, in this order. */
-#define G_OK 0
-#define G_DIFFERS 1   /* index length or head bytes differ from the template (another shape) */
-#define G_TRUNCATED 2 /* the frame extends past the buffer */
-#define G_GIDX 3      /* the frame's gidx is not the row's */
-#define G_TORN 4      /* no end magic */
-#define G_INDEX_CRC 5 /* the trailer's CRC is not the index's */
-#define G_PADDING 6   /* padding after the trailer is not zero */
-#define G_CRC 7       /* CRC32C of prefix + header + payload does not match the trailer */
+/* Result codes: the C_* codes above (C_DIFFERS for a head unlike the template), for the
+ * first frame, in the order given, that fails a check. */
 
 typedef struct {
     const uint8_t *base;
@@ -904,69 +919,44 @@ typedef struct {
     uint64_t expected, actual;
 } gather_job;
 
-static int is_zero(const uint8_t *p, size_t len) {
-    while (len && ((uintptr_t)p & 7)) {
-        if (*p++) return 0;
-        len--;
-    }
-    for (; len >= 8; p += 8, len -= 8) {
-        uint64_t w;
-        memcpy(&w, p, 8);
-        if (w) return 0;
-    }
-    while (len--)
-        if (*p++) return 0;
-    return 1;
-}
-
 static void gather_all(gather_job *j) {
     const uint64_t tpos = j->pstart + j->plen;
     for (Py_ssize_t i = 0; i < j->n; i++) {
         const uint8_t *loc = j->locs + (size_t)i * INDEX_VALUE_SIZE;
         uint64_t off = get_le64(loc + 4);
         uint32_t len = get_le32(loc + 12);
-        uint32_t icrc = get_le32(loc + 16);
-        uint64_t gidx = get_le64(j->gidxs + (size_t)i * 8);
-        int code = G_OK;
+        int code = C_OK;
         uint64_t exp = 0, act = 0;
         if ((uint64_t)len != j->flen) {
-            code = G_DIFFERS;
+            code = C_DIFFERS;
         } else if (j->flen > j->size || off > j->size - j->flen) {
-            code = G_TRUNCATED;
+            code = C_TRUNCATED;
         } else {
             const uint8_t *f = j->base + off;
-            const uint8_t *t = f + tpos;
-            uint64_t got = get_le64(f + PREFIX_SIZE);
-            uint32_t tcrc = get_le32(t);
+            const uint8_t *g = j->gidxs + (size_t)i * 8;
+            uint32_t tcrc = 0, ccrc = 0;
             if (memcmp(f, j->pre, PREFIX_SIZE) != 0 ||
                 memcmp(f + PREFIX_SIZE + 8, j->rest, j->rest_len) != 0) {
-                code = G_DIFFERS;
-            } else if (got != gidx) {
-                code = G_GIDX;
-                exp = gidx;
-                act = got;
-            } else if (memcmp(t + 4, FRAME_END_MAGIC, 4) != 0) {
-                code = G_TORN;
-            } else if (tcrc != icrc) {
-                code = G_INDEX_CRC;
-                exp = icrc;
-                act = tcrc;
-            } else if (!is_zero(t + TRAILER_SIZE, (size_t)(j->flen - tpos - TRAILER_SIZE))) {
-                code = G_PADDING;
-            } else if (j->verify) {
-                uint32_t c = crc_impl(0, f, (size_t)tpos);
-                if (c != tcrc) {
-                    code = G_CRC;
+                code = C_DIFFERS;
+            } else {
+                code = check_tail(f, tpos, j->flen, g, loc + 16, j->verify, &tcrc, &ccrc);
+                if (code == C_GIDX) {
+                    exp = get_le64(g);
+                    act = get_le64(f + PREFIX_SIZE);
+                } else if (code == C_INDEX_CRC) {
+                    exp = get_le32(loc + 16);
+                    act = tcrc;
+                } else if (code == C_CRC) {
                     exp = tcrc;
-                    act = c;
+                    act = ccrc;
                 }
             }
-            if (code == G_OK && j->plen) {
+            if (code == C_OK && j->plen) {
                 int64_t r = (int64_t)get_le64(j->rows + (size_t)i * 8);
                 memcpy(j->out + (uint64_t)r * j->plen, f + j->pstart, (size_t)j->plen);
             }
         }
-        if (code != G_OK) {
+        if (code != C_OK) {
             j->bad = i;
             j->code = code;
             j->expected = exp;
@@ -1087,6 +1077,67 @@ done:
     return result;
 }
 
+static PyObject *py_check_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+    static const char *const names[] = {"buf", "locs", "gidxs", "verify", "index_crc", "base"};
+    PyObject *a[6];
+    if (parse_args("check_frames", args, nargs, kwnames, names, 2, 6, a) < 0) return NULL;
+    Py_buffer vb = {0}, vl = {0}, vg = {0};
+    PyObject *st = NULL, *cr = NULL, *tr = NULL, *result = NULL;
+    check_job j;
+    memset(&j, 0, sizeof(j));
+    int verify = 1, index_crc = 1;
+    uint64_t base = 0;
+    if (a[3] && (verify = PyObject_IsTrue(a[3])) < 0) return NULL;
+    if (a[4] && (index_crc = PyObject_IsTrue(a[4])) < 0) return NULL;
+    if (a[5] && as_uint(a[5], 64, "base", &base) < 0) return NULL;
+    if (get_contig(a[0], &vb, "buf", 0) < 0) goto done;
+    if (get_contig(a[1], &vl, "locs", 0) < 0) goto done;
+    if (a[2] && a[2] != Py_None && get_contig(a[2], &vg, "gidxs", 0) < 0) goto done;
+    if (vl.len % INDEX_VALUE_SIZE) {
+        PyErr_Format(PyExc_ValueError, "locs holds %zd bytes, not a whole number of %d-byte index values", vl.len,
+                     INDEX_VALUE_SIZE);
+        goto done;
+    }
+    j.n = vl.len / INDEX_VALUE_SIZE;
+    if (vg.obj && vg.len != j.n * 8) {
+        PyErr_SetString(PyExc_ValueError, "gidxs must hold one 8-byte integer per index value");
+        goto done;
+    }
+    if (!(st = PyBytes_FromStringAndSize(NULL, j.n)) || !(cr = PyBytes_FromStringAndSize(NULL, 4 * j.n)) ||
+        !(tr = PyBytes_FromStringAndSize(NULL, 4 * j.n)))
+        goto done;
+    j.buf = (const uint8_t *)vb.buf;
+    j.size = (uint64_t)vb.len;
+    j.base = base;
+    j.locs = (const uint8_t *)vl.buf;
+    j.gidxs = vg.obj ? (const uint8_t *)vg.buf : NULL;
+    j.verify = verify;
+    j.index_crc = index_crc;
+    j.status = (uint8_t *)PyBytes_AS_STRING(st);
+    j.crcs = (uint8_t *)PyBytes_AS_STRING(cr);
+    j.trailers = (uint8_t *)PyBytes_AS_STRING(tr);
+    uint64_t work = 0;
+    for (Py_ssize_t i = 0; i < j.n && work < NOGIL_THRESHOLD; i++)
+        work += 64 + get_le32(j.locs + (size_t)i * INDEX_VALUE_SIZE + 12);
+    if (work >= NOGIL_THRESHOLD) {
+        Py_BEGIN_ALLOW_THREADS check_all(&j);
+        Py_END_ALLOW_THREADS
+    } else {
+        check_all(&j);
+    }
+    result = PyTuple_Pack(3, st, cr, tr);
+
+done:
+    if (vb.obj) PyBuffer_Release(&vb);
+    if (vl.obj) PyBuffer_Release(&vl);
+    if (vg.obj) PyBuffer_Release(&vg);
+    Py_XDECREF(st);
+    Py_XDECREF(cr);
+    Py_XDECREF(tr);
+    return result;
+}
+
 /* ---- module ------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1102,9 +1153,10 @@ static PyMethodDef methods[] = {
     {"encode_frames", (PyCFunction)(void (*)(void))py_encode_frames, METH_FASTCALL | METH_KEYWORDS,
      "encode_frames(field, kind, dtype, gidxs, shapes, payloads, flags, raw_lens, seg_id, base_offset)\n--\n\n"
      "Encode one frame per payload, concatenated; returns (blob, [(key, value), ...])."},
-    {"verify_frames", (PyCFunction)(void (*)(void))py_verify_frames, METH_FASTCALL | METH_KEYWORDS,
-     "verify_frames(buf, offsets, lengths)\n--\n\n"
-     "Check frames inside ``buf``: [(status, payload_offset, payload_len, crc_expected, crc_actual)]."},
+    {"check_frames", (PyCFunction)(void (*)(void))py_check_frames, METH_FASTCALL | METH_KEYWORDS,
+     "check_frames(buf, locs, gidxs=None, verify=True, index_crc=True, base=0)\n--\n\n"
+     "Check every frame the index values ``locs`` name in ``buf`` (offsets minus ``base``):\n"
+     "(status, computed_crcs, trailer_crcs) as bytes (one status byte, two u32 per frame)."},
     {"gather_frames", (PyCFunction)(void (*)(void))py_gather_frames, METH_FASTCALL | METH_KEYWORDS,
      "gather_frames(buf, locs, gidxs, template, payload_start, payload_len, out, rows, verify=True)\n--\n\n"
      "Check frames of one head template in ``buf`` and copy their payloads into ``out`` rows:\n"
@@ -1124,11 +1176,11 @@ PyMODINIT_FUNC PyInit__frames(void) {
     PyObject *m = PyModule_Create(&moduledef);
     if (!m) return NULL;
     PyObject *layout = Py_BuildValue(
-        "{s:y,s:y,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "FRAME_MAGIC", FRAME_MAGIC, "FRAME_END_MAGIC",
+        "{s:y,s:y,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:y#}", "FRAME_MAGIC", FRAME_MAGIC, "FRAME_END_MAGIC",
         FRAME_END_MAGIC, "FRAME_VERSION", FRAME_VERSION, "ALIGN", ALIGN, "PREFIX_SIZE", PREFIX_SIZE,
         "HEADER_HEAD_SIZE", HEADER_HEAD_SIZE, "TRAILER_SIZE", TRAILER_SIZE, "INDEX_KEY_HEAD_SIZE",
         INDEX_KEY_HEAD_SIZE, "INDEX_VALUE_SIZE", INDEX_VALUE_SIZE, "MAX_FIELD_BYTES", MAX_FIELD_BYTES,
-        "MAX_NDIM", MAX_NDIM);
+        "MAX_NDIM", MAX_NDIM, "DTYPE_ITEMSIZE", (const char *)dtype_itemsize, (Py_ssize_t)NUM_DTYPES);
     if (!layout || PyModule_AddObject(m, "_LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);

@@ -5,6 +5,7 @@ extension is missing or ``TQSTORE_PURE=1``.  Holds no state.
 """
 from __future__ import annotations
 
+import math
 import operator
 from typing import Optional, Sequence
 
@@ -14,6 +15,26 @@ from numpy.lib.stride_tricks import as_strided
 
 from .layout import (
     ALIGN,
+    CODEC_MASK,
+    CODEC_ZSTD,
+    DTYPE_ITEMSIZE,
+    FRAME_CRC,
+    FRAME_DIFFERS,
+    FRAME_EXTENT,
+    FRAME_FLAGS,
+    FRAME_GIDX,
+    FRAME_HEADER,
+    FRAME_INDEX_CRC,
+    FRAME_MAGIC_BAD,
+    FRAME_OK,
+    FRAME_PADDING,
+    FRAME_SIZE,
+    FRAME_TORN,
+    FRAME_TRUNCATED,
+    FRAME_VERSION_UNKNOWN,
+    HEADER_HEAD_SIZE,
+    KIND_VALUE,
+    KINDS,
     FRAME_END_MAGIC,
     FRAME_MAGIC,
     FRAME_VERSION,
@@ -172,47 +193,122 @@ def encode_frames(
     return b"".join(parts), items
 
 
-def verify_frames(buf, offsets: Sequence[int], lengths: Sequence[int]):
-    """Check frames inside ``buf`` and locate their payloads.
+def _head_code(mv, f: int, ln: int):
+    """Head checks of the frame at ``mv[f:f + ln]`` (inside ``mv``), in the order of the
+    ``FRAME_*`` codes up to ``FRAME_SIZE``: ``(code, trailer offset from f)``."""
+    if ln < PREFIX_SIZE:
+        return FRAME_EXTENT, 0
+    magic, ver, flags, hlen, plen, raw = PREFIX.unpack_from(mv, f)
+    if magic != FRAME_MAGIC:
+        return FRAME_MAGIC_BAD, 0
+    if ver != FRAME_VERSION:
+        return FRAME_VERSION_UNKNOWN, 0
+    if flags & ~CODEC_MASK or (flags & CODEC_MASK) > CODEC_ZSTD:
+        return FRAME_FLAGS, 0
+    if hlen < HEADER_HEAD_SIZE or PREFIX_SIZE + hlen > ln:
+        return FRAME_HEADER, 0
+    _gidx, kind, dtype, ndim, flen = HEADER_HEAD.unpack_from(mv, f + PREFIX_SIZE)
+    if HEADER_HEAD_SIZE + flen + 8 * ndim != hlen or kind not in KINDS:
+        return FRAME_HEADER, 0
+    h = f + PREFIX_SIZE + HEADER_HEAD_SIZE
+    try:
+        bytes(mv[h:h + flen]).decode("utf-8")
+    except UnicodeDecodeError:
+        return FRAME_HEADER, 0
+    pstart = payload_offset(hlen)
+    if frame_extent(pstart, plen) != ln:
+        return FRAME_EXTENT, 0
+    zstd = (flags & CODEC_MASK) == CODEC_ZSTD
+    if not zstd and raw != plen:
+        return FRAME_SIZE, 0
+    if kind != KIND_VALUE:
+        size = DTYPE_ITEMSIZE[dtype] if dtype < len(DTYPE_ITEMSIZE) else 0
+        d = h + flen
+        if not size or size * math.prod(int.from_bytes(mv[d + 8 * k:d + 8 * k + 8], "little")
+                                        for k in range(ndim)) != (raw if zstd else plen):
+            return FRAME_SIZE, 0
+    return FRAME_OK, pstart + plen
 
-    For each (offset, length) returns ``(status, payload_offset, payload_len, crc_expected,
-    crc_actual)`` where status 0 means intact, 1 bad magic/version/lengths, 2 CRC mismatch.
-    Offsets are relative to ``buf``.
+
+def check_frames(buf, locs, gidxs=None, verify: bool = True, index_crc: bool = True, base: int = 0):
+    """The frame-check kernel: check every frame the unit-index values ``locs`` name in ``buf``.
+
+    ``locs`` holds ``n`` index values (``INDEX_VALUE``: segment id, offset, frame length, crc;
+    the segment id is not looked at); a frame's bytes are ``buf[offset - base:][:length]``
+    (``base``: the file offset of ``buf[0]``).  ``gidxs`` (``n`` little-endian u64, or None)
+    are the rows the frames must belong to.  Each frame gets every check of docs/FORMAT.md
+    ("Record frame") in the order of the ``FRAME_*`` codes (layout): extent inside ``buf``,
+    magic, version, flags, header, exact extent, sizes (raw_len, dtype and shape against the
+    payload length), gidx (with ``gidxs``), end magic, the index's CRC (with ``index_crc``),
+    zero padding, then (with ``verify``) the CRC32C.  Nothing is raised for a bad frame.
+
+    Returns ``(status, crcs, trailers)``, bytes: one ``FRAME_*`` code per frame (the first
+    check it fails, or ``FRAME_OK``), the computed CRC32C of each frame and the CRC its
+    trailer holds (little-endian u32 each; 0 where the checks stopped before).
+
+    Raises ValueError / BufferError / TypeError / OverflowError for bad arguments.
     """
-    mv = memoryview(buf).cast("B")
+    verify = bool(verify)
+    index_crc = bool(index_crc)
+    base = _uint(base, 64, "base")
+    mv = _contig(buf, "buf")
+    vl = _contig(locs, "locs")
+    vg = None if gidxs is None else _contig(gidxs, "gidxs")
+    if vl.nbytes % INDEX_VALUE.size:
+        raise ValueError(f"locs holds {vl.nbytes} bytes, not a whole number of {INDEX_VALUE.size}-byte index values")
+    n = vl.nbytes // INDEX_VALUE.size
+    if vg is not None and vg.nbytes != 8 * n:
+        raise ValueError("gidxs must hold one 8-byte integer per index value")
+    loc = np.frombuffer(vl, LOC_DTYPE)
+    want = None if vg is None else bytes(vg)
     size = mv.nbytes
-    out = []
-    for off, length in zip(offsets, lengths):
-        off = operator.index(off)
-        length = operator.index(length)
-        if off < 0 or length < PREFIX_SIZE + TRAILER_SIZE or off + length > size:
-            out.append((1, 0, 0, 0, 0))
+    status = bytearray(n)
+    crcs = np.zeros(n, "<u4")
+    trailers = np.zeros(n, "<u4")
+    heads = {}  # head bytes but the gidx, and extent -> (code, trailer offset): frames of one shape repeat
+    for i, (off, ln, icrc) in enumerate(zip(loc["offset"].tolist(), loc["length"].tolist(), loc["crc"].tolist())):
+        f = off - base
+        if f < 0 or ln > size or f > size - ln:
+            status[i] = FRAME_TRUNCATED
             continue
-        magic, ver, flags, hlen, plen, _raw = PREFIX.unpack_from(mv, off)
-        pstart = payload_offset(hlen)
-        end = pstart + plen
-        if magic != FRAME_MAGIC or ver != FRAME_VERSION or end + TRAILER_SIZE > length:
-            out.append((1, 0, 0, 0, 0))
-            continue
-        crc_exp, emagic = TRAILER.unpack_from(mv, off + end)
-        if emagic != FRAME_END_MAGIC:
-            out.append((1, 0, 0, 0, 0))
-            continue
-        crc_act = _crc.crc32c(mv[off : off + end])
-        out.append((0 if crc_act == crc_exp else 2, off + pstart, plen, crc_exp, crc_act))
-    return out
+        key = None
+        if ln >= PREFIX_SIZE:
+            hlen = mv[f + 6] | mv[f + 7] << 8
+            if 8 <= hlen and PREFIX_SIZE + hlen <= ln:
+                key = (bytes(mv[f:f + PREFIX_SIZE]), bytes(mv[f + PREFIX_SIZE + 8:f + PREFIX_SIZE + hlen]), ln)
+        got = heads.get(key) if key is not None else None
+        if got is None:
+            got = _head_code(mv, f, ln)
+            if key is not None:
+                heads[key] = got
+        code, tpos = got
+        if code == FRAME_OK:
+            code = _tail_code(mv, f, tpos, ln, want, i, icrc if index_crc else None, verify, crcs, trailers)
+        status[i] = code
+    return bytes(status), crcs.tobytes(), trailers.tobytes()
 
 
-# gather_frames result codes: the first frame (in the order given) that fails a check, and
-# the first check it fails, in this order.
-GATHER_OK = 0
-GATHER_DIFFERS = 1  # index length or head bytes differ from the template (another shape)
-GATHER_TRUNCATED = 2  # the frame extends past the buffer
-GATHER_GIDX = 3  # the frame's gidx is not the row's (expected, actual: gidxs)
-GATHER_TORN = 4  # no end magic
-GATHER_INDEX_CRC = 5  # the trailer's CRC is not the index's (expected: index, actual: trailer)
-GATHER_PADDING = 6  # padding after the trailer is not zero
-GATHER_CRC = 7  # CRC32C of prefix + header + payload differs (expected: trailer, actual: computed)
+_ZEROS = bytes(ALIGN)
+
+
+def _tail_code(mv, f: int, tpos: int, ln: int, want, i: int, icrc, verify: bool, crcs, trailers) -> int:
+    """The checks after the head, in the order of the ``FRAME_*`` codes from ``FRAME_GIDX``."""
+    if want is not None and mv[f + PREFIX_SIZE:f + PREFIX_SIZE + 8] != want[8 * i:8 * i + 8]:
+        return FRAME_GIDX
+    t = f + tpos
+    if mv[t + 4:t + 8] != FRAME_END_MAGIC:
+        return FRAME_TORN
+    tcrc = trailers[i] = int.from_bytes(mv[t:t + 4], "little")
+    if icrc is not None and tcrc != icrc:
+        return FRAME_INDEX_CRC
+    pad = ln - tpos - TRAILER_SIZE
+    if pad and mv[t + TRAILER_SIZE:f + ln] != _ZEROS[:pad]:
+        return FRAME_PADDING
+    if verify:
+        c = crcs[i] = _crc.crc32c(mv[f:t])
+        if c != tcrc:
+            return FRAME_CRC
+    return FRAME_OK
 
 
 def _contig(o, what: str, writable: bool = False) -> memoryview:
@@ -239,7 +335,7 @@ def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: i
     Every frame is checked in order: index length equal to the template's frame length, extent
     inside ``buf``, head equal to the template, gidx, end magic, trailer CRC equal to the
     index's, zero padding, then (when ``verify``) the CRC32C itself.  Returns ``(code, index,
-    expected, actual)`` for the first frame and check that fails (see ``GATHER_*``), or
+    expected, actual)`` for the first frame and check that fails (see ``FRAME_*``), or
     ``(0, -1, 0, 0)``; payloads of frames before a failing one may have been copied.
 
     Raises ValueError / BufferError / TypeError / IndexError / OverflowError for bad arguments
@@ -275,7 +371,7 @@ def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: i
         if n and (dest.min() < 0 or dest.max() >= vo.nbytes // plen):
             raise IndexError("row index out of range of out")
     if not n:
-        return (GATHER_OK, -1, 0, 0)
+        return (FRAME_OK, -1, 0, 0)
     seg = np.frombuffer(vb, np.uint8)
     size = seg.size
     tpos = pstart + plen
@@ -285,8 +381,8 @@ def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: i
     expected = np.zeros(n, np.uint64)
     actual = np.zeros(n, np.uint64)
     fits = (offs <= size - flen) if flen <= size else np.zeros(n, bool)
-    code[~fits] = GATHER_TRUNCATED
-    code[loc["length"] != flen] = GATHER_DIFFERS
+    code[~fits] = FRAME_TRUNCATED
+    code[loc["length"] != flen] = FRAME_DIFFERS
     ok = np.flatnonzero(code == 0)
     if ok.size:
         at = offs[ok].astype(np.int64)[:, None]
@@ -306,13 +402,13 @@ def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: i
 
         if verify:
             calc = np.array([_crc.crc32c(vb[o:o + tpos]) for o in offs[ok].tolist()], dtype=np.uint32)
-            mark(calc != tcrc, GATHER_CRC, tcrc, calc)
-        mark(tails[:, TRAILER_SIZE:].any(axis=1), GATHER_PADDING)
-        mark(tcrc != icrc, GATHER_INDEX_CRC, icrc, tcrc)
-        mark((tails[:, 4:8] != np.frombuffer(FRAME_END_MAGIC, np.uint8)).any(axis=1), GATHER_TORN)
-        mark(got != want[ok], GATHER_GIDX, want[ok], got)
+            mark(calc != tcrc, FRAME_CRC, tcrc, calc)
+        mark(tails[:, TRAILER_SIZE:].any(axis=1), FRAME_PADDING)
+        mark(tcrc != icrc, FRAME_INDEX_CRC, icrc, tcrc)
+        mark((tails[:, 4:8] != np.frombuffer(FRAME_END_MAGIC, np.uint8)).any(axis=1), FRAME_TORN)
+        mark(got != want[ok], FRAME_GIDX, want[ok], got)
         mark((heads[:, :PREFIX_SIZE] != np.frombuffer(pre, np.uint8)).any(axis=1)
-             | (heads[:, PREFIX_SIZE + 8:] != np.frombuffer(rest, np.uint8)).any(axis=1), GATHER_DIFFERS)
+             | (heads[:, PREFIX_SIZE + 8:] != np.frombuffer(rest, np.uint8)).any(axis=1), FRAME_DIFFERS)
         code[ok], expected[ok], actual[ok] = c, e, a
     bad = np.flatnonzero(code)
     if bad.size:
@@ -322,7 +418,7 @@ def gather_frames(buf, locs, gidxs, template, payload_start: int, payload_len: i
         return (int(code[i]), i, int(expected[i]), int(actual[i]))
     if plen:
         _copy_runs(seg, offs, dest, pstart, plen, flen, vo)
-    return (GATHER_OK, -1, 0, 0)
+    return (FRAME_OK, -1, 0, 0)
 
 
 def _copy_runs(seg, offs, dest, pstart: int, plen: int, flen: int, vo) -> None:

@@ -42,6 +42,27 @@ KINDS = (KIND_TENSOR, KIND_NDARRAY, KIND_VALUE)
 MAX_FIELD_BYTES = 255
 MAX_NDIM = 32
 
+# bytes per element of each dtype code (docs/FORMAT.md, "Dtype codes"); 0 for code 0 (none)
+DTYPE_ITEMSIZE = (0, 1, 1, 1, 2, 4, 8, 2, 2, 4, 8, 8, 16, 2, 4, 8, 1, 1)
+
+# Per-frame status codes of the frame-check kernel (``check_frames``; ``gather_frames``
+# returns the same codes): the first check a frame fails, the checks made in this order
+# (docs/FORMAT.md, "Record frame", "Frame status codes").
+FRAME_OK = 0
+FRAME_TRUNCATED = 1  # the frame's extent does not lie inside the buffer (truncated file or window)
+FRAME_MAGIC_BAD = 2  # no frame magic
+FRAME_VERSION_UNKNOWN = 3  # a frame version this reader does not read (callers: FormatVersionError)
+FRAME_FLAGS = 4  # reserved flag bits or codec set
+FRAME_HEADER = 5  # header length, layout (H = 12 + F + 8 ndim), kind or field name (UTF-8) malformed
+FRAME_EXTENT = 6  # align64(payload_start + P + 8) is not the extent the index recorded
+FRAME_SIZE = 7  # raw codec with raw_len != P, or (kinds 0, 1) decoded length != itemsize * prod(shape)
+FRAME_GIDX = 8  # the header's global index is not the expected one (only when expected gidxs are given)
+FRAME_TORN = 9  # no end magic (torn write)
+FRAME_INDEX_CRC = 10  # the trailer's CRC is not the one the index recorded (not the frame it names)
+FRAME_PADDING = 11  # trailing padding is not all zero
+FRAME_CRC = 12  # CRC32C of prefix, header, header padding and payload differs from the trailer's
+FRAME_DIFFERS = 13  # gather_frames only: index length or head differ from the template (another shape)
+
 # index entry of a unit: key = gidx (u64 big-endian, so keys sort by row) + field UTF-8
 INDEX_KEY_HEAD = struct.Struct(">Q")
 # value = segment id, frame offset, frame length, frame crc32c

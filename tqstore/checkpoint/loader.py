@@ -16,7 +16,7 @@ exactly as it was.
   threads while the store opens the new parts (``before_switch`` waits for it);
 * another unit count: the controller is copied with its unit count updated; every frame
   is routed to unit ``gidx % M`` (:func:`planner.plan_reshard`) and each target unit, in
-  parallel, reads only its frames' byte ranges, checks each frame's CRC32C and appends
+  parallel, reads only its frames' byte ranges, checks each frame (the frame-check kernel) and appends
   the frames byte for byte to new segment files, indexing them as it goes;
 * a checkpoint saved with ``include_storage=False``: the controller only; every row keeps
   its key, tag and consumption but no field is produced (no payload was saved).
@@ -36,10 +36,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import lmdb
 import numpy as np
 
-from .. import _native
 from .._format import controller_records as CR, unit_records as UR
+from .._format.frame import check_run, first_fault
 from .._format.index import LOC_DTYPE
-from .._format.layout import SEGMENT_HEADER_SIZE, TRAILER
+from .._format.layout import SEGMENT_HEADER_SIZE
 from .._format.segment import segment_name
 from .._io import files
 from .._io.lmdbenv import copy_env_compact, open_env
@@ -97,8 +97,7 @@ def locate_damage(p: Path, e: M.FileEntry, res) -> CorruptionError:
     """The most precise CorruptionError for a file whose CRC did not match."""
     if res.bad:
         b: BadFrame = res.bad[0]
-        return CorruptionError(f"checkpoint {e.role.replace('_', ' ')}: {b.message}", path=str(p), offset=b.offset,
-                               expected_crc=b.expected_crc, actual_crc=b.actual_crc)
+        return b.error(f"checkpoint {e.role.replace('_', ' ')}: {b.message}", path=str(p))
     offset, where = bad_block(e, res)
     return CorruptionError(f"checkpoint file checksum mismatch{where}", path=str(p), offset=offset,
                            expected_crc=e.crc32c, actual_crc=None if res.stopped else res.crc)
@@ -285,8 +284,9 @@ class Builder:
 
     def _reshard_unit(self, new_dir: Path, t: TargetPlan) -> int:
         """Build target unit ``t``: map a window of each source segment at a time, touch only
-        the target's frames in it, check each frame's CRC32C against the source index (and
-        its padding), append the frames byte for byte to new segments and index them."""
+        the target's frames in it, check each frame (the frame-check kernel: structure, exact
+        extent, padding, CRC32C, the CRC the source index recorded), append the frames byte for
+        byte to new segments and index them."""
         SegInfo = UR.SegInfo
 
         udir = new_dir / M.unit_dir_name(t.unit)
@@ -365,17 +365,13 @@ class Builder:
         wmv = memoryview(mm)
         iov: List[memoryview] = []
         try:
-            rel = (t.offset[i:j] - wstart).tolist()
-            lens = t.length[i:j].tolist()
-            crcs = t.crc[i:j].tolist()
-            for k, (status, po, pl, cexp, cact) in enumerate(_native.verify_frames(wmv, rel, lens)):
-                if status or cexp != crcs[k]:
-                    raise _frame_error(status, path, wstart + rel[k], crcs[k], cexp, cact)
-                te, fe = po + pl + TRAILER.size, rel[k] + lens[k]
-                if te < fe and wmv[te:fe] != _ZEROS[:fe - te]:
-                    # readers refuse such a frame: never copy it into the store
-                    raise CorruptionError("checkpoint segment: record frame padding is not zero (damaged)",
-                                          path=path, offset=wstart + rel[k])
+            loc = np.zeros(j - i, LOC_DTYPE)
+            loc["offset"], loc["length"], loc["crc"] = t.offset[i:j], t.length[i:j], t.crc[i:j]
+            res = check_run(wmv, loc, base=wstart)  # every check of a reader; readers refuse what fails
+            got = first_fault(wmv, loc, res, base=wstart)
+            if got is not None:
+                k, fault = got
+                raise fault.error(path=path, offset=int(t.offset[i + k]), prefix="checkpoint segment: ")
             # adjacent frames go out as one slice of the mapping
             r = t.offset[i:j] - wstart
             ln = t.length[i:j]
@@ -401,19 +397,6 @@ class Builder:
                 mm.close()
             except BufferError:  # a view still held by an exception's traceback: unmapped when collected
                 pass
-
-
-_ZEROS = bytes(256)
-
-
-def _frame_error(status: int, path: str, offset: int, recorded: int, cexp: int, cact: int) -> CorruptionError:
-    if status == 1:
-        return CorruptionError("checkpoint segment: not an intact record frame", path=path, offset=offset)
-    if status == 2:
-        return CorruptionError("checkpoint segment: record frame checksum mismatch", path=path, offset=offset,
-                               expected_crc=cexp, actual_crc=cact)
-    return CorruptionError("checkpoint segment: record frame is not the one the index names", path=path,
-                           offset=offset, expected_crc=recorded, actual_crc=cexp)
 
 
 def load(store, checkpoint_dir) -> LoadInfo:

@@ -1,9 +1,12 @@
 """Streaming integrity scans of checkpoint and segment files.
 
 Files are read with positional reads into one reusable buffer per call (never mmapped),
-so a scan adds a bounded amount of memory whatever the file size.  A segment scan
-computes the whole-file CRC32C and, in the same pass, checks every listed frame against
-the CRC its index recorded.
+so a scan adds a bounded amount of memory whatever the file size (a frame larger than
+the buffer is read whole into one of its own).  A segment scan computes the whole-file
+CRC32C and, in the same pass, checks every listed frame with the frame-check kernel
+(:func:`tqstore._format.frame.check_run`): everything docs/FORMAT.md requires of a frame
+(exact extent, head, sizes, end magic, zero padding, CRC32C) and the CRC its index
+recorded.
 """
 from __future__ import annotations
 
@@ -11,12 +14,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .. import _native
 from .._io import files
-from .._format.layout import (
-    FRAME_END_MAGIC, FRAME_MAGIC, FRAME_VERSION, PREFIX, PREFIX_SIZE, TRAILER, TRAILER_SIZE,
-    payload_offset,
-)
+from .._format.frame import check_run, frame_fault
+from .._format.index import LOC_DTYPE
+from .._format.layout import FRAME_TRUNCATED, FRAME_VERSION_UNKNOWN
+from ..errors import CorruptionError, FormatVersionError
 
 CHUNK_BYTES = 8 << 20
 TAIL_BYTES = 4096
@@ -27,10 +32,44 @@ FrameSpec = Tuple[int, int, int]  # (offset, length, crc) of a frame in a segmen
 
 @dataclass(frozen=True)
 class BadFrame:
+    """A frame that failed a check: where, why (``code``: the kernel's ``FRAME_*`` status)."""
+
     offset: int
     message: str
     expected_crc: Optional[int] = None
     actual_crc: Optional[int] = None
+    code: int = FRAME_TRUNCATED
+
+    @property
+    def unknown_version(self) -> bool:
+        return self.code == FRAME_VERSION_UNKNOWN
+
+    def error(self, message: Optional[str] = None, *, path: Optional[str]) -> CorruptionError:
+        """The exception to raise for it (``FormatVersionError`` for an unknown frame version)."""
+        cls = FormatVersionError if self.unknown_version else CorruptionError
+        return cls(self.message if message is None else message, path=path, offset=self.offset,
+                   expected_crc=self.expected_crc, actual_crc=self.actual_crc)
+
+
+_PAST_END = "record frame lies past the end of the file (truncated)"
+
+
+def _locs(frames: Sequence[FrameSpec]) -> np.ndarray:
+    loc = np.zeros(len(frames), LOC_DTYPE)
+    if len(frames):
+        a = np.array(frames, dtype=np.uint64).reshape(-1, 3)
+        loc["offset"], loc["length"], loc["crc"] = a[:, 0], a[:, 1], a[:, 2]
+    return loc
+
+
+def _check(buf, loc: np.ndarray, base: int, bad: List[BadFrame]) -> None:
+    """Run the kernel over the frames ``loc`` lying whole in ``buf`` (file offset ``base``)."""
+    status, crcs, trailers = check_run(buf, loc, base=base)
+    for i in np.flatnonzero(status).tolist():
+        off = int(loc["offset"][i])
+        f = frame_fault(int(status[i]), memoryview(buf)[off - base:off - base + 8], recorded=int(loc["crc"][i]),
+                        crc=int(crcs[i]), trailer=int(trailers[i]))
+        bad.append(BadFrame(off, f.message, f.expected_crc, f.actual_crc, f.code))
 
 
 @dataclass
@@ -85,7 +124,10 @@ def scan_file(path, size: int, *, frames: Sequence[FrameSpec] = (), block_bytes:
         crc = 0
         blocks: Optional[List[int]] = [] if block_bytes is not None else None
         bad: List[BadFrame] = []
-        straddling: List[FrameSpec] = []
+        straddling: List[int] = []
+        loc = _locs(frames)
+        offs = loc["offset"]
+        ends = offs + loc["length"]
         fi = 0
         nf = len(frames)
         pos = 0
@@ -104,23 +146,15 @@ def scan_file(path, size: int, *, frames: Sequence[FrameSpec] = (), block_bytes:
                         blocks[first:]:
                     stopped = True
             end = pos + n
-            offs: List[int] = []
-            lens: List[int] = []
-            exp: List[int] = []
-            while fi < nf and frames[fi][0] < end:
-                off, ln, c = frames[fi]
-                if off < pos:  # cannot happen for sorted, non-overlapping frames
-                    straddling.append(frames[fi])
-                elif off + ln <= end:
-                    offs.append(off - pos)
-                    lens.append(ln)
-                    exp.append(c)
-                else:
-                    straddling.append(frames[fi])
-                fi += 1
-            if offs:
-                for (status, _po, _pl, cexp, cact), o, c in zip(_native.verify_frames(view, offs, lens), offs, exp):
-                    _judge(bad, pos + o, status, cexp, cact, c)
+            fj = fi + int(np.searchsorted(offs[fi:], end, side="left"))  # the frames that start before end
+            if fj > fi:
+                inside = (offs[fi:fj] >= pos) & (ends[fi:fj] <= end)
+                if inside.all():
+                    _check(view, loc[fi:fj], pos, bad)
+                else:  # a frame across the chunk's end (or out of order): checked on its own below
+                    _check(view, loc[fi:fj][inside], pos, bad)
+                    straddling.extend((fi + np.flatnonzero(~inside)).tolist())
+                fi = fj
             if progress is not None:
                 progress(n)
             pos = end
@@ -131,73 +165,32 @@ def scan_file(path, size: int, *, frames: Sequence[FrameSpec] = (), block_bytes:
             if stopped and pos < size:
                 bad.sort(key=lambda b: b.offset)
                 return ScanResult(pos, crc, blocks, bad, nf, stopped=True)
-        for off, ln, c in straddling:
+        for k in straddling:
+            off, ln, c = int(offs[k]), int(loc["length"][k]), int(loc["crc"][k])
             if off + ln <= pos:
                 b = check_frame(fd, off, ln, c)
                 if b is not None:
                     bad.append(b)
             else:
-                bad.append(BadFrame(off, "record frame lies past the end of the file (truncated)"))
-        while fi < nf:
-            bad.append(BadFrame(frames[fi][0], "record frame lies past the end of the file (truncated)"))
-            fi += 1
+                bad.append(BadFrame(off, _PAST_END))
+        bad.extend(BadFrame(int(o), _PAST_END) for o in offs[fi:].tolist())
         bad.sort(key=lambda b: b.offset)
         return ScanResult(pos, crc, blocks, bad, nf)
     finally:
         os.close(fd)
 
 
-def _judge(bad: List[BadFrame], offset: int, status: int, cexp: int, cact: int, recorded: int) -> None:
-    if status == 1:
-        bad.append(BadFrame(offset, "not an intact record frame (bad magic, version or lengths)"))
-    elif status == 2:
-        bad.append(BadFrame(offset, "record frame checksum mismatch", cexp, cact))
-    elif cexp != recorded:
-        bad.append(BadFrame(offset, "record frame is not the one the index names", recorded, cexp))
-
-
 def check_frame(fd: int, offset: int, length: int, recorded: int, *, chunk_bytes: int = CHUNK_BYTES
                 ) -> Optional[BadFrame]:
-    """Check one frame read straight from ``fd`` (streamed when larger than a chunk)."""
-    if length <= chunk_bytes:
-        buf = bytearray(length)
-        n = _read_exact(fd, memoryview(buf), offset)
-        if n < length:
-            return BadFrame(offset, "record frame lies past the end of the file (truncated)")
-        status, _po, _pl, cexp, cact = _native.verify_frames(buf, [0], [length])[0]
-        out: List[BadFrame] = []
-        _judge(out, offset, status, cexp, cact, recorded)
-        return out[0] if out else None
-    head = os.pread(fd, PREFIX_SIZE, offset)
-    if len(head) < PREFIX_SIZE:
-        return BadFrame(offset, "record frame lies past the end of the file (truncated)")
-    magic, version, _flags, hlen, plen, _raw = PREFIX.unpack(head)
-    pstart = payload_offset(hlen)
-    end = pstart + plen
-    if magic != FRAME_MAGIC or version != FRAME_VERSION or end + TRAILER_SIZE > length:
-        return BadFrame(offset, "not an intact record frame (bad magic, version or lengths)")
-    buf = bytearray(chunk_bytes)
-    mv = memoryview(buf)
-    crc = 0
-    pos = 0
-    while pos < end:
-        want = min(chunk_bytes, end - pos)
-        n = _read_exact(fd, mv[:want], offset + pos)
-        if n < want:
-            return BadFrame(offset, "record frame lies past the end of the file (truncated)")
-        crc = _native.crc32c(mv[:n], crc)
-        pos += n
-    trail = os.pread(fd, TRAILER_SIZE, offset + end)
-    if len(trail) < TRAILER_SIZE:
-        return BadFrame(offset, "record frame lies past the end of the file (truncated)")
-    cexp, emagic = TRAILER.unpack(trail)
-    if emagic != FRAME_END_MAGIC:
-        return BadFrame(offset, "not an intact record frame (trailer missing)")
-    if crc != cexp:
-        return BadFrame(offset, "record frame checksum mismatch", cexp, crc)
-    if cexp != recorded:
-        return BadFrame(offset, "record frame is not the one the index names", recorded, cexp)
-    return None
+    """Check one frame read straight from ``fd`` with the frame-check kernel (``chunk_bytes``
+    is kept for callers; the frame is read whole into a buffer of its length)."""
+    buf = bytearray(length)
+    n = _read_exact(fd, memoryview(buf), offset)
+    if n < length:
+        return BadFrame(offset, _PAST_END)
+    out: List[BadFrame] = []
+    _check(buf, _locs([(offset, length, recorded)]), offset, out)
+    return out[0] if out else None
 
 
 def identity(path, size: int) -> str:

@@ -131,10 +131,12 @@ class Problem:
     offset: Optional[int] = None
     expected_crc: Optional[int] = None
     actual_crc: Optional[int] = None
+    format_version: bool = False  # an unknown format version: raised as FormatVersionError
 
     def to_error(self) -> CorruptionError:
-        return CorruptionError(self.message, path=self.path, offset=self.offset, expected_crc=self.expected_crc,
-                               actual_crc=self.actual_crc)
+        cls = FormatVersionError if self.format_version else CorruptionError
+        return cls(self.message, path=self.path, offset=self.offset, expected_crc=self.expected_crc,
+                   actual_crc=self.actual_crc)
 
     def __str__(self) -> str:
         return str(self.to_error())
@@ -191,7 +193,7 @@ def _crc_problem(p: Path, e: M.FileEntry, res) -> Problem:
         b = res.bad[0]
         more = " before the scan stopped" if res.stopped else ""
         return Problem(str(p), f"{b.message} ({len(res.bad)} bad frame(s){more})", b.offset, b.expected_crc,
-                       b.actual_crc)
+                       b.actual_crc, b.unknown_version)
     offset, where = bad_block(e, res)
     if e.role == M.ROLE_SEGMENT and offset is None:
         where = " (outside every indexed frame)" if res.frames else ""

@@ -505,8 +505,7 @@ def _scan_or_raise(path: str, size: int, frames, *, what: str, source: Optional[
                               offset=res.nread)
     if res.bad:
         b = res.bad[0]
-        raise CorruptionError(f"{what}: {b.message} ({len(res.bad)} bad frame(s))", path=source or path,
-                              offset=b.offset, expected_crc=b.expected_crc, actual_crc=b.actual_crc)
+        raise b.error(f"{what}: {b.message} ({len(res.bad)} bad frame(s))", path=source or path)
     return res.crc
 
 
