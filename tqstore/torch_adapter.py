@@ -25,6 +25,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+# imported with tqstore, as TransferQueue does: its import takes seconds on a loaded machine, which
+# would otherwise land in the first get of a trainer (and of every benchmark's first timed get)
+from tensordict import NonTensorStack, TensorDict
 
 from . import edge as _edge
 from ._format import dtypes
@@ -236,7 +239,6 @@ def to_tensordict(data: Any, batch_size: Optional[int] = None) -> Any:
     """A mapping of field → batched value as a ``TensorDict`` of ``batch_size`` rows (a TensorDict
     unchanged): tensors and nested tensors as they are, numeric numpy arrays as tensors over the
     same memory, anything else (lists of values, text, bytes, lists of arrays) as a ``NonTensorStack``."""
-    from tensordict import NonTensorStack, TensorDict
     if isinstance(data, TensorDict):
         return data
     out = {}
