@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import tqstore
 from tqstore import SchemaError, UnsupportedTypeError
-from tqstore._format.dtypes import TORCH_TO_CODE
+from tqstore.torch_adapter import TORCH_TO_CODE
 
 ALL_TORCH_DTYPES = sorted(TORCH_TO_CODE, key=str)
 
@@ -122,15 +122,19 @@ def test_jagged_rows_survive_the_streaming_path_across_two_partitions(store):
 
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int32", "int64", "float16", "float32", "float64", "complex128",
                                    "uint64"])
-def test_numpy_arrays_come_back_as_numpy_with_the_same_dtype_and_bits(store, dtype):
+def test_numpy_arrays_come_back_as_numpy_with_the_same_dtype_and_bits(tmp_path, dtype):
     rng = np.random.default_rng(1)
     a = rng.integers(0, 256, size=(4, 3 * np.dtype(dtype).itemsize), dtype=np.uint8).view(dtype)
     if dtype == "bool":
         a = rng.integers(0, 2, size=(4, 3)).astype(bool)
-    store.kv_batch_put(list("abcd"), "p", {"a": a})
-    out = store.kv_batch_get(list("abcd"), "p")["a"]
-    assert isinstance(out, np.ndarray) and out.dtype == a.dtype
-    assert out.tobytes() == a.tobytes()
+    with tqstore.open(tmp_path / "store", num_units=3, result_type="dict") as store:
+        store.kv_batch_put(list("abcd"), "p", {"a": a})
+        out = store.kv_batch_get(list("abcd"), "p")["a"]
+        assert isinstance(out, np.ndarray) and out.dtype == a.dtype
+        assert out.tobytes() == a.tobytes()
+    with tqstore.open(tmp_path / "store") as store:  # a TensorDict holds it as a tensor over the same bits
+        out = store.kv_batch_get(list("abcd"), "p")["a"]
+        assert isinstance(out, torch.Tensor) and out.numpy().dtype == a.dtype and out.numpy().tobytes() == a.tobytes()
 
 
 def test_jagged_numpy_rows_come_back_as_a_list_of_arrays(store):

@@ -37,10 +37,13 @@ def _seed(s) -> None:
     s.put({"x": torch.ones(1, 2)}, partition_id="stream")
 
 
+def _plain_rows(out):
+    return {k: (out[k].tolist() if isinstance(out[k], torch.Tensor) else list(out[k])) for k in out.keys()}
+
+
 def _state(s):
     return {"kv": s.kv_list(), "parts": s.get_partition_list(),
-            "a_b": {k: (v.tolist() if isinstance(v, torch.Tensor) else v)
-                    for k, v in s.kv_batch_get(["a", "b"], "p").items()},
+            "a_b": _plain_rows(s.kv_batch_get(["a", "b"], "p")),
             "stream": s.get_meta(["x"], None, "stream", mode="force_fetch").global_indexes,
             "unit_entries": sorted(e for u in s.units for e in u.keys())}
 

@@ -18,14 +18,16 @@ policies       ``samplers``, ``seqlen_sampler`` (pure sampling policies:       b
 engine-impl    ``unit``, ``unit_read``, ``controller``, ``controller_*``       policies, ports, io,
                (the implementations of the ports)                              format, native, base
 engine         ``store``, ``kv``, ``streaming``, ``reader``, ``meta``,         policies, ports, io (not
-               ``policy``, ``layout_dirs``, ``_gcpause``, ``_default``,        ``_io.lmdbenv`` nor
-               ``checkpoint/*``, ``dump/*`` (the engine over the ports)        ``_io.segfile``), format,
-                                                                              native, base
+               ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,         ``_io.lmdbenv`` nor
+               ``_gcpause``, ``_default``, ``checkpoint/*``, ``dump/*``        ``_io.segfile``), format,
+               (the engine over the ports; numpy and bytes, no framework)     native, base
 ray            ``ray/*`` (units and controller as actors, same ports)          engine, engine-impl,
                                                                               policies, ports, io,
                                                                               format, native, base
-api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      ray, engine, policies,
-               ``async_api``, ``_executor``, ``config``, ``metrics``,          ports, base
+edge           ``torch_adapter`` (torch, nested tensors and TensorDict         engine, policies, ports,
+               to and from the engine's Columns, allocator and results)       format, base
+api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      edge, ray, engine,
+               ``async_api``, ``_executor``, ``config``, ``metrics``,          policies, ports, base
                ``dataloader`` (TransferQueue's API edge)
 testing        ``testing/*`` (crash and power-loss harnesses, conformance)     anything
 =============  ============================================================  ==========================
@@ -41,7 +43,9 @@ re-exports it for the format layer and everything above.
 Checks: (a) no import outside what the importer's layer may import; (b) no cycle in
 the import graph between modules, between packages (a subpackage such as ``checkpoint``
 is one node, a top-level module is a node) or between layers; (c) only ``_io``, ``unit``,
-``unit_read`` and ``controller`` import ``lmdb``.
+``unit_read`` and ``controller`` import ``lmdb``; (d) only ``torch_adapter`` and
+``dataloader`` (a torch ``IterableDataset``) import ``torch`` or ``tensordict``: the engine
+and the format work on numpy arrays and bytes (DESIGN.md §1).
 
 ``KNOWN_VIOLATIONS`` lists today's breaches as ``(importer, imported)``; the test fails
 on any breach not in it, and on any entry that no longer occurs, so it only shrinks.
@@ -67,9 +71,10 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("policies", ("samplers", "seqlen_sampler")),
     ("engine-impl", ("unit", "unit_read", "controller", "controller_mirror", "controller_decode",
                      "controller_sampling")),
-    ("engine", ("store", "kv", "streaming", "reader", "meta", "policy", "layout_dirs",
+    ("engine", ("store", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
                 "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
+    ("edge", ("torch_adapter",)),
     ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
              "dataloader")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
@@ -84,12 +89,16 @@ ALLOWED: Dict[str, Set[str]] = {
     "engine-impl": {"policies", "ports", "io", "format", "native", "base"},
     "engine": {"policies", "ports", "io", "format", "native", "base"},
     "ray": {"engine", "engine-impl", "policies", "ports", "io", "format", "native", "base"},
-    "api": {"ray", "engine", "policies", "ports", "base"},
+    "edge": {"engine", "policies", "ports", "format", "base"},
+    "api": {"edge", "ray", "engine", "policies", "ports", "base"},
     "testing": {name for name, _ in LAYERS},
 }
 # io modules the engine over the ports must not reach: LMDB environments and segment files
 ENGINE_FORBIDDEN_IO = {"tqstore._io.lmdbenv", "tqstore._io.segfile"}
 LMDB_ALLOWED = ("_io", "unit", "unit_read", "controller")
+# the one adapter that knows torch and TensorDict, and the torch IterableDataset over the data plane
+FRAMEWORK_ALLOWED = ("torch_adapter", "dataloader")
+FRAMEWORKS = ("torch", "tensordict")
 
 # To be emptied by issue #9's ports refactor: the engine over the ports reaches units,
 # the controller, LMDB and segment files directly instead of through UnitPort and
@@ -203,6 +212,11 @@ def find_violations() -> Dict[Tuple[str, str], str]:
         src = layer_of(module)
         for target, line in imports_of(module):
             where = f"{MODULES[module].relative_to(PKG.parent)}:{line}"
+            if target.split(".")[0] in FRAMEWORKS:
+                if not any(module == f"tqstore.{p}" for p in FRAMEWORK_ALLOWED):
+                    found[(module, target.split(".")[0])] = (f"{where}: imports {target} (only "
+                                                             f"{', '.join(FRAMEWORK_ALLOWED)} may)")
+                continue
             if target.split(".")[0] == "lmdb":
                 if not any(module == f"tqstore.{p}" or module.startswith(f"tqstore.{p}.") for p in LMDB_ALLOWED):
                     found[(module, "lmdb")] = f"{where}: imports lmdb (only {', '.join(LMDB_ALLOWED)} may)"
@@ -272,7 +286,7 @@ def test_every_module_is_in_a_layer():
     assert not lost, f"modules in no layer (place them in LAYERS and the docstring's table): {lost}"
 
 
-def test_imports_point_down_the_layers_and_only_the_engine_impl_and_io_import_lmdb():
+def test_imports_point_down_the_layers_and_only_the_engine_impl_and_io_import_lmdb_and_only_the_adapter_torch():
     found = find_violations()
     new = sorted(reason for pair, reason in found.items() if pair not in KNOWN_VIOLATIONS)
     assert not new, "imports against the layers of DESIGN.md §1:\n  " + "\n  ".join(new)
@@ -303,3 +317,34 @@ def test_the_checker_sees_relative_local_and_aliased_imports():
     assert layer_of("tqstore") == "api" and layer_of("tqstore.unit_read") == "engine-impl"
     assert layer_of("tqstore.checkpoint.writer") == "engine" and layer_of("tqstore.units") is None
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert dict(imports_of("tqstore.torch_adapter")).keys() >= {"torch", "tqstore.edge"}
+    assert layer_of("tqstore.torch_adapter") == "edge"
+
+
+def test_the_engine_runs_without_torch():
+    """The engine below the adapter, with the framework-free edge: numpy in, numpy and lists out."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, builtins, numpy as np\n"
+        "real = builtins.__import__\n"
+        "def guard(name, *a, **k):\n"
+        "    if name.split('.')[0] in ('torch', 'tensordict'): raise ImportError('no ' + name)\n"
+        "    return real(name, *a, **k)\n"
+        "builtins.__import__ = guard\n"
+        "sys.modules['tqstore'] = type(sys)('tqstore'); sys.modules['tqstore'].__path__ = [sys.argv[1]]\n"
+        "from tqstore.store import Store\n"
+        "from tqstore.edge import NumpyEdge\n"
+        "with Store(None, edge=NumpyEdge()) as s:\n"
+        "    s.kv_batch_put(['a', 'b'], 'p', {'x': np.arange(6).reshape(2, 3), 'j': [np.ones(2), np.ones(3)],\n"
+        "                   't': ['u', b'v']})\n"
+        "    out = s.kv_batch_get(['a', 'b'], 'p')\n"
+        "    assert (out['x'] == np.arange(6).reshape(2, 3)).all() and out['t'] == ['u', b'v']\n"
+        "    assert [len(r) for r in out['j']] == [2, 3]\n"
+        "    g, c = s.get_consumption_status('t', 'p'); assert isinstance(c, np.ndarray)\n"
+        "    m = s.get_meta(['x', 'j'], None, 'p', mode='force_fetch')\n"
+        "    assert m.field_schema['x']['shape'] == (3,) and m.field_schema['j']['is_nested'] is True\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code, str(PKG)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]

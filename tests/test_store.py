@@ -15,7 +15,7 @@ import torch
 
 import tqstore
 from tqstore import Store
-from tqstore._format import dtypes
+from tqstore.torch_adapter import TORCH_TO_CODE
 from tqstore._format.layout import CODEC_RAW, CODEC_ZSTD
 from tqstore._io import failpoints as fp
 from tqstore.errors import (
@@ -77,7 +77,7 @@ def store(tmp_path):
     s.close()
 
 
-ALL_TORCH = sorted(dtypes.TORCH_TO_CODE, key=str)
+ALL_TORCH = sorted(TORCH_TO_CODE, key=str)
 
 
 # ---------------------------------------------------------------------------- round trips
@@ -401,7 +401,7 @@ def test_init_creates_and_reopens_a_store(tmp_path):
 # ---------------------------------------------------------------------------- reconcile
 
 def test_reconcile_drops_unit_entries_no_controller_row_claims(tmp_path):
-    from tqstore._format.columns import to_column
+    from tqstore.torch_adapter import to_column
     with Store(tmp_path / "s", num_units=2) as s:
         g = s.write("p", {"x": torch.arange(8).reshape(4, 2)}, new_rows=True)
         # an unacknowledged put: units wrote, the controller never committed

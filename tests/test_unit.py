@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tqstore._format.columns import row_to_object, to_column
+from tqstore.torch_adapter import row_to_object, to_column
 from tqstore._format.layout import SEGMENT_HEADER_SIZE
 from tqstore._format.segment import segment_name
 from tqstore._io import failpoints as fp

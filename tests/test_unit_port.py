@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tqstore import ports, reader
-from tqstore._format.columns import to_column
+from tqstore.torch_adapter import to_column
 from tqstore._format.index import LOC_DTYPE
 from tqstore._format.layout import KIND_TENSOR
 from tqstore.errors import CorruptionError, FieldNotFoundError
@@ -84,8 +84,8 @@ def test_snapshot_ids_cross_the_port_and_keep_the_cut(tmp_path):
             s.write("p", {"x": torch.full((4, 2), -1.0)}, keys=list("abcd"))
             proxies = [PickledUnit(u) for u in s.units]
             kinds = [("x", KIND_TENSOR)]
-            then = reader.read_fields(proxies, None, g, kinds, snapshots=snap.unit_snaps)
-            now = reader.read_fields(proxies, None, g, kinds)
+            then = reader.read_fields(proxies, None, g, kinds, snapshots=snap.unit_snaps, alloc=s.edge.alloc)
+            now = reader.read_fields(proxies, None, g, kinds, alloc=s.edge.alloc)
             assert same(then["x"], torch.arange(8.0).reshape(4, 2))
             assert same(now["x"], torch.full((4, 2), -1.0))
             held = sorted(k for p, sid in zip(proxies, snap.unit_snaps) for k in p.keys(snapshot=sid))

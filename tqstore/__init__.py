@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 from ._version import __version__
+from . import torch_adapter as _torch_adapter  # noqa: F401 - registers the torch edge as the stores' default
 from .api import (
     check_consumption_status, check_production_status, clear_partition, clear_samples, close, current_store,
     get_client, get_consumption_status, get_data, get_meta, get_partition_list, get_production_status, init,

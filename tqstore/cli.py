@@ -402,7 +402,7 @@ def cmd_ls(args, out: TextIO, err: TextIO) -> int:
 
 # ---------------------------------------------------------------------------- demo
 def cmd_demo(args, out: TextIO, err: TextIO) -> int:
-    import torch
+    import numpy as np
 
     import tqstore as tq
 
@@ -422,11 +422,11 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
         tq.init({"path": str(store_dir), "num_units": 2})
         try:
             keys = [f"prompt-{i}" for i in range(8)]
-            torch.manual_seed(0)
+            rng = np.random.default_rng(0)  # numpy in; torch tensors come back (tensors go in the same way)
             lens = [3 + i for i in range(8)]
             fields = {
-                "input_ids": torch.randint(0, 32000, (8, 16), dtype=torch.int64),
-                "logprobs": [torch.randn(n, dtype=torch.float32) for n in lens],
+                "input_ids": rng.integers(0, 32000, (8, 16), dtype=np.int64),
+                "logprobs": [rng.standard_normal(n, dtype=np.float32) for n in lens],
                 "text": [f"answer {i}: " + "x" * i for i in range(8)],
             }
             say(">>> tq.kv_batch_put(keys, 'train', fields={input_ids: int64[8, 16], logprobs: 8 jagged float32 "
@@ -452,9 +452,11 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
             say(f"    {li.rows} rows back ({li.mode} load, {_human(li.read_bytes)} verified), metadata "
                 f"{li.metadata}")
             after = tq.kv_batch_get(keys, "train")
-            same = (torch.equal(before["input_ids"], after["input_ids"]) and before["text"] == after["text"]
-                    and all(torch.equal(a, b) for a, b in zip(before["logprobs"].unbind(),
-                                                               after["logprobs"].unbind())))
+            same = (np.array_equal(np.asarray(before["input_ids"]), np.asarray(after["input_ids"]))
+                    and list(before["text"]) == list(after["text"])
+                    and len(before["logprobs"]) == len(after["logprobs"])
+                    and all(np.array_equal(np.asarray(a), np.asarray(b))
+                            for a, b in zip(before["logprobs"], after["logprobs"])))
             say(f">>> tq.kv_batch_get(keys, 'train') -> identical to what was put: {same}")
             say()
             say(f">>> m = tq.CheckpointManager('{root}', keep_last=2)")

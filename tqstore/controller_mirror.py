@@ -17,7 +17,6 @@ Incremental structures (kept in step by every mutating method of the controller)
 """
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -211,4 +210,4 @@ def check_mirror(parts: Dict[str, Partition], rows: Dict[int, Row], consumed) ->
 
 
 __all__ = ["Row", "Partition", "PutPlan", "copy_value", "row_info", "partition_info", "row_batch", "list_keys",
-           "load_mirror", "production_status", "consumption_status", "check_mirror"]
+           "production_status", "consumption_status", "check_mirror"]

@@ -6,8 +6,8 @@ Each iteration step fetches ``batch_size`` rows for ``task_name`` (``sampling_co
 the rank-aware samplers), reads them as a ``TensorDict`` and yields ``(micro_batch, meta)``
 pairs cut by ``process_batch_fn`` (default :func:`chunk_batch_fn`).
 
-The batch is converted to a ``TensorDict`` here, at the edge (tensors and nested tensors
-as they are, non-tensor fields as a ``NonTensorStack``), whatever mapping ``get_data`` returns.
+The batch is a ``TensorDict`` whatever the store's result type (the torch adapter's
+:func:`~tqstore.torch_adapter.to_tensordict` converts a plain mapping).
 """
 from __future__ import annotations
 
@@ -16,38 +16,17 @@ import os
 import time
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
-import numpy as np
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from .errors import InvalidInputError
 from .meta import BatchMeta
+from .torch_adapter import to_tensordict
 
 log = logging.getLogger("tqstore")
 
 #: seconds to wait after an empty fetch (TransferQueue's TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL)
 EMPTY_BATCH_SLEEP_S = float(os.environ.get("TQ_STREAMING_DATASET_EMPTY_BATCH_SLEEP_INTERVAL", 1))
-
-
-def to_tensordict(data: Any, batch_size: Optional[int] = None) -> Any:
-    """A mapping of field → batched value as a ``TensorDict`` of ``batch_size`` rows (a TensorDict unchanged)."""
-    from tensordict import NonTensorStack, TensorDict
-    if isinstance(data, TensorDict):
-        return data
-    out = {}
-    n = batch_size
-    for name, value in dict(data).items():
-        if isinstance(value, torch.Tensor):
-            out[name] = value
-            n = value.size(0) if n is None else n
-        elif isinstance(value, np.ndarray) and value.dtype.kind not in "OUSV":
-            out[name] = torch.from_numpy(np.ascontiguousarray(value))
-            n = value.shape[0] if n is None else n
-        else:
-            rows = list(value)
-            out[name] = NonTensorStack(*rows) if rows else NonTensorStack()
-            n = len(rows) if n is None else n
-    return TensorDict(out, batch_size=[n or 0])
 
 
 def default_fetch_batch_fn(tq_client: Any, data_fields: List[str], batch_size: int, partition_id: str,

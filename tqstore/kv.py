@@ -33,10 +33,7 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-import numpy as np
-import torch
-
-from ._format.columns import plain_tensor
+from .edge import NumpyEdge
 from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError
 from .meta import KVBatchMeta
 from .ports import ControllerPort, RowBatch
@@ -61,13 +58,12 @@ class PayloadIO(Protocol):
     def read(self, partition_id: str, gidxs: Sequence[int], select_fields: Optional[Sequence[str]] = None, *,
              verify: Optional[bool] = None) -> Dict[str, Any]: ...
 
+    def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
+                   ) -> Dict[str, List[Any]]: ...
+
     def delete_rows(self, partition_id: str, gidxs: Sequence[int]) -> List[int]: ...
 
     def drop_partition(self, partition_id: str) -> List[int]: ...
-
-
-def _is_tensordict(x: Any) -> bool:
-    return type(x).__module__.split(".")[0] == "tensordict" and hasattr(x, "batch_size")
 
 
 def _key_list(keys: Union[str, Sequence[str]]) -> List[str]:
@@ -93,25 +89,16 @@ def _merge_tag(old: Any, new: Any) -> Any:
     return new
 
 
-def _single_row(fields: Any) -> Any:
-    """``kv_put``'s fields (one row, no batch dimension) → a batch of one row."""
-    if _is_tensordict(fields):
+def _single_row(edge: Any, fields: Any) -> Any:
+    """``kv_put``'s fields (one row, no batch dimension) → a batch of one row (the edge adds the
+    batch dimension to framework values)."""
+    if edge.is_batch(fields):
         if tuple(fields.batch_size)[:1] != (1,):
             raise InvalidInputError(f"kv_put takes a TensorDict of batch size 1, got {tuple(fields.batch_size)}")
         return fields
     if not isinstance(fields, Mapping):
         raise InvalidInputError(f"fields must be a mapping of field name to value, got {type(fields).__name__}")
-    out = {}
-    for name, v in fields.items():
-        if isinstance(v, torch.Tensor):
-            if v.is_nested:
-                raise InvalidInputError(f"field {name!r}: a nested tensor is a batch; use kv_batch_put")
-            out[name] = plain_tensor(str(name), v).unsqueeze(0)
-        elif isinstance(v, np.ndarray) and v.dtype.kind not in "OUSV":
-            out[name] = v[None]
-        else:
-            out[name] = [v]
-    return out
+    return {name: edge.single_row(name, v) for name, v in fields.items()}
 
 
 class DataPlane:
@@ -122,10 +109,13 @@ class DataPlane:
         io: the store's payload side.
         write_lock, lock: the store's write lock and metadata lock (see the module docstring).
         check_open: raises StoreClosedError when the store is closed.
+        edge: the framework adapter (:class:`~tqstore.edge.Edge`): batch-of-one rows, results,
+            status arrays, schema dtypes (default the framework-free :class:`~tqstore.edge.NumpyEdge`).
     """
 
     def __init__(self, controller: ControllerPort, io: PayloadIO, *, write_lock: Any, lock: Any,
-                 check_open: Callable[[], None]) -> None:
+                 check_open: Callable[[], None], edge: Any = None) -> None:
+        self.edge = NumpyEdge() if edge is None else edge
         self.controller = controller
         self.io = io
         self.write_lock = write_lock
@@ -196,7 +186,7 @@ class DataPlane:
             raise InvalidInputError("kv_put needs fields or tag (or both)")
         if not isinstance(key, str):
             raise InvalidInputError(f"key must be a str, got {type(key).__name__} {key!r}")
-        return self.kv_batch_put([key], partition_id, None if fields is None else _single_row(fields),
+        return self.kv_batch_put([key], partition_id, None if fields is None else _single_row(self.edge, fields),
                                  None if tag is None else [tag])
 
     def kv_batch_put(self, keys: Sequence[str], partition_id: str, fields: Any = None,
@@ -247,12 +237,14 @@ class DataPlane:
         return KVBatchMeta(keys, [_tag_out(t) for t in rows.tags], pid, sorted(common))
 
     def kv_batch_get(self, keys: Union[str, Sequence[str]], partition_id: str,
-                     select_fields: Union[None, str, Sequence[str]] = None) -> Dict[str, Any]:
-        """Read rows by key: ``{field: batched value}`` in the order of ``keys``.
+                     select_fields: Union[None, str, Sequence[str]] = None) -> Any:
+        """Read rows by key: ``{field: batched value}`` in the order of ``keys``, as the store's
+        result type (a ``TensorDict`` with ``batch_size``, or a plain dict).
 
         ``select_fields=None`` reads every field all the keys have produced.  Values are a
-        tensor when rows share a shape, a jagged nested tensor when they do not, a numpy
-        array for numpy fields, a list for non-tensor fields.
+        tensor when rows share a shape, a jagged nested tensor when they do not; numpy fields
+        are numpy arrays in a dict (tensors in a TensorDict); non-tensor fields a list (a
+        ``NonTensorStack``).
 
         Raises:
             PartitionNotFoundError, KeyNotFoundError: unknown partition or key.
@@ -263,7 +255,8 @@ class DataPlane:
         sel = _field_list(select_fields)
         self.check_open()
         if sel is not None:  # only the global indexes are needed (Store.read checks the fields)
-            return self.io.read(partition_id, self.controller.resolve_keys(partition_id, keys), sel)
+            return self.edge.result(self.io.read(partition_id, self.controller.resolve_keys(partition_id, keys), sel),
+                                    len(keys))
         rows = self._rows_for_keys(partition_id, keys)
         gidxs = rows.gidxs
         if sel is None:
@@ -272,10 +265,10 @@ class DataPlane:
                 raise FieldNotFoundError(f"the {len(keys)} key(s) of partition {partition_id!r} have no field "
                                          f"produced in common; pass select_fields")
             sel = sorted(common)
-        return self.io.read(partition_id, gidxs, sel)
+        return self.edge.result(self.io.read(partition_id, gidxs, sel), len(keys))
 
     def kv_batch_get_by_meta(self, meta: KVBatchMeta, select_fields: Union[None, str, Sequence[str]] = None
-                             ) -> Dict[str, Any]:
+                             ) -> Any:
         """Read the rows of a :class:`KVBatchMeta` (its ``fields``, or ``select_fields`` ⊆ them).
 
         Raises:

@@ -14,11 +14,15 @@ import copy
 import logging
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
 from .errors import InvalidInputError, KeyNotFoundError
+from .meta_schema import (
+    batch_len_of as _batch_len_of, chunk_bounds as _chunk_bounds, extract_field_schema, merge_extra as _merge_extra,
+    normalise_schema as _normalise_schema, plain as _plain, shapes_entry,
+)
 
 log = logging.getLogger("tqstore")
 
@@ -27,133 +31,19 @@ class _KeysNotInBatchError(KeyNotFoundError, RuntimeError):
     """``KVBatchMeta.select_keys`` with keys the batch does not hold (TransferQueue raises RuntimeError)."""
 
 
-def _schema_of_value(name: str, value: Any, batch_size: int) -> Dict[str, Any]:
-    """TransferQueue's field schema of one batched value: dtype, per-row shape, is_nested, is_non_tensor
-    (and ``per_sample_shapes`` for jagged fields)."""
-    import torch
-    if isinstance(value, torch.Tensor):
-        if value.is_nested:
-            rows = value.unbind()
-            if len(rows) != batch_size:
-                raise InvalidInputError(f"Inconsistent batch dimension for field {name!r}: expected batch_size[0]="
-                                        f"{batch_size}, got nested tensor composed of {len(rows)} tensors")
-            shapes = [tuple(t.shape) for t in rows]
-            return {"dtype": value.dtype, "shape": torch.Size(shapes[0]) if shapes else None, "is_nested": True,
-                    "is_non_tensor": False, "per_sample_shapes": shapes}
-        if value.ndim == 0 or value.shape[0] != batch_size:
-            raise InvalidInputError(f"Inconsistent batch dimension for field {name!r}: expected batch_size[0]="
-                                    f"{batch_size}, got value.shape[0]={tuple(value.shape)[:1]}")
-        shape = value.shape[1:] if value.ndim > 1 else torch.Size([1])  # TQ unsqueezes 1-D fields
-        return {"dtype": value.dtype, "shape": shape, "is_nested": False, "is_non_tensor": False}
-    if isinstance(value, np.ndarray) and value.dtype.kind not in "OUSV" and value.ndim >= 1:
-        return {"dtype": value.dtype, "shape": tuple(value.shape[1:]), "is_nested": False, "is_non_tensor": False}
-    rows = list(value) if not isinstance(value, (str, bytes)) else [value]
-    if len(rows) != batch_size:
-        raise InvalidInputError(f"Inconsistent batch dimension for field {name!r}: expected batch_size[0]="
-                                f"{batch_size}, got len(value)={len(rows)}")
-    if rows and all(isinstance(r, torch.Tensor) for r in rows):  # a list of per-row tensors: jagged
-        shapes = [tuple(r.shape) for r in rows]
-        return {"dtype": rows[0].dtype, "shape": None if len(set(shapes)) > 1 else torch.Size(shapes[0]),
-                "is_nested": len(set(shapes)) > 1, "is_non_tensor": False, "per_sample_shapes": shapes}
-    return {"dtype": None, "shape": None, "is_nested": False, "is_non_tensor": True}
-
-
-def extract_field_schema(data: Any) -> Dict[str, Dict[str, Any]]:
-    """Field schema of a batch (a TensorDict or a mapping of field → batched value), TransferQueue's shape."""
-    if hasattr(data, "batch_size") and len(tuple(data.batch_size)) >= 1:
-        n = int(tuple(data.batch_size)[0])
-    else:
-        n = None
-    out: Dict[str, Dict[str, Any]] = {}
-    for name in data.keys():
-        value = data[name]
-        if n is None:
-            n = _batch_len_of(value)
-        if n == 0:
-            return {}
-        out[str(name)] = _schema_of_value(str(name), _plain(value), n)
-    return out
-
-
-def _plain(value: Any) -> Any:
-    """A TensorDict ``NonTensorStack`` / ``NonTensorData`` as a list; anything else unchanged."""
-    if type(value).__module__.split(".")[0] == "tensordict" and hasattr(value, "tolist"):
-        try:
-            return value.tolist()
-        except Exception:  # noqa: BLE001 - not a non-tensor stack after all
-            return value
-    return value
-
-
-def _batch_len_of(value: Any) -> int:
-    import torch
-    if isinstance(value, torch.Tensor):
-        return value.size(0) if value.is_nested else (value.shape[0] if value.ndim else 1)
-    if isinstance(value, np.ndarray):
-        return value.shape[0] if value.ndim else 1
-    return len(_plain(value))
-
-
-def _normalise_schema(schema: Optional[Dict[str, Dict[str, Any]]]) -> Dict[str, Dict[str, Any]]:
-    """Copy a field schema; every entry gets ``shape`` and ``is_nested`` (None: not known to this meta)."""
-    out = {}
-    for k, v in (schema or {}).items():
-        entry = copy.deepcopy(dict(v))
-        entry.setdefault("shape", None)
-        entry.setdefault("is_nested", None)
-        out[k] = entry
-    return out
-
-
-def _equal(a: Any, b: Any) -> bool:
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, np.ndarray):
-        return bool(np.array_equal(a, b))
-    try:
-        import torch
-        if isinstance(a, torch.Tensor):
-            return bool(torch.equal(a, b))
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
-    try:
-        return bool(a == b)
-    except Exception:  # noqa: BLE001 - incomparable values are different
-        return False
-
-
-def _merge_extra(infos: Sequence[Dict[str, Any]], what: str) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for info in infos:
-        for k, v in (info or {}).items():
-            if k in out and not _equal(out[k], v):
-                raise InvalidInputError(f"{what}: extra_info key {k!r} has conflicting values across chunks")
-            out.setdefault(k, v)
-    return out
-
-
-def _chunk_bounds(size: int, chunks: int) -> List[Tuple[int, int]]:
-    """``(start, end)`` of ``chunks`` near-equal parts of ``range(size)``, earlier parts one larger."""
-    if chunks < 1:
-        raise InvalidInputError(f"chunks must be >= 1, got {chunks}")
-    base, rem = divmod(size, chunks)
-    bounds, start = [], 0
-    for i in range(chunks):
-        end = start + base + (1 if i < rem else 0)
-        bounds.append((start, end))
-        start = end
-    return bounds
-
-
 class BatchMeta:
     """Metadata of a batch of rows addressed by global index.
 
     Attributes:
         global_indexes: global index of each row.
         partition_ids: partition of each row.
-        field_schema: ``{field: {"dtype", "kind", "is_non_tensor"}}`` of the fields this
-            batch is about (``kind`` is ``"tensor"``, ``"ndarray"`` or ``"value"``;
-            ``dtype`` a ``torch.dtype``/``numpy.dtype`` or None for non-tensor fields).
+        field_schema: ``{field: {"dtype", "kind", "is_non_tensor", "shape", "is_nested"}}`` of
+            the fields this batch is about (``kind`` is ``"tensor"``, ``"ndarray"`` or
+            ``"value"``; ``dtype`` a ``torch.dtype``/``numpy.dtype`` or None for non-tensor
+            fields; ``shape`` the per-row shape when rows share one, else None with
+            ``is_nested`` True and ``per_sample_shapes``).  In a meta from ``get_meta`` the
+            shapes are read from the stored rows' frame heads on first access of
+            ``field_schema`` (not on the get_meta path).
         production_status: ``numpy.int8`` array, 1 where the row has every field of
             ``field_schema`` produced.
         extra_info: batch-level user information.
@@ -161,21 +51,23 @@ class BatchMeta:
         keys: per-row user key (None for rows made by ``put`` without keys).
     """
 
-    __slots__ = ("global_indexes", "partition_ids", "field_schema", "production_status", "extra_info",
-                 "custom_meta", "_custom_backend_meta", "keys", "_seqs")
+    __slots__ = ("global_indexes", "partition_ids", "_field_schema", "production_status", "extra_info",
+                 "custom_meta", "_custom_backend_meta", "keys", "_seqs", "_shape_source")
 
     def __init__(self, global_indexes: Sequence[int], partition_ids: Sequence[str],
                  field_schema: Optional[Dict[str, Dict[str, Any]]] = None, production_status: Any = None,
                  extra_info: Optional[Dict[str, Any]] = None, custom_meta: Optional[Sequence[Any]] = None,
                  keys: Optional[Sequence[Optional[str]]] = None, _seqs: Optional[Sequence[Optional[int]]] = None,
-                 *, _custom_backend_meta: Optional[Sequence[Dict[str, Any]]] = None):
+                 *, _custom_backend_meta: Optional[Sequence[Dict[str, Any]]] = None,
+                 _shape_source: Optional[Callable[..., Dict[str, List[Any]]]] = None):
         self.global_indexes = [int(g) for g in global_indexes]
         self.partition_ids = list(partition_ids)
         n = len(self.global_indexes)
         if len(self.partition_ids) != n:
             raise InvalidInputError(f"BatchMeta: {n} global indexes but {len(self.partition_ids)} partition ids")
-        self.field_schema = _normalise_schema(field_schema)
-        for name, entry in self.field_schema.items():
+        self._field_schema = _normalise_schema(field_schema)
+        self._shape_source = _shape_source
+        for name, entry in self._field_schema.items():
             pss = entry.get("per_sample_shapes")
             if pss is not None and len(pss) != n:
                 raise InvalidInputError(f"Field {name!r} per_sample_shapes length {len(pss)} != batch_size {n}")
@@ -205,6 +97,41 @@ class BatchMeta:
 
     # ------------------------------------------------------------------ properties
     @property
+    def field_schema(self) -> Dict[str, Dict[str, Any]]:
+        """The field schema (class docstring); shapes of a ``get_meta`` answer are read on first access."""
+        if self._shape_source is not None:
+            self._resolve_shapes()
+        return self._field_schema
+
+    @field_schema.setter
+    def field_schema(self, value: Dict[str, Dict[str, Any]]) -> None:
+        self._field_schema = value
+
+    def _resolve_shapes(self) -> None:
+        """Fill ``shape`` / ``is_nested`` of tensor fields from the stored rows (``_shape_source(pid,
+        gidxs, fields)`` → per-row shapes); a failure (store closed, rows cleared) leaves them None."""
+        source, self._shape_source = self._shape_source, None
+        todo = [f for f, e in self._field_schema.items()
+                if e.get("kind") in ("tensor", "ndarray") and e.get("shape") is None and e.get("is_nested") is None]
+        if not todo or not self.size:
+            return
+        groups: Dict[str, List[int]] = {}
+        for i, pid in enumerate(self.partition_ids):
+            groups.setdefault(pid, []).append(i)
+        shapes: Dict[str, List[Any]] = {f: [None] * self.size for f in todo}
+        try:
+            for pid, pos in groups.items():
+                got = source(pid, [self.global_indexes[i] for i in pos], todo)
+                for f in todo:
+                    for i, sh in zip(pos, got[f]):
+                        shapes[f][i] = sh
+        except Exception as e:  # noqa: BLE001 - the schema stays as it was; the data calls report errors
+            log.debug("BatchMeta: row shapes not read (%s: %s)", type(e).__name__, e)
+            return
+        for f in todo:
+            shapes_entry(self._field_schema[f], shapes[f])
+
+    @property
     def size(self) -> int:
         """Number of rows."""
         return len(self.global_indexes)
@@ -215,7 +142,7 @@ class BatchMeta:
     @property
     def field_names(self) -> List[str]:
         """Sorted names of the fields this batch is about."""
-        return sorted(self.field_schema)
+        return sorted(self._field_schema)
 
     @property
     def is_ready(self) -> bool:
@@ -235,9 +162,9 @@ class BatchMeta:
 
     def get_dtypes(self, field_name: str) -> List[Any]:
         """The field's dtype once per row (KeyError when this batch is not about ``field_name``)."""
-        if field_name not in self.field_schema:
+        if field_name not in self._field_schema:
             raise KeyError(f"Field '{field_name}' not found in field_schema")
-        return [self.field_schema[field_name].get("dtype")] * self.size
+        return [self._field_schema[field_name].get("dtype")] * self.size
 
     def get_shapes(self, field_name: str) -> List[Any]:
         """The field's per-row shape, once per row (``per_sample_shapes`` for jagged fields)."""
@@ -249,9 +176,12 @@ class BatchMeta:
 
     # ------------------------------------------------------------------ pickling (in-memory transport only)
     def __getstate__(self):
+        if self._shape_source is not None:
+            self._resolve_shapes()  # the source (the store) does not travel
         return tuple(getattr(self, slot) for slot in self.__slots__)
 
     def __setstate__(self, state) -> None:
+        self._shape_source = None
         for slot, value in zip(self.__slots__, state):
             if slot == "production_status" and isinstance(value, np.ndarray) and not value.flags.writeable:
                 value = value.copy()  # zero-copy deserialisers hand out read-only arrays
@@ -306,30 +236,33 @@ class BatchMeta:
         idx = [int(i) for i in sample_indices]
         if any(i < 0 or i >= self.size for i in idx):
             raise InvalidInputError(f"sample indices must be in [0, {self.size})")
-        schema = copy.deepcopy(self.field_schema)
+        schema = copy.deepcopy(self._field_schema)
         for entry in schema.values():
             if entry.get("per_sample_shapes") is not None:
                 entry["per_sample_shapes"] = [entry["per_sample_shapes"][i] for i in idx]
+                shapes_entry(entry, entry["per_sample_shapes"])  # a part of a jagged batch may be uniform
         return BatchMeta([self.global_indexes[i] for i in idx], [self.partition_ids[i] for i in idx],
                          schema, self.production_status[idx] if idx else [],
                          copy.deepcopy(self.extra_info), [copy.deepcopy(self.custom_meta[i]) for i in idx],
                          [self.keys[i] for i in idx], [self._seqs[i] for i in idx],
-                         _custom_backend_meta=[copy.deepcopy(self._custom_backend_meta[i]) for i in idx])
+                         _custom_backend_meta=[copy.deepcopy(self._custom_backend_meta[i]) for i in idx],
+                         _shape_source=self._shape_source)
 
     def select_fields(self, field_names: Iterable[str]) -> "BatchMeta":
         """A new BatchMeta about only ``field_names`` (those this batch knows)."""
         names = [field_names] if isinstance(field_names, str) else list(field_names)
-        schema = {f: self.field_schema[f] for f in names if f in self.field_schema}
+        schema = {f: self._field_schema[f] for f in names if f in self._field_schema}
         backend = [{f: v for f, v in m.items() if f.startswith("_") or f in names} for m in self._custom_backend_meta]
         return BatchMeta(self.global_indexes, self.partition_ids, schema, self.production_status,
                          copy.deepcopy(self.extra_info), copy.deepcopy(self.custom_meta), self.keys, self._seqs,
-                         _custom_backend_meta=copy.deepcopy(backend))
+                         _custom_backend_meta=copy.deepcopy(backend), _shape_source=self._shape_source)
 
     def copy(self) -> "BatchMeta":
         """A deep copy."""
-        return BatchMeta(self.global_indexes, self.partition_ids, self.field_schema, self.production_status,
+        return BatchMeta(self.global_indexes, self.partition_ids, self._field_schema, self.production_status,
                          copy.deepcopy(self.extra_info), copy.deepcopy(self.custom_meta), self.keys, self._seqs,
-                         _custom_backend_meta=copy.deepcopy(self._custom_backend_meta))
+                         _custom_backend_meta=copy.deepcopy(self._custom_backend_meta),
+                         _shape_source=self._shape_source)
 
     def add_fields(self, tensor_dict: Any, set_all_ready: bool = True) -> "BatchMeta":
         """Add the fields of a batch (TensorDict or mapping, one entry per row) to this meta, in place.
@@ -381,7 +314,7 @@ class BatchMeta:
             raise InvalidInputError("Indices contain duplicates")
         if sorted(idx) != list(range(self.size)):
             raise InvalidInputError(f"Reorder indices must be in range [0, {self.size})")
-        for entry in self.field_schema.values():
+        for entry in self._field_schema.values():
             if entry.get("per_sample_shapes") is not None:
                 entry["per_sample_shapes"] = [entry["per_sample_shapes"][i] for i in idx]
         self._custom_backend_meta = [self._custom_backend_meta[i] for i in idx]

@@ -22,9 +22,12 @@ CRC32C is checked unless ``verify=False``.
 All fields of one read come from one index state per unit: one ``lookup`` per unit names
 every field's locations.
 
-The output is allocated once: a batch tensor (or array) when rows share a shape, one
-buffer under a jagged nested tensor when they differ only in their first dimension,
-else one allocation per row.
+The output is allocated once, through the caller's
+:class:`~tqstore._format.columns.Allocator` (the torch adapter's gives tensors; the
+framework-free default numpy arrays): one batch when rows share a shape, one buffer under a
+jagged nested tensor when they differ only in their first dimension, else one allocation per
+row.  The reader sees only writable numpy uint8 views of that memory and the allocator's
+``finish`` callable.
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._format import dtypes
-from ._format.columns import allocate_batch, allocate_jagged, allocate_rows, assemble, jagged_layout, row_to_object
+from ._format.columns import NUMPY, Allocator, jagged_layout, row_to_object
 from ._format.frame import head_template
 from ._format.index import MMAP_READ_BYTES, Loc
 from ._format.layout import CODEC_MASK, KIND_VALUE
@@ -43,7 +46,7 @@ from ._io.memory import advise_hugepages
 from .errors import CorruptionError, FieldNotFoundError
 from .ports import SnapshotId, UnitPort, fill_or_copy
 
-_ITEMSIZE = {c: dtypes.itemsize(c) for c in dtypes.DTYPE_NAMES if c in dtypes.CODE_TO_TORCH or c in dtypes.CODE_TO_NUMPY}
+_ITEMSIZE = dict(dtypes.ITEMSIZE)
 
 
 PARALLEL_MIN_BYTES = 4 << 20  # below this a read runs on the calling thread: handing work to the pool costs more
@@ -70,9 +73,10 @@ class _Split:
 
 
 def read_fields(units: Sequence[UnitPort], pool, gidxs: List[int], fields: Sequence[Tuple[str, int]], *,
-                verify: bool = True, snapshots: Optional[Sequence[SnapshotId]] = None) -> Dict[str, Any]:
+                verify: bool = True, snapshots: Optional[Sequence[SnapshotId]] = None,
+                alloc: Allocator = NUMPY) -> Dict[str, Any]:
     """Read each ``(field, kind)`` of rows ``gidxs`` (row g on unit g % len(units)) as one
-    batched value per field.
+    batched value per field, allocated by ``alloc``.
 
     Each unit's index is read in one lookup (one transaction), so all fields come from one
     state: ``snapshots`` optionally gives each unit's snapshot id; else the latest.
@@ -94,28 +98,48 @@ def read_fields(units: Sequence[UnitPort], pool, gidxs: List[int], fields: Seque
                     bad = [g for g, loc in zip(split.gidxs[u], locs) if loc is None]
                     raise FieldNotFoundError(f"field {f!r} has no stored payload for rows {bad[:5]} (store "
                                              f"inconsistent; run verify)")
-    return {f: _read_one(units, pool, gidxs, f, kind, verify, {u: found[u][f] for u in split.order}, split)
+    return {f: _read_one(units, pool, gidxs, f, kind, verify, {u: found[u][f] for u in split.order}, split, alloc)
             for f, kind in fields}
 
 
-def _read_one(units, pool, gidxs, field, kind, verify, arrays: Dict[int, np.ndarray], split: _Split) -> Any:
+def read_shapes(units: Sequence[UnitPort], gidxs: List[int], fields: Sequence[str]
+                ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:
+    """Each field's stored row shape for rows ``gidxs`` (None where a row has no payload of it),
+    from the frames' heads (structure checked, no payload read)."""
+    split = _Split(gidxs, len(units))
+    out: Dict[str, List[Optional[Tuple[int, ...]]]] = {f: [None] * len(gidxs) for f in fields}
+    for u in split.order:
+        got = units[u].lookup(split.gidxs[u], list(fields))
+        for f in fields:
+            if got[f] is not None:
+                locs = [Loc._make(rec) for rec in got[f].tolist()]
+            else:
+                locs = units[u].locate(split.gidxs[u], f)
+            present = [(i, loc) for i, loc in zip(split.per_unit[u], locs) if loc is not None]
+            for (i, _), h in zip(present, units[u].read_heads([loc for _, loc in present])):
+                out[f][i] = tuple(h.shape)
+    return out
+
+
+def _read_one(units, pool, gidxs, field, kind, verify, arrays: Dict[int, np.ndarray], split: _Split,
+              alloc: Allocator) -> Any:
     n = len(gidxs)
     per_unit, order = split.per_unit, split.order
     if n == 0:
-        return assemble(kind, [])
+        return alloc.empty(kind)
     lengths = np.concatenate([arrays[u]["length"] for u in order])
     if int(lengths.sum(dtype=np.int64)) < PARALLEL_MIN_BYTES:
         pool = None
     if kind != KIND_VALUE:
         if (lengths == lengths[0]).all():
-            out = _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays)
+            out = _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays, alloc)
             if out is not None:
                 return out
     locs: List[Any] = [None] * n
     for u in order:
         for i, rec in zip(per_unit[u], arrays[u].tolist()):
             locs[i] = Loc._make(rec)
-    return _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs)
+    return _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs, alloc)
 
 
 def _check_heads(units, kind: int, field: str, gidxs, locs, heads) -> None:
@@ -135,7 +159,7 @@ def _check_heads(units, kind: int, field: str, gidxs, locs, heads) -> None:
                                   path=unit.describe(locs[i]), offset=locs[i].offset)
 
 
-def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays):
+def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays, alloc):
     """The uniform plan; None when it does not apply (the caller takes the general plan)."""
     n = len(gidxs)
     u0 = order[0]
@@ -145,7 +169,7 @@ def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arra
         return None
     _check_heads(units, kind, field, [gidxs[per_unit[u0][0]]], [loc0], [h0])
     template = head_template(raw0)
-    out, dest = allocate_rows(kind, h0.dtype, n, h0.shape)
+    finish, dest = alloc.rows(kind, h0.dtype, n, h0.shape)
     advise_hugepages(dest)
     plen = h0.payload_len
     ok: List[bool] = []
@@ -158,10 +182,10 @@ def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arra
         ok.append(fill_or_copy(got, dest, ps))
 
     _each(pool, fill, order)
-    return out if all(ok) else None
+    return finish() if all(ok) else None
 
 
-def _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs) -> Any:
+def _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs, alloc) -> Any:
     n = len(gidxs)
     big = [False] * n if kind == KIND_VALUE else [l.length > MMAP_READ_BYTES for l in locs]
     heads: List[Any] = [None] * n
@@ -188,21 +212,18 @@ def _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs
     _each(pool, scan, order)
 
     if kind == KIND_VALUE:
-        return [row_to_object(KIND_VALUE, h.dtype, h.shape, p) for h, p in zip(heads, payloads)]
+        return alloc.values([row_to_object(KIND_VALUE, h.dtype, h.shape, p) for h, p in zip(heads, payloads)])
     _check_heads(units, kind, field, gidxs, locs, heads)
 
     h0 = heads[0]
-    finish = None
-    out = None
     if all(h.dtype == h0.dtype and h.shape == h0.shape for h in heads):
-        out, rows = allocate_rows(kind, h0.dtype, n, h0.shape)
+        finish, rows = alloc.rows(kind, h0.dtype, n, h0.shape)
         advise_hugepages(rows)
         views = list(rows)
     elif all(h.dtype == h0.dtype for h in heads) and jagged_layout(kind, h0.dtype, [h.shape for h in heads]):
-        finish, views = allocate_jagged(h0.dtype, [h.shape for h in heads])
+        finish, views = alloc.jagged(kind, h0.dtype, [h.shape for h in heads])
     else:
-        outs = [allocate_batch(kind, h.dtype, 1, h.shape) for h in heads]
-        views = [o[1][0] for o in outs]
+        finish, views = alloc.each(kind, [h.dtype for h in heads], [h.shape for h in heads])
 
     def fill(u: int):
         unit = units[u]
@@ -231,8 +252,4 @@ def _read_general(units, pool, gidxs, field, kind, verify, per_unit, order, locs
                     dv[:] = memoryview(p).cast("B")
 
     _each(pool, fill, order)
-    if out is not None:
-        return out
-    if finish is not None:
-        return finish()
-    return assemble(kind, [o[0][0] for o in outs])
+    return finish()

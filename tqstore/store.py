@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import layout_dirs as L
-from ._format.columns import Column, to_column
+from ._format.columns import Column
 from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
@@ -31,10 +31,11 @@ from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
 )
+from .edge import default_edge
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .ports import SnapshotId, UnitPort
-from .reader import PARALLEL_MIN_BYTES, read_fields
+from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
 from .unit import DEFAULT_SEGMENT_BYTES, Unit
 
 log = logging.getLogger("tqstore")
@@ -83,14 +84,8 @@ class StoreSnapshot:
         self.release()
 
 
-def _normalise_fields(fields: Any) -> List[Tuple[str, Any]]:
-    if fields is None:
-        return []
-    if hasattr(fields, "items") and callable(fields.items):
-        items = list(fields.items())
-    else:
-        raise InvalidInputError(f"fields must be a mapping of field name to batched value, got "
-                                f"{type(fields).__name__}")
+def _normalise_fields(edge: Any, fields: Any) -> List[Tuple[str, Any]]:
+    items = edge.items(fields)
     bad = [k for k, _ in items if not isinstance(k, str)]
     if bad:
         raise InvalidInputError(f"field names must be str, got {type(bad[0]).__name__} {bad[0]!r}")
@@ -115,6 +110,10 @@ class Store(CheckpointMixin):
         segment_bytes: size at which a unit's active segment is sealed.
         compress: None, ``"zstd"`` (every field) or a collection of field names to compress.
         verify_reads: check CRC32C on every read (default True).
+        result_type: what reads return: ``"tensordict"`` (a TensorDict, as TransferQueue; the
+            default with the torch adapter) or ``"dict"`` (a plain mapping).
+        edge: the framework adapter (:class:`~tqstore.edge.Edge`); default
+            ``tqstore.edge.default_edge(result_type)``, the torch adapter once ``tqstore`` is imported.
 
     Raises:
         ConfigError: a setting is invalid or contradicts the existing store, or ``path``
@@ -126,7 +125,8 @@ class Store(CheckpointMixin):
     def __init__(self, path: Optional[PathLike] = None, *, num_units: Optional[int] = None,
                  durability: str = "checkpoint", segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
                  verify_reads: bool = True, max_workers: Optional[int] = None,
-                 index_map_bytes: Optional[int] = None) -> None:
+                 index_map_bytes: Optional[int] = None, result_type: Optional[str] = None,
+                 edge: Any = None) -> None:
         if durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
         if num_units is not None and (not isinstance(num_units, int) or num_units < 1):
@@ -135,6 +135,7 @@ class Store(CheckpointMixin):
             raise ConfigError(f"compress must be None, 'zstd' or a collection of field names, got {compress!r}")
         if int(segment_bytes) < 1 << 16:
             raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
+        self.edge = default_edge(result_type) if edge is None else edge
         self._closed = True
         self._temporary = path is None
         try:
@@ -173,7 +174,7 @@ class Store(CheckpointMixin):
         self._write_lock = threading.RLock()
         self._meta_lock = threading.RLock()
         self._data = DataPlane(self.controller, self, write_lock=self._write_lock, lock=self._meta_lock,
-                               check_open=self._check_open)
+                               check_open=self._check_open, edge=self.edge)
         self._closed = False
         try:
             self._reconcile()
@@ -348,7 +349,7 @@ class Store(CheckpointMixin):
             StorageIOError: the write failed; no row became visible.
         """
         self._check_open()
-        items = _normalise_fields(fields)
+        items = _normalise_fields(self.edge, fields)
         if keys is not None:
             keys = list(keys)
             n = len(keys)
@@ -356,10 +357,10 @@ class Store(CheckpointMixin):
             gidxs = [int(g) for g in gidxs]
             n = len(gidxs)
         elif new_rows:
-            n = _batch_len(items, tags)
+            n = _batch_len(self.edge, items, tags)
         else:
             raise InvalidInputError("write needs keys, gidxs or new_rows=True")
-        cols = [to_column(f, v, n) for f, v in items]
+        cols = [self.edge.to_column(f, v, n) for f, v in items]
         with self._write_lock:
             self._check_open()
             with self._meta_lock:
@@ -502,7 +503,15 @@ class Store(CheckpointMixin):
                     raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition "
                                              f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
                                              f"{known}")
-        return read_fields(self.units, self._pool, gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify)
+        return read_fields(self.units, self._pool, gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify,
+                          alloc=self.edge.alloc)
+
+    def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
+                   ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:
+        """Each field's stored row shape for rows ``gidxs`` (None where not produced), from the
+        frames' heads: what a BatchMeta's schema reports as ``shape`` / ``is_nested``."""
+        self._check_open()
+        return read_shapes(self.units, [int(g) for g in gidxs], fields)
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:
@@ -623,13 +632,11 @@ def _approx_bytes(cols: List[Column]) -> int:
                for c in cols)
 
 
-def _batch_len(items: List[Tuple[str, Any]], tags) -> int:
+def _batch_len(edge: Any, items: List[Tuple[str, Any]], tags) -> int:
     if items:
         v = items[0][1]
         try:
-            if hasattr(v, "is_nested") and v.is_nested:
-                return v.size(0)
-            return len(v)
+            return edge.batch_len(v)
         except TypeError as e:
             raise InvalidInputError(f"field {items[0][0]!r} has no batch dimension") from e
     if tags is not None:

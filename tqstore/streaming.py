@@ -19,12 +19,11 @@ from collections import defaultdict
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import torch
 
-from ._format.columns import KIND_NAMES, assemble, to_column
-from ._format.dtypes import CODE_TO_NUMPY, CODE_TO_TORCH
-from ._format.layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
+from ._format.columns import KIND_NAMES
+from ._format.layout import KIND_VALUE
 from ._format.names import check_name
+from .edge import join_rows
 from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError
 from .meta import BatchMeta, KVBatchMeta
 from .ports import RowBatch
@@ -78,38 +77,13 @@ def _field_names(data: Any) -> List[str]:
     return names
 
 
-def _take(value: Any, idx: List[int]) -> Any:
-    """Rows ``idx`` of a batched value (for splitting a put across partitions)."""
-    if isinstance(value, torch.Tensor):
-        if value.is_nested:
-            rows = value.unbind()
-            return [rows[i] for i in idx]
-        return value[torch.as_tensor(idx, dtype=torch.long)]
-    if isinstance(value, np.ndarray):
-        return value[idx]
-    if type(value).__name__ in ("NonTensorStack", "NonTensorData"):
-        value = list(value.tolist())
-    if isinstance(value, (list, tuple)):
-        return [value[i] for i in idx]
-    return value  # to_column rejects it with a clear error
-
-
-def _rows_of(value: Any) -> List[Any]:
-    if isinstance(value, torch.Tensor):
-        return list(value.unbind()) if value.is_nested else list(value.unbind(0))
-    if isinstance(value, np.ndarray):
-        return list(value)
-    return list(value)
-
-
-def _schema_entry(kind: int, dtype: int) -> Dict[str, Any]:
-    if kind == KIND_TENSOR:
-        dt: Any = CODE_TO_TORCH.get(dtype)
-    elif kind == KIND_NDARRAY:
-        dt = CODE_TO_NUMPY.get(dtype)
-    else:
-        dt = None
-    return {"dtype": dt, "kind": KIND_NAMES.get(kind, "?"), "is_non_tensor": kind == KIND_VALUE}
+def _schema_entry(edge: Any, kind: int, dtype: int) -> Dict[str, Any]:
+    """A field's schema entry from the controller's (kind, dtype code); a non-tensor field has no
+    shape and is not nested, a tensor field's shape is read from its rows later (BatchMeta)."""
+    entry = {"dtype": edge.dtype(kind, dtype), "kind": KIND_NAMES.get(kind, "?"), "is_non_tensor": kind == KIND_VALUE}
+    if kind == KIND_VALUE:
+        entry["shape"], entry["is_nested"] = None, False
+    return entry
 
 
 def _pick(column: List[Any], idx: Sequence[int]) -> List[Any]:
@@ -119,13 +93,18 @@ def _pick(column: List[Any], idx: Sequence[int]) -> List[Any]:
     return [column[j] for j in idx]
 
 
-def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = False) -> BatchMeta:
+def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = False, edge: Any = None,
+              shape_source: Any = None) -> BatchMeta:
     """A BatchMeta of ``batch``'s rows about ``fields`` (those of the schema; with
-    ``placeholders`` also the others, kind unknown)."""
+    ``placeholders`` also the others, kind unknown); ``edge`` names the dtypes, ``shape_source``
+    reads the rows' shapes when the meta's schema is first looked at."""
+    if edge is None:
+        from .edge import NumpyEdge
+        edge = NumpyEdge()
     schema = {}
     for f in fields:
         if f in batch.schema:
-            schema[f] = _schema_entry(*batch.schema[f])
+            schema[f] = _schema_entry(edge, *batch.schema[f])
         elif placeholders:
             schema[f] = {"dtype": None, "kind": None, "is_non_tensor": None}
     if None in batch.seqs:
@@ -134,7 +113,7 @@ def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = Fa
     # BatchMeta makes a None tag {}; the tags are the answer's copies, not the controller's
     return BatchMeta(batch.gidxs, [batch.pid] * len(batch), schema,
                      np.array([need <= f for f in batch.fields], dtype=np.int8), None, batch.tags, batch.keys,
-                     batch.seqs)
+                     batch.seqs, _shape_source=shape_source)
 
 
 # ---------------------------------------------------------------------------- streaming
@@ -144,13 +123,17 @@ class Streaming:
     def __init__(self, plane: "DataPlane") -> None:
         self._dp = plane
 
+    def _meta(self, batch: RowBatch, fields: Sequence[str], *, placeholders: bool = False) -> BatchMeta:
+        return meta_from(batch, fields, placeholders=placeholders, edge=self._dp.edge,
+                         shape_source=self._dp.io.row_shapes)
+
     # ------------------------------------------------------------------ metadata
     def _batch_meta(self, pid: str, gidxs: Sequence[int], fields: Sequence[str], *,
                     placeholders: bool = False) -> BatchMeta:
         batch = self._dp.controller.row_batch(pid, list(gidxs))
         if batch is None:
             raise _no_partition(pid, self._dp.controller.partitions())
-        return meta_from(batch, fields, placeholders=placeholders)
+        return self._meta(batch, fields, placeholders=placeholders)
 
     def get_meta(self, data_fields: Union[None, str, Sequence[str]], batch_size: Optional[int], partition_id: str,
                  mode: str = "fetch", task_name: Optional[str] = None,
@@ -200,7 +183,7 @@ class Streaming:
                 batch = dp.controller.first_rows(partition_id, batch_size)
                 if batch is None:
                     raise _no_partition(partition_id, dp.controller.partitions())
-                return meta_from(batch, list(batch.schema) if fields is None else fields)
+                return self._meta(batch, list(batch.schema) if fields is None else fields)
         if not isinstance(task_name, str) or not task_name:
             raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
         check_name("task_name", task_name)
@@ -210,7 +193,7 @@ class Streaming:
                 dp.check_open()
                 batch = dp.controller.fetch(partition_id, task_name, fields, batch_size, cfg)
                 if batch is not None and len(batch):
-                    return meta_from(batch, list(batch.schema) if fields is None else fields)
+                    return self._meta(batch, list(batch.schema) if fields is None else fields)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return BatchMeta.empty()
@@ -295,7 +278,7 @@ class Streaming:
             plans = []
             for pid, (b, pos, idx) in groups.items():
                 gidxs = _pick(b.gidxs, idx)
-                part = data if len(groups) == 1 else {f: _take(data[f], pos) for f in names}
+                part = data if len(groups) == 1 else {f: dp.edge.take(data[f], pos) for f in names}
                 stored = _pick(b.tags, idx)
                 cur = [_tag_out(t) for t in stored]
                 want = [metadata.custom_meta[i] for i in pos]
@@ -303,7 +286,7 @@ class Streaming:
                 if any(w != c for w, c in zip(want, cur)):
                     tags = [w if w != c else t for w, c, t in zip(want, cur, stored)]
                 if len(groups) > 1:  # validate every partition before writing any
-                    cols = [to_column(f, part[f], len(gidxs)) for f in names]
+                    cols = [dp.edge.to_column(f, part[f], len(gidxs)) for f in names]
                     dp.controller.plan_put(pid, cols, gidxs=gidxs, tags=tags)
                 plans.append((pid, part, gidxs, tags))
             for pid, part, gidxs, tags in plans:
@@ -313,11 +296,14 @@ class Streaming:
             for f in names:
                 for pid in groups:
                     kind_dtype = after[pid].schema.get(f)
-                    if kind_dtype is not None:
-                        metadata.field_schema[f] = _schema_entry(*kind_dtype)
+                    if kind_dtype is not None:  # shapes of the new rows: read when the schema is looked at
+                        metadata._field_schema[f] = _schema_entry(dp.edge, *kind_dtype)
+                        metadata._field_schema[f].setdefault("shape", None)
+                        metadata._field_schema[f].setdefault("is_nested", None)
+                        metadata._shape_source = dp.io.row_shapes
                         break
             status = np.zeros(metadata.size, dtype=np.int8)
-            need = set(metadata.field_schema)
+            need = set(metadata._field_schema)
             for pid, (_, pos, _) in groups.items():
                 a = after[pid]
                 for i, fs, tag in zip(pos, a.fields, a.tags):
@@ -326,10 +312,12 @@ class Streaming:
             metadata.production_status = status
         return metadata
 
-    def get_data(self, metadata: Union[BatchMeta, KVBatchMeta]) -> Dict[str, Any]:
-        """Read the fields of a BatchMeta (``metadata.field_names``) for its rows, in order.
+    def get_data(self, metadata: Union[BatchMeta, KVBatchMeta]) -> Any:
+        """Read the fields of a BatchMeta (``metadata.field_names``) for its rows, in order, as the
+        store's result type (a ``TensorDict`` with ``batch_size``, or a plain dict).
 
-        Returns ``{}`` for an empty meta.  A :class:`KVBatchMeta` is read by key.
+        An empty meta gives an empty result.  A :class:`KVBatchMeta` is read by key.  Rows of
+        several partitions whose field has different kinds or dtypes there give a list of rows.
 
         Raises:
             KeyNotFoundError, PartitionNotFoundError: the meta's rows were cleared.
@@ -339,26 +327,24 @@ class Streaming:
             return self._dp.kv_batch_get_by_meta(metadata)
         if not isinstance(metadata, BatchMeta):
             raise InvalidInputError(f"get_data takes a BatchMeta, got {type(metadata).__name__}")
+        edge = self._dp.edge
         if metadata.size == 0 or not metadata.field_names:
-            return {}
+            return edge.result({}, 0)
         self._dp.check_open()
         read = self._dp.io.read
         fields = metadata.field_names
         groups = self._live_rows(metadata, strict=True)
         if len(groups) == 1:
             pid, (b, _, idx) = next(iter(groups.items()))
-            return read(pid, _pick(b.gidxs, idx), fields)
+            return edge.result(read(pid, _pick(b.gidxs, idx), fields), metadata.size)
         parts = {pid: read(pid, _pick(b.gidxs, idx), fields) for pid, (b, _, idx) in groups.items()}
         out: Dict[str, Any] = {}
         for f in fields:
-            rows: List[Any] = [None] * metadata.size
-            kinds = set()
-            for pid, (b, pos, _) in groups.items():
-                kinds.add(b.schema[f])
-                for i, v in zip(pos, _rows_of(parts[pid][f])):
-                    rows[i] = v
-            out[f] = assemble(next(iter(kinds))[0], rows) if len(kinds) == 1 else rows
-        return out
+            kinds = {b.schema[f] for b, _, _ in groups.values()}
+            joined = join_rows(edge, next(iter(kinds))[0], [(pos, parts[pid][f]) for pid, (_, pos, _) in groups.items()],
+                               metadata.size)
+            out[f] = joined if len(kinds) == 1 else list(joined)
+        return edge.result(out, metadata.size)
 
     # ------------------------------------------------------------------ clears
     def clear_partition(self, partition_id: str) -> None:
@@ -387,40 +373,47 @@ class Streaming:
                 self._dp.io.delete_rows(pid, _pick(b.gidxs, idx))
 
     # ------------------------------------------------------------------ status
-    def get_consumption_status(self, task_name: str, partition_id: str
-                               ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
-        """``(global_indexes, consumed)`` of a partition's rows for a task, sorted by global index.
-
-        ``consumed`` is an int8 tensor (1 consumed, 0 not).  ``(None, None)`` when the
-        partition does not exist (as TransferQueue).
-        """
+    def _consumption(self, task_name: str, partition_id: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         self._dp.check_open()
         with self._dp.lock:
-            st = self._dp.controller.consumption_status(partition_id, task_name)
-        return (None, None) if st is None else (torch.from_numpy(st[0]), torch.from_numpy(st[1]))
+            return self._dp.controller.consumption_status(partition_id, task_name)
+
+    def _production(self, data_fields: Union[str, Sequence[str]], partition_id: str
+                    ) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        fields = _field_list(data_fields, "data_fields") or []
+        self._dp.check_open()
+        with self._dp.lock:
+            return self._dp.controller.production_status(partition_id, fields)
+
+    def get_consumption_status(self, task_name: str, partition_id: str) -> Tuple[Any, Any]:
+        """``(global_indexes, consumed)`` of a partition's rows for a task, sorted by global index.
+
+        ``consumed`` is an int8 tensor (1 consumed, 0 not; the edge's tensor type, numpy arrays
+        without the torch adapter).  ``(None, None)`` when the partition does not exist (as
+        TransferQueue).
+        """
+        st = self._consumption(task_name, partition_id)
+        return (None, None) if st is None else (self._dp.edge.status(st[0]), self._dp.edge.status(st[1]))
 
     def get_production_status(self, data_fields: Union[str, Sequence[str]], partition_id: str
-                              ) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+                              ) -> Tuple[Any, Any]:
         """``(global_indexes, produced)`` for ``data_fields``, sorted by global index.
 
         ``produced`` is an int8 tensor of shape ``(rows, len(data_fields))``.  ``(None,
         None)`` when the partition does not exist (as TransferQueue).
         """
-        fields = _field_list(data_fields, "data_fields") or []
-        self._dp.check_open()
-        with self._dp.lock:
-            st = self._dp.controller.production_status(partition_id, fields)
-        return (None, None) if st is None else (torch.from_numpy(st[0]), torch.from_numpy(st[1]))
+        st = self._production(data_fields, partition_id)
+        return (None, None) if st is None else (self._dp.edge.status(st[0]), self._dp.edge.status(st[1]))
 
     def check_consumption_status(self, task_name: str, partition_id: str) -> bool:
         """True when the partition has rows and ``task_name`` consumed all of them."""
-        _, c = self.get_consumption_status(task_name, partition_id)
-        return c is not None and c.numel() > 0 and bool(torch.all(c == 1))
+        st = self._consumption(task_name, partition_id)
+        return st is not None and st[1].size > 0 and bool(np.all(st[1] == 1))
 
     def check_production_status(self, data_fields: Union[str, Sequence[str]], partition_id: str) -> bool:
         """True when the partition has rows and all of them produced every one of ``data_fields``."""
-        _, s = self.get_production_status(data_fields, partition_id)
-        return s is not None and s.shape[0] > 0 and bool(torch.all(s == 1))
+        st = self._production(data_fields, partition_id)
+        return st is not None and st[1].shape[0] > 0 and bool(np.all(st[1] == 1))
 
     def reset_consumption(self, partition_id: str, task_name: Optional[str] = None) -> bool:
         """Forget what ``task_name`` (every task when None) consumed, and its sampler cache.

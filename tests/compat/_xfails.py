@@ -7,9 +7,6 @@ difference, each with its entry in docs/MIGRATING.md.
 
 LAYOUT = ("differs on purpose: pickle-free checkpoint layout (MANIFEST.json, LMDB index copies, segment "
           "files; no metadata.json / controller_state.pkl / simple_storage/) - MIGRATING.md 'Checkpoints'")
-NP_STR = ("needs #11 part 2: numpy bytes/str/object arrays stored per row inside a TensorDict (np_bytes_str is "
-          "refused), then TensorDict/NonTensorStack return types from get_data")
-RETURN_TYPES = "needs #11 part 2: get_data/kv_batch_get return a TensorDict with TransferQueue's nested/NonTensorStack types"
 WORDING = "needs #11 part 2: error message wording of kv.py/controller.py/samplers.py (TransferQueue's tests match it)"
 STATE = ("differs on purpose: sampler state is JSON-safe and persisted in the controller ({task: {'cache': "
          "{str(rank): {str(batch_index): ...}}}}), not TransferQueue's in-memory tuples keyed by int - MIGRATING.md 'Samplers'")
@@ -33,16 +30,11 @@ XFAIL = {
     "test_checkpoint_e2e.py::TestCheckpointErrors::test_no_partial_state_on_failed_save": (
         "differs on purpose: patches TransferQueue's client internals (TransferQueueClient.save_storage_checkpoint); "
         "tqstore's no-partial-checkpoint guarantee is tested by tests/test_failpoints.py and the crash matrix"),
-    # ---- lifecycle (every test puts the complex TensorDict with np_bytes_str)
-    "test_e2e_lifecycle_consistency.py::test_core_consistency": NP_STR,
-    "test_e2e_lifecycle_consistency.py::test_cross_shard_complex_update": NP_STR,
-    "test_e2e_lifecycle_consistency.py::test_custom_metadata_persistence": NP_STR,
-    "test_e2e_lifecycle_consistency.py::test_reset_consumption": NP_STR,
-    "test_e2e_lifecycle_consistency.py::test_clear_partition": NP_STR,
-    "test_e2e_lifecycle_consistency.py::test_retrieved_data_writability_and_memory_safety": NP_STR,
+    # ---- lifecycle
     "test_e2e_lifecycle_consistency.py::test_dynamic_tensor_shape_nested_transition": (
-        RETURN_TYPES + " (dense fields returned nested, as TransferQueue does) and is_nested recorded in get_meta "
-        "schemas"),
+        "differs on purpose: rows that share a shape come back as one dense tensor (TransferQueue's SimpleStorage "
+        "returns every tensor field as a nested tensor); is_nested in get_meta's schemas is as TransferQueue's - "
+        "MIGRATING.md 'Return types'"),
     # ---- KV interface
     "test_kv_interface_e2e.py::TestKVGetE2E::test_kv_batch_get_nonexistent_key": (
         WORDING + ": an unknown key/partition says 'not found'"),

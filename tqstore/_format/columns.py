@@ -1,22 +1,34 @@
 """Turn a batched field value into per-row payloads, and rows back into a batched value.
 
-This is the torch/numpy edge of the format: everything else sees only ``Column`` objects
-(kind, dtype code, per-row shapes, per-row byte buffers).  Row payloads are views into
-the caller's memory: nothing is copied here.
+Framework-free: this module sees numpy arrays, lists of per-row values and bytes, and
+builds ``Column`` objects (kind, dtype code, per-row shapes, per-row byte buffers) that
+the engine writes.  Row payloads are views into the caller's memory: nothing is copied
+here.  Torch tensors, nested tensors and TensorDicts are turned into the same Columns by
+the torch adapter (:mod:`tqstore.torch_adapter`), through :func:`flat_column` and
+:func:`rows_column`.
+
+The read path allocates its outputs through an :class:`Allocator`: it receives writable
+numpy uint8 views to fill and an opaque ``finish`` callable that gives the final object
+(:class:`NumpyAllocator` here; the torch adapter's allocator gives tensors over the same
+memory, so the single copy into the final object stays).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
-import torch
 
 from ..errors import CapacityError, InvalidInputError, UnsupportedTypeError
 from .names import check_field_name
 from . import dtypes
 from .layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
 from .values import decode_value, encode_value
+
+try:  # Python 3.8+: typing.Protocol
+    from typing import Protocol
+except ImportError:  # pragma: no cover
+    from typing_extensions import Protocol  # type: ignore
 
 # a frame's length is a u32 in the unit index: payload + header + padding + trailer must fit
 MAX_ROW_BYTES = (1 << 32) - 4096
@@ -44,107 +56,77 @@ class Column:
     def nbytes(self) -> int:
         return sum(memoryview(p).nbytes for p in self.payloads)
 
-
-def plain_tensor(field: str, t: torch.Tensor) -> torch.Tensor:
-    """``t`` detached, as a strided tensor whose memory holds its values (conjugate and negative
-    views resolved); UnsupportedTypeError for sparse, quantized or meta tensors."""
-    if t.layout != torch.strided:
-        raise UnsupportedTypeError(f"field {field!r}: a {t.layout} tensor is not supported; store t.to_dense(), or "
-                                   f"its indices and values as separate fields")
-    if t.device.type == "meta":
-        raise UnsupportedTypeError(f"field {field!r}: a tensor on the meta device has no data to store")
-    t = t.detach()
-    if t.is_conj() or t.is_neg():  # lazy views: their memory is not their values
-        t = t.resolve_conj().resolve_neg()
-    return t
+    def take(self, idx: Sequence[int]) -> "Column":
+        """The rows at positions ``idx`` (views, no copy)."""
+        return Column(self.field, self.kind, self.dtype, [self.shapes[i] for i in idx],
+                      [self.payloads[i] for i in idx], self.uniform_shape, self.keepalive)
 
 
-def _tensor_bytes(t: torch.Tensor, field: str = "?") -> np.ndarray:
-    """A uint8 numpy view of a contiguous CPU tensor's memory (no copy)."""
-    t = plain_tensor(field, t)
-    if t.device.type != "cpu":
-        t = t.cpu()
-    if not t.is_contiguous():
-        t = t.contiguous()
-    if t.dtype not in dtypes.TORCH_TO_CODE:
-        raise UnsupportedTypeError(f"tensor dtype {t.dtype} is not supported")
-    flat = t.reshape(-1)
-    if flat.numel() == 0:
-        return np.empty(0, dtype=np.uint8)
-    return flat.view(torch.uint8).numpy()
-
-
-def _tensor_column(field: str, t: torch.Tensor, n: int) -> Column:
-    if t.is_nested:
-        return _rows_column(field, list(t.unbind()), n)
-    if t.dim() == 0 or t.shape[0] != n:
-        raise InvalidInputError(
-            f"field {field!r}: batch dimension is {t.shape[0] if t.dim() else 'missing'}, expected {n} rows")
-    if t.dtype not in dtypes.TORCH_TO_CODE:
-        raise UnsupportedTypeError(f"field {field!r}: tensor dtype {t.dtype} is not supported")
-    t = plain_tensor(field, t).cpu().contiguous()
-    raw = _tensor_bytes(t, field)
-    row_shape = tuple(t.shape[1:])
+def flat_column(field: str, kind: int, code: int, raw: np.ndarray, n: int, row_shape: Tuple[int, ...],
+                keepalive: Any) -> Column:
+    """A Column of ``n`` rows of ``row_shape`` over ``raw``, the flat uint8 view of a contiguous
+    batch (row ``i`` is the ``i``-th equal slice)."""
     per = raw.nbytes // n if n else 0
     payloads = [raw[i * per:(i + 1) * per] for i in range(n)]
-    return Column(field, KIND_TENSOR, dtypes.TORCH_TO_CODE[t.dtype], [row_shape] * n, payloads, row_shape, t)
+    return Column(field, kind, code, [row_shape] * n, payloads, row_shape, keepalive)
+
+
+def rows_column(field: str, kind: int, rows: Sequence[Tuple[int, Tuple[int, ...], Any]]) -> Column:
+    """A Column of per-row ``(dtype code, shape, uint8 payload view)`` (jagged allowed); every row
+    must have one dtype."""
+    code = None
+    shapes, payloads = [], []
+    for c, shape, raw in rows:
+        if code is None:
+            code = c
+        elif c != code:
+            raise InvalidInputError(f"field {field!r}: rows mix dtypes {dtypes.DTYPE_NAMES[code]} and "
+                                    f"{dtypes.DTYPE_NAMES[c]}")
+        shapes.append(tuple(shape))
+        payloads.append(raw)
+    uniform = shapes[0] if shapes and all(s == shapes[0] for s in shapes) else None
+    return Column(field, kind, code if code is not None else 0, shapes, payloads, uniform, payloads)
+
+
+def _array_bytes(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
 
 
 def _ndarray_column(field: str, a: np.ndarray, n: int) -> Column:
     if a.dtype.kind == "V":
         raise UnsupportedTypeError(f"field {field!r}: numpy dtype {a.dtype} (structured or void) is not supported; "
                                    f"store each member as its own field")
-    if a.dtype.kind in "OUS":
-        return _values_column(field, a.tolist(), n)
+    if a.dtype.kind in "OUS":  # text, bytes and objects: one value per row
+        if a.ndim == 0 or a.shape[0] != n:
+            raise InvalidInputError(
+                f"field {field!r}: batch dimension is {a.shape[0] if a.ndim else 'missing'}, expected {n} rows")
+        return values_column(field, a.tolist(), n)
     if a.dtype not in dtypes.NUMPY_TO_CODE:
         raise UnsupportedTypeError(f"field {field!r}: numpy dtype {a.dtype} is not supported")
     if a.ndim == 0 or a.shape[0] != n:
         raise InvalidInputError(
             f"field {field!r}: batch dimension is {a.shape[0] if a.ndim else 'missing'}, expected {n} rows")
     a = np.ascontiguousarray(a)
-    raw = a.reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
-    row_shape = tuple(a.shape[1:])
-    per = raw.nbytes // n if n else 0
-    payloads = [raw[i * per:(i + 1) * per] for i in range(n)]
-    return Column(field, KIND_NDARRAY, dtypes.NUMPY_TO_CODE[a.dtype], [row_shape] * n, payloads, row_shape, a)
+    return flat_column(field, KIND_NDARRAY, dtypes.NUMPY_TO_CODE[a.dtype], _array_bytes(a), n, tuple(a.shape[1:]), a)
 
 
-def _rows_column(field: str, rows: Sequence[Any], n: int) -> Column:
-    """A list of per-row tensors or arrays (jagged allowed)."""
+def _array_rows_column(field: str, rows: Sequence[Any], n: int) -> Column:
+    """A list of per-row numpy arrays (jagged allowed)."""
     if len(rows) != n:
         raise InvalidInputError(f"field {field!r}: {len(rows)} rows given, expected {n}")
-    first = rows[0]
-    kind = KIND_TENSOR if isinstance(first, torch.Tensor) else KIND_NDARRAY
-    shapes, payloads, keep = [], [], []
-    code = None
+    out = []
     for r in rows:
-        if kind == KIND_TENSOR:
-            if not isinstance(r, torch.Tensor):
-                raise InvalidInputError(f"field {field!r}: mixes tensors and {type(r).__name__} rows")
-            c = dtypes.TORCH_TO_CODE.get(r.dtype)
-            if c is None:
-                raise UnsupportedTypeError(f"field {field!r}: tensor dtype {r.dtype} is not supported")
-            raw = _tensor_bytes(r, field)
-        else:
-            if not isinstance(r, np.ndarray):
-                raise InvalidInputError(f"field {field!r}: mixes arrays and {type(r).__name__} rows")
-            c = dtypes.NUMPY_TO_CODE.get(r.dtype)
-            if c is None:
-                raise UnsupportedTypeError(f"field {field!r}: numpy dtype {r.dtype} is not supported")
-            raw = np.ascontiguousarray(r).reshape(-1).view(np.uint8)
-        if code is None:
-            code = c
-        elif c != code:
-            raise InvalidInputError(f"field {field!r}: rows mix dtypes {dtypes.DTYPE_NAMES[code]} and "
-                                    f"{dtypes.DTYPE_NAMES[c]}")
-        shapes.append(tuple(r.shape))
-        payloads.append(raw)
-        keep.append(raw)
-    uniform = shapes[0] if all(s == shapes[0] for s in shapes) else None
-    return Column(field, kind, code, shapes, payloads, uniform, keep)
+        if not isinstance(r, np.ndarray):
+            raise InvalidInputError(f"field {field!r}: mixes arrays and {type(r).__name__} rows")
+        c = dtypes.NUMPY_TO_CODE.get(r.dtype)
+        if c is None:
+            raise UnsupportedTypeError(f"field {field!r}: numpy dtype {r.dtype} is not supported")
+        out.append((c, tuple(r.shape), _array_bytes(r)))
+    return rows_column(field, KIND_NDARRAY, out)
 
 
-def _values_column(field: str, values: Sequence[Any], n: int) -> Column:
+def values_column(field: str, values: Sequence[Any], n: int) -> Column:
+    """A Column of non-tensor values, one per row (JSON, or bytes as a whole row)."""
     if len(values) != n:
         raise InvalidInputError(f"field {field!r}: {len(values)} values given, expected {n}")
     try:
@@ -154,111 +136,59 @@ def _values_column(field: str, values: Sequence[Any], n: int) -> Column:
     return Column(field, KIND_VALUE, 0, [()] * n, payloads, (), None)
 
 
+def check_row_size(col: Column) -> Column:
+    """``col``, or CapacityError when a row exceeds what a record frame can hold."""
+    big = max((memoryview(p).nbytes for p in col.payloads), default=0)
+    if big > MAX_ROW_BYTES:
+        raise CapacityError(f"field {col.field!r}: a row of {big} bytes exceeds the {MAX_ROW_BYTES}-byte limit of a "
+                            f"record frame; split the row into several fields", setting="row size")
+    return col
+
+
 def to_column(field: str, value: Any, n: int) -> Column:
-    """Split the batched ``value`` of ``field`` into ``n`` rows.
+    """Split the batched ``value`` of ``field`` (a numpy array, a list of per-row numpy arrays,
+    or a list of per-row values) into ``n`` rows.  A Column is taken as it is.
 
     Raises:
         InvalidInputError: the value does not have ``n`` rows, or mixes row types.
         UnsupportedTypeError: a dtype or Python type that cannot be stored safely.
     """
     check_field_name(field)
-    col = _to_column(field, value, n)
-    big = max((memoryview(p).nbytes for p in col.payloads), default=0)
-    if big > MAX_ROW_BYTES:
-        raise CapacityError(f"field {field!r}: a row of {big} bytes exceeds the {MAX_ROW_BYTES}-byte limit of a "
-                            f"record frame; split the row into several fields", setting="row size")
-    return col
+    if isinstance(value, Column):
+        if len(value.payloads) != n:
+            raise InvalidInputError(f"field {field!r}: {len(value.payloads)} rows given, expected {n}")
+        return check_row_size(value)
+    return check_row_size(_to_column(field, value, n))
 
 
 def _to_column(field: str, value: Any, n: int) -> Column:
-    if isinstance(value, torch.Tensor):
-        return _tensor_column(field, value, n)
     if isinstance(value, np.ndarray):
         return _ndarray_column(field, value, n)
     if isinstance(value, (list, tuple)):
-        if n and len(value) == n and all(isinstance(v, torch.Tensor) for v in value):
-            return _rows_column(field, value, n)
         if n and len(value) == n and all(isinstance(v, np.ndarray) and v.dtype.kind not in "OUSV" for v in value):
-            return _rows_column(field, value, n)
-        return _values_column(field, value, n)
-    type_name = type(value).__name__
-    if type_name == "NonTensorStack" or type_name == "NonTensorData":  # tensordict wrappers
-        return _values_column(field, list(value.tolist()), n)
+            return _array_rows_column(field, value, n)
+        return values_column(field, value, n)
     raise UnsupportedTypeError(
         f"field {field!r}: a batch value must be a tensor, numpy array, nested tensor or a list of "
-        f"per-row values, got {type_name}")
+        f"per-row values, got {type(value).__name__}")
 
 
 # ---------------------------------------------------------------------------------- decoding
 
 def row_to_object(kind: int, dtype: int, shape: Tuple[int, ...], payload, *, copy: bool = True) -> Any:
-    """Decode one row payload. With ``copy=False`` tensors are read-only views of ``payload``."""
+    """Decode one row payload as a framework-free object: a value, or a numpy array (tensor rows
+    of a dtype numpy lacks, bfloat16 and float8, come back as their bit patterns: uint16/uint8).
+    With ``copy=False`` arrays are read-only views of ``payload``."""
     if kind == KIND_VALUE:
         return decode_value(payload)
-    if kind == KIND_NDARRAY:
-        arr = np.frombuffer(payload, dtype=dtypes.CODE_TO_NUMPY[dtype]).reshape(shape)
-        return arr.copy() if copy else arr
-    t_dtype = dtypes.CODE_TO_TORCH[dtype]
-    buf = np.frombuffer(payload, dtype=np.uint8)
-    if copy:
-        buf = buf.copy()
-    if buf.size == 0:
-        return torch.empty(shape, dtype=t_dtype)
-    import warnings
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # read-only views are intended when copy=False
-        t = torch.from_numpy(buf)
-    return t.view(t_dtype).reshape(shape)
+    arr = np.frombuffer(payload, dtype=numpy_dtype(dtype)).reshape(shape)
+    return arr.copy() if copy else arr
 
 
-def _allocate_raw(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
-    """A new ``(n,) + row_shape`` array or tensor and a flat uint8 array over its memory."""
-    if kind == KIND_NDARRAY:
-        obj = np.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_NUMPY[dtype])
-        raw = obj.reshape(-1).view(np.uint8)
-    else:
-        obj = torch.empty((n,) + tuple(row_shape), dtype=dtypes.CODE_TO_TORCH[dtype])
-        raw = obj.reshape(-1).view(torch.uint8).numpy() if obj.numel() else np.empty(0, np.uint8)
-    return obj, raw
-
-
-def allocate_batch(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
-    """Allocate a batch output and return ``(obj, row_views)`` with a writable view per row."""
-    obj, raw = _allocate_raw(kind, dtype, n, row_shape)
-    per = raw.nbytes // n if n else 0
-    return obj, [raw[i * per:(i + 1) * per] for i in range(n)]
-
-
-def allocate_rows(kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]):
-    """Allocate a batch output and return ``(obj, rows)``: ``rows`` is a writable
-    ``(n, row_bytes)`` uint8 array over the output's memory (row ``i`` is ``rows[i]``)."""
-    obj, raw = _allocate_raw(kind, dtype, n, row_shape)
-    return obj, raw.reshape(n, raw.nbytes // n if n else 0)
-
-
-def assemble(kind: int, rows: List[Any]) -> Any:
-    """Combine decoded rows of one field: stacked when shapes agree, nested when jagged."""
-    if kind == KIND_VALUE:
-        return rows
-    if kind == KIND_NDARRAY:
-        if rows and all(r.shape == rows[0].shape for r in rows):
-            return np.stack(rows) if rows else np.empty((0,))
-        return rows
-    if not rows:
-        return torch.empty((0,))
-    if all(r.shape == rows[0].shape for r in rows):
-        return torch.stack(rows)
-    if all(r.dim() == rows[0].dim() and r.dim() >= 1 for r in rows):
-        if all(r.shape[1:] == rows[0].shape[1:] for r in rows):
-            return torch.nested.nested_tensor(rows, layout=torch.jagged)
-        return torch.nested.nested_tensor(rows)
-    return rows
-
-
-try:  # the public nested_tensor_from_jagged logs an fx-tracing warning on every process's first call
-    from torch.nested._internal.nested_tensor import nested_view_from_values_offsets as _nested_view
-except ImportError:  # pragma: no cover - other torch versions
-    _nested_view = None
+def numpy_dtype(code: int) -> np.dtype:
+    """The numpy dtype of ``code``; the bit-pattern dtype (uint of the same size) when numpy lacks it."""
+    dt = dtypes.CODE_TO_NUMPY.get(code)
+    return dt if dt is not None else np.dtype(f"u{dtypes.itemsize(code)}")
 
 
 def jagged_layout(kind: int, dtype: int, shapes: Sequence[Tuple[int, ...]]) -> bool:
@@ -269,27 +199,70 @@ def jagged_layout(kind: int, dtype: int, shapes: Sequence[Tuple[int, ...]]) -> b
     return all(s[1:] == rest for s in shapes)
 
 
-def allocate_jagged(dtype: int, shapes: Sequence[Tuple[int, ...]]):
-    """One buffer for tensor rows that differ only in dim 0 (see :func:`jagged_layout`).
+class Allocator(Protocol):
+    """Where the read path puts its output (module docstring).  Each call returns
+    ``(finish, views)``: the reader fills the writable uint8 views, then ``finish()`` gives
+    the final object over that memory."""
 
-    Returns ``(finish, row_views)``: fill each writable uint8 view, then ``finish()``
-    gives the jagged nested tensor over that buffer (no further copy).
-    """
-    t_dtype = dtypes.CODE_TO_TORCH[dtype]
-    rest = tuple(shapes[0][1:])
-    lens = [s[0] for s in shapes]
-    values = torch.empty((sum(lens),) + rest, dtype=t_dtype)
-    raw = values.reshape(-1).view(torch.uint8).numpy() if values.numel() else np.empty(0, np.uint8)
-    per = values.element_size() * int(np.prod(rest, dtype=np.int64)) if rest else values.element_size()
-    offsets = [0]
-    for n in lens:
-        offsets.append(offsets[-1] + n)
-    views = [raw[offsets[i] * per:offsets[i + 1] * per] for i in range(len(lens))]
+    def rows(self, kind: int, dtype: int, n: int, row_shape: Tuple[int, ...]
+             ) -> Tuple[Callable[[], Any], np.ndarray]:
+        """``n`` rows of one shape: views is a writable ``(n, row_bytes)`` uint8 array (row i is views[i])."""
 
-    def finish():
-        off = torch.tensor(offsets, dtype=torch.int64)
-        if _nested_view is not None:  # what torch.nested.nested_tensor(rows, layout=torch.jagged) ends with
-            return _nested_view(values, off)
-        return torch.nested.nested_tensor_from_jagged(values, offsets=off)
+    def jagged(self, kind: int, dtype: int, shapes: Sequence[Tuple[int, ...]]
+               ) -> Tuple[Callable[[], Any], List[np.ndarray]]:
+        """Rows that differ only in dim 0 (:func:`jagged_layout`): one writable view per row."""
 
-    return finish, views
+    def each(self, kind: int, dtypes_: Sequence[int], shapes: Sequence[Tuple[int, ...]]
+             ) -> Tuple[Callable[[], Any], List[np.ndarray]]:
+        """Rows of any shapes and dtypes: one writable view per row."""
+
+    def values(self, rows: List[Any]) -> Any:
+        """A non-tensor field's decoded rows as the batched value."""
+
+    def empty(self, kind: int) -> Any:
+        """The batched value of no rows."""
+
+    def split(self, value: Any) -> List[Any]:
+        """A batched value made by this allocator, as its rows (to merge reads of several partitions)."""
+
+    def join(self, kind: int, rows: List[Any]) -> Any:
+        """Rows of one field (from :meth:`split`) as one batched value."""
+
+
+def _alloc_raw(dtype: int, shape: Tuple[int, ...]) -> Tuple[np.ndarray, np.ndarray]:
+    obj = np.empty(tuple(shape), dtype=numpy_dtype(dtype))
+    return obj, (obj.reshape(-1).view(np.uint8) if obj.size else np.empty(0, np.uint8))
+
+
+class NumpyAllocator:
+    """The framework-free allocator: numpy arrays (rows of one shape stacked; otherwise a list of
+    arrays), lists of values.  Dtypes numpy lacks come back as bit patterns (:func:`numpy_dtype`)."""
+
+    def rows(self, kind, dtype, n, row_shape):
+        obj, raw = _alloc_raw(dtype, (n,) + tuple(row_shape))
+        return (lambda: obj), raw.reshape(n, raw.nbytes // n if n else 0)
+
+    def jagged(self, kind, dtype, shapes):
+        return self.each(kind, [dtype] * len(shapes), shapes)
+
+    def each(self, kind, dtypes_, shapes):
+        objs = [_alloc_raw(d, s) for d, s in zip(dtypes_, shapes)]
+        return (lambda: [o for o, _ in objs]), [r for _, r in objs]
+
+    def values(self, rows):
+        return rows
+
+    def empty(self, kind):
+        return [] if kind == KIND_VALUE else np.empty((0,))
+
+    def split(self, value):
+        return list(value)
+
+    def join(self, kind, rows):
+        if kind != KIND_VALUE and rows and all(isinstance(r, np.ndarray) and r.shape == rows[0].shape
+                                               and r.dtype == rows[0].dtype for r in rows):
+            return np.stack(rows)
+        return list(rows)
+
+
+NUMPY = NumpyAllocator()

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Dict
 
 import numpy as np
-import torch
 
 # code -> (name, itemsize)
 DTYPE_NAMES: Dict[int, str] = {
@@ -32,13 +31,11 @@ DTYPE_NAMES: Dict[int, str] = {
 }
 NAME_TO_CODE = {v: k for k, v in DTYPE_NAMES.items()}
 
-_TORCH_BY_NAME = {}
-for _name in DTYPE_NAMES.values():
-    _t = getattr(torch, _name, None)
-    if isinstance(_t, torch.dtype):
-        _TORCH_BY_NAME[_name] = _t
-TORCH_TO_CODE = {t: NAME_TO_CODE[n] for n, t in _TORCH_BY_NAME.items()}
-CODE_TO_TORCH = {NAME_TO_CODE[n]: t for n, t in _TORCH_BY_NAME.items()}
+# bytes per element of every code (numpy lacks bfloat16 and the float8 types; the torch adapter
+# maps codes to torch dtypes by name: tqstore.torch_adapter)
+ITEMSIZE: Dict[int, int] = {
+    1: 1, 2: 1, 3: 1, 4: 2, 5: 4, 6: 8, 7: 2, 8: 2, 9: 4, 10: 8, 11: 8, 12: 16, 13: 2, 14: 4, 15: 8, 16: 1, 17: 1,
+}
 
 _NUMPY_NAMES = [
     "bool", "uint8", "int8", "int16", "int32", "int64", "float16", "float32", "float64",
@@ -49,10 +46,5 @@ CODE_TO_NUMPY = {NAME_TO_CODE[n]: np.dtype(n) for n in _NUMPY_NAMES}
 
 
 def itemsize(code: int) -> int:
-    """Bytes per element of dtype ``code``."""
-    if code in CODE_TO_NUMPY:
-        return CODE_TO_NUMPY[code].itemsize
-    t = CODE_TO_TORCH.get(code)
-    if t is None:
-        raise KeyError(code)
-    return torch.empty((), dtype=t).element_size()
+    """Bytes per element of dtype ``code`` (KeyError for code 0 or an unknown code)."""
+    return ITEMSIZE[code]

@@ -3,7 +3,10 @@
 Accepted: ``None``, ``bool``, ``int`` (any size), ``float`` (NaN and infinities included),
 ``str`` (valid Unicode: no lone surrogates), ``list``/``tuple`` (tuples come back as
 lists) and ``dict`` with ``str`` keys, nested.  Numpy scalars are stored as the matching
-Python number.  Anything else raises :class:`~tqstore.errors.UnsupportedTypeError` (a
+Python number.  ``bytes`` (also ``numpy.bytes_``, ``bytearray``) is accepted as a whole
+row value: its payload is a ``0x00`` byte and the bytes themselves (no JSON text starts
+with ``0x00``, so the two forms never collide; docs/FORMAT.md "Non-tensor values").
+Anything else raises :class:`~tqstore.errors.UnsupportedTypeError` (a
 string that is not valid Unicode :class:`~tqstore.errors.InvalidInputError`) before
 anything is written.
 
@@ -70,9 +73,12 @@ def check_value(value: Any, _depth: int = 0) -> Any:
                 )
             out[check_str(k, "a dict key")] = check_value(v, _depth + 1)
         return out
+    if isinstance(value, (bytes, bytearray)):
+        raise UnsupportedTypeError("bytes are stored as a whole row value only, not inside a list or dict "
+                                   "(tqstore never pickles); store them in a field of their own")
     raise UnsupportedTypeError(
         f"cannot store a value of type {type(value).__name__}: non-tensor fields accept "
-        "str, int, float, bool, None and lists/dicts of these (tqstore never pickles)"
+        "str, int, float, bool, None, bytes (a whole row) and lists/dicts of these (tqstore never pickles)"
     )
 
 
@@ -141,8 +147,13 @@ def loads(data) -> Any:
         return json.loads(text, parse_int=_parse_int)
 
 
+BYTES_PREFIX = b"\x00"  # a row value that is raw bytes, not JSON
+
+
 def encode_value(value: Any) -> bytes:
     """Encode an accepted value to bytes. Raises UnsupportedTypeError / InvalidInputError for others."""
+    if isinstance(value, (bytes, bytearray)):
+        return BYTES_PREFIX + bytes(value)
     return dumps(check_value(value)).encode("utf-8")
 
 
@@ -152,6 +163,8 @@ def decode_value(data, *, path: str = None, offset: int = None) -> Any:
     Raises:
         CorruptionError: the bytes are not valid UTF-8 JSON.
     """
+    if len(data) and memoryview(data).cast("B")[0] == 0:
+        return bytes(memoryview(data)[1:])
     try:
         return loads(data)
     except (UnicodeDecodeError, ValueError, RecursionError) as e:

@@ -4,6 +4,7 @@ argument and writes one JSON line per step to stdout.  See lmdbwalk for the prot
 from __future__ import annotations
 
 import json
+from typing import List
 import os
 import sys
 
