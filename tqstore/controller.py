@@ -104,7 +104,7 @@ class Controller:
     def partition(self, pid: str) -> Partition:
         p = self.parts.get(pid)
         if p is None:
-            raise PartitionNotFoundError(f"partition {pid!r} does not exist (known: {sorted(self.parts)[:10]})")
+            raise PartitionNotFoundError(f"partition {pid!r} not found: it does not exist (known: {sorted(self.parts)[:10]})")
         return p
 
     def gidxs_for_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
@@ -118,7 +118,7 @@ class Controller:
                 missing.append(k)
             out.append(g)
         if missing:
-            raise KeyNotFoundError(f"{len(missing)} key(s) not in partition {pid!r}: {missing[:5]!r}")
+            raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {pid!r}: {missing[:5]!r}")
         return out
 
     def ready(self, pid: str, task: str, need: frozenset) -> List[int]:

@@ -283,7 +283,7 @@ class DataPlane:
         if sel is not None:
             missing = [f for f in sel if meta.fields is None or f not in meta.fields]
             if missing:
-                raise FieldNotFoundError(f"fields {missing} are not in the KVBatchMeta (it has {meta.fields})")
+                raise FieldNotFoundError(f"select_fields {missing} not found in the KVBatchMeta (it has {meta.fields})")
         else:
             sel = meta.fields
         return self.kv_batch_get(meta.keys, meta.partition_id, sel)

@@ -192,7 +192,7 @@ class RankAwareSampler(BaseSampler):
         if dp_rank is None or batch_index is None:
             raise InvalidInputError("RankAwareSampler needs sampling_config={'dp_rank': ..., 'batch_index': ...}")
         if isinstance(dp_rank, int) and dp_rank < 0:
-            raise InvalidInputError(f"dp_rank must be >= 0, got {dp_rank}")
+            raise InvalidInputError(f"dp_rank must be greater than or equal to 0, got {dp_rank}")
         hit = self._cached(partition_id, task_name, dp_rank, batch_index, self.replicas)
         if hit is not None:
             return hit
@@ -222,7 +222,7 @@ class GRPOGroupNSampler(BaseSampler):
     def __init__(self, n_samples_per_prompt: int = 1) -> None:
         super().__init__()
         if not isinstance(n_samples_per_prompt, int) or n_samples_per_prompt < 1:
-            raise ConfigError(f"n_samples_per_prompt must be a positive int, got {n_samples_per_prompt!r}")
+            raise ConfigError(f"n_samples_per_prompt must be positive (an int >= 1), got {n_samples_per_prompt!r}")
         self.n_samples_per_prompt = n_samples_per_prompt
 
     def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", ready_seqs=None, dp_rank=None,
@@ -232,6 +232,8 @@ class GRPOGroupNSampler(BaseSampler):
             hit = self._cached(partition_id, task_name, dp_rank, batch_index)
             if hit is not None:
                 return hit
+        if batch_size <= 0:
+            return [], []  # nothing asked: nothing handed out (as TransferQueue)
         if batch_size % n:
             raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
         seqs = ready_indexes if ready_seqs is None else ready_seqs  # without a store: gidx order

@@ -62,7 +62,7 @@ def _tag_out(tag: Any) -> Any:
 
 
 def _no_partition(pid: str, known: Sequence[str]) -> PartitionNotFoundError:
-    return PartitionNotFoundError(f"partition {pid!r} does not exist (known: {list(known)[:10]})")
+    return PartitionNotFoundError(f"partition {pid!r} not found: it does not exist (known: {list(known)[:10]})")
 
 
 def _field_names(data: Any) -> List[str]:

@@ -36,10 +36,6 @@ XFAIL = {
         "returns every tensor field as a nested tensor); is_nested in get_meta's schemas is as TransferQueue's - "
         "MIGRATING.md 'Return types'"),
     # ---- KV interface
-    "test_kv_interface_e2e.py::TestKVGetE2E::test_kv_batch_get_nonexistent_key": (
-        WORDING + ": an unknown key/partition says 'not found'"),
-    "test_kv_interface_e2e.py::TestKVBatchGetByMetaE2E::test_kv_batch_get_by_meta_select_fields_invalid": (
-        WORDING + ": 'select_fields ... not found'"),
     # ---- metadata
     "test_metadata.py::TestStorageUnitDataStrict": (
         "differs on purpose: tests TransferQueue's SimpleStorage internals (StorageUnitData), which tqstore "
@@ -48,15 +44,9 @@ XFAIL = {
     "test_samplers.py::TestSequentialSampler::test_sequential_sampler_batch_size_larger_than_ready": (
         "differs on purpose: the sequential sampler waits for a whole batch (returns nothing with fewer ready "
         "rows) instead of a short batch - MIGRATING.md 'Samplers'"),
-    "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_zero_batch_size": (
-        "needs #11 part 2: GRPOGroupNSampler.sample(ready, 0) returns nothing (today every complete group)"),
     "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_non_sequential_indexes": GRPO_ALIGNED,
     "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_sorting_functionality": GRPO_ALIGNED,
-    "test_samplers.py::TestGRPOGroupNSampler::test_grpo_sampler_invalid_n_samples_per_prompt": (
-        WORDING + ": 'must be positive'"),
     "test_samplers.py::TestRankAwareSampler::test_rank_aware_sampler_multiple_tasks": STATE,
     "test_samplers.py::TestRankAwareSampler::test_rank_aware_sampler_multiple_partitions": STATE,
-    "test_samplers.py::TestRankAwareSampler::test_rank_aware_sampler_invalid_dp_rank": (
-        WORDING + ": 'greater than or equal to 0'"),
     "test_samplers.py::TestSeqlenBalancedSampler::test_states_cache_populated_for_all_ranks": STATE,
 }
