@@ -68,6 +68,16 @@ class Edge(Protocol):
         """The dtype a schema names for a field of ``kind`` and dtype ``code`` (None for values)."""
 
 
+def take_rows(value: Any, idx: List[int]) -> Any:
+    """Rows ``idx`` of a numpy array or a list; anything else is returned as it is (the column
+    conversion rejects it with a clear error)."""
+    if isinstance(value, np.ndarray):
+        return value[idx]
+    if isinstance(value, (list, tuple)):
+        return [value[i] for i in idx]
+    return value
+
+
 class NumpyEdge:
     """The framework-free edge: numpy arrays and lists in, numpy arrays, lists and dicts out."""
 
@@ -100,11 +110,7 @@ class NumpyEdge:
         return False
 
     def take(self, value: Any, idx: List[int]) -> Any:
-        if isinstance(value, np.ndarray):
-            return value[idx]
-        if isinstance(value, (list, tuple)):
-            return [value[i] for i in idx]
-        return value  # to_column rejects it with a clear error
+        return take_rows(value, idx)
 
     def result(self, data: Dict[str, Any], n: int) -> Any:
         return data

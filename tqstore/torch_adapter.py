@@ -315,11 +315,7 @@ class TorchEdge:
             return value[torch.as_tensor(idx, dtype=torch.long)]
         if _is_non_tensor(value):
             value = _non_tensor_rows(value)
-        if isinstance(value, np.ndarray):
-            return value[idx]
-        if isinstance(value, (list, tuple)):
-            return [value[i] for i in idx]
-        return value  # to_column rejects it with a clear error
+        return _edge.take_rows(value, idx)
 
     # ---------------------------------------------------------------- outputs
     def result(self, data: Dict[str, Any], n: int) -> Any:
