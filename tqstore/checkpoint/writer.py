@@ -8,8 +8,8 @@ Steps (docs/FORMAT.md, "Checkpoints"):
    active segment and pins a snapshot, the controller opens one; the cut is a set of ids;
 2. into ``<dir>.tmp-XXXXXXXX`` beside the target: ``controller.export_snapshot`` writes a
    compact LMDB copy of the controller at the cut into ``controller/`` and answers the
-   cut's summary (rows, partitions, next global index, put token); then every unit, in
-   parallel, ``export_snapshot``\ s into ``unit-NNN/``: its index copy and each referenced
+   cut's summary (rows, partitions, next global index, put token); then each unit's
+   ``export_snapshot``, in parallel, writes into ``unit-NNN/``: its index copy and each referenced
    segment hard-linked (same file system), linked from an earlier generation holding the
    same bytes, or copied with copy_file_range and verified frame by frame against the
    index CRCs (:mod:`tqstore.unit_export`); every file fsynced, then every directory; the
