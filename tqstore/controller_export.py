@@ -29,7 +29,7 @@ def export_controller(env, txn, dbs: Mapping[str, Any], dest: Path, *, index_blo
     """Write a compact copy of the controller index at read transaction ``txn`` as
     ``dest/data.mdb`` (``dest`` created), fsync it and its directory; answer its manifest
     entry and the cut's summary."""
-    files.mkdir(dest)
+    files.mkdir(dest, exist_ok=True)
     try:
         env.copy(str(dest), compact=True, txn=txn)
     except lmdb.Error as e:

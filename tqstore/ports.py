@@ -282,7 +282,8 @@ class UnitPort(Protocol):
                         reuse: Optional[Mapping[str, Reusable]] = None, put_token: int = 0,
                         known_crc: Optional[Mapping[str, int]] = None,
                         index_block_bytes: int = 1 << 20) -> UnitExport:
-        """Write the snapshot into the new directory ``dest_dir`` (created; owner-side I/O):
+        """Write the snapshot into the directory ``dest_dir`` (created if missing, else empty;
+        owner-side I/O):
         ``index/data.mdb``, a compact copy of the cut's index describing exactly the segments
         it holds (all sealed; undo records dropped, entries of overwriting puts after
         ``put_token`` put back), and every segment it names, placed by
@@ -406,8 +407,8 @@ class ControllerPort(Protocol):
     def export_snapshot(self, snapshot: SnapshotId, dest_dir: str, *, index_block_bytes: int = 1 << 20
                         ) -> ControllerExport:
         """Write a compact copy of the controller index at the snapshot as ``dest_dir/data.mdb``
-        (``dest_dir`` created; file and directory fsynced); returns its manifest entry and the
-        cut's summary."""
+        (``dest_dir`` created if missing, else empty; file and directory fsynced); returns its
+        manifest entry and the cut's summary.  An unknown or released id is a TqstoreError."""
 
     def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:

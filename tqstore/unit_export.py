@@ -80,7 +80,7 @@ def export_unit(unit, view, dest: Path, *, link: bool, reuse: Mapping[str, Reusa
 def _export(unit, view, dest: Path, *, link: bool, reuse: Mapping[str, Reusable], put_token: int,
             known_crc: Mapping[str, int], index_block_bytes: int, seg_record) -> UnitExport:
     i = unit.unit_id
-    files.mkdir(dest)
+    files.mkdir(dest, exist_ok=True)  # (created if missing: the caller may have made it)
     files.mkdir(dest / "index")
     link = link and files.same_filesystem(unit.path, dest)
     # leftover undo records of an overwriting put (none unless a settle failed): the
