@@ -18,6 +18,7 @@ and marks them consumed in one transaction under one lock.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import json
@@ -551,13 +552,12 @@ class Controller:
             for p in self.parts.values():  # rebuilt on the next fetch
                 p.ready.clear()
 
-    # ------------------------------------------------------------------ snapshots, checkpoints
+    # ------------------------------------------------------------------ snapshots, checkpoints (see ControllerPort)
     @_locked
     def snapshot(self) -> int:
         """Open the controller's side of an MVCC cut (a read transaction); returns its id."""
-        sid = self._next_snapshot
+        sid, self._next_snapshot = self._next_snapshot, self._next_snapshot + 1
         self._snapshots[sid] = self.env.begin(buffers=False)
-        self._next_snapshot += 1
         return sid
 
     def release(self, snapshot: int) -> None:
@@ -565,14 +565,10 @@ class Controller:
         with self._lock:
             txn = self._snapshots.pop(snapshot, None)
         if txn is not None:
-            try:
+            with contextlib.suppress(Exception):  # (an env already closed)
                 txn.abort()
-            except Exception:  # noqa: BLE001 - already closed env
-                pass
 
     def export_snapshot(self, snapshot: int, dest_dir, *, index_block_bytes: int = 1 << 20):
-        """Write a compact copy of the index at ``snapshot`` as ``dest_dir/data.mdb`` (see
-        :meth:`tqstore.ports.ControllerPort.export_snapshot`)."""
         from .controller_export import export_controller
 
         with self._lock:
@@ -583,7 +579,6 @@ class Controller:
 
     def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:
-        """Fill a new controller directory from a checkpoint's (see ControllerPort.stage_import)."""
         from .controller_export import stage_controller
 
         stage_controller(Path(target_dir), Path(src_dir), num_units=num_units)
@@ -602,4 +597,3 @@ class Controller:
             for sid in list(self._snapshots):
                 self.release(sid)
         self.env.close()
-
