@@ -150,10 +150,13 @@ class Builder:
                 link = files.same_filesystem(self.src, new_dir) and not any(
                     files.fsync_failed(self.src / e.path) for i in range(self.num_units)
                     for e in self.man.segments(i).values())
-                plans = list(pool.map(lambda i: self._same_plan(i, link), range(self.num_units)))
-                self.read_bytes += sum(pool.map(
-                    lambda i: self.units[i].stage_import(str(new_dir / M.unit_dir_name(i)), plans[i]),
-                    range(self.num_units)))
+                plans: List[Any] = [None] * self.num_units
+
+                def stage(i: int) -> int:  # plan (the index read and checked) and stage, unit by unit
+                    plans[i] = self._same_plan(i, link)
+                    return self.units[i].stage_import(str(new_dir / M.unit_dir_name(i)), plans[i])
+
+                self.read_bytes += sum(pool.map(stage, range(self.num_units)))
                 self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
                 self._pending = [self._vpool.submit(self.units[i].verify_import, str(new_dir / M.unit_dir_name(i)),
                                                     plans[i]) for i in range(self.num_units)]
