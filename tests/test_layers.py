@@ -15,15 +15,21 @@ ports          ``ports`` (the UnitPort and ControllerPort interfaces and       f
                the values that cross them)
 policies       ``samplers``, ``seqlen_sampler`` (pure sampling policies:       base
                the controller runs them, users choose them)
-engine-impl    ``unit``, ``unit_read``, ``controller``, ``controller_*``       policies, ports, io,
-               (the implementations of the ports)                              format, native, base
-engine         ``store``, ``kv``, ``streaming``, ``reader``, ``meta``,         policies, ports, io (not
-               ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,         ``_io.lmdbenv`` nor
-               ``_gcpause``, ``_default``, ``checkpoint/*``, ``dump/*``        ``_io.segfile``), format,
-               (the engine over the ports; numpy and bytes, no framework)     native, base
-ray            ``ray/*`` (units and controller as actors, same ports)          engine, engine-impl,
-                                                                              policies, ports, io,
-                                                                              format, native, base
+engine-impl    ``unit``, ``unit_read``, ``unit_export``, ``unit_import``,      policies, ports, io,
+               ``controller``, ``controller_*`` (the implementations of        format, native, base
+               the ports, their checkpoint export and import included)
+embedded       ``embedded`` (the embedded backend's entry: constructs the      engine-impl, policies,
+               parts, reads their files of a checkpoint into values)           ports, io, format,
+                                                                              native, base
+engine         ``store``, ``kv``, ``streaming``, ``reader``, ``meta``,         embedded, policies,
+               ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,         ports, io (not
+               ``_gcpause``, ``_default``, ``checkpoint/*``, ``dump/*``        ``_io.lmdbenv`` nor
+               (the engine over the ports; numpy and bytes, no framework)     ``_io.segfile``), format,
+                                                                              native, base
+ray            ``ray/*`` (units and controller as actors, same ports)          engine, embedded,
+                                                                              engine-impl, policies,
+                                                                              ports, io, format,
+                                                                              native, base
 edge           ``torch_adapter`` (torch, nested tensors and TensorDict         engine, policies, ports,
                to and from the engine's Columns, allocator and results)       format, base
 api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      edge, ray, engine,
@@ -43,9 +49,10 @@ re-exports it for the format layer and everything above.
 Checks: (a) no import outside what the importer's layer may import; (b) no cycle in
 the import graph between modules, between packages (a subpackage such as ``checkpoint``
 is one node, a top-level module is a node) or between layers; (c) only ``_io``, ``unit``,
-``unit_read`` and ``controller`` import ``lmdb``; (d) only ``torch_adapter`` and
-``dataloader`` (a torch ``IterableDataset``) import ``torch`` or ``tensordict``: the engine
-and the format work on numpy arrays and bytes (DESIGN.md §1).
+``unit_read``, ``unit_export``, ``unit_import``, ``controller`` and ``controller_export``
+import ``lmdb``; (d) only ``torch_adapter`` and ``dataloader`` (a torch ``IterableDataset``)
+import ``torch`` or ``tensordict``: the engine and the format work on numpy arrays and bytes
+(DESIGN.md §1).
 
 ``KNOWN_VIOLATIONS`` lists today's breaches as ``(importer, imported)``; the test fails
 on any breach not in it, and on any entry that no longer occurs, so it only shrinks.
@@ -69,8 +76,9 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("io", ("_io",)),
     ("ports", ("ports",)),
     ("policies", ("samplers", "seqlen_sampler")),
-    ("engine-impl", ("unit", "unit_read", "controller", "controller_mirror", "controller_decode",
-                     "controller_sampling")),
+    ("engine-impl", ("unit", "unit_read", "unit_export", "unit_import", "controller", "controller_mirror",
+                     "controller_decode", "controller_sampling", "controller_export")),
+    ("embedded", ("embedded",)),
     ("engine", ("store", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
                 "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
@@ -87,41 +95,23 @@ ALLOWED: Dict[str, Set[str]] = {
     "ports": {"format", "native", "base"},
     "policies": {"base"},
     "engine-impl": {"policies", "ports", "io", "format", "native", "base"},
-    "engine": {"policies", "ports", "io", "format", "native", "base"},
-    "ray": {"engine", "engine-impl", "policies", "ports", "io", "format", "native", "base"},
+    "embedded": {"engine-impl", "policies", "ports", "io", "format", "native", "base"},
+    "engine": {"embedded", "policies", "ports", "io", "format", "native", "base"},
+    "ray": {"engine", "embedded", "engine-impl", "policies", "ports", "io", "format", "native", "base"},
     "edge": {"engine", "policies", "ports", "format", "base"},
     "api": {"edge", "ray", "engine", "policies", "ports", "base"},
     "testing": {name for name, _ in LAYERS},
 }
 # io modules the engine over the ports must not reach: LMDB environments and segment files
 ENGINE_FORBIDDEN_IO = {"tqstore._io.lmdbenv", "tqstore._io.segfile"}
-LMDB_ALLOWED = ("_io", "unit", "unit_read", "controller")
+LMDB_ALLOWED = ("_io", "unit", "unit_read", "unit_export", "unit_import", "controller", "controller_export")
 # the one adapter that knows torch and TensorDict, and the torch IterableDataset over the data plane
 FRAMEWORK_ALLOWED = ("torch_adapter", "dataloader")
 FRAMEWORKS = ("torch", "tensordict")
 
-# To be emptied by issue #9's ports refactor: the engine over the ports reaches units,
-# the controller, LMDB and segment files directly instead of through UnitPort and
-# ControllerPort; the CLI opens LMDB environments itself.  Remove an entry when its
-# import goes; add none.
-KNOWN_VIOLATIONS: Set[Tuple[str, str]] = {
-    ("tqstore.checkpoint.loader", "lmdb"),
-    ("tqstore.checkpoint.loader", "tqstore._io.lmdbenv"),
-    ("tqstore.checkpoint.loader", "tqstore._io.segfile"),
-    ("tqstore.checkpoint.loader", "tqstore.controller"),
-    ("tqstore.checkpoint.loader", "tqstore.unit"),
-    ("tqstore.checkpoint.verify", "lmdb"),
-    ("tqstore.checkpoint.verify", "tqstore.controller"),
-    ("tqstore.cli", "lmdb"),
-    ("tqstore.cli", "tqstore.controller"),
-    ("tqstore.checkpoint.verify", "tqstore._io.lmdbenv"),
-    ("tqstore.checkpoint.verify", "tqstore.unit"),
-    ("tqstore.checkpoint.writer", "lmdb"),
-    ("tqstore.checkpoint.writer", "tqstore._io.lmdbenv"),
-    ("tqstore.cli", "tqstore._io.lmdbenv"),
-    ("tqstore.store", "tqstore.controller"),
-    ("tqstore.store", "tqstore.unit"),
-}
+# Today's breaches of the layers (issue #9 emptied it: the engine reaches the units and the
+# controller through the ports, and constructs them through ``embedded``).  Add none.
+KNOWN_VIOLATIONS: Set[Tuple[str, str]] = set()
 
 
 # ------------------------------------------------------------------ the import graph
@@ -311,11 +301,13 @@ def test_no_import_cycles(graph):
 
 def test_the_checker_sees_relative_local_and_aliased_imports():
     got = dict(imports_of("tqstore.checkpoint.loader"))
-    assert "tqstore.controller" in got  # function-local, two dots
-    assert "tqstore._io.files" in got  # from .._io import files: the submodule
-    assert "lmdb" in got
+    assert "tqstore.checkpoint.writer" in got  # function-local (from .writer import settle)
+    assert "tqstore._io.files" in got  # from .._io import files: the submodule, two dots
+    assert "tqstore.unit_export" in dict(imports_of("tqstore.unit"))  # function-local, one dot
+    assert "lmdb" in dict(imports_of("tqstore.unit_export"))
     assert layer_of("tqstore") == "api" and layer_of("tqstore.unit_read") == "engine-impl"
     assert layer_of("tqstore.checkpoint.writer") == "engine" and layer_of("tqstore.units") is None
+    assert layer_of("tqstore.unit_export") == "engine-impl" and layer_of("tqstore.embedded") == "embedded"
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert dict(imports_of("tqstore.torch_adapter")).keys() >= {"torch", "tqstore.edge"}
     assert layer_of("tqstore.torch_adapter") == "edge"

@@ -17,8 +17,8 @@ from tqstore.kv import PUBLIC_CALLS, DataPlane
 from tqstore.ports import ControllerPort, RowBatch, RowInfo
 from tqstore.testing.proxy import PickledController
 
-# the port's data-plane part: what the embedded Controller implements today (snapshot,
-# release and export_snapshot come with the checkpoint work)
+# the port's data-plane part (snapshot, release, export_snapshot and stage_import: see
+# tests/test_checkpoint_ports.py)
 DATA_PLANE_PORT = ("plan_put", "commit_put", "partitions", "partition_info", "resolve_keys", "row_infos",
                    "rows_by_key", "row_batch", "first_rows", "list_keys", "claims", "clear_rows", "drop_partition",
                    "set_sampler", "fetch", "production_status", "consumption_status", "reset_consumption", "close")

@@ -186,31 +186,9 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------- inspect
 def _partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
     """Partitions of a checkpoint's controller copy with their row counts (read only)."""
-    from ._io.lmdbenv import open_env
-    from .controller import RecordError, decode_row
+    from .checkpoint.verify import controller_partitions
 
-    try:
-        env = open_env(ckpt / "controller", max_dbs=12, readonly=True)
-    except TqstoreError:
-        return None
-    try:
-        counts: Dict[str, int] = {}
-        with env.begin() as txn:
-            parts = env.open_db(b"parts", txn=txn, create=False)
-            rows = env.open_db(b"rows", txn=txn, create=False)
-            for k in txn.cursor(parts).iternext(values=False):
-                counts[bytes(k).decode("utf-8", "replace")] = 0
-            for v in txn.cursor(rows).iternext(keys=False):
-                try:
-                    pid = decode_row(v).pid
-                except RecordError:
-                    continue
-                counts[pid] = counts.get(pid, 0) + 1
-        return [{"partition": p, "rows": n} for p, n in sorted(counts.items())]
-    except Exception:  # noqa: BLE001 - inspect shows what it can
-        return None
-    finally:
-        env.close()
+    return controller_partitions(ckpt)
 
 
 def _checkpoint_doc(path: Path) -> Dict[str, Any]:
@@ -328,11 +306,8 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
 def _store_partitions(path: Path) -> List[Dict[str, Any]]:
     """Partitions of the store at ``path`` with their row and key counts, decoded (and checked)
     by the store's own controller decoder; reads only.  Raises CorruptionError on damage."""
-    import lmdb
-
     from . import layout_dirs as L
-    from ._io.lmdbenv import open_env
-    from .controller import CONTROLLER_DBS, decode_controller
+    from .checkpoint.verify import controller_summary
 
     L.read_store_file(path)
     cur = L.read_current(path)
@@ -341,19 +316,8 @@ def _store_partitions(path: Path) -> List[Dict[str, Any]]:
     ctrl = L.controller_dir(path / cur)
     if not (ctrl / "data.mdb").is_file():
         return []  # created, never opened past its descriptor
-    if os.access(ctrl / "lock.mdb", os.W_OK):  # a reader slot: safe while the store is open elsewhere
-        env = lmdb.open(str(ctrl), readonly=True, lock=True, max_dbs=12, subdir=True, create=False)
-    else:
-        env = open_env(ctrl, max_dbs=12, readonly=True)
-    try:
-        with env.begin() as txn:
-            dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CONTROLLER_DBS if n != "restores"}
-            st = decode_controller(txn, dbs, ctrl)
-    except lmdb.Error as e:
-        raise CorruptionError(f"controller index cannot be read: {e}", path=str(ctrl / "data.mdb")) from e
-    finally:
-        env.close()
-    return [{"partition": pid, "rows": len(p.rows), "keys": len(p.keys)} for pid, p in sorted(st.parts.items())]
+    st = controller_summary(ctrl, shared=True)  # a reader slot: safe while the store is open elsewhere
+    return [{"partition": pid, "rows": q["rows"], "keys": q["keys"]} for pid, q in st["partitions"].items()]
 
 
 def cmd_ls(args, out: TextIO, err: TextIO) -> int:

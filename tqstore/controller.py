@@ -18,6 +18,7 @@ and marks them consumed in one transaction under one lock.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import heapq
 import logging
@@ -33,6 +34,7 @@ from ._format.dtypes import DTYPE_NAMES
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
 from ._format.values import check_value
+from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
@@ -75,6 +77,8 @@ class Controller:
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
         self._sampling = SamplerHost(self)
+        self._snapshots: Dict[int, Any] = {}  # snapshot id -> read transaction (the controller's side of a cut)
+        self._next_snapshot = 1
         try:
             with wrap_errors("open controller", self.path):
                 self._init_meta(num_units)
@@ -543,11 +547,48 @@ class Controller:
             for p in self.parts.values():  # rebuilt on the next fetch
                 p.ready.clear()
 
-    # ------------------------------------------------------------------ misc
-    def snapshot_txn(self):
-        """A read transaction: the controller's side of an MVCC cut."""
-        return self.env.begin(buffers=False)
+    # ------------------------------------------------------------------ snapshots, checkpoints (see ControllerPort)
+    @_locked
+    def snapshot(self) -> int:
+        """Open the controller's side of an MVCC cut (a read transaction); returns its id."""
+        sid, self._next_snapshot = self._next_snapshot, self._next_snapshot + 1
+        self._snapshots[sid] = self.env.begin(buffers=False)
+        return sid
+
+    def release(self, snapshot: int) -> None:
+        """Close a snapshot (idempotent)."""
+        with self._lock:
+            txn = self._snapshots.pop(snapshot, None)
+        if txn is not None:
+            with contextlib.suppress(Exception):  # (an env already closed)
+                txn.abort()
+
+    def export_snapshot(self, snapshot: int, dest_dir, *, index_block_bytes: int = 1 << 20):
+        from .controller_export import export_controller
+
+        with self._lock:
+            txn = self._snapshots.get(snapshot)
+        if txn is None:
+            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
+        return export_controller(self.env, txn, self.db, Path(dest_dir), index_block_bytes=index_block_bytes)
+
+    def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
+                     clear_produced: bool = False) -> None:
+        from .controller_export import stage_controller
+
+        stage_controller(Path(target_dir), Path(src_dir), num_units=num_units)
+        if clear_produced:  # a checkpoint saved without storage: its rows keep no produced field
+            c = Controller(Path(target_dir), num_units=num_units or 1)  # (an existing index keeps its count)
+            try:
+                with wrap_errors("clear produced fields", target_dir):
+                    c.drop_fields({g: set(r.fields) for g, r in c.rows.items() if r.fields})
+                    c.env.sync(True)
+                    files.fsync_tree(target_dir)
+            finally:
+                c.close()
 
     def close(self) -> None:
+        with self._lock:
+            for sid in list(self._snapshots):
+                self.release(sid)
         self.env.close()
-

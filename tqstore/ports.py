@@ -88,12 +88,77 @@ class RowBatch:
         return RowInfo(self.gidxs[i], self.keys[i], self.tags[i], self.fields[i], self.seqs[i])
 
 
+# ---------------------------------------------------------------------------- exports and imports
+LINK = "link"  # hard link to the store's sealed segment
+REUSE = "reuse"  # hard link to the identical file of an earlier generation
+COPY = "copy"  # copy_file_range + frame verification
+
+
+@dataclass(frozen=True)
+class Reusable:
+    """An identical file already in an earlier generation (an argument of ``export_snapshot``)."""
+
+    path: str
+    size: int
+    crc32c: int
+
+
+@dataclass(frozen=True)
+class SegmentSource:
+    """Facts about one segment of a snapshot (gathered by its unit when it exports)."""
+
+    unit: int
+    seg: int
+    path: str  # the store's segment file
+    size: int  # bytes the snapshot's index records
+    sealed: bool
+    file_size: int  # bytes on disk now (a torn tail past ``size`` may exist)
+    identity: str
+    frames: int
+    live_bytes: int
+
+
+@dataclass(frozen=True)
+class SegmentWrite:
+    """How one segment lands in the checkpoint."""
+
+    source: SegmentSource
+    method: str  # LINK | REUSE | COPY
+    link_from: str  # file to hard link (LINK, REUSE) or copy from (COPY)
+    crc32c: Optional[int]  # known already (REUSE, or cached), else computed while writing
+
+
+def plan_segment_writes(sources: Sequence[SegmentSource], *, link: bool,
+                        reuse: Mapping[str, Reusable] = {},  # noqa: B006 - read only
+                        known_crc: Mapping[str, int] = {}) -> List[SegmentWrite]:  # noqa: B006
+    """Choose the method of every segment (pure: the rule every exporting unit follows).
+
+    ``link``: the checkpoint may hard-link the store's files (same file system, not forced
+    to copy).  A sealed segment whose file is exactly as long as the index says is linked;
+    anything else (still open for appends, or with a torn tail) is copied, ``size`` bytes.
+    ``reuse`` maps an identity to an identical file of an earlier generation: linked instead,
+    whatever ``link`` says (the generations share a file system).
+    """
+    out: List[SegmentWrite] = []
+    for s in sources:
+        r = reuse.get(s.identity)
+        if r is not None and r.size == s.size and s.sealed:
+            out.append(SegmentWrite(s, REUSE, r.path, r.crc32c))
+        elif link and s.sealed and s.file_size == s.size:
+            out.append(SegmentWrite(s, LINK, s.path, known_crc.get(s.identity)))
+        else:
+            out.append(SegmentWrite(s, COPY, s.path, None))
+    return out
+
+
 @dataclass
 class UnitExport:
     """What a unit wrote when it exported a snapshot into a checkpoint or dump directory.
 
-    ``files`` are manifest entries (dicts in the manifest's JSON shape, relative paths);
-    byte counts say how each segment was placed.
+    ``files`` are manifest entries in the manifest's JSON shape (``path`` relative to the
+    ``dest_dir`` of the export, ``role`` "unit_index" or "segment", ``size``, ``crc32c``,
+    ``unit``, and per segment ``seg``, ``frames``, ``live_bytes``, ``origin``; per index
+    file ``block_crc32c``); byte counts say how each segment was placed.
     """
 
     files: List[Dict[str, Any]]
@@ -107,10 +172,35 @@ class UnitExport:
 
 @dataclass
 class ControllerExport:
-    """What the controller wrote when it exported a snapshot, and a summary of the cut."""
+    """What the controller wrote when it exported a snapshot (``files`` as in
+    :class:`UnitExport`, role "controller"), and a summary of the cut: ``rows``,
+    ``partitions``, ``next_gidx``, ``put_token`` (the last committed overwriting put)."""
 
     files: List[Dict[str, Any]]
-    summary: Dict[str, Any] = field(default_factory=dict)  # rows, partitions, next_gidx, put_token
+    summary: Dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UnitImport:
+    """What one unit stages from a checkpoint into a new state directory (planned by the loader).
+
+    ``mode`` "same" (as many units as the checkpoint: the unit's index copy ``index_dir`` and
+    its ``segments`` ``(seg, path, size, crc32c)`` are copied or, with ``link``, hard-linked;
+    ``frames[seg]`` are the ``(offset, length, crc)`` its index names, checked by
+    :meth:`UnitPort.verify_import`) or "reshard" (``target``, a planner ``TargetPlan``: the
+    frames routed to this unit, read as byte ranges of the source segments ``seg_paths[(source
+    unit, seg)]``, CRC-checked, appended to new segments and indexed).  Paths are relative to
+    ``src_dir``, the checkpoint directory, which the unit can reach.
+    """
+
+    mode: str
+    src_dir: str
+    index_dir: Optional[str] = None
+    segments: List[Tuple[int, str, int, int]] = field(default_factory=list)
+    frames: Dict[int, List[Tuple[int, int, int]]] = field(default_factory=dict)
+    link: bool = False
+    target: Any = None
+    seg_paths: Dict[Tuple[int, int], str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------- ports
@@ -188,9 +278,32 @@ class UnitPort(Protocol):
     def release(self, snapshot: SnapshotId) -> None:
         """Unpin a snapshot (idempotent)."""
 
-    def export_snapshot(self, snapshot: SnapshotId, dest_dir: str, **options: Any) -> UnitExport:
-        """Write the snapshot's index copy and segments (linked, reused or copied and
-        verified) under ``dest_dir``; fsync every file and directory written."""
+    def export_snapshot(self, snapshot: SnapshotId, dest_dir: str, *, link: bool = True,
+                        reuse: Optional[Mapping[str, Reusable]] = None, put_token: int = 0,
+                        known_crc: Optional[Mapping[str, int]] = None,
+                        index_block_bytes: int = 1 << 20) -> UnitExport:
+        """Write the snapshot into the directory ``dest_dir`` (created if missing, else empty;
+        owner-side I/O):
+        ``index/data.mdb``, a compact copy of the cut's index describing exactly the segments
+        it holds (all sealed; undo records dropped, entries of overwriting puts after
+        ``put_token`` put back), and every segment it names, placed by
+        :func:`plan_segment_writes`: hard-linked (``link`` allows it and the file system is
+        the same), linked from an earlier generation (``reuse``: identity -> Reusable), or
+        copied and checked frame by frame against the index CRCs.  ``known_crc`` (identity ->
+        CRC32C) adds to the unit's own cache of segments already checksummed.  Every file and
+        directory written is fsynced.  Raises CorruptionError (a segment does not verify),
+        StorageIOError / OSError (the caller removes ``dest_dir``)."""
+
+    def stage_import(self, target_dir: str, plan: UnitImport) -> int:
+        """Fill the new unit directory ``target_dir`` (created) from a checkpoint as ``plan``
+        says, owner-side; never touches the unit's live state.  Returns bytes read and
+        verified.  Reshard: every frame is checked (structure, padding, CRC32C) before it is
+        appended.  Raises CorruptionError naming the checkpoint file and offset."""
+
+    def verify_import(self, target_dir: str, plan: UnitImport) -> int:
+        """After :meth:`stage_import` of a "same" plan: check every staged segment (its
+        CRC32C and every indexed frame) and return bytes read; 0 for a "reshard" plan
+        (checked as it was staged).  May run while the caller opens the new state."""
 
     # maintenance -------------------------------------------------------------
     def verify(self) -> List[str]:
@@ -291,8 +404,19 @@ class ControllerPort(Protocol):
     def release(self, snapshot: SnapshotId) -> None:
         """Close a snapshot (idempotent)."""
 
-    def export_snapshot(self, snapshot: SnapshotId, dest_dir: str, **options: Any) -> ControllerExport:
-        """Write a copy of the controller at the snapshot under ``dest_dir`` (fsynced)."""
+    def export_snapshot(self, snapshot: SnapshotId, dest_dir: str, *, index_block_bytes: int = 1 << 20
+                        ) -> ControllerExport:
+        """Write a compact copy of the controller index at the snapshot as ``dest_dir/data.mdb``
+        (``dest_dir`` created if missing, else empty; file and directory fsynced); returns its
+        manifest entry and the cut's summary.  An unknown or released id is a TqstoreError."""
+
+    def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
+                     clear_produced: bool = False) -> None:
+        """Fill the new controller directory ``target_dir`` (created) with a compact copy of
+        the checkpoint's controller index ``src_dir`` (already walked and checked by the
+        caller), with its unit count set to ``num_units`` (None keeps it) and, with
+        ``clear_produced``, no field produced (a checkpoint saved without storage).  Never
+        touches the live controller."""
 
     def close(self) -> None:
         """Close (idempotent)."""
@@ -310,5 +434,6 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
     return True
 
 
-__all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "UnitExport", "ControllerExport", "UnitPort",
+__all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "LINK", "REUSE", "COPY", "Reusable", "SegmentSource",
+           "SegmentWrite", "plan_segment_writes", "UnitExport", "ControllerExport", "UnitImport", "UnitPort",
            "ControllerPort", "fill_or_copy"]

@@ -26,7 +26,6 @@ from ._format.columns import Column
 from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
-from .controller import Controller, PutPlan
 from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
@@ -34,9 +33,9 @@ from .errors import (
 from .edge import default_edge
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
-from .ports import SnapshotId, UnitPort
+from .embedded import DEFAULT_SEGMENT_BYTES, open_parts
+from .ports import ControllerPort, SnapshotId, UnitPort
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
-from .unit import DEFAULT_SEGMENT_BYTES, Unit
 
 log = logging.getLogger("tqstore")
 
@@ -51,29 +50,22 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 @dataclass
 class StoreSnapshot:
-    """An MVCC cut of a whole store: the controller's read transaction and each unit's
-    snapshot id (``unit_snaps[i]`` resolved by unit ``i`` of ``ports``).
+    """An MVCC cut of a whole store, by ids: ``controller_snap`` resolved by ``controller``
+    and ``unit_snaps[i]`` by unit ``i`` of ``ports`` (the ports the cut was taken on).
 
     Holds segment pins until :meth:`release` (idempotent); later puts and clears do not change it.
     """
 
-    controller_txn: Any
+    controller_snap: SnapshotId
     unit_snaps: List[SnapshotId]
     num_units: int
     state_dir: Path
     ports: List[UnitPort] = field(repr=False, default_factory=list)
-
-    @property
-    def unit_views(self) -> List[Any]:
-        """Each unit's view (read transaction and segment records) of the cut.  To be removed when
-        the checkpoint writer goes through ``export_snapshot``: only the embedded Unit has views."""
-        return [u.view(sid) for u, sid in zip(self.ports, self.unit_snaps)]
+    controller: Optional[ControllerPort] = field(repr=False, default=None)
 
     def release(self) -> None:
-        try:
-            self.controller_txn.abort()
-        except Exception:  # noqa: BLE001 - already closed env
-            pass
+        if self.controller is not None:
+            self.controller.release(self.controller_snap)
         for u, sid in zip(self.ports, self.unit_snaps):
             u.release(sid)
 
@@ -244,24 +236,9 @@ class Store(CheckpointMixin):
                 files.fsync_dir(p)
 
     def _open_parts(self, state: Path) -> None:
-        sync = self.durability == "commit"
-        self.controller = Controller(L.controller_dir(state), num_units=self.num_units, sync=sync,
-                                     map_bytes=self._opts["map_bytes"])
-        units: List[Unit] = []
-        try:
-            if self.controller.num_units != self.num_units:
-                raise ConfigError(f"controller of {state} says {self.controller.num_units} units, STORE.json says "
-                                  f"{self.num_units}")
-            for i in range(self.num_units):
-                units.append(Unit(L.unit_dir(state, i), i, durability=self.durability,
-                                  segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"],
-                                  map_bytes=self._opts["map_bytes"]))
-        except BaseException:  # close what opened: a failed open leaves nothing open
-            for u in units:
-                u.close()
-            self.controller.close()
-            raise
-        self.units: List[UnitPort] = units
+        self.controller, self.units = open_parts(
+            L.controller_dir(state), [L.unit_dir(state, i) for i in range(self.num_units)], durability=self.durability,
+            segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"], map_bytes=self._opts["map_bytes"])
 
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
@@ -401,7 +378,7 @@ class Store(CheckpointMixin):
             for t in u.undo_tokens():
                 u.settle(t, committed=t <= self.controller.put_token)
 
-    def _write_units(self, plan: PutPlan, cols: List[Column], token: Optional[int] = None) -> None:
+    def _write_units(self, plan: Any, cols: List[Column], token: Optional[int] = None) -> None:
         per_unit: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
         for pos, g in enumerate(plan.gidxs):
             per_unit[g % self.num_units].append((pos, g))
@@ -516,22 +493,22 @@ class Store(CheckpointMixin):
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:
         """Take an MVCC cut: under the write and metadata locks (held only for the cut) every
-        unit seals its active segment and pins a snapshot (named by an id), and the controller
-        opens a read transaction."""
+        unit seals its active segment and pins a snapshot, and the controller opens its side;
+        each is named by an id its port resolves."""
         self._check_open()
         with self._write_lock, self._meta_lock:
             self._check_open()
-            units = list(self.units)
+            units, controller = list(self.units), self.controller
             ids: List[SnapshotId] = []
             try:
                 for u in units:
                     ids.append(u.snapshot())
-                txn = self.controller.snapshot_txn()
+                cid = controller.snapshot()
             except BaseException:
                 for u, sid in zip(units, ids):
                     u.release(sid)
                 raise
-            return StoreSnapshot(txn, ids, self.num_units, self.state_dir, units)
+            return StoreSnapshot(cid, ids, self.num_units, self.state_dir, units, controller)
 
     def install_state(self, build: Callable[[Path], Any], *, reconcile: bool = True,
                       before_switch: Optional[Callable[[], Any]] = None) -> Any:

@@ -119,8 +119,8 @@ class UnitView:
 class Unit(UnitReader):
     """One storage unit. Thread-safe: appends and index updates are serialised by a lock.
 
-    Implements :class:`tqstore.ports.UnitPort` (``export_snapshot`` aside: the checkpoint
-    writer still reads :meth:`view`)."""
+    Implements :class:`tqstore.ports.UnitPort` (the checkpoint export and import are in
+    :mod:`tqstore.unit_export` and :mod:`tqstore.unit_import`)."""
 
     def __init__(self, path: Path, unit_id: int, *, durability: str = "checkpoint",
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
@@ -602,9 +602,8 @@ class Unit(UnitReader):
         if view is not None:
             view.release()
 
-    def view(self, snapshot: int) -> UnitView:
-        """The read transaction and segment records of a snapshot.  To be removed when the
-        checkpoint writer goes through ``export_snapshot``: nothing else may hold a txn."""
+    def _view(self, snapshot: int) -> UnitView:
+        """The read transaction and segment records of a snapshot (never leaves the unit)."""
         with self._lock:
             v = self._views.get(snapshot)
         if v is None:
@@ -612,7 +611,28 @@ class Unit(UnitReader):
         return v
 
     def _snapshot_txn(self, snapshot: int):
-        return self.view(snapshot).txn
+        return self._view(snapshot).txn
+
+    # checkpoints: owner-side export and import (tqstore.unit_export, tqstore.unit_import; see UnitPort)
+    def export_snapshot(self, snapshot: int, dest_dir, *, link: bool = True, reuse=None, put_token: int = 0,
+                        known_crc=None, index_block_bytes: int = 1 << 20):
+        from .unit_export import export_unit
+
+        return export_unit(self, self._view(snapshot), Path(dest_dir), link=link, reuse=reuse or {},
+                           put_token=put_token, known_crc=known_crc or {}, index_block_bytes=index_block_bytes)
+
+    def stage_import(self, target_dir, plan) -> int:
+        from .unit_import import stage_reshard, stage_same
+
+        if plan.mode not in ("same", "reshard"):
+            raise InvalidInputError(f"unit {self.unit_id}: unknown import mode {plan.mode!r}")
+        return stage_same(Path(target_dir), plan) if plan.mode == "same" else \
+            stage_reshard(Path(target_dir), plan, self.unit_id, self.segment_bytes)
+
+    def verify_import(self, target_dir, plan) -> int:
+        from .unit_import import verify_same
+
+        return verify_same(Path(target_dir), plan) if plan.mode == "same" else 0
 
     def _unpin(self, segs: Dict[int, SegInfo]) -> None:
         with self._lock:

@@ -3,7 +3,9 @@
 The new state is built beside the live one by :meth:`Store.install_state` (which fsyncs
 it, opens it and switches the ``CURRENT`` pointer with one rename); every byte taken from
 the checkpoint is verified first.  Any failure before the switch leaves the running store
-exactly as it was.
+exactly as it was.  This module checks and plans; each port stages its own part of the new
+state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_import`` with a
+:class:`~tqstore.ports.UnitImport` plan; the unit side is :mod:`tqstore.unit_import`).
 
 * every file is first checked to be a regular file (no symbolic link, FIFO or device) of
   the size MANIFEST.json records; every LMDB file is walked in a child process
@@ -24,42 +26,27 @@ exactly as it was.
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 import time
-from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
-import lmdb
 import numpy as np
 
-from .._format import controller_records as CR, unit_records as UR
-from .._format.frame import check_run, first_fault
-from .._format.index import LOC_DTYPE
-from .._format.layout import SEGMENT_HEADER_SIZE
-from .._format.segment import segment_name
 from .._io import files
-from .._io.lmdbenv import copy_env_compact, open_env
 from .._io.lmdbwalk import LmdbWalk
-from .._io.segfile import SegmentWriter
+from .._io.scan import BadFrame, scan_file
 from ..errors import CheckpointError, CorruptionError, TqstoreError
-from ..unit import check_index_format
+from ..ports import ControllerPort, UnitImport, UnitPort
 from . import manifest as M
-from .planner import FrameTable, TargetPlan, plan_load_mode, plan_reshard
-from .scan import BadFrame, scan_file
+from .planner import FrameTable, plan_load_mode, plan_reshard
 from .verify import (
-    _check_controller, _read_unit_index, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
+    _check_controller, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
     unit_frames, walk_problems,
 )
 
 log = logging.getLogger("tqstore")
-
-WINDOW_BYTES = 16 << 20  # of a source segment mapped at a time by one target
-INDEX_BATCH = 20000
-
 
 @dataclass(frozen=True)
 class LoadInfo:
@@ -103,47 +90,27 @@ def locate_damage(p: Path, e: M.FileEntry, res) -> CorruptionError:
                            expected_crc=e.crc32c, actual_crc=None if res.stopped else res.crc)
 
 
-def _set_controller_units(ctrl_dir: Path, n: int) -> None:
-    env = open_env(ctrl_dir, max_dbs=12)
-    try:
-        meta = env.open_db(b"meta")
-        with env.begin(write=True) as txn:
-            txn.put(CR.META_NUM_UNITS, CR.encode_decimal(n), db=meta)
-        env.sync(True)
-    finally:
-        env.close()
-
-
-def _clear_produced(ctrl_dir: Path, num_units: int) -> None:
-    from ..controller import Controller
-
-    c = Controller(ctrl_dir, num_units=num_units)
-    try:
-        c.drop_fields({g: set(r.fields) for g, r in c.rows.items() if r.fields})
-        c.env.sync(True)
-    finally:
-        c.close()
-
-
 class Builder:
-    """The ``build(new_state_dir)`` callback handed to :meth:`Store.install_state`.
+    """The ``build(new_state_dir)`` callback handed to :meth:`Store.install_state`: checks and
+    plans, then asks each port to stage its part of the new state (owner-side I/O).
 
     Same unit count: the controller and unit indexes are verified before anything opens
-    them; the segments are placed (linked or copied) at once and verified by background
-    threads while the store opens the new parts; :meth:`finish` (``before_switch``) waits
-    for that verification and raises what it found, so nothing unverified is switched in.
+    them; each unit places its segments (linked or copied) at once and verifies them in
+    background threads while the store opens the new parts; :meth:`finish`
+    (``before_switch``) waits for that verification and raises what it found, so nothing
+    unverified is switched in.
     """
 
-    def __init__(self, src: Path, man: M.Manifest, num_units: int, segment_bytes: int, max_workers: int,
-                 walk: Optional[LmdbWalk] = None) -> None:
+    def __init__(self, src: Path, man: M.Manifest, controller: ControllerPort, units: Sequence[UnitPort],
+                 max_workers: int, walk: Optional[LmdbWalk] = None) -> None:
         self.src = src
         self.walk = walk
-        self._frames: Dict[int, Dict[int, List[Tuple[int, int, int]]]] = {}
         self.man = man
-        self.num_units = num_units
-        self.segment_bytes = segment_bytes
+        self.controller = controller
+        self.units = list(units)
+        self.num_units = len(self.units)
         self.max_workers = max_workers
-        self.mode = plan_load_mode(man.num_units, num_units, man.include_storage)
+        self.mode = plan_load_mode(man.num_units, self.num_units, man.include_storage)
         self.read_bytes = 0
         self._pending: List[Any] = []
         self._vpool: Optional[ThreadPoolExecutor] = None
@@ -171,12 +138,10 @@ class Builder:
         probs = _check_controller(self.src, self.man)  # unit and row counts, as a deep verify
         if probs:
             raise probs[0].to_error()
-        files.mkdir(new_dir / "controller")
-        copy_env_compact(self.src / "controller", new_dir / "controller")
-        if self.man.num_units != self.num_units:
-            _set_controller_units(new_dir / "controller", self.num_units)
+        self.controller.stage_import(str(new_dir / "controller"), str(self.src / "controller"),
+                                     num_units=self.num_units if self.man.num_units != self.num_units else None,
+                                     clear_produced=self.mode == "metadata")
         if self.mode == "metadata":
-            _clear_produced(new_dir / "controller", self.num_units)
             return self.mode
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
             if self.mode == "same":
@@ -184,16 +149,25 @@ class Builder:
                 link = files.same_filesystem(self.src, new_dir) and not any(
                     files.fsync_failed(self.src / e.path) for i in range(self.num_units)
                     for e in self.man.segments(i).values())
-                self.read_bytes += sum(pool.map(lambda i: self._same_unit(new_dir, i, link), range(self.num_units)))
-                # make the new state durable before the verification reads start competing with the
-                # journal commits (install_state's own fsync pass then finds every file clean)
-                files.fsync_tree(new_dir)
-                verify_root = self.src if link else new_dir  # what the new state's files hold
+                plans: List[Any] = [None] * self.num_units
+
+                def stage(i: int) -> int:  # plan (the index read and checked) and stage, unit by unit
+                    plans[i] = self._same_plan(i, link)
+                    return self.units[i].stage_import(str(new_dir / M.unit_dir_name(i)), plans[i])
+
+                self.read_bytes += sum(pool.map(stage, range(self.num_units)))
                 self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
-                self._pending = [self._vpool.submit(self._verify_unit, verify_root, i) for i in range(self.num_units)]
+                self._pending = [self._vpool.submit(self.units[i].verify_import, str(new_dir / M.unit_dir_name(i)),
+                                                    plans[i]) for i in range(self.num_units)]
             else:
-                plan = self._plan(pool)
-                self.read_bytes += sum(pool.map(lambda t: self._reshard_unit(new_dir, t), plan.targets))
+                refs = dict(zip(range(self.man.num_units), pool.map(self._unit_table, range(self.man.num_units))))
+                seg_paths = {(e.unit, e.seg): e.path for e in self.man.by_role(M.ROLE_SEGMENT)}
+                plan = plan_reshard(refs, self.num_units)
+                self.read_bytes += sum(pool.map(
+                    lambda t: self.units[t.unit].stage_import(
+                        str(new_dir / M.unit_dir_name(t.unit)),
+                        UnitImport("reshard", str(self.src), target=t, seg_paths=seg_paths)),
+                    plan.targets))
         return self.mode
 
     def finish(self) -> None:
@@ -217,25 +191,12 @@ class Builder:
             self._vpool = None
         self._pending = []
 
-    # -------------------------------------------------------------- same unit count
-    def _same_unit(self, new_dir: Path, i: int, link: bool) -> int:
-        """Check and copy unit ``i``'s (verified, walked) index; link or copy its segments
-        (verified later, frame by frame)."""
-        udir = new_dir / M.unit_dir_name(i)
-        files.mkdir(udir)
-        files.mkdir(udir / "index")
-        self._frames[i] = frames_of(self._unit_table(i))
-        copy_env_compact(self.src / M.unit_dir_name(i) / "index", udir / "index")
-        for seg, e in sorted(self.man.segments(i).items()):
-            dst = udir / segment_name(seg)
-            if link:
-                files.link(self.src / e.path, dst)
-            else:
-                got = files.copy_file(self.src / e.path, dst, fsync=False)
-                if got != e.size:
-                    raise CorruptionError("checkpoint segment is shorter than MANIFEST.json records",
-                                          path=str(self.src / e.path), offset=got)
-        return 0
+    def _same_plan(self, i: int, link: bool) -> UnitImport:
+        """Unit ``i``'s part: its (verified, walked) index, its segments, the frames to check."""
+        segs = sorted(self.man.segments(i).items())
+        return UnitImport("same", str(self.src), index_dir=f"{M.unit_dir_name(i)}/index",
+                          segments=[(seg, e.path, e.size, e.crc32c) for seg, e in segs],
+                          frames=frames_of(self._unit_table(i)), link=link)
 
     def _unit_table(self, i: int) -> FrameTable:
         """Unit ``i``'s index entries, with the checks of a deep verify (shared code): the
@@ -253,150 +214,6 @@ class Builder:
             raise probs[0].to_error()
         assert table is not None
         return table
-
-    def _verify_unit(self, root: Path, i: int) -> int:
-        n = 0
-        frames = self._frames.get(i, {})
-        for seg, e in sorted(self.man.segments(i).items()):
-            try:
-                n += _check_file(root, e, frames=frames.get(seg, ()))
-            except CorruptionError as err:
-                raise self._pinpoint(i, e) or (err if root == self.src else CorruptionError(
-                    f"segment copied from the checkpoint does not verify: {err}", path=str(self.src / e.path)))
-        return n
-
-    def _pinpoint(self, unit: int, e: M.FileEntry) -> Optional[CorruptionError]:
-        """A damaged segment: rescan it frame by frame to name the offset of the bad frame."""
-        frames: Dict = defaultdict(list)
-        if _read_unit_index(self.src, self.man, unit, frames):
-            return None
-        p = self.src / e.path
-        try:
-            res = scan_file(p, e.size, frames=sorted(frames.get((unit, e.seg), ())))
-        except OSError:
-            return None
-        return locate_damage(p, e, res) if res.bad else None
-
-    # -------------------------------------------------------------- another unit count
-    def _plan(self, pool):
-        refs = dict(zip(range(self.man.num_units), pool.map(self._unit_table, range(self.man.num_units))))
-        return plan_reshard(refs, self.num_units)
-
-    def _reshard_unit(self, new_dir: Path, t: TargetPlan) -> int:
-        """Build target unit ``t``: map a window of each source segment at a time, touch only
-        the target's frames in it, check each frame (the frame-check kernel: structure, exact
-        extent, padding, CRC32C, the CRC the source index recorded), append the frames byte for
-        byte to new segments and index them."""
-        SegInfo = UR.SegInfo
-
-        udir = new_dir / M.unit_dir_name(t.unit)
-        files.mkdir(udir)
-        env = open_env(udir / "index", max_dbs=4)
-        infos: Dict[int, SegInfo] = {}
-        items: List[tuple] = []
-        w: List[Optional[SegmentWriter]] = [None]
-        window = max(1 << 16, min(WINDOW_BYTES, self.segment_bytes))
-        ends = t.offset + t.length
-        read = 0
-        try:
-            db_loc = env.open_db(b"loc")
-            db_segs = env.open_db(b"segs")
-
-            def close_writer() -> None:
-                cur = w[0]
-                if cur is not None:
-                    cur.fsync()
-                    infos[cur.seg_id] = SegInfo(cur.size, cur.size - SEGMENT_HEADER_SIZE, True)
-                    cur.close()
-                    w[0] = None
-
-            def append(iov: List[memoryview], nbytes: int) -> Tuple[int, int]:
-                cur = w[0]
-                if cur is None or (cur.size > SEGMENT_HEADER_SIZE and cur.size + nbytes > self.segment_bytes):
-                    seg_id = (cur.seg_id + 1) if cur is not None else 1
-                    close_writer()
-                    cur = w[0] = SegmentWriter(udir, t.unit, seg_id, create=True)
-                return cur.seg_id, cur.append(iov)
-
-            for src_unit, seg, lo, hi in t.groups():
-                path = str(self.src / M.segment_file(src_unit, seg))
-                try:
-                    fd = files.open_regular(path, under=self.src)
-                except FileNotFoundError as e:
-                    raise CorruptionError("checkpoint segment listed in MANIFEST.json is missing", path=path) from e
-                except files.NotRegularFile as e:
-                    raise CorruptionError(f"checkpoint segment: {e.strerror}", path=str(e.filename or path)) from e
-                try:
-                    i = lo
-                    while i < hi:
-                        wstart = int(t.offset[i]) & ~(mmap.ALLOCATIONGRANULARITY - 1)
-                        j = i + 1 + int(np.searchsorted(ends[i + 1:hi], wstart + window, side="right"))
-                        self._copy_window(fd, path, wstart, int(ends[j - 1]), t, i, j, append, items)
-                        read += int(t.length[i:j].sum())
-                        if len(items) >= INDEX_BATCH:
-                            with env.begin(write=True) as txn:
-                                txn.cursor(db_loc).putmulti(items)
-                            items.clear()
-                        i = j
-                finally:
-                    os.close(fd)
-            close_writer()
-            with env.begin(write=True) as txn:
-                if items:
-                    txn.cursor(db_loc).putmulti(items)
-                for s, info in infos.items():
-                    txn.put(UR.seg_key(s), info.pack(), db=db_segs)
-            env.sync(True)
-        finally:
-            if w[0] is not None:
-                w[0].close()
-            env.close()
-        return read
-
-    @staticmethod
-    def _copy_window(fd: int, path: str, wstart: int, wend: int, t: TargetPlan, i: int, j: int, append,
-                     items: List[tuple]) -> None:
-        """Frames ``i:j`` of ``t`` lie in ``[wstart, wend)`` of the source: verify, append, index."""
-        try:
-            mm = mmap.mmap(fd, wend - wstart, prot=mmap.PROT_READ, offset=wstart)
-        except (ValueError, OSError) as e:
-            raise CorruptionError(f"checkpoint segment cannot be mapped (truncated?): {e}", path=path,
-                                  offset=wstart) from e
-        wmv = memoryview(mm)
-        iov: List[memoryview] = []
-        try:
-            loc = np.zeros(j - i, LOC_DTYPE)
-            loc["offset"], loc["length"], loc["crc"] = t.offset[i:j], t.length[i:j], t.crc[i:j]
-            res = check_run(wmv, loc, base=wstart)  # every check of a reader; readers refuse what fails
-            got = first_fault(wmv, loc, res, base=wstart)
-            if got is not None:
-                k, fault = got
-                raise fault.error(path=path, offset=int(t.offset[i + k]), prefix="checkpoint segment: ")
-            # adjacent frames go out as one slice of the mapping
-            r = t.offset[i:j] - wstart
-            ln = t.length[i:j]
-            starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1] + ln[:-1]])
-            a = r[starts].tolist()
-            b = np.r_[r[starts[1:] - 1] + ln[starts[1:] - 1], r[-1] + ln[-1]].tolist()
-            iov = [wmv[x:y] for x, y in zip(a, b)]
-            total = int(ln.sum())
-            sid, base = append(iov, total)
-            iov.clear()
-            vals = np.empty(j - i, LOC_DTYPE)
-            vals["seg"] = sid
-            vals["offset"] = base + np.cumsum(ln) - ln
-            vals["length"] = ln
-            vals["crc"] = t.crc[i:j]
-            vb = vals.tobytes()
-            size = LOC_DTYPE.itemsize
-            items.extend(zip(t.keys[i:j], [vb[x:x + size] for x in range(0, len(vb), size)]))
-        finally:
-            iov.clear()
-            try:
-                wmv.release()
-                mm.close()
-            except BufferError:  # a view still held by an exception's traceback: unmapped when collected
-                pass
 
 
 def load(store, checkpoint_dir) -> LoadInfo:
@@ -417,14 +234,13 @@ def load(store, checkpoint_dir) -> LoadInfo:
                       (e.role == M.ROLE_UNIT_INDEX and plan_load_mode(man.num_units, store.num_units,
                                                                        man.include_storage) != "metadata")]
         walk = lmdb_walk(src, lmdb_files, first_only=True)  # runs while the lock is taken and CRCs are checked
-        build = Builder(src, man, store.num_units, store._opts["segment_bytes"], max(1, min(8, store.num_units)),
-                        walk=walk)
+        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)), walk=walk)
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
             mode = store.install_state(build, reconcile=False, before_switch=build.finish)
         except TqstoreError:
             raise
-        except (OSError, lmdb.Error) as e:
+        except OSError as e:
             raise CheckpointError(f"loading checkpoint {src} failed: {e}; the store is unchanged") from e
         except (ValueError, KeyError, TypeError, UnicodeDecodeError) as e:  # a value the new state cannot decode
             raise CorruptionError(f"checkpoint {src} holds an index value that cannot be decoded: {e!r}; the store "

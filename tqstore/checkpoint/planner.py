@@ -1,6 +1,7 @@
 """Plans of checkpoint saves and loads, as plain data: what goes where, no I/O.
 
-* :func:`plan_segment_writes` decides, per segment of a snapshot, whether the checkpoint
+* :func:`plan_segment_writes` (defined with its values in :mod:`tqstore.ports`: each
+  exporting unit applies it) decides, per segment of a snapshot, whether the checkpoint
   gets a hard link to the store's file, a hard link to an identical file of an earlier
   generation, or a verified copy.
 * :func:`plan_reshard` routes every frame of an ``N``-unit checkpoint to target unit
@@ -13,75 +14,16 @@ Both are pure functions of their arguments and are tested without a disk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Iterable, List, Mapping, NamedTuple, Sequence, Tuple, Union
 
 import numpy as np
 
 from .._format.index import LOC_DTYPE
 from ..errors import CorruptionError
-
-LINK = "link"  # hard link to the store's sealed segment
-REUSE = "reuse"  # hard link to the identical file of an earlier generation
-COPY = "copy"  # copy_file_range + frame verification
+# the save's plan of every segment is made by the exporting unit, with the rule and values of the port
+from ..ports import COPY, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes  # noqa: F401
 
 DEFAULT_RANGE_BYTES = 8 << 20
-
-
-@dataclass(frozen=True)
-class SegmentSource:
-    """Facts about one segment of a snapshot (gathered by the writer)."""
-
-    unit: int
-    seg: int
-    path: str  # the store's segment file
-    size: int  # bytes the snapshot's index records
-    sealed: bool
-    file_size: int  # bytes on disk now (a torn tail past ``size`` may exist)
-    identity: str
-    frames: int
-    live_bytes: int
-
-
-@dataclass(frozen=True)
-class Reusable:
-    """An identical file already in an earlier generation."""
-
-    path: str
-    size: int
-    crc32c: int
-
-
-@dataclass(frozen=True)
-class SegmentWrite:
-    """How one segment lands in the checkpoint."""
-
-    source: SegmentSource
-    method: str  # LINK | REUSE | COPY
-    link_from: str  # file to hard link (LINK, REUSE) or copy from (COPY)
-    crc32c: Optional[int]  # known already (REUSE, or cached), else computed while writing
-
-
-def plan_segment_writes(sources: Sequence[SegmentSource], *, link: bool,
-                        reuse: Mapping[str, Reusable] = {},  # noqa: B006 - read only
-                        known_crc: Mapping[str, int] = {}) -> List[SegmentWrite]:  # noqa: B006
-    """Choose the method of every segment.
-
-    ``link``: the checkpoint may hard-link the store's files (same file system, not forced
-    to copy).  A sealed segment whose file is exactly as long as the index says is linked;
-    anything else (still open for appends, or with a torn tail) is copied, ``size`` bytes.
-    ``reuse`` maps an identity to an identical file of an earlier generation: linked instead,
-    whatever ``link`` says (the generations share a file system).
-    """
-    out: List[SegmentWrite] = []
-    for s in sources:
-        r = reuse.get(s.identity)
-        if r is not None and r.size == s.size and s.sealed:
-            out.append(SegmentWrite(s, REUSE, r.path, r.crc32c))
-        elif link and s.sealed and s.file_size == s.size:
-            out.append(SegmentWrite(s, LINK, s.path, known_crc.get(s.identity)))
-        else:
-            out.append(SegmentWrite(s, COPY, s.path, None))
-    return out
 
 
 class FrameRef(NamedTuple):

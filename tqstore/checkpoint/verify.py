@@ -15,21 +15,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import lmdb
-
 import numpy as np
 
+from .. import embedded
 from .._format.layout import SEGMENT_HEADER_SIZE
-from .._format.unit_records import SegInfo, decode_seg_key
 from .._io import files
-from .._io.lmdbenv import open_env
 from .._io.lmdbwalk import DEFAULT_TIMEOUT_S, LmdbWalk
-from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError, TqstoreError
-from ..controller import CONTROLLER_DBS, decode_controller
-from ..unit import check_index_format
+from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError, StorageIOError, TqstoreError
 from . import manifest as M
 from .planner import FrameTable
-from .scan import scan_file
+from .._io.scan import listed_file_problem, scan_file
 from .target import read_locked
 
 log = logging.getLogger("tqstore")
@@ -92,20 +87,8 @@ def file_problem(src: Path, e: M.FileEntry) -> Optional[Problem]:
     """The cheap checks of one listed file, before any byte is read: it exists, it is a
     regular file reached through real directories (no symbolic link, FIFO or device; see
     :func:`tqstore._io.files.open_regular`), and it holds the size MANIFEST.json records."""
-    p = src / e.path
-    try:
-        st = files.check_regular(p, under=src)
-    except FileNotFoundError:
-        return Problem(str(p), "file listed in MANIFEST.json is missing")
-    except files.NotRegularFile as err:
-        return Problem(str(err.filename or p), f"{err.strerror}: refused (a checkpoint holds only regular files in "
-                                               f"real directories)")
-    except OSError as err:
-        return Problem(str(p), f"file cannot be opened: {err}")
-    if st.st_size != e.size:
-        return Problem(str(p), f"holds {st.st_size} bytes, MANIFEST.json records {e.size} (truncated or replaced)",
-                       min(st.st_size, e.size))
-    return None
+    prob = listed_file_problem(src / e.path, e.size, under=src)
+    return None if prob is None else Problem(*prob)
 
 
 def lmdb_walk(src: Path, entries: List[M.FileEntry], *, first_only: bool) -> LmdbWalk:
@@ -307,28 +290,38 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
 
 def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
     p = src / "controller"
-    out: List[Problem] = []
     try:
-        env = open_env(p, max_dbs=12, readonly=True)
-    except Exception as e:  # noqa: BLE001 - reported, not raised
+        st = embedded.controller_summary(p)  # the store's own decoder: every entry checked
+    except StorageIOError as e:
         return [Problem(str(p / "data.mdb"), f"controller index cannot be opened: {e}")]
-    try:
-        with env.begin() as txn:
-            dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CONTROLLER_DBS if n != "restores"}
-            st = decode_controller(txn, dbs, p)  # the store's own decoder: every entry checked
-            if st.num_units != man.num_units:
-                out.append(Problem(str(p / "data.mdb"), f"controller says {st.num_units} units, MANIFEST.json "
-                                                       f"{man.num_units}"))
-            if len(st.rows) != man.rows:
-                out.append(Problem(str(p / "data.mdb"), f"controller holds {len(st.rows)} rows, MANIFEST.json records "
-                                                       f"{man.rows}"))
     except CorruptionError as e:
-        out.append(Problem(e.path or str(p / "data.mdb"), e.message))
-    except (lmdb.Error, ValueError) as e:
-        out.append(Problem(str(p / "data.mdb"), f"controller index cannot be read: {e}"))
-    finally:
-        env.close()
+        return [Problem(e.path or str(p / "data.mdb"), e.message)]
+    out: List[Problem] = []
+    if st["num_units"] != man.num_units:
+        out.append(Problem(str(p / "data.mdb"), f"controller says {st['num_units']} units, MANIFEST.json "
+                                               f"{man.num_units}"))
+    if st["rows"] != man.rows:
+        out.append(Problem(str(p / "data.mdb"), f"controller holds {st['rows']} rows, MANIFEST.json records "
+                                               f"{man.rows}"))
     return out
+
+
+def controller_summary(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
+    """Every entry of the controller index in ``ctrl_dir`` decoded and checked (read only;
+    ``shared``: it may be open in a store elsewhere) and summarised: ``num_units``, ``rows``,
+    ``next_gidx``, ``put_token``, ``partitions`` (``{pid: {"rows": n, "keys": n}}``).
+
+    Raises:
+        CorruptionError: damage (also "cannot be read"); StorageIOError: it cannot be opened.
+    """
+    return embedded.controller_summary(Path(ctrl_dir), shared=shared)
+
+
+def controller_partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
+    """Partitions of a checkpoint's (or a store state's) controller copy with their row
+    counts, read leniently (read only); None when it cannot be read."""
+    counts = embedded.controller_partition_counts(Path(ckpt) / "controller")
+    return None if counts is None else [{"partition": q, "rows": n} for q, n in sorted(counts.items())]
 
 
 def unit_frames(src: Path, man: M.Manifest, u: int,
@@ -346,32 +339,14 @@ def unit_frames(src: Path, man: M.Manifest, u: int,
     segs = man.segments(u)
     out: List[Problem] = []
     try:
-        env = open_env(p.parent, max_dbs=8, readonly=True)
-    except TqstoreError as e:
+        keys, values, recorded = embedded.unit_index_entries(p.parent)
+        table = FrameTable.from_index(keys, values)
+    except FormatVersionError as e:
+        return None, [Problem(str(p), str(e))]
+    except StorageIOError as e:
         return None, [Problem(str(p), f"unit index cannot be opened: {e}")]
-    try:
-        try:
-            check_index_format(env, p.parent, create=False)
-        except FormatVersionError as e:
-            return None, [Problem(str(p), str(e))]
-        with env.begin() as txn:
-            try:
-                db = env.open_db(b"loc", txn=txn, create=False)
-                keys = list(txn.cursor(db).iternext(values=False))
-                table = FrameTable.from_index(keys, b"".join(txn.cursor(db).iternext(keys=False)))
-            except lmdb.NotFoundError:
-                table = FrameTable.from_index([], b"")  # a unit that never held a row
-            recorded: Dict[int, int] = {}
-            try:
-                sdb = env.open_db(b"segs", txn=txn, create=False)
-                for k, v in txn.cursor(sdb):
-                    recorded[decode_seg_key(k)] = SegInfo.unpack(v).size
-            except lmdb.NotFoundError:
-                pass
-    except (lmdb.Error, ValueError, KeyError, TypeError, TqstoreError) as e:
+    except (ValueError, KeyError, TypeError, TqstoreError) as e:
         return None, [Problem(str(p), f"unit index cannot be read: {e}")]
-    finally:
-        env.close()
     for seg, e in sorted(segs.items()):
         if recorded.get(seg) != e.size:
             if bad_segments is not None:

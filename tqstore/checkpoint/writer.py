@@ -1,14 +1,19 @@
-"""Writing a checkpoint: the MVCC cut, one writer per unit, MANIFEST.json last, publication.
+"""Writing a checkpoint: the MVCC cut, every port's export, MANIFEST.json last, publication.
 
+Orchestration only: the bytes move inside the controller and the units (owner-side I/O,
+through :class:`~tqstore.ports.ControllerPort` and :class:`~tqstore.ports.UnitPort`).
 Steps (docs/FORMAT.md, "Checkpoints"):
 
 1. the cut (:meth:`Store.snapshot` under the store's write lock): every unit seals its
-   active segment and opens a read transaction, the controller opens one;
-2. into ``<dir>.tmp-XXXXXXXX`` beside the target: the controller and each unit index as
-   compact LMDB copies of the cut's transactions, each referenced segment hard-linked
-   (same file system), linked from an earlier generation holding the same bytes, or
-   copied with copy_file_range and verified frame by frame against the index CRCs; every
-   file fsynced, then every directory;
+   active segment and pins a snapshot, the controller opens one; the cut is a set of ids;
+2. into ``<dir>.tmp-XXXXXXXX`` beside the target: ``controller.export_snapshot`` writes a
+   compact LMDB copy of the controller at the cut into ``controller/`` and answers the
+   cut's summary (rows, partitions, next global index, put token); then each unit's
+   ``export_snapshot``, in parallel, writes into ``unit-NNN/``: its index copy and each referenced
+   segment hard-linked (same file system), linked from an earlier generation holding the
+   same bytes, or copied with copy_file_range and verified frame by frame against the
+   index CRCs (:mod:`tqstore.unit_export`); every file fsynced, then every directory; the
+   ports answer manifest entries;
 3. MANIFEST.json (sizes and CRC32C of every file) written and fsynced: the commit point;
 4. :func:`tqstore._io.files.publish_dir`: rename into place (replacing an existing
    checkpoint through ``<dir>.old``), fsync the parent.
@@ -27,52 +32,23 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import secrets
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
-import lmdb
-import numpy as np
-
-from .._format import controller_records as CR, unit_records as UR
-from .._format.index import LOC_DTYPE
-from .._format.segment import segment_name
 from .._io import files, locks
-from .._io.lmdbenv import DEFAULT_MAP_BYTES, copy_txn_compact
-from ..errors import CheckpointError, CorruptionError, StorageIOError, TqstoreError
+from ..errors import CheckpointError, TqstoreError
+from ..ports import ControllerExport, Reusable, UnitExport
 from . import manifest as M
 from . import target as T
-from .planner import COPY, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes
-from .scan import identity, scan_file
 
 log = logging.getLogger("tqstore")
 
 PathLike = Any
-_CRC_CACHE_MAX = 1 << 16
-_crc_cache: "OrderedDict[str, int]" = OrderedDict()
-_crc_lock = threading.Lock()
-
-
-def _cached_crc(ident: str) -> Optional[int]:
-    with _crc_lock:
-        v = _crc_cache.get(ident)
-        if v is not None:
-            _crc_cache.move_to_end(ident)
-        return v
-
-
-def _remember_crc(ident: str, crc: int) -> None:
-    with _crc_lock:
-        _crc_cache[ident] = crc
-        _crc_cache.move_to_end(ident)
-        while len(_crc_cache) > _CRC_CACHE_MAX:
-            _crc_cache.popitem(last=False)
 
 
 @dataclass(frozen=True)
@@ -224,9 +200,7 @@ def clean_stale(parent: Path, name: str) -> None:
 # ---------------------------------------------------------------------------- the cut
 @dataclass
 class Cut:
-    snap: Any  # StoreSnapshot
-    controller_env: Any
-    controller_dbs: Dict[str, Any]
+    snap: Any  # StoreSnapshot: ids, resolved by snap.controller and snap.ports
     num_units: int
     store_root: Path
     stall_s: float
@@ -237,24 +211,12 @@ def take_cut(store) -> Cut:
     t0 = time.perf_counter()
     with store._write_lock:
         snap = store.snapshot()
-        ctrl = store.controller
-        cut = Cut(snap, ctrl.env, ctrl.db, store.num_units, Path(store.root), 0.0)
+        cut = Cut(snap, store.num_units, Path(store.root), 0.0)
     cut.stall_s = time.perf_counter() - t0
     return cut
 
 
 # ---------------------------------------------------------------------------- the job
-@dataclass
-class _UnitResult:
-    entries: List[M.FileEntry]
-    frames: int
-    live_bytes: int
-    copied: int
-    linked: int
-    reused: int
-    checksummed: int
-
-
 class SaveJob:
     """Writes one cut to ``final``. :meth:`run` always releases the cut."""
 
@@ -272,8 +234,6 @@ class SaveJob:
         self.on_published = on_published
         self.max_workers = max_workers
         self.kind = kind
-        raw = cut.snap.controller_txn.get(CR.META_PUT_TOKEN, db=cut.controller_dbs["meta"])
-        self.put_token = CR.decode_optional_decimal(raw)  # overwriting puts the controller committed
 
     def run(self) -> CheckpointInfo:
         t0 = time.perf_counter()
@@ -281,7 +241,7 @@ class SaveJob:
             info = self._run_locked(t0)
         except TqstoreError:
             raise
-        except (OSError, lmdb.Error) as e:
+        except OSError as e:
             raise CheckpointError(f"saving checkpoint {self.final} failed: {e}; any previous checkpoint there is "
                                   f"intact") from e
         finally:
@@ -320,28 +280,27 @@ class SaveJob:
         return info
 
     def _write(self, tmp: Path, t0: float) -> CheckpointInfo:
+        """cut (ids) -> the controller's export -> every unit's export, in parallel -> MANIFEST.json."""
         cut = self.cut
         snap = cut.snap
-        files.mkdir(tmp / "controller")
-        copy_txn_compact(cut.controller_env, tmp / "controller", snap.controller_txn)
-        ctrl_entry = _seal_index_file(tmp / M.CONTROLLER_FILE, M.CONTROLLER_FILE, M.ROLE_CONTROLLER, None)
-        files.fsync_dir(tmp / "controller")
-        txn, dbs = snap.controller_txn, cut.controller_dbs
-        raw_next = txn.get(CR.META_NEXT_GIDX, db=dbs["meta"])
-        snapshot = {
-            "rows": txn.stat(dbs["rows"])["entries"],
-            "partitions": txn.stat(dbs["parts"])["entries"],
-            "next_gidx": CR.decode_optional_decimal(raw_next),
-            "store": str(cut.store_root),
-        }
-        entries = [ctrl_entry]
-        results: List[_UnitResult] = []
+        ctrl: ControllerExport = snap.controller.export_snapshot(snap.controller_snap, str(tmp / "controller"),
+                                                                 index_block_bytes=M.INDEX_BLOCK_BYTES)
+        entries = [_entry("controller", e, M.ROLE_CONTROLLER) for e in ctrl.files]
+        snapshot = {k: ctrl.summary[k] for k in ("rows", "partitions", "next_gidx")}
+        snapshot["store"] = str(cut.store_root)
+        results: List[UnitExport] = []
         if self.include_storage:
-            link = (not self.copy_segments) and files.same_filesystem(cut.store_root, tmp)
-            views = snap.unit_views
-            workers = max(1, min(self.max_workers, len(views)))
+            ports = snap.ports
+            workers = max(1, min(self.max_workers, len(ports)))
+
+            def export(i: int) -> UnitExport:
+                return ports[i].export_snapshot(snap.unit_snaps[i], str(tmp / M.unit_dir_name(i)),
+                                                link=not self.copy_segments, reuse=self.reuse,
+                                                put_token=int(ctrl.summary["put_token"]),
+                                                index_block_bytes=M.INDEX_BLOCK_BYTES)
+
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-ckpt") as pool:
-                futs = [pool.submit(self._write_unit, tmp, i, view, link) for i, view in enumerate(views)]
+                futs = [pool.submit(export, i) for i in range(len(ports))]
                 errors = []
                 for f in futs:
                     try:
@@ -350,8 +309,8 @@ class SaveJob:
                         errors.append(e)
                 if errors:
                     raise errors[0]
-            for r in results:
-                entries.extend(r.entries)
+            for i, r in enumerate(results):
+                entries.extend(_entry(M.unit_dir_name(i), e, e["role"]) for e in r.files)
         snapshot.update({
             "frames": sum(r.frames for r in results),
             "payload_bytes": sum(r.live_bytes for r in results),
@@ -366,192 +325,23 @@ class SaveJob:
             path=self.final, num_units=cut.num_units, rows=snapshot["rows"], partitions=snapshot["partitions"],
             include_storage=self.include_storage, files=len(entries) + 1,
             total_bytes=sum(e.size for e in entries) + len(data),
-            copied_bytes=index_bytes + len(data) + sum(r.copied for r in results),
-            linked_bytes=sum(r.linked for r in results), reused_bytes=sum(r.reused for r in results),
-            checksummed_bytes=sum(r.checksummed for r in results),
+            copied_bytes=index_bytes + len(data) + sum(r.copied_bytes for r in results),
+            linked_bytes=sum(r.linked_bytes for r in results), reused_bytes=sum(r.reused_bytes for r in results),
+            checksummed_bytes=sum(r.checksummed_bytes for r in results),
             stall_s=cut.stall_s, write_s=time.perf_counter() - t0, metadata=dict(self.metadata))
 
-    def _write_unit(self, tmp: Path, i: int, view, link: bool) -> _UnitResult:
-        unit = view.unit
-        udir = tmp / M.unit_dir_name(i)
-        files.mkdir(udir)
-        files.mkdir(udir / "index")
-        # leftover undo records of an overwriting put (none unless a settle failed): the
-        # checkpoint holds the state the controller committed, with no undo records
-        undo: List[Tuple[bytes, bytes]] = []
-        db_undo = getattr(unit, "db_undo", None)
-        if db_undo is not None:
-            undo = [(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=db_undo)]
-        put_back = {ik: v for (tok, ik), v in ((UR.decode_undo_key(k), v) for k, v in undo) if tok > self.put_token}
-        if put_back:
-            vals = b"".join(put_back.get(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=unit.db_loc))
-        else:
-            vals = b"".join(view.txn.cursor(db=unit.db_loc).iternext(keys=False, values=True))
-        per_seg = _SegmentFrames(vals)
-        segs = view.segs
-        unknown = sorted(set(per_seg.segs) - set(segs))
-        if unknown:
-            raise CorruptionError(f"unit {i} index names segments {unknown[:5]} it does not list; run verify on "
-                                  f"the store", path=str(unit.path))
-        copy_txn_compact(unit.env, udir / "index", view.txn)
-        keep = {s: (segs[s].size, per_seg.live_bytes(s)) for s in per_seg.segs}
-        if undo or set(segs) != set(keep) or any(not segs[s].sealed or segs[s].live != keep[s][1] for s in keep):
-            _fix_index(udir / "index", keep, put_back, bool(undo))
-        sources = []
-        for s in per_seg.segs:
-            p = unit.path / segment_name(s)
-            size = segs[s].size
-            try:
-                fsize = os.stat(p).st_size
-            except FileNotFoundError as e:
-                raise CorruptionError(f"segment file of unit {i} is missing", path=str(p)) from e
-            if fsize < size:
-                raise CorruptionError(f"segment file of unit {i} holds {fsize} bytes, its index records {size}",
-                                      path=str(p), offset=fsize)
-            sources.append(SegmentSource(i, s, str(p), size, segs[s].sealed, fsize, identity(p, size),
-                                         per_seg.count(s), keep[s][1]))
-        known = {src.identity: c for src in sources if (c := _cached_crc(src.identity)) is not None}
-        plan = plan_segment_writes(sources, link=link, reuse=self.reuse, known_crc=known)
-        entries: List[M.FileEntry] = []
-        copied = linked = reused = checksummed = 0
-        for w in plan:
-            crc, method, summed = self._write_segment(w, udir, per_seg.frames(w.source.seg))
-            checksummed += summed
-            s = w.source
-            rel = M.segment_file(i, s.seg)
-            entries.append(M.FileEntry(rel, M.ROLE_SEGMENT, s.size, crc, i, s.seg, s.frames, s.live_bytes,
-                                       s.identity))
-            if method == COPY:
-                copied += s.size
-            elif method == LINK:
-                linked += s.size
-            else:
-                reused += s.size
-        rel = M.unit_index_file(i)
-        entries.insert(0, _seal_index_file(tmp / rel, rel, M.ROLE_UNIT_INDEX, i))
-        files.fsync_dir(udir / "index")
-        files.fsync_dir(udir)
-        return _UnitResult(entries, per_seg.total, sum(e.live_bytes or 0 for e in entries), copied, linked, reused,
-                           checksummed)
 
-    def _write_segment(self, w: SegmentWrite, udir: Path, frames: Callable[[], List[Tuple[int, int, int]]]
-                       ) -> Tuple[int, str, int]:
-        """Place one segment; returns (its CRC32C, the method used, bytes read to checksum)."""
-        s = w.source
-        dst = udir / segment_name(s.seg)
-        if w.method == REUSE:
-            try:
-                if os.stat(w.link_from).st_size == s.size and not files.fsync_failed(w.link_from):
-                    files.link(w.link_from, dst)
-                    files.fsync_file(dst)
-                    return int(w.crc32c), REUSE, 0  # type: ignore[arg-type]
-            except FileNotFoundError:
-                pass
-            log.info("earlier generation's copy of %s is gone (or failed an fsync); writing it again", s.path)
-            w = SegmentWrite(s, LINK if (s.sealed and s.file_size == s.size and not self.copy_segments
-                                         and files.same_filesystem(s.path, udir)) else COPY, s.path, None)
-        if w.method == LINK and files.fsync_failed(s.path):
-            # an fsync of this file failed earlier: its pages read back but may not be on disk, and
-            # fsyncing it again would report success; write the bytes into a fresh file instead
-            w = SegmentWrite(s, COPY, s.path, None)
-        if w.method == LINK:
-            crc, summed = w.crc32c, 0
-            if crc is None:
-                crc, summed = _scan_or_raise(s.path, s.size, frames(), what="store segment"), s.size
-                _remember_crc(s.identity, crc)
-            files.link(s.path, dst)
-            files.fsync_file(dst)  # the store's own pages: durable now
-            return crc, LINK, summed
-        n = files.copy_file(s.path, dst, fsync=False, length=s.size)
-        if n != s.size:
-            raise CorruptionError(f"segment holds {n} bytes, its index records {s.size}", path=s.path, offset=n)
-        crc = _scan_or_raise(str(dst), s.size, frames(), what="copied segment", source=s.path)
-        files.fsync_file(dst)
-        _remember_crc(s.identity, crc)
-        return crc, COPY, s.size
+_ROLES = {M.ROLE_CONTROLLER, M.ROLE_UNIT_INDEX, M.ROLE_SEGMENT}
 
 
-class _SegmentFrames:
-    """The frames a unit index names, grouped by segment and sorted by offset (vectorised:
-    a store holds millions of frames and most segments need only their count)."""
-
-    def __init__(self, values: bytes) -> None:
-        arr = np.frombuffer(values, LOC_DTYPE)
-        arr = arr[np.lexsort((arr["offset"], arr["seg"]))]
-        self._arr = arr
-        self.total = len(arr)
-        segs, starts, counts = np.unique(arr["seg"], return_index=True, return_counts=True)
-        live = np.add.reduceat(arr["length"].astype(np.int64), starts) if len(arr) else np.zeros(0, np.int64)
-        self.segs: List[int] = [int(x) for x in segs]
-        self._where = {int(s): (int(a), int(c), int(b)) for s, a, c, b in zip(segs, starts, counts, live)}
-
-    def count(self, seg: int) -> int:
-        return self._where[seg][1]
-
-    def live_bytes(self, seg: int) -> int:
-        return self._where[seg][2]
-
-    def frames(self, seg: int) -> Callable[[], List[Tuple[int, int, int]]]:
-        """A callable giving ``[(offset, length, crc), ...]`` of ``seg`` (built only if called)."""
-        start, count, _ = self._where[seg]
-        part = self._arr[start:start + count]
-        return lambda: list(zip(part["offset"].tolist(), part["length"].tolist(), part["crc"].tolist()))
-
-
-def _scan_or_raise(path: str, size: int, frames, *, what: str, source: Optional[str] = None) -> int:
-    res = scan_file(path, size, frames=frames)
-    if res.nread != size:
-        raise CorruptionError(f"{what} is truncated at {res.nread} of {size} bytes", path=source or path,
-                              offset=res.nread)
-    if res.bad:
-        b = res.bad[0]
-        raise b.error(f"{what}: {b.message} ({len(res.bad)} bad frame(s))", path=source or path)
-    return res.crc
-
-
-def _seal_index_file(path: Path, rel: str, role: str, unit: Optional[int]) -> M.FileEntry:
-    """fsync an LMDB copy and describe it (size, CRC32C, per-block CRCs)."""
-    files.fsync_file(path)
-    size = os.stat(path).st_size
-    res = scan_file(path, size, block_bytes=M.INDEX_BLOCK_BYTES)
-    if res.nread != size:
-        raise StorageIOError(f"{path} changed while it was being checksummed")
-    return M.FileEntry(rel, role, size, res.crc, unit, block_crc32c=tuple(res.blocks or [0]))
-
-
-def _fix_index(index_dir: Path, keep: Dict[int, Tuple[int, int]], put_back: Dict[bytes, bytes],
-               drop_undo: bool) -> None:
-    """Make a copied unit index describe exactly what the checkpoint holds: the segments
-    ``keep`` (id -> (size, live bytes)), all sealed; entries of uncommitted overwriting
-    puts put back (``put_back``: index key -> replaced location); no undo records.
-
-    (The cut may list a still-empty active segment, or dead segments kept only by another
-    snapshot's pin.)  LMDB is opened without a lock file: the copy is private to this save.
-    """
-    SegInfo = UR.SegInfo  # the unit index's own record type
-
-    env = lmdb.open(str(index_dir), map_size=DEFAULT_MAP_BYTES, max_dbs=4, lock=False, sync=False, metasync=False,
-                    readahead=False, subdir=True, create=False)
-    try:
-        db = env.open_db(b"segs")
-        db_loc = env.open_db(b"loc")
-        with env.begin(write=True) as txn:
-            for k, v in list(txn.cursor(db)):
-                s = UR.decode_seg_key(k)
-                if s not in keep:
-                    txn.delete(k, db=db)
-                else:
-                    info = SegInfo.unpack(v)
-                    info.sealed = True
-                    info.size, info.live = keep[s]
-                    txn.put(k, info.pack(), db=db)
-            for k, v in put_back.items():
-                txn.put(k, v, db=db_loc)
-            if drop_undo:
-                txn.drop(env.open_db(b"undo", txn=txn), delete=False)
-        env.sync(True)
-    finally:
-        env.close()
+def _entry(prefix: str, e: Mapping[str, Any], role: str) -> M.FileEntry:
+    """A manifest entry from a port's answer (``path`` relative to the directory it exported into)."""
+    if role not in _ROLES or e.get("role") != role:
+        raise CheckpointError(f"an export answered a file of role {e.get('role')!r} where {role!r} belongs")
+    blocks = e.get("block_crc32c")
+    return M.FileEntry(f"{prefix}/{e['path']}", role, int(e["size"]), int(e["crc32c"]), e.get("unit"), e.get("seg"),
+                       e.get("frames"), e.get("live_bytes"), e.get("origin"),
+                       tuple(blocks) if blocks is not None else None)
 
 
 # ---------------------------------------------------------------------------- entry point

@@ -17,11 +17,11 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 
 from .. import _native
-from .._io import files
+from . import files
 from .._format.frame import check_run, frame_fault
 from .._format.index import LOC_DTYPE
 from .._format.layout import FRAME_TRUNCATED, FRAME_VERSION_UNKNOWN
-from ..errors import CorruptionError, FormatVersionError
+from ..errors import CorruptionError, FormatVersionError, StorageIOError
 
 CHUNK_BYTES = 8 << 20
 TAIL_BYTES = 4096
@@ -205,3 +205,34 @@ def identity(path, size: int) -> str:
     finally:
         os.close(fd)
     return f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{size}:{_native.crc32c(tail):08x}"
+
+
+def seal_index_file(path, block_bytes: int) -> Tuple[int, int, Tuple[int, ...]]:
+    """fsync a freshly written LMDB copy and describe it: ``(size, CRC32C, per-block CRCs)``."""
+    files.fsync_file(path)
+    size = os.stat(path).st_size
+    res = scan_file(path, size, block_bytes=block_bytes)
+    if res.nread != size:
+        raise StorageIOError(f"{path} changed while it was being checksummed")
+    return size, res.crc, tuple(res.blocks or [0])
+
+
+def listed_file_problem(path, size: int, *, under) -> Optional[Tuple[str, str, Optional[int]]]:
+    """The cheap checks of one file a checkpoint lists, before any byte is read: it exists, it
+    is a regular file reached through real directories below ``under`` (no symbolic link,
+    FIFO or device; see :func:`files.open_regular`), and it holds ``size`` bytes.  Returns
+    ``(path, message, offset)`` of the problem, or None."""
+    p = str(path)
+    try:
+        st = files.check_regular(path, under=under)
+    except FileNotFoundError:
+        return p, "file listed in MANIFEST.json is missing", None
+    except files.NotRegularFile as err:
+        return (str(err.filename or p), f"{err.strerror}: refused (a checkpoint holds only regular files in real "
+                                        f"directories)", None)
+    except OSError as err:
+        return p, f"file cannot be opened: {err}", None
+    if st.st_size != size:
+        return p, f"holds {st.st_size} bytes, MANIFEST.json records {size} (truncated or replaced)", min(st.st_size,
+                                                                                                          size)
+    return None

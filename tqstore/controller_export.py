@@ -1,0 +1,137 @@
+"""The controller's side of checkpoints: export of a snapshot, staging of a load, and the
+readers of a controller index copy (checkpoint verification, the CLI) that answer values.
+
+Owner-side I/O, like the units' (:mod:`tqstore.unit_export`, :mod:`tqstore.unit_import`):
+the controller writes ``data.mdb`` of a checkpoint or of a new state directory itself, and
+nothing above the ports opens its LMDB files.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import lmdb
+
+from ._format import controller_records as CR
+from ._format.records import RecordError
+from ._io import files
+from ._io.lmdbenv import copy_env_compact, copy_txn_compact, open_env
+from ._io.scan import seal_index_file
+from .controller_decode import CONTROLLER_DBS, decode_controller
+from .errors import CorruptionError, StorageIOError, TqstoreError
+from .ports import ControllerExport
+
+ROLE_CONTROLLER = "controller"  # the manifest's role (docs/FORMAT.md, "MANIFEST.json")
+INDEX_FILE = "data.mdb"
+
+
+def export_controller(env, txn, dbs: Mapping[str, Any], dest: Path, *, index_block_bytes: int) -> ControllerExport:
+    """Write a compact copy of the controller index at read transaction ``txn`` as
+    ``dest/data.mdb`` (``dest`` created), fsync it and its directory; answer its manifest
+    entry and the cut's summary."""
+    files.mkdir(dest, exist_ok=True)
+    try:
+        copy_txn_compact(env, dest, txn)
+    except lmdb.Error as e:
+        raise StorageIOError(f"controller: exporting snapshot into {dest} failed: {e}") from e
+    size, crc, blocks = seal_index_file(dest / INDEX_FILE, index_block_bytes)
+    files.fsync_dir(dest)
+    raw_next = txn.get(CR.META_NEXT_GIDX, db=dbs["meta"])
+    raw_token = txn.get(CR.META_PUT_TOKEN, db=dbs["meta"])
+    summary = {
+        "rows": txn.stat(dbs["rows"])["entries"],
+        "partitions": txn.stat(dbs["parts"])["entries"],
+        "next_gidx": CR.decode_optional_decimal(raw_next),
+        "put_token": CR.decode_optional_decimal(raw_token),  # overwriting puts the controller committed
+    }
+    entry = {"path": INDEX_FILE, "role": ROLE_CONTROLLER, "size": size, "crc32c": crc, "block_crc32c": list(blocks)}
+    return ControllerExport([entry], summary)
+
+
+def stage_controller(target: Path, src: Path, *, num_units: Optional[int]) -> None:
+    """Fill the new controller directory ``target`` with a compact copy of the (walked,
+    checked) controller index ``src``, its unit count set to ``num_units`` (None keeps it);
+    fsynced.  (Clearing the produced fields is the controller's: :meth:`Controller.stage_import`.)"""
+    try:
+        _stage(target, src, num_units)
+    except lmdb.Error as e:
+        raise StorageIOError(f"staging {target} from a checkpoint failed: {e}") from e
+
+
+def _stage(target: Path, src: Path, num_units: Optional[int]) -> None:
+    files.mkdir(target)
+    copy_env_compact(src, target)
+    if num_units is not None:
+        env = open_env(target, max_dbs=12)
+        try:
+            meta = env.open_db(b"meta")
+            with env.begin(write=True) as txn:
+                txn.put(CR.META_NUM_UNITS, CR.encode_decimal(num_units), db=meta)
+            env.sync(True)
+        finally:
+            env.close()
+    files.fsync_tree(target)
+
+
+# ---------------------------------------------------------------------------- readers (values out)
+def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
+    """Decode and check every entry of the controller index in ``ctrl_dir`` (read only; the
+    store's own decoder) and summarise it: ``num_units``, ``next_gidx``, ``put_token``,
+    ``rows`` and ``partitions`` (``{pid: {"rows": n, "keys": n}}``, sorted).
+
+    ``shared``: the index may be open in a store elsewhere; take a reader slot in its lock
+    file when that is writable.
+
+    Raises:
+        StorageIOError: it cannot be opened.
+        FormatVersionError, CorruptionError: an unknown format, a malformed entry, or an
+            index that cannot be read ("controller index cannot be read: ...").
+    """
+    p = Path(ctrl_dir)
+    if shared and os.access(p / "lock.mdb", os.W_OK):  # a reader slot: safe while the store is open elsewhere
+        try:
+            env = lmdb.open(str(p), readonly=True, lock=True, max_dbs=12, subdir=True, create=False)
+        except lmdb.Error as e:
+            raise CorruptionError(f"controller index cannot be read: {e}", path=str(p / INDEX_FILE)) from e
+    else:
+        env = open_env(p, max_dbs=12, readonly=True)
+    try:
+        with env.begin() as txn:
+            dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CONTROLLER_DBS if n != "restores"}
+            st = decode_controller(txn, dbs, p)
+    except TqstoreError:
+        raise
+    except (lmdb.Error, ValueError) as e:
+        raise CorruptionError(f"controller index cannot be read: {e}", path=str(p / INDEX_FILE)) from e
+    finally:
+        env.close()
+    return {"num_units": st.num_units, "next_gidx": st.next_gidx, "put_token": st.put_token, "rows": len(st.rows),
+            "partitions": {pid: {"rows": len(q.rows), "keys": len(q.keys)} for pid, q in sorted(st.parts.items())}}
+
+
+def partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
+    """Rows per partition of a controller index, read leniently (what an inspection can
+    show of a damaged one); None when it cannot be read at all."""
+    try:
+        env = open_env(Path(ctrl_dir), max_dbs=12, readonly=True)
+    except TqstoreError:
+        return None
+    try:
+        counts: Dict[str, int] = {}
+        with env.begin() as txn:
+            parts = env.open_db(b"parts", txn=txn, create=False)
+            rows = env.open_db(b"rows", txn=txn, create=False)
+            for k in txn.cursor(parts).iternext(values=False):
+                counts[bytes(k).decode("utf-8", "replace")] = 0
+            for v in txn.cursor(rows).iternext(keys=False):
+                try:
+                    pid = CR.decode_row(v).pid
+                except RecordError:
+                    continue
+                counts[pid] = counts.get(pid, 0) + 1
+        return counts
+    except Exception:  # noqa: BLE001 - an inspection shows what it can
+        return None
+    finally:
+        env.close()

@@ -1,0 +1,70 @@
+"""The embedded backend: a store's parts as objects in this process, and readers of the
+parts' own files that answer values.
+
+The one module through which the engine over the ports reaches the implementations
+(docs: DESIGN.md §1): :func:`open_parts` constructs the :class:`~tqstore.controller.Controller`
+and the :class:`~tqstore.unit.Unit` objects that :class:`~tqstore.store.Store` then uses only
+through :class:`~tqstore.ports.ControllerPort` and :class:`~tqstore.ports.UnitPort`; the
+readers decode the LMDB indexes of a checkpoint (or of a store's state directory) with the
+parts' own decoders and answer plain values, for checkpoint verification and the CLI.
+Nothing here decides policy.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .controller import Controller
+from .controller_export import partition_counts, read_controller
+from .ports import ControllerPort, UnitPort
+from .unit import DEFAULT_SEGMENT_BYTES, Unit, check_index_format
+from .unit_import import read_unit_index
+
+
+def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, segment_bytes: int, compress,
+               map_bytes: Optional[int]) -> Tuple[ControllerPort, List[UnitPort]]:
+    """Open (or create) the controller in ``controller_dir`` and unit ``i`` in ``unit_dirs[i]``.
+
+    Raises ConfigError when the controller records another unit count; a failed open leaves
+    nothing open."""
+    from .errors import ConfigError
+
+    controller = Controller(controller_dir, num_units=len(unit_dirs), sync=durability == "commit",
+                            map_bytes=map_bytes)
+    units: List[Unit] = []
+    try:
+        if controller.num_units != len(unit_dirs):
+            raise ConfigError(f"controller of {Path(controller_dir).parent} says {controller.num_units} units, "
+                              f"STORE.json says {len(unit_dirs)}")
+        for i, d in enumerate(unit_dirs):
+            units.append(Unit(d, i, durability=durability, segment_bytes=segment_bytes, compress=compress,
+                              map_bytes=map_bytes))
+    except BaseException:
+        for u in units:
+            u.close()
+        controller.close()
+        raise
+    return controller, list(units)
+
+
+def unit_index_entries(env_dir: Path) -> Tuple[List[bytes], bytes, Dict[int, int]]:
+    """A checkpoint's unit index copy (walked out of process first): ``(keys, concatenated
+    LOC values, {segment: recorded size})``.  Raises FormatVersionError, or a TqstoreError /
+    ValueError / KeyError / TypeError when it cannot be read (see
+    :func:`tqstore.unit_import.read_unit_index`)."""
+    return read_unit_index(env_dir, check_format=check_index_format)
+
+
+def controller_summary(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
+    """Every entry of a controller index decoded and checked; its summary (see
+    :func:`tqstore.controller_export.read_controller`)."""
+    return read_controller(ctrl_dir, shared=shared)
+
+
+def controller_partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
+    """Rows per partition, read leniently; None when unreadable."""
+    return partition_counts(ctrl_dir)
+
+
+__all__ = ["DEFAULT_SEGMENT_BYTES", "open_parts", "unit_index_entries", "controller_summary",
+           "controller_partition_counts"]

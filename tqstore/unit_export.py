@@ -1,0 +1,250 @@
+"""A unit's export of a snapshot into a checkpoint directory (:meth:`Unit.export_snapshot`).
+
+Owner-side I/O: the unit writes its own files into ``dest_dir`` and answers values
+(:class:`~tqstore.ports.UnitExport`).  What lands there (docs/FORMAT.md, "Checkpoints"):
+
+* ``index/data.mdb``: a compact LMDB copy of the snapshot's read transaction, then fixed to
+  describe exactly what the checkpoint holds (the segments the index names, all sealed, with
+  their live bytes; entries of overwriting puts the controller never committed put back; no
+  undo records);
+* every segment the index names, placed as :func:`~tqstore.ports.plan_segment_writes` says:
+  a hard link to the store's sealed file, a hard link to an identical file of an earlier
+  generation, or a copy (``copy_file_range``) checked frame by frame against the index CRCs.
+  A linked segment's CRC32C is computed once per identity and process (a cache shared by the
+  units of this process); a file whose fsync failed is never linked and fsynced again.
+
+Every file is fsynced, then every directory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+import lmdb
+import numpy as np
+
+from ._format import unit_records as UR
+from ._format.index import LOC_DTYPE
+from ._format.segment import segment_name
+from ._io import files
+from ._io.lmdbenv import DEFAULT_MAP_BYTES, copy_txn_compact
+from ._io.scan import identity, scan_file, seal_index_file
+from .errors import CorruptionError, StorageIOError
+from .ports import COPY, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, UnitExport, plan_segment_writes
+
+log = logging.getLogger("tqstore")
+
+ROLE_UNIT_INDEX = "unit_index"  # the manifest's roles (docs/FORMAT.md, "MANIFEST.json")
+ROLE_SEGMENT = "segment"
+INDEX_FILE = "index/data.mdb"
+
+_CRC_CACHE_MAX = 1 << 16
+_crc_cache: "OrderedDict[str, int]" = OrderedDict()
+_crc_lock = threading.Lock()
+
+
+def cached_crc(ident: str) -> Optional[int]:
+    """The CRC32C of a segment identity this process checksummed already (None if not)."""
+    with _crc_lock:
+        v = _crc_cache.get(ident)
+        if v is not None:
+            _crc_cache.move_to_end(ident)
+        return v
+
+
+def remember_crc(ident: str, crc: int) -> None:
+    with _crc_lock:
+        _crc_cache[ident] = crc
+        _crc_cache.move_to_end(ident)
+        while len(_crc_cache) > _CRC_CACHE_MAX:
+            _crc_cache.popitem(last=False)
+
+
+def export_unit(unit, view, dest: Path, *, link: bool, reuse: Mapping[str, Reusable], put_token: int,
+                known_crc: Mapping[str, int], index_block_bytes: int) -> UnitExport:
+    """Write snapshot ``view`` of ``unit`` into the new directory ``dest`` (see the module
+    docstring).
+
+    Raises CorruptionError (a segment does not verify), StorageIOError (an LMDB error) or OSError."""
+    try:
+        return _export(unit, view, dest, link=link, reuse=reuse, put_token=put_token, known_crc=known_crc,
+                       index_block_bytes=index_block_bytes)
+    except lmdb.Error as e:
+        raise StorageIOError(f"unit {unit.unit_id}: exporting snapshot into {dest} failed: {e}") from e
+
+
+def _export(unit, view, dest: Path, *, link: bool, reuse: Mapping[str, Reusable], put_token: int,
+            known_crc: Mapping[str, int], index_block_bytes: int) -> UnitExport:
+    i = unit.unit_id
+    files.mkdir(dest, exist_ok=True)  # (created if missing: the caller may have made it)
+    files.mkdir(dest / "index")
+    link = link and files.same_filesystem(unit.path, dest)
+    # leftover undo records of an overwriting put (none unless a settle failed): the
+    # checkpoint holds the state the controller committed, with no undo records
+    undo = [(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=unit.db_undo)]
+    put_back = {ik: v for (tok, ik), v in ((UR.decode_undo_key(k), v) for k, v in undo) if tok > put_token}
+    if put_back:
+        vals = b"".join(put_back.get(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=unit.db_loc))
+    else:
+        vals = b"".join(view.txn.cursor(db=unit.db_loc).iternext(keys=False, values=True))
+    per_seg = _SegmentFrames(vals)
+    segs = view.segs
+    unknown = sorted(set(per_seg.segs) - set(segs))
+    if unknown:
+        raise CorruptionError(f"unit {i} index names segments {unknown[:5]} it does not list; run verify on "
+                              f"the store", path=str(unit.path))
+    copy_txn_compact(unit.env, dest / "index", view.txn)
+    keep = {s: (segs[s].size, per_seg.live_bytes(s)) for s in per_seg.segs}
+    if undo or set(segs) != set(keep) or any(not segs[s].sealed or segs[s].live != keep[s][1] for s in keep):
+        _fix_index(dest / "index", keep, put_back, bool(undo))
+    sources = []
+    for s in per_seg.segs:
+        p = unit.path / segment_name(s)
+        size = segs[s].size
+        try:
+            fsize = os.stat(p).st_size
+        except FileNotFoundError as e:
+            raise CorruptionError(f"segment file of unit {i} is missing", path=str(p)) from e
+        if fsize < size:
+            raise CorruptionError(f"segment file of unit {i} holds {fsize} bytes, its index records {size}",
+                                  path=str(p), offset=fsize)
+        sources.append(SegmentSource(i, s, str(p), size, segs[s].sealed, fsize, identity(p, size),
+                                     per_seg.count(s), keep[s][1]))
+    known = {src.identity: c for src in sources
+             if (c := known_crc.get(src.identity, cached_crc(src.identity))) is not None}
+    plan = plan_segment_writes(sources, link=link, reuse=reuse, known_crc=known)
+    out = UnitExport([], frames=per_seg.total)
+    for w in plan:
+        crc, method, summed = _write_segment(w, dest, per_seg.frames(w.source.seg), copy_only=not link)
+        out.checksummed_bytes += summed
+        s = w.source
+        out.files.append({"path": segment_name(s.seg), "role": ROLE_SEGMENT, "size": s.size, "crc32c": crc,
+                          "unit": i, "seg": s.seg, "frames": s.frames, "live_bytes": s.live_bytes,
+                          "origin": s.identity})
+        out.live_bytes += s.live_bytes
+        if method == COPY:
+            out.copied_bytes += s.size
+        elif method == LINK:
+            out.linked_bytes += s.size
+        else:
+            out.reused_bytes += s.size
+    size, crc, blocks = seal_index_file(dest / INDEX_FILE, index_block_bytes)
+    out.files.insert(0, {"path": INDEX_FILE, "role": ROLE_UNIT_INDEX, "size": size, "crc32c": crc, "unit": i,
+                         "block_crc32c": list(blocks)})
+    files.fsync_dir(dest / "index")
+    files.fsync_dir(dest)
+    return out
+
+
+def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], List[Tuple[int, int, int]]], *,
+                   copy_only: bool) -> Tuple[int, str, int]:
+    """Place one segment; returns (its CRC32C, the method used, bytes read to checksum)."""
+    s = w.source
+    dst = dest / segment_name(s.seg)
+    if w.method == REUSE:
+        try:
+            if os.stat(w.link_from).st_size == s.size and not files.fsync_failed(w.link_from):
+                files.link(w.link_from, dst)
+                files.fsync_file(dst)
+                return int(w.crc32c), REUSE, 0  # type: ignore[arg-type]
+        except FileNotFoundError:
+            pass
+        log.info("earlier generation's copy of %s is gone (or failed an fsync); writing it again", s.path)
+        w = SegmentWrite(s, LINK if (s.sealed and s.file_size == s.size and not copy_only
+                                     and files.same_filesystem(s.path, dest)) else COPY, s.path, None)
+    if w.method == LINK and files.fsync_failed(s.path):
+        # an fsync of this file failed earlier: its pages read back but may not be on disk, and
+        # fsyncing it again would report success; write the bytes into a fresh file instead
+        w = SegmentWrite(s, COPY, s.path, None)
+    if w.method == LINK:
+        crc, summed = w.crc32c, 0
+        if crc is None:
+            crc, summed = _scan_or_raise(s.path, s.size, frames(), what="store segment"), s.size
+            remember_crc(s.identity, crc)
+        files.link(s.path, dst)
+        files.fsync_file(dst)  # the store's own pages: durable now
+        return crc, LINK, summed
+    n = files.copy_file(s.path, dst, fsync=False, length=s.size)
+    if n != s.size:
+        raise CorruptionError(f"segment holds {n} bytes, its index records {s.size}", path=s.path, offset=n)
+    crc = _scan_or_raise(str(dst), s.size, frames(), what="copied segment", source=s.path)
+    files.fsync_file(dst)
+    remember_crc(s.identity, crc)
+    return crc, COPY, s.size
+
+
+class _SegmentFrames:
+    """The frames a unit index names, grouped by segment and sorted by offset (vectorised:
+    a store holds millions of frames and most segments need only their count)."""
+
+    def __init__(self, values: bytes) -> None:
+        arr = np.frombuffer(values, LOC_DTYPE)
+        arr = arr[np.lexsort((arr["offset"], arr["seg"]))]
+        self._arr = arr
+        self.total = len(arr)
+        segs, starts, counts = np.unique(arr["seg"], return_index=True, return_counts=True)
+        live = np.add.reduceat(arr["length"].astype(np.int64), starts) if len(arr) else np.zeros(0, np.int64)
+        self.segs: List[int] = [int(x) for x in segs]
+        self._where = {int(s): (int(a), int(c), int(b)) for s, a, c, b in zip(segs, starts, counts, live)}
+
+    def count(self, seg: int) -> int:
+        return self._where[seg][1]
+
+    def live_bytes(self, seg: int) -> int:
+        return self._where[seg][2]
+
+    def frames(self, seg: int) -> Callable[[], List[Tuple[int, int, int]]]:
+        """A callable giving ``[(offset, length, crc), ...]`` of ``seg`` (built only if called)."""
+        start, count, _ = self._where[seg]
+        part = self._arr[start:start + count]
+        return lambda: list(zip(part["offset"].tolist(), part["length"].tolist(), part["crc"].tolist()))
+
+
+def _scan_or_raise(path: str, size: int, frames, *, what: str, source: Optional[str] = None) -> int:
+    res = scan_file(path, size, frames=frames)
+    if res.nread != size:
+        raise CorruptionError(f"{what} is truncated at {res.nread} of {size} bytes", path=source or path,
+                              offset=res.nread)
+    if res.bad:
+        b = res.bad[0]
+        raise b.error(f"{what}: {b.message} ({len(res.bad)} bad frame(s))", path=source or path)
+    return res.crc
+
+
+def _fix_index(index_dir: Path, keep: Dict[int, Tuple[int, int]], put_back: Dict[bytes, bytes],
+               drop_undo: bool) -> None:
+    """Make a copied unit index describe exactly what the checkpoint holds: the segments
+    ``keep`` (id -> (size, live bytes)), all sealed; entries of uncommitted overwriting
+    puts put back (``put_back``: index key -> replaced location); no undo records.
+
+    (The cut may list a still-empty active segment, or dead segments kept only by another
+    snapshot's pin.)  LMDB is opened without a lock file: the copy is private to this save.
+    """
+    SegInfo = UR.SegInfo  # the unit index's own record type
+
+    env = lmdb.open(str(index_dir), map_size=DEFAULT_MAP_BYTES, max_dbs=4, lock=False, sync=False, metasync=False,
+                    readahead=False, subdir=True, create=False)
+    try:
+        db = env.open_db(b"segs")
+        db_loc = env.open_db(b"loc")
+        with env.begin(write=True) as txn:
+            for k, v in list(txn.cursor(db)):
+                s = UR.decode_seg_key(k)
+                if s not in keep:
+                    txn.delete(k, db=db)
+                else:
+                    info = SegInfo.unpack(v)
+                    info.sealed = True
+                    info.size, info.live = keep[s]
+                    txn.put(k, info.pack(), db=db)
+            for k, v in put_back.items():
+                txn.put(k, v, db=db_loc)
+            if drop_undo:
+                txn.drop(env.open_db(b"undo", txn=txn), delete=False)
+        env.sync(True)
+    finally:
+        env.close()
