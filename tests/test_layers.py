@@ -15,14 +15,14 @@ ports          ``ports`` (the UnitPort and ControllerPort interfaces and       f
                the values that cross them)
 policies       ``samplers``, ``seqlen_sampler`` (pure sampling policies:       base
                the controller runs them, users choose them)
-engine-impl    ``unit``, ``unit_read``, ``unit_export``, ``unit_import``,      policies, ports, io,
-               ``controller``, ``controller_*`` (the implementations of        format, native, base
+engine-impl    ``unit``, ``unit_*``, ``controller``, ``controller_*``      policies, ports, io,
+               (the implementations of                                         format, native, base
                the ports, their checkpoint export and import included)
 embedded       ``embedded`` (the embedded backend's entry: constructs the      engine-impl, policies,
                parts, reads their files of a checkpoint into values)           ports, io, format,
                                                                               native, base
-engine         ``store``, ``kv``, ``streaming``, ``reader``, ``meta``,         embedded, policies,
-               ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,         ports, io (not
+engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
+               ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``, ports, io (not
                ``_gcpause``, ``_default``, ``checkpoint/*``, ``dump/*``        ``_io.lmdbenv`` nor
                (the engine over the ports; numpy and bytes, no framework)     ``_io.segfile``), format,
                                                                               native, base
@@ -49,8 +49,8 @@ re-exports it for the format layer and everything above.
 Checks: (a) no import outside what the importer's layer may import; (b) no cycle in
 the import graph between modules, between packages (a subpackage such as ``checkpoint``
 is one node, a top-level module is a node) or between layers; (c) only ``_io``, ``unit``,
-``unit_read``, ``unit_export``, ``unit_import``, ``controller`` and ``controller_export``
-import ``lmdb``; (d) only ``torch_adapter`` and ``dataloader`` (a torch ``IterableDataset``)
+``unit_read``, ``unit_recover``, ``unit_export``, ``unit_import``, ``controller`` and
+``controller_export`` import ``lmdb``; (d) only ``torch_adapter`` and ``dataloader`` (a torch ``IterableDataset``)
 import ``torch`` or ``tensordict``: the engine and the format work on numpy arrays and bytes
 (DESIGN.md §1).
 
@@ -76,10 +76,10 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("io", ("_io",)),
     ("ports", ("ports",)),
     ("policies", ("samplers", "seqlen_sampler")),
-    ("engine-impl", ("unit", "unit_read", "unit_export", "unit_import", "controller", "controller_mirror",
+    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_mirror",
                      "controller_decode", "controller_sampling", "controller_export")),
     ("embedded", ("embedded",)),
-    ("engine", ("store", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
+    ("engine", ("store", "state_switch", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
                 "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
@@ -104,7 +104,7 @@ ALLOWED: Dict[str, Set[str]] = {
 }
 # io modules the engine over the ports must not reach: LMDB environments and segment files
 ENGINE_FORBIDDEN_IO = {"tqstore._io.lmdbenv", "tqstore._io.segfile"}
-LMDB_ALLOWED = ("_io", "unit", "unit_read", "unit_export", "unit_import", "controller", "controller_export")
+LMDB_ALLOWED = ("_io", "unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_export")
 # the one adapter that knows torch and TensorDict, and the torch IterableDataset over the data plane
 FRAMEWORK_ALLOWED = ("torch_adapter", "dataloader")
 FRAMEWORKS = ("torch", "tensordict")

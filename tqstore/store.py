@@ -526,48 +526,9 @@ class Store(CheckpointMixin):
         switch (e.g. to finish a verification started by ``build``); if it raises, the new
         state is discarded like any other failure.
         """
-        self._check_open()
-        with self._write_lock, self._meta_lock:
-            self._check_open()
-            cur = L.parse_state_name(self.state_dir.name)
-            new_dir = self.root / L.state_name(cur + 1)
-            if new_dir.exists():
-                files.rmtree(new_dir)
-            try:
-                files.mkdir(new_dir)
-                result = build(new_dir)
-                files.fsync_tree(new_dir)
-                files.fsync_dir(self.root)
-                old = (self.controller, self.units, self.state_dir)
-                try:
-                    self._open_parts(new_dir)
-                except BaseException:
-                    self.controller, self.units, self.state_dir = old
-                    raise
-                new = (self.controller, self.units)
-                self.controller, self.units = old[0], old[1]
-                try:
-                    if before_switch is not None:
-                        before_switch()
-                    L.write_current(self.root, new_dir.name)
-                except BaseException:
-                    for u in new[1]:
-                        u.close()
-                    new[0].close()
-                    raise
-            except BaseException:
-                files.rmtree(new_dir, ignore_errors=True)
-                raise
-            self._close_parts()
-            self.controller, self.units, self.state_dir = new[0], new[1], new_dir
-            self._data.rebind(self.controller)
-            try:
-                files.rmtree(old[2])
-            except OSError:
-                log.warning("could not remove the replaced state %s (removed on next open)", old[2])
-            if reconcile:
-                self._reconcile()
-            return result
+        from .state_switch import install_state
+
+        return install_state(self, build, reconcile=reconcile, before_switch=before_switch)
 
     def compact(self, *, live_ratio: float = 0.5) -> int:
         """Compact mostly-dead segments of every unit; returns segments compacted."""

@@ -31,15 +31,16 @@ from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc, decode_index_key
 from ._format.layout import (
     CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
 )
-from ._format.segment import decode_segment_header, parse_segment_name, segment_name
+from ._format.segment import parse_segment_name, segment_name
 from ._format import unit_records as UR
 from ._format.unit_records import SegInfo, UNIT_INDEX_FORMAT  # noqa: F401 - re-exported (checkpoint code)
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
-from .errors import CorruptionError, FormatVersionError, InvalidInputError
+from .errors import CorruptionError, InvalidInputError
 
 from .unit_read import UnitReader
+from .unit_recover import check_index_format, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
 log = logging.getLogger("tqstore")
 
@@ -49,51 +50,8 @@ DEFAULT_SEGMENT_BYTES = 256 << 20
 COMPACT_LIVE_RATIO = 0.5
 
 
-def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> None:
-    """Check (or, when ``create`` and absent, record) the unit index format version.
-
-    The version lives under key ``format`` of the ``meta`` database.  Raises
-    FormatVersionError for any version other than :data:`UNIT_INDEX_FORMAT`.
-    """
-    with wrap_errors("open unit index", path):
-        if create:
-            with env.begin(write=True) as txn:
-                db = env.open_db(b"meta", txn=txn)
-                raw = txn.get(UR.META_FORMAT, db=db)
-                if raw is None:
-                    txn.put(UR.META_FORMAT, UR.encode_format(), db=db)
-                    return
-        else:
-            with env.begin() as txn:
-                try:
-                    db = env.open_db(b"meta", txn=txn, create=False)
-                except lmdb.NotFoundError:
-                    return  # written before the marker existed: version 1
-                raw = txn.get(UR.META_FORMAT, db=db)
-                if raw is None:
-                    return
-    try:
-        version = UR.decode_format(raw)
-    except UR.RecordError:
-        version = None
-    if version != UNIT_INDEX_FORMAT:
-        raise FormatVersionError(f"unit index format {bytes(raw)[:16]!r} is not supported (reads "
-                                 f"{UNIT_INDEX_FORMAT})", path=str(path))
-
-
 _seg_key = UR.seg_key
 _undo_key = UR.undo_key
-
-
-def _seg_info(raw, seg_id, path: Path) -> SegInfo:
-    """The ``segs`` record of ``seg_id`` (``raw``: its value) of the unit index at ``path``;
-    CorruptionError naming the index for a malformed (or missing) one."""
-    try:
-        return SegInfo.unpack(raw)
-    except UR.RecordError as e:
-        raise CorruptionError(f"unit index: malformed segs entry of segment {seg_id}: {e} (damaged metadata: "
-                              f"load the last good checkpoint into a new store)",
-                              path=str(Path(path) / "index" / "data.mdb")) from e
 
 
 class UnitView:
@@ -177,84 +135,7 @@ class Unit(UnitReader):
                 txn.abort()
 
     def _recover(self) -> None:
-        """Make disk agree with the index: cut torn tails, drop stray segment files and
-        index entries that point past the end of a (power-loss shortened) segment."""
-        segs = self._load_segs()
-        self._maybe_dead.update(segs)  # the first change after opening looks at every segment
-        on_disk = {parse_segment_name(n): n for n in files.listdir(self.path)}
-        on_disk.pop(None, None)
-        for seg_id, name in on_disk.items():
-            if seg_id not in segs:
-                log.info("unit %d: removing segment %s not named by the index", self.unit_id, name)
-                files.unlink(self.path / name)
-        short = {}
-        for seg_id, info in segs.items():
-            p = self.path / segment_name(seg_id)
-            size = p.stat().st_size if p.exists() else -1
-            if size < info.size:
-                short[seg_id] = max(size, 0)
-        if short:
-            self._drop_entries_past(short)
-            segs = self._load_segs()
-        self._check_segment_headers(segs)
-        active = [s for s, i in segs.items() if not i.sealed]
-        if active:
-            sid = max(active)
-            p = self.path / segment_name(sid)
-            if p.exists():
-                self._writer = SegmentWriter(self.path, self.unit_id, sid, create=False, size=segs[sid].size)
-            for s in active:
-                if s != sid:
-                    self._set_seg(s, sealed=True)
-
-    def _check_segment_headers(self, segs: Dict[int, SegInfo]) -> None:
-        """Reject segments of an unknown format version by name (FormatVersionError).
-
-        A damaged header is only logged: its frames are checked on every read anyway."""
-        for seg_id in segs:
-            p = self.path / segment_name(seg_id)
-            try:
-                with open(p, "rb") as f:
-                    decode_segment_header(f.read(SEGMENT_HEADER_SIZE), path=str(p))
-            except FormatVersionError:
-                raise
-            except (OSError, CorruptionError) as e:
-                log.warning("unit %d: segment header of %s does not check: %s", self.unit_id, p.name, e)
-
-    def _drop_entries_past(self, short: Dict[int, int]) -> None:
-        log.warning("unit %d: segments %s are shorter than recorded (power loss?); dropping the rows "
-                    "past their end", self.unit_id, sorted(short))
-        with self.env.begin(write=True) as txn:
-            cur = txn.cursor(self.db_loc)
-            drop = [k for k, v in cur if Loc.unpack(v).seg in short
-                    and Loc.unpack(v).offset + Loc.unpack(v).length > short[Loc.unpack(v).seg]]
-            for k in drop:
-                txn.delete(k, db=self.db_loc)
-            for seg_id, size in short.items():
-                info = self._get_seg(txn, seg_id)
-                if size < SEGMENT_HEADER_SIZE:
-                    txn.delete(_seg_key(seg_id), db=self.db_segs)
-                    files.unlink(self.path / segment_name(seg_id))
-                else:
-                    info.size = size
-                    info.sealed = True
-                    self._put_seg(txn, seg_id, info)
-        self._recompute_live()
-
-    def _recompute_live(self) -> None:
-        with self.env.begin(write=True) as txn:
-            live: Dict[int, int] = defaultdict(int)
-            for _k, v in txn.cursor(self.db_loc):
-                loc = Loc.unpack(v)
-                live[loc.seg] += loc.length
-            for _k, v in txn.cursor(self.db_undo):  # frames an unsettled put may put back
-                loc = Loc.unpack(v)
-                live[loc.seg] += loc.length
-            for k, v in list(txn.cursor(self.db_segs)):
-                seg_id = UR.decode_seg_key(k)  # checked by _load_segs on open
-                info = _seg_info(v, seg_id, self.path)
-                info.live = live.get(seg_id, 0)
-                self._put_seg(txn, seg_id, info)
+        recover(self)
 
     def _get_seg(self, txn, seg_id: int) -> SegInfo:
         return _seg_info(txn.get(_seg_key(seg_id), db=self.db_segs), seg_id, self.path)

@@ -1,0 +1,154 @@
+"""Opening a unit: its index format marker, its segment records, and recovery — make disk
+agree with the index after a crash or power loss (torn tails cut, stray segment files
+removed, entries past a shortened segment dropped, live-byte counts recomputed).
+
+Functions of :class:`~tqstore.unit.Unit` (its state stays in the unit's own fields);
+the unit calls them while it opens.
+"""
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Dict
+
+import lmdb
+
+from ._format import unit_records as UR
+from ._format.index import Loc
+from ._format.layout import SEGMENT_HEADER_SIZE
+from ._format.segment import decode_segment_header, parse_segment_name, segment_name
+from ._format.unit_records import SegInfo, UNIT_INDEX_FORMAT
+from ._io import files
+from ._io.lmdbenv import wrap_errors
+from ._io.segfile import SegmentWriter
+from .errors import CorruptionError, FormatVersionError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .unit import Unit
+
+log = logging.getLogger("tqstore")
+
+
+def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> None:
+    """Check (or, when ``create`` and absent, record) the unit index format version.
+
+    The version lives under key ``format`` of the ``meta`` database.  Raises
+    FormatVersionError for any version other than :data:`UNIT_INDEX_FORMAT`.
+    """
+    with wrap_errors("open unit index", path):
+        if create:
+            with env.begin(write=True) as txn:
+                db = env.open_db(b"meta", txn=txn)
+                raw = txn.get(UR.META_FORMAT, db=db)
+                if raw is None:
+                    txn.put(UR.META_FORMAT, UR.encode_format(), db=db)
+                    return
+        else:
+            with env.begin() as txn:
+                try:
+                    db = env.open_db(b"meta", txn=txn, create=False)
+                except lmdb.NotFoundError:
+                    return  # written before the marker existed: version 1
+                raw = txn.get(UR.META_FORMAT, db=db)
+                if raw is None:
+                    return
+    try:
+        version = UR.decode_format(raw)
+    except UR.RecordError:
+        version = None
+    if version != UNIT_INDEX_FORMAT:
+        raise FormatVersionError(f"unit index format {bytes(raw)[:16]!r} is not supported (reads "
+                                 f"{UNIT_INDEX_FORMAT})", path=str(path))
+
+
+def seg_info(raw, seg_id, path: Path) -> SegInfo:
+    """The ``segs`` record of ``seg_id`` (``raw``: its value) of the unit index at ``path``;
+    CorruptionError naming the index for a malformed (or missing) one."""
+    try:
+        return SegInfo.unpack(raw)
+    except UR.RecordError as e:
+        raise CorruptionError(f"unit index: malformed segs entry of segment {seg_id}: {e} (damaged metadata: "
+                              f"load the last good checkpoint into a new store)",
+                              path=str(Path(path) / "index" / "data.mdb")) from e
+
+
+def recover(unit: "Unit") -> None:
+    """Make disk agree with the index: cut torn tails, drop stray segment files and
+    index entries that point past the end of a (power-loss shortened) segment."""
+    segs = unit._load_segs()
+    unit._maybe_dead.update(segs)  # the first change after opening looks at every segment
+    on_disk = {parse_segment_name(n): n for n in files.listdir(unit.path)}
+    on_disk.pop(None, None)
+    for seg_id, name in on_disk.items():
+        if seg_id not in segs:
+            log.info("unit %d: removing segment %s not named by the index", unit.unit_id, name)
+            files.unlink(unit.path / name)
+    short = {}
+    for seg_id, info in segs.items():
+        p = unit.path / segment_name(seg_id)
+        size = p.stat().st_size if p.exists() else -1
+        if size < info.size:
+            short[seg_id] = max(size, 0)
+    if short:
+        drop_entries_past(unit, short)
+        segs = unit._load_segs()
+    check_segment_headers(unit, segs)
+    active = [s for s, i in segs.items() if not i.sealed]
+    if active:
+        sid = max(active)
+        p = unit.path / segment_name(sid)
+        if p.exists():
+            unit._writer = SegmentWriter(unit.path, unit.unit_id, sid, create=False, size=segs[sid].size)
+        for s in active:
+            if s != sid:
+                unit._set_seg(s, sealed=True)
+
+def check_segment_headers(unit: "Unit", segs: Dict[int, SegInfo]) -> None:
+    """Reject segments of an unknown format version by name (FormatVersionError).
+
+    A damaged header is only logged: its frames are checked on every read anyway."""
+    for seg_id in segs:
+        p = unit.path / segment_name(seg_id)
+        try:
+            with open(p, "rb") as f:
+                decode_segment_header(f.read(SEGMENT_HEADER_SIZE), path=str(p))
+        except FormatVersionError:
+            raise
+        except (OSError, CorruptionError) as e:
+            log.warning("unit %d: segment header of %s does not check: %s", unit.unit_id, p.name, e)
+
+def drop_entries_past(unit: "Unit", short: Dict[int, int]) -> None:
+    log.warning("unit %d: segments %s are shorter than recorded (power loss?); dropping the rows "
+                "past their end", unit.unit_id, sorted(short))
+    with unit.env.begin(write=True) as txn:
+        cur = txn.cursor(unit.db_loc)
+        drop = [k for k, v in cur if Loc.unpack(v).seg in short
+                and Loc.unpack(v).offset + Loc.unpack(v).length > short[Loc.unpack(v).seg]]
+        for k in drop:
+            txn.delete(k, db=unit.db_loc)
+        for seg_id, size in short.items():
+            info = unit._get_seg(txn, seg_id)
+            if size < SEGMENT_HEADER_SIZE:
+                txn.delete(UR.seg_key(seg_id), db=unit.db_segs)
+                files.unlink(unit.path / segment_name(seg_id))
+            else:
+                info.size = size
+                info.sealed = True
+                unit._put_seg(txn, seg_id, info)
+    recompute_live(unit)
+
+def recompute_live(unit: "Unit") -> None:
+    with unit.env.begin(write=True) as txn:
+        live: Dict[int, int] = defaultdict(int)
+        for _k, v in txn.cursor(unit.db_loc):
+            loc = Loc.unpack(v)
+            live[loc.seg] += loc.length
+        for _k, v in txn.cursor(unit.db_undo):  # frames an unsettled put may put back
+            loc = Loc.unpack(v)
+            live[loc.seg] += loc.length
+        for k, v in list(txn.cursor(unit.db_segs)):
+            seg_id = UR.decode_seg_key(k)  # checked by _load_segs on open
+            info = seg_info(v, seg_id, unit.path)
+            info.live = live.get(seg_id, 0)
+            unit._put_seg(txn, seg_id, info)
