@@ -258,7 +258,8 @@ class UnitPort(Protocol):
 
     def read_frames(self, locs: Sequence[Any], gidxs: Sequence[int], *, verify: bool = True
                     ) -> List[Tuple[Any, Any]]:
-        """``(head, payload)`` of each frame, checked; payloads decompressed.  A payload is a
+        """``(head, payload)`` of each frame, checked; payloads decompressed.  Each head is
+        its frame's own (``head.gidx == gidxs[i]``), checked against ``gidxs``.  A payload is a
         buffer: in process a read-only view of the mapped segment (copy it before the unit
         closes), across a process boundary bytes."""
 

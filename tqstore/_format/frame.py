@@ -14,6 +14,7 @@ version) naming the file and offset.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -310,7 +311,9 @@ def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: 
     sizes, zero padding, CRC32C (unless ``verify=False``), and, when given, the index's CRC
     and the row's global index.  Headers that repeat (same field, dtype, shape) are parsed once.
 
-    Returns ``(head, payload)`` per frame; ``payload`` is a view into ``buf`` (no copy).
+    Returns ``(head, payload)`` per frame; ``payload`` is a view into ``buf`` (no copy).  Each
+    head is the frame's own (its ``gidx`` is the frame's row); heads of frames that differ only
+    in their row share everything else.
 
     Raises:
         CorruptionError / FormatVersionError: the first frame that does not check.
@@ -332,9 +335,20 @@ def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: 
         h = cache.get(key)
         if h is None:
             h = cache[key] = parse_head(mv, off, length, path=path)
+        else:  # same template, parsed once: only the row's gidx differs
+            g = int.from_bytes(mv[off + PREFIX_SIZE:off + PREFIX_SIZE + 8], "little")
+            if g != h.gidx:
+                h = _with_gidx(h, g)
         pos = off + h.payload_start
         out.append((h, mv[pos:pos + h.payload_len]))
     return out
+
+
+def _with_gidx(h: FrameHead, gidx: int) -> FrameHead:
+    """``h`` for another row (a copy with ``gidx``; every other field shared)."""
+    c = copy.copy(h)
+    object.__setattr__(c, "gidx", gidx)
+    return c
 
 
 def head_template(head) -> Tuple[bytes, bytes]:

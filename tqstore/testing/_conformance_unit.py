@@ -101,8 +101,8 @@ class UnitPortTests(_PortTests):
         self.write(u, "x", a, g)
         order = g[::-1]
         got = u.read_frames(u.locate(order, "x"), order)
-        # (not h.gidx: heads of one template may be one object, parsed once; the gidx is checked)
         assert {(h.field, h.shape, h.payload_len) for h, _p in got} == {("x", (6,), 24)}
+        assert [h.gidx for h, _p in got] == order  # each row's own head
         assert [bytes(memoryview(p).cast("B")) for _h, p in got] == [_raw(a[i]) for i in (3, 2, 1, 0)]
 
     def test_read_head_parses_the_frame_up_to_its_payload(self, tmp_path):
