@@ -480,8 +480,20 @@ class Store(CheckpointMixin):
                     raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition "
                                              f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
                                              f"{known}")
-        return read_fields(self.units, self._pool, gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify,
-                          alloc=self.edge.alloc)
+        return self.read_rows(gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify)
+
+    def read_rows(self, gidxs: Sequence[int], fields: Sequence[Tuple[str, int]], *,
+                  verify: Optional[bool] = None) -> Dict[str, Any]:
+        """Read ``(field, kind)`` of rows ``gidxs`` whose fields the caller checked with the
+        controller (the data plane, from its one controller answer): no second row lookup.
+
+        Raises:
+            FieldNotFoundError: a unit holds no payload of a field for some row.
+            CorruptionError: a payload does not verify (names file and offset).
+        """
+        self._check_open()
+        verify = self.verify_reads if verify is None else verify
+        return read_fields(self.units, self._pool, gidxs, fields, verify=verify, alloc=self.edge.alloc)
 
     def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
                    ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:

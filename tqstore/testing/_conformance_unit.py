@@ -93,6 +93,25 @@ class UnitPortTests(_PortTests):
         assert len(u.lookup([], ["a"])["a"]) == 0
         assert u.locate(self.g(7), "a") == [None]
 
+    def test_lookup_of_many_rows_agrees_with_locate_whatever_their_order_gaps_and_fields(self, tmp_path):
+        u = self.unit(tmp_path)
+        g = self.g(*range(100))
+        self.write(u, "a", np.arange(200, dtype=np.int64).reshape(100, 2), g)
+        self.write(u, "b", np.ones((50, 3), np.float32), g[:50])
+        self.write(u, "c", np.zeros((20, 1), np.int8), g[40:60])  # rows 40..59 hold a third field
+        rng = np.random.default_rng(5)
+        asks = [(g, ["a"]), (g[:50], ["a", "b"]), (g[:50], ["b", "a"]), (g[30:70], ["a"]), (g[40:60], ["c", "a"]), (g[35:55], ["a"]),
+                (g[:20] + g[60:80], ["a"]), (list(rng.permutation(g)) + g[:7], ["a"]), (g[45:50] * 9, ["b"]),
+                (g[::-1], ["a"])]
+        for rows, fields in asks:
+            rows = [int(r) for r in rows]
+            got = u.lookup(rows, fields)
+            for f in fields:
+                assert [Loc._make(r) for r in got[f].tolist()] == u.locate(rows, f), (rows[:3], f)
+        assert u.lookup(g, ["a", "b"])["b"] is None
+        assert u.lookup(g[30:70], ["c"])["c"] is None
+        assert u.lookup(g[:50] + self.g(100), ["a"])["a"] is None
+
     # reads: bit-identical on every path -------------------------------------------
     def test_read_frames_returns_the_bytes_written_with_their_heads(self, tmp_path):
         u = self.unit(tmp_path)
