@@ -10,7 +10,7 @@ its own ``bench/bench_*.py`` run with its own interpreter, so each build is meas
 user gets it.  In every round the builds run one after the other for each bench, and the
 order is reversed every other round, so a drift of the machine's load hits every build
 alike.  On a shared machine the absolute figures move with the load: read the ratios
-(``LABEL/first``, higher is better for throughputs, lower for times).  ``--quick`` (the
+(``LABEL/first``; higher is better for throughputs, lower for the figures marked so).  ``--quick`` (the
 default) passes ``--quick`` to every bench.
 
 Figures taken: bench_engine's ``--json`` (medians of its repetitions: bulk put/get,
@@ -35,8 +35,13 @@ from typing import Dict, List, Tuple
 BENCHES = ("engine", "dataplane", "checkpoint")
 GiB = float(1 << 30)
 
-# figure name -> True when lower is better (times, stalls, peaks)
-LOWER_IS_BETTER = re.compile(r"(_s$|_ms$|stall|peak|_mib$|ratio$|get_meta_ms)")
+# rates and ratios of ours to a baseline are higher-is-better; times, stalls, peaks lower-is-better
+HIGHER_IS_BETTER = re.compile(r"(gib_s|rows_s|MBps|bps$|speedup|_vs_)")
+LOWER_IS_BETTER = re.compile(r"(_s$|_ms$|stall|peak|incremental_ratio)")
+
+
+def _lower_is_better(name: str) -> bool:
+    return not HIGHER_IS_BETTER.search(name) and bool(LOWER_IS_BETTER.search(name))
 
 
 def _med(xs: List[float]) -> float:
@@ -119,9 +124,27 @@ def run_one(label: str, tree: Path, bench: str, quick: bool, extra: List[str], w
     return figs
 
 
+def report(figs: Dict[str, Dict[str, Dict[str, List[float]]]], labels: List[str], benches: List[str],
+           rounds: int) -> None:
+    """Print each bench's figures: the median for every build and its ratio to the first."""
+    ref = labels[0]
+    for b in benches:
+        print(f"\nbench_{b} (median of {rounds} alternating rounds; ratio = build / {ref}):")
+        names = list(figs[b][ref])
+        ran = [lb for lb in labels if figs[b].get(lb)]
+        print("  " + f"{'figure':34s}" + "".join(f"{lb:>12s}" for lb in ran)
+              + "".join(f"{lb + '/' + ref:>14s}" for lb in ran[1:]))
+        for name in names:
+            vals = [_med(figs[b][lb].get(name, [])) for lb in ran]
+            rat = [v / vals[0] if vals[0] else float("nan") for v in vals[1:]]
+            flag = " (lower is better)" if _lower_is_better(name) else ""
+            print("  " + f"{name:34s}" + "".join(f"{v:12.4g}" for v in vals) + "".join(f"{r:14.3f}" for r in rat)
+                  + flag)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tree", action="append", required=True, metavar="LABEL=DIR",
+    ap.add_argument("--tree", action="append", default=[], metavar="LABEL=DIR",
                     help="a build to measure (repeat; the first is the reference of the ratios)")
     ap.add_argument("--bench", action="append", choices=BENCHES, help="benches to run (default all three)")
     ap.add_argument("--rounds", type=int, default=3)
@@ -131,7 +154,16 @@ def main(argv=None) -> int:
     ap.add_argument("--only", action="append", default=[], metavar="LABEL=BENCH[,BENCH]",
                     help="run only these benches for one build (e.g. new-dict=dataplane)")
     ap.add_argument("--json", default=None, help="also write every round's figures to this file")
+    ap.add_argument("--from-json", default=None, help="print the report of an earlier run's --json file")
     args = ap.parse_args(argv)
+    if args.from_json:
+        figs = json.loads(Path(args.from_json).read_text())
+        labels = list(next(iter(figs.values())))
+        rounds = max(len(v) for b in figs.values() for lb in b.values() if lb for v in lb.values())
+        report(figs, labels, list(figs), rounds)
+        return 0
+    if not args.tree:
+        ap.error("give at least one --tree LABEL=DIR")
     trees: List[Tuple[str, Path]] = []
     for t in args.tree:
         label, _, d = t.partition("=")
@@ -157,19 +189,7 @@ def main(argv=None) -> int:
                 got = run_one(lb, d, b, not args.full, extra.get((lb, b), []), work)
                 for k, v in got.items():
                     figs[b][lb].setdefault(k, []).append(v)
-    ref = trees[0][0]
-    for b in benches:
-        print(f"\nbench_{b} (median of {args.rounds} alternating rounds; ratio = build / {ref}):")
-        names = list(figs[b][ref])
-        head = "  " + f"{'figure':34s}" + "".join(f"{lb:>12s}" for lb, _ in trees) + "".join(
-            f"{lb + '/' + ref:>14s}" for lb, _ in trees[1:])
-        print(head)
-        for name in names:
-            vals = [_med(figs[b][lb].get(name, [])) for lb, _ in trees]
-            rat = [v / vals[0] if vals[0] else float("nan") for v in vals[1:]]
-            flag = " (lower is better)" if LOWER_IS_BETTER.search(name) else ""
-            print("  " + f"{name:34s}" + "".join(f"{v:12.4g}" for v in vals) + "".join(f"{r:14.3f}" for r in rat)
-                  + flag)
+    report(figs, [lb for lb, _ in trees], benches, args.rounds)
     print(f"\nload average {os.getloadavg()[0]:.2f} at the end", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(figs, indent=1))
