@@ -20,7 +20,10 @@ CRC32C is checked unless ``verify=False``.
   read first and then their payloads read into the output with ``preadv``.
 
 All fields of one read come from one index state per unit: one ``lookup`` per unit names
-every field's locations.
+every field's locations (rows put together are found by one cursor scan of the unit's
+index).  The rows are split by unit with numpy, and the data plane hands its read the rows
+it already has from its one controller answer (``Store.read_rows``): a get does no per-row
+Python work between the controller's answer and the result.
 
 The output is allocated once, through the caller's
 :class:`~tqstore._format.columns.Allocator` (the torch adapter's gives tensors; the
