@@ -23,7 +23,8 @@ All fields of one read come from one index state per unit: one ``lookup`` per un
 every field's locations (rows put together are found by one cursor scan of the unit's
 index).  The rows are split by unit with numpy, and the data plane hands its read the rows
 it already has from its one controller answer (``Store.read_rows``): a get does no per-row
-Python work between the controller's answer and the result.
+Python loop between the controller's answer and the result (the general plan for jagged
+rows and values still works row by row).
 
 The output is allocated once, through the caller's
 :class:`~tqstore._format.columns.Allocator` (the torch adapter's gives tensors; the
