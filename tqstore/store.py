@@ -36,6 +36,7 @@ from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, open_parts
 from .ports import ControllerPort, SnapshotId, UnitPort
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
+from .streaming import _no_partition, check_produced, common_fields
 
 log = logging.getLogger("tqstore")
 
@@ -460,27 +461,16 @@ class Store(CheckpointMixin):
             CorruptionError: a payload does not verify (names file and offset).
         """
         self._check_open()
-        verify = self.verify_reads if verify is None else verify
-        p = self.controller.partition(partition_id)
         gidxs = [int(g) for g in gidxs]
-        rows = []
-        for g in gidxs:
-            r = p.rows.get(g)
-            if r is None:
-                raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
-            rows.append(r)
-        if select_fields is None:
-            fields = sorted(frozenset.intersection(*(r.fields for r in rows))) if rows else []  # frozensets
-        else:
-            fields = list(select_fields)
-            for f in fields:
-                lacking = [r.key if r.key is not None else r.gidx for r in rows if f not in r.fields]
-                if lacking:
-                    known = sorted(p.schema)
-                    raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition "
-                                             f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
-                                             f"{known}")
-        return self.read_rows(gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify)
+        rows = self.controller.row_batch(partition_id, gidxs)  # one controller answer for the rows
+        if rows is None:
+            raise _no_partition(partition_id, self.controller.partitions())
+        if None in rows.seqs:
+            g = gidxs[rows.seqs.index(None)]
+            raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
+        fields = sorted(common_fields(rows.fields)) if select_fields is None else list(select_fields)
+        check_produced(rows, range(len(rows)), fields)
+        return self.read_rows(gidxs, [(f, rows.schema[f][0]) for f in fields], verify=verify)
 
     def read_rows(self, gidxs: Sequence[int], fields: Sequence[Tuple[str, int]], *,
                   verify: Optional[bool] = None) -> Dict[str, Any]:
