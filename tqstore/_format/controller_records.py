@@ -19,6 +19,9 @@ db          key                                 value
             (task ``\\0`` pid ``\\0`` gidx key)
 ``schema``  :func:`schema_key` (pid ``\\0`` f)   :func:`encode_schema` (JSON, default separators)
 ``sampler`` partition id                        :func:`encode_sampler` (JSON, default separators)
+``restores`` :func:`restore_key` (restore id)    :func:`encode_restore` (compact ASCII JSON)
+            :func:`restore_row_key`             :func:`encode_restore_row` (compact ASCII JSON)
+            (id ``\\0`` gidx key)
 ==========  ==================================  =====================================================
 
 Every ``decode_*`` raises :class:`~tqstore._format.records.RecordError` (a ``ValueError``)
@@ -42,7 +45,7 @@ from .values import dumps as _dumps_value
 #: the controller index format version this code reads and writes (``meta/format``)
 CONTROLLER_FORMAT = 1
 
-#: the named databases of the controller index (``restores`` is reserved, never read)
+#: the named databases of the controller index (``restores``: unresolved selective restores)
 CONTROLLER_DBS = ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")
 
 #: keys of the ``meta`` database
@@ -50,6 +53,7 @@ META_FORMAT = b"format"
 META_NUM_UNITS = b"num_units"
 META_NEXT_GIDX = b"next_gidx"
 META_PUT_TOKEN = b"put_token"
+META_RESTORE_TAG = b"restore_tag"  # the last restore tag handed out (absent: none yet)
 
 GIDX_BYTES = 8
 
@@ -200,8 +204,117 @@ def decode_sampler(raw: Any) -> Dict[str, Any]:
     return decode_json_object(raw, "sampler state")
 
 
+# ---------------------------------------------------------------------------- restores
+#: states of a restore record: units still importing, decided to keep, decided to drop
+RESTORE_STATES = ("running", "committed", "cancelled")
+#: per-unit states of a running restore
+RESTORE_UNIT_STATES = ("pending", "claimed", "complete")
+RESTORE_ID_CHARS = frozenset("0123456789abcdef")
+
+
+class RestoreRecord(NamedTuple):
+    """A ``restores`` header value: the restore's unit-side ``tag`` (u64, never reused), its
+    partition, dump directory, state, per-unit state and claim attempt, the global indexes it
+    reserved (new keys), the fields it adds to the partition's schema and its row count."""
+
+    tag: int
+    pid: str
+    dump: str
+    state: str
+    units: Tuple[str, ...]
+    attempts: Tuple[int, ...]
+    reserved: Tuple[int, ...]
+    schema: Dict[str, Tuple[int, int]]
+    rows: int
+    created_unix: float
+
+
+class RestoreRow(NamedTuple):
+    """A ``restores`` row value: the key, its gidx in the dump, the tag and produced fields
+    the restore gives it, and whether the restore creates the row (a new key)."""
+
+    key: str
+    src: int
+    tag: Any
+    fields: Tuple[str, ...]
+    new: bool
+    pos: int  # position in the dump's row index (new rows are created in this order)
+
+
+def restore_key(rid: str) -> bytes:
+    """Key of a restore's header in ``restores``: its id (32 lowercase hex digits)."""
+    return rid.encode("ascii")
+
+
+def restore_row_key(rid: str, gidx: int) -> bytes:
+    """Key of one row of a restore in ``restores``: id ``\\0`` gidx key (the row's gidx in the store)."""
+    return rid.encode("ascii") + b"\0" + gidx.to_bytes(GIDX_BYTES, "big")
+
+
+def decode_restore_key(raw: Any) -> Tuple[str, Optional[int]]:
+    """``(restore id, gidx or None for the header)`` of a ``restores`` key. Raises RecordError."""
+    k = bytes(raw) if raw is not None else b""
+    rid, sep, g = k.partition(b"\0")
+    if len(rid) != 32 or not set(rid.decode("latin-1")) <= RESTORE_ID_CHARS or (sep and len(g) != GIDX_BYTES):
+        raise RecordError(f"not a restore key: {k[:48]!r}")
+    return rid.decode("ascii"), (int.from_bytes(g, "big") if sep else None)
+
+
+def encode_restore(r: RestoreRecord) -> bytes:
+    """A ``restores`` header: compact ASCII JSON ``{"v": 1, "tag", "pid", "dump", "state", "units",
+    "attempts", "reserved", "schema": {field: [kind, dtype]}, "rows", "created_unix"}``."""
+    d = {"v": 1, "tag": r.tag, "pid": r.pid, "dump": r.dump, "state": r.state, "units": list(r.units),
+         "attempts": list(r.attempts), "reserved": list(r.reserved),
+         "schema": {f: [k, t] for f, (k, t) in sorted(r.schema.items())}, "rows": r.rows,
+         "created_unix": r.created_unix}
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def decode_restore(raw: Any) -> RestoreRecord:
+    """The :class:`RestoreRecord` of a ``restores`` header. Raises RecordError (also for a
+    record version other than 1)."""
+    d = decode_json_object(raw, "restore")
+    v, tag, pid, dump, state, units, attempts, reserved, schema, rows, created = (
+        member(d, m, "restore") for m in ("v", "tag", "pid", "dump", "state", "units", "attempts", "reserved",
+                                          "schema", "rows", "created_unix"))
+    if v != 1:
+        raise RecordError(f"restore record version {v!r} is not supported (reads 1)")
+    if not is_uint(tag) or type(pid) is not str or type(dump) is not str or state not in RESTORE_STATES \
+            or type(units) is not list or not all(u in RESTORE_UNIT_STATES for u in units) \
+            or type(attempts) is not list or len(attempts) != len(units) or not all(is_uint(a) for a in attempts) \
+            or type(reserved) is not list or not all(is_uint(g) for g in reserved) or not is_uint(rows) \
+            or type(schema) is not dict or not isinstance(created, (int, float)):
+        raise RecordError("restore members of the wrong type")
+    sch: Dict[str, Tuple[int, int]] = {}
+    for f, kd in schema.items():
+        if type(kd) is not list or len(kd) != 2 or kd[0] not in KINDS or kd[1] not in DTYPE_NAMES:
+            raise RecordError(f"restore schema of {f[:40]!r}: not [kind, dtype]")
+        sch[f] = (kd[0], kd[1])
+    return RestoreRecord(tag, pid, dump, state, tuple(units), tuple(attempts), tuple(reserved), sch, rows,
+                         float(created))
+
+
+def encode_restore_row(r: RestoreRow) -> bytes:
+    """A ``restores`` row: compact ASCII JSON ``{"k", "s" (dump gidx), "t", "f" (sorted), "n", "i"}``."""
+    return _dumps_value({"k": r.key, "s": r.src, "t": r.tag, "f": sorted(r.fields), "n": bool(r.new), "i": r.pos},
+                        ensure_ascii=True).encode()
+
+
+def decode_restore_row(raw: Any) -> RestoreRow:
+    """The :class:`RestoreRow` of a ``restores`` row value. Raises RecordError."""
+    d = decode_json_object(raw, "restore row")
+    k, s, t, f, n, i = (member(d, m, "restore row") for m in ("k", "s", "t", "f", "n", "i"))
+    if type(k) is not str or not is_uint(s) or type(f) is not list or type(n) is not bool or not is_uint(i) \
+            or not all(type(x) is str for x in f):
+        raise RecordError("restore row members of the wrong type")
+    return RestoreRow(k, s, t, tuple(f), n, i)
+
+
 __all__ = [
     "CONTROLLER_FORMAT", "CONTROLLER_DBS", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
+    "META_RESTORE_TAG", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
+    "restore_row_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_row",
+    "decode_restore_row",
     "RecordError", "RowRecord",
     "gidx_key", "decode_gidx_key", "parts_key", "sampler_key", "decode_parts_key", "keys_key", "decode_keys_key",
     "cons_prefix", "cons_key", "decode_cons_key", "schema_key", "decode_schema_key",

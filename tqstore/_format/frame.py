@@ -415,3 +415,17 @@ def check_rows(heads, tails, *, template: Tuple[bytes, bytes], gidxs, crcs, offs
             raise CorruptionError("record frame padding is not zero (damaged)", path=path,
                                   offset=int(offsets[bad[0]]))
     return True
+
+
+def restamp_parts(frame, gidx: int) -> Tuple[List, int]:
+    """The frame ``frame`` (a buffer holding exactly one frame that passed the frame-check
+    kernel) with its header's global index replaced by ``gidx``: ``(buffers, crc)``, the new
+    frame as buffers to write back to back (views of ``frame`` but the 8 bytes of the new
+    index and the 4 of the new CRC32C) and that CRC32C, recomputed over the new bytes as
+    docs/FORMAT.md ("Selective restores") says.  Everything else is byte for byte the same."""
+    mv = memoryview(frame).cast("B")
+    _magic, _ver, _flags, hlen, plen, _raw = PREFIX.unpack_from(mv, 0)
+    end = payload_offset(hlen) + plen
+    stamp = int(gidx).to_bytes(8, "little")
+    crc = _native.crc32c(mv[PREFIX_SIZE + 8:end], _native.crc32c(stamp, _native.crc32c(mv[:PREFIX_SIZE])))
+    return [mv[:PREFIX_SIZE], stamp, mv[PREFIX_SIZE + 8:end], crc.to_bytes(4, "little"), mv[end + 4:]], crc
