@@ -237,7 +237,8 @@ class RestoreHost:
         tag_no = self.last_tag + 1
         n = c.num_units
         rec = R.RestoreRecord(tag_no, pid, str(dump_dir), "running", ("pending",) * n, (0,) * n, tuple(reserved),
-                              {f: k for f, k in sch.items() if not (p and f in p.schema)}, len(recs), time.time())
+                              {f: k for f, k in sch.items() if not (p and f in p.schema)}, len(recs), time.time(),
+                              (c.next_gidx, max(next_g, c.next_gidx)))
         m = c.db
         with wrap_errors("begin restore", c.path), c.env.begin(write=True) as txn:
             txn.put(R.META_RESTORE_TAG, R.encode_decimal(tag_no), db=m["meta"])
@@ -343,16 +344,24 @@ class RestoreHost:
         if rec.state == "running":
             raise InvalidInputError(f"restore {rid} is running: finish or cancel it first")
         freed = [g for g in rec.reserved if g not in c.rows] if rec.state == "cancelled" else []
+        before, after = rec.next_gidx
+        lower = freed and c.next_gidx == after and before < after  # nothing allocated past them since
+        if lower:  # the allocator exactly as before the restore
+            freed = [g for g in freed if g < before]
         with wrap_errors("forget restore", c.path), c.env.begin(write=True) as txn:
             for g, _ in self._rows(txn, rid):
                 txn.delete(R.restore_row_key(rid, g), db=c.db["restores"])
             txn.delete(R.restore_key(rid), db=c.db["restores"])
             for g in freed:
                 txn.put(R.gidx_key(g), b"", db=c.db["free"])
+            if lower:
+                txn.put(R.META_NEXT_GIDX, R.encode_decimal(before), db=c.db["meta"])
             lmdb_commit_point("controller_commit")
         self._unindex(rid)
         for g in freed:
             heapq.heappush(c.free, g)
+        if lower:
+            c.next_gidx = before
 
     def restores(self, pid: Optional[str] = None) -> List[RestoreInfo]:
         return [self.info(rid) for rid, rec in sorted(self.active.items(), key=lambda kv: kv[1].tag)

@@ -548,6 +548,15 @@ class ControllerPort(Protocol):
         """Close (idempotent)."""
 
 
+def check_no_restore(controller: "ControllerPort", pid: Optional[str], refused: str) -> None:
+    """Raise the RestorePendingError of the first unresolved restore (of ``pid``, or of any
+    partition when None): the guard of dumps of a partition and of full checkpoint saves
+    and loads."""
+    pending = controller.restores(pid)
+    if pending:
+        raise pending[0].pending_error(refused)
+
+
 def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndarray]) -> Any:
     """Normalise a :meth:`UnitPort.read_uniform` answer for a caller that passed ``into``:
     an in-process port filled it and answered True/False; a remote one answered an array
@@ -562,4 +571,4 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
 
 __all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "LINK", "REUSE", "COPY", "Reusable", "SegmentSource",
            "SegmentWrite", "plan_segment_writes", "UnitExport", "ControllerExport", "UnitImport", "UnitPort",
-           "ControllerPort", "fill_or_copy", "RestoreInfo", "RestoreImport"]
+           "ControllerPort", "fill_or_copy", "RestoreInfo", "RestoreImport", "check_no_restore"]

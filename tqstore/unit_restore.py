@@ -176,6 +176,10 @@ def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, 
             k, fault = got
             raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
         rel = (off - wstart).tolist()
+        for k, (r, f) in enumerate(zip(rel, fields)):  # the header's field name (byte 11: its length)
+            if wmv[r + 36:r + 36 + wmv[r + 35]] != f:
+                raise CorruptionError(f"dump shard: frame holds another field than {f.decode(errors='replace')!r}",
+                                      path=path, offset=int(off[k]))
         lens = ln.tolist()
         same = (sg == dg).tolist()
         crcs = crc.tolist()

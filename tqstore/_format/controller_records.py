@@ -227,6 +227,7 @@ class RestoreRecord(NamedTuple):
     schema: Dict[str, Tuple[int, int]]
     rows: int
     created_unix: float
+    next_gidx: Tuple[int, int] = (0, 0)  # the allocator's next_gidx before and after begin
 
 
 class RestoreRow(NamedTuple):
@@ -262,11 +263,11 @@ def decode_restore_key(raw: Any) -> Tuple[str, Optional[int]]:
 
 def encode_restore(r: RestoreRecord) -> bytes:
     """A ``restores`` header: compact ASCII JSON ``{"v": 1, "tag", "pid", "dump", "state", "units",
-    "attempts", "reserved", "schema": {field: [kind, dtype]}, "rows", "created_unix"}``."""
+    "attempts", "reserved", "schema": {field: [kind, dtype]}, "rows", "created_unix", "next": [before, after]}``."""
     d = {"v": 1, "tag": r.tag, "pid": r.pid, "dump": r.dump, "state": r.state, "units": list(r.units),
          "attempts": list(r.attempts), "reserved": list(r.reserved),
          "schema": {f: [k, t] for f, (k, t) in sorted(r.schema.items())}, "rows": r.rows,
-         "created_unix": r.created_unix}
+         "created_unix": r.created_unix, "next": list(r.next_gidx)}
     return json.dumps(d, separators=(",", ":"), ensure_ascii=True).encode()
 
 
@@ -274,16 +275,17 @@ def decode_restore(raw: Any) -> RestoreRecord:
     """The :class:`RestoreRecord` of a ``restores`` header. Raises RecordError (also for a
     record version other than 1)."""
     d = decode_json_object(raw, "restore")
-    v, tag, pid, dump, state, units, attempts, reserved, schema, rows, created = (
+    v, tag, pid, dump, state, units, attempts, reserved, schema, rows, created, nxt = (
         member(d, m, "restore") for m in ("v", "tag", "pid", "dump", "state", "units", "attempts", "reserved",
-                                          "schema", "rows", "created_unix"))
+                                          "schema", "rows", "created_unix", "next"))
     if v != 1:
         raise RecordError(f"restore record version {v!r} is not supported (reads 1)")
     if not is_uint(tag) or type(pid) is not str or type(dump) is not str or state not in RESTORE_STATES \
             or type(units) is not list or not all(u in RESTORE_UNIT_STATES for u in units) \
             or type(attempts) is not list or len(attempts) != len(units) or not all(is_uint(a) for a in attempts) \
             or type(reserved) is not list or not all(is_uint(g) for g in reserved) or not is_uint(rows) \
-            or type(schema) is not dict or not isinstance(created, (int, float)):
+            or type(schema) is not dict or not isinstance(created, (int, float)) \
+            or type(nxt) is not list or len(nxt) != 2 or not all(is_uint(x) for x in nxt):
         raise RecordError("restore members of the wrong type")
     sch: Dict[str, Tuple[int, int]] = {}
     for f, kd in schema.items():
@@ -291,7 +293,7 @@ def decode_restore(raw: Any) -> RestoreRecord:
             raise RecordError(f"restore schema of {f[:40]!r}: not [kind, dtype]")
         sch[f] = (kd[0], kd[1])
     return RestoreRecord(tag, pid, dump, state, tuple(units), tuple(attempts), tuple(reserved), sch, rows,
-                         float(created))
+                         float(created), (nxt[0], nxt[1]))
 
 
 def encode_restore_row(r: RestoreRow) -> bytes:
