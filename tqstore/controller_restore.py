@@ -185,7 +185,7 @@ class RestoreHost:
         self.active[rid] = rec
 
     # ------------------------------------------------------------------ port methods
-    def begin_restore(self, pid: str, dump_dir: str, rows: Sequence[Tuple[str, int, Any, Sequence[str]]],
+    def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
                       schema: Mapping[str, Tuple[int, int]]) -> RestoreInfo:
         c = self._c
         check_name("partition_id", pid)
@@ -208,7 +208,7 @@ class RestoreHost:
         free = list(c.free)  # a heap
         next_g = c.next_gidx
         reserved: List[int] = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(entries):
             key, src, tag, fields = row
             if not isinstance(key, str):
                 raise InvalidInputError(f"restore keys must be str, got {type(key).__name__}")

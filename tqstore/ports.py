@@ -508,9 +508,9 @@ class ControllerPort(Protocol):
         touches the live controller."""
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
-    def begin_restore(self, pid: str, dump_dir: str, rows: Sequence[Tuple[str, int, Any, Sequence[str]]],
+    def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
                       schema: Mapping[str, Tuple[int, int]]) -> RestoreInfo:
-        """Record a restore of ``rows`` (``(key, gidx in the dump, tag, produced fields)``) into
+        """Record a restore of ``entries`` (rows ``(key, gidx in the dump, tag, produced fields)``) into
         ``pid`` in one transaction: existing keys keep their gidx, new keys get reserved ones.
         Returns the info with the mapping.  Raises RestorePendingError (``pid`` has an
         unresolved restore), SchemaError (``schema`` clashes with the partition's),
