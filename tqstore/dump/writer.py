@@ -38,6 +38,7 @@ from .._format.names import check_key, check_name
 from .._io import files
 from ..checkpoint import writer as W
 from ..errors import CheckpointError, InvalidInputError, TqstoreError
+from .. import ports as _ports
 from ..ports import RowBatch, ShardInfo
 from . import publish as P
 
@@ -77,6 +78,9 @@ def take_cut(store, partition_id: str, keys: List[str]) -> DumpCut:
     with store._write_lock:
         snap = store.snapshot()
         try:
+            guard = getattr(_ports, "check_no_restore", None)  # the load side's guard (issue 10), once merged
+            if guard is not None:
+                guard(snap.controller, partition_id, f"a dump of partition {partition_id!r}")
             gidxs = snap.controller.resolve_keys(partition_id, keys) if keys else []
             if not keys:
                 snap.controller.partition_info(partition_id)  # an unknown partition raises, also for no keys
