@@ -296,3 +296,26 @@ def test_a_dump_onto_numpy_and_string_only_fields_and_one_unit(tmp_path):
         rep = s.dump_data_by_key(tmp_path / "d", ["c", "a"], "p")
         assert (rep["shards"], rep["frames"]) == (1, 4)
         assert dump_frames(tmp_path / "d") == store_frames(s, "p", ["c", "a"])
+
+
+def test_cli_inspect_and_verify_understand_a_dump(store, tmp_path):
+    import io
+
+    from tqstore.cli import main
+
+    keys = fill(store, "train", 4)
+    d = tmp_path / "d"
+    store.dump_data_by_key(d, keys[:3], "train")
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["inspect", str(d)], out=out, err=err) == 0
+    assert "dump" in out.getvalue() and "3 rows" in out.getvalue()
+    out = io.StringIO()
+    assert main(["verify", "--json", str(d)], out=out, err=err) == 0
+    assert json.loads(out.getvalue())["ok"] is True
+    shard = sorted(d.glob("shard-*.tqd"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 1
+    shard.write_bytes(bytes(raw))
+    out = io.StringIO()
+    assert main(["verify", str(d)], out=out, err=err) == 1
+    assert "BAD" in out.getvalue() and str(shard) in out.getvalue()
