@@ -20,7 +20,7 @@ from tqstore import CorruptionError, FormatVersionError, RestorePendingError, Sc
 from tqstore._format import dump_records as D
 
 from checkpoint_helpers import canon, fill, state
-from dump_helpers import flip_byte, shard_paths, truncate, write_dump
+from restore_helpers import flip_byte, shard_paths, truncate, write_dump
 
 
 def rows_of(store, pid, keys):

@@ -22,7 +22,7 @@ import tqstore
 from tqstore import RestorePendingError
 
 from checkpoint_helpers import fill, state
-from dump_helpers import write_dump
+from restore_helpers import write_dump
 from test_load_by_key import rows_of
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -33,6 +33,8 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
+from .ports_restore import RestoreImport, RestoreInfo, check_no_restore  # noqa: F401 - values of the restore calls
+
 #: An MVCC cut of one unit or of the controller, resolved by its owner.
 SnapshotId = int
 
@@ -203,65 +205,19 @@ class UnitImport:
     seg_paths: Dict[Tuple[int, int], str] = field(default_factory=dict)
 
 
-# ---------------------------------------------------------------------------- selective restores
 @dataclass(frozen=True)
-class RestoreInfo:
-    """A selective restore as the controller records it (a value).  ``state`` "running"
-    (units importing), "committed" or "cancelled" (decided; units still settling);
-    ``units[u]`` "pending", "claimed" or "complete", ``attempts[u]`` the unit's claim count.
-    ``keys``/``gidxs``/``srcs`` (the key -> store gidx mapping, and each key's gidx in the
-    dump) are filled by :meth:`ControllerPort.restore` and :meth:`ControllerPort.begin_restore`,
-    None in :meth:`ControllerPort.restores` summaries."""
+class ShardInfo:
+    """What a unit wrote when it exported rows into a dump shard (:meth:`UnitPort.export_rows`):
+    the file (``path`` as given), its exact ``size`` and whole-file ``crc32c``, its ``frames``,
+    the ``rows`` with at least one frame, and ``payload_bytes`` (bytes of the frames)."""
 
-    rid: str
-    tag: int
-    pid: str
-    dump: str
-    state: str
-    units: Tuple[str, ...]
-    attempts: Tuple[int, ...]
+    unit: int
+    path: str
+    size: int
+    crc32c: int
+    frames: int
     rows: int
-    keys: Optional[Tuple[str, ...]] = None
-    gidxs: Optional[Tuple[int, ...]] = None
-    srcs: Optional[Tuple[int, ...]] = None
-
-    def pending_error(self, refused: str) -> Any:
-        """The :class:`~tqstore.errors.RestorePendingError` for a call this restore blocks:
-        which units are pending, running (claimed) or complete, and what to call."""
-        from .errors import RestorePendingError
-
-        by = {s: [u for u, x in enumerate(self.units) if x == s] for s in ("pending", "claimed", "complete")}
-        what = ("units pending %s, running %s, complete %s" % (by["pending"], by["claimed"], by["complete"])
-                if self.state == "running" else f"{self.state}, units settling")
-        return RestorePendingError(
-            f"{refused} refused: partition {self.pid!r} has an unresolved restore {self.rid} from dump "
-            f"{self.dump!r} ({what}); call recover_data_load({self.dump!r}) to complete it, or "
-            f"recover_data_load({self.dump!r}, cancel=True) to cancel it")
-
-
-@dataclass
-class RestoreImport:
-    """What one unit imports for a selective restore (planned by the loader): frames at byte
-    ranges of files under ``src_dir`` (``files``: file number -> path relative to ``src_dir``,
-    ``file_sizes`` their sizes), one per array position: ``file``, ``offset``, ``length``,
-    ``crc`` (the CRC32C the dump recorded), ``src_gidx`` (the gidx in the frame's header),
-    ``gidx`` (the store's: re-stamped when it differs) and ``fields`` (UTF-8 names).
-    ``batch_bytes`` bounds the bytes the unit reads, checks and appends at a time."""
-
-    src_dir: str
-    files: Dict[int, str]
-    file_sizes: Dict[int, int]
-    file: np.ndarray
-    offset: np.ndarray
-    length: np.ndarray
-    crc: np.ndarray
-    src_gidx: np.ndarray
-    gidx: np.ndarray
-    fields: List[bytes]
-    batch_bytes: int = 32 << 20
-
-    def __len__(self) -> int:
-        return len(self.fields)
+    payload_bytes: int
 
 
 # ---------------------------------------------------------------------------- ports
@@ -354,6 +310,18 @@ class UnitPort(Protocol):
         CRC32C) adds to the unit's own cache of segments already checksummed.  Every file and
         directory written is fsynced.  Raises CorruptionError (a segment does not verify),
         StorageIOError / OSError (the caller removes ``dest_dir``)."""
+
+    def export_rows(self, snapshot: SnapshotId, gidxs: Sequence[int], fields: Sequence[Optional[Sequence[str]]],
+                    dest_path: str, *, num_units: int, put_token: int = 0) -> ShardInfo:
+        """Write the dump shard of rows ``gidxs`` at ``snapshot`` as the new file ``dest_path``
+        (docs/FORMAT.md, "shard-NNN.tqd"; owner-side I/O): the frames of fields ``fields[i]``
+        of row ``i`` (None: every field the unit holds for it) copied byte for byte from the
+        unit's segments in segment order, each checked with the frame-check kernel first,
+        then the table; fsynced.  ``num_units``: the store's unit count (every gidx must live
+        on this unit); ``put_token``: the controller's last committed overwriting put at the
+        cut (entries of later, unsettled ones are read as they were before).  Raises
+        InvalidInputError (a row of another unit), CorruptionError (a frame missing or not
+        verifying: names file and offset), StorageIOError / OSError (the caller removes the file)."""
 
     def stage_import(self, target_dir: str, plan: UnitImport) -> int:
         """Fill the new unit directory ``target_dir`` (created) from a checkpoint as ``plan``
@@ -499,6 +467,12 @@ class ControllerPort(Protocol):
         (``dest_dir`` created if missing, else empty; file and directory fsynced); returns its
         manifest entry and the cut's summary.  An unknown or released id is a TqstoreError."""
 
+    def snapshot_rows(self, snapshot: SnapshotId, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        """Schema and rows of ``keys`` of ``pid`` as they were at ``snapshot`` (a dump's row
+        index), read from the snapshot, not the live state: a key that was no row at the cut
+        has ``seqs[i] is None``; None when the partition did not exist at the cut.  An unknown
+        or released id is a TqstoreError."""
+
     def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:
         """Fill the new controller directory ``target_dir`` (created) with a compact copy of
@@ -548,15 +522,6 @@ class ControllerPort(Protocol):
         """Close (idempotent)."""
 
 
-def check_no_restore(controller: "ControllerPort", pid: Optional[str], refused: str) -> None:
-    """Raise the RestorePendingError of the first unresolved restore (of ``pid``, or of any
-    partition when None): the guard of dumps of a partition and of full checkpoint saves
-    and loads."""
-    pending = controller.restores(pid)
-    if pending:
-        raise pending[0].pending_error(refused)
-
-
 def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndarray]) -> Any:
     """Normalise a :meth:`UnitPort.read_uniform` answer for a caller that passed ``into``:
     an in-process port filled it and answered True/False; a remote one answered an array
@@ -570,5 +535,5 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
 
 
 __all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "LINK", "REUSE", "COPY", "Reusable", "SegmentSource",
-           "SegmentWrite", "plan_segment_writes", "UnitExport", "ControllerExport", "UnitImport", "UnitPort",
+           "SegmentWrite", "plan_segment_writes", "UnitExport", "ShardInfo", "ControllerExport", "UnitImport", "UnitPort",
            "ControllerPort", "fill_or_copy", "RestoreInfo", "RestoreImport", "check_no_restore"]

@@ -111,7 +111,7 @@ class Unit(UnitReader):
         self._next_snapshot = 1
         try:
             with wrap_errors(f"open unit {unit_id}", self.path):
-                self._recover()
+                recover(self)
         except BaseException:
             if self._writer is not None:
                 self._writer.close()
@@ -135,9 +135,6 @@ class Unit(UnitReader):
         finally:
             if own:
                 txn.abort()
-
-    def _recover(self) -> None:
-        recover(self)
 
     def _get_seg(self, txn, seg_id: int) -> SegInfo:
         return _seg_info(txn.get(_seg_key(seg_id), db=self.db_segs), seg_id, self.path)
@@ -503,6 +500,12 @@ class Unit(UnitReader):
 
         return export_unit(self, self._view(snapshot), Path(dest_dir), link=link, reuse=reuse or {},
                            put_token=put_token, known_crc=known_crc or {}, index_block_bytes=index_block_bytes)
+
+    def export_rows(self, snapshot: int, gidxs, fields, dest_path, *, num_units: int, put_token: int = 0):
+        from .unit_dump import export_rows  # a dump's shard (tqstore.unit_dump; see UnitPort)
+
+        return export_rows(self, self._view(snapshot), gidxs, fields, Path(dest_path), num_units=num_units,
+                           put_token=put_token)
 
     def stage_import(self, target_dir, plan) -> int:
         from .unit_import import stage_reshard, stage_same

@@ -29,13 +29,13 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from .._io import files, locks
-from ..errors import StorageIOError, TqstoreError
+from .._io import files
+from ..errors import TqstoreError
+from . import publish as P
 from ..ports import ControllerPort, RestoreInfo, UnitPort
 from .load import Dump, mapping_of, plan_imports, read_dump
 
@@ -43,33 +43,28 @@ log = logging.getLogger("tqstore")
 
 
 def dump_path(dump_dir) -> Path:
-    """The dump's path as restores record it (absolute, symlinks resolved)."""
-    return Path(os.path.realpath(os.fspath(dump_dir)))
-
-
-def _sibling(d: Path, suffix: str) -> Path:
-    return d.parent / (d.name + suffix)
+    """The dump's path as restores record it (absolute, symlinks resolved; CheckpointError for
+    a name tqstore uses beside dumps)."""
+    return P.resolve(dump_dir)
 
 
 @contextlib.contextmanager
 def dump_lock(d: Path) -> Iterator[None]:
-    """Hold ``<dir>.lock`` exclusively (created if missing, never removed)."""
-    try:
-        files.mkdir(d.parent, exist_ok=True, parents=True)
-        with locks.flocked(_sibling(d, ".lock")):
-            yield
-    except OSError as e:
-        raise StorageIOError(f"cannot lock dump {d} ({_sibling(d, '.lock').name}): {e}") from e
+    """Hold ``<dir>.lock`` exclusively (as every dump, load and read of the path does) and
+    repair an interrupted publication first."""
+    with P.locked(d):
+        P.repair(d)
+        yield
 
 
 def _mark(d: Path, rid: Optional[str], store_root: Path) -> None:
     body = json.dumps({"restore_id": rid, "store": str(store_root)}, sort_keys=True).encode() + b"\n"
-    files.write_file_atomic(_sibling(d, ".restore"), body)
+    files.write_file_atomic(P.sibling(d, ".restore"), body)
 
 
 def _unmark(d: Path) -> None:
     try:
-        files.unlink(_sibling(d, ".restore"))
+        files.unlink(P.sibling(d, ".restore"))
     except OSError:
         log.warning("could not remove the restore marker of %s", d, exc_info=True)
 
