@@ -2,6 +2,7 @@
 byte, and a comparable picture of a dump (row index and frames)."""
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, Tuple
@@ -44,8 +45,10 @@ def store_frames(store, pid: str, keys: Iterable[str]) -> Dict[Tuple[str, str], 
 
 
 def dump_picture(dump_dir: Path) -> Dict[str, Any]:
-    """The row index (repr of tags, so NaN compares) and every frame of a dump."""
+    """The row index (repr of tags, so NaN compares) and a digest of every frame of a dump, as
+    plain JSON values (the crash matrix carries it between processes as JSON)."""
     ri = read_row_index(dump_dir)
-    rows = {k: (r["gidx"], repr(r["tag"]), tuple(r["fields"])) for k, r in ri["rows"].items()}
+    rows = {k: [r["gidx"], repr(r["tag"]), list(r["fields"])] for k, r in ri["rows"].items()}
+    frames = {f"{k}\0{f}": hashlib.sha256(b).hexdigest() for (k, f), b in sorted(dump_frames(dump_dir).items())}
     return {"partition": ri["partition_id"], "rows": rows, "order": list(ri["rows"]), "schemas": ri["schemas"],
-            "frames": dump_frames(dump_dir)}
+            "frames": frames}
