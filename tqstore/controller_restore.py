@@ -60,6 +60,7 @@ class RestoreHost:
         self.active: Dict[str, R.RestoreRecord] = {}
         self._keys: Dict[str, Dict[str, str]] = {}  # pid -> key -> rid
         self._gidxs: Dict[int, str] = {}  # store gidx -> rid
+        self.rows: Dict[str, List[R.RestoreRow]] = {}  # rid -> its rows in dump order (running restores)
         self.last_tag = 0
 
     @property
@@ -71,36 +72,39 @@ class RestoreHost:
         """Read every restore record (checked; CorruptionError naming the entry)."""
         c = self._c
         where: Any = "meta/restore_tag"
-        rows: Dict[str, List[Tuple[int, R.RestoreRow]]] = {}
+        chunks: Dict[str, Dict[int, List[R.RestoreRow]]] = {}
         try:
             with c.env.begin() as txn:
                 self.last_tag = R.decode_optional_decimal(txn.get(R.META_RESTORE_TAG, db=c.db["meta"]))
                 for k, v in txn.cursor(c.db["restores"]):
                     where = ("restores", bytes(k))
-                    rid, g = R.decode_restore_key(k)
-                    if g is None:
+                    rid, chunk = R.decode_restore_key(k)
+                    if chunk is None:
                         self.active[rid] = R.decode_restore(v)
                     else:
-                        rows.setdefault(rid, []).append((g, R.decode_restore_row(v)))
-            for rid, rs in rows.items():
+                        chunks.setdefault(rid, {})[chunk] = R.decode_restore_rows(v)
+            for rid, cs in chunks.items():
                 where = ("restores", R.restore_key(rid))
-                if rid not in self.active:
-                    raise RecordError("rows of a restore without a header")
+                if rid not in self.active or sorted(cs) != list(range(len(cs))):
+                    raise RecordError("row chunks of a restore without a header, or not numbered 0..n-1")
         except RecordError as e:
             if isinstance(where, tuple):
                 where = f"{where[0]} entry {where[1][:48]!r}"
             raise CorruptionError(f"controller index: malformed {where}: {e}", path=self._file) from e
         for rid, rec in self.active.items():
-            self._index(rid, rec, rows.get(rid, ()))
+            cs = chunks.get(rid, {})
+            self._index(rid, rec, [r for i in sorted(cs) for r in cs[i]])
 
-    def _index(self, rid: str, rec: R.RestoreRecord, rows) -> None:
+    def _index(self, rid: str, rec: R.RestoreRecord, rows: List[R.RestoreRow]) -> None:
+        self.rows[rid] = rows
         keys = self._keys.setdefault(rec.pid, {})
-        for g, r in rows:
+        for r in rows:
             keys[r.key] = rid
-            self._gidxs[g] = rid
+            self._gidxs[r.gidx] = rid
 
     def _unindex(self, rid: str) -> None:
         rec = self.active.pop(rid)
+        self.rows.pop(rid, None)
         keys = self._keys.get(rec.pid, {})
         for k in [k for k, r in keys.items() if r == rid]:
             del keys[k]
@@ -144,31 +148,20 @@ class RestoreHost:
                     raise _schema_clash(pid, f, have, want, "as a pending restore writes it; got")
 
     # ------------------------------------------------------------------ values
-    def info(self, rid: str, rows: Optional[List[Tuple[int, R.RestoreRow]]] = None) -> RestoreInfo:
+    def info(self, rid: str, *, rows: bool = False) -> RestoreInfo:
         rec = self.active[rid]
         keys = gidxs = srcs = None
-        if rows is not None:
-            rows = sorted(rows, key=lambda gr: gr[1].pos)
-            keys = tuple(r.key for _, r in rows)
-            gidxs = tuple(g for g, _ in rows)
-            srcs = tuple(r.src for _, r in rows)
+        if rows:
+            rs = self.rows.get(rid, [])
+            keys = tuple(r.key for r in rs)
+            gidxs = tuple(r.gidx for r in rs)
+            srcs = tuple(r.src for r in rs)
         return RestoreInfo(rid, rec.tag, rec.pid, rec.dump, rec.state, rec.units, rec.attempts, rec.rows,
                            keys, gidxs, srcs)
 
-    def _rows(self, txn, rid: str) -> List[Tuple[int, R.RestoreRow]]:
-        out = []
-        prefix = R.restore_key(rid) + b"\0"
-        cur = txn.cursor(self._c.db["restores"])
-        if cur.set_range(prefix):
-            for k, v in cur:
-                if not bytes(k).startswith(prefix):
-                    break
-                try:
-                    out.append((R.decode_restore_key(k)[1], R.decode_restore_row(v)))
-                except RecordError as e:
-                    raise CorruptionError(f"controller index: malformed restores entry {bytes(k)[:48]!r}: {e}",
-                                          path=self._file) from e
-        return out
+    def _chunk_keys(self, rid: str) -> List[bytes]:
+        n = len(self.rows.get(rid, ()))
+        return [R.restore_chunk_key(rid, i) for i in range((n + R.RESTORE_CHUNK_ROWS - 1) // R.RESTORE_CHUNK_ROWS)]
 
     def _get(self, rid: str, *states: str) -> R.RestoreRecord:
         rec = self.active.get(rid)
@@ -203,27 +196,25 @@ class RestoreHost:
             if have is not None and have != want:
                 raise _schema_clash(pid, f, have, want, "the dump holds")
             sch[f] = want
-        seen: Dict[str, int] = {}
-        recs: List[Tuple[int, R.RestoreRow]] = []
+        if len({r[0] for r in entries}) != len(entries):
+            raise InvalidInputError("a key appears twice in the restore")
+        try:
+            tags = check_value([r[2] for r in entries])
+        except InvalidInputError as e:
+            raise type(e)(f"restore tags: {e}") from None
+        recs: List[R.RestoreRow] = []
         free = list(c.free)  # a heap
         next_g = c.next_gidx
         reserved: List[int] = []
-        for i, row in enumerate(entries):
-            key, src, tag, fields = row
+        keys = p.keys if p else {}
+        for (key, src, _tag, fields), tag in zip(entries, tags):
             if not isinstance(key, str):
                 raise InvalidInputError(f"restore keys must be str, got {type(key).__name__}")
-            if key in seen:
-                raise InvalidInputError(f"key {key!r} appears twice in the restore")
-            seen[key] = i
             fields = tuple(sorted(set(fields)))
             bad = [f for f in fields if f not in sch]
             if bad:
                 raise InvalidInputError(f"key {key!r}: fields {bad[:5]} are not in the restore's schema")
-            try:
-                tag = check_value(tag)
-            except InvalidInputError as e:
-                raise type(e)(f"tag of key {key!r}: {e}") from None
-            g = p.keys.get(key) if p else None
+            g = keys.get(key)
             is_new = g is None
             if is_new:
                 check_key(pid, key)
@@ -232,7 +223,7 @@ class RestoreHost:
                 else:
                     g, next_g = next_g, next_g + 1
                 reserved.append(g)
-            recs.append((g, R.RestoreRow(key, int(src), tag, fields, is_new, i)))
+            recs.append(R.RestoreRow(key, int(src), g, tag, fields, is_new))
         rid = uuid.uuid4().hex
         tag_no = self.last_tag + 1
         n = c.num_units
@@ -247,8 +238,10 @@ class RestoreHost:
                     txn.delete(R.gidx_key(g), db=m["free"])
             txn.put(R.META_NEXT_GIDX, R.encode_decimal(max(next_g, c.next_gidx)), db=m["meta"])
             txn.put(R.restore_key(rid), R.encode_restore(rec), db=m["restores"])
-            txn.cursor(m["restores"]).putmulti([(R.restore_row_key(rid, g), R.encode_restore_row(r))
-                                                for g, r in recs])
+            step = R.RESTORE_CHUNK_ROWS
+            for i in range(0, len(recs), step):
+                txn.put(R.restore_chunk_key(rid, i // step), R.encode_restore_rows(recs[i:i + step]),
+                        db=m["restores"])
             lmdb_commit_point("controller_commit")
         self.last_tag = tag_no
         taken = set(reserved)
@@ -257,7 +250,7 @@ class RestoreHost:
         c.next_gidx = max(next_g, c.next_gidx)
         self.active[rid] = rec
         self._index(rid, rec, recs)
-        return self.info(rid, recs)
+        return self.info(rid, rows=True)
 
     def claim_restore(self, rid: str, unit: int) -> int:
         rec = self._get(rid, "running")
@@ -296,10 +289,10 @@ class RestoreHost:
         m = c.db
         p = c.parts.get(rec.pid) or Partition(rec.pid)
         with wrap_errors("finish restore", c.path), c.env.begin(write=True) as txn:
-            rows = sorted(self._rows(txn, rid), key=lambda gr: gr[1].pos)
             seq = p.next_seq
             result: List[Row] = []
-            for g, r in rows:
+            for r in self.rows.get(rid, ()):
+                g = r.gidx
                 old = p.rows.get(g)
                 if old is None:
                     result.append(Row(g, rec.pid, r.key, r.tag, frozenset(r.fields), seq))
@@ -314,8 +307,8 @@ class RestoreHost:
                 if f not in p.schema:
                     txn.put(R.schema_key(rec.pid, f), R.encode_schema(kind, dt), db=m["schema"])
             txn.put(R.parts_key(rec.pid), R.encode_partition(seq, p.meta), db=m["parts"])
-            for g, _ in rows:
-                txn.delete(R.restore_row_key(rid, g), db=m["restores"])
+            for k in self._chunk_keys(rid):
+                txn.delete(k, db=m["restores"])
             done = rec._replace(state="committed")
             txn.put(R.restore_key(rid), R.encode_restore(done), db=m["restores"])
             lmdb_commit_point("controller_commit")
@@ -330,6 +323,7 @@ class RestoreHost:
             p.schema.setdefault(f, kd)
         p.ready.clear()  # rebuilt on the next fetch
         self.active[rid] = done
+        self.rows[rid] = []
 
     def cancel_restore(self, rid: str) -> None:
         rec = self._get(rid, "running", "cancelled")
@@ -349,8 +343,8 @@ class RestoreHost:
         if lower:  # the allocator exactly as before the restore
             freed = [g for g in freed if g < before]
         with wrap_errors("forget restore", c.path), c.env.begin(write=True) as txn:
-            for g, _ in self._rows(txn, rid):
-                txn.delete(R.restore_row_key(rid, g), db=c.db["restores"])
+            for k in self._chunk_keys(rid):
+                txn.delete(k, db=c.db["restores"])
             txn.delete(R.restore_key(rid), db=c.db["restores"])
             for g in freed:
                 txn.put(R.gidx_key(g), b"", db=c.db["free"])
@@ -368,10 +362,7 @@ class RestoreHost:
                 if pid is None or rec.pid == pid]
 
     def restore(self, rid: str) -> Optional[RestoreInfo]:
-        if rid not in self.active:
-            return None
-        with self._c.env.begin() as txn:
-            return self.info(rid, self._rows(txn, rid))
+        return self.info(rid, rows=True) if rid in self.active else None
 
 
 def install_restore_calls(cls: type, locked) -> None:

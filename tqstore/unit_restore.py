@@ -35,8 +35,8 @@ import lmdb
 import numpy as np
 
 from ._format import unit_records as UR
-from ._format.frame import check_run, first_fault, restamp_parts
-from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, Loc
+from ._format.frame import check_run, first_fault, restamp_frames
+from ._format.index import LOC_DTYPE, Loc
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, wrap_errors
 from .errors import CorruptionError, InvalidInputError
@@ -87,12 +87,22 @@ def _closed(txn, db, tag: int) -> bool:
     return txn.get(UR.restore_entry_key(tag, _CLOSED), db=db) is not None
 
 
+def _drop_range(txn, db, prefix: bytes) -> None:
+    """Delete every entry whose key starts with ``prefix`` (one cursor walk)."""
+    cur = txn.cursor(db)
+    if not cur.set_range(prefix):
+        return
+    while bytes(cur.key()).startswith(prefix):
+        if not cur.delete():
+            break
+
+
 def _drop_staged(unit: "Unit", txn, db, tag: int, dead: Dict[int, int]) -> int:
     staged = _entries(txn, db, tag, UR.RESTORE_STAGED)
-    for ik, v in staged:
+    for _ik, v in staged:
         loc = Loc.unpack(v)
         dead[loc.seg] += loc.length
-        txn.delete(UR.restore_entry_key(tag, UR.RESTORE_STAGED, ik), db=db)
+    _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_STAGED))
     return len(staged)
 
 
@@ -160,13 +170,13 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
 
 def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, off, ln, crc, sg, dg,
             fields: List[bytes]) -> None:
-    """Frames ``off``/``ln`` of the source lie in ``[wstart, wend)``: check, re-stamp, append, stage."""
+    """Frames ``off``/``ln`` of the source lie in ``[wstart, wend)``: check them where they lie,
+    copy them into one buffer, re-stamp those whose gidx changes, append, stage."""
     try:
         mm = mmap.mmap(fd, wend - wstart, prot=mmap.PROT_READ, offset=wstart)
     except (ValueError, OSError) as e:
         raise CorruptionError(f"dump shard cannot be mapped (truncated?): {e}", path=path, offset=wstart) from e
     wmv = memoryview(mm)
-    bufs: List = []
     try:
         loc = np.zeros(len(off), LOC_DTYPE)
         loc["offset"], loc["length"], loc["crc"] = off, ln, crc
@@ -175,48 +185,44 @@ def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, 
         if got is not None:
             k, fault = got
             raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
-        rel = (off - wstart).tolist()
-        for k, (r, f) in enumerate(zip(rel, fields)):  # the header's field name (byte 11: its length)
-            if wmv[r + 36:r + 36 + wmv[r + 35]] != f:
-                raise CorruptionError(f"dump shard: frame holds another field than {f.decode(errors='replace')!r}",
-                                      path=path, offset=int(off[k]))
+        rel = off - wstart
+        _check_names(np.frombuffer(wmv, np.uint8), rel, fields, path, off)
         lens = ln.tolist()
-        same = (sg == dg).tolist()
-        crcs = crc.tolist()
-        run_a = run_b = -1
-        new_crcs: List[int] = []
-        for r, n, s, g, c in zip(rel, lens, same, dg.tolist(), crcs):
-            if s:  # adjacent frames that keep their gidx go out as one slice of the mapping
-                if r == run_b:
-                    run_b += n
-                else:
-                    if run_a >= 0:
-                        bufs.append(wmv[run_a:run_b])
-                    run_a, run_b = r, r + n
-                new_crcs.append(c)
-                continue
-            if run_a >= 0:
-                bufs.append(wmv[run_a:run_b])
-                run_a = run_b = -1
-            parts, c2 = restamp_parts(wmv[r:r + n], g)
-            bufs.extend(parts)
-            new_crcs.append(c2)
-        if run_a >= 0:
-            bufs.append(wmv[run_a:run_b])
-        _append_staged(unit, tag, bufs, lens, new_crcs, dg.tolist(), fields)
+        buf = bytearray().join([wmv[r:r + n] for r, n in zip(rel.tolist(), lens)])
     finally:
-        bufs.clear()
         try:
             wmv.release()
             mm.close()
         except BufferError:  # a view still held by an exception's traceback: unmapped when collected
             pass
+    crcs = np.array(crc, np.uint32)
+    moved = np.flatnonzero(sg != dg)
+    if len(moved):
+        noff = np.cumsum(ln) - ln
+        crcs[moved] = restamp_frames(buf, noff[moved], ln[moved], dg[moved])
+    _append_staged(unit, tag, [buf], lens, crcs.tolist(), dg.tolist(), fields)
+
+
+def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str, off) -> None:
+    """Each frame's header names its entry's field (byte 11 of the header: the name's length)."""
+    names = np.array(fields, dtype=object)
+    for name in set(fields):
+        i = np.flatnonzero(names == name)
+        r = rel[i]
+        ok = b8[r + 35] == len(name)
+        ok &= (b8[(r + 36)[:, None] + np.arange(len(name))] == np.frombuffer(name, np.uint8)).all(axis=1)
+        if not ok.all():
+            k = int(i[np.flatnonzero(~ok)[0]])
+            raise CorruptionError(f"dump shard: frame holds another field than {name.decode(errors='replace')!r}",
+                                  path=path, offset=int(off[k]))
 
 
 def _append_staged(unit: "Unit", tag: int, bufs: List, lens: List[int], crcs: List[int], gidxs: List[int],
                    fields: List[bytes]) -> None:
     """Append the frames (``bufs``, back to back) to the active segment and stage them, in one
     transaction that first checks the tag was not settled meanwhile."""
+    pre = UR.restore_prefix(tag, UR.RESTORE_STAGED)
+    keys = [pre + g.to_bytes(8, "big") + f for g, f in zip(gidxs, fields)]
     with unit._lock, wrap_errors(f"unit {unit.unit_id} restore import", unit.path):
         db = restore_db(unit, create=True)
         txn = unit.env.begin(write=True)
@@ -229,19 +235,18 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens: List[int], crcs: Li
             if unit.sync:
                 w.fsync()
             total = sum(lens)
-            pos = start + np.cumsum(lens) - np.asarray(lens)
-            dead: Dict[int, int] = defaultdict(int)
-            for o, n, c, g, f in zip(pos.tolist(), lens, crcs, gidxs, fields):
-                k = UR.restore_entry_key(tag, UR.RESTORE_STAGED, INDEX_KEY_HEAD.pack(g) + f)
-                old = txn.replace(k, Loc(w.seg_id, o, n, c).pack(), db=db)
-                if old is not None:  # the same (gidx, field) twice in one import: the first is dead
-                    o_ = Loc.unpack(old)
-                    dead[o_.seg] += o_.length
+            vals = np.zeros(len(lens), LOC_DTYPE)
+            vals["seg"] = w.seg_id
+            vals["offset"] = start + np.cumsum(lens) - np.asarray(lens)
+            vals["length"] = lens
+            vals["crc"] = crcs
+            vb = vals.tobytes()
+            size = LOC_DTYPE.itemsize
+            txn.cursor(db).putmulti(list(zip(keys, [vb[x:x + size] for x in range(0, len(vb), size)])))
             info = unit._get_seg(txn, w.seg_id)
             info.size += total
             info.live += total
             unit._put_seg(txn, w.seg_id, info)
-            unit._apply_dead(txn, dead)
             lmdb_commit_point("unit_commit")
             txn.commit()
         except BaseException:
@@ -259,25 +264,31 @@ def publish_restore(unit: "Unit", tag: int) -> int:
             return 0
         with unit.env.begin(write=True) as txn:
             staged = _entries(txn, db, tag, UR.RESTORE_STAGED)
-            for ik, v in staged:
-                old = txn.replace(ik, v, db=unit.db_loc)
-                txn.put(UR.restore_entry_key(tag, UR.RESTORE_PUBLISHED, ik), b"" if old is None else bytes(old), db=db)
-                txn.delete(UR.restore_entry_key(tag, UR.RESTORE_STAGED, ik), db=db)
+            if not staged:
+                return 0
+            cur = txn.cursor(unit.db_loc)
+            olds = {bytes(k): bytes(v) for k, v in cur.getmulti([ik for ik, _ in staged])}  # what they replace
+            pub = UR.restore_prefix(tag, UR.RESTORE_PUBLISHED)
+            txn.cursor(db).putmulti([(pub + ik, olds.get(ik, b"")) for ik, _ in staged])
+            cur.putmulti(staged)
+            _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_STAGED))
             lmdb_commit_point("unit_commit")
         return len(staged)
 
 
 def _unpublish(unit: "Unit", txn, db, tag: int, dead: Dict[int, int]) -> int:
     pub = _entries(txn, db, tag, UR.RESTORE_PUBLISHED)
+    if not pub:
+        return 0
+    cur = txn.cursor(unit.db_loc)
+    now = {bytes(k): bytes(v) for k, v in cur.getmulti([ik for ik, _ in pub])}  # (gone only after a power loss)
+    staged = UR.restore_prefix(tag, UR.RESTORE_STAGED)
+    txn.cursor(db).putmulti([(staged + ik, now[ik]) for ik, _ in pub if ik in now])
+    cur.putmulti([(ik, old) for ik, old in pub if old])
     for ik, old in pub:
-        cur = txn.get(ik, db=unit.db_loc)
-        if old:
-            txn.put(ik, old, db=unit.db_loc)
-        else:
+        if not old:
             txn.delete(ik, db=unit.db_loc)
-        if cur is not None:  # (gone only if a power loss shortened its segment)
-            txn.put(UR.restore_entry_key(tag, UR.RESTORE_STAGED, ik), bytes(cur), db=db)
-        txn.delete(UR.restore_entry_key(tag, UR.RESTORE_PUBLISHED, ik), db=db)
+    _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_PUBLISHED))
     return len(pub)
 
 
@@ -301,12 +312,12 @@ def settle_restore(unit: "Unit", tag: int, *, committed: bool, close: bool = Tru
         with unit.env.begin(write=True) as txn:
             n = 0
             if committed:
-                for ik, old in _entries(txn, db, tag, UR.RESTORE_PUBLISHED):
+                for _ik, old in _entries(txn, db, tag, UR.RESTORE_PUBLISHED):
                     if old:
                         o = Loc.unpack(old)
                         dead[o.seg] += o.length
-                    txn.delete(UR.restore_entry_key(tag, UR.RESTORE_PUBLISHED, ik), db=db)
                     n += 1
+                _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_PUBLISHED))
             else:
                 _unpublish(unit, txn, db, tag, dead)
             n += _drop_staged(unit, txn, db, tag, dead)

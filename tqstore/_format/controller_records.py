@@ -20,8 +20,8 @@ db          key                                 value
 ``schema``  :func:`schema_key` (pid ``\\0`` f)   :func:`encode_schema` (JSON, default separators)
 ``sampler`` partition id                        :func:`encode_sampler` (JSON, default separators)
 ``restores`` :func:`restore_key` (restore id)    :func:`encode_restore` (compact ASCII JSON)
-            :func:`restore_row_key`             :func:`encode_restore_row` (compact ASCII JSON)
-            (id ``\\0`` gidx key)
+            :func:`restore_chunk_key`           :func:`encode_restore_rows` (compact ASCII JSON)
+            (id ``\\0`` chunk u32)
 ==========  ==================================  =====================================================
 
 Every ``decode_*`` raises :class:`~tqstore._format.records.RecordError` (a ``ValueError``)
@@ -32,7 +32,7 @@ claimed once) is the caller's: these functions see one entry at a time.
 from __future__ import annotations
 
 import json
-from typing import Any, AbstractSet, Dict, Iterable, NamedTuple, Optional, Tuple
+from typing import Any, AbstractSet, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 from .dtypes import DTYPE_NAMES
 from .layout import KINDS
@@ -40,7 +40,7 @@ from .records import (
     RecordError, decode_decimal, decode_json_object, decode_optional_decimal, decode_utf8, encode_decimal, is_uint,
     member,
 )
-from .values import dumps as _dumps_value
+from .values import dumps as _dumps_value, loads as _loads_value
 
 #: the controller index format version this code reads and writes (``meta/format``)
 CONTROLLER_FORMAT = 1
@@ -231,15 +231,20 @@ class RestoreRecord(NamedTuple):
 
 
 class RestoreRow(NamedTuple):
-    """A ``restores`` row value: the key, its gidx in the dump, the tag and produced fields
-    the restore gives it, and whether the restore creates the row (a new key)."""
+    """One row of a restore: the key, its gidx in the dump (``src``) and in the store
+    (``gidx``), the tag and produced fields the restore gives it, and whether the restore
+    creates the row (a new key).  Rows are kept in dump order."""
 
     key: str
     src: int
+    gidx: int
     tag: Any
     fields: Tuple[str, ...]
     new: bool
-    pos: int  # position in the dump's row index (new rows are created in this order)
+
+
+#: rows of a restore per ``restores`` row chunk
+RESTORE_CHUNK_ROWS = 4096
 
 
 def restore_key(rid: str) -> bytes:
@@ -247,18 +252,18 @@ def restore_key(rid: str) -> bytes:
     return rid.encode("ascii")
 
 
-def restore_row_key(rid: str, gidx: int) -> bytes:
-    """Key of one row of a restore in ``restores``: id ``\\0`` gidx key (the row's gidx in the store)."""
-    return rid.encode("ascii") + b"\0" + gidx.to_bytes(GIDX_BYTES, "big")
+def restore_chunk_key(rid: str, chunk: int) -> bytes:
+    """Key of a chunk of a restore's rows in ``restores``: id ``\\0`` chunk number (u32 big-endian)."""
+    return rid.encode("ascii") + b"\0" + int(chunk).to_bytes(4, "big")
 
 
 def decode_restore_key(raw: Any) -> Tuple[str, Optional[int]]:
-    """``(restore id, gidx or None for the header)`` of a ``restores`` key. Raises RecordError."""
+    """``(restore id, chunk number or None for the header)`` of a ``restores`` key. Raises RecordError."""
     k = bytes(raw) if raw is not None else b""
-    rid, sep, g = k.partition(b"\0")
-    if len(rid) != 32 or not set(rid.decode("latin-1")) <= RESTORE_ID_CHARS or (sep and len(g) != GIDX_BYTES):
+    rid, sep, c = k.partition(b"\0")
+    if len(rid) != 32 or not set(rid.decode("latin-1")) <= RESTORE_ID_CHARS or (sep and len(c) != 4):
         raise RecordError(f"not a restore key: {k[:48]!r}")
-    return rid.decode("ascii"), (int.from_bytes(g, "big") if sep else None)
+    return rid.decode("ascii"), (int.from_bytes(c, "big") if sep else None)
 
 
 def encode_restore(r: RestoreRecord) -> bytes:
@@ -296,27 +301,35 @@ def decode_restore(raw: Any) -> RestoreRecord:
                          float(created), (nxt[0], nxt[1]))
 
 
-def encode_restore_row(r: RestoreRow) -> bytes:
-    """A ``restores`` row: compact ASCII JSON ``{"k", "s" (dump gidx), "t", "f" (sorted), "n", "i"}``."""
-    return _dumps_value({"k": r.key, "s": r.src, "t": r.tag, "f": sorted(r.fields), "n": bool(r.new), "i": r.pos},
+def encode_restore_rows(rows: Sequence[RestoreRow]) -> bytes:
+    """A chunk of a restore's rows: compact ASCII JSON ``[[key, src, gidx, tag, [fields], new], ...]``
+    (tags checked values, integers of any size included)."""
+    return _dumps_value([[r.key, r.src, r.gidx, r.tag, list(r.fields), r.new] for r in rows],
                         ensure_ascii=True).encode()
 
 
-def decode_restore_row(raw: Any) -> RestoreRow:
-    """The :class:`RestoreRow` of a ``restores`` row value. Raises RecordError."""
-    d = decode_json_object(raw, "restore row")
-    k, s, t, f, n, i = (member(d, m, "restore row") for m in ("k", "s", "t", "f", "n", "i"))
-    if type(k) is not str or not is_uint(s) or type(f) is not list or type(n) is not bool or not is_uint(i) \
-            or not all(type(x) is str for x in f):
-        raise RecordError("restore row members of the wrong type")
-    return RestoreRow(k, s, t, tuple(f), n, i)
+def decode_restore_rows(raw: Any) -> List[RestoreRow]:
+    """The rows of a ``restores`` row chunk. Raises RecordError."""
+    try:
+        d = _loads_value(bytes(raw))
+    except (ValueError, TypeError, RecursionError) as e:
+        raise RecordError(f"restore rows: not JSON ({e})") from None
+    if type(d) is not list:
+        raise RecordError("restore rows: not a JSON array")
+    out = []
+    for r in d:
+        if type(r) is not list or len(r) != 6 or type(r[0]) is not str or not is_uint(r[1]) or not is_uint(r[2]) \
+                or type(r[4]) is not list or not all(type(f) is str for f in r[4]) or type(r[5]) is not bool:
+            raise RecordError(f"restore row of the wrong shape: {str(r)[:80]}")
+        out.append(RestoreRow(r[0], r[1], r[2], r[3], tuple(r[4]), r[5]))
+    return out
 
 
 __all__ = [
     "CONTROLLER_FORMAT", "CONTROLLER_DBS", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
     "META_RESTORE_TAG", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
-    "restore_row_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_row",
-    "decode_restore_row",
+    "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows",
+    "decode_restore_rows", "RESTORE_CHUNK_ROWS",
     "RecordError", "RowRecord",
     "gidx_key", "decode_gidx_key", "parts_key", "sampler_key", "decode_parts_key", "keys_key", "decode_keys_key",
     "cons_prefix", "cons_key", "decode_cons_key", "schema_key", "decode_schema_key",

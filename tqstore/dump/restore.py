@@ -57,8 +57,8 @@ def dump_lock(d: Path) -> Iterator[None]:
         yield
 
 
-def _mark(d: Path, rid: Optional[str], store_root: Path) -> None:
-    body = json.dumps({"restore_id": rid, "store": str(store_root)}, sort_keys=True).encode() + b"\n"
+def _mark(d: Path, store_root: Path) -> None:
+    body = json.dumps({"store": str(store_root)}, sort_keys=True).encode() + b"\n"
     files.write_file_atomic(P.sibling(d, ".restore"), body)
 
 
@@ -142,7 +142,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
     d = dump_path(dump_dir)
     with dump_lock(d):
         dump = read_dump(d)
-        _mark(d, None, store.root)
+        _mark(d, store.root)
         try:
             with store._write_lock:
                 store._check_open()
@@ -151,7 +151,6 @@ def load(store, dump_dir) -> Dict[str, Any]:
         except BaseException:
             _unmark(d)
             raise
-        _mark(d, info.rid, store.root)
         try:
             nbytes = _run_units(store, info, dump, range(store.num_units))
         except BaseException:
