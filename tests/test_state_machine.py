@@ -30,11 +30,14 @@ from hypothesis.stateful import (
 )
 
 from tqstore.checkpoint import CheckpointManager, read_manifest, verify_checkpoint
+from tqstore.dump import read_row_index, verify_dump
+from tqstore.errors import KeyNotFoundError, PartitionNotFoundError
 from tqstore.store import Store
 from tqstore.testing import PowerLoss, SimulatedCrash, lmdb_policy, run_forked
 
 from crash.harness import copy_tree
 from crash.model import digest
+from dump_helpers import dump_frames, store_frames
 
 PIDS = ("p0", "p1")
 KEYS = tuple(f"k{i}" for i in range(6))
@@ -136,6 +139,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.gens: Dict[int, Model] = {}
         self.next_step = 1
         self.pending = None  # (handle, kind, name/step, snapshot)
+        self.dumps: Dict[str, tuple] = {}  # dump name -> (partition, keys, model rows at the cut, frames at the cut)
 
     # -------------------------------------------------------------- helpers
     def _open(self) -> Store:
@@ -152,8 +156,11 @@ class StoreMachine(RuleBasedStateMachine):
         handle.result()
         self._saved(kind, name, snap)
 
-    def _saved(self, kind: str, name, snap: Model) -> None:
-        if kind == "ck":
+    def _saved(self, kind: str, name, snap) -> None:
+        if kind == "dump":
+            self.dumps[name] = snap
+            self._check_dump(name)
+        elif kind == "ck":
             self.cks[name] = snap
         else:
             self.gens[name] = snap
@@ -171,6 +178,8 @@ class StoreMachine(RuleBasedStateMachine):
                 self.store.close()
             for name in self.cks:
                 assert verify_checkpoint(self.base / name, raise_on_error=False).ok, name
+            for name in self.dumps:
+                self._check_dump(name)
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
 
@@ -237,6 +246,34 @@ class StoreMachine(RuleBasedStateMachine):
             self._saved("gen", step, snap)
         else:
             self.pending = (h, "gen", step, snap)
+
+    # -------------------------------------------------------------- selective dumps
+    @rule(name=st.sampled_from(["dA", "dB"]), pid=st.sampled_from(PIDS), blocking=st.booleans(),
+          keys=st.lists(st.sampled_from(KEYS), max_size=4))
+    def dump(self, name, pid, keys, blocking) -> None:
+        STATS["dump"] += 1
+        self._settle()
+        rows = self.model.rows.get(pid)
+        if rows is None or any(k not in rows for k in keys):
+            with pytest.raises(PartitionNotFoundError if rows is None else KeyNotFoundError):
+                self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+            return
+        keys = list(dict.fromkeys(keys))  # duplicates dropped, the first kept
+        cut = (pid, keys, {k: (rows[k]["tag"], sorted(rows[k]["fields"])) for k in keys},
+               store_frames(self.store, pid, keys))
+        h = self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+        if blocking:
+            self._saved("dump", name, cut)
+        else:
+            self.pending = (h, "dump", name, cut)
+
+    def _check_dump(self, name: str) -> None:
+        pid, keys, rows, frames = self.dumps[name]
+        ri = read_row_index(self.base / name)
+        assert ri["partition_id"] == pid and list(ri["rows"]) == keys
+        assert {k: (r["tag"], r["fields"]) for k, r in ri["rows"].items()} == rows
+        assert dump_frames(self.base / name) == frames
+        assert verify_dump(self.base / name) == []
 
     @precondition(lambda self: self.cks or (self.pending and self.pending[1] == "ck"))
     @rule(data=st.data())
