@@ -30,11 +30,14 @@ from hypothesis.stateful import (
 )
 
 from tqstore.checkpoint import CheckpointManager, read_manifest, verify_checkpoint
+from tqstore.dump import read_row_index, verify_dump
+from tqstore.errors import KeyNotFoundError, PartitionNotFoundError
 from tqstore.store import Store
 from tqstore.testing import PowerLoss, SimulatedCrash, lmdb_policy, run_forked
 
 from crash.harness import copy_tree
 from crash.model import digest
+from dump_helpers import dump_frames, store_frames
 
 PIDS = ("p0", "p1")
 KEYS = tuple(f"k{i}" for i in range(6))
@@ -136,7 +139,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.gens: Dict[int, Model] = {}
         self.next_step = 1
         self.pending = None  # (handle, kind, name/step, snapshot)
-        self.dumps: Dict[str, tuple] = {}  # dump name -> (partition, {key: row of the model at the dump})
+        self.dumps: Dict[str, tuple] = {}  # dump name -> (partition, keys, model rows at the cut, frames at the cut)
+        self.restore_dumps: Dict[str, tuple] = {}  # dump name -> (partition, {key: row of the model at the dump})
 
     # -------------------------------------------------------------- helpers
     def _open(self) -> Store:
@@ -153,8 +157,11 @@ class StoreMachine(RuleBasedStateMachine):
         handle.result()
         self._saved(kind, name, snap)
 
-    def _saved(self, kind: str, name, snap: Model) -> None:
-        if kind == "ck":
+    def _saved(self, kind: str, name, snap) -> None:
+        if kind == "dump":
+            self.dumps[name] = snap
+            self._check_dump(name)
+        elif kind == "ck":
             self.cks[name] = snap
         else:
             self.gens[name] = snap
@@ -172,6 +179,8 @@ class StoreMachine(RuleBasedStateMachine):
                 self.store.close()
             for name in self.cks:
                 assert verify_checkpoint(self.base / name, raise_on_error=False).ok, name
+            for name in self.dumps:
+                self._check_dump(name)
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
 
@@ -238,6 +247,34 @@ class StoreMachine(RuleBasedStateMachine):
             self._saved("gen", step, snap)
         else:
             self.pending = (h, "gen", step, snap)
+
+    # -------------------------------------------------------------- selective dumps
+    @rule(name=st.sampled_from(["dA", "dB"]), pid=st.sampled_from(PIDS), blocking=st.booleans(),
+          keys=st.lists(st.sampled_from(KEYS), max_size=4))
+    def dump(self, name, pid, keys, blocking) -> None:
+        STATS["dump"] += 1
+        self._settle()
+        rows = self.model.rows.get(pid)
+        if rows is None or any(k not in rows for k in keys):
+            with pytest.raises(PartitionNotFoundError if rows is None else KeyNotFoundError):
+                self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+            return
+        keys = list(dict.fromkeys(keys))  # duplicates dropped, the first kept
+        cut = (pid, keys, {k: (rows[k]["tag"], sorted(rows[k]["fields"])) for k in keys},
+               store_frames(self.store, pid, keys))
+        h = self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+        if blocking:
+            self._saved("dump", name, cut)
+        else:
+            self.pending = (h, "dump", name, cut)
+
+    def _check_dump(self, name: str) -> None:
+        pid, keys, rows, frames = self.dumps[name]
+        ri = read_row_index(self.base / name)
+        assert ri["partition_id"] == pid and list(ri["rows"]) == keys
+        assert {k: (r["tag"], r["fields"]) for k, r in ri["rows"].items()} == rows
+        assert dump_frames(self.base / name) == frames
+        assert verify_dump(self.base / name) == []
 
     @precondition(lambda self: self.cks or (self.pending and self.pending[1] == "ck"))
     @rule(data=st.data())
@@ -371,12 +408,12 @@ class StoreMachine(RuleBasedStateMachine):
         keys = [k for k in keys if k in part]
         STATS["restore_dump"] += 1
         self.store.dump_data_by_key(self.base / "dumps" / name, keys, pid)
-        self.dumps[name] = (pid, {k: copy.deepcopy(part[k]) for k in keys})
+        self.restore_dumps[name] = (pid, {k: copy.deepcopy(part[k]) for k in keys})
 
     def _loaded(self, model: Model, name: str) -> Model:
         """``model`` after the load of dump ``name``: its rows take the dump's tag and fields."""
         out = model.snapshot()
-        pid, rows = self.dumps[name]
+        pid, rows = self.restore_dumps[name]
         part = out.rows.setdefault(pid, {})
         for k, r in rows.items():
             row = part.setdefault(k, {"tag": None, "fields": {}})
@@ -384,24 +421,24 @@ class StoreMachine(RuleBasedStateMachine):
             row["fields"].update(r["fields"])
         return out
 
-    @precondition(lambda self: self.dumps)
+    @precondition(lambda self: self.restore_dumps)
     @rule(data=st.data())
     def load_by_key(self, data) -> None:
         STATS["load_by_key"] += 1
         self._settle()
-        name = data.draw(st.sampled_from(sorted(self.dumps)))
+        name = data.draw(st.sampled_from(sorted(self.restore_dumps)))
         rep = self.store.load_data_by_key(self.base / "dumps" / name)
-        assert rep["keys"] == len(self.dumps[name][1])
+        assert rep["keys"] == len(self.restore_dumps[name][1])
         self.model = self._loaded(self.model, name)
 
-    @precondition(lambda self: self.dumps)
+    @precondition(lambda self: self.restore_dumps)
     @rule(data=st.data(), kind=st.sampled_from(["kill", "power"]), cancel=st.booleans(), seed=st.integers(0, 2**16))
     def crash_load_by_key(self, data, kind, cancel, seed) -> None:
         """A load by key dies in a forked child (kill -9 at a random failpoint occurrence, or a
         power cut at a random I/O event); after the reopen the load is done, not visible, or
         pending (then nothing of it is visible) and ``recover_data_load`` completes or cancels it."""
         self._settle()
-        name = data.draw(st.sampled_from(sorted(self.dumps)))
+        name = data.draw(st.sampled_from(sorted(self.restore_dumps)))
         rng = random.Random(seed)
         before, after = self.model.snapshot(), self._loaded(self.model, name)
         store_dir, dump = self.base / "store", self.base / "dumps" / name
