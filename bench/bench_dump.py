@@ -18,9 +18,11 @@ with the reward).  Progress goes to stderr; the last line of stdout is one JSON 
 * ``full_save_s``, ``dump_vs_full_save``: a full copy-mode ``save_checkpoint`` of the same
   store; the ratio is dump time ÷ full save time;
 * ``raw_read_gib_s``: a plain read (cold cache) of the dump's files, the baseline of a load;
-* ``load_gib_s``, ``v1_load_speedup``, ``load_vs_raw_read``: the load half
-  (:func:`measure_load`, :func:`measure_v1_load`: placeholders that return None until
-  ``load_data_by_key`` exists).
+* ``load_gib_s``: ``load_data_by_key`` of the dump into a new store of as many units (the
+  dump's files cold), dump bytes / wall time; ``v1_load_speedup``: the V1 load (the V1 file
+  read cold, its batches cut from its bytes and ``kv_batch_put``) ÷ our load;
+  ``load_vs_raw_read``: our GiB/s ÷ the plain read's.  Raw read, load and V1 load alternate
+  over the rounds; best of each.
 """
 from __future__ import annotations
 
@@ -79,16 +81,73 @@ def v1_dump(store, keys: List[str], path: Path) -> float:
 
 
 def measure_load(store_path: Path, dump_dir: Path, units: int) -> Optional[float]:
-    """Seconds of ``load_data_by_key(dump_dir)`` into a store of ``units`` units (cold cache).
-    Placeholder for the load half (issue 10): None until ``load_data_by_key`` exists."""
-    if not hasattr(tqstore, "load_data_by_key"):
+    """Seconds of ``load_data_by_key(dump_dir)`` into a new store of ``units`` units (the
+    dump's files cold; the store opened before the clock starts)."""
+    if store_path.exists():
+        shutil.rmtree(store_path)
+    with tqstore.open(store_path, num_units=units) as s:
+        drop_caches(files_under(dump_dir))
+        t0 = time.perf_counter()
+        rep = s.load_data_by_key(dump_dir)
+        dt = time.perf_counter() - t0
+        log(f"  load: {rep['keys']} keys, {rep['frames']} frames, {rep['bytes'] / GiB:.3f} GiB in {dt:.3f} s")
+    shutil.rmtree(store_path)
+    return dt
+
+
+def v1_layout(store_path: Path, keys: List[str]) -> List[List[tuple]]:
+    """What a V1 reader must know to cut the V1 file back into batches (the writer of
+    :func:`v1_dump` put none of it in the file): per batch, per field (sorted), its kind and
+    the per-row element counts or the number of text bytes.  Computed outside the clock."""
+    out = []
+    with tqstore.open(store_path) as s:
+        for i in range(0, len(keys), BATCH):
+            b = s.kv_batch_get(keys[i:i + BATCH], "train")
+            fields = []
+            for f in sorted(b.keys()):
+                v = b[f]
+                if isinstance(v, torch.Tensor):
+                    rows = [t.numel() for t in v.unbind()] if v.is_nested else None
+                    fields.append((f, "tensor", v.dtype, rows if rows is not None else tuple(v.shape),
+                                   v.element_size() * (sum(rows) if rows is not None else v.numel())))
+                else:
+                    fields.append((f, "text", None, len(v), len("\0".join(map(str, list(v))).encode())))
+            out.append(fields)
+    return out
+
+
+def measure_v1_load(store_path: Path, v1_file: Path, keys: List[str], units: int, layout=None,
+                    meta_len: int = 0) -> Optional[float]:
+    """Seconds of the V1 load: read the V1 file (cold) and ``kv_batch_put`` its batches (tensors
+    cut from the file's bytes without copies, jagged rows split, text decoded) into a new store."""
+    if layout is None:
         return None
-    return None  # the load engineer fills this in
-
-
-def measure_v1_load(store_path: Path, v1_file: Path, keys: List[str], units: int) -> Optional[float]:
-    """Seconds of the V1 load (read the V1 file + kv_batch_put).  Placeholder: None."""
-    return None  # the load engineer fills this in
+    if store_path.exists():
+        shutil.rmtree(store_path)
+    with tqstore.open(store_path, num_units=units) as s:
+        drop_caches([v1_file])
+        t0 = time.perf_counter()
+        with open(v1_file, "rb") as f:
+            data = bytearray(f.read())
+        tags = json.loads(bytes(data[:meta_len]))
+        pos = meta_len
+        for n, fields in enumerate(layout):
+            ks = keys[n * BATCH:(n + 1) * BATCH]
+            batch: Dict[str, Any] = {}
+            for f, kind, dtype, rows, nbytes in fields:
+                raw = memoryview(data)[pos:pos + nbytes]
+                pos += nbytes
+                if kind == "text":
+                    batch[f] = bytes(raw).decode().split("\0")
+                elif isinstance(rows, list):
+                    flat = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.zeros(0, dtype=dtype)
+                    batch[f] = list(torch.split(flat, rows))
+                else:
+                    batch[f] = torch.frombuffer(raw, dtype=dtype).view(rows)
+            s.kv_batch_put(ks, "train", batch, tags=[tags[k] for k in ks])
+        dt = time.perf_counter() - t0
+    shutil.rmtree(store_path)
+    return dt
 
 
 def main(argv=None) -> int:
@@ -157,11 +216,22 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
     dump_bytes = int(rep["bytes"])
     dump_s, v1_s, full_s = min(dumps), min(v1s), min(fulls)
     dump_files = files_under(dump_dir)
+    _tags = store.kv_list("train")["train"]
     store.close()
-    how = drop_caches(dump_files)
-    raw_s = raw_read(dump_files)
-    load_s = measure_load(base / "target", dump_dir, units)
-    v1_load_s = measure_v1_load(base / "target_v1", v1_file, pick, units)
+    layout = v1_layout(base / "store", pick)
+    meta_len = len(json.dumps({k: _tags[k] for k in pick}).encode())
+    raws, loads, v1_loads = [], [], []
+    for rnd in range(rounds):  # alternating: plain read, load by key, V1 load (cold files each time)
+        for what in ([0, 1, 2] if rnd % 2 == 0 else [2, 1, 0]):
+            if what == 0:
+                how = drop_caches(dump_files)
+                raws.append(raw_read(dump_files))
+            elif what == 1:
+                loads.append(measure_load(base / "target", dump_dir, units))
+            else:
+                v1_loads.append(measure_v1_load(base / "target_v1", v1_file, pick, units, layout, meta_len))
+        log(f"round {rnd}: raw read {raws[-1]:.3f} s, load {loads[-1]:.3f} s, V1 load {v1_loads[-1]:.3f} s")
+    raw_s, load_s, v1_load_s = min(raws), min(loads), min(v1_loads)
     load_gib_s = None if load_s is None else round(dump_bytes / GiB / load_s, 3)
     res.update(
         dump_stall_ms=round(statistics.median(stalls) * 1000, 3), dump_s=round(dump_s, 3),
@@ -173,10 +243,15 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
         round(v1_load_s / load_s, 2),
         load_vs_raw_read=None if load_s is None else round(raw_s / load_s, 3),
         dump_rounds_s=[round(x, 3) for x in dumps], v1_rounds_s=[round(x, 3) for x in v1s],
-        full_save_rounds_s=[round(x, 3) for x in fulls], load_avg_1m=round(os.getloadavg()[0], 2))
+        full_save_rounds_s=[round(x, 3) for x in fulls], load_s=round(load_s, 3), v1_load_s=round(v1_load_s, 3),
+        raw_read_s=round(raw_s, 3), load_rounds_s=[round(x, 3) for x in loads],
+        v1_load_rounds_s=[round(x, 3) for x in v1_loads], raw_read_rounds_s=[round(x, 3) for x in raws],
+        load_avg_1m=round(os.getloadavg()[0], 2))
     log(f"dump: stall {res['dump_stall_ms']} ms, {res['dump_gib_s']} GiB/s ({dump_bytes / GiB:.3f} GiB in "
         f"{dump_s:.3f} s); V1 {v1_s:.3f} s ({res['v1_dump_speedup']}x slower); full save {full_s:.3f} s "
         f"(dump/full {res['dump_vs_full_save']}); raw read {res['raw_read_gib_s']} GiB/s")
+    log(f"load: {load_gib_s} GiB/s ({load_s:.3f} s); V1 load {v1_load_s:.3f} s ({res['v1_load_speedup']}x slower); "
+        f"load / raw read {res['load_vs_raw_read']}")
     keys_out = ["dump_stall_ms", "dump_gib_s", "v1_dump_speedup", "dump_vs_full_save", "load_gib_s",
                 "v1_load_speedup", "load_vs_raw_read"]
     out = {k: res[k] for k in keys_out}

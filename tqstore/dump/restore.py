@@ -36,7 +36,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 from .._io import files
 from ..errors import TqstoreError
 from . import publish as P
-from ..ports import ControllerPort, RestoreInfo, UnitPort
+from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
 from .load import Dump, mapping_of, plan_imports, read_dump
 
 log = logging.getLogger("tqstore")
@@ -94,12 +94,23 @@ def _run_units(store, info: RestoreInfo, dump: Dump, todo: Sequence[int]) -> int
     return total
 
 
+def _each_unit(store, call) -> None:
+    """``call(unit)`` on every unit in parallel (the store's pool); every one finishes, then the
+    first error is raised."""
+    errors: List[BaseException] = []
+    for f in [store._pool.submit(call, u) for u in store.units]:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001 - collected, the first one raised
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
 def _settle(store, info: RestoreInfo, *, committed: bool) -> None:
     """Settle a decided restore on every unit, then forget it (the reserved gidxs of a
     cancelled one are freed only now)."""
-    units: List[UnitPort] = store.units
-    for u in units:
-        u.settle_restore(info.tag, committed=committed)
+    _each_unit(store, lambda u: u.settle_restore(info.tag, committed=committed))
     store.controller.forget_restore(info.rid)
 
 
@@ -114,8 +125,7 @@ def _commit(store, info: RestoreInfo) -> None:
     c: ControllerPort = store.controller
     with store._write_lock:
         try:
-            for u in store.units:
-                u.publish_restore(info.tag)
+            _each_unit(store, lambda u: u.publish_restore(info.tag))
             c.finish_restore(info.rid)
         except BaseException:
             for u in store.units:  # not decided: the live rows are the old ones again
