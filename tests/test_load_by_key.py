@@ -52,7 +52,7 @@ def test_load_brings_back_exactly_the_dumped_keys_with_every_field_kind(source, 
     want = rows_of(src, "train", picked)
     with tqstore.open(tmp_path / "dst", num_units=3) as dst:
         rep = dst.load_data_by_key(dump)
-        assert rep["keys"] == len(picked) and rep["new_keys"] == len(picked) and rep["rows_with_data"] == len(picked) - 1
+        assert rep["keys"] == rep["new_keys"] == len(picked) and rep["rows_with_data"] == len(picked) - 1
         assert set(dst.kv_list()) == {"train"} and list(dst.kv_list()["train"]) == picked
         assert rows_of(dst, "train", picked) == want
         assert dst.controller.restores() == [] and dst.verify() == []
@@ -199,12 +199,16 @@ def test_unresolved_restore_blocks_clears_puts_of_its_keys_and_checkpoints(pendi
     (r,) = dst.controller.restores()
     assert r.state == "running"
     calls = [lambda: dst.kv_clear(["k6"], "train"), lambda: dst.clear_partition("train"),
-             lambda: dst.kv_batch_put([keys[0]], "train", fields={"input_ids": torch.zeros((1, 16), dtype=torch.int64)}),
+             lambda: dst.kv_batch_put([keys[0]], "train", fields={"input_ids": torch.zeros((1, 16),
+                                                                                            dtype=torch.int64)}),
              lambda: dst.save_checkpoint(tmp_path / "ck"), lambda: dst.load_data_by_key(dump)]
     for call in calls:
         with pytest.raises(RestorePendingError, match="recover_data_load") as e:
             call()
         assert "complete" in str(e.value) and str(Path(dump).resolve()) in str(e.value)
+    assert Path(str(Path(dump).resolve()) + ".restore").exists()  # the pending restore's marker stays
+    with pytest.raises(RestorePendingError):  # a dump does not replace a directory a load may read
+        dst.dump_data_by_key(dump, ["k6"], "train")
     dst.kv_batch_put(["unrelated"], "train", fields={"input_ids": torch.zeros((1, 16), dtype=torch.int64)})  # fine
     dst.kv_batch_put(["x"], "elsewhere", fields={"v": np.zeros((1, 2))})
 

@@ -151,6 +151,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
     t0 = time.perf_counter()
     d = dump_path(dump_dir)
     with dump_lock(d):
+        mine = [r for r in store.controller.restores() if r.dump == str(d)]
+        if mine:  # its marker is the pending restore's: left alone
+            raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
         dump = read_dump(d)
         _mark(d, store.root)
         try:
@@ -159,7 +162,8 @@ def load(store, dump_dir) -> Dict[str, Any]:
                 before = set(store.controller.list_keys(dump.partition_id).get(dump.partition_id, {}))
                 info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema())
         except BaseException:
-            _unmark(d)
+            if not any(r.dump == str(d) for r in store.controller.restores()):
+                _unmark(d)
             raise
         try:
             nbytes = _run_units(store, info, dump, range(store.num_units))
