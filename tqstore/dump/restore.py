@@ -159,7 +159,8 @@ def load(store, dump_dir) -> Dict[str, Any]:
         try:
             with store._write_lock:
                 store._check_open()
-                before = set(store.controller.list_keys(dump.partition_id).get(dump.partition_id, {}))
+                rb = store.controller.rows_by_key(dump.partition_id, list(dump.rows.rows))
+                new = len(dump.rows.rows) if rb is None else len(rb.missing())  # O(keys), not O(partition)
                 info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema())
         except BaseException:
             if not any(r.dump == str(d) for r in store.controller.restores()):
@@ -178,7 +179,6 @@ def load(store, dump_dir) -> Dict[str, Any]:
             raise
         _commit(store, info)
         _unmark(d)
-    new = sum(1 for k in dump.rows.rows if k not in before)
     log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows.rows), new,
              dump.partition_id, d, nbytes)
     return _report(info, dump, nbytes, t0, new)
