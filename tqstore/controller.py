@@ -43,6 +43,7 @@ from .controller_mirror import (
     Partition, PutPlan, Row, check_mirror, consumption_status, list_keys, partition_info,
     production_status, row_batch, row_info,
 )
+from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
 from .errors import (
     CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
@@ -51,9 +52,6 @@ from ._format.names import check_key, check_name  # noqa: F401 - check_name re-e
 from .ports import PartitionInfo, RowBatch, RowInfo
 
 log = logging.getLogger("tqstore")
-
-
-
 _g = R.gidx_key
 _pk = R.keys_key
 
@@ -77,6 +75,7 @@ class Controller:
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
         self._sampling = SamplerHost(self)
+        self._restores = RestoreHost(self)  # selective restores: records, lifecycle, guards
         self._snapshots: Dict[int, Any] = {}  # snapshot id -> read transaction (the controller's side of a cut)
         self._next_snapshot = 1
         try:
@@ -103,6 +102,7 @@ class Controller:
         self.num_units, self.next_gidx, self.put_token = st.num_units, st.next_gidx, st.put_token
         self.parts, self.rows, self.consumed, self.free = st.parts, st.rows, st.consumed, st.free
         heapq.heapify(self.free)
+        self._restores.load()
 
     # ------------------------------------------------------------------ queries
     def partition(self, pid: str) -> Partition:
@@ -114,13 +114,8 @@ class Controller:
     def gidxs_for_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
         """Global indexes of ``keys``. Raises PartitionNotFoundError / KeyNotFoundError."""
         p = self.partition(pid)
-        out = []
-        missing = []
-        for k in keys:
-            g = p.keys.get(k)
-            if g is None:
-                missing.append(k)
-            out.append(g)
+        out = [p.keys.get(k) for k in keys]
+        missing = [k for k, g in zip(keys, out) if g is None]
         if missing:
             raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {pid!r}: {missing[:5]!r}")
         return out
@@ -167,10 +162,7 @@ class Controller:
         """Schema and row metadata of ``keys`` (missing: ``seqs[i] is None``); None for an
         unknown partition."""
         p = self.parts.get(pid)
-        if p is None:
-            return None
-        rows, index = p.rows, p.keys
-        return row_batch(p, [None if g is None else rows[g] for g in map(index.get, keys)])
+        return None if p is None else row_batch(p, [None if g is None else p.rows[g] for g in map(p.keys.get, keys)])
 
     @_locked
     def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
@@ -183,9 +175,7 @@ class Controller:
         """The first ``limit`` rows (all when None) in insertion order with the schema; None
         for an unknown partition."""
         p = self.parts.get(pid)
-        if p is None:
-            return None
-        return row_batch(p, list(p.rows.values()) if limit is None else list(islice(p.rows.values(), limit)))
+        return None if p is None else row_batch(p, list(islice(p.rows.values(), limit)))
 
     @_locked
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
@@ -290,6 +280,7 @@ class Controller:
         fields = [c.field for c in columns]
         if len(set(fields)) != len(fields):
             raise InvalidInputError("a field appears twice in one batch")
+        self._restores.check_put(pid, keys, gidxs, {c.field: (c.kind, c.dtype) for c in columns})
         overwrites = False
         reserved: List[int] = []
         seq = p.next_seq if p else 0
@@ -415,6 +406,7 @@ class Controller:
             p = self.parts.get(pid)
             if p is None:
                 return []
+            self._restores.check_clear(pid)
             gone = sorted({int(g) for g in gidxs if int(g) in p.rows})
             m = self.db
             tasks = [t for (pp, t) in self.consumed if pp == pid]
@@ -563,14 +555,24 @@ class Controller:
             with contextlib.suppress(Exception):  # (an env already closed)
                 txn.abort()
 
+    def _txn_of(self, snapshot: int):
+        txn = self._snapshots.get(snapshot)
+        if txn is None:
+            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
+        return txn
+
     def export_snapshot(self, snapshot: int, dest_dir, *, index_block_bytes: int = 1 << 20):
         from .controller_export import export_controller
 
         with self._lock:
-            txn = self._snapshots.get(snapshot)
-        if txn is None:
-            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
+            txn = self._txn_of(snapshot)
         return export_controller(self.env, txn, self.db, Path(dest_dir), index_block_bytes=index_block_bytes)
+
+    @_locked
+    def snapshot_rows(self, snapshot: int, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        from .controller_dump import rows_at  # (see ControllerPort)
+
+        return rows_at(self._txn_of(snapshot), self.db, pid, list(keys), path=str(self.path / "data.mdb"))
 
     def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:
@@ -592,3 +594,6 @@ class Controller:
             for sid in list(self._snapshots):
                 self.release(sid)
         self.env.close()
+
+
+install_restore_calls(Controller, _locked)  # ControllerPort's selective restores, under the controller's lock

@@ -26,6 +26,8 @@ from ._format.columns import Column
 from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
+from .dump import DumpMixin
+from .dump.restore import settle_at_open
 from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
@@ -85,7 +87,7 @@ def _normalise_fields(edge: Any, fields: Any) -> List[Tuple[str, Any]]:
     return items
 
 
-class Store(CheckpointMixin):
+class Store(CheckpointMixin, DumpMixin):
     """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
 
     The data-plane calls (``kv_*``, ``get_meta``, ``put``, ``get_data``, ...) are those of
@@ -244,6 +246,7 @@ class Store(CheckpointMixin):
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
         self._settle_undo()
+        settle_at_open(self.controller, self.units)  # selective restores a crash left (before the unit entries)
         missing: Dict[int, Set[str]] = defaultdict(set)
 
         def one(u: UnitPort):
