@@ -25,7 +25,7 @@ log = logging.getLogger("tqstore")
 
 #: keys of :class:`~tqstore.store.Store` accepted at the top level of ``init``'s config
 STORE_KEYS = frozenset({"path", "num_units", "durability", "segment_bytes", "compress", "verify_reads", "result_type",
-                        "max_workers", "index_map_bytes"})
+                        "max_workers", "index_map_bytes", "strict_schema"})
 #: other top-level tqstore keys
 API_KEYS = frozenset({"backend", "sampler", "polling_mode", "get_meta_timeout_s"})
 #: TransferQueue's top-level sections

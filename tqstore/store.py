@@ -104,6 +104,9 @@ class Store(CheckpointMixin):
         verify_reads: check CRC32C on every read (default True).
         result_type: what reads return: ``"tensordict"`` (a TensorDict, as TransferQueue; the
             default with the torch adapter) or ``"dict"`` (a plain mapping).
+        strict_schema: True: a field's dtype is fixed by its first put in a partition (another
+            raises SchemaError).  False (default, as TransferQueue): it may change; a get over rows
+            of several dtypes gives that field as a list of per-row tensors or arrays.
         edge: the framework adapter (:class:`~tqstore.edge.Edge`); default
             ``tqstore.edge.default_edge(result_type)``, the torch adapter once ``tqstore`` is imported.
 
@@ -118,7 +121,7 @@ class Store(CheckpointMixin):
                  durability: str = "checkpoint", segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
                  verify_reads: bool = True, max_workers: Optional[int] = None,
                  index_map_bytes: Optional[int] = None, result_type: Optional[str] = None,
-                 edge: Any = None) -> None:
+                 strict_schema: bool = False, edge: Any = None) -> None:
         if durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
         if num_units is not None and (not isinstance(num_units, int) or num_units < 1):
@@ -138,6 +141,7 @@ class Store(CheckpointMixin):
             check_store_location(self.root)  # never inside a store, checkpoint or generation root
         self.durability = durability
         self.verify_reads = verify_reads
+        self.strict_schema = bool(strict_schema)
         self._opts = dict(durability=durability, segment_bytes=int(segment_bytes),
                           compress=set(compress) if isinstance(compress, (list, tuple, set, frozenset)) else compress,
                           map_bytes=index_map_bytes)
@@ -342,7 +346,8 @@ class Store(CheckpointMixin):
             self._check_open()
             with self._meta_lock:
                 plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
-                                                n_new=n if new_rows else 0, tags=tags, create_keys=create_keys)
+                                                n_new=n if new_rows else 0, tags=tags, create_keys=create_keys,
+                                                strict_dtypes=self.strict_schema)
             token = None
             if plan.overwrites and cols and n:
                 # replaced entries stay undoable until the controller commits (the put is atomic)
