@@ -23,9 +23,9 @@ embedded       ``embedded`` (the embedded backend's entry: constructs the      e
                                                                               native, base
 engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
                ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``, ports, io (not
-               ``_gcpause``, ``_default``, ``checkpoint/*``, ``dump/*``        ``_io.lmdbenv`` nor
-               (the engine over the ports; numpy and bytes, no framework)     ``_io.segfile``), format,
-                                                                              native, base
+               ``_gcpause``, ``_default``, ``capacity``, ``checkpoint/*``,    ``_io.lmdbenv`` nor
+               ``dump/*`` (the engine over the ports; numpy and bytes, no     ``_io.segfile``), format,
+               framework)                                                     native, base
 ray            ``ray/*`` (units and controller as actors, same ports)          engine, embedded,
                                                                               engine-impl, policies,
                                                                               ports, io, format,
@@ -80,7 +80,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                      "controller_decode", "controller_sampling", "controller_export")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "state_switch", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
-                "_gcpause", "_default", "checkpoint", "dump")),
+                "capacity", "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
     ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",

@@ -118,6 +118,12 @@ def schema_changes(pid: str, schema: Mapping[str, Tuple[int, int]], columns: Seq
     return out
 
 
+def approx_bytes(cols: Sequence[Column]) -> int:
+    """Payload bytes of a batch, estimated from its first row where rows share a shape."""
+    return sum(len(c.payloads) * memoryview(c.payloads[0]).nbytes if c.uniform_shape and c.payloads else c.nbytes
+               for c in cols)
+
+
 def _array_bytes(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
 
