@@ -83,6 +83,9 @@ def test_client_retrieve_meta_keys_custom_meta_and_close():
         meta = c.kv_retrieve_meta(["a", "b"], "p", create=True)
         assert meta.size == 2 and meta.keys == ["a", "b"]
         assert c.kv_retrieve_keys(meta.global_indexes, "p") == ["a", "b"]
+        assert c.kv_retrieve_keys([meta.global_indexes[1], 999], "p") == ["b", None]  # as TransferQueue
+        with pytest.raises(RuntimeError, match="no corresponding keys"):
+            c.kv_retrieve_keys([0], "no-such-partition")
         assert c.kv_retrieve_meta(["a", "nope"], "p").keys == ["a"]
         assert c.kv_retrieve_meta("a", "no-such-partition").size == 0
         meta.update_custom_meta([{"score": 1}, {"score": 2}])
