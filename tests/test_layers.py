@@ -34,7 +34,8 @@ edge           ``torch_adapter`` (torch, nested tensors and TensorDict         e
                to and from the engine's Columns, allocator and results)       format, base
 api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      edge, ray, engine,
                ``async_api``, ``_executor``, ``config``, ``metrics``,          policies, ports, base
-               ``dataloader`` (TransferQueue's API edge)
+               ``dataloader``, ``metadata``, ``sampler`` (TransferQueue's
+               API edge; the last two are its module names)
 testing        ``testing/*`` (crash and power-loss harnesses, conformance)     anything
 =============  ============================================================  ==========================
 
@@ -84,7 +85,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
     ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
-             "dataloader")),  # "" is tqstore/__init__.py
+             "dataloader", "metadata", "sampler")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
 ]
 ALLOWED: Dict[str, Set[str]] = {
