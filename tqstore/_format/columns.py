@@ -107,7 +107,7 @@ def schema_changes(pid: str, schema: Mapping[str, Tuple[int, int]], columns: Seq
         if have is None:
             out[col.field] = want
         elif have != want:
-            what = "holds rows of several dtypes" if have[1] == dtypes.SCHEMA_MIXED else \
+            what = f"holds {KIND_NAMES[have[0]]} rows of several dtypes" if have[1] == dtypes.SCHEMA_MIXED else \
                 f"holds {KIND_NAMES[have[0]]} {dtypes.DTYPE_NAMES[have[1]]}"
             if have[0] != want[0] or strict:
                 hint = "" if have[0] != want[0] else " (strict_schema=True; the default False lets a dtype change)"
