@@ -24,9 +24,9 @@ embedded       ``embedded`` (the embedded backend's entry: constructs the      e
                                                                               native, base
 engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
                ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``, ports, io (not
-               ``_gcpause``, ``_default``, ``checkpoint/*``, ``dump/*``        ``_io.lmdbenv`` nor
-               (the engine over the ports; numpy and bytes, no framework)     ``_io.segfile``), format,
-                                                                              native, base
+               ``_gcpause``, ``_default``, ``capacity``, ``checkpoint/*``,    ``_io.lmdbenv`` nor
+               ``dump/*`` (the engine over the ports; numpy and bytes, no     ``_io.segfile``), format,
+               framework)                                                     native, base
 ray            ``ray/*`` (units and controller as actors, same ports)          engine, embedded,
                                                                               engine-impl, policies,
                                                                               ports, io, format,
@@ -35,7 +35,8 @@ edge           ``torch_adapter`` (torch, nested tensors and TensorDict         e
                to and from the engine's Columns, allocator and results)       format, base
 api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      edge, ray, engine,
                ``async_api``, ``_executor``, ``config``, ``metrics``,          policies, ports, base
-               ``dataloader`` (TransferQueue's API edge)
+               ``dataloader``, ``metadata``, ``sampler`` (TransferQueue's
+               API edge; the last two are its module names)
 testing        ``testing/*`` (crash and power-loss harnesses, conformance)     anything
 =============  ============================================================  ==========================
 
@@ -82,11 +83,11 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                      "controller_dump", "controller_restore")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "state_switch", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
-                "_gcpause", "_default", "checkpoint", "dump")),
+                "capacity", "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
     ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
-             "dataloader")),  # "" is tqstore/__init__.py
+             "dataloader", "metadata", "sampler")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
 ]
 ALLOWED: Dict[str, Set[str]] = {

@@ -25,6 +25,7 @@ def init(config: Any = None) -> Store:
 
     Keys: ``path`` (store directory; without one, a private temporary store removed on
     close), ``num_units``, ``durability``, ``segment_bytes``, ``compress``, ``verify_reads``,
+    ``result_type``, ``strict_schema``, ``total_storage_size`` (see :class:`~tqstore.store.Store`),
     ``backend`` (``"embedded"``), ``sampler`` (a name such as ``"grpo_group_n"``, a
     ``BaseSampler`` instance or class, or ``{"name": ..., **kwargs}``; default sequential).
     TransferQueue's config (a mapping or an OmegaConf ``DictConfig`` with ``controller``,

@@ -184,13 +184,13 @@ class _ClientBase:
                 raise TypeError("Not all elements in `global_indexes` are int.")
         else:
             raise TypeError("Only int or list of int are allowed as `global_indexes`.")
-        every = store.get_meta(None, None, partition_id, mode="force_fetch")
+        try:
+            every = store.get_meta(None, None, partition_id, mode="force_fetch")
+        except PartitionNotFoundError:  # TransferQueue: the controller answers [], the client raises
+            raise RuntimeError(f"Some global_indexes have no corresponding keys! (partition {partition_id!r} "
+                               f"not found)") from None
         key_of = dict(zip(every.global_indexes, every.keys))
-        keys = [key_of.get(g) for g in global_indexes]
-        if any(k is None for k in keys):
-            raise RuntimeError(f"Some global_indexes have no corresponding keys! "
-                               f"{[g for g, k in zip(global_indexes, keys) if k is None][:5]}")
-        return keys  # type: ignore[return-value]
+        return [key_of.get(g) for g in global_indexes]  # None: no row, or a row without a key (as TransferQueue)
 
     def _save_controller_checkpoint(self, store: Any, path: str) -> Any:
         with _metrics.REGISTRY.timed("save_checkpoint"):
@@ -248,8 +248,15 @@ class TransferQueueClient(_ClientBase):
         """
         return self._call("kv_retrieve_meta", keys, partition_id, create)
 
-    def kv_retrieve_keys(self, global_indexes: Union[int, List[int]], partition_id: str) -> List[str]:
-        """The user keys of rows by global index (RuntimeError when a row has none)."""
+    def kv_retrieve_keys(self, global_indexes: Union[int, List[int]], partition_id: str) -> List[Optional[str]]:
+        """The user keys of rows by global index, as TransferQueue: None for a global index that is
+        not a row of the partition or has no key.
+
+        Raises:
+            TypeError: ``global_indexes`` is not an int or a list of ints.
+            InvalidInputError: an empty list.
+            RuntimeError: the partition does not exist ("Some global_indexes have no corresponding keys!").
+        """
         return self._call("kv_retrieve_keys", global_indexes, partition_id)
 
     def save_controller_checkpoint(self, path: str) -> Any:

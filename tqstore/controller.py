@@ -29,8 +29,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, 
 
 import numpy as np
 
-from ._format.columns import KIND_NAMES, Column
-from ._format.dtypes import DTYPE_NAMES
+from ._format.columns import Column, schema_changes
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
 from ._format.values import check_value
@@ -46,7 +45,7 @@ from .controller_mirror import (
 from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
 from .errors import (
-    CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
+    CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError,
 )
 from ._format.names import check_key, check_name  # noqa: F401 - check_name re-exported
 from .ports import PartitionInfo, RowBatch, RowInfo
@@ -224,15 +223,18 @@ class Controller:
     @_locked
     def plan_put(self, pid: str, columns: Sequence[Column], *, keys: Optional[Sequence[str]] = None,
                  gidxs: Optional[Sequence[int]] = None, n_new: int = 0, tags: Optional[Sequence[Any]] = None,
-                 create_keys: bool = True) -> PutPlan:
+                 create_keys: bool = True, strict_dtypes: bool = True) -> PutPlan:
         """Validate a put and reserve global indexes for new rows (nothing is committed).
 
         Exactly one of ``keys`` (KV rows, created if missing), ``gidxs`` (existing rows of
-        ``pid``) or ``n_new`` (new unkeyed rows) addresses the rows.
+        ``pid``) or ``n_new`` (new unkeyed rows) addresses the rows.  With
+        ``strict_dtypes=False`` a field's dtype may differ from its earlier puts: the plan's
+        schema then marks it mixed (``SCHEMA_MIXED``; see ``schema_changes``).
 
         Raises:
             InvalidInputError: duplicate keys, sizes that disagree, bad tags.
-            SchemaError: a field's kind or dtype clashes with the partition's schema.
+            SchemaError: a field's kind (or, with ``strict_dtypes``, dtype) clashes with the
+                partition's schema.
             KeyNotFoundError: ``gidxs`` names rows not in the partition.
         """
         check_name("partition_id", pid)
@@ -267,16 +269,7 @@ class Controller:
         for col in columns:
             if len(col.payloads) != n:
                 raise InvalidInputError(f"field {col.field!r} has {len(col.payloads)} rows, expected {n}")
-        schema_new: Dict[str, Tuple[int, int]] = {}
-        for col in columns:
-            want = (col.kind, col.dtype)
-            have = p.schema.get(col.field) if p else None
-            if have is not None and have != want:
-                raise SchemaError(
-                    f"field {col.field!r} of partition {pid!r} holds {KIND_NAMES[have[0]]} "
-                    f"{DTYPE_NAMES[have[1]]}, got {KIND_NAMES[want[0]]} {DTYPE_NAMES[want[1]]}")
-            if have is None:
-                schema_new[col.field] = want
+        schema_new = schema_changes(pid, p.schema if p else {}, columns, strict=strict_dtypes)
         fields = [c.field for c in columns]
         if len(set(fields)) != len(fields):
             raise InvalidInputError("a field appears twice in one batch")

@@ -384,8 +384,12 @@ class ControllerPort(Protocol):
     # puts -------------------------------------------------------------------
     def plan_put(self, pid: str, columns: Sequence[Any], *, keys: Optional[Sequence[str]] = None,
                  gidxs: Optional[Sequence[int]] = None, n_new: int = 0, tags: Optional[Sequence[Any]] = None,
-                 create_keys: bool = True) -> Any:
-        """Validate a put and reserve global indexes (nothing committed); returns a PutPlan."""
+                 create_keys: bool = True, strict_dtypes: bool = True) -> Any:
+        """Validate a put and reserve global indexes (nothing committed); returns a PutPlan.
+
+        A field's kind is fixed by its first put in a partition; its dtype too unless
+        ``strict_dtypes=False``, when a change marks the field mixed in the schema
+        (``SCHEMA_MIXED``; each row's dtype is in its frame)."""
 
     def commit_put(self, plan: Any, *, token: Optional[int] = None) -> None:
         """Commit a planned put in one transaction."""

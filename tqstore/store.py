@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import layout_dirs as L
-from ._format.columns import Column
+from ._format.columns import Column, approx_bytes as _approx_bytes
 from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
@@ -32,7 +32,8 @@ from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
 )
-from .edge import default_edge
+from .edge import batch_len as _batch_len, default_edge, normalise_fields as _normalise_fields
+from .capacity import RowCapacity
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, open_parts
@@ -79,14 +80,6 @@ class StoreSnapshot:
         self.release()
 
 
-def _normalise_fields(edge: Any, fields: Any) -> List[Tuple[str, Any]]:
-    items = edge.items(fields)
-    bad = [k for k, _ in items if not isinstance(k, str)]
-    if bad:
-        raise InvalidInputError(f"field names must be str, got {type(bad[0]).__name__} {bad[0]!r}")
-    return items
-
-
 class Store(CheckpointMixin, DumpMixin):
     """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
 
@@ -107,6 +100,12 @@ class Store(CheckpointMixin, DumpMixin):
         verify_reads: check CRC32C on every read (default True).
         result_type: what reads return: ``"tensordict"`` (a TensorDict, as TransferQueue; the
             default with the torch adapter) or ``"dict"`` (a plain mapping).
+        strict_schema: True: a field's dtype is fixed by its first put in a partition (another
+            raises SchemaError).  False (default, as TransferQueue): it may change; a get over rows
+            of several dtypes gives that field as a list of per-row tensors or arrays.
+        total_storage_size: None (default, no limit) or TransferQueue's row capacity: each unit
+            holds at most ``ceil(total_storage_size / num_units)`` rows with data; a put past it
+            raises CapacityError before anything is written (:mod:`tqstore.capacity`).
         edge: the framework adapter (:class:`~tqstore.edge.Edge`); default
             ``tqstore.edge.default_edge(result_type)``, the torch adapter once ``tqstore`` is imported.
 
@@ -121,7 +120,7 @@ class Store(CheckpointMixin, DumpMixin):
                  durability: str = "checkpoint", segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
                  verify_reads: bool = True, max_workers: Optional[int] = None,
                  index_map_bytes: Optional[int] = None, result_type: Optional[str] = None,
-                 edge: Any = None) -> None:
+                 strict_schema: bool = False, total_storage_size: Optional[int] = None, edge: Any = None) -> None:
         if durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
         if num_units is not None and (not isinstance(num_units, int) or num_units < 1):
@@ -130,6 +129,7 @@ class Store(CheckpointMixin, DumpMixin):
             raise ConfigError(f"compress must be None, 'zstd' or a collection of field names, got {compress!r}")
         if int(segment_bytes) < 1 << 16:
             raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
+        capacity = None if total_storage_size is None else RowCapacity(total_storage_size)  # ConfigError
         self.edge = default_edge(result_type) if edge is None else edge
         self._closed = True
         self._temporary = path is None
@@ -141,6 +141,7 @@ class Store(CheckpointMixin, DumpMixin):
             check_store_location(self.root)  # never inside a store, checkpoint or generation root
         self.durability = durability
         self.verify_reads = verify_reads
+        self.strict_schema = bool(strict_schema)
         self._opts = dict(durability=durability, segment_bytes=int(segment_bytes),
                           compress=set(compress) if isinstance(compress, (list, tuple, set, frozenset)) else compress,
                           map_bytes=index_map_bytes)
@@ -159,6 +160,7 @@ class Store(CheckpointMixin, DumpMixin):
         except BaseException:
             self._release_lock()
             raise
+        self._capacity = capacity and capacity.for_units(self.num_units)
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
                                         thread_name_prefix="tqstore-unit")
         # _write_lock serialises puts, clears, state replacement and close (held for a whole
@@ -346,7 +348,9 @@ class Store(CheckpointMixin, DumpMixin):
             self._check_open()
             with self._meta_lock:
                 plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
-                                                n_new=n if new_rows else 0, tags=tags, create_keys=create_keys)
+                                                n_new=n if new_rows else 0, tags=tags, create_keys=create_keys,
+                                                strict_dtypes=self.strict_schema)
+            grow = self._capacity.check(self.controller, partition_id, plan) if self._capacity and cols and n else {}
             token = None
             if plan.overwrites and cols and n:
                 # replaced entries stay undoable until the controller commits (the put is atomic)
@@ -363,6 +367,8 @@ class Store(CheckpointMixin, DumpMixin):
                 raise
             if token is not None:
                 self._settle_units(token, committed=True)
+            if grow:
+                self._capacity.commit(grow)
             return list(plan.gidxs)
 
     def _settle_units(self, token: int, *, committed: bool, units: Optional[Sequence[int]] = None) -> None:
@@ -429,7 +435,10 @@ class Store(CheckpointMixin, DumpMixin):
         self._check_open()
         with self._write_lock:
             with self._meta_lock:
+                held = self._capacity.holding(self.controller, partition_id, gidxs) if self._capacity else []
                 gone = self.controller.clear_rows(partition_id, gidxs)
+            if held:
+                self._capacity.cleared(held, gone)
             self._delete_units(gone)
             return gone
 
@@ -439,6 +448,8 @@ class Store(CheckpointMixin, DumpMixin):
         with self._write_lock:
             with self._meta_lock:
                 gone = self.controller.drop_partition(partition_id)
+            if gone and self._capacity:
+                self._capacity.forget()
             self._delete_units(gone)
             return gone
 
@@ -567,24 +578,6 @@ def _creation_debris(name: str) -> bool:
     """Names an interrupted store creation can leave (before STORE.json was published)."""
     return name in (L.CURRENT_FILE, L.CURRENT_FILE + ".tmp", L.STORE_FILE + ".tmp") or \
         L.parse_state_name(name) is not None
-
-
-def _approx_bytes(cols: List[Column]) -> int:
-    """Payload bytes of a batch, estimated from its first row where rows share a shape."""
-    return sum(len(c.payloads) * memoryview(c.payloads[0]).nbytes if c.uniform_shape and c.payloads else c.nbytes
-               for c in cols)
-
-
-def _batch_len(edge: Any, items: List[Tuple[str, Any]], tags) -> int:
-    if items:
-        v = items[0][1]
-        try:
-            return edge.batch_len(v)
-        except TypeError as e:
-            raise InvalidInputError(f"field {items[0][0]!r} has no batch dimension") from e
-    if tags is not None:
-        return len(tags)
-    raise InvalidInputError("cannot infer the batch size: no fields and no tags")
 
 
 def open(path: Optional[PathLike] = None, **kwargs) -> Store:  # noqa: A001 - mirrors builtins.open

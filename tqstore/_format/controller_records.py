@@ -34,8 +34,8 @@ from __future__ import annotations
 import json
 from typing import Any, AbstractSet, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
-from .dtypes import DTYPE_NAMES
-from .layout import KINDS
+from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
+from .layout import KIND_VALUE, KINDS
 from .records import (
     RecordError, decode_decimal, decode_json_object, decode_optional_decimal, decode_utf8, encode_decimal, is_uint,
     member,
@@ -184,10 +184,12 @@ def encode_schema(kind: int, dtype: int) -> bytes:
 
 
 def decode_schema(raw: Any) -> Tuple[int, int]:
-    """``(kind, dtype code)`` of a ``schema`` value, both known codes. Raises RecordError."""
+    """``(kind, dtype code)`` of a ``schema`` value, both known codes (``SCHEMA_MIXED`` for a tensor or
+    ndarray field whose rows hold several dtypes). Raises RecordError."""
     d = decode_json_object(raw, "schema")
     kind, dt = member(d, "kind", "schema"), member(d, "dtype", "schema")
-    if type(kind) is not int or kind not in KINDS or type(dt) is not int or dt not in DTYPE_NAMES:
+    mixed_ok = dt == SCHEMA_MIXED and kind != KIND_VALUE
+    if type(kind) is not int or kind not in KINDS or type(dt) is not int or (dt not in DTYPE_NAMES and not mixed_ok):
         raise RecordError(f"schema: not a known kind and dtype ({kind!r}, {dt!r})")
     return kind, dt
 

@@ -298,6 +298,26 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         c = self.reopen(c)
         assert c.put_token == 3
 
+    def test_a_dtype_change_is_rejected_by_default_and_recorded_as_mixed_when_allowed(self, tmp_path):
+        from .._format.dtypes import SCHEMA_MIXED
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["a"])
+        kind, code = c.partition_info("p").schema["x"]
+        with pytest.raises(SchemaError):  # strict_dtypes defaults to True
+            c.plan_put("p", _cols(["x"], 1, np.float32), keys=["b"])
+        plan = c.plan_put("p", _cols(["x"], 1, np.float32), keys=["b"], strict_dtypes=False)
+        assert c.partition_info("p").schema["x"] == (kind, code)  # planned, not committed
+        c.commit_put(plan)
+        assert c.partition_info("p").schema["x"] == (kind, SCHEMA_MIXED)
+        c.commit_put(c.plan_put("p", _cols(["x"], 1, np.int16), keys=["c"], strict_dtypes=False))
+        with pytest.raises(SchemaError):  # a mixed field accepts no put under strict_dtypes
+            c.plan_put("p", _cols(["x"], 1), keys=["d"])
+        with pytest.raises(SchemaError):  # a kind clash in both modes
+            c.plan_put("p", [to_column("x", ["v"], 1)], keys=["d"], strict_dtypes=False)
+        c = self.reopen(c)
+        assert c.partition_info("p").schema["x"] == (kind, SCHEMA_MIXED)
+        assert sorted(c.rows_by_key("p", ["a", "b", "c"]).gidxs) == sorted(c.resolve_keys("p", ["a", "b", "c"]))
+
     # errors and failed calls ----------------------------------------------------------
     def test_rejected_puts_raise_tqstore_errors_and_change_nothing(self, tmp_path):
         c = self.controller(tmp_path)
