@@ -162,6 +162,30 @@ def test_dtype_conflict_is_rejected_before_anything_is_written(source, tmp_path)
         assert state(dst) == before and dst.controller.restores() == []
 
 
+def test_a_dtype_change_follows_strict_schema(source, tmp_path):
+    """As a put: by default a dump of another dtype makes the field mixed (each row keeps its
+    own dtype, bit for bit); with strict_schema=True it is rejected with nothing written."""
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:4], "train")
+    want = rows_of(src, "train", keys[:4])
+    live = {"input_ids": torch.zeros((1, 16), dtype=torch.int32)}  # int64 in the dump
+    with tqstore.open(tmp_path / "strict", num_units=2, strict_schema=True) as dst:
+        dst.kv_batch_put(["a"], "train", fields=live)
+        before = state(dst)
+        with pytest.raises(SchemaError, match="input_ids"):
+            dst.load_data_by_key(dump)
+        assert state(dst) == before and dst.controller.restores() == []
+    with tqstore.open(tmp_path / "mixed", num_units=3) as dst:
+        dst.kv_batch_put(["a"], "train", fields=live)
+        assert dst.load_data_by_key(dump)["keys"] == 4
+        assert rows_of(dst, "train", keys[:4]) == want
+        assert rows_of(dst, "train", ["a"])["a"][2]["input_ids"] == canon(live["input_ids"])
+        mixed = dst.kv_batch_get(["a"] + keys[:2], "train", select_fields=["input_ids"])["input_ids"]
+        assert [t.dtype for t in mixed] == [torch.int32, torch.int64, torch.int64]  # a list per row
+    with tqstore.open(tmp_path / "mixed") as dst:
+        assert dst.verify() == [] and rows_of(dst, "train", keys[:4]) == want
+
+
 # ------------------------------------------------------------------ an unresolved restore
 @pytest.fixture
 def pending(source, tmp_path, monkeypatch):

@@ -273,7 +273,8 @@ class Controller:
         fields = [c.field for c in columns]
         if len(set(fields)) != len(fields):
             raise InvalidInputError("a field appears twice in one batch")
-        self._restores.check_put(pid, keys, gidxs, {c.field: (c.kind, c.dtype) for c in columns})
+        self._restores.check_put(pid, keys, gidxs, {c.field: (c.kind, c.dtype) for c in columns},
+                                 strict_dtypes=strict_dtypes)
         overwrites = False
         reserved: List[int] = []
         seq = p.next_seq if p else 0

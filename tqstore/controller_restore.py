@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from ._format import controller_records as R
 from ._format.columns import KIND_NAMES
-from ._format.dtypes import DTYPE_NAMES
+from ._format.dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from ._format.names import check_key, check_name
 from ._format.records import RecordError
 from ._format.values import check_value
@@ -46,9 +46,24 @@ RESTORE_CALLS = ("begin_restore", "claim_restore", "complete_restore", "finish_r
                  "forget_restore", "restores", "restore")
 
 
+def _dtype_name(code: int) -> str:
+    return "rows of several dtypes" if code == SCHEMA_MIXED else DTYPE_NAMES[code]
+
+
 def _schema_clash(pid: str, f: str, have: Tuple[int, int], want: Tuple[int, int], what: str) -> SchemaError:
-    return SchemaError(f"field {f!r} of partition {pid!r} holds {KIND_NAMES[have[0]]} {DTYPE_NAMES[have[1]]}, "
-                       f"{what} {KIND_NAMES[want[0]]} {DTYPE_NAMES[want[1]]}")
+    return SchemaError(f"field {f!r} of partition {pid!r} holds {KIND_NAMES[have[0]]} {_dtype_name(have[1])}, "
+                       f"{what} {KIND_NAMES[want[0]]} {_dtype_name(want[1])}")
+
+
+def _merged(have: Optional[Tuple[int, int]], want: Tuple[int, int], strict: bool) -> Optional[Tuple[int, int]]:
+    """The schema entry of a field holding ``have`` after rows of ``want`` join it, or None on
+    a clash: another kind always clashes; another dtype clashes when ``strict``, else the entry
+    becomes ``(kind, SCHEMA_MIXED)`` (as :func:`~tqstore._format.columns.schema_changes`)."""
+    if have is None or have == want:
+        return want
+    if have[0] != want[0] or strict:
+        return None
+    return (have[0], SCHEMA_MIXED)
 
 
 class RestoreHost:
@@ -127,9 +142,10 @@ class RestoreHost:
             raise self.info(rid).pending_error(f"clearing rows of partition {pid!r}")
 
     def check_put(self, pid: str, keys: Optional[Sequence[str]], gidxs: Optional[Sequence[int]],
-                  schema: Mapping[str, Tuple[int, int]]) -> None:
+                  schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True) -> None:
         """Raise RestorePendingError for a put creating or overwriting a restore's rows,
-        SchemaError for a field clashing with a pending restore's schema."""
+        SchemaError for a field clashing with a pending restore's schema (a dtype change is a
+        clash only with ``strict_dtypes``)."""
         if not self.active:
             return
         ours = self._keys.get(pid, {})
@@ -144,7 +160,7 @@ class RestoreHost:
         if rid is not None:
             for f, want in schema.items():
                 have = self.active[rid].schema.get(f)
-                if have is not None and have != want:
+                if _merged(have, want, strict_dtypes) is None:
                     raise _schema_clash(pid, f, have, want, "as a pending restore writes it; got")
 
     # ------------------------------------------------------------------ values
@@ -179,7 +195,7 @@ class RestoreHost:
 
     # ------------------------------------------------------------------ port methods
     def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
-                      schema: Mapping[str, Tuple[int, int]]) -> RestoreInfo:
+                      schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True) -> RestoreInfo:
         c = self._c
         check_name("partition_id", pid)
         rid0 = self.of_partition(pid)
@@ -190,12 +206,13 @@ class RestoreHost:
         for f, kd in dict(schema).items():
             check_name("field", f)
             want = (int(kd[0]), int(kd[1]))
-            if want[0] not in KIND_NAMES or want[1] not in DTYPE_NAMES:
+            if want[0] not in KIND_NAMES or (want[1] not in DTYPE_NAMES and want[1] != SCHEMA_MIXED):
                 raise InvalidInputError(f"field {f!r}: unknown kind or dtype code {want}")
             have = p.schema.get(f) if p else None
-            if have is not None and have != want:
+            merged = _merged(have, want, strict_dtypes)
+            if merged is None:
                 raise _schema_clash(pid, f, have, want, "the dump holds")
-            sch[f] = want
+            sch[f] = merged
         if len({r[0] for r in entries}) != len(entries):
             raise InvalidInputError("a key appears twice in the restore")
         try:
@@ -228,7 +245,7 @@ class RestoreHost:
         tag_no = self.last_tag + 1
         n = c.num_units
         rec = R.RestoreRecord(tag_no, pid, str(dump_dir), "running", ("pending",) * n, (0,) * n, tuple(reserved),
-                              {f: k for f, k in sch.items() if not (p and f in p.schema)}, len(recs), time.time(),
+                              {f: k for f, k in sch.items() if not (p and p.schema.get(f) == k)}, len(recs), time.time(),
                               (c.next_gidx, max(next_g, c.next_gidx)))
         m = c.db
         with wrap_errors("begin restore", c.path), c.env.begin(write=True) as txn:
@@ -303,8 +320,9 @@ class RestoreHost:
             new = [(R.keys_key(rec.pid, r.key), R.gidx_key(r.gidx)) for r in result if r.gidx not in p.rows]
             if new:
                 txn.cursor(m["keys"]).putmulti(new)
-            for f, (kind, dt) in rec.schema.items():
-                if f not in p.schema:
+            schema = {f: _merged(p.schema.get(f), kd, False) or kd for f, kd in rec.schema.items()}
+            for f, (kind, dt) in schema.items():
+                if p.schema.get(f) != (kind, dt):
                     txn.put(R.schema_key(rec.pid, f), R.encode_schema(kind, dt), db=m["schema"])
             txn.put(R.parts_key(rec.pid), R.encode_partition(seq, p.meta), db=m["parts"])
             for k in self._chunk_keys(rid):
@@ -319,8 +337,7 @@ class RestoreHost:
             p.rows[r.gidx] = r
             c.rows[r.gidx] = r
             p.keys[r.key] = r.gidx
-        for f, kd in rec.schema.items():
-            p.schema.setdefault(f, kd)
+        p.schema.update(schema)
         p.ready.clear()  # rebuilt on the next fetch
         self.active[rid] = done
         self.rows[rid] = []

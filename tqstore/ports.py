@@ -488,11 +488,14 @@ class ControllerPort(Protocol):
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
     def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
-                      schema: Mapping[str, Tuple[int, int]]) -> RestoreInfo:
+                      schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True) -> RestoreInfo:
         """Record a restore of ``entries`` (rows ``(key, gidx in the dump, tag, produced fields)``) into
         ``pid`` in one transaction: existing keys keep their gidx, new keys get reserved ones.
+        With ``strict_dtypes=False`` a field whose dtype differs from the partition's becomes
+        mixed on finish (as a put's, see ``plan_put``).
         Returns the info with the mapping.  Raises RestorePendingError (``pid`` has an
-        unresolved restore), SchemaError (``schema`` clashes with the partition's),
+        unresolved restore), SchemaError (``schema`` clashes with the partition's: another
+        kind, or with ``strict_dtypes`` another dtype),
         InvalidInputError (bad keys, tags, duplicate keys, fields not in ``schema``)."""
 
     def claim_restore(self, rid: str, unit: int) -> int:

@@ -161,7 +161,8 @@ def load(store, dump_dir) -> Dict[str, Any]:
                 store._check_open()
                 rb = store.controller.rows_by_key(dump.partition_id, list(dump.rows.rows))
                 new = len(dump.rows.rows) if rb is None else len(rb.missing())  # O(keys), not O(partition)
-                info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema())
+                info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema(),
+                                                      strict_dtypes=store.strict_schema)
         except BaseException:
             if not any(r.dump == str(d) for r in store.controller.restores()):
                 _unmark(d)
