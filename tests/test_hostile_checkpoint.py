@@ -394,3 +394,26 @@ def test_the_walk_reports_a_crash_a_timeout_and_a_clean_file_by_name(setup, tmp_
     slow = LmdbWalk(targets, timeout_s=0.0)
     probs = slow.result()
     assert len(probs) == 1 and "within 0 s" in probs[0].message
+
+
+def test_the_walk_clears_each_file_as_it_passes_it_and_never_one_behind_a_crash(setup, tmp_path):
+    """A loader maps each LMDB file once the walk passed it cleanly (``wait_clean``), while
+    the child goes on; a file at or after a damaged one is never cleared."""
+    from tqstore._io.lmdbwalk import LmdbWalk
+
+    d, _want, _server = setup
+    ck = tmp_path / "ck"
+    shutil.copytree(d / "pristine", ck)
+    _edit(_mdb(ck, "unit"), _meta_root_past_eof)  # unit 0's index crashes the walking child
+    targets = [(str(ck / M.unit_dir_name(1) / "index"), "unit_index"),
+               (str(ck / M.unit_dir_name(0) / "index"), "unit_index"), (str(ck / "controller"), "controller")]
+    w = LmdbWalk(targets, first_only=True)
+    assert w.wait_clean(0) == []  # unit 1 walked cleanly before the crash
+    for i in (1, 2):  # the damaged file and the one behind it: the crash is reported, never "clean"
+        probs = w.wait_clean(i)
+        assert [p.index for p in probs] == [1] and "SIGBUS" in probs[0].message
+    assert w.result() == probs
+    clean = LmdbWalk([targets[0], targets[2]], first_only=True)
+    assert clean.wait_clean(1) == [] and clean.wait_clean(0) == [] and clean.result() == []
+    with pytest.raises(IndexError):
+        clean.wait_clean(2)

@@ -26,8 +26,9 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
@@ -42,8 +43,8 @@ from ..ports import ControllerPort, UnitImport, UnitPort
 from . import manifest as M
 from .planner import FrameTable, plan_load_mode, plan_reshard
 from .verify import (
-    _check_controller, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
-    unit_frames, walk_problems,
+    Problem, _check_controller, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
+    unit_frames,
 )
 
 log = logging.getLogger("tqstore")
@@ -102,9 +103,11 @@ class Builder:
     """
 
     def __init__(self, src: Path, man: M.Manifest, controller: ControllerPort, units: Sequence[UnitPort],
-                 max_workers: int, walk: Optional[LmdbWalk] = None) -> None:
+                 max_workers: int, walk: Optional[LmdbWalk] = None, walk_index: Optional[Dict[str, int]] = None
+                 ) -> None:
         self.src = src
         self.walk = walk
+        self.walk_index = dict(walk_index or {})  # manifest path of an LMDB file -> its walk target
         self.man = man
         self.controller = controller
         self.units = list(units)
@@ -112,70 +115,101 @@ class Builder:
         self.max_workers = max_workers
         self.mode = plan_load_mode(man.num_units, self.num_units, man.include_storage)
         self.read_bytes = 0
+        self._count_lock = threading.Lock()
         self._pending: List[Any] = []
         self._vpool: Optional[ThreadPoolExecutor] = None
 
-    def _walked(self) -> None:
-        """Wait for the out-of-process walk of the LMDB files; raise what it found.  Nothing
-        in this process maps a checkpoint's LMDB file before this returned."""
+    def _read(self, n: int) -> None:
+        with self._count_lock:
+            self.read_bytes += n
+
+    def _walked(self, e: M.FileEntry) -> None:
+        """Wait until the out-of-process walk finished ``e`` (an LMDB file) cleanly; raise
+        what it found.  Nothing in this process maps a checkpoint's LMDB file before its
+        walk returned clean (the walk goes on with the next files meanwhile)."""
         if self.walk is None:
             return
         t0 = time.perf_counter()
-        probs = walk_problems(self.walk)
-        log.debug("LMDB walk of %s: %.3f s, waited %.3f s", self.src, self.walk.elapsed_s, time.perf_counter() - t0)
+        i = self.walk_index.get(e.path)
+        probs = [Problem(w.path, w.message) for w in
+                 (self.walk.result() if i is None else self.walk.wait_clean(i))]
+        log.debug("LMDB walk of %s up to %s: waited %.3f s", self.src, e.path, time.perf_counter() - t0)
         if probs:
             raise probs[0].to_error()
 
-    def __call__(self, new_dir: Path) -> str:
+    def _controller_part(self, new_dir: Path) -> None:
+        """The controller's file: CRC, walk, every entry decoded and checked (unit and row
+        counts against the manifest, as a deep verify), then staged."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
-        self.read_bytes += _check_file(self.src, ctrl)
-        workers = max(1, min(self.max_workers, max(self.num_units, self.man.num_units)))
-        if self.mode != "metadata":  # index CRCs while the walk runs
-            idx = [self.man.find(M.unit_index_file(i)) for i in range(self.man.num_units)]
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
-                self.read_bytes += sum(pool.map(lambda e: _check_file(self.src, e), idx))
-        self._walked()
-        probs = _check_controller(self.src, self.man)  # unit and row counts, as a deep verify
+        self._read(_check_file(self.src, ctrl))
+        self._walked(ctrl)
+        probs = _check_controller(self.src, self.man)
         if probs:
             raise probs[0].to_error()
         self.controller.stage_import(str(new_dir / "controller"), str(self.src / "controller"),
                                      num_units=self.num_units if self.man.num_units != self.num_units else None,
                                      clear_produced=self.mode == "metadata")
-        if self.mode == "metadata":
-            return self.mode
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
+
+    def _index_part(self, i: int) -> FrameTable:
+        """Unit ``i``'s index file: CRC (stopping at the first bad block), walk, entries read
+        and checked against the manifest."""
+        e = self.man.find(M.unit_index_file(i))
+        self._read(_check_file(self.src, e))
+        self._walked(e)
+        return self._unit_table(i)
+
+    def __call__(self, new_dir: Path) -> str:
+        """Every file's checks and staging as tasks that start at once: each unit index is
+        read as soon as the walk has passed it (the walk goes unit indexes first, the
+        controller last), each unit stages right after and its segments' verification
+        starts in the background, while the controller's entries are decoded and checked
+        beside them.  All tasks have ended (none still writes into ``new_dir``) when this
+        returns or raises."""
+        n_src = self.man.num_units if self.mode != "metadata" else 0
+        workers = max(1, min(self.max_workers, max(self.num_units, n_src)))
+        link = False
+        if self.mode == "same":
+            # a checkpoint file whose fsync failed in this process is copied, never linked and fsynced again
+            link = files.same_filesystem(self.src, new_dir) and not any(
+                files.fsync_failed(self.src / e.path) for i in range(self.num_units)
+                for e in self.man.segments(i).values())
+            self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
+
+        def same(i: int) -> None:  # plan (the index read and checked), stage, verify in the background
+            plan = self._same_plan(i, link, self._index_part(i))
+            self._read(self.units[i].stage_import(str(new_dir / M.unit_dir_name(i)), plan))
+            assert self._vpool is not None
+            self._pending.append((i, self._vpool.submit(self.units[i].verify_import,
+                                                        str(new_dir / M.unit_dir_name(i)), plan)))
+
+        with ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="tqstore-load") as pool:
+            ctrl = pool.submit(self._controller_part, new_dir)
             if self.mode == "same":
-                # a checkpoint file whose fsync failed in this process is copied, never linked and fsynced again
-                link = files.same_filesystem(self.src, new_dir) and not any(
-                    files.fsync_failed(self.src / e.path) for i in range(self.num_units)
-                    for e in self.man.segments(i).values())
-                plans: List[Any] = [None] * self.num_units
-
-                def stage(i: int) -> int:  # plan (the index read and checked) and stage, unit by unit
-                    plans[i] = self._same_plan(i, link)
-                    return self.units[i].stage_import(str(new_dir / M.unit_dir_name(i)), plans[i])
-
-                self.read_bytes += sum(pool.map(stage, range(self.num_units)))
-                self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
-                self._pending = [self._vpool.submit(self.units[i].verify_import, str(new_dir / M.unit_dir_name(i)),
-                                                    plans[i]) for i in range(self.num_units)]
+                _first_error([ctrl] + [pool.submit(same, i) for i in range(self.num_units)])
+            elif self.mode == "reshard":  # the targets start once every source index is read
+                tables = [pool.submit(self._index_part, i) for i in range(n_src)]
+                try:
+                    _first_error(tables)
+                    seg_paths = {(e.unit, e.seg): e.path for e in self.man.by_role(M.ROLE_SEGMENT)}
+                    plan = plan_reshard({i: f.result() for i, f in enumerate(tables)}, self.num_units)
+                    _first_error([pool.submit(self._reshard_target, new_dir, t, seg_paths) for t in plan.targets])
+                finally:
+                    _first_error([ctrl])
             else:
-                refs = dict(zip(range(self.man.num_units), pool.map(self._unit_table, range(self.man.num_units))))
-                seg_paths = {(e.unit, e.seg): e.path for e in self.man.by_role(M.ROLE_SEGMENT)}
-                plan = plan_reshard(refs, self.num_units)
-                self.read_bytes += sum(pool.map(
-                    lambda t: self.units[t.unit].stage_import(
-                        str(new_dir / M.unit_dir_name(t.unit)),
-                        UnitImport("reshard", str(self.src), target=t, seg_paths=seg_paths)),
-                    plan.targets))
+                ctrl.result()
         return self.mode
+
+    def _reshard_target(self, new_dir: Path, t, seg_paths) -> None:
+        self._read(self.units[t.unit].stage_import(str(new_dir / M.unit_dir_name(t.unit)),
+                                                   UnitImport("reshard", str(self.src), target=t,
+                                                              seg_paths=seg_paths)))
 
     def finish(self) -> None:
         """Wait for the background verification of the segments; raise the first problem."""
         errors = []
-        for f in self._pending:
+        for _i, f in sorted(self._pending, key=lambda p: p[0]):
             try:
-                self.read_bytes += f.result()
+                self._read(f.result())
             except BaseException as e:  # noqa: BLE001 - the first is raised below
                 errors.append(e)
         self._pending = []
@@ -184,19 +218,19 @@ class Builder:
 
     def abandon(self) -> None:
         """After a failed install: stop the verification threads (their results do not matter)."""
-        for f in self._pending:
+        for _i, f in self._pending:
             f.cancel()
         if self._vpool is not None:
             self._vpool.shutdown(wait=True)
             self._vpool = None
         self._pending = []
 
-    def _same_plan(self, i: int, link: bool) -> UnitImport:
+    def _same_plan(self, i: int, link: bool, table: FrameTable) -> UnitImport:
         """Unit ``i``'s part: its (verified, walked) index, its segments, the frames to check."""
         segs = sorted(self.man.segments(i).items())
         return UnitImport("same", str(self.src), index_dir=f"{M.unit_dir_name(i)}/index",
                           segments=[(seg, e.path, e.size, e.crc32c) for seg, e in segs],
-                          frames=frames_of(self._unit_table(i)), link=link)
+                          frames=frames_of(table), link=link)
 
     def _unit_table(self, i: int) -> FrameTable:
         """Unit ``i``'s index entries, with the checks of a deep verify (shared code): the
@@ -216,6 +250,18 @@ class Builder:
         return table
 
 
+def _first_error(futs: Sequence[Future]) -> None:
+    """Wait for every future; raise the first error (by submission order) once all ended."""
+    errors = []
+    for f in futs:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001 - the first is raised below
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
 def load(store, checkpoint_dir) -> LoadInfo:
     """Load a checkpoint into ``store`` (see :meth:`CheckpointMixin.load_checkpoint`)."""
     from .writer import settle, state_of
@@ -230,11 +276,13 @@ def load(store, checkpoint_dir) -> LoadInfo:
             prob = file_problem(src, e)
             if prob is not None:
                 raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
-        lmdb_files = [e for e in man.files if e.role == M.ROLE_CONTROLLER or
-                      (e.role == M.ROLE_UNIT_INDEX and plan_load_mode(man.num_units, store.num_units,
-                                                                       man.include_storage) != "metadata")]
+        # unit indexes first (their segments' verification is the long part), the controller last
+        lmdb_files = ([] if plan_load_mode(man.num_units, store.num_units, man.include_storage) == "metadata" else
+                      [man.find(M.unit_index_file(i)) for i in range(man.num_units)])
+        lmdb_files += man.by_role(M.ROLE_CONTROLLER)
         walk = lmdb_walk(src, lmdb_files, first_only=True)  # runs while the lock is taken and CRCs are checked
-        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)), walk=walk)
+        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)), walk=walk,
+                        walk_index={e.path: k for k, e in enumerate(lmdb_files)})
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
             mode = store.install_state(build, reconcile=False, before_switch=build.finish)
