@@ -9,8 +9,11 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 
 * every file is first checked to be a regular file (no symbolic link, FIFO or device) of
   the size MANIFEST.json records; every LMDB file is walked in a child process
-  (:mod:`tqstore._io.lmdbwalk`, in parallel with the CRC checks of the index files) before
-  this process maps it, and is then copied compacted (no free pages);
+  (:mod:`tqstore._io.lmdbwalk`: one for the unit indexes, one for the controller, side by
+  side) before this process maps it, and is then copied compacted (no free pages);
+* every file is its own task, all started at once: its CRC32C, then (once its walk is
+  clean) its reading and staging, so the segments of one unit are verified while other
+  indexes are still walked and the controller's entries are decoded and checked;
 * same unit count: the controller and index files are checked and copied; every index
   entry must name bytes inside a listed segment (the checks of a deep
   :func:`verify_checkpoint`, same code); segments are hard-linked (same file system) or
@@ -31,7 +34,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -103,11 +106,9 @@ class Builder:
     """
 
     def __init__(self, src: Path, man: M.Manifest, controller: ControllerPort, units: Sequence[UnitPort],
-                 max_workers: int, walk: Optional[LmdbWalk] = None, walk_index: Optional[Dict[str, int]] = None
-                 ) -> None:
+                 max_workers: int, walks: Optional[Dict[str, Tuple[LmdbWalk, int]]] = None) -> None:
         self.src = src
-        self.walk = walk
-        self.walk_index = dict(walk_index or {})  # manifest path of an LMDB file -> its walk target
+        self.walks = dict(walks or {})  # manifest path of an LMDB file -> (the walk that has it, its target)
         self.man = man
         self.controller = controller
         self.units = list(units)
@@ -127,12 +128,11 @@ class Builder:
         """Wait until the out-of-process walk finished ``e`` (an LMDB file) cleanly; raise
         what it found.  Nothing in this process maps a checkpoint's LMDB file before its
         walk returned clean (the walk goes on with the next files meanwhile)."""
-        if self.walk is None:
-            return
+        if e.path not in self.walks:
+            raise CheckpointError(f"internal: {e.path} of {self.src} was not walked")
         t0 = time.perf_counter()
-        i = self.walk_index.get(e.path)
-        probs = [Problem(w.path, w.message) for w in
-                 (self.walk.result() if i is None else self.walk.wait_clean(i))]
+        walk, i = self.walks[e.path]
+        probs = [Problem(w.path, w.message) for w in walk.wait_clean(i)]
         log.debug("LMDB walk of %s up to %s: waited %.3f s", self.src, e.path, time.perf_counter() - t0)
         if probs:
             raise probs[0].to_error()
@@ -160,8 +160,8 @@ class Builder:
 
     def __call__(self, new_dir: Path) -> str:
         """Every file's checks and staging as tasks that start at once: each unit index is
-        read as soon as the walk has passed it (the walk goes unit indexes first, the
-        controller last), each unit stages right after and its segments' verification
+        read as soon as the walk has passed it (one child walks the unit indexes, another
+        the controller, side by side), each unit stages right after and its segments' verification
         starts in the background, while the controller's entries are decoded and checked
         beside them.  All tasks have ended (none still writes into ``new_dir``) when this
         returns or raises."""
@@ -276,13 +276,14 @@ def load(store, checkpoint_dir) -> LoadInfo:
             prob = file_problem(src, e)
             if prob is not None:
                 raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
-        # unit indexes first (their segments' verification is the long part), the controller last
-        lmdb_files = ([] if plan_load_mode(man.num_units, store.num_units, man.include_storage) == "metadata" else
-                      [man.find(M.unit_index_file(i)) for i in range(man.num_units)])
-        lmdb_files += man.by_role(M.ROLE_CONTROLLER)
-        walk = lmdb_walk(src, lmdb_files, first_only=True)  # runs while the lock is taken and CRCs are checked
-        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)), walk=walk,
-                        walk_index={e.path: k for k, e in enumerate(lmdb_files)})
+        # two children side by side: the unit indexes (their segments' verification is the long
+        # part) and the controller (its checked decode is); they run while the lock is taken
+        groups = [man.by_role(M.ROLE_CONTROLLER)]
+        if plan_load_mode(man.num_units, store.num_units, man.include_storage) != "metadata":
+            groups.insert(0, [man.find(M.unit_index_file(i)) for i in range(man.num_units)])
+        walks = [lmdb_walk(src, g, first_only=True) for g in groups]
+        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)),
+                        walks={e.path: (w, k) for g, w in zip(groups, walks) for k, e in enumerate(g)})
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
             mode = store.install_state(build, reconcile=False, before_switch=build.finish)
@@ -295,9 +296,10 @@ def load(store, checkpoint_dir) -> LoadInfo:
                                   f"is unchanged", path=str(src)) from e
         finally:
             build.abandon()
-            walk.cancel()
+            for w in walks:
+                w.cancel()
     info = LoadInfo(src, man.num_units, store.num_units, mode, man.rows, man.total_bytes, build.read_bytes,
-                    time.perf_counter() - t0, dict(man.metadata), walk.elapsed_s)
+                    time.perf_counter() - t0, dict(man.metadata), max(w.elapsed_s for w in walks))
     log.info("loaded checkpoint %s (%s, %d -> %d units, %d rows) in %.3f s", src, mode, man.num_units,
              store.num_units, man.rows, info.elapsed_s)
     return info
