@@ -303,7 +303,8 @@ def run(base: Path, gib: float, units: int, res: dict) -> int:
         ck_bytes = info.total_bytes
         srcs = segs + files_under(store.state_dir, "data.mdb")
         for fn, out, name in ((lambda d: stream_write(ck_bytes, d, segs[0]), streams, "stream"),
-                              (lambda d: raw_write(srcs, d), raws, "raw"), (lambda d: copy_range(srcs, d), cfrs, "cfr")):
+                              (lambda d: raw_write(srcs, d), raws, "raw"),
+                              (lambda d: copy_range(srcs, d), cfrs, "cfr")):
             os.sync()
             out.append(fn(base / f"{name}{rnd}"))
             shutil.rmtree(base / f"{name}{rnd}")
