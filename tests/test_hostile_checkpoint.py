@@ -417,3 +417,20 @@ def test_the_walk_clears_each_file_as_it_passes_it_and_never_one_behind_a_crash(
     assert clean.wait_clean(1) == [] and clean.wait_clean(0) == [] and clean.result() == []
     with pytest.raises(IndexError):
         clean.wait_clean(2)
+
+
+def test_waiting_for_each_file_while_the_child_writes_loses_no_record(setup, tmp_path):
+    """Polling the walk's records while the child is still writing them (as a loader does)
+    must not disturb them: every clean file is reported clean, the walk ends clean."""
+    from tqstore._io.lmdbwalk import LmdbWalk
+
+    d, _want, _server = setup
+    targets = [(str(d / "pristine" / M.unit_dir_name(i % 2) / "index"), "unit_index") for i in range(40)]
+    one = LmdbWalk(targets[:1])
+    assert one.result() == []
+    w = LmdbWalk(targets, first_only=True)
+    for i in range(len(targets)):
+        assert w.wait_clean(i, poll_s=0.0) == [], i
+    other = LmdbWalk(targets[1:2])
+    assert other.result() == []
+    assert w.result() == [] and w.entries == 20 * (one.entries + other.entries)

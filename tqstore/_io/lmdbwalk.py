@@ -97,10 +97,20 @@ class LmdbWalk:
                                       stdout=self._out, stderr=subprocess.DEVNULL, close_fds=True)
 
     def _records(self) -> List[dict]:
+        """The child's records so far.  Read with ``pread`` (no seek): the child writes
+        through the same open file description, so moving its offset while the child
+        runs would make it overwrite earlier records."""
         assert self._out is not None
-        self._out.seek(0)
+        fd = self._out.fileno()
+        chunks, off = [], 0
+        while True:
+            b = os.pread(fd, 1 << 16, off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
         out = []
-        for line in self._out.read().splitlines():
+        for line in b"".join(chunks).splitlines():
             try:
                 out.append(json.loads(line))
             except ValueError:
