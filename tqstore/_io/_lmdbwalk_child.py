@@ -75,11 +75,10 @@ def _check_db(txn, db, name: str, kind: str) -> int:
         elif kind == "gidx_value":
             if len(v) != 8:
                 raise _Bad(f"{what}: value is not a global index")
-        elif kind == "rows":  # one per row: only the shape here; the parent's checked decoder parses each
+        elif kind == "rows":
             if len(k) != 8:
                 raise _Bad(f"{what}: key is not a global index")
-            if v[:1] != b"{" or v[-1:] != b"}":
-                raise _Bad(f"{what}: value is not a JSON object")
+            _json_object(v, what)
         elif kind == "cons":
             if v or len(k) < 10 or k[:-8].count(b"\0") < 2:
                 raise _Bad(f"{what}: entry is not a consumption mark")
