@@ -59,8 +59,11 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if "--tqstore-root" in sys.argv[:-1]:  # before tqstore is imported: drive another checkout
-    ROOT = Path(sys.argv[sys.argv.index("--tqstore-root") + 1]).resolve()
+for _i, _a in enumerate(sys.argv):  # before tqstore is imported: drive another checkout
+    if _a == "--tqstore-root" and _i + 1 < len(sys.argv):
+        ROOT = Path(sys.argv[_i + 1]).resolve()
+    elif _a.startswith("--tqstore-root="):
+        ROOT = Path(_a.split("=", 1)[1]).resolve()
 sys.path.insert(0, str(ROOT))
 
 import tqstore  # noqa: E402
