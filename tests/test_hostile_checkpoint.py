@@ -434,3 +434,32 @@ def test_waiting_for_each_file_while_the_child_writes_loses_no_record(setup, tmp
     other = LmdbWalk(targets[1:2])
     assert other.result() == []
     assert w.result() == [] and w.entries == 20 * (one.entries + other.entries)
+
+
+def test_a_controller_entry_the_walk_passes_but_the_decoder_refuses_fails_the_load_naming_the_checkpoint(
+        setup, tmp_path):
+    """A well-formed row that breaks a rule of the controller index (its partition has no
+    ``parts`` entry), re-signed: the load refuses it with CorruptionError naming the
+    checkpoint's controller file (the entries are checked once, by the open of the staged
+    copy), verify reports it, and the live store is unchanged."""
+    from tqstore.checkpoint import verify_checkpoint
+    from tqstore.errors import CorruptionError
+
+    d, want, _server = setup
+    ck = tmp_path / "ck"
+    shutil.copytree(d / "pristine", ck)
+
+    def orphan_row(txn, db):
+        k, _v = _first_loc(txn, db)
+        txn.put(k, b'{"p":"no-such-partition","k":"x","t":null,"f":[],"s":0}', db=db)
+
+    _lmdb_edit(_mdb(ck, "controller"), b"rows", orphan_row)
+    resign(ck)
+    shutil.copytree(d / "live", tmp_path / "live")
+    with tqstore.open(tmp_path / "live") as s:
+        with pytest.raises(CorruptionError) as ei:
+            s.load_checkpoint(ck)
+        assert ei.value.path == str(ck / M.CONTROLLER_FILE)
+        assert state(s) == want
+        assert len(list((tmp_path / "live").glob("state-*"))) == 1
+    assert not verify_checkpoint(ck, raise_on_error=False).ok

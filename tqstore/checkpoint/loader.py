@@ -46,7 +46,7 @@ from ..ports import ControllerPort, UnitImport, UnitPort
 from . import manifest as M
 from .planner import FrameTable, plan_load_mode, plan_reshard
 from .verify import (
-    Problem, _check_controller, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
+    Problem, bad_block, check_controller_counts, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
     unit_frames,
 )
 
@@ -119,6 +119,7 @@ class Builder:
         self._count_lock = threading.Lock()
         self._pending: List[Any] = []
         self._vpool: Optional[ThreadPoolExecutor] = None
+        self.new_dir: Optional[Path] = None  # the state directory being built (set by __call__)
 
     def _read(self, n: int) -> None:
         with self._count_lock:
@@ -138,12 +139,14 @@ class Builder:
             raise probs[0].to_error()
 
     def _controller_part(self, new_dir: Path) -> None:
-        """The controller's file: CRC, walk, every entry decoded and checked (unit and row
-        counts against the manifest, as a deep verify), then staged."""
+        """The controller's file: CRC, walk, unit and row counts against the manifest (as a
+        deep verify), then staged.  Its entries are decoded and checked once, by the store's
+        open of the staged copy (:meth:`Store.install_state` opens the new state before the
+        switch; the same checked decoder as a deep verify's): not a second time here."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
         self._read(_check_file(self.src, ctrl))
         self._walked(ctrl)
-        probs = _check_controller(self.src, self.man)
+        probs = check_controller_counts(self.src, self.man)
         if probs:
             raise probs[0].to_error()
         self.controller.stage_import(str(new_dir / "controller"), str(self.src / "controller"),
@@ -165,6 +168,7 @@ class Builder:
         starts in the background, while the controller's entries are decoded and checked
         beside them.  All tasks have ended (none still writes into ``new_dir``) when this
         returns or raises."""
+        self.new_dir = Path(new_dir)
         n_src = self.man.num_units if self.mode != "metadata" else 0
         workers = max(1, min(self.max_workers, max(self.num_units, n_src)))
         link = False
@@ -287,6 +291,14 @@ def load(store, checkpoint_dir) -> LoadInfo:
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
             mode = store.install_state(build, reconcile=False, before_switch=build.finish)
+        except CorruptionError as e:
+            staged = build.new_dir / "controller" if build.new_dir is not None else None
+            if staged is not None and e.path is not None and Path(e.path).parent == staged:
+                # the open of the staged copy decoded and checked the entries: name the checkpoint's file
+                raise type(e)(f"checkpoint controller index: {e.message}; the store is unchanged",
+                              path=str(src / M.CONTROLLER_FILE), offset=e.offset, expected_crc=e.expected_crc,
+                              actual_crc=e.actual_crc) from e
+            raise
         except TqstoreError:
             raise
         except OSError as e:

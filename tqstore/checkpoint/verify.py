@@ -296,6 +296,24 @@ def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
         return [Problem(str(p / "data.mdb"), f"controller index cannot be opened: {e}")]
     except CorruptionError as e:
         return [Problem(e.path or str(p / "data.mdb"), e.message)]
+    return _count_problems(p, man, st)
+
+
+def check_controller_counts(src: Path, man: M.Manifest) -> List[Problem]:
+    """The controller's unit and row counts against MANIFEST.json, its entries not decoded
+    (a load: the store's open of the staged copy decodes and checks every entry, with the
+    decoder :func:`_check_controller` uses)."""
+    p = src / "controller"
+    try:
+        st = embedded.controller_counts(p)
+    except StorageIOError as e:
+        return [Problem(str(p / "data.mdb"), f"controller index cannot be opened: {e}")]
+    except CorruptionError as e:
+        return [Problem(e.path or str(p / "data.mdb"), e.message)]
+    return _count_problems(p, man, st)
+
+
+def _count_problems(p: Path, man: M.Manifest, st: Dict[str, Any]) -> List[Problem]:
     out: List[Problem] = []
     if st["num_units"] != man.num_units:
         out.append(Problem(str(p / "data.mdb"), f"controller says {st['num_units']} units, MANIFEST.json "
