@@ -188,7 +188,8 @@ class UnitImport:
 
     ``mode`` "same" (as many units as the checkpoint: the unit's index copy ``index_dir`` and
     its ``segments`` ``(seg, path, size, crc32c)`` are copied or, with ``link``, hard-linked;
-    ``frames[seg]`` are the ``(offset, length, crc)`` its index names, checked by
+    ``frames[seg]`` are the ``(offset, length, crc)`` its index names (tuples, or the rows of
+    an ``(n, 3)`` uint64 numpy array, sorted by offset), checked by
     :meth:`UnitPort.verify_import`) or "reshard" (``target``, a planner ``TargetPlan``: the
     frames routed to this unit, read as byte ranges of the source segments ``seg_paths[(source
     unit, seg)]``, CRC-checked, appended to new segments and indexed).  Paths are relative to
@@ -199,7 +200,7 @@ class UnitImport:
     src_dir: str
     index_dir: Optional[str] = None
     segments: List[Tuple[int, str, int, int]] = field(default_factory=list)
-    frames: Dict[int, List[Tuple[int, int, int]]] = field(default_factory=dict)
+    frames: Dict[int, Any] = field(default_factory=dict)  # seg -> (offset, length, crc) rows
     link: bool = False
     target: Any = None
     seg_paths: Dict[Tuple[int, int], str] = field(default_factory=dict)
