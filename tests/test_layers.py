@@ -17,7 +17,8 @@ policies       ``samplers``, ``seqlen_sampler`` (pure sampling policies:       b
                the controller runs them, users choose them)
 engine-impl    ``unit``, ``unit_*``, ``controller``, ``controller_*``      policies, ports, io,
                (the implementations of                                         format, native, base
-               the ports, their checkpoint export and import included)
+               the ports, their checkpoint export and import and the
+               dump's shard and row metadata included)
 embedded       ``embedded`` (the embedded backend's entry: constructs the      engine-impl, policies,
                parts, reads their files of a checkpoint into values)           ports, io, format,
                                                                               native, base
@@ -77,8 +78,9 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("io", ("_io",)),
     ("ports", ("ports",)),
     ("policies", ("samplers", "seqlen_sampler")),
-    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_mirror",
-                     "controller_decode", "controller_sampling", "controller_export")),
+    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "controller",
+                     "controller_mirror", "controller_decode", "controller_sampling", "controller_export",
+                     "controller_dump")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "state_switch", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
                 "_gcpause", "_default", "checkpoint", "dump")),

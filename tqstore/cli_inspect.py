@@ -69,20 +69,22 @@ def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
     return EXIT_DAMAGED if problems else EXIT_OK
 
 
-def _verify_dump(path: Path, out: TextIO, as_json: bool) -> int:
-    verify_dump = dump_function("verify_dump")
-    if verify_dump is None:
+def _verify_dump(path: Path, out: TextIO, as_json: bool, quick: bool) -> int:
+    describe, verify_dump = dump_function("describe_dump"), dump_function("verify_dump")
+    if describe is None or verify_dump is None:
         raise TqstoreError(f"{path} is a selective dump, and this build of tqstore cannot verify dumps")
-    problems = list(verify_dump(path))
+    try:
+        doc = describe(path)
+        problems = list(verify_dump(path, deep=not quick))
+    except (CorruptionError, CheckpointNotFoundError) as e:
+        doc, problems = {"path": str(path), "kind": "dump"}, [str(e)]
     if as_json:
-        out.write(json.dumps({"path": str(path), "kind": "dump", "ok": not problems, "problems": problems},
-                             indent=1) + "\n")
+        out.write(json.dumps(dict(doc, ok=not problems, problems=problems), indent=1, default=str) + "\n")
     elif problems:
-        out.write(f"BAD {path}: {len(problems)} problem(s)\n")
-        for p in problems:
-            out.write(f"    {p}\n")
+        out.write(f"BAD {path}: {len(problems)} problem(s)\n" + "".join(f"    {p}\n" for p in problems))
     else:
-        out.write(f"ok  {path}: dump, every shard frame checked against its CRC32C\n")
+        out.write(f"ok  {path}: dump of {doc['rows']} rows ({doc['rows_with_data']} with data), {doc['frames']} "
+                  f"frames, {len(doc['shards'])} shards, {human(doc['bytes'])} checked\n")
     return EXIT_DAMAGED if problems else EXIT_OK
 
 
@@ -93,7 +95,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
     if kind == "store":
         return _verify_store(path, out, args.json)
     if kind == "dump":
-        return _verify_dump(path, out, args.json)
+        return _verify_dump(path, out, args.json, args.quick)
     if kind == "checkpoint":
         reports = [(None, verify_one(path, err, args.quick))]
     elif kind == "root":
@@ -232,10 +234,12 @@ def _write_inspect(doc: Dict[str, Any], w) -> None:
         for p in doc["partitions"]:
             w(f"  partition {p['partition']!r}: {p['rows']} rows\n")
     elif doc["kind"] == "dump":
-        w(f"dump {doc['path']}\n")
-        for k, v in doc.items():
-            if k not in ("kind", "path"):
-                w(f"  {k}: {json.dumps(v, sort_keys=True, default=str)}\n")
+        w(f"dump {doc['path']}\n  format version {doc['format_version']} (written by tqstore "
+          f"{doc['tqstore_version']}) on {when(doc['created_unix'])}\n  partition {doc['partition_id']!r}: "
+          f"{doc['rows']} rows ({doc['rows_with_data']} with data), {doc['frames']} frames, "
+          f"{human(doc['payload_bytes'])} of payload, from {doc['num_units']} units\n")
+        for sh in doc["shards"]:
+            w(f"  {sh['path']}: unit {sh['unit']}, {sh['rows']} rows, {sh['frames']} frames, {human(sh['size'])}\n")
     else:
         w(f"checkpoint generations under {doc['path']}: {len(doc['generations'])}\n")
         for g in doc["generations"]:

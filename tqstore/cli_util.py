@@ -5,7 +5,6 @@ Nothing here writes to a store, a checkpoint, a generation root or a dump.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
@@ -82,15 +81,12 @@ class Progress:
             self.stream.flush()
 
 
-def _manifest_kind(path: Path) -> Optional[str]:
-    """The ``kind`` string of ``path/MANIFEST.json`` when it parses as a JSON object."""
-    try:
-        with open(path / "MANIFEST.json", "rb") as f:
-            doc = json.loads(f.read(1 << 20) or b"null")
-    except (OSError, ValueError):
-        return None
-    kind = doc.get("kind") if isinstance(doc, dict) else None
-    return kind if isinstance(kind, str) else None
+def _is_dump(path: Path) -> bool:
+    """A selective dump directory (its MANIFEST.json declares the dump format), or the
+    ``.old`` of one whose replacement was interrupted."""
+    from .checkpoint.target import is_dump_dir
+
+    return is_dump_dir(path) or (not path.exists() and is_dump_dir(path.with_name(path.name + ".old")))
 
 
 def kind_of(path: Path) -> str:
@@ -100,15 +96,13 @@ def kind_of(path: Path) -> str:
     from .checkpoint.manager import _STEP
     from .checkpoint.manifest import MANIFEST_NAME
 
+    if _is_dump(path):
+        return "dump"
     if (path / MANIFEST_NAME).is_file():
-        kind = _manifest_kind(path)
-        return "dump" if kind is not None and "dump" in kind else "checkpoint"
+        return "checkpoint"
     if not path.exists():
         old = path.with_name(path.name + ".old")
-        if (old / MANIFEST_NAME).is_file():
-            kind = _manifest_kind(old)
-            return "dump" if kind is not None and "dump" in kind else "checkpoint"
-        return "missing"
+        return "checkpoint" if (old / MANIFEST_NAME).is_file() else "missing"
     if not path.is_dir():
         return "other"
     if (path / "STORE.json").is_file():

@@ -29,7 +29,7 @@ FORWARDED = (
 
 #: calls a client adds over public Store methods (TransferQueue's client surface)
 EXTRA = ("set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "save_controller_checkpoint",
-         "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint")
+         "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint", "dump_data_by_key")
 
 _ROW_OPS = {"put", "kv_put", "kv_batch_put", "get_data", "kv_batch_get", "kv_batch_get_by_meta", "get_meta"}
 
@@ -207,6 +207,11 @@ class _ClientBase:
         with _metrics.REGISTRY.timed("load_checkpoint"):
             return store.load_checkpoint(checkpoint_dir)
 
+    def _dump_data_by_key(self, store: Any, dump_dir: str, keys: List[str], partition_id: str, *,
+                          blocking: bool = True) -> Any:
+        with _metrics.REGISTRY.timed("dump_data_by_key"):
+            return store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
+
 
 class TransferQueueClient(_ClientBase):
     """Forwards the data-plane calls (``get_meta``, ``put``, ``get_data``, ``kv_*``, ...) to a store,
@@ -253,6 +258,11 @@ class TransferQueueClient(_ClientBase):
     def load_storage_checkpoint(self, checkpoint_dir: str) -> Any:
         """``load_checkpoint(checkpoint_dir)``."""
         return self._call("load_storage_checkpoint", checkpoint_dir)
+
+    def dump_data_by_key(self, dump_dir: str, keys: List[str], partition_id: str, *, blocking: bool = True) -> Any:
+        """Dump exactly ``keys`` of ``partition_id`` to ``dump_dir`` (see ``Store.dump_data_by_key``):
+        each owning unit writes its own shard; the payloads never pass through the client."""
+        return self._call("dump_data_by_key", dump_dir, keys, partition_id, blocking=blocking)
 
 
 for _name in FORWARDED:

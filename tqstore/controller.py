@@ -52,8 +52,6 @@ from .ports import PartitionInfo, RowBatch, RowInfo
 
 log = logging.getLogger("tqstore")
 
-
-
 _g = R.gidx_key
 _pk = R.keys_key
 
@@ -167,10 +165,7 @@ class Controller:
         """Schema and row metadata of ``keys`` (missing: ``seqs[i] is None``); None for an
         unknown partition."""
         p = self.parts.get(pid)
-        if p is None:
-            return None
-        rows, index = p.rows, p.keys
-        return row_batch(p, [None if g is None else rows[g] for g in map(index.get, keys)])
+        return None if p is None else row_batch(p, [None if g is None else p.rows[g] for g in map(p.keys.get, keys)])
 
     @_locked
     def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
@@ -183,9 +178,7 @@ class Controller:
         """The first ``limit`` rows (all when None) in insertion order with the schema; None
         for an unknown partition."""
         p = self.parts.get(pid)
-        if p is None:
-            return None
-        return row_batch(p, list(p.rows.values()) if limit is None else list(islice(p.rows.values(), limit)))
+        return None if p is None else row_batch(p, list(islice(p.rows.values(), limit)))
 
     @_locked
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
@@ -563,14 +556,24 @@ class Controller:
             with contextlib.suppress(Exception):  # (an env already closed)
                 txn.abort()
 
+    def _txn_of(self, snapshot: int):
+        txn = self._snapshots.get(snapshot)
+        if txn is None:
+            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
+        return txn
+
     def export_snapshot(self, snapshot: int, dest_dir, *, index_block_bytes: int = 1 << 20):
         from .controller_export import export_controller
 
         with self._lock:
-            txn = self._snapshots.get(snapshot)
-        if txn is None:
-            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
+            txn = self._txn_of(snapshot)
         return export_controller(self.env, txn, self.db, Path(dest_dir), index_block_bytes=index_block_bytes)
+
+    @_locked
+    def snapshot_rows(self, snapshot: int, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        from .controller_dump import rows_at  # (see ControllerPort)
+
+        return rows_at(self._txn_of(snapshot), self.db, pid, list(keys), path=str(self.path / "data.mdb"))
 
     def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:

@@ -203,6 +203,21 @@ class UnitImport:
     seg_paths: Dict[Tuple[int, int], str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class ShardInfo:
+    """What a unit wrote when it exported rows into a dump shard (:meth:`UnitPort.export_rows`):
+    the file (``path`` as given), its exact ``size`` and whole-file ``crc32c``, its ``frames``,
+    the ``rows`` with at least one frame, and ``payload_bytes`` (bytes of the frames)."""
+
+    unit: int
+    path: str
+    size: int
+    crc32c: int
+    frames: int
+    rows: int
+    payload_bytes: int
+
+
 # ---------------------------------------------------------------------------- ports
 @runtime_checkable
 class UnitPort(Protocol):
@@ -293,6 +308,18 @@ class UnitPort(Protocol):
         CRC32C) adds to the unit's own cache of segments already checksummed.  Every file and
         directory written is fsynced.  Raises CorruptionError (a segment does not verify),
         StorageIOError / OSError (the caller removes ``dest_dir``)."""
+
+    def export_rows(self, snapshot: SnapshotId, gidxs: Sequence[int], fields: Sequence[Optional[Sequence[str]]],
+                    dest_path: str, *, num_units: int, put_token: int = 0) -> ShardInfo:
+        """Write the dump shard of rows ``gidxs`` at ``snapshot`` as the new file ``dest_path``
+        (docs/FORMAT.md, "shard-NNN.tqd"; owner-side I/O): the frames of fields ``fields[i]``
+        of row ``i`` (None: every field the unit holds for it) copied byte for byte from the
+        unit's segments in segment order, each checked with the frame-check kernel first,
+        then the table; fsynced.  ``num_units``: the store's unit count (every gidx must live
+        on this unit); ``put_token``: the controller's last committed overwriting put at the
+        cut (entries of later, unsettled ones are read as they were before).  Raises
+        InvalidInputError (a row of another unit), CorruptionError (a frame missing or not
+        verifying: names file and offset), StorageIOError / OSError (the caller removes the file)."""
 
     def stage_import(self, target_dir: str, plan: UnitImport) -> int:
         """Fill the new unit directory ``target_dir`` (created) from a checkpoint as ``plan``
@@ -410,6 +437,12 @@ class ControllerPort(Protocol):
         (``dest_dir`` created if missing, else empty; file and directory fsynced); returns its
         manifest entry and the cut's summary.  An unknown or released id is a TqstoreError."""
 
+    def snapshot_rows(self, snapshot: SnapshotId, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        """Schema and rows of ``keys`` of ``pid`` as they were at ``snapshot`` (a dump's row
+        index), read from the snapshot, not the live state: a key that was no row at the cut
+        has ``seqs[i] is None``; None when the partition did not exist at the cut.  An unknown
+        or released id is a TqstoreError."""
+
     def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:
         """Fill the new controller directory ``target_dir`` (created) with a compact copy of
@@ -435,5 +468,5 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
 
 
 __all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "LINK", "REUSE", "COPY", "Reusable", "SegmentSource",
-           "SegmentWrite", "plan_segment_writes", "UnitExport", "ControllerExport", "UnitImport", "UnitPort",
+           "SegmentWrite", "plan_segment_writes", "UnitExport", "ShardInfo", "ControllerExport", "UnitImport", "UnitPort",
            "ControllerPort", "fill_or_copy"]

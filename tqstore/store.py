@@ -26,6 +26,7 @@ from ._format.columns import Column
 from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
+from .dump import DumpMixin
 from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
@@ -84,7 +85,7 @@ def _normalise_fields(edge: Any, fields: Any) -> List[Tuple[str, Any]]:
     return items
 
 
-class Store(CheckpointMixin):
+class Store(CheckpointMixin, DumpMixin):
     """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
 
     The data-plane calls (``kv_*``, ``get_meta``, ``put``, ``get_data``, ...) are those of

@@ -502,6 +502,12 @@ class Unit(UnitReader):
         return export_unit(self, self._view(snapshot), Path(dest_dir), link=link, reuse=reuse or {},
                            put_token=put_token, known_crc=known_crc or {}, index_block_bytes=index_block_bytes)
 
+    def export_rows(self, snapshot: int, gidxs, fields, dest_path, *, num_units: int, put_token: int = 0):
+        from .unit_dump import export_rows  # a dump's shard (tqstore.unit_dump; see UnitPort)
+
+        return export_rows(self, self._view(snapshot), gidxs, fields, Path(dest_path), num_units=num_units,
+                           put_token=put_token)
+
     def stage_import(self, target_dir, plan) -> int:
         from .unit_import import stage_reshard, stage_same
 

@@ -160,7 +160,8 @@ def settle(state: _State) -> None:
     state.inflight = None
     if h._error is not None and not h._reported:
         h._reported = True
-        raise CheckpointError(f"the background checkpoint save to {h.path} failed: {h._error}") from h._error
+        raise CheckpointError(f"the background {getattr(h, 'what', 'checkpoint save')} to {h.path} failed: "
+                              f"{h._error}") from h._error
 
 
 def wait_quietly(store) -> None:
@@ -172,7 +173,7 @@ def wait_quietly(store) -> None:
     if h is not None:
         h.wait()
         if h._error is not None and not h._reported:
-            log.error("background checkpoint save to %s failed: %s", h.path, h._error)
+            log.error("background %s to %s failed: %s", getattr(h, "what", "checkpoint save"), h.path, h._error)
 
 
 @contextlib.contextmanager

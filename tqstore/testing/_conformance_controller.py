@@ -367,6 +367,28 @@ class ControllerPortTests(_PortTests):
         with pytest.raises(TqstoreError):
             c.export_snapshot(snap, str(tmp_path / "again"))  # released
 
+    def test_snapshot_rows_answers_the_rows_as_they_were_at_the_cut(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "snapshot_rows")
+        g = self.put(c, "p", keys=["a", "b", "c"], tags=[{"t": 1}, None, [1, 2]])
+        self.put(c, "p", keys=["e"], fields=())
+        snap = c.snapshot()
+        try:
+            self.put(c, "p", keys=["a", "d"], fields=("x", "y"), tags=[{"t": 9}, None])  # after the cut
+            c.clear_rows("p", g[1:2])
+            self.put(c, "q", n=1)
+            rb = c.snapshot_rows(snap, "p", ["c", "a", "d", "b", "e"])
+            assert c.snapshot_rows(snap, "q", ["x"]) is None  # no partition q at the cut
+        finally:
+            c.release(snap)
+        assert rb.missing() == [2]  # "d" came after the cut
+        assert rb.keys[:2] == ["c", "a"] and rb.gidxs[:2] == [g[2], g[0]] and rb.gidxs[3] == g[1]
+        assert rb.tags[:2] == [[1, 2], {"t": 1}] and rb.tags[3] is None
+        assert [sorted(f) for f in (rb.fields[0], rb.fields[1], rb.fields[4])] == [["x"], ["x"], []]
+        assert set(rb.schema) == {"x"}  # "y" came after the cut
+        with pytest.raises(TqstoreError):
+            c.snapshot_rows(snap, "p", ["a"])  # released
+
     def test_snapshot_ids_are_distinct_and_an_unknown_one_is_a_tqstore_error(self, tmp_path):
         c = self.controller(tmp_path)
         self._needs(c, "snapshot")

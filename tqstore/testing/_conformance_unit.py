@@ -301,6 +301,45 @@ class UnitPortTests(_PortTests):
         with pytest.raises(TqstoreError):
             u.export_snapshot(snap, str(tmp_path / "again"))  # released
 
+    def test_export_rows_writes_the_cut_frames_byte_for_byte_into_a_shard(self, tmp_path):
+        from .._format import dump_records as D
+        from .._format.frame import decode_frame
+
+        u = self.unit(tmp_path)
+        self._needs(u, "export_rows")
+        g = self.g(0, 1, 2)
+        a = np.arange(12, dtype=np.int64).reshape(3, 4)
+        self.write(u, "x", a, g)
+        self.write(u, "y", np.ones((1, 64), np.float32), g[1:2])
+        before = {(gg, f): self.payloads(u, [gg], f)[0] for gg, f in [(g[0], "x"), (g[1], "x"), (g[1], "y")]}
+        snap = u.snapshot()
+        try:
+            self.write(u, "x", np.zeros((1, 4), np.int64), g[:1])  # after the cut: not in the shard
+            u.delete(g[1:2])
+            dest = tmp_path / "shard-001.tqd"
+            info = u.export_rows(snap, [g[1], g[0]], [["x", "y"], ["x"]], str(dest), num_units=self.NUM_UNITS)
+            with pytest.raises(TqstoreError):  # a row of another unit
+                u.export_rows(snap, [g[0] + 1], [["x"]], str(tmp_path / "other"), num_units=self.NUM_UNITS)
+            with pytest.raises(TqstoreError):  # a field the row does not have at the cut
+                u.export_rows(snap, [g[2]], [["y"]], str(tmp_path / "lacking"), num_units=self.NUM_UNITS)
+        finally:
+            u.release(snap)
+        raw = dest.read_bytes()
+        assert (info.unit, info.size, info.frames, info.rows) == (self.UNIT_ID, len(raw), 3, 2)
+        from .. import _native
+        assert info.crc32c == _native.crc32c(raw)
+        h = D.decode_shard_header(raw, file_size=len(raw))
+        t = D.decode_shard_table(raw[h.table_offset:], h)
+        assert info.payload_bytes == h.table_offset - D.SHARD_HEADER_SIZE
+        got = {}
+        for e, f in zip(t.entries, t.fields()):
+            fr = decode_frame(raw, int(e["offset"]), int(e["length"]), expected_crc=int(e["crc"]))
+            assert fr.gidx == int(e["gidx"])
+            got[(int(e["gidx"]), f)] = bytes(memoryview(fr.payload).cast("B"))
+        assert got == before
+        with pytest.raises(TqstoreError):
+            u.export_rows(snap, g[:1], [["x"]], str(tmp_path / "again"), num_units=self.NUM_UNITS)  # released
+
     # integrity and maintenance --------------------------------------------------------
     def test_verify_finds_a_flipped_byte_and_reads_refuse_the_frame(self, tmp_path):
         u = self.unit(tmp_path)
