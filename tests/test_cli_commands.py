@@ -31,6 +31,10 @@ def run(*argv):
 
 
 def _flip_first_frame(d: Path) -> Path:
+    shards = sorted(d.glob("shard-*.tqd"))  # a dump's shard: a header, then frames
+    if shards:
+        flip_byte(shards[0], 100)
+        return shards[0]
     seg = sorted(d.rglob("*.tqs"))[0]
     flip_byte(seg, payload_offset_of_first_frame(seg))
     return seg

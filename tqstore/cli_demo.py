@@ -74,7 +74,7 @@ def check(events: List[Dict[str, Any]], total_prompts: int, group: int) -> Dict[
     restored_doc = None
     for r in runs:
         evs = [e for e in events if e["run"] == r]
-        first = evs[0] if evs and evs[0]["ev"] == "restored" else None
+        first = next((e for e in evs if e["ev"] == "restored"), None)
         if first is not None and not first.get("fresh"):
             restored_doc = first
             cut_acked, cut_step, src = first["acked"], first["step"], first["from_run"]
@@ -141,7 +141,8 @@ def summarize(events: List[Dict[str, Any]], cfg: Dict[str, Any], kill_step: Opti
         "save_bytes": sum(e["bytes"] for e in saved),
         "restore_gib_s": _gib_s(restore_stats["bytes"], restore_stats["restore_s"]) if restore_stats else None,
         "restore_bytes": restore_stats["bytes"] if restore_stats else None,
-        "pending_dumped": any(e["ev"] == "dumped" for e in events),
+        "mode": next((e["mode"] for e in events if e["ev"] == "start"), "full"),
+        "cut_ms_median": sorted(e["cut_s"] for e in events if e["ev"] == "cut")[len(cuts) // 2] * 1e3 if cuts else None,
         "check": rep,
     }
     return doc
@@ -157,10 +158,14 @@ def _print_summary(doc: Dict[str, Any], w) -> None:
         w(f"  killed:           SIGKILL during step {doc['killed_during_step']}; restored generation "
           f"{doc['restored_step']}\n")
     w(f"  samples resumed:  {doc['samples_resumed']} pending samples came back "
-      f"({doc['partial_groups_resumed']} partial groups finished after the restart)"
-      f"{'' if doc['pending_dumped'] else '; from the generation (this build has no dump_data_by_key)'}\n")
+      f"({doc['partial_groups_resumed']} partial groups finished after the restart),"
+      + (" from the dump of pending samples beside the generation\n" if doc["mode"] == "pending" else
+         " from the generation (this build has no load_data_by_key: no dump)\n"))
+    what = ("the cut of a blocking=False save" if doc["mode"] == "full" else
+            "a metadata-only generation, then the cut of a blocking=False dump")
     w(f"  stall per save:   median {fmt(doc['stall_ms_median'], '.2f')} ms, max {fmt(doc['stall_ms_max'], '.2f')} ms "
-      f"over {doc['saves']} saves (blocking=False: the trainer waits for the cut only)\n")
+      f"over {doc['saves']} saves (the trainer waits for {what}; the cut alone {fmt(doc['cut_ms_median'], '.2f')} "
+      f"ms)\n")
     w(f"  save:             {fmt(doc['save_gib_s'], '.3f')} GiB/s ({doc['save_bytes'] / 2**20:.1f} MiB written, "
       f"fsync included)\n")
     if doc["restore_bytes"] is not None:

@@ -9,21 +9,25 @@ A small RL post-training loop with partial rollout on an embedded store:
   and checkpoint boundaries;
 * the trainer consumes whole finished groups with the ``grpo_group_n`` sampler, checks
   each sample bit for bit against what its producer put, and clears them;
-* every ``save_every`` steps a :class:`~tqstore.CheckpointManager` saves a generation with
-  ``blocking=False`` (generation metadata: step, prompt cursor, acknowledgement count) and,
-  when this build has ``dump_data_by_key``, the pending samples are dumped by key beside it
-  (``pending/step-N``).
+* every ``save_every`` steps a :class:`~tqstore.CheckpointManager` saves a generation
+  (metadata: step, prompt cursor, acknowledgement count) while the producers wait. With the
+  selective dump and load in this build ("pending" mode) the generation holds the
+  trainer's side of the buffer (keys, tags, consumption, sampler state;
+  ``include_storage=False``) and the pending samples' payload is dumped by key beside it
+  (``pending/step-N``, ``blocking=False``); without them ("full" mode) the generation holds
+  the whole buffer (``blocking=False``).
 
 Every acknowledged put and every consumed group is appended to ``events.jsonl``; the
 parent (:mod:`tqstore.cli_demo`) reads it to check that nothing acknowledged was lost or
-consumed twice.  On ``resume`` the loop restores the newest valid generation (and its
-pending dump when the build has ``load_data_by_key``), checks the samples acknowledged
-before the cut, finishes the partial rollouts it finds and goes on.  Sample contents are a
+consumed twice.  On ``resume`` the loop restores the newest valid generation (in pending
+mode: the newest whose dump was published too, then ``load_data_by_key`` of that dump),
+finishes the partial rollouts it finds and goes on.  Sample contents are a
 pure function of ``(seed, prompt, sample)``, so any process can recompute them.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -112,13 +116,18 @@ class Loop:
         self.groups_per_step = int(cfg["rows"]) // self.group
         self.total_prompts = int(cfg["steps"]) * self.groups_per_step
         self.log = Log(self.base / "events.jsonl", int(cfg["run"]))
-        self.put_lock = threading.Lock()  # held for a put and its log line, and by the trainer for a cut
+        self.put_lock = threading.RLock()  # held for a put and its log line, and by the trainer for a cut
         self.cursor = 0  # next prompt to start
         self.inflight: List[List[int]] = [[] for _ in range(PRODUCERS)]  # partial groups of each producer
         self.credits = threading.Semaphore(3 * self.groups_per_step)  # groups started and not consumed
         self.stop = threading.Event()
         self.errors: List[BaseException] = []
-        self.stats: Dict[str, Any] = {"run": self.log.run, "saves": [], "restore": None}
+        self.threads: List[threading.Thread] = []
+        self.api = dump_api(tq)
+        # "pending": generations hold the trainer's side, the pending samples go in a dump beside each;
+        # "full" (a build without the selective load): generations hold the whole buffer
+        self.mode = "pending" if len(self.api) == 2 else "full"
+        self.stats: Dict[str, Any] = {"run": self.log.run, "saves": [], "restore": None, "mode": self.mode}
         self.step = 0
 
     # ------------------------------------------------------------------ producers
@@ -151,15 +160,14 @@ class Loop:
                     if mine:
                         self._put(mine.pop(0), True, self.step)
                     continue
-                with self.put_lock:
+                with self.put_lock:  # take the prompt and put it in one hold: a cut sees both or neither
                     p = self.cursor if self.cursor < self.total_prompts else None
                     if p is not None:
                         self.cursor += 1
+                        self._put(p, False, self.step)
+                        mine.append(p)
                 if p is None:
                     self.credits.release()
-                    continue
-                self._put(p, False, self.step)
-                mine.append(p)
         except BaseException as e:  # surfaced by the trainer
             self.errors.append(e)
 
@@ -180,6 +188,9 @@ class Loop:
                 raise self.errors[0]
             meta = self.tq.get_client().get_meta(FIELDS, self.group, PARTITION, task_name=TASK, timeout_s=0.5)
             if not meta.global_indexes:
+                if not any(t.is_alive() for t in self.threads):
+                    raise AssertionError(f"step {step}: the producers are done and only {got} of "
+                                         f"{self.groups_per_step} groups came: samples were lost")
                 continue
             keys = list(meta.keys)
             self.log.write("consumed", step=step, keys=keys)
@@ -192,37 +203,80 @@ class Loop:
     def _pending(self) -> List[str]:
         return sorted(self.tq.kv_list(PARTITION).get(PARTITION, {}))
 
+    def _pending_dir(self, step: int) -> Path:
+        return self.base / "pending" / f"step-{step:010d}"
+
     def _save(self, m, step: int) -> Dict[str, Any]:
+        """Save generation ``step`` while the producers wait (a consistent cut of what was
+        acknowledged).  Full mode: the whole buffer, ``blocking=False``.  Pending mode: the
+        trainer's side of the buffer (keys, tags, consumption, sampler state) as a
+        metadata-only generation, and the pending samples' payload dumped by key beside it
+        with ``blocking=False``."""
         t0 = time.perf_counter()
         with self.put_lock:  # the cut sees every put acknowledged so far and none half-logged
-            meta = {"step": step, "next_prompt": self.cursor, "run": self.log.run, "acked": self.log.acks}
-            handle = m.save(step, metadata=meta, blocking=False)
+            meta = {"step": step, "next_prompt": self.cursor, "run": self.log.run, "acked": self.log.acks,
+                    "mode": self.mode}
+            if self.mode == "full":
+                handle = m.save(step, metadata=meta, blocking=False)
+                gen = None
+            else:
+                gen = m.save(step, metadata=meta, include_storage=False)
             pending = self._pending()
+            if self.mode == "pending":
+                handle = self.api["dump_data_by_key"](str(self._pending_dir(step)), pending, PARTITION, blocking=False)
         held = time.perf_counter() - t0
-        rec: Dict[str, Any] = {"step": step, "stall_s": handle.stall_s, "held_s": held, "handle": handle,
+        rec: Dict[str, Any] = {"step": step, "stall_s": held, "cut_s": handle.stall_s, "handle": handle, "gen": gen,
                                "pending": len(pending)}
-        self.log.write("cut", step=step, stall_s=handle.stall_s, held_s=held, pending=len(pending))
-        dump = dump_api(self.tq).get("dump_data_by_key")
-        if dump is not None:
-            t1 = time.perf_counter()
-            dump(str(self.base / "pending" / f"step-{step:010d}"), pending, PARTITION)
-            rec["dump_s"] = time.perf_counter() - t1
-            self.log.write("dumped", step=step, keys=len(pending), dump_s=rec["dump_s"])
+        self.log.write("cut", step=step, stall_s=held, cut_s=handle.stall_s, pending=len(pending), mode=self.mode)
         return rec
 
-    def _settle(self, rec: Dict[str, Any]) -> None:
-        info = rec.pop("handle").result()
-        rec.update(bytes=info.total_bytes, write_s=info.write_s)
+    def _settle(self, m, rec: Dict[str, Any]) -> None:
+        res = rec.pop("handle").result()
+        gen = rec.pop("gen")
+        if gen is None:
+            rec.update(bytes=res.total_bytes, write_s=res.write_s)
+        else:  # the metadata-only generation, then the dump of the pending samples
+            rec.update(bytes=gen.total_bytes + res["bytes"], write_s=gen.write_s + res["write_s"])
+            keep = set(m.steps())
+            for d in sorted((self.base / "pending").glob("step-*")):
+                st = int(d.name[5:15])
+                if st not in keep and st < rec["step"]:  # its generation was pruned: the dump goes too
+                    if d.is_dir():
+                        shutil.rmtree(d, ignore_errors=True)
+                    else:
+                        d.unlink()
         self.stats["saves"].append(rec)
         self.log.write("saved", **rec)
 
     # ------------------------------------------------------------------ resume
+    def _restore_pending_mode(self, m):
+        """The newest generation whose pending dump was published too: restore both."""
+        from .errors import CheckpointError, CorruptionError
+
+        for step in sorted(m.steps(), reverse=True):
+            d = self._pending_dir(step)
+            if not (d / "MANIFEST.json").is_file():
+                self.say(f"resume: generation {step} has no published pending dump (killed in between); trying an "
+                         f"older one")
+                continue
+            try:
+                m.restore(step)
+                rep = self.api["load_data_by_key"](str(d))
+            except (CorruptionError, CheckpointError) as e:
+                self.say(f"resume: generation {step} or its pending dump does not load ({e}); trying an older one")
+                continue
+            return step, int(rep.get("bytes", 0)), d
+        raise self.tq.CheckpointNotFoundError("no generation with a pending dump")
+
     def _restore(self, m) -> int:
         from .checkpoint import read_manifest
 
         t0 = time.perf_counter()
         try:
-            step = m.restore()
+            if self.mode == "full":
+                step, extra, pend_dir = m.restore(), 0, None
+            else:
+                step, extra, pend_dir = self._restore_pending_mode(m)
         except (self.tq.CheckpointNotFoundError, self.tq.CheckpointError):
             self.say("resume: no generation was published before the kill; starting over")
             self.tq.kv_clear(self._pending(), PARTITION)
@@ -231,14 +285,7 @@ class Loop:
             return 0
         restore_s = time.perf_counter() - t0
         meta = m.metadata(step)
-        nbytes = read_manifest(m.path(step)).total_bytes
-        loaded = None
-        load = dump_api(self.tq).get("load_data_by_key")
-        pend_dir = self.base / "pending" / f"step-{step:010d}"
-        if load is not None and pend_dir.exists():
-            t1 = time.perf_counter()
-            load(str(pend_dir))
-            loaded = time.perf_counter() - t1
+        nbytes = read_manifest(m.path(step)).total_bytes + extra
         self.cursor = int(meta["next_prompt"])
         pending = self.tq.kv_list(PARTITION).get(PARTITION, {})
         partial = sorted({int(t["prompt"]) for t in pending.values() if t.get("status") == "partial"})
@@ -247,12 +294,12 @@ class Loop:
         for _ in range(len(pending) // self.group):
             self.credits.acquire()
         self.log.write("restored", step=step, from_run=int(meta["run"]), acked=int(meta["acked"]),
-                       pending=sorted(pending), partial=partial)
-        self.log.write("restore_stats", step=step, bytes=nbytes, restore_s=restore_s, load_pending_s=loaded)
-        self.stats["restore"] = {"step": step, "bytes": nbytes, "restore_s": restore_s, "load_pending_s": loaded,
-                                 "pending": len(pending), "partial_groups": len(partial)}
-        how = f", pending samples loaded from {pend_dir.name} in {loaded * 1e3:.0f} ms" if loaded is not None else ""
-        self.say(f"resume: restored generation {step} ({nbytes / 2**20:.1f} MiB in {restore_s * 1e3:.0f} ms{how}); "
+                       pending=sorted(pending), partial=partial, mode=self.mode)
+        self.log.write("restore_stats", step=step, bytes=nbytes, restore_s=restore_s)
+        self.stats["restore"] = {"step": step, "bytes": nbytes, "restore_s": restore_s, "pending": len(pending),
+                                 "partial_groups": len(partial)}
+        how = f" and the pending samples from {pend_dir.parent.name}/{pend_dir.name}" if pend_dir else ""
+        self.say(f"resume: restored generation {step}{how} ({nbytes / 2**20:.1f} MiB in {restore_s * 1e3:.0f} ms); "
                  f"{len(pending)} pending samples back ({len(partial)} partial groups to finish), prompt cursor "
                  f"{self.cursor}")
         return step
@@ -269,9 +316,11 @@ class Loop:
                  "sampler": {"name": "grpo_group_n", "n_samples_per_prompt": self.group}})
         try:
             m = tq.CheckpointManager(str(self.base / "generations"), keep_last=3)
+            self.log.write("start", mode=self.mode, resume=bool(cfg.get("resume")))
             self.step = 0
             start = self._restore(m) if cfg.get("resume") else 0
-            threads = [threading.Thread(target=self._producer, args=(i,), daemon=True) for i in range(PRODUCERS)]
+            threads = self.threads = [threading.Thread(target=self._producer, args=(i,), daemon=True)
+                                      for i in range(PRODUCERS)]
             for t in threads:
                 t.start()
             last: Optional[Dict[str, Any]] = None
@@ -280,24 +329,23 @@ class Loop:
                 t0 = time.perf_counter()
                 n = self._train_step(step)
                 if last is not None and last["handle"].wait(0):  # the background write is done
-                    self._settle(last)
+                    self._settle(m, last)
                     last = None
                 line = f"step {step:3d}: trained {n} samples ({n // self.group} groups) in " \
                        f"{(time.perf_counter() - t0) * 1e3:5.0f} ms"
                 if step % int(cfg["save_every"]) == 0 and step < int(cfg["steps"]):
                     if last is not None:
-                        self._settle(last)
+                        self._settle(m, last)
                     last = self._save(m, step)
-                    line += f" | generation {step} saved, stall {last['stall_s'] * 1e3:.2f} ms, " \
+                    what = "saved" if self.mode == "full" else "saved (metadata), pending samples dumped"
+                    line += f" | generation {step} {what}: stall {last['stall_s'] * 1e3:.2f} ms, " \
                             f"{last['pending']} pending samples"
-                    if "dump_s" in last:
-                        line += f" dumped in {last['dump_s'] * 1e3:.0f} ms"
                 self.say(line)
             self.stop.set()
             for t in threads:
                 t.join()
             if last is not None:
-                self._settle(last)
+                self._settle(m, last)
             if self.errors:
                 raise self.errors[0]
             self.stats["left_pending"] = self._pending()
