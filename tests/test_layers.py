@@ -51,7 +51,7 @@ re-exports it for the format layer and everything above.
 Checks: (a) no import outside what the importer's layer may import; (b) no cycle in
 the import graph between modules, between packages (a subpackage such as ``checkpoint``
 is one node, a top-level module is a node) or between layers; (c) only ``_io``, ``unit``,
-``unit_read``, ``unit_recover``, ``unit_export``, ``unit_import``, ``controller`` and
+``unit_read``, ``unit_recover``, ``unit_export``, ``unit_import``, ``unit_restore``, ``controller`` and
 ``controller_export`` import ``lmdb``; (d) only ``torch_adapter`` and ``dataloader`` (a torch ``IterableDataset``)
 import ``torch`` or ``tensordict``: the engine and the format work on numpy arrays and bytes
 (DESIGN.md §1).
@@ -76,11 +76,11 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("native", ("_native",)),
     ("format", ("_format",)),
     ("io", ("_io",)),
-    ("ports", ("ports",)),
+    ("ports", ("ports", "ports_restore")),
     ("policies", ("samplers", "seqlen_sampler")),
-    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "controller",
-                     "controller_mirror", "controller_decode", "controller_sampling", "controller_export",
-                     "controller_dump")),
+    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "unit_restore",
+                     "controller", "controller_mirror", "controller_decode", "controller_sampling", "controller_export",
+                     "controller_dump", "controller_restore")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "state_switch", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
                 "_gcpause", "_default", "checkpoint", "dump")),
@@ -107,7 +107,8 @@ ALLOWED: Dict[str, Set[str]] = {
 }
 # io modules the engine over the ports must not reach: LMDB environments and segment files
 ENGINE_FORBIDDEN_IO = {"tqstore._io.lmdbenv", "tqstore._io.segfile"}
-LMDB_ALLOWED = ("_io", "unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_export")
+LMDB_ALLOWED = ("_io", "unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_restore", "controller",
+                "controller_export")
 # the one adapter that knows torch and TensorDict, and the torch IterableDataset over the data plane
 FRAMEWORK_ALLOWED = ("torch_adapter", "dataloader")
 FRAMEWORKS = ("torch", "tensordict")

@@ -129,6 +129,20 @@ def read_row_index(dump_dir) -> Dict[str, Any]:
     return _read_row_index(dump_dir)
 
 
+def load_data_by_key(dump_dir) -> Dict[str, Any]:
+    """Merge a dump's keys into the default store; see ``Store.load_data_by_key``."""
+    store = current_store()
+    with _metrics.REGISTRY.timed("load_data_by_key"):
+        return store.load_data_by_key(dump_dir)
+
+
+def recover_data_load(dump_dir, cancel: bool = False) -> bool:
+    """Settle an unresolved load from ``dump_dir``; see ``Store.recover_data_load``."""
+    store = current_store()
+    with _metrics.REGISTRY.timed("recover_data_load"):
+        return store.recover_data_load(dump_dir, cancel=cancel)
+
+
 def get_metrics_endpoint() -> Any:
     """Counters and latencies of this process's API calls (puts, gets, get_meta, clears, saves,
     loads, dumps): Prometheus text format when ``prometheus_client`` is installed, else a
@@ -140,4 +154,4 @@ def get_metrics_endpoint() -> Any:
 
 
 __all__ = ["init", "close", "current_store", "get_client", *FORWARDED, "save_checkpoint", "load_checkpoint",
-           "dump_data_by_key", "read_row_index", "get_metrics_endpoint"]
+           "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load", "get_metrics_endpoint"]

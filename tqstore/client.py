@@ -29,7 +29,8 @@ FORWARDED = (
 
 #: calls a client adds over public Store methods (TransferQueue's client surface)
 EXTRA = ("set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "save_controller_checkpoint",
-         "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint", "dump_data_by_key")
+         "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint", "dump_data_by_key",
+         "load_data_by_key", "recover_data_load")
 
 _ROW_OPS = {"put", "kv_put", "kv_batch_put", "get_data", "kv_batch_get", "kv_batch_get_by_meta", "get_meta"}
 
@@ -212,6 +213,14 @@ class _ClientBase:
         with _metrics.REGISTRY.timed("dump_data_by_key"):
             return store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
 
+    def _load_data_by_key(self, store: Any, dump_dir: str) -> Any:
+        with _metrics.REGISTRY.timed("load_data_by_key"):
+            return store.load_data_by_key(dump_dir)
+
+    def _recover_data_load(self, store: Any, dump_dir: str, cancel: bool = False) -> bool:
+        with _metrics.REGISTRY.timed("recover_data_load"):
+            return store.recover_data_load(dump_dir, cancel=cancel)
+
 
 class TransferQueueClient(_ClientBase):
     """Forwards the data-plane calls (``get_meta``, ``put``, ``get_data``, ``kv_*``, ...) to a store,
@@ -263,6 +272,14 @@ class TransferQueueClient(_ClientBase):
         """Dump exactly ``keys`` of ``partition_id`` to ``dump_dir`` (see ``Store.dump_data_by_key``):
         each owning unit writes its own shard; the payloads never pass through the client."""
         return self._call("dump_data_by_key", dump_dir, keys, partition_id, blocking=blocking)
+
+    def load_data_by_key(self, dump_dir: str) -> Any:
+        """``Store.load_data_by_key(dump_dir)``: merge a dump's keys into the store."""
+        return self._call("load_data_by_key", dump_dir)
+
+    def recover_data_load(self, dump_dir: str, cancel: bool = False) -> bool:
+        """``Store.recover_data_load(dump_dir, cancel)``: settle an unresolved load."""
+        return self._call("recover_data_load", dump_dir, cancel)
 
 
 for _name in FORWARDED:

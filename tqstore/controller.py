@@ -43,6 +43,7 @@ from .controller_mirror import (
     Partition, PutPlan, Row, check_mirror, consumption_status, list_keys, partition_info,
     production_status, row_batch, row_info,
 )
+from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
 from .errors import (
     CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
@@ -51,7 +52,6 @@ from ._format.names import check_key, check_name  # noqa: F401 - check_name re-e
 from .ports import PartitionInfo, RowBatch, RowInfo
 
 log = logging.getLogger("tqstore")
-
 _g = R.gidx_key
 _pk = R.keys_key
 
@@ -75,6 +75,7 @@ class Controller:
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
         self._sampling = SamplerHost(self)
+        self._restores = RestoreHost(self)  # selective restores: records, lifecycle, guards
         self._snapshots: Dict[int, Any] = {}  # snapshot id -> read transaction (the controller's side of a cut)
         self._next_snapshot = 1
         try:
@@ -101,6 +102,7 @@ class Controller:
         self.num_units, self.next_gidx, self.put_token = st.num_units, st.next_gidx, st.put_token
         self.parts, self.rows, self.consumed, self.free = st.parts, st.rows, st.consumed, st.free
         heapq.heapify(self.free)
+        self._restores.load()
 
     # ------------------------------------------------------------------ queries
     def partition(self, pid: str) -> Partition:
@@ -112,13 +114,8 @@ class Controller:
     def gidxs_for_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
         """Global indexes of ``keys``. Raises PartitionNotFoundError / KeyNotFoundError."""
         p = self.partition(pid)
-        out = []
-        missing = []
-        for k in keys:
-            g = p.keys.get(k)
-            if g is None:
-                missing.append(k)
-            out.append(g)
+        out = [p.keys.get(k) for k in keys]
+        missing = [k for k, g in zip(keys, out) if g is None]
         if missing:
             raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {pid!r}: {missing[:5]!r}")
         return out
@@ -283,6 +280,7 @@ class Controller:
         fields = [c.field for c in columns]
         if len(set(fields)) != len(fields):
             raise InvalidInputError("a field appears twice in one batch")
+        self._restores.check_put(pid, keys, gidxs, {c.field: (c.kind, c.dtype) for c in columns})
         overwrites = False
         reserved: List[int] = []
         seq = p.next_seq if p else 0
@@ -408,6 +406,7 @@ class Controller:
             p = self.parts.get(pid)
             if p is None:
                 return []
+            self._restores.check_clear(pid)
             gone = sorted({int(g) for g in gidxs if int(g) in p.rows})
             m = self.db
             tasks = [t for (pp, t) in self.consumed if pp == pid]
@@ -595,3 +594,6 @@ class Controller:
             for sid in list(self._snapshots):
                 self.release(sid)
         self.env.close()
+
+
+install_restore_calls(Controller, _locked)  # ControllerPort's selective restores, under the controller's lock

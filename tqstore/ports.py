@@ -33,6 +33,8 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
+from .ports_restore import RestoreImport, RestoreInfo, check_no_restore  # noqa: F401 - values of the restore calls
+
 #: An MVCC cut of one unit or of the controller, resolved by its owner.
 SnapshotId = int
 
@@ -332,6 +334,34 @@ class UnitPort(Protocol):
         CRC32C and every indexed frame) and return bytes read; 0 for a "reshard" plan
         (checked as it was staged).  May run while the caller opens the new state."""
 
+    # selective restores -------------------------------------------------------
+    # A restore's frames are tagged with its ``tag`` (never reused): written as *staged*
+    # entries that reads, keys() and the store's reconcile never see, then *published* into
+    # the index keeping what they replaced, then settled.  Every call is idempotent.
+    def import_restore(self, tag: int, plan: RestoreImport) -> int:
+        """Drop the staged entries of ``tag`` (a retried claim), then read the frames of
+        ``plan`` in batches of at most ``plan.batch_bytes``, check each (structure, padding,
+        CRC32C against the recorded one), re-stamp those whose gidx differs (CRC
+        recomputed), append them and index them as staged entries.  Returns bytes read.
+        Raises CorruptionError naming the file and offset (nothing of the batch indexed),
+        InvalidInputError when ``tag`` was settled already."""
+
+    def publish_restore(self, tag: int) -> int:
+        """Move the staged entries of ``tag`` into the index, keeping what each replaced (one
+        transaction); returns entries published."""
+
+    def unpublish_restore(self, tag: int) -> int:
+        """Undo :meth:`publish_restore`: replaced entries back, the restore's entries staged
+        again (one transaction); returns entries moved."""
+
+    def settle_restore(self, tag: int, *, committed: bool, close: bool = True) -> int:
+        """Committed: forget what the published entries replaced (those frames become dead).
+        Not committed: unpublish, then drop every staged entry.  ``close`` refuses later
+        imports with ``tag``; ``close=False`` forgets the tag entirely.  Returns entries settled."""
+
+    def restore_tags(self) -> List[int]:
+        """Tags that have entries on this unit (staged, published or closed)."""
+
     # maintenance -------------------------------------------------------------
     def verify(self) -> List[str]:
         """Check every stored frame; one line per problem."""
@@ -451,6 +481,43 @@ class ControllerPort(Protocol):
         ``clear_produced``, no field produced (a checkpoint saved without storage).  Never
         touches the live controller."""
 
+    # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
+    def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
+                      schema: Mapping[str, Tuple[int, int]]) -> RestoreInfo:
+        """Record a restore of ``entries`` (rows ``(key, gidx in the dump, tag, produced fields)``) into
+        ``pid`` in one transaction: existing keys keep their gidx, new keys get reserved ones.
+        Returns the info with the mapping.  Raises RestorePendingError (``pid`` has an
+        unresolved restore), SchemaError (``schema`` clashes with the partition's),
+        InvalidInputError (bad keys, tags, duplicate keys, fields not in ``schema``)."""
+
+    def claim_restore(self, rid: str, unit: int) -> int:
+        """Mark unit ``unit`` of a running restore as importing; returns the attempt number
+        that :meth:`complete_restore` must quote.  Raises InvalidInputError (unknown restore,
+        not running, unit already complete)."""
+
+    def complete_restore(self, rid: str, unit: int, attempt: int) -> None:
+        """Mark the unit's import of claim ``attempt`` complete (InvalidInputError for a stale
+        attempt or a restore not running)."""
+
+    def finish_restore(self, rid: str) -> None:
+        """Every unit complete: the rows (new keys created, tags, produced fields) and the
+        schema committed with the state "committed" in one transaction.  Idempotent for a
+        committed restore; InvalidInputError when units are not complete or it was cancelled."""
+
+    def cancel_restore(self, rid: str) -> None:
+        """Mark a running restore "cancelled" (idempotent); its reserved gidxs stay reserved
+        until :meth:`forget_restore`.  InvalidInputError for a committed one."""
+
+    def forget_restore(self, rid: str) -> None:
+        """After the units settled a decided restore: delete its record (a cancelled one
+        frees its reserved gidxs in the same transaction).  Idempotent (unknown id: nothing)."""
+
+    def restores(self, pid: Optional[str] = None) -> List[RestoreInfo]:
+        """Unresolved restores (of ``pid``, or all), summaries without rows."""
+
+    def restore(self, rid: str) -> Optional[RestoreInfo]:
+        """The restore ``rid`` with its key -> gidx mapping; None when unknown."""
+
     def close(self) -> None:
         """Close (idempotent)."""
 
@@ -469,4 +536,4 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
 
 __all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "LINK", "REUSE", "COPY", "Reusable", "SegmentSource",
            "SegmentWrite", "plan_segment_writes", "UnitExport", "ShardInfo", "ControllerExport", "UnitImport", "UnitPort",
-           "ControllerPort", "fill_or_copy"]
+           "ControllerPort", "fill_or_copy", "RestoreInfo", "RestoreImport", "check_no_restore"]

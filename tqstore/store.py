@@ -27,6 +27,7 @@ from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .dump import DumpMixin
+from .dump.restore import settle_at_open
 from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
@@ -244,6 +245,7 @@ class Store(CheckpointMixin, DumpMixin):
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
         self._settle_undo()
+        settle_at_open(self.controller, self.units)  # selective restores a crash left (before the unit entries)
         missing: Dict[int, Set[str]] = defaultdict(set)
 
         def one(u: UnitPort):

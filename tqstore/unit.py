@@ -40,6 +40,7 @@ from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
 from .unit_read import UnitReader
+from .unit_restore import has_entries as _restore_entries, install_restore_calls, open_restore_db
 from .unit_recover import check_index_format, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
 log = logging.getLogger("tqstore")
@@ -96,6 +97,7 @@ class Unit(UnitReader):
         self.db_segs = self.env.open_db(b"segs")
         # undo records of overwriting puts not yet settled: token (u64 BE) + index key -> replaced loc
         self.db_undo = self.env.open_db(b"undo")
+        self.db_restore = open_restore_db(self.env)  # selective restores (tqstore.unit_restore); None: none yet
         self._lock = threading.RLock()
         self._pins: Dict[int, int] = defaultdict(int)
         self.maps = MmapCache(self.path)
@@ -109,7 +111,7 @@ class Unit(UnitReader):
         self._next_snapshot = 1
         try:
             with wrap_errors(f"open unit {unit_id}", self.path):
-                self._recover()
+                recover(self)
         except BaseException:
             if self._writer is not None:
                 self._writer.close()
@@ -133,9 +135,6 @@ class Unit(UnitReader):
         finally:
             if own:
                 txn.abort()
-
-    def _recover(self) -> None:
-        recover(self)
 
     def _get_seg(self, txn, seg_id: int) -> SegInfo:
         return _seg_info(txn.get(_seg_key(seg_id), db=self.db_segs), seg_id, self.path)
@@ -541,8 +540,8 @@ class Unit(UnitReader):
         below ``live_ratio`` into the active segment (byte copies, CRC-checked), then unlink
         them. Returns the number of segments compacted."""
         with self._lock, wrap_errors(f"unit {self.unit_id} compact", self.path):
-            if self.undo_tokens():
-                return 0  # an unsettled overwriting put may still put frames back
+            if self.undo_tokens() or _restore_entries(self):
+                return 0  # an unsettled overwriting put or restore may still put frames back
             segs = self._load_segs()
             victims = [s for s, i in segs.items() if i.sealed and not self._pins.get(s) and i.size > SEGMENT_HEADER_SIZE
                        and i.live < live_ratio * (i.size - SEGMENT_HEADER_SIZE)]
@@ -596,3 +595,6 @@ class Unit(UnitReader):
                 self._writer = None
             self.maps.clear()
             self.env.close()
+
+
+install_restore_calls(Unit)  # UnitPort's selective restores (tqstore.unit_restore)

@@ -266,5 +266,6 @@ def planted_bug_scenarios() -> Dict[str, tuple]:
 def all_scenarios() -> List[Scenario]:
     from .ckpt_scenarios import checkpoint_scenarios
     from .dump_scenarios import dump_scenarios
+    from .restore_scenarios import restore_scenarios
 
-    return store_scenarios() + checkpoint_scenarios() + dump_scenarios()
+    return store_scenarios() + checkpoint_scenarios() + dump_scenarios() + restore_scenarios()

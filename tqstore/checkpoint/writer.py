@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from .._io import files, locks
 from ..errors import CheckpointError, TqstoreError
-from ..ports import ControllerExport, Reusable, UnitExport
+from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
 from . import manifest as M
 from . import target as T
 
@@ -211,6 +211,7 @@ def take_cut(store) -> Cut:
     """The MVCC cut, under the store's write lock (held only for the cut)."""
     t0 = time.perf_counter()
     with store._write_lock:
+        check_no_restore(store.controller, None, "a full checkpoint save")  # a cut never holds half a restore
         snap = store.snapshot()
         cut = Cut(snap, store.num_units, Path(store.root), 0.0)
     cut.stall_s = time.perf_counter() - t0

@@ -14,8 +14,8 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
    ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
    and produced fields at the cut; :func:`plan` groups the rows with data by owning unit;
    each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
-   fsynced), in parallel; ``rows.json`` and ``MANIFEST.json`` written and fsynced, the
-   directory fsynced; :func:`publish.publish`.
+   fsynced), in parallel, and ``rows.json`` is written and fsynced beside them; then
+   ``MANIFEST.json`` is written and fsynced, the directory fsynced; :func:`publish.publish`.
 
 A failure removes ``<dir>.tmp`` and leaves the previous dump at ``<dir>`` as it was.  The
 background machinery is the checkpoint writer's (one save or dump in flight per store; an
@@ -24,6 +24,7 @@ error nobody retrieved surfaces on the next save, load or dump).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import defaultdict
@@ -51,11 +52,10 @@ def check_keys(keys: Any, partition_id: Any) -> List[str]:
     check_name("partition id", partition_id)
     if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
         raise InvalidInputError(f"keys must be a list of str, got {type(keys).__name__}")
-    out: Dict[str, None] = {}
-    for k in keys:
-        check_key(partition_id, k)
-        out.setdefault(k, None)
-    return list(out)
+    for k in keys:  # ASCII keys of up to 127 characters always fit; only the others are checked in full
+        if type(k) is not str or len(k) > 127 or not k.isascii() or "\0" in k:
+            check_key(partition_id, k)
+    return list(dict.fromkeys(keys))
 
 
 @dataclass
@@ -151,7 +151,9 @@ class DumpJob:
                 tmp = P.fresh_tmp(self.final)
                 try:
                     out = self._write(tmp)
+                    t1 = time.perf_counter()
                     P.publish(tmp, self.final)
+                    out["phases_s"]["publish_s"] = time.perf_counter() - t1
                 except BaseException:
                     files.rmtree(tmp, ignore_errors=True)
                     raise
@@ -169,29 +171,40 @@ class DumpJob:
 
     def _write(self, tmp: Path) -> Dict[str, Any]:
         cut, snap = self.cut, self.cut.snap
+        t = [time.perf_counter()]
         rows = snap.controller.snapshot_rows(snap.controller_snap, cut.partition_id, cut.keys)
+        t.append(time.perf_counter())
         if rows is None or rows.missing() or list(rows.gidxs) != cut.gidxs:
             raise CheckpointError(f"the controller's snapshot disagrees with the keys resolved at the cut of "
                                   f"partition {cut.partition_id!r} (a bug); nothing was published")
         work = plan(rows, cut.num_units)
         shards: List[ShardInfo] = []
-        if work:
-            with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(work))),
-                                    thread_name_prefix="tqstore-dump") as pool:
-                futs = [pool.submit(snap.ports[w.unit].export_rows, snap.unit_snaps[w.unit], w.gidxs, w.fields,
-                                    str(tmp / D.shard_name(w.unit)), num_units=cut.num_units,
-                                    put_token=cut.put_token) for w in work]
-                errors = []
-                for f in futs:
-                    try:
-                        shards.append(f.result())
-                    except BaseException as e:  # noqa: BLE001 - the first is re-raised below
-                        errors.append(e)
-                if errors:
-                    raise errors[0]
-        index = D.encode_row_index(cut.partition_id, cut.num_units, rows.schema,
-                                   [(k, g, t, fs) for k, g, t, fs in zip(rows.keys, rows.gidxs, rows.tags, rows.fields)])
-        files.write_file(tmp / D.ROW_INDEX_NAME, index, fsync=True)
+
+        def write_index() -> bytes:  # beside the shards: its fsync overlaps theirs
+            data = D.encode_row_index(cut.partition_id, cut.num_units, rows.schema,
+                                      list(zip(rows.keys, rows.gidxs, rows.tags, rows.fields)))
+            files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True)
+            return data
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(work)) + 1),
+                                thread_name_prefix="tqstore-dump") as pool:
+            futs = [pool.submit(snap.ports[w.unit].export_rows, snap.unit_snaps[w.unit], w.gidxs, w.fields,
+                                str(tmp / D.shard_name(w.unit)), num_units=cut.num_units,
+                                put_token=cut.put_token) for w in work]
+            index_fut = pool.submit(write_index)
+            errors = []
+            for f in futs:
+                try:
+                    shards.append(f.result())
+                except BaseException as e:  # noqa: BLE001 - the first is re-raised below
+                    errors.append(e)
+            try:
+                index = index_fut.result()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+            if errors:
+                raise errors[0]
+        t.append(time.perf_counter())
         summary = report_of(len(rows), shards, 0)
         manifest = D.encode_manifest(
             created_unix=time.time(), partition_id=cut.partition_id, num_units=cut.num_units,
@@ -201,8 +214,35 @@ class DumpJob:
                      "payload_bytes": s.payload_bytes} for s in shards])
         files.write_file(tmp / D.MANIFEST_NAME, manifest, fsync=True)
         files.fsync_dir(tmp)
+        t.append(time.perf_counter())
         total = sum(s.size for s in shards) + len(index) + len(manifest)
-        return report_of(len(rows), shards, total, path=str(self.final), partition_id=cut.partition_id)
+        phases = {"rows_s": t[1] - t[0], "shards_s": t[2] - t[1], "index_s": t[3] - t[2]}
+        return report_of(len(rows), shards, total, path=str(self.final), partition_id=cut.partition_id,
+                         phases_s=phases)
+
+
+_POOL: Optional[ThreadPoolExecutor] = None
+_POOL_LOCK = threading.Lock()
+
+
+def _background() -> ThreadPoolExecutor:
+    """The threads background dumps run on: kept between calls, so handing a dump over costs
+    a queue put, not a thread start (the caller's stall); joined at interpreter exit like any
+    executor's, so a running dump finishes first; made anew in a forked child."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tqstore-dump")
+        return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool = True):
@@ -231,7 +271,7 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
 
         state.inflight = handle
         try:
-            threading.Thread(target=body, name="tqstore-dump", daemon=False).start()
+            _background().submit(body)
         except BaseException:
             state.inflight = None
             cut.snap.release()

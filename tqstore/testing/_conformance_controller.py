@@ -14,6 +14,7 @@ from ..errors import (
 )
 from ..ports import PartitionInfo, RowBatch, RowInfo
 from ._conformance_base import _PortTests, pytest
+from ._conformance_restore import ControllerRestoreTests
 
 RANK0 = {"dp_rank": 0, "batch_index": 0}
 
@@ -26,7 +27,7 @@ def _pairs(status: Any) -> Any:
     return None if status is None else tuple(np.asarray(x).tolist() for x in status)
 
 
-class ControllerPortTests(_PortTests):
+class ControllerPortTests(ControllerRestoreTests, _PortTests):
     """Conformance of a :class:`~tqstore.ports.ControllerPort` implementation.
 
     Subclasses define :meth:`make_controller`."""

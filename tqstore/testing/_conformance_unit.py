@@ -15,6 +15,7 @@ from .._format.values import decode_value
 from ..errors import CorruptionError, TqstoreError
 from ..ports import fill_or_copy
 from ._conformance_base import _PortTests, pytest
+from ._conformance_restore import UnitRestoreTests
 
 
 def _column(field: str, value: Any) -> Any:
@@ -33,7 +34,7 @@ def _flip_byte(path: str, offset: int) -> None:
         f.write(bytes([b[0] ^ 0x01]))
 
 
-class UnitPortTests(_PortTests):
+class UnitPortTests(UnitRestoreTests, _PortTests):
     """Conformance of a :class:`~tqstore.ports.UnitPort` implementation.
 
     Subclasses define :meth:`make_unit`; set ``supports_compression = False`` for an
