@@ -27,6 +27,7 @@ def test_demo_is_killed_resumes_and_its_check_passes(tmp_path):
     assert doc["check"]["ok"], doc["check"]["problems"]
     assert doc["check"]["consumed"] == doc["check"]["expected"] == 6 * 16
     assert doc["check"]["missing"] == doc["check"]["twice"] == 0
+    assert doc["mode"] == "pending"  # this build has the selective dump and load
     assert doc["killed_during_step"] is not None and doc["restored_step"] in (2, 4)
     assert doc["saves"] >= 2 and doc["stall_ms_median"] is not None and doc["restore_gib_s"] > 0
     lines = r.stderr.splitlines()  # with --json the step lines go to stderr
@@ -35,10 +36,19 @@ def test_demo_is_killed_resumes_and_its_check_passes(tmp_path):
     assert CheckpointManager(tmp_path / "d" / "generations").steps()  # --dir keeps the files
 
 
+def test_demo_full_mode_is_killed_resumes_and_its_check_passes(tmp_path):
+    r = _demo("--steps", 5, "--rows", 8, "--group", 2, "--save-every", 2, "--tokens", 32, "--seed", 3, "--mode", "full",
+              "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["mode"] == "full" and doc["check"]["ok"] and doc["killed_during_step"] is not None
+
+
 def test_demo_text_summary(tmp_path):
     r = _demo("--steps", 4, "--rows", 8, "--group", 2, "--save-every", 2, "--tokens", 32, "--seed", 1, "--no-kill")
     assert r.returncode == 0, r.stderr
     assert "summary" in r.stdout and "check:            PASS" in r.stdout and "stall per save" in r.stdout
+    assert "from the dump of pending samples" not in r.stdout or "pending mode" in r.stdout
     assert [ln.split(":")[0] for ln in r.stdout.splitlines() if ln.startswith("step ")] == [
         "step   1", "step   2", "step   3", "step   4"]
 

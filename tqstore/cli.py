@@ -71,6 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=int, default=None, help="seed of the samples and of the kill step "
                                                             "(default: random)")
     d.add_argument("--no-kill", action="store_true", help="run to the end without killing the loop")
+    d.add_argument("--mode", choices=("pending", "full"), default=None,
+                   help="pending: generations hold the trainer's side of the buffer (include_storage=False) and the "
+                        "pending samples are dumped by key beside each (the default when this build has "
+                        "dump_data_by_key and load_data_by_key); full: generations hold the whole buffer")
     d.add_argument("--json", action="store_true", help="print the summary as JSON on stdout (step lines on stderr)")
 
     i = _add(sub, "inspect", "summarise a store, a checkpoint, a generation root or a dump",

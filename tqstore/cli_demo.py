@@ -200,12 +200,20 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
         if any(base.iterdir()):
             err.write(f"error: {base} is not empty (the demo needs a new or empty directory)\n")
             return EXIT_USAGE
-        cfg = {"dir": str(base), "steps": args.steps, "rows": args.rows, "group": args.group, "tokens": args.tokens,
+        from .cli_demo_loop import dump_api
+
+        import tqstore
+
+        have_dump = len(dump_api(tqstore)) == 2
+        if args.mode == "pending" and not have_dump:
+            err.write("error: --mode pending needs dump_data_by_key and load_data_by_key, which this build lacks\n")
+            return EXIT_USAGE
+        cfg = {"mode": args.mode or ("pending" if have_dump else "full"), "dir": str(base), "steps": args.steps, "rows": args.rows, "group": args.group, "tokens": args.tokens,
                "save_every": args.save_every, "seed": seed, "run": 1, "resume": False}
         # after the first generation's save, before the last step (later if none is published by then)
         kill_step = None if args.no_kill else rng.randint(args.save_every + 1, args.steps)
         step_out.write(f"tqstore demo in {base}: {args.steps} steps of {args.rows} samples, a generation every "
-                       f"{args.save_every} steps, seed {seed}"
+                       f"{args.save_every} steps ({cfg['mode']} mode), seed {seed}"
                        + ("" if kill_step is None else f"; the loop will be killed during step {kill_step}") + "\n")
         rc, killed, stderr = _child(cfg, base, step_out, None if kill_step is None else kill_step - 1,
                                     rng.uniform(0.0, 0.05))

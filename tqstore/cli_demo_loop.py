@@ -126,7 +126,7 @@ class Loop:
         self.api = dump_api(tq)
         # "pending": generations hold the trainer's side, the pending samples go in a dump beside each;
         # "full" (a build without the selective load): generations hold the whole buffer
-        self.mode = "pending" if len(self.api) == 2 else "full"
+        self.mode = cfg.get("mode") or ("pending" if len(self.api) == 2 else "full")
         self.stats: Dict[str, Any] = {"run": self.log.run, "saves": [], "restore": None, "mode": self.mode}
         self.step = 0
 
