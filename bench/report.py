@@ -152,7 +152,7 @@ def table(docs: Dict[str, Dict[str, Any]], notes: List[str]) -> str:
     lines = ["# Benchmark results", ""]
     for name, doc in docs.items():
         m = doc.get("machine", {})
-        lines.append(f"- `{name}` {' '.join(doc.get('args') or [])}: {doc.get('date_utc', '?')}, {m.get('cpus', '?')} "
+        lines.append(f"- `{name}` ({' '.join(doc.get('args') or []) or 'full size'}): {doc.get('date_utc', '?')}, {m.get('cpus', '?')} "
                      f"CPUs ({m.get('cpu_model', '?')}), {m.get('mem_gib', '?')} GiB, load average "
                      f"{m.get('load_avg', 0):.1f} before / {m.get('load_avg_after', 0):.1f} after, record path "
                      f"{m.get('record_path', '?')}, {doc.get('seconds', '?')} s")
