@@ -123,7 +123,7 @@ def test_command_exit_status_and_output_on_each_kind(paths, command, kind, as_js
 
 def test_inspect_reports_rows_bytes_units_and_format_version(paths):
     doc = json.loads(run("inspect", paths["store"], "--json")[1])
-    assert doc["num_units"] == 2 and doc["rows"] == 8 and doc["total_bytes"] > 0
+    assert doc["num_units"] == 2 and doc["rows"] == 8 and doc["total_bytes"] > 0 and doc["format_version"] == 1
     assert doc["partitions"] == [{"partition": "train", "rows": 8, "keys": 8}]
     gens = json.loads(run("inspect", paths["root"], "--json")[1])["generations"]
     assert [g["step"] for g in gens] == [1, 2, 3] and all(g["format_version"] >= 1 and g["rows"] == 8 for g in gens)

@@ -167,7 +167,8 @@ def _store_doc(path: Path) -> Dict[str, Any]:
 
     d = L.read_store_file(path) or {}
     cur = L.read_current(path)
-    doc: Dict[str, Any] = {"kind": "store", "path": str(path), "num_units": d.get("num_units"),
+    doc: Dict[str, Any] = {"kind": "store", "path": str(path), "format_version": d.get("version"),
+                           "num_units": d.get("num_units"),
                            "created_unix": d.get("created"), "state": cur, "units": store_units(path),
                            "partitions": _store_partitions(path) if cur else []}  # checked decoder: damage raises
     doc["rows"] = sum(p["rows"] for p in doc["partitions"])
@@ -228,7 +229,8 @@ def _write_inspect(doc: Dict[str, Any], w) -> None:
             w(f"  partition {p['partition']!r}: {p['rows']} rows\n")
     elif doc["kind"] == "store":
         w(f"store {doc['path']}: {doc['num_units']} units, {doc['rows']} rows, {human(doc['total_bytes'])} of "
-          f"segments, state {doc['state']}, created {when(doc['created_unix'])}\n")
+          f"segments, format version {doc['format_version']}, state {doc['state']}, created "
+          f"{when(doc['created_unix'])}\n")
         for u in doc["units"]:
             w(f"  unit {u['unit']}: {u['segments']} segments, {human(u['segment_bytes'])}\n")
         for p in doc["partitions"]:
