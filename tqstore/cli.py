@@ -129,24 +129,27 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--live-ratio", type=float, default=0.5, help="compact segments less live than this (0-1]")
     c.add_argument("--json", action="store_true", help="print a JSON report on stdout")
 
-    ch = sub.add_parser("_demo-loop", help=argparse.SUPPRESS)  # the demo's child process
-    ch.add_argument("config")
     return p
 
 
 def _commands() -> Dict[str, Callable[..., int]]:
     from .cli_admin import cmd_compact, cmd_prune
-    from .cli_demo import cmd_demo, cmd_demo_loop
+    from .cli_demo import cmd_demo
     from .cli_inspect import cmd_inspect, cmd_ls, cmd_verify
 
     return {"verify": cmd_verify, "inspect": cmd_inspect, "ls": cmd_ls, "prune": cmd_prune, "compact": cmd_compact,
-            "demo": cmd_demo, "_demo-loop": cmd_demo_loop}
+            "demo": cmd_demo}
 
 
 def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, err: Optional[TextIO] = None) -> int:
     """Run one command; returns its exit status (0 clean, 1 damaged, 2 usage)."""
     out = out or sys.stdout
     err = err or sys.stderr
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) == 2 and argv[0] == "_demo-loop":  # the demo's child process (not a command of the help)
+        from .cli_demo import cmd_demo_loop
+
+        return cmd_demo_loop(argparse.Namespace(config=argv[1]), out, err)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
