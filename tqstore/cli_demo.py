@@ -29,20 +29,30 @@ from typing import Any, Dict, List, Optional, TextIO
 from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE
 
 
-def _child(cfg: Dict[str, Any], base: Path, out: TextIO, kill_after: Optional[int], delay_s: float):
-    """Run one loop process, forwarding its lines; SIGKILL it ``delay_s`` after it printed the
-    line of step ``kill_after`` or a later one (the first after a generation is published).
-    Returns (returncode, the step during which it was killed or 0, stderr text)."""
-    cfg_path = base / f"run-{cfg['run']}.json"
-    cfg_path.write_text(json.dumps(cfg))
+def _child(cfg: Dict[str, Any], out: TextIO, events: List[str], kill_after: Optional[int], delay_s: float):
+    """Run one loop process, forwarding its lines to ``out`` and collecting its event lines in
+    ``events``; SIGKILL it ``delay_s`` after it printed the line of step ``kill_after`` or a
+    later one (the first after a generation is published).  Returns (returncode, the step
+    during which it was killed or 0, stderr text)."""
+    import threading
+
+    from .cli_demo_loop import EVENT
+
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen([sys.executable, "-m", "tqstore", "_demo-loop", str(cfg_path)], stdout=subprocess.PIPE,
-                            stderr=open(base / f"run-{cfg['run']}.stderr", "w"), text=True, env=env, bufsize=1)
+    proc = subprocess.Popen([sys.executable, "-m", "tqstore", "_demo-loop", json.dumps(cfg)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
+    errs: List[str] = []
+    drain = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
+    drain.start()
     killed = 0  # the step during which the loop was killed
+    base = Path(cfg["dir"])
     assert proc.stdout is not None
     for line in proc.stdout:
+        if line.startswith(EVENT):
+            events.append(line)
+            continue
         out.write(line)
         out.flush()
         if kill_after is not None and line.startswith("step ") and int(line[5:].split(":")[0]) >= kill_after \
@@ -54,9 +64,12 @@ def _child(cfg: Dict[str, Any], base: Path, out: TextIO, kill_after: Optional[in
             out.flush()
             killed = kill_after + 1
             break
+    if killed:  # what the loop wrote before it died is still in the pipe
+        events.extend(ln for ln in proc.stdout if ln.startswith(EVENT))
     proc.stdout.close()
     rc = proc.wait()
-    return rc, killed, (base / f"run-{cfg['run']}.stderr").read_text()
+    drain.join()
+    return rc, killed, "".join(errs)
 
 
 def _published(root: Path) -> bool:
@@ -196,8 +209,7 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
     keep = bool(args.dir)
     step_out = err if args.json else out
     try:
-        base.mkdir(parents=True, exist_ok=True)
-        if any(base.iterdir()):
+        if base.exists() and (not base.is_dir() or any(base.iterdir())):
             err.write(f"error: {base} is not empty (the demo needs a new or empty directory)\n")
             return EXIT_USAGE
         from .cli_demo_loop import dump_api
@@ -215,7 +227,8 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
         step_out.write(f"tqstore demo in {base}: {args.steps} steps of {args.rows} samples, a generation every "
                        f"{args.save_every} steps ({cfg['mode']} mode), seed {seed}"
                        + ("" if kill_step is None else f"; the loop will be killed during step {kill_step}") + "\n")
-        rc, killed, stderr = _child(cfg, base, step_out, None if kill_step is None else kill_step - 1,
+        events: List[str] = []
+        rc, killed, stderr = _child(cfg, step_out, events, None if kill_step is None else kill_step - 1,
                                     rng.uniform(0.0, 0.05))
         if killed:
             kill_step = killed
@@ -224,13 +237,13 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
             return EXIT_DAMAGED
         if killed:
             step_out.write("*** restarting the training loop: restore the newest valid generation and go on\n")
-            rc, _, stderr = _child(dict(cfg, run=2, resume=True), base, step_out, None, 0.0)
+            rc, _, stderr = _child(dict(cfg, run=2, resume=True), step_out, events, None, 0.0)
             if rc != 0:
                 err.write(f"error: the resumed training loop failed (exit {rc}):\n{stderr[-2000:]}")
                 return EXIT_DAMAGED
         from .cli_demo_loop import read_events
 
-        doc = summarize(read_events(base / "events.jsonl"), cfg, kill_step if killed else None)
+        doc = summarize(read_events(events), cfg, kill_step if killed else None)
         if args.json:
             out.write(json.dumps(doc, indent=1, default=str) + "\n")
         else:
@@ -248,7 +261,7 @@ def cmd_demo_loop(args, out: TextIO, err: TextIO) -> int:
     """The demo's child process: run the loop with the settings in ``args.config``."""
     from .cli_demo_loop import run_loop
 
-    cfg = json.loads(Path(args.config).read_text())
+    cfg = json.loads(args.config)
     try:
         run_loop(cfg, out)
     except AssertionError as e:

@@ -17,7 +17,7 @@ A small RL post-training loop with partial rollout on an embedded store:
   (``pending/step-N``, ``blocking=False``); without them ("full" mode) the generation holds
   the whole buffer (``blocking=False``).
 
-Every acknowledged put and every consumed group is appended to ``events.jsonl``; the
+Every acknowledged put and every consumed group is an event line on stdout; the
 parent (:mod:`tqstore.cli_demo`) reads it to check that nothing acknowledged was lost or
 consumed twice.  On ``resume`` the loop restores the newest valid generation (in pending
 mode: the newest whose dump was published too, then ``load_data_by_key`` of that dump),
@@ -27,13 +27,14 @@ pure function of ``(seed, prompt, sample)``, so any process can recompute them.
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO
 
 import numpy as np
+
+from . import layout_dirs as L
 
 PARTITION = "rollout"
 TASK = "train"
@@ -68,14 +69,18 @@ def dump_api(tq) -> Dict[str, Any]:
     return {n: getattr(tq, n) for n in ("dump_data_by_key", "load_data_by_key") if callable(getattr(tq, n, None))}
 
 
-class Log:
-    """``events.jsonl``: one JSON object a line, flushed at once (a kill -9 keeps what was
-    written; a torn last line is dropped by the reader)."""
+EVENT = "@ "  # the prefix of an event line on the loop's stdout
 
-    def __init__(self, path: Path, run: int) -> None:
-        self._f = open(path, "a", encoding="utf-8")
+
+class Log:
+    """The loop's events, one JSON object a line on its stdout after :data:`EVENT`, flushed at
+    once: the parent reads them from the pipe (what was written before a kill -9 is still
+    read; nothing goes to a file)."""
+
+    def __init__(self, out: TextIO, run: int) -> None:
+        self._out = out
         self.run = run
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.acks = 0
 
     def write(self, ev: str, **kw: Any) -> None:
@@ -83,20 +88,25 @@ class Log:
             if ev == "ack":
                 kw["seq"] = self.acks
                 self.acks += 1
-            self._f.write(json.dumps(dict(run=self.run, ev=ev, **kw)) + "\n")
-            self._f.flush()
+            self._out.write(EVENT + json.dumps(dict(run=self.run, ev=ev, **kw)) + "\n")
+            self._out.flush()
+
+    def say(self, s: str) -> None:
+        with self.lock:
+            self._out.write(s + "\n")
+            self._out.flush()
 
     def close(self) -> None:
-        self._f.close()
+        pass
 
 
-def read_events(path: Path) -> List[Dict[str, Any]]:
-    """The events of ``events.jsonl`` (a torn last line is left out)."""
+def read_events(lines: List[str]) -> List[Dict[str, Any]]:
+    """The events among the loop's output ``lines`` (a torn last line is left out)."""
     out = []
-    if path.exists():
-        for line in path.read_text(encoding="utf-8").splitlines():
+    for line in lines:
+        if line.startswith(EVENT):
             try:
-                out.append(json.loads(line))
+                out.append(json.loads(line[len(EVENT):]))
             except ValueError:
                 continue
     return out
@@ -115,7 +125,7 @@ class Loop:
         self.seed, self.group, self.tokens = int(cfg["seed"]), int(cfg["group"]), int(cfg["tokens"])
         self.groups_per_step = int(cfg["rows"]) // self.group
         self.total_prompts = int(cfg["steps"]) * self.groups_per_step
-        self.log = Log(self.base / "events.jsonl", int(cfg["run"]))
+        self.log = Log(out, int(cfg["run"]))
         self.put_lock = threading.RLock()  # held for a put and its log line, and by the trainer for a cut
         self.cursor = 0  # next prompt to start
         self.inflight: List[List[int]] = [[] for _ in range(PRODUCERS)]  # partial groups of each producer
@@ -240,11 +250,8 @@ class Loop:
             keep = set(m.steps())
             for d in sorted((self.base / "pending").glob("step-*")):
                 st = int(d.name[5:15])
-                if st not in keep and st < rec["step"]:  # its generation was pruned: the dump goes too
-                    if d.is_dir():
-                        shutil.rmtree(d, ignore_errors=True)
-                    else:
-                        d.unlink()
+                if d.is_dir() and st not in keep and st < rec["step"]:  # its generation was pruned: so is the dump
+                    L.remove_tree(d, ignore_errors=True)
         self.stats["saves"].append(rec)
         self.log.write("saved", **rec)
 
@@ -306,8 +313,7 @@ class Loop:
 
     # ------------------------------------------------------------------ run
     def say(self, s: str) -> None:
-        self.out.write(s + "\n")
-        self.out.flush()
+        self.log.say(s)
 
     def run(self) -> Dict[str, Any]:
         tq = self.tq
