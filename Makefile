@@ -4,6 +4,7 @@ VENV   ?= .venv
 PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.tqstore-installed
+BENCH_STAMP = $(VENV)/.tqstore-bench-installed
 
 .PHONY: install test test-pure demo crash-test bench bench-quick clean
 
@@ -29,17 +30,18 @@ crash-test: $(STAMP)
 	$(PY) -m pytest -q -m "crash or slow" tests/
 	$(PY) tests/crash/run_matrix.py
 
-bench-quick: $(STAMP)
-	$(PY) bench/bench_engine.py --quick
-	$(PY) bench/bench_dataplane.py --quick
-	$(PY) bench/bench_checkpoint.py --quick
-	$(PY) bench/bench_dump.py --quick
+# the bench extra (matplotlib for the charts, tqdm)
+$(BENCH_STAMP): $(STAMP)
+	$(PIP) install -q -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
-bench: $(STAMP)
-	$(PY) bench/bench_engine.py
-	$(PY) bench/bench_dataplane.py
-	$(PY) bench/bench_checkpoint.py
-	$(PY) bench/bench_dump.py
+# every bench/bench_*.py; figures to bench/results/ (NAME.json, NAME.txt), then bench/report.py
+# writes bench/results/results.md and the PNG charts
+bench-quick: $(BENCH_STAMP)
+	$(PY) bench/run_all.py --quick
+
+bench: $(BENCH_STAMP)
+	$(PY) bench/run_all.py
 
 clean:
 	rm -rf build *.egg-info tqstore/_native/*.so .pytest_cache .hypothesis

@@ -19,6 +19,7 @@ Figures are medians over repetitions.  GiB = 2**30 bytes.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import sys
@@ -163,6 +164,7 @@ def main(argv=None) -> None:
           f"({med['stream_consumer_bps'] * gib_per_batch:.2f} GiB/s; engine Store.read "
           f"{med['engine_read_bps']:.1f} batches/s)")
     print(f"get_meta (force_fetch, {len(batches) * ROWS} rows)   {med['get_meta_ms']:7.2f} ms/call")
+    print(json.dumps(dict(med, batch_mib=batch_mib, units=args.units, rounds=rounds, reps=reps)))  # bench/run_all.py
 
 
 if __name__ == "__main__":

@@ -33,7 +33,8 @@ ray            ``ray/*`` (units and controller as actors, same ports)          e
                                                                               native, base
 edge           ``torch_adapter`` (torch, nested tensors and TensorDict         engine, policies, ports,
                to and from the engine's Columns, allocator and results)       format, base
-api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      edge, ray, engine,
+api            ``__init__``, ``api``, ``client``, ``cli``, ``cli_*``,         edge, ray, engine,
+               ``__main__``,
                ``async_api``, ``_executor``, ``config``, ``metrics``,          policies, ports, base
                ``dataloader``, ``metadata``, ``sampler`` (TransferQueue's
                API edge; the last two are its module names)
@@ -86,7 +87,8 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                 "capacity", "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
-    ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
+    ("api", ("", "api", "client", "cli", "cli_util", "cli_inspect", "cli_admin", "cli_demo", "cli_demo_loop",
+             "__main__", "async_api", "_executor", "config", "metrics",
              "dataloader", "metadata", "sampler")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
 ]

@@ -11,7 +11,7 @@ from typing import Any, Mapping, Optional
 
 from .loader import LoadInfo
 from .manager import CheckpointFallbackWarning, CheckpointManager
-from .retention import KeepAll, KeepAny, KeepEvery, KeepLast, RetentionPolicy
+from .retention import KeepAll, KeepAny, KeepEvery, KeepLast, KeepSteps, RetentionPolicy
 from .verify import CheckpointReport, Problem, read_manifest, resolve_checkpoint_dir, verify_checkpoint
 from .writer import CheckpointInfo, SaveHandle
 
@@ -105,5 +105,5 @@ class CheckpointMixin:
 __all__ = [
     "CheckpointMixin", "CheckpointManager", "verify_checkpoint",
     "read_manifest", "resolve_checkpoint_dir", "CheckpointInfo", "SaveHandle", "LoadInfo", "CheckpointReport",
-    "Problem", "CheckpointFallbackWarning", "RetentionPolicy", "KeepAll", "KeepLast", "KeepEvery", "KeepAny",
+    "Problem", "CheckpointFallbackWarning", "RetentionPolicy", "KeepAll", "KeepLast", "KeepEvery", "KeepAny", "KeepSteps",
 ]

@@ -67,3 +67,17 @@ class KeepAny(RetentionPolicy):
         for p in self.policies:
             out |= p.keep(steps)
         return out
+
+
+@dataclass(frozen=True)
+class KeepSteps(RetentionPolicy):
+    """Keep exactly the given steps when present (e.g. the newest generation that verifies,
+    composed with another policy: ``KeepAny(KeepLast(2), KeepSteps({newest_valid}))``)."""
+
+    steps: FrozenSet[int]
+
+    def __init__(self, steps) -> None:
+        object.__setattr__(self, "steps", frozenset(int(s) for s in steps))
+
+    def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
+        return frozenset(s for s in steps if s in self.steps)

@@ -1,0 +1,248 @@
+"""Every ``python -m tqstore`` command on every kind of path: a store, a checkpoint, a
+generation root and a selective dump, healthy and damaged, with and without ``--json``;
+``prune`` never deletes the newest generation that verifies; ``compact`` keeps the data."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tqstore
+from tqstore.checkpoint import CheckpointFallbackWarning, CheckpointManager
+from tqstore.cli import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, main
+
+from checkpoint_helpers import fill, first_segment, flip_byte, payload_offset_of_first_frame, state
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_DUMP = callable(getattr(tqstore, "dump_data_by_key", None))
+KINDS = ["store", "checkpoint", "root"] + (["dump"] if HAS_DUMP else [])
+
+
+def run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    code = main(list(map(str, argv)), out=out, err=err)
+    return code, out.getvalue(), err.getvalue()
+
+
+def _flip_first_frame(d: Path) -> Path:
+    shards = sorted(d.glob("shard-*.tqd"))  # a dump's shard: a header, then frames
+    if shards:
+        flip_byte(shards[0], 100)
+        return shards[0]
+    seg = sorted(d.rglob("*.tqs"))[0]
+    flip_byte(seg, payload_offset_of_first_frame(seg))
+    return seg
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    """Healthy and damaged copies of each kind.  Damaged: a flipped payload byte in a frame
+    (store, checkpoint, dump; the newest generation of the root), and an unreadable index
+    or manifest (``*-unreadable``)."""
+    d = tmp_path_factory.mktemp("kinds")
+    with tqstore.open(d / "store", num_units=2) as s:
+        keys = fill(s, "train", 8)
+        s.save_checkpoint(d / "checkpoint", metadata={"step": 5}, copy_segments=True)
+        m = CheckpointManager(d / "root", store=s, copy_segments=True)
+        for step in (1, 2, 3):
+            m.save(step)
+        if HAS_DUMP:
+            s.dump_data_by_key(d / "dump", keys[:4], "train")
+    out = {k: d / k for k in KINDS}
+    for k in KINDS:
+        bad = d / f"{k}-damaged"
+        shutil.copytree(d / k, bad)
+        if k == "root":
+            _flip_first_frame(bad / "step-0000000003")
+        else:
+            _flip_first_frame(bad)
+        out[f"{k}-damaged"] = bad
+    bad = d / "store-unreadable"
+    shutil.copytree(d / "store", bad)
+    next(bad.rglob("controller")).joinpath("data.mdb").write_bytes(b"junk" * 100)
+    out["store-unreadable"] = bad
+    bad = d / "checkpoint-unreadable"
+    shutil.copytree(d / "checkpoint", bad)
+    (bad / "MANIFEST.json").write_text("{ torn")
+    out["checkpoint-unreadable"] = bad
+    return out
+
+
+# (command, path kind) -> exit status; prune and compact change files and are tested below
+EXPECTED = {
+    ("verify", "store"): EXIT_OK, ("verify", "store-damaged"): EXIT_DAMAGED,
+    ("verify", "store-unreadable"): EXIT_DAMAGED,
+    ("verify", "checkpoint"): EXIT_OK, ("verify", "checkpoint-damaged"): EXIT_DAMAGED,
+    ("verify", "checkpoint-unreadable"): EXIT_DAMAGED,
+    ("verify", "root"): EXIT_OK, ("verify", "root-damaged"): EXIT_DAMAGED,
+    ("verify", "dump"): EXIT_OK, ("verify", "dump-damaged"): EXIT_DAMAGED,
+    # inspect summarises without checking frames: a flipped payload byte is not its business
+    ("inspect", "store"): EXIT_OK, ("inspect", "store-damaged"): EXIT_OK,
+    ("inspect", "store-unreadable"): EXIT_DAMAGED,
+    ("inspect", "checkpoint"): EXIT_OK, ("inspect", "checkpoint-damaged"): EXIT_OK,
+    ("inspect", "checkpoint-unreadable"): EXIT_DAMAGED,
+    ("inspect", "root"): EXIT_OK, ("inspect", "root-damaged"): EXIT_OK,
+    ("inspect", "dump"): EXIT_OK, ("inspect", "dump-damaged"): EXIT_OK,
+    # ls of a root verifies every generation (its "valid" column)
+    ("ls", "store"): EXIT_OK, ("ls", "store-damaged"): EXIT_OK, ("ls", "store-unreadable"): EXIT_DAMAGED,
+    ("ls", "checkpoint"): EXIT_OK, ("ls", "checkpoint-damaged"): EXIT_OK,
+    ("ls", "checkpoint-unreadable"): EXIT_DAMAGED,
+    ("ls", "root"): EXIT_OK, ("ls", "root-damaged"): EXIT_DAMAGED,
+    ("ls", "dump"): EXIT_OK, ("ls", "dump-damaged"): EXIT_OK,
+}
+CASES = [(c, k) for (c, k) in EXPECTED if k.split("-")[0] in KINDS]
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+@pytest.mark.parametrize("command,kind", CASES, ids=[f"{c}-{k}" for c, k in CASES])
+def test_command_exit_status_and_output_on_each_kind(paths, command, kind, as_json):
+    before = {p: p.read_bytes() for p in paths[kind].rglob("*")
+              if p.is_file() and p.name != "lock.mdb" and command != "verify"}  # LMDB reader slots aside
+    code, out, err = run(command, paths[kind], *(["--json"] if as_json else []))
+    assert code == EXPECTED[(command, kind)], (out, err)
+    assert "Traceback" not in out + err
+    report = code == EXIT_OK or (command == "verify" and kind != "store-unreadable") or (command, kind) == (
+        "ls", "root-damaged")
+    if report:
+        assert out  # a report, also for damage
+        if as_json:
+            json.loads(out)
+    else:
+        assert err.startswith("error: ") and err.count("\n") == 1  # one line
+    if command == "verify" and code == EXIT_DAMAGED and kind != "store-unreadable" and not as_json:
+        assert "BAD" in out and ("offset" in out or "MANIFEST" in out)
+    for p, data in before.items():  # inspect and ls write nothing
+        assert p.read_bytes() == data
+
+
+def test_inspect_reports_rows_bytes_units_and_format_version(paths):
+    doc = json.loads(run("inspect", paths["store"], "--json")[1])
+    assert doc["num_units"] == 2 and doc["rows"] == 8 and doc["total_bytes"] > 0 and doc["format_version"] == 1
+    assert doc["partitions"] == [{"partition": "train", "rows": 8, "keys": 8}]
+    gens = json.loads(run("inspect", paths["root"], "--json")[1])["generations"]
+    assert [g["step"] for g in gens] == [1, 2, 3] and all(g["format_version"] >= 1 and g["rows"] == 8 for g in gens)
+    code, out, _ = run("inspect", paths["root"])
+    assert code == EXIT_OK and "step 3: 8 rows, 2 units" in out and "format version" in out
+
+
+def test_ls_of_a_root_says_which_generations_are_valid(paths):
+    code, out, _ = run("ls", paths["root-damaged"])
+    assert code == EXIT_DAMAGED
+    valid = {ln.split()[0]: ln.split()[-2] for ln in out.splitlines()}
+    assert valid == {"1": "yes", "2": "yes", "3": "NO"}
+    gens = json.loads(run("ls", paths["root-damaged"], "--json")[1])
+    assert [(g["step"], g["valid"]) for g in gens] == [(1, True), (2, True), (3, False)]
+    assert gens[2]["problems"] and all(g["total_bytes"] > 0 and g["created_unix"] for g in gens)
+
+
+@pytest.mark.parametrize("command", ["prune", "compact"])
+def test_prune_and_compact_refuse_other_kinds_with_exit_2(paths, tmp_path, command):
+    extra = ["--keep", "1"] if command == "prune" else []
+    wrong = ["checkpoint", "store"] if command == "prune" else ["checkpoint", "root"]
+    for kind in wrong + (["dump"] if HAS_DUMP else []):
+        code, out, err = run(command, paths[kind], *extra)
+        assert code == EXIT_USAGE and out == "" and err.startswith("error: ") and "Traceback" not in err
+    assert run(command, tmp_path / "missing", *extra)[0] == EXIT_USAGE
+
+
+def _root(tmp_path, steps=(1, 2, 3, 4)):
+    with tqstore.open(tmp_path / "s") as s:
+        fill(s, "train", 4)
+        m = CheckpointManager(tmp_path / "gens", store=s, copy_segments=True)
+        for st in steps:
+            m.save(st)
+    return tmp_path / "gens"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_prune_keeps_the_newest_n(tmp_path, as_json):
+    root = _root(tmp_path)
+    code, out, _ = run("prune", root, "--keep", "2", *(["--json"] if as_json else []))
+    assert code == EXIT_OK and CheckpointManager(root).steps() == [3, 4]
+    if as_json:
+        doc = json.loads(out)
+        assert doc["deleted"] == [1, 2] and doc["kept"] == [3, 4] and doc["newest_valid"] == 4
+    else:
+        assert "deleted 2 generation(s) [1, 2]" in out
+
+
+def test_prune_never_deletes_the_newest_valid_generation(tmp_path):
+    root = _root(tmp_path)
+    for st in (3, 4):  # the two newest are damaged: 2 is the newest that verifies
+        _flip_first_frame(root / f"step-{st:010d}")
+    code, out, _ = run("prune", root, "--keep", "1", "--json")
+    doc = json.loads(out)
+    assert code == EXIT_OK and doc["newest_valid"] == 2
+    assert CheckpointManager(root).steps() == [2, 4]
+    with tqstore.open(tmp_path / "s2") as s, pytest.warns(CheckpointFallbackWarning):  # and it still restores
+        assert CheckpointManager(root, store=s).restore() == 2
+
+
+def test_prune_with_no_valid_generation_deletes_nothing(tmp_path):
+    root = _root(tmp_path, steps=(1, 2))
+    for st in (1, 2):
+        _flip_first_frame(root / f"step-{st:010d}")
+    code, out, err = run("prune", root, "--keep", "1")
+    assert code == EXIT_DAMAGED and "nothing deleted" in err and CheckpointManager(root).steps() == [1, 2]
+
+
+def test_prune_dry_run_and_bad_keep(tmp_path):
+    root = _root(tmp_path)
+    code, out, _ = run("prune", root, "--keep", "1", "--dry-run")
+    assert code == EXIT_OK and "would delete 3" in out and CheckpointManager(root).steps() == [1, 2, 3, 4]
+    assert run("prune", root, "--keep", "0")[0] == EXIT_USAGE
+    assert run("prune", root, "--keep", "x")[0] == EXIT_USAGE
+    assert run("prune", root)[0] == EXIT_USAGE  # --keep is required
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_compact_rewrites_mostly_dead_segments_and_keeps_the_data(tmp_path, as_json):
+    with tqstore.open(tmp_path / "s", num_units=1, segment_bytes=64 * 1024) as s:
+        keys = [f"k{i}" for i in range(64)]
+        for i, k in enumerate(keys):  # 8 KiB rows: about 8 to a 64 KiB segment
+            s.kv_put(k, "p", fields={"x": np.arange(i * 1024, (i + 1) * 1024, dtype=np.int64)})
+        s.kv_clear([k for i, k in enumerate(keys) if i % 8], "p")  # 1 row in 8 stays live
+        want = state(s)
+    code, out, err = run("compact", tmp_path / "s", *(["--json"] if as_json else []))
+    assert code == EXIT_OK, err
+    if as_json:
+        doc = json.loads(out)
+        assert doc["segments_compacted"] > 0 and doc["bytes_after"] < doc["bytes_before"]
+    else:
+        assert out.startswith("compacted ") and not out.startswith("compacted 0 ")
+    with tqstore.open(tmp_path / "s") as s:
+        assert state(s) == want
+    assert run("verify", tmp_path / "s")[0] == EXIT_OK
+
+
+def test_compact_and_verify_of_a_store_open_in_another_process_exit_2(tmp_path):
+    tqstore.open(tmp_path / "s").close()
+    code = "import tqstore, sys, time; s = tqstore.open(sys.argv[1]); print('open', flush=True); time.sleep(60)"
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "s")], stdout=subprocess.PIPE, text=True,
+                         cwd=ROOT)
+    try:
+        assert p.stdout.readline().strip() == "open"
+        for command in ("compact", "verify"):
+            c, out, err = run(command, tmp_path / "s")
+            assert c == EXIT_USAGE and "another process" in err and "Traceback" not in err
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_every_command_has_help_with_an_example():
+    for command in ("demo", "inspect", "verify", "ls", "prune", "compact"):
+        r = subprocess.run([sys.executable, "-m", "tqstore", command, "--help"], capture_output=True, text=True,
+                           cwd=ROOT, timeout=120)
+        assert r.returncode == 0 and "example:" in r.stdout and f"python -m tqstore {command}" in r.stdout
+
+
+def test_console_script_is_declared():
+    text = (ROOT / "pyproject.toml").read_text()
+    assert 'tqstore = "tqstore.cli:main"' in text

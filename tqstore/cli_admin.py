@@ -1,0 +1,82 @@
+"""``prune`` and ``compact`` of ``python -m tqstore``: the two commands that change files.
+
+* ``prune ROOT --keep N`` deletes the generations beyond the newest ``N`` of a
+  CheckpointManager root, through :meth:`CheckpointManager.prune` (under the root's
+  exclusive lock, deleting nothing if the root no longer looks like a root), and never
+  the newest generation that verifies: the generations are verified from the newest down
+  first, and that one is kept even when it is older than the newest ``N``.  With no
+  generation that verifies nothing is deleted (exit 1).
+* ``compact STORE`` opens the store (it must not be open in another process) and rewrites
+  the live frames of mostly-dead sealed segments, then unlinks them
+  (:meth:`Store.compact`).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, TextIO
+
+from .cli_inspect import newest_valid_step, root_doc
+from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, not_a_target, open_store
+
+
+def cmd_prune(args, out: TextIO, err: TextIO) -> int:
+    """Delete generations beyond the newest ``--keep`` (never the newest valid one)."""
+    from .checkpoint import CheckpointManager, KeepAny, KeepLast, KeepSteps
+
+    path = Path(args.path).absolute()
+    kind = kind_of(path)
+    if kind != "root":
+        err.write(f"error: {not_a_target(path, kind, 'a directory of checkpoint generations')}\n")
+        return EXIT_USAGE
+    if not isinstance(args.keep, int) or args.keep < 1:
+        err.write(f"error: --keep must be an integer >= 1, got {args.keep!r}\n")
+        return EXIT_USAGE
+    before = [g["step"] for g in root_doc(path)["generations"]]
+    valid = newest_valid_step(path, err, quick=args.quick)
+    doc: Dict[str, Any] = {"path": str(path), "keep": args.keep, "newest_valid": valid, "dry_run": args.dry_run}
+    if valid is None:
+        doc.update(deleted=[], kept=before, ok=False)
+        if args.json:
+            out.write(json.dumps(doc, indent=1) + "\n")
+        err.write(f"error: no generation under {path} verifies; nothing deleted\n")
+        return EXIT_DAMAGED
+    policy = KeepAny(KeepLast(args.keep), KeepSteps({valid}))
+    m = CheckpointManager(path, policy=policy)
+    if args.dry_run:
+        keep = policy.keep(m.steps())
+        deleted = [s for s in m.steps() if s not in keep]
+    else:
+        deleted = m.prune()
+    doc.update(deleted=deleted, kept=[s for s in (m.steps() if not args.dry_run else before) if s not in deleted],
+               ok=True)
+    if args.json:
+        out.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        out.write(f"{verb} {len(deleted)} generation(s) {deleted}; kept {doc['kept']} (newest valid: step {valid})\n")
+    return EXIT_OK
+
+
+def cmd_compact(args, out: TextIO, err: TextIO) -> int:
+    """Compact the mostly-dead segments of a store that no other process has open."""
+    from .cli_inspect import store_units
+
+    path = Path(args.path).absolute()
+    kind = kind_of(path)
+    if kind != "store":
+        err.write(f"error: {not_a_target(path, kind, 'a store directory')}\n")
+        return EXIT_USAGE
+    if not 0.0 < args.live_ratio <= 1.0:
+        err.write(f"error: --live-ratio must be in (0, 1], got {args.live_ratio}\n")
+        return EXIT_USAGE
+    with open_store(path, "compact") as s:
+        before = sum(u["segment_bytes"] for u in store_units(path))
+        n = s.compact(live_ratio=args.live_ratio)
+    after = sum(u["segment_bytes"] for u in store_units(path))
+    doc = {"path": str(path), "segments_compacted": n, "bytes_before": before, "bytes_after": after}
+    if args.json:
+        out.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        out.write(f"compacted {n} segment(s): {human(before)} -> {human(after)} of segment files\n")
+    return EXIT_OK

@@ -1,0 +1,372 @@
+"""``verify``, ``inspect`` and ``ls`` of ``python -m tqstore``: read-only looks at a
+checkpoint, a generation root, a store directory or a selective dump.
+
+Each command returns an exit status (``EXIT_OK`` clean, ``EXIT_DAMAGED`` damaged or
+unreadable, ``EXIT_USAGE`` when the path is none of the kinds the command works on) and
+writes its report to ``out`` (JSON with ``--json``) and one-line errors to ``err``.
+Nothing here writes, except that ``verify STORE`` opens the store like any open does
+(its crash recovery runs) before checking every frame.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, TextIO, Tuple
+
+from .cli_util import (EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, Progress, dump_function, human, kind_of, not_a_target,
+                       open_store, when)
+from .errors import CheckpointNotFoundError, CorruptionError, TqstoreError
+
+
+# ---------------------------------------------------------------------------- verify
+def verify_one(path: Path, err: TextIO, quick: bool):
+    """:func:`verify_checkpoint` of one checkpoint with a progress bar on a terminal; a report
+    (never raises for damage)."""
+    from .checkpoint.verify import read_manifest, verify_checkpoint
+
+    try:
+        total = read_manifest(path).total_bytes
+    except (CorruptionError, CheckpointNotFoundError):
+        total = 0
+    bar = Progress(total, f"verify {path.name}", err)
+    try:
+        return verify_checkpoint(path, deep=not quick, raise_on_error=False, progress=bar)
+    finally:
+        bar.close()
+
+
+def generation_reports(path: Path, err: TextIO, quick: bool) -> List[Tuple[int, Any]]:
+    """``(step, report)`` of every generation under the root ``path``, ascending; a generation
+    directory without a manifest is reported as torn."""
+    from .checkpoint.manager import CheckpointManager
+    from .checkpoint.verify import CheckpointReport, Problem
+
+    m = CheckpointManager(path)
+    reports = [(s, verify_one(m.path(s), err, quick)) for s in m.steps()]
+    for step in m._torn_steps():
+        p = m.path(step)
+        reports.append((step, CheckpointReport(p, problems=[Problem(str(p / "MANIFEST.json"),
+                                                                    "generation directory has no MANIFEST.json "
+                                                                    "(torn)")])))
+    reports.sort(key=lambda x: x[0])
+    return reports
+
+
+def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
+    with open_store(path, "verify") as s:
+        problems = s.verify()
+        units = len(s.units)
+    if as_json:
+        out.write(json.dumps({"path": str(path), "kind": "store", "ok": not problems, "num_units": units,
+                              "problems": problems}, indent=1) + "\n")
+    elif problems:
+        out.write(f"BAD {path}: {len(problems)} problem(s)\n")
+        for p in problems:
+            out.write(f"    {p}\n")
+    else:
+        out.write(f"ok  {path}: store with {units} units, every stored frame checked against its CRC32C\n")
+    return EXIT_DAMAGED if problems else EXIT_OK
+
+
+def _verify_dump(path: Path, out: TextIO, as_json: bool, quick: bool) -> int:
+    describe, verify_dump = dump_function("describe_dump"), dump_function("verify_dump")
+    if describe is None or verify_dump is None:
+        raise TqstoreError(f"{path} is a selective dump, and this build of tqstore cannot verify dumps")
+    try:
+        doc = describe(path)
+        problems = list(verify_dump(path, deep=not quick))
+    except (CorruptionError, CheckpointNotFoundError) as e:
+        doc, problems = {"path": str(path), "kind": "dump"}, [str(e)]
+    if as_json:
+        out.write(json.dumps(dict(doc, ok=not problems, problems=problems), indent=1, default=str) + "\n")
+    elif problems:
+        out.write(f"BAD {path}: {len(problems)} problem(s)\n" + "".join(f"    {p}\n" for p in problems))
+    else:
+        out.write(f"ok  {path}: dump of {doc['rows']} rows ({doc['rows_with_data']} with data), {doc['frames']} "
+                  f"frames, {len(doc['shards'])} shards, {human(doc['bytes'])} checked\n")
+    return EXIT_DAMAGED if problems else EXIT_OK
+
+
+def cmd_verify(args, out: TextIO, err: TextIO) -> int:
+    """Check a checkpoint, every generation of a root, a store or a dump: 0 clean, 1 damaged."""
+    path = Path(args.path).absolute()
+    kind = kind_of(path)
+    if kind == "store":
+        return _verify_store(path, out, args.json)
+    if kind == "dump":
+        return _verify_dump(path, out, args.json, args.quick)
+    if kind == "checkpoint":
+        reports = [(None, verify_one(path, err, args.quick))]
+    elif kind == "root":
+        reports = generation_reports(path, err, args.quick)
+        if not reports:
+            err.write(f"error: no published generations under {path}\n")
+            return EXIT_USAGE
+    else:
+        err.write(f"error: {not_a_target(path, kind)}\n")
+        return EXIT_USAGE
+    bad = [r for _, r in reports if not r.ok]
+    if args.json:
+        doc: Dict[str, Any] = {"path": str(path), "kind": kind, "ok": not bad,
+                               "checkpoints": [dict(r.to_dict(), step=s) for s, r in reports]}
+        out.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        for step, r in reports:
+            name = r.path if step is None else f"step {step} ({r.path.name})"
+            if r.ok:
+                out.write(f"ok  {name}: {r.files} files, {human(r.bytes_checked)} checked, "
+                          f"{r.frames_checked} frames, {r.rows} rows, {r.num_units} units ({r.elapsed_s:.2f} s)\n")
+            else:
+                out.write(f"BAD {name}: {len(r.problems)} problem(s)\n")
+                for p in r.problems:
+                    out.write(f"    {p}\n")
+    return EXIT_DAMAGED if bad else EXIT_OK
+
+
+# ---------------------------------------------------------------------------- inspect
+def _checkpoint_doc(path: Path) -> Dict[str, Any]:
+    from .checkpoint.manifest import ROLE_CONTROLLER, ROLE_SEGMENT
+    from .checkpoint.verify import (controller_partitions, file_problem, lmdb_walk, read_manifest,
+                                    resolve_checkpoint_dir, walk_problems)
+
+    src = resolve_checkpoint_dir(path)
+    man = read_manifest(src)
+    segs = man.by_role(ROLE_SEGMENT)
+    ctrl = man.by_role(ROLE_CONTROLLER)[0]
+    # the controller copy is only mapped once it is a regular file that walks cleanly out of process
+    readable = file_problem(src, ctrl) is None and not walk_problems(lmdb_walk(src, [ctrl], first_only=True))
+    return {
+        "kind": "checkpoint", "path": str(src), "format_version": man.version,
+        "tqstore_version": man.tqstore_version, "created_unix": man.created_unix,
+        "include_storage": man.include_storage, "num_units": man.num_units, "snapshot": man.snapshot,
+        "metadata": man.metadata, "files": len(man.files) + 1, "total_bytes": man.total_bytes,
+        "segment_bytes": sum(e.size for e in segs), "segments": len(segs),
+        "partitions": controller_partitions(src) if readable else None,
+    }
+
+
+def store_units(path: Path) -> List[Dict[str, Any]]:
+    """Per unit of the store at ``path``: its segment files and their bytes (file sizes only)."""
+    from . import layout_dirs as L
+
+    d = L.read_store_file(path) or {}
+    cur = L.read_current(path)
+    units = []
+    if cur:
+        for i in range(int(d.get("num_units") or 0)):
+            u = L.unit_dir(path / cur, i)
+            seg_files = [n for n in sorted(os.listdir(u)) if n.endswith(".tqs")] if u.is_dir() else []
+            units.append({"unit": i, "segments": len(seg_files),
+                          "segment_bytes": sum(os.stat(u / n).st_size for n in seg_files)})
+    return units
+
+
+def _store_doc(path: Path) -> Dict[str, Any]:
+    from . import layout_dirs as L
+
+    d = L.read_store_file(path) or {}
+    cur = L.read_current(path)
+    doc: Dict[str, Any] = {"kind": "store", "path": str(path), "format_version": d.get("version"),
+                           "num_units": d.get("num_units"),
+                           "created_unix": d.get("created"), "state": cur, "units": store_units(path),
+                           "partitions": _store_partitions(path) if cur else []}  # checked decoder: damage raises
+    doc["rows"] = sum(p["rows"] for p in doc["partitions"])
+    doc["total_bytes"] = sum(u["segment_bytes"] for u in doc["units"])
+    return doc
+
+
+def root_doc(path: Path) -> Dict[str, Any]:
+    """The generations under a root as their manifests say (nothing verified)."""
+    from .checkpoint.manager import CheckpointManager
+    from .checkpoint.verify import read_manifest
+
+    m = CheckpointManager(path)
+    gens = []
+    for s in m.steps():
+        g: Dict[str, Any] = {"step": s, "path": str(m.path(s))}
+        try:
+            man = read_manifest(m.path(s))
+            g.update(created_unix=man.created_unix, rows=man.rows, num_units=man.num_units,
+                     total_bytes=man.total_bytes, format_version=man.version, metadata=man.metadata,
+                     manifest_ok=True)
+        except (CorruptionError, CheckpointNotFoundError) as e:
+            g.update(manifest_ok=False, error=str(e))
+        gens.append(g)
+    for s in m._torn_steps():
+        gens.append({"step": s, "path": str(m.path(s)), "manifest_ok": False, "error": "no MANIFEST.json (torn)"})
+    gens.sort(key=lambda g: g["step"])
+    return {"kind": "root", "path": str(path), "generations": gens}
+
+
+def _dump_doc(path: Path) -> Dict[str, Any]:
+    describe = dump_function("describe_dump")
+    if describe is None:
+        raise TqstoreError(f"{path} is a selective dump, and this build of tqstore cannot read dumps")
+    doc = dict(describe(path))
+    doc.setdefault("path", str(path))
+    doc["kind"] = "dump"
+    return doc
+
+
+def _write_inspect(doc: Dict[str, Any], w) -> None:
+    if doc["kind"] == "checkpoint":
+        w(f"checkpoint {doc['path']}\n")
+        w(f"  format version {doc['format_version']} (written by tqstore {doc['tqstore_version']}) on "
+          f"{when(doc['created_unix'])}\n")
+        snap = doc["snapshot"]
+        w(f"  {snap.get('rows', '?')} rows in {snap.get('partitions', '?')} partitions, {doc['num_units']} units, "
+          f"next global index {snap.get('next_gidx', '?')}\n")
+        if doc["include_storage"]:
+            w(f"  {snap.get('frames', '?')} frames, {human(snap.get('payload_bytes', 0))} of payload in "
+              f"{doc['segments']} segments ({human(doc['segment_bytes'])})\n")
+        else:
+            w("  metadata only (saved with include_storage=False)\n")
+        w(f"  {doc['files']} files, {human(doc['total_bytes'])}\n")
+        if doc["metadata"]:
+            w(f"  metadata: {json.dumps(doc['metadata'], sort_keys=True)}\n")
+        for p in doc["partitions"] or []:
+            w(f"  partition {p['partition']!r}: {p['rows']} rows\n")
+    elif doc["kind"] == "store":
+        w(f"store {doc['path']}: {doc['num_units']} units, {doc['rows']} rows, {human(doc['total_bytes'])} of "
+          f"segments, format version {doc['format_version']}, state {doc['state']}, created "
+          f"{when(doc['created_unix'])}\n")
+        for u in doc["units"]:
+            w(f"  unit {u['unit']}: {u['segments']} segments, {human(u['segment_bytes'])}\n")
+        for p in doc["partitions"]:
+            w(f"  partition {p['partition']!r}: {p['rows']} rows\n")
+    elif doc["kind"] == "dump":
+        w(f"dump {doc['path']}\n  format version {doc['format_version']} (written by tqstore "
+          f"{doc['tqstore_version']}) on {when(doc['created_unix'])}\n  partition {doc['partition_id']!r}: "
+          f"{doc['rows']} rows ({doc['rows_with_data']} with data), {doc['frames']} frames, "
+          f"{human(doc['payload_bytes'])} of payload, from {doc['num_units']} units\n")
+        for sh in doc["shards"]:
+            w(f"  {sh['path']}: unit {sh['unit']}, {sh['rows']} rows, {sh['frames']} frames, {human(sh['size'])}\n")
+    else:
+        w(f"checkpoint generations under {doc['path']}: {len(doc['generations'])}\n")
+        for g in doc["generations"]:
+            if g["manifest_ok"]:
+                w(f"  step {g['step']}: {g['rows']} rows, {g['num_units']} units, {human(g['total_bytes'])}, "
+                  f"format version {g['format_version']}, {when(g['created_unix'])}\n")
+            else:
+                w(f"  step {g['step']}: unreadable ({g['error']})\n")
+
+
+def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
+    """Summarise a checkpoint, a root, a store or a dump (reads only, verifies nothing)."""
+    path = Path(args.path).absolute()
+    kind = kind_of(path)
+    builders = {"checkpoint": _checkpoint_doc, "store": _store_doc, "root": root_doc, "dump": _dump_doc}
+    if kind not in builders:
+        err.write(f"error: {not_a_target(path, kind, 'a checkpoint')}\n")
+        return EXIT_USAGE
+    try:
+        doc = builders[kind](path)
+    except (CorruptionError, CheckpointNotFoundError) as e:
+        err.write(f"error: {e}\n")
+        return EXIT_DAMAGED
+    if args.json:
+        out.write(json.dumps(doc, indent=1, default=str) + "\n")
+    else:
+        _write_inspect(doc, out.write)
+    return EXIT_OK
+
+
+# ---------------------------------------------------------------------------- ls
+def _store_partitions(path: Path) -> List[Dict[str, Any]]:
+    """Partitions of the store at ``path`` with their row and key counts, decoded (and checked)
+    by the store's own controller decoder; reads only.  Raises CorruptionError on damage."""
+    from . import layout_dirs as L
+    from .checkpoint.verify import controller_summary
+
+    L.read_store_file(path)
+    cur = L.read_current(path)
+    if cur is None:
+        raise CorruptionError(f"store has no {L.CURRENT_FILE} pointer", path=str(path / L.CURRENT_FILE))
+    ctrl = L.controller_dir(path / cur)
+    if not (ctrl / "data.mdb").is_file():
+        return []  # created, never opened past its descriptor
+    st = controller_summary(ctrl, shared=True)  # a reader slot: safe while the store is open elsewhere
+    return [{"partition": pid, "rows": q["rows"], "keys": q["keys"]} for pid, q in st["partitions"].items()]
+
+
+def _ls_root(path: Path, out: TextIO, err: TextIO, as_json: bool, deep: bool) -> int:
+    doc = root_doc(path)
+    reports = dict(generation_reports(path, err, quick=not deep))
+    for g in doc["generations"]:
+        rep = reports.get(g["step"])
+        g["valid"] = bool(rep is not None and rep.ok)
+        g["problems"] = [str(p) for p in rep.problems] if rep is not None else []
+    if as_json:
+        out.write(json.dumps(doc["generations"], indent=1) + "\n")
+    else:
+        for g in doc["generations"]:
+            size = human(g["total_bytes"]) if g["manifest_ok"] else "?"
+            valid = "yes" if g["valid"] else "NO"
+            out.write(f"{g['step']:>12}  {size:>10}  {when(g.get('created_unix')):<19}  {valid:<5}  "
+                      f"{Path(g['path']).name}\n")
+    return EXIT_OK if all(g["valid"] for g in doc["generations"]) else EXIT_DAMAGED
+
+
+def cmd_ls(args, out: TextIO, err: TextIO) -> int:
+    """List a root's generations (valid or not), a checkpoint's files, a store's partitions or
+    a dump's keys."""
+    from .checkpoint.verify import read_manifest, resolve_checkpoint_dir
+
+    path = Path(args.path).absolute()
+    kind = kind_of(path)
+    try:
+        if kind == "store":
+            parts = _store_partitions(path)
+            if args.json:
+                out.write(json.dumps(parts, indent=1) + "\n")
+            else:
+                for p in parts:
+                    out.write(f"{p['rows']:>10} rows  {p['keys']:>10} keys  {p['partition']}\n")
+            return EXIT_OK
+        if kind == "root":
+            return _ls_root(path, out, err, args.json, getattr(args, "deep", False))
+        if kind == "dump":
+            return _ls_dump(path, out, args.json)
+        if kind != "checkpoint":
+            err.write(f"error: {not_a_target(path, kind)}\n")
+            return EXIT_USAGE
+        src = resolve_checkpoint_dir(path)
+        man = read_manifest(src)
+    except (CorruptionError, CheckpointNotFoundError) as e:
+        err.write(f"error: {e}\n")
+        return EXIT_DAMAGED
+    rows = [{"path": e.path, "role": e.role, "size": e.size, "crc32c": f"{e.crc32c:08x}"} for e in man.files]
+    if args.json:
+        out.write(json.dumps(rows, indent=1) + "\n")
+    else:
+        for r in rows:
+            out.write(f"{r['size']:>14}  {r['crc32c']}  {r['role']:<10}  {r['path']}\n")
+    return EXIT_OK
+
+
+def _ls_dump(path: Path, out: TextIO, as_json: bool) -> int:
+    read_row_index = dump_function("read_row_index")
+    if read_row_index is None:
+        raise TqstoreError(f"{path} is a selective dump, and this build of tqstore cannot read dumps")
+    idx = read_row_index(path)
+    rows: List[Dict[str, Any]] = [{"key": k, "gidx": r.get("gidx"), "fields": sorted(r.get("fields") or []),
+                                   "tag": r.get("tag")} for k, r in idx["rows"].items()]
+    if as_json:
+        out.write(json.dumps({"partition_id": idx.get("partition_id"), "rows": rows}, indent=1, default=str) + "\n")
+    else:
+        for r in rows:
+            out.write(f"{r['key']}  fields={','.join(r['fields'])}  tag={json.dumps(r['tag'], default=str)}\n")
+    return EXIT_OK
+
+
+def newest_valid_step(path: Path, err: TextIO, quick: bool = False) -> Optional[int]:
+    """The newest generation under the root ``path`` that verifies (deep unless ``quick``),
+    checking from the newest down and stopping at the first valid one; None when none does."""
+    from .checkpoint.manager import CheckpointManager
+
+    m = CheckpointManager(path)
+    for s in sorted(m.steps(), reverse=True):
+        if verify_one(m.path(s), err, quick).ok:
+            return s
+    return None

@@ -1,0 +1,159 @@
+"""Shared pieces of ``python -m tqstore``: exit codes, sizes and times for humans, the
+progress bar, and what kind of directory a path is.
+
+Nothing here writes to a store, a checkpoint, a generation root or a dump.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional, TextIO
+
+EXIT_OK = 0
+EXIT_DAMAGED = 1
+EXIT_USAGE = 2
+
+KINDS = ("checkpoint", "root", "store", "dump", "missing", "other")
+
+
+def human(n: float) -> str:
+    """``1536`` -> ``"1.5 KiB"``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"  # pragma: no cover
+
+
+def when(t: Optional[float]) -> str:
+    """A unix time as local ``YYYY-mm-dd HH:MM:SS`` (``?`` when unknown)."""
+    return "?" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+class Progress:
+    """A count progress bar on ``stream``, drawn only when it is a terminal (tqdm when
+    installed, else a plain ``[####....]`` line); call it with the amount done since the
+    last call, then :meth:`close`."""
+
+    def __init__(self, total: int, label: str, stream: TextIO, *, unit: str = "B") -> None:
+        self.total = max(1, int(total))
+        self.done = 0
+        self.stream = stream
+        self.label = label
+        self.unit = unit
+        self._bar = None
+        self._last = 0.0
+        self.enabled = bool(getattr(stream, "isatty", lambda: False)())
+        if self.enabled:
+            try:
+                from tqdm import tqdm  # optional dependency (the "progress" extra)
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                scale = unit == "B"
+                self._bar = tqdm(total=self.total, unit=unit, unit_scale=scale, unit_divisor=1024, desc=label,
+                                 file=stream, leave=False)
+
+    def __call__(self, n: int) -> None:
+        if not self.enabled:
+            return
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+            return
+        now = time.monotonic()
+        if now - self._last >= 0.1 or self.done >= self.total:
+            self._last = now
+            frac = min(1.0, self.done / self.total)
+            fill = int(frac * 30)
+            amount = human(self.done) if self.unit == "B" else f"{self.done}/{self.total}"
+            self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (30 - fill)}] {frac * 100:5.1f}% {amount}")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        else:
+            self.stream.write("\r" + " " * 79 + "\r")
+            self.stream.flush()
+
+
+def _is_dump(path: Path) -> bool:
+    """A selective dump directory (its MANIFEST.json declares the dump format), or the
+    ``.old`` of one whose replacement was interrupted."""
+    from .checkpoint.target import is_dump_dir
+
+    return is_dump_dir(path) or (not path.exists() and is_dump_dir(path.with_name(path.name + ".old")))
+
+
+def kind_of(path: Path) -> str:
+    """What ``path`` is: ``checkpoint`` | ``root`` (of generations) | ``store`` | ``dump``
+    (a selective dump by key) | ``missing`` | ``other``.  Reads only; a torn manifest
+    still names a checkpoint (verify reports it)."""
+    from .checkpoint.manager import _STEP
+    from .checkpoint.manifest import MANIFEST_NAME
+
+    if _is_dump(path):
+        return "dump"
+    if (path / MANIFEST_NAME).is_file():
+        return "checkpoint"
+    if not path.exists():
+        old = path.with_name(path.name + ".old")
+        return "checkpoint" if (old / MANIFEST_NAME).is_file() else "missing"
+    if not path.is_dir():
+        return "other"
+    if (path / "STORE.json").is_file():
+        return "store"
+    if any(_STEP.match(n) for n in os.listdir(path)):
+        return "root"
+    return "other"
+
+
+def not_a_target(path: Path, kind: str, what: str = "a checkpoint") -> str:
+    """The one-line reason why ``path`` is not something a command works on."""
+    if kind == "missing":
+        return f"{path} does not exist"
+    if kind == "store":
+        return f"{path} is a store directory, not {what}"
+    if kind == "dump":
+        return f"{path} is a selective dump, not {what}"
+    return (f"{path} is neither a checkpoint or dump (no MANIFEST.json), a store (no STORE.json) nor a directory of "
+            f"checkpoint generations")
+
+
+def dump_function(name: str) -> Optional[Callable[..., Any]]:
+    """``tqstore.dump.<name>`` (``describe_dump``, ``verify_dump``) when this build has it."""
+    try:
+        from . import dump
+    except ImportError:  # pragma: no cover
+        return None
+    fn = getattr(dump, name, None)
+    return fn if callable(fn) else None
+
+
+class CliDamaged(Exception):
+    """Raised inside a command: report the message and exit 1 (damaged or unreadable)."""
+
+
+class CliUsage(Exception):
+    """Raised inside a command: report the message and exit 2 (usage)."""
+
+
+def open_store(path: Path, what: str):
+    """``tqstore.open(path)`` for ``verify`` / ``compact``: a store held by another process
+    raises :class:`CliUsage`; a store that cannot be opened otherwise (a damaged
+    controller or unit index, a bad descriptor) raises :class:`CliDamaged`."""
+    import tqstore
+    from .errors import CorruptionError, StorageIOError, TqstoreError
+
+    try:
+        return tqstore.open(path)
+    except StorageIOError as e:
+        if "is open in another process" in str(e) or "already open in this process" in str(e):
+            raise CliUsage(f"cannot {what} {path}: {e}; close it first") from e
+        raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e
+    except (CorruptionError, TqstoreError) as e:
+        raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e
