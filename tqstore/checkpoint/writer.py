@@ -371,22 +371,35 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
                       max_workers=max(1, min(8, store.num_units)), kind=kind)
         if blocking:
             return job.run()
-        handle = SaveHandle(final, cut.stall_s)
+        return start_in_background(state, cut, SaveHandle(final, cut.stall_s), job.run,
+                                   f"background checkpoint save to {final}", _start_thread)
 
-        def body() -> None:
-            try:
-                info = job.run()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller through the handle
-                log.error("background checkpoint save to %s failed: %s", final, e)
-                handle._finish(None, e)
-                return
-            handle._finish(info, None)
 
-        state.inflight = handle
+def _start_thread(body: Callable[[], None]) -> None:
+    threading.Thread(target=body, name="tqstore-checkpoint-save", daemon=False).start()
+
+
+def start_in_background(state: Any, cut: Any, handle: Any, run: Callable[[], Any], what: str,
+                        submit: Callable[[Callable[[], None]], Any]) -> Any:
+    """Hand ``run`` (the write of ``cut``) to ``submit`` and return ``handle``, the store's one
+    write in flight (``state.inflight``) until it finishes; ``run``'s result or error reaches
+    the handle (an error is also logged, naming ``what``).  If ``submit`` itself fails, the
+    cut is released and its error raised: nothing is in flight."""
+
+    def body() -> None:
         try:
-            threading.Thread(target=body, name="tqstore-checkpoint-save", daemon=False).start()
-        except BaseException:
-            state.inflight = None
-            cut.snap.release()
-            raise
-        return handle
+            out = run()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller through the handle
+            log.error("%s failed: %s", what, e)
+            handle._finish(None, e)
+            return
+        handle._finish(out, None)
+
+    state.inflight = handle
+    try:
+        submit(body)
+    except BaseException:
+        state.inflight = None
+        cut.snap.release()
+        raise
+    return handle

@@ -258,22 +258,5 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
         job = DumpJob(cut, final, max_workers=max(1, min(8, store.num_units)))
         if blocking:
             return job.run()
-        handle = DumpHandle(final, cut.stall_s)
-
-        def body() -> None:
-            try:
-                out = job.run()
-            except BaseException as e:  # noqa: BLE001 - handed to the caller through the handle
-                log.error("background dump to %s failed: %s", final, e)
-                handle._finish(None, e)
-                return
-            handle._finish(out, None)  # type: ignore[arg-type]
-
-        state.inflight = handle
-        try:
-            _background().submit(body)
-        except BaseException:
-            state.inflight = None
-            cut.snap.release()
-            raise
-        return handle
+        return W.start_in_background(state, cut, DumpHandle(final, cut.stall_s), job.run,
+                                     f"background dump to {final}", lambda body: _background().submit(body))
