@@ -76,7 +76,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("io", ("_io",)),
     ("ports", ("ports",)),
     ("policies", ("samplers", "seqlen_sampler")),
-    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_mirror",
+    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_mirror", "controller_put",
                      "controller_decode", "controller_sampling", "controller_export")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "state_switch", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",

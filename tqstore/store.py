@@ -461,27 +461,36 @@ class Store(CheckpointMixin):
         """
         self._check_open()
         verify = self.verify_reads if verify is None else verify
-        p = self.controller.partition(partition_id)
         gidxs = [int(g) for g in gidxs]
-        rows = []
-        for g in gidxs:
-            r = p.rows.get(g)
-            if r is None:
-                raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
-            rows.append(r)
+        rb = self.controller.row_batch(partition_id, gidxs)  # the rows' metadata, as values
+        if rb is None:
+            self.controller.partition(partition_id)  # raises PartitionNotFoundError
+        if None in rb.seqs:
+            raise KeyNotFoundError(f"global index {gidxs[rb.seqs.index(None)]} is not a row of partition "
+                                   f"{partition_id!r}")
+        have = rb.fields
         if select_fields is None:
-            fields = sorted(frozenset.intersection(*(r.fields for r in rows))) if rows else []  # frozensets
+            fields = sorted(frozenset.intersection(*set(have))) if have else []  # frozensets
         else:
             fields = list(select_fields)
+            distinct = set(have)
             for f in fields:
-                lacking = [r.key if r.key is not None else r.gidx for r in rows if f not in r.fields]
+                if all(f in fs for fs in distinct):
+                    continue
+                lacking = [k if k is not None else g for k, g, fs in zip(rb.keys, rb.gidxs, have) if f not in fs]
                 if lacking:
-                    known = sorted(p.schema)
+                    known = sorted(rb.schema)
                     raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition "
                                              f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
                                              f"{known}")
-        return read_fields(self.units, self._pool, gidxs, [(f, p.schema[f][0]) for f in fields], verify=verify,
-                          alloc=self.edge.alloc)
+        try:
+            return read_fields(self.units, self._pool, gidxs, [(f, rb.schema[f][0]) for f in fields], verify=verify,
+                               alloc=self.edge.alloc)
+        except FieldNotFoundError:
+            now = self.controller.row_batch(partition_id, gidxs)
+            if now is None or now.seqs != rb.seqs:  # cleared (or cleared and reused) since the check above
+                raise KeyNotFoundError(f"rows of partition {partition_id!r} were cleared during the read") from None
+            raise
 
     def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
                    ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:
