@@ -238,6 +238,23 @@ class Controller:
         return out  # frozensets
 
     @_locked
+    def claim_rows(self, unit_id: int) -> Dict[str, np.ndarray]:
+        """field -> sorted gidxs of the rows on unit ``unit_id`` that have it produced."""
+        parts: Dict[str, List[np.ndarray]] = {}
+        for p in self.parts.values():
+            sl = p.live_slots()
+            g = p.s_gidx[sl]
+            mine = g % self.num_units == unit_id
+            g, fs = g[mine], p.s_fs[sl][mine]
+            for i, fset in enumerate(p.fsets):
+                if fset:
+                    hit = g[fs == i]
+                    if len(hit):
+                        for f in fset:
+                            parts.setdefault(f, []).append(hit)
+        return {f: np.sort(np.concatenate(v)) for f, v in parts.items()}
+
+    @_locked
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         """``(sorted gidxs, int8 matrix rows x fields)``; None for an unknown partition."""
         p = self.parts.get(pid)

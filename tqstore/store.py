@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+import numpy as np
+
 from . import layout_dirs as L
 from ._format.columns import Column
 from ._io import files, locks
@@ -245,24 +247,20 @@ class Store(CheckpointMixin):
         self._settle_undo()
         missing: Dict[int, Set[str]] = defaultdict(set)
 
-        def one(u: UnitPort):
-            claims = self.controller.claims(u.unit_id)  # this unit's rows: gidx -> produced fields
-            present = u.keys()
-            orphan: Dict[int, List[str]] = defaultdict(list)
-            have: Dict[int, Set[str]] = defaultdict(set)
-            for g, f in present:
-                fs = claims.get(g)
-                if fs is None or f not in fs:
-                    orphan[g].append(f)
-                else:
-                    have[g].add(f)
-            for g, fs in orphan.items():
-                u.delete([g], fs)
-            lost = {}
-            for g, fs in claims.items():
-                if fs - have.get(g, set()):
-                    lost[g] = set(fs - have.get(g, set()))
-            return sum(len(v) for v in orphan.values()), lost
+        def one(u: UnitPort):  # per field, in sorted-array operations
+            claims = self.controller.claim_rows(u.unit_id)  # field -> gidxs of this unit's rows that have it
+            present = u.field_rows()  # field -> gidxs the unit holds
+            n_orphan = 0
+            for f, held in present.items():
+                orphan = np.setdiff1d(held, claims.get(f, held[:0]), assume_unique=True)
+                if len(orphan):
+                    n_orphan += len(orphan)
+                    u.delete(orphan.tolist(), [f])
+            lost: Dict[int, Set[str]] = defaultdict(set)
+            for f, want in claims.items():
+                for g in np.setdiff1d(want, present.get(f, want[:0]), assume_unique=True).tolist():
+                    lost[g].add(f)
+            return n_orphan, lost
 
         for n_orphan, lost in self._pool.map(one, self.units):
             if n_orphan:

@@ -27,7 +27,7 @@ from ._format.columns import Column
 from ._format.frame import (
     decode_frame, encode_parts, encode_uniform,
 )
-from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc, decode_index_key
+from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc, decode_index_key, decode_index_keys
 from ._format.layout import (
     CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
 )
@@ -402,11 +402,18 @@ class Unit(UnitReader):
 
     def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
         """All (gidx, field) pairs in the index (at ``snapshot``, or now)."""
+        return self._loc_keys(snapshot, lambda ks: [decode_index_key(k) for k in ks])
+
+    def field_rows(self, *, snapshot: Optional[int] = None) -> dict:
+        """field -> sorted int64 gidxs holding it (at ``snapshot``, or now); decoded in bulk."""
+        return self._loc_keys(snapshot, decode_index_keys)
+
+    def _loc_keys(self, snapshot, decode):
         own = snapshot is None
         txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
             try:
-                return [decode_index_key(k) for k in txn.cursor(self.db_loc).iternext(values=False)]
+                return decode(list(txn.cursor(self.db_loc).iternext(values=False)))
             except UR.RecordError as e:
                 raise CorruptionError(f"unit index: malformed loc entry: {e}",
                                       path=str(self.path / "index" / "data.mdb")) from e
