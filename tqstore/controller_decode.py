@@ -16,9 +16,10 @@ claimed twice, a schema of an unknown kind or dtype — raises
 """
 from __future__ import annotations
 
+import gc
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import compress
+from itertools import compress, islice
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
@@ -73,6 +74,8 @@ def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerStat
     """
     file = str(Path(path) / "data.mdb")
     w = _Where()
+    collect = gc.isenabled()
+    gc.disable()  # millions of short-lived tuples: no full collection of the heap per 700 of them
     try:
         return _decode(txn, dbs, file, w)
     except (CorruptionError, FormatVersionError):
@@ -83,6 +86,9 @@ def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerStat
             where = f"{where[0]} entry {bytes(where[1])[:40]!r}"
         raise CorruptionError(f"controller index: malformed {where}: {type(e).__name__}: {e} (damaged metadata: "
                               f"load the last good checkpoint into a new store)", path=file) from e
+    finally:
+        if collect:
+            gc.enable()
 
 
 def _decode(txn, dbs, file: str, w: _Where) -> ControllerState:
@@ -144,7 +150,7 @@ def _decode(txn, dbs, file: str, w: _Where) -> ControllerState:
         for f, kind, dt in sorted(fs):
             parts[pid].add_field(f, kind, dt)
     w.at = "rows"
-    n_rows = (_rows_v1 if fmt == 1 else _rows_v2)(txn, dbs, parts, by_num, next_gidx, w)
+    n_rows = (_rows_v1 if fmt == 1 else _rows_v2)(txn, dbs, parts, by_num, next_gidx, w, len(free))
     w.at = "free"
     if free and (_part_of(gmap, free) >= 0).any():
         raise RecordError("a global index is both free and a row")
@@ -176,7 +182,7 @@ def _gidx_keys(ks, w: _Where, next_gidx: int) -> np.ndarray:
             w.at = ("rows", k)
             R.decode_gidx_key(k)
     g = np.frombuffer(b"".join(ks), dtype=">u8").astype(np.int64)
-    if len(g) and int(g[-1]) >= next_gidx:  # keys are sorted
+    if len(g) and int(g.max()) >= next_gidx:  # (a damaged file need not keep its keys sorted)
         w.at = ("rows", ks[int(np.argmax(g >= next_gidx))])
         raise RecordError(f"not a global index below next_gidx {next_gidx}")
     return g
@@ -190,72 +196,107 @@ def _install(p: Partition, g: np.ndarray, seq: np.ndarray, fs: np.ndarray, keys:
     p.append(g, seq, fs, keys)
 
 
-def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where) -> int:
-    cur = txn.cursor(dbs["rows"])
-    kv = list(cur)
-    if not kv:
-        ks, vs = [], []
-    else:
-        ks, vs = (list(x) for x in zip(*kv))
-    del kv
-    g = _gidx_keys(ks, w, next_gidx)
-    n = len(g)
-    lens = np.fromiter(map(len, vs), dtype=np.int64, count=n)
-    fast = lens == _FAST
-    part = np.zeros(n, dtype=np.int64)
-    flags = np.zeros(n, dtype=np.int64)
-    seq = np.zeros(n, dtype=np.int64)
-    fsid = np.zeros(n, dtype=np.int64)
-    if fast.any():
-        a = np.frombuffer(b"".join(compress(vs, fast.tolist())), dtype=_ROW2)
-        bad = ((a["flags"] & np.uint16(0xFFFF ^ R.ROW2_KEYED)) != 0) | (a["words"] != 1) | (a["seq"] >= 1 << 62)
-        if bad.any():
-            i = int(np.flatnonzero(fast)[int(np.argmax(bad))])
+_CHUNK = 1 << 16  # entries decoded together: bounds what an open holds besides the mirror
+
+
+def _distinct(a: np.ndarray) -> List[int]:
+    if not len(a):
+        return []
+    if (a == a[0]).all():
+        return [int(a[0])]
+    return np.unique(a).tolist()
+
+
+def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) -> int:
+    it = txn.cursor(dbs["rows"]).iternext()
+    cols: List[List[np.ndarray]] = [[], [], [], [], []]  # gidx, part, flags, seq, mask (0 for slow rows)
+    slow: List[Tuple[int, Any]] = []  # (row position, Row2) of rows not decoded as the array
+    base = 0
+    while True:
+        kv = list(islice(it, _CHUNK))
+        if not kv:
+            break
+        ks, vs = zip(*kv)
+        del kv
+        g = _gidx_keys(ks, w, next_gidx)
+        m = len(vs)
+        lens = np.fromiter(map(len, vs), dtype=np.int64, count=m)
+        fast = lens == _FAST
+        part, flags = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
+        seq, mask = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.uint64)
+        if fast.any():
+            allf = bool(fast.all())
+            a = np.frombuffer(b"".join(vs if allf else compress(vs, fast.tolist())), dtype=_ROW2)
+            bad = ((a["flags"] & np.uint16(0xFFFF ^ R.ROW2_KEYED)) != 0) | (a["words"] != 1) | (a["seq"] >= 1 << 62)
+            if bad.any():
+                i = int(np.flatnonzero(fast)[int(np.argmax(bad))])
+                w.at = ("rows", ks[i])
+                R.decode_row2(vs[i])
+                raise RecordError("row value: a 24-byte value must be one untagged bitmap word below seq 2**62")
+            sel = slice(None) if allf else fast
+            part[sel], flags[sel], seq[sel], mask[sel] = a["part"], a["flags"], a["seq"], a["mask"]
+        for i in np.flatnonzero(~fast).tolist():
             w.at = ("rows", ks[i])
-            R.decode_row2(vs[i])
-            raise RecordError("row value: a 24-byte value must be one untagged bitmap word")
-        part[fast], flags[fast], seq[fast] = a["part"], a["flags"], a["seq"].astype(np.int64)
-        fi = np.flatnonzero(fast)
-        for num in np.unique(a["part"]).tolist():
-            p = by_num.get(num)
-            sel = a["part"] == num
-            if p is None:
-                w.at = ("rows", ks[int(fi[int(np.argmax(sel))])])
-                raise RecordError(f"row of partition number {num}, which has no parts entry")
-            masks, inv = np.unique(a["mask"][sel], return_inverse=True)
-            ids = []
-            for m in masks.tolist():
-                i = p.fs_of_mask(int(m))
-                if i is None:
-                    w.at = ("rows", ks[int(fi[sel][int(np.argmax(a['mask'][sel] == m))])])
-                    raise RecordError(f"produced-field bit of no field of partition {p.pid[:40]!r}")
-                ids.append(i)
-            fsid[fi[sel]] = np.asarray(ids, dtype=np.int64)[inv.reshape(-1)]
-    tags: List[Tuple[int, int, Any]] = []
-    for i in np.flatnonzero(~fast).tolist():
-        w.at = ("rows", ks[i])
-        r = R.decode_row2(vs[i])
-        p = by_num.get(r.part)
+            r = R.decode_row2(vs[i])
+            if r.seq >= 1 << 62:
+                raise RecordError(f"row seq {r.seq} out of range")
+            part[i], flags[i], seq[i] = r.part, r.flags, r.seq
+            slow.append((base + i, r))
+        for c, x in zip(cols, (g, part, flags, seq, mask)):
+            c.append(x)
+        base += m
+    g, part, flags, seq, mask = (np.concatenate(c) if c else np.zeros(0, dtype=np.int64) for c in cols)
+    n = len(g)
+    if n + n_free < next_gidx:  # checked before any array is sized by a global index
+        w.at = "meta/next_gidx"
+        raise RecordError(f"next_gidx {next_gidx}, but only {n} rows and {n_free} free indexes lie below it")
+    fsid = np.zeros(n, dtype=np.int64)
+    nums = _distinct(part)
+    for num in nums:
+        p = by_num.get(num)
         if p is None:
-            raise RecordError(f"row of partition number {r.part}, which has no parts entry")
+            w.at = ("rows", R.gidx_key(int(g[int(np.argmax(part == num))])))
+            raise RecordError(f"row of partition number {num}, which has no parts entry")
+    slow_at = np.zeros(n, dtype=bool)
+    slow_at[[i for i, _ in slow]] = True
+    for num in nums:
+        p = by_num[num]
+        idx = np.flatnonzero((part == num) & ~slow_at)
+        ms = mask[idx]
+        if not len(ms):
+            continue
+        if (ms == ms[0]).all():
+            uniq, inv = [int(ms[0])], np.zeros(len(ms), dtype=np.int64)
+        else:
+            u, inv = np.unique(ms, return_inverse=True)
+            uniq, inv = u.tolist(), inv.reshape(-1)
+        ids = []
+        for k, mk in enumerate(uniq):
+            f = p.fs_of_mask(int(mk))
+            if f is None:
+                w.at = ("rows", R.gidx_key(int(g[idx][int(np.argmax(inv == k))])))
+                raise RecordError(f"produced-field bit of no field of partition {p.pid[:40]!r}")
+            ids.append(f)
+        fsid[idx] = np.asarray(ids, dtype=np.int64)[inv]
+    tags: List[Tuple[int, int, Any]] = []
+    for i, r in slow:
+        w.at = ("rows", R.gidx_key(int(g[i])))
+        p = by_num[r.part]
         f = p.fs_of_mask(r.mask)
         if f is None:
             raise RecordError(f"produced-field bit of no field of partition {p.pid[:40]!r}")
-        if r.seq >= 1 << 62:
-            raise RecordError(f"row seq {r.seq} out of range")
-        part[i], flags[i], seq[i], fsid[i] = r.part, r.flags, r.seq, f
+        fsid[i] = f
         if r.tag is not None:
             tags.append((r.part, int(g[i]), r.tag))
-    del vs
     keycur = txn.cursor(dbs["keys"])
     n_keys = 0
     for num, p in by_num.items():
-        sel = part == num
-        pg = g[sel]
+        sel = (part == num) if len(nums) > 1 or nums != [num] else slice(None)
         w.at = "rows"
+        pg = g[sel]
         _install(p, pg, seq[sel], fsid[sel], [None] * len(pg))
-        keyed = flags[sel] & R.ROW2_KEYED
-        n_keys += _keys_v2(keycur, p, int(keyed.sum()), w)
+        keyed = p.slots(pg[(flags[sel] & R.ROW2_KEYED) != 0])
+        n_keys += _keys_v2(keycur, p, keyed, w)
     for num, gg, tag in tags:
         by_num[num].tags[gg] = tag
     w.at = "keys"
@@ -264,52 +305,65 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where) -> int:
     return n
 
 
-def _keys_v2(cur, p: Partition, n_keyed: int, w: _Where) -> int:
-    """Read the ``keys`` entries of ``p`` (contiguous: keys sort by partition id first),
-    check they name its keyed rows one to one, and install them."""
+def _keys_v2(cur, p: Partition, keyed: np.ndarray, w: _Where) -> int:
+    """Read the ``keys`` entries of ``p`` (contiguous: keys sort by partition id first, and no
+    id is a prefix of another's ``id NUL``), check they name its keyed rows (slots ``keyed``)
+    one to one, and install them."""
+    n_keyed = len(keyed)
+    is_keyed = np.zeros(p.n, dtype=bool)
+    is_keyed[keyed] = True
     prefix = R.keys_key(p.pid, "")
-    ks: List[bytes] = []
-    vs: List[bytes] = []
-    if cur.set_range(prefix):
-        for k, v in cur.iternext():
-            if not k.startswith(prefix):
-                break
-            ks.append(k)
-            vs.append(v)
-    n = len(ks)
     w.at = ("keys", prefix)
-    if n != n_keyed:
-        raise RecordError(f"{n} keys entries for {n_keyed} keyed rows of partition {p.pid[:40]!r}")
-    if not n:
+    if not n_keyed:
         return 0
-    if set(map(len, vs)) != {8}:
-        w.at = ("keys", ks[[len(v) for v in vs].index(next(x for x in map(len, vs) if x != 8))])
-        raise RecordError("a keys value is not a gidx key (8 bytes)")
-    try:
-        split = b"\0".join(ks).decode("utf-8").split("\0")
-    except UnicodeDecodeError:
-        for k in ks:
-            w.at = ("keys", k)
-            R.decode_keys_key(k)
-        raise
-    if len(split) != 2 * n:
-        raise RecordError("a keys key holds a NUL past its partition id")
-    keys = split[1::2]
-    gs = np.frombuffer(b"".join(vs), dtype=">u8").astype(np.int64)
-    sl = p.slots(gs)
-    if (sl < 0).any():
-        w.at = ("keys", ks[int(np.argmax(sl < 0))])
-        raise RecordError(f"key of partition {p.pid[:40]!r} names no row of it")
-    if len(np.unique(sl)) != n:
-        raise RecordError(f"a row of partition {p.pid[:40]!r} is claimed by two keys")
+    if not cur.set_range(prefix):
+        raise RecordError(f"0 keys entries for {n_keyed} keyed rows of partition {p.pid[:40]!r}")
+    it = cur.iternext()
+    seen = np.zeros(p.n, dtype=np.int64)
+    left = n_keyed
     sk = p.s_key
-    for s, k in zip(sl.tolist(), keys):
-        sk[s] = k
-    p.keys = dict(zip(keys, gs.tolist()))
-    return n
+    while left:
+        kv = list(islice(it, min(left, _CHUNK)))
+        if not kv:
+            break
+        ks, vs = zip(*kv)
+        del kv
+        if not ks[0].startswith(prefix) or not ks[-1].startswith(prefix):  # sorted: then all between do
+            break
+        left -= len(ks)
+        if set(map(len, vs)) != {8}:
+            w.at = ("keys", next(k for k, v in zip(ks, vs) if len(v) != 8))
+            raise RecordError("a keys value is not a gidx key (8 bytes)")
+        try:
+            split = b"\0".join(ks).decode("utf-8").split("\0")
+        except UnicodeDecodeError:
+            for k in ks:
+                w.at = ("keys", k)
+                R.decode_keys_key(k)
+            raise
+        if len(split) != 2 * len(ks):
+            raise RecordError("a keys key holds a NUL past its partition id")
+        if split[0::2].count(p.pid) != len(ks):  # (a damaged file need not keep its keys sorted)
+            raise RecordError(f"keys of partition {p.pid[:40]!r} are not contiguous")
+        keys = split[1::2]
+        del split
+        gs = np.frombuffer(b"".join(vs), dtype=">u8").astype(np.int64)
+        sl = p.slots(gs)
+        if (sl < 0).any() or not is_keyed[np.maximum(sl, 0)].all():
+            w.at = ("keys", ks[int(np.argmax((sl < 0) | ~is_keyed[np.maximum(sl, 0)]))])
+            raise RecordError(f"key of partition {p.pid[:40]!r} names no keyed row of it")
+        seen += np.bincount(sl, minlength=p.n)
+        for s, k in zip(sl.tolist(), keys):
+            sk[s] = k
+        p.keys.update(zip(keys, gs.tolist()))
+    if left:
+        raise RecordError(f"{n_keyed - left} keys entries for {n_keyed} keyed rows of partition {p.pid[:40]!r}")
+    if int(seen.max()) > 1:
+        raise RecordError(f"a row of partition {p.pid[:40]!r} is claimed by two keys")
+    return n_keyed
 
 
-def _rows_v1(txn, dbs, parts, by_num, next_gidx: int, w: _Where) -> int:
+def _rows_v1(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) -> int:
     cols: Dict[str, Tuple[list, list, list, list]] = {pid: ([], [], [], []) for pid in parts}
     n = 0
     for k, v in txn.cursor(dbs["rows"]):
@@ -332,6 +386,9 @@ def _rows_v1(txn, dbs, parts, by_num, next_gidx: int, w: _Where) -> int:
         if tag is not None:
             p.tags[g] = tag
         n += 1
+    if n + n_free < next_gidx:
+        w.at = "meta/next_gidx"
+        raise RecordError(f"next_gidx {next_gidx}, but only {n} rows and {n_free} free indexes lie below it")
     for pid, (gs, seqs, fs, keys) in cols.items():
         p = parts[pid]
         w.at = "rows"
