@@ -150,7 +150,13 @@ def _decode(txn, dbs, file: str, w: _Where) -> ControllerState:
         for f, kind, dt in sorted(fs):
             parts[pid].add_field(f, kind, dt)
     w.at = "rows"
-    n_rows = (_rows_v1 if fmt == 1 else _rows_v2)(txn, dbs, parts, by_num, next_gidx, w, len(free))
+    # indexes below next_gidx are rows, free, or reserved by a pending restore (recorded in ``restores``,
+    # a few bytes each): bounds how large a damaged next_gidx can make the mirror
+    slack = 1 << 20
+    if dbs.get("restores") is not None:
+        st = txn.stat(dbs["restores"])
+        slack = (st["leaf_pages"] + st["overflow_pages"] + st["branch_pages"]) * st["psize"]
+    n_rows = (_rows_v1 if fmt == 1 else _rows_v2)(txn, dbs, parts, by_num, next_gidx, w, len(free) + slack)
     w.at = "free"
     if free and (_part_of(gmap, free) >= 0).any():
         raise RecordError("a global index is both free and a row")
@@ -249,7 +255,7 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
     n = len(g)
     if n + n_free < next_gidx:  # checked before any array is sized by a global index
         w.at = "meta/next_gidx"
-        raise RecordError(f"next_gidx {next_gidx}, but only {n} rows and {n_free} free indexes lie below it")
+        raise RecordError(f"next_gidx {next_gidx} is past the rows, free and reserved indexes ({n} rows)")
     fsid = np.zeros(n, dtype=np.int64)
     nums = _distinct(part)
     for num in nums:
@@ -388,7 +394,7 @@ def _rows_v1(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
         n += 1
     if n + n_free < next_gidx:
         w.at = "meta/next_gidx"
-        raise RecordError(f"next_gidx {next_gidx}, but only {n} rows and {n_free} free indexes lie below it")
+        raise RecordError(f"next_gidx {next_gidx} is past the rows, free and reserved indexes ({n} rows)")
     for pid, (gs, seqs, fs, keys) in cols.items():
         p = parts[pid]
         w.at = "rows"

@@ -99,6 +99,10 @@ def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
     try:
         with env.begin() as txn:
             dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CONTROLLER_DBS if n != "restores"}
+            try:  # (only its size is used: it bounds the indexes a pending restore reserves)
+                dbs["restores"] = env.open_db(b"restores", txn=txn, create=False)
+            except lmdb.Error:
+                pass
             st = decode_controller(txn, dbs, p)
     except TqstoreError:
         raise
