@@ -160,22 +160,26 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
     old_sl = p.slots(g_all[old_pos]) if len(old_pos) else np.zeros(0, dtype=_I64)
     old_fs = p.s_fs[old_sl] if len(old_sl) else np.zeros(0, dtype=np.int32)
     after = {i: p.fsets[i] | F for i in np.unique(old_fs).tolist()}  # old field set id -> new field set
-    masks = [0] * n
     keyed = np.zeros(n, dtype=bool)
     seqs = np.zeros(n, dtype=_I64)
-    new_pos = np.flatnonzero(is_new)
+    new_pos = np.flatnonzero(is_new) if n_new != n else slice(None)
+    mk_of = {i: mask(fs) for i, fs in after.items()}
+    mk_new = mask(F)
+    wide = max([mk_new, *mk_of.values()]) >= 1 << 64
+    masks = np.zeros(n, dtype=object if wide else np.uint64)
     if n_new:
-        mk = mask(F)
-        for i in new_pos.tolist():
-            masks[i] = mk
-        keyed[new_pos] = [k is not None for k in plan.new_keys]
+        masks[new_pos] = mk_new
+        unkeyed = plan.new_keys.count(None)
+        keyed[new_pos] = True if not unkeyed else False if unkeyed == n_new else [k is not None for k in plan.new_keys]
         seqs[new_pos] = np.arange(plan.seq0, plan.seq0 + n_new, dtype=_I64)
     if len(old_pos):
-        mk_of = {i: mask(fs) for i, fs in after.items()}
-        for i, f in zip(old_pos.tolist(), old_fs.tolist()):
-            masks[i] = mk_of[f]
+        lut = np.zeros(max(mk_of) + 1, dtype=object if wide else np.uint64)
+        for i, m_ in mk_of.items():
+            lut[i] = m_
+        masks[old_pos] = lut[old_fs]
         keyed[old_pos] = [p.s_key[s] is not None for s in old_sl.tolist()]
         seqs[old_pos] = p.s_seq[old_sl]
+    masks = masks.tolist() if wide else masks
     if plan.tags is not None:
         tag_json: Optional[List[Optional[bytes]]] = [R.encode_tag(t) for t in plan.tags]
     elif p.tags and len(old_pos):

@@ -377,15 +377,16 @@ class Store(CheckpointMixin):
                 u.settle(t, committed=t <= self.controller.put_token)
 
     def _write_units(self, plan: Any, cols: List[Column], token: Optional[int] = None) -> None:
-        per_unit: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
-        for pos, g in enumerate(plan.gidxs):
-            per_unit[g % self.num_units].append((pos, g))
+        g_all = np.asarray(plan.gidxs, dtype=np.int64)
+        owner = g_all % self.num_units
+        per_unit: Dict[int, Tuple[List[int], List[int]]] = {}
+        for u in (np.unique(owner).tolist() if self.num_units > 1 else [0] if len(g_all) else []):
+            pos = np.flatnonzero(owner == u) if self.num_units > 1 else np.arange(len(g_all))
+            per_unit[u] = (pos.tolist(), g_all[pos].tolist())
         fresh = not plan.overwrites
 
         def one(u: int):
-            pairs = per_unit[u]
-            positions = [p for p, _ in pairs]
-            gs = [g for _, g in pairs]
+            positions, gs = per_unit[u]
             return self.units[u].write([(c, positions, gs) for c in cols], fresh=fresh, token=token)
 
         errors = []
@@ -406,11 +407,11 @@ class Store(CheckpointMixin):
             if token is not None:  # put back the entries the units that succeeded replaced
                 self._settle_units(token, committed=False, units=[u for u in per_unit if u not in dict(errors)])
             # undo entries of rows that did not exist before on units that succeeded
-            new = {r.gidx for r in plan.new_rows}
+            new = set(plan.new_gidxs)
             for u in per_unit:
                 if u not in dict(errors) and new:
                     try:
-                        self.units[u].delete([g for _, g in per_unit[u] if g in new])
+                        self.units[u].delete([g for g in per_unit[u][1] if g in new])
                     except TqstoreError:
                         log.exception("could not undo a partial write on unit %d (reopen reconciles it)", u)
             u, e = errors[0]

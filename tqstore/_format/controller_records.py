@@ -199,7 +199,8 @@ def encode_rows2(part: int, keyed: np.ndarray, seqs: np.ndarray, masks: Sequence
     n = len(seqs)
     if not n:
         return []
-    if tag_json is None and all(0 <= m < 1 << 64 for m in set(masks)):
+    if tag_json is None and (isinstance(masks, np.ndarray) and masks.dtype == np.uint64
+                             or all(0 <= m < 1 << 64 for m in set(masks))):
         a = np.empty(n, dtype=ROW2_DTYPE)
         a["part"], a["flags"], a["words"] = part, np.where(keyed, ROW2_KEYED, 0), 1
         a["seq"], a["mask"] = seqs, np.asarray(masks, dtype=np.uint64)
@@ -207,8 +208,9 @@ def encode_rows2(part: int, keyed: np.ndarray, seqs: np.ndarray, masks: Sequence
         w = ROW2_DTYPE.itemsize
         return [buf[i:i + w] for i in range(0, n * w, w)]
     tj = tag_json if tag_json is not None else [None] * n
+    ml = masks.tolist() if isinstance(masks, np.ndarray) else masks
     return [encode_row2(part, bool(k), int(q), int(m), t)
-            for k, q, m, t in zip(np.asarray(keyed).tolist(), np.asarray(seqs).tolist(), masks, tj)]
+            for k, q, m, t in zip(np.asarray(keyed).tolist(), np.asarray(seqs).tolist(), ml, tj)]
 
 
 def gidx_keys(gidxs: np.ndarray) -> List[bytes]:
