@@ -385,3 +385,30 @@ def test_a_damaged_version_2_row_is_a_corruption_error_naming_the_index(tmp_path
     env.close()
     with pytest.raises(tqstore.CorruptionError, match="data.mdb"):
         tqstore.open(root)
+
+
+def test_read_row_reads_one_row_of_a_transaction_in_either_format(tmp_path):
+    from tqstore.controller_decode import read_row
+
+    root = tmp_path / "s"
+    with tqstore.open(root) as s:
+        s.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 1)}, tags=[{"n": 1}, None])
+        s.put({"y": torch.ones(1, 1)}, partition_id="p")
+        state = s.state_dir
+    ctrl = state / "controller"
+    for fmt in (2, 1):
+        if fmt == 1:
+            _to_version_1(ctrl)
+        env = lmdb.open(str(ctrl), readonly=True, lock=False, max_dbs=16, subdir=True)
+        try:
+            with env.begin() as txn:
+                dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CR.CONTROLLER_DBS}
+                a = read_row(txn, dbs, "p", 0, "a")
+                assert (a.key, a.tag, set(a.fields), a.seq) == ("a", {"n": 1}, {"x"}, 0)
+                c = read_row(txn, dbs, "p", 2)
+                assert (c.key, c.tag, set(c.fields), c.seq) == (None, None, {"y"}, 2)
+                assert read_row(txn, dbs, "p", 7) is None
+                with pytest.raises(RecordError):
+                    read_row(txn, dbs, "q", 0, "a")
+        finally:
+            env.close()
