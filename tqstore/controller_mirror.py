@@ -142,6 +142,7 @@ class Partition:
         self.fsets: List[frozenset] = []  # field-set id -> fields
         self.fs_masks: List[int] = []  # field-set id -> bitmap
         self._fs_id: Dict[frozenset, int] = {}
+        self._mask_id: Dict[int, int] = {}  # bitmap -> field-set id (a cache of fs_of_mask)
         # task -> frozenset(requested fields) -> rows ready and unconsumed (see the module docstring)
         self.ready: Dict[str, Dict[frozenset, _Ready]] = {}
 
@@ -158,6 +159,9 @@ class Partition:
 
     def fs_of_mask(self, mask: int) -> Optional[int]:
         """The field-set id of a bitmap; None when it sets a bit no field of the schema has."""
+        i = self._mask_id.get(mask)
+        if i is not None and self.fs_masks[i] == mask:
+            return i
         names = {b: f for f, b in self.bits.items()}
         fs, m, b = [], mask, 0
         while m:
@@ -167,7 +171,9 @@ class Partition:
                 fs.append(names[b])
             m >>= 1
             b += 1
-        return self.fs_id(frozenset(fs))
+        i = self.fs_id(frozenset(fs))
+        self._mask_id[mask] = i
+        return i
 
     def add_field(self, f: str, kind: int, dtype: int, bit: Optional[int] = None) -> int:
         self.schema[f] = (kind, dtype)
