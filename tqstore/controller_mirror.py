@@ -369,8 +369,9 @@ def row_batch(p: Partition, gidxs: Sequence[Optional[int]]) -> RowBatch:
                         [fsets[i] for i in p.s_fs[sl].tolist()], p.s_seq[sl].tolist())
     ok = sl >= 0
     sll = sl.tolist()
-    fs = p.s_fs[np.where(ok, sl, 0)].tolist() if n else []
-    seqs = p.s_seq[np.where(ok, sl, 0)].tolist() if n else []
+    some = n and bool(ok.any())  # (a partition reopened without rows has empty columns)
+    fs = p.s_fs[np.where(ok, sl, 0)].tolist() if some else [0] * n
+    seqs = p.s_seq[np.where(ok, sl, 0)].tolist() if some else [0] * n
     return RowBatch(p.pid, dict(p.schema), list(gidxs),
                     [p.s_key[s] if s >= 0 else None for s in sll],
                     [copy_value(tags.get(g)) if s >= 0 else None for g, s in zip(gidxs, sll)],
