@@ -33,11 +33,13 @@ bench-quick: $(STAMP)
 	$(PY) bench/bench_engine.py --quick
 	$(PY) bench/bench_dataplane.py --quick
 	$(PY) bench/bench_checkpoint.py --quick
+	$(PY) bench/bench_dump.py --quick
 
 bench: $(STAMP)
 	$(PY) bench/bench_engine.py
 	$(PY) bench/bench_dataplane.py
 	$(PY) bench/bench_checkpoint.py
+	$(PY) bench/bench_dump.py
 
 clean:
 	rm -rf build *.egg-info tqstore/_native/*.so .pytest_cache .hypothesis

@@ -52,10 +52,11 @@ def _timed(fn) -> float:
     return time.perf_counter() - t0
 
 
-def one_repetition(root: Path, batches, units: int) -> dict:
+def one_repetition(root: Path, batches, units: int, result_type=None) -> dict:
     nbytes = sum(b.numel() * b.element_size() for b in batches)
     out = {}
-    with tqstore.open(root / "store", num_units=units) as s:
+    opts = {} if result_type is None else {"result_type": result_type}
+    with tqstore.open(root / "store", num_units=units, **opts) as s:
         # engine: Store.write / Store.read
         gidx = []
         out["engine_write"] = nbytes / _timed(
@@ -130,6 +131,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=None, help="repetitions, each in a fresh store (default 3)")
     ap.add_argument("--units", type=int, default=2, help="storage units (default 2)")
     ap.add_argument("--dir", default=None, help="directory for the stores (default: a temporary one)")
+    ap.add_argument("--result-type", default=None, choices=("tensordict", "dict"),
+                    help="what kv_batch_get / get_data return (default: the store's default, a TensorDict)")
     args = ap.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 4)
     reps = args.reps or (2 if args.quick else 3)
@@ -137,13 +140,13 @@ def main(argv=None) -> None:
     batch_mib = ROWS * TOKENS * 8 / (1 << 20)
     print(f"data plane: {PRODUCERS} producers x {rounds} round(s) x {ROWS} rows x {TOKENS} int64 tokens "
           f"({batch_mib:.0f} MiB/batch, {len(batches)} batches), {args.units} unit(s), {reps} repetition(s), "
-          f"torch {torch.__version__}")
+          f"torch {torch.__version__}, result_type {args.result_type or 'default'}")
     results = []
     base = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="tqstore-bench-dp-"))
     try:
         for r in range(reps):
             root = base / f"rep{r}"
-            results.append(one_repetition(root, batches, args.units))
+            results.append(one_repetition(root, batches, args.units, args.result_type))
             shutil.rmtree(root, ignore_errors=True)
     finally:
         if not args.dir:

@@ -164,6 +164,36 @@ def test_copy_mode_generations_reuse_the_previous_copy_and_copy_only_what_change
     assert m.restore() == 2 and state(store) == want
 
 
+def test_a_segment_shared_with_an_earlier_generation_costs_a_link_and_no_flush(store, tmp_path):
+    """The per-generation cost of an unchanged segment: one hard link; the earlier
+    generation made it durable, so it is not fsynced again (the new generation's
+    directories are, which makes the new names durable)."""
+    m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)
+    fill(store, "train", 60)
+    m.save(1)
+    fill(store, "train", 6, seed=9)
+    events = []
+    fp.set_observer(lambda ev, *args: events.append((ev, args)))
+    try:
+        second = m.save(2)
+    finally:
+        fp.set_observer(None)
+    assert second.reused_bytes > 0
+    first_inodes = {p.stat().st_ino for p in m.path(1).glob("unit-*/seg-*.tqs")}
+    reused = [p for p in m.path(2).glob("unit-*/seg-*.tqs") if p.stat().st_ino in first_inodes]
+    assert reused
+    flushed = {os.path.basename(str(a[-1])) + "@" + os.path.basename(os.path.dirname(str(a[-1])))
+               for ev, a in events if ev == "fsync_file" and a}
+    for p in reused:
+        assert f"{p.name}@{p.parent.name}" not in flushed, f"{p} was fsynced again"
+    synced_dirs = {os.path.basename(str(a[-1])) for ev, a in events if ev == "fsync_dir" and a}
+    assert {p.parent.name for p in reused} <= synced_dirs
+    verify_checkpoint(m.path(2))
+    want = state(store)
+    store.clear_partition("train")
+    assert m.restore() == 2 and state(store) == want
+
+
 def test_a_generation_whose_replacement_was_interrupted_counts_through_its_old_directory(store, tmp_path):
     m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
     fill(store, "train", 3)

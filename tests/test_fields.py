@@ -184,6 +184,7 @@ def test_rows_may_hold_different_field_subsets(store):
 
 
 def test_a_field_keeps_its_kind_and_dtype_per_partition(store):
+    store.strict_schema = True
     store.kv_batch_put(["a"], "p1", {"x": torch.ones(1, 1)})
     with pytest.raises(SchemaError):
         store.kv_batch_put(["b"], "p1", {"x": torch.ones(1, 1, dtype=torch.bfloat16)})

@@ -27,12 +27,14 @@ from hypothesis import strategies as st
 
 from tqstore import _native
 from tqstore import layout_dirs as L
+from tqstore._format import dump_records as DR
 from tqstore._format.frame import check_run, decode_frame, encode_parts, parse_head
+from tqstore._format.index import LOC_DTYPE
 from tqstore._format.layout import INDEX_VALUE, KINDS
 from tqstore._format.segment import decode_segment_header, encode_segment_header
 from tqstore.checkpoint import manifest as M
 from tqstore.checkpoint import verify_checkpoint
-from tqstore.errors import TqstoreError
+from tqstore.errors import CorruptionError, TqstoreError
 from tqstore.store import Store
 from tqstore.testing import run_forked
 
@@ -193,6 +195,98 @@ def test_foreign_store_descriptor_and_pointer_raise(tmp_path_factory, junk):
             fn(d)
         except TqstoreError:
             pass
+
+
+# ---------------------------------------------------------------------------- dump files
+def _shard_bytes() -> bytes:
+    """A shard of unit 1 of 2 holding three frames of rows 1, 3 (two fields)."""
+    frames, gidxs, fields = [], [1, 3, 3], ["x", "x", "text"]
+    for g, f in zip(gidxs, fields):
+        payload = np.arange(g * 4, dtype=np.int32).tobytes() if f == "x" else b'"hello"'
+        head, tail, _crc, _n = encode_parts(f.encode(), KINDS[0] if f == "x" else 2, 5 if f == "x" else 0, g,
+                                            (g * 4,) if f == "x" else (), payload)
+        frames.append(head + payload + tail)
+    names = ["x", "text"]
+    table = DR.encode_shard_table(gidxs, [len(b) for b in frames],
+                                  [_trailer_crc(b) for b in frames],
+                                  [names.index(f) for f in fields], names)
+    return DR.encode_shard_header(1, 2, 3, sum(len(b) for b in frames), table) + b"".join(frames) + table
+
+
+def _trailer_crc(frame: bytes) -> int:
+    fr = decode_frame(frame, 0, len(frame))
+    return fr.crc
+
+
+def _read_shard(raw: bytes):
+    """Everything a reader takes from a shard: header, table, each frame's (gidx, field, bytes)."""
+    h = DR.decode_shard_header(raw, path="fuzz", file_size=len(raw))
+    t = DR.decode_shard_table(raw[h.table_offset:], h, path="fuzz")
+    locs = np.zeros(len(t.entries), LOC_DTYPE)
+    locs["offset"], locs["length"], locs["crc"] = t.entries["offset"], t.entries["length"], t.entries["crc"]
+    status, _c, _t = check_run(raw, locs, np.ascontiguousarray(t.entries["gidx"], dtype="<u8"))
+    if status.any():
+        raise CorruptionError("a frame does not verify", path="fuzz")
+    return h, [(int(e["gidx"]), f, raw[int(e["offset"]):int(e["offset"]) + int(e["length"])])
+               for e, f in zip(t.entries, t.fields())]
+
+
+@FUZZ
+@given(st.data())
+def test_damaged_dump_shard_raises_or_reads_the_original(data):
+    good = _shard_bytes()
+    want = _read_shard(good)
+    bad = damage(good, data.draw(mutation(len(good))))
+    try:
+        got = _read_shard(bad)
+    except TqstoreError:
+        return
+    assert got == want
+
+
+def _dump_docs():
+    index = DR.encode_row_index("p", 2, {"x": (0, 5), "text": (2, 0)},
+                                [("a", 3, {"score": float("nan"), "n": 10**30}, ["text", "x"]), ("b", 1, None, [])])
+    manifest = DR.encode_manifest(created_unix=1.0, partition_id="p", num_units=2,
+                                  summary={"keys": 2, "rows_with_data": 1, "frames": 2, "payload_bytes": 256},
+                                  row_index={"size": len(index), "crc32c": _native.crc32c(index)},
+                                  shards=[{"unit": 1, "size": 400, "crc32c": 5, "frames": 2, "rows": 1,
+                                           "payload_bytes": 256}])
+    return index, manifest
+
+
+@FUZZ
+@given(st.data())
+def test_damaged_dump_row_index_and_manifest_raise_or_read_the_original(tmp_path_factory, data):
+    from tqstore.dump.reader import open_dump
+
+    index, manifest = _dump_docs()
+    d = tmp_path_factory.mktemp("dump") / "d"
+    d.mkdir()
+    (d / DR.MANIFEST_NAME).write_bytes(manifest)
+    (d / DR.ROW_INDEX_NAME).write_bytes(index)
+    want = open_dump(d)
+    which = data.draw(st.sampled_from([DR.MANIFEST_NAME, DR.ROW_INDEX_NAME]))
+    good = (d / which).read_bytes()
+    (d / which).write_bytes(damage(good, data.draw(mutation(len(good)))))
+    try:
+        got = open_dump(d)
+    except TqstoreError:
+        return
+    assert (repr(got.rows), got.manifest) == (repr(want.rows), want.manifest)
+    try:  # the row index alone (no CRC of its own): a decode raises a TqstoreError or gives a RowIndex
+        assert isinstance(DR.decode_row_index(damage(index, data.draw(mutation(len(index))))), DR.RowIndex)
+    except TqstoreError:
+        pass
+
+
+@pytest.mark.parametrize("foreign", [b"", b"{}", b"[]", b'{"format": "tqstore dump", "version": 2}',
+                                     b'{"format": "tqstore dump row index", "version": 1}', b"\xff\xfe" * 10,
+                                     b"TQDS" + bytes(60), b"PK\x03\x04" + bytes(100)])
+def test_foreign_dump_files_raise(foreign):
+    for fn in (DR.decode_manifest, DR.decode_row_index, DR.decode_shard_header):
+        with pytest.raises(TqstoreError):
+            fn(foreign)
 
 
 # ---------------------------------------------------------------------------- stores and checkpoints

@@ -394,3 +394,72 @@ def test_the_walk_reports_a_crash_a_timeout_and_a_clean_file_by_name(setup, tmp_
     slow = LmdbWalk(targets, timeout_s=0.0)
     probs = slow.result()
     assert len(probs) == 1 and "within 0 s" in probs[0].message
+
+
+def test_the_walk_clears_each_file_as_it_passes_it_and_never_one_behind_a_crash(setup, tmp_path):
+    """A loader maps each LMDB file once the walk passed it cleanly (``wait_clean``), while
+    the child goes on; a file at or after a damaged one is never cleared."""
+    from tqstore._io.lmdbwalk import LmdbWalk
+
+    d, _want, _server = setup
+    ck = tmp_path / "ck"
+    shutil.copytree(d / "pristine", ck)
+    _edit(_mdb(ck, "unit"), _meta_root_past_eof)  # unit 0's index crashes the walking child
+    targets = [(str(ck / M.unit_dir_name(1) / "index"), "unit_index"),
+               (str(ck / M.unit_dir_name(0) / "index"), "unit_index"), (str(ck / "controller"), "controller")]
+    w = LmdbWalk(targets, first_only=True)
+    assert w.wait_clean(0) == []  # unit 1 walked cleanly before the crash
+    for i in (1, 2):  # the damaged file and the one behind it: the crash is reported, never "clean"
+        probs = w.wait_clean(i)
+        assert [p.index for p in probs] == [1] and "SIGBUS" in probs[0].message
+    assert w.result() == probs
+    clean = LmdbWalk([targets[0], targets[2]], first_only=True)
+    assert clean.wait_clean(1) == [] and clean.wait_clean(0) == [] and clean.result() == []
+    with pytest.raises(IndexError):
+        clean.wait_clean(2)
+
+
+def test_waiting_for_each_file_while_the_child_writes_loses_no_record(setup, tmp_path):
+    """Polling the walk's records while the child is still writing them (as a loader does)
+    must not disturb them: every clean file is reported clean, the walk ends clean."""
+    from tqstore._io.lmdbwalk import LmdbWalk
+
+    d, _want, _server = setup
+    targets = [(str(d / "pristine" / M.unit_dir_name(i % 2) / "index"), "unit_index") for i in range(40)]
+    one = LmdbWalk(targets[:1])
+    assert one.result() == []
+    w = LmdbWalk(targets, first_only=True)
+    for i in range(len(targets)):
+        assert w.wait_clean(i, poll_s=0.0) == [], i
+    other = LmdbWalk(targets[1:2])
+    assert other.result() == []
+    assert w.result() == [] and w.entries == 20 * (one.entries + other.entries)
+
+
+def test_a_controller_entry_the_walk_passes_but_the_decoder_refuses_fails_the_load_naming_the_checkpoint(
+        setup, tmp_path):
+    """A well-formed row that breaks a rule of the controller index (its partition has no
+    ``parts`` entry), re-signed: the load refuses it with CorruptionError naming the
+    checkpoint's controller file (the entries are checked once, by the open of the staged
+    copy), verify reports it, and the live store is unchanged."""
+    from tqstore.checkpoint import verify_checkpoint
+    from tqstore.errors import CorruptionError
+
+    d, want, _server = setup
+    ck = tmp_path / "ck"
+    shutil.copytree(d / "pristine", ck)
+
+    def orphan_row(txn, db):
+        k, _v = _first_loc(txn, db)
+        txn.put(k, b'{"p":"no-such-partition","k":"x","t":null,"f":[],"s":0}', db=db)
+
+    _lmdb_edit(_mdb(ck, "controller"), b"rows", orphan_row)
+    resign(ck)
+    shutil.copytree(d / "live", tmp_path / "live")
+    with tqstore.open(tmp_path / "live") as s:
+        with pytest.raises(CorruptionError) as ei:
+            s.load_checkpoint(ck)
+        assert ei.value.path == str(ck / M.CONTROLLER_FILE)
+        assert state(s) == want
+        assert len(list((tmp_path / "live").glob("state-*"))) == 1
+    assert not verify_checkpoint(ck, raise_on_error=False).ok

@@ -163,10 +163,12 @@ def test_duplicate_keys_in_one_call_are_rejected_before_any_write(store):
 
 
 def test_dtype_clash_with_the_field_schema_is_rejected_and_the_old_value_kept(store):
+    store.strict_schema = True  # (the default lets a dtype change: tests/test_fields.py)
     store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 2, dtype=torch.float32)})
     before = _state(store)
     with pytest.raises(SchemaError):
         store.kv_batch_put(["a", "b"], "p", {"ok": ["fine", "fine"], "x": torch.ones(2, 2, dtype=torch.float64)})
+    store.strict_schema = False  # a kind clash is rejected in both modes
     with pytest.raises(SchemaError):
         store.kv_batch_put(["a"], "p", {"x": np.ones((1, 2), dtype=np.float32)})  # numpy vs tensor
     with pytest.raises(SchemaError):

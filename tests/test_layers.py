@@ -17,15 +17,16 @@ policies       ``samplers``, ``seqlen_sampler`` (pure sampling policies:       b
                the controller runs them, users choose them)
 engine-impl    ``unit``, ``unit_*``, ``controller``, ``controller_*``      policies, ports, io,
                (the implementations of                                         format, native, base
-               the ports, their checkpoint export and import included)
+               the ports, their checkpoint export and import and the
+               dump's shard and row metadata included)
 embedded       ``embedded`` (the embedded backend's entry: constructs the      engine-impl, policies,
                parts, reads their files of a checkpoint into values)           ports, io, format,
                                                                               native, base
 engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
                ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``, ports, io (not
-               ``_gcpause``, ``_default``, ``checkpoint/*``, ``dump/*``        ``_io.lmdbenv`` nor
-               (the engine over the ports; numpy and bytes, no framework)     ``_io.segfile``), format,
-                                                                              native, base
+               ``_gcpause``, ``_default``, ``capacity``, ``checkpoint/*``,    ``_io.lmdbenv`` nor
+               ``dump/*`` (the engine over the ports; numpy and bytes, no     ``_io.segfile``), format,
+               framework)                                                     native, base
 ray            ``ray/*`` (units and controller as actors, same ports)          engine, embedded,
                                                                               engine-impl, policies,
                                                                               ports, io, format,
@@ -34,7 +35,8 @@ edge           ``torch_adapter`` (torch, nested tensors and TensorDict         e
                to and from the engine's Columns, allocator and results)       format, base
 api            ``__init__``, ``api``, ``client``, ``cli``, ``__main__``,      edge, ray, engine,
                ``async_api``, ``_executor``, ``config``, ``metrics``,          policies, ports, base
-               ``dataloader`` (TransferQueue's API edge)
+               ``dataloader``, ``metadata``, ``sampler`` (TransferQueue's
+               API edge; the last two are its module names)
 testing        ``testing/*`` (crash and power-loss harnesses, conformance)     anything
 =============  ============================================================  ==========================
 
@@ -49,7 +51,7 @@ re-exports it for the format layer and everything above.
 Checks: (a) no import outside what the importer's layer may import; (b) no cycle in
 the import graph between modules, between packages (a subpackage such as ``checkpoint``
 is one node, a top-level module is a node) or between layers; (c) only ``_io``, ``unit``,
-``unit_read``, ``unit_recover``, ``unit_export``, ``unit_import``, ``controller`` and
+``unit_read``, ``unit_recover``, ``unit_export``, ``unit_import``, ``unit_restore``, ``controller`` and
 ``controller_export`` import ``lmdb``; (d) only ``torch_adapter`` and ``dataloader`` (a torch ``IterableDataset``)
 import ``torch`` or ``tensordict``: the engine and the format work on numpy arrays and bytes
 (DESIGN.md §1).
@@ -74,17 +76,18 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("native", ("_native",)),
     ("format", ("_format",)),
     ("io", ("_io",)),
-    ("ports", ("ports",)),
+    ("ports", ("ports", "ports_restore")),
     ("policies", ("samplers", "seqlen_sampler")),
-    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_mirror", "controller_put",
-                     "controller_decode", "controller_sampling", "controller_export")),
+    ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "unit_restore",
+                     "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling",
+                     "controller_export", "controller_dump", "controller_restore")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "state_switch", "kv", "streaming", "reader", "meta", "meta_schema", "edge", "policy", "layout_dirs",
-                "_gcpause", "_default", "checkpoint", "dump")),
+                "capacity", "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
     ("api", ("", "api", "client", "cli", "__main__", "async_api", "_executor", "config", "metrics",
-             "dataloader")),  # "" is tqstore/__init__.py
+             "dataloader", "metadata", "sampler")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
 ]
 ALLOWED: Dict[str, Set[str]] = {
@@ -104,7 +107,8 @@ ALLOWED: Dict[str, Set[str]] = {
 }
 # io modules the engine over the ports must not reach: LMDB environments and segment files
 ENGINE_FORBIDDEN_IO = {"tqstore._io.lmdbenv", "tqstore._io.segfile"}
-LMDB_ALLOWED = ("_io", "unit", "unit_read", "unit_recover", "unit_export", "unit_import", "controller", "controller_export")
+LMDB_ALLOWED = ("_io", "unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_restore", "controller",
+                "controller_export")
 # the one adapter that knows torch and TensorDict, and the torch IterableDataset over the data plane
 FRAMEWORK_ALLOWED = ("torch_adapter", "dataloader")
 FRAMEWORKS = ("torch", "tensordict")

@@ -27,6 +27,8 @@ EXPECTED = {
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
     # checkpoints
     "save_checkpoint", "load_checkpoint", "CheckpointManager", "verify_checkpoint",
+    # selective dump and restore by key (issue 10)
+    "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load",
     # how often to checkpoint (tqstore.policy)
     "checkpoint_interval", "young_interval", "expected_overhead",
     # TransferQueue drop-in: async twins, streaming dataset, seqlen balancing, metrics

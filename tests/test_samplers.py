@@ -275,3 +275,72 @@ def test_init_honours_the_sampler_config_key(tmp_path):
         assert not (tmp_path / "t").exists()
     finally:
         tq.close()
+
+
+# ---------------------------------------------------------------------------------- TransferQueue's hooks
+
+class StrictTQSampler(BaseSampler):
+    """Written as for TransferQueue: raises on too few rows, caches per (dp_rank, batch_index) in its layout."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def sample(self, ready_indexes, batch_size, *args, dp_rank=None, batch_index=None, partition_id="",
+               task_name="", **kwargs):
+        self.calls += 1
+        if dp_rank is not None and self.has_cached_result(partition_id, task_name,
+                                                          {"dp_rank": dp_rank, "batch_index": batch_index}):
+            return list(self._states[partition_id][task_name][dp_rank][batch_index]), []
+        if len(ready_indexes) < batch_size:
+            raise ValueError("Not enough ready indexes to sample from.")
+        out = list(ready_indexes[:batch_size])
+        if dp_rank is not None:
+            self._states.setdefault(partition_id, {}).setdefault(task_name, {}).setdefault(dp_rank, {})[
+                batch_index] = out
+        return out, list(out)
+
+
+def test_a_transferqueue_sampler_is_not_called_with_too_few_ready_rows(tmp_path):
+    sampler = StrictTQSampler()
+    with _open(tmp_path / "s", sampler) as s:
+        _put(s, 2)
+        assert s.get_meta(["x"], 3, "p", task_name="t").size == 0  # no ValueError: not called
+        assert sampler.calls == 0
+        assert _values(s, s.get_meta(["x"], 2, "p", task_name="t")) == [0, 1]
+        assert sampler.calls == 1
+
+
+def test_a_transferqueue_sampler_with_a_cached_result_is_called_although_rows_are_short(tmp_path):
+    sampler = StrictTQSampler()
+    cfg = {"dp_rank": 0, "batch_index": 0}
+    with _open(tmp_path / "s", sampler) as s:
+        _put(s, 2)
+        first = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        assert sampler.has_cached_result("p", "t", cfg) and not sampler.has_cached_result("p", "t", {"dp_rank": 1})
+        again = s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)  # 0 ready rows, cached result
+        assert again.global_indexes == first.global_indexes
+
+
+def test_has_cached_result_reads_tqstores_rank_cache(tmp_path):
+    cfg = {"dp_rank": 1, "batch_index": 4}
+    with _open(tmp_path / "s", RankAwareSampler()) as s:
+        _put(s, 2)
+        assert not s.sampler.has_cached_result("p", "t", cfg)
+        s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        assert s.sampler.has_cached_result("p", "t", cfg)
+        assert not s.sampler.has_cached_result("p", "t", {"dp_rank": 1, "batch_index": 5})
+        assert not s.sampler.has_cached_result("p", "t", None)  # no dp_rank: False, as TransferQueue
+        assert not s.sampler.has_cached_result("other", "t", cfg)
+
+
+def test_save_checkpoint_and_load_checkpoint_round_trip_the_states_as_transferqueue():
+    a = RankAwareSampler()
+    a._states["p"] = {"t": {"cache": {"0": {"0": [[1], [1], 1]}}}}
+    saved = a.save_checkpoint()
+    assert saved == {"_states": a._states}
+    b = RankAwareSampler()
+    b.load_checkpoint(saved)
+    assert b.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 0})
+    with pytest.raises(InvalidInputError):
+        b.load_checkpoint({"states": {}})

@@ -30,11 +30,14 @@ from hypothesis.stateful import (
 )
 
 from tqstore.checkpoint import CheckpointManager, read_manifest, verify_checkpoint
+from tqstore.dump import read_row_index, verify_dump
+from tqstore.errors import KeyNotFoundError, PartitionNotFoundError
 from tqstore.store import Store
 from tqstore.testing import PowerLoss, SimulatedCrash, lmdb_policy, run_forked
 
 from crash.harness import copy_tree
 from crash.model import digest
+from dump_helpers import dump_frames, store_frames
 
 PIDS = ("p0", "p1")
 KEYS = tuple(f"k{i}" for i in range(6))
@@ -136,6 +139,8 @@ class StoreMachine(RuleBasedStateMachine):
         self.gens: Dict[int, Model] = {}
         self.next_step = 1
         self.pending = None  # (handle, kind, name/step, snapshot)
+        self.dumps: Dict[str, tuple] = {}  # dump name -> (partition, keys, model rows at the cut, frames at the cut)
+        self.restore_dumps: Dict[str, tuple] = {}  # dump name -> (partition, {key: row of the model at the dump})
 
     # -------------------------------------------------------------- helpers
     def _open(self) -> Store:
@@ -152,8 +157,11 @@ class StoreMachine(RuleBasedStateMachine):
         handle.result()
         self._saved(kind, name, snap)
 
-    def _saved(self, kind: str, name, snap: Model) -> None:
-        if kind == "ck":
+    def _saved(self, kind: str, name, snap) -> None:
+        if kind == "dump":
+            self.dumps[name] = snap
+            self._check_dump(name)
+        elif kind == "ck":
             self.cks[name] = snap
         else:
             self.gens[name] = snap
@@ -171,6 +179,8 @@ class StoreMachine(RuleBasedStateMachine):
                 self.store.close()
             for name in self.cks:
                 assert verify_checkpoint(self.base / name, raise_on_error=False).ok, name
+            for name in self.dumps:
+                self._check_dump(name)
         finally:
             shutil.rmtree(self.base, ignore_errors=True)
 
@@ -237,6 +247,34 @@ class StoreMachine(RuleBasedStateMachine):
             self._saved("gen", step, snap)
         else:
             self.pending = (h, "gen", step, snap)
+
+    # -------------------------------------------------------------- selective dumps
+    @rule(name=st.sampled_from(["dA", "dB"]), pid=st.sampled_from(PIDS), blocking=st.booleans(),
+          keys=st.lists(st.sampled_from(KEYS), max_size=4))
+    def dump(self, name, pid, keys, blocking) -> None:
+        STATS["dump"] += 1
+        self._settle()
+        rows = self.model.rows.get(pid)
+        if rows is None or any(k not in rows for k in keys):
+            with pytest.raises(PartitionNotFoundError if rows is None else KeyNotFoundError):
+                self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+            return
+        keys = list(dict.fromkeys(keys))  # duplicates dropped, the first kept
+        cut = (pid, keys, {k: (rows[k]["tag"], sorted(rows[k]["fields"])) for k in keys},
+               store_frames(self.store, pid, keys))
+        h = self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+        if blocking:
+            self._saved("dump", name, cut)
+        else:
+            self.pending = (h, "dump", name, cut)
+
+    def _check_dump(self, name: str) -> None:
+        pid, keys, rows, frames = self.dumps[name]
+        ri = read_row_index(self.base / name)
+        assert ri["partition_id"] == pid and list(ri["rows"]) == keys
+        assert {k: (r["tag"], r["fields"]) for k, r in ri["rows"].items()} == rows
+        assert dump_frames(self.base / name) == frames
+        assert verify_dump(self.base / name) == []
 
     @precondition(lambda self: self.cks or (self.pending and self.pending[1] == "ck"))
     @rule(data=st.data())
@@ -357,6 +395,106 @@ class StoreMachine(RuleBasedStateMachine):
             assert got_id == sid or (not acked and prev is not None and self.saves[got_id] is prev), \
                 f"{ck_name} holds save {got_id} after a {kind} crash of save {sid} (acknowledged: {acked})"
             self.cks[ck_name] = self.saves[got_id]
+
+    # -------------------------------------------------------------- selective restores (load by key, recover)
+    @rule(pid=st.sampled_from(PIDS), keys=st.lists(st.sampled_from(KEYS), min_size=0, max_size=4, unique=True),
+          name=st.sampled_from(["dA", "dB"]))
+    def restore_dump(self, pid, keys, name) -> None:
+        """A dump for the load rules (of the keys the partition has)."""
+        self._settle()
+        part = self.model.rows.get(pid)
+        if part is None:
+            return
+        keys = [k for k in keys if k in part]
+        STATS["restore_dump"] += 1
+        self.store.dump_data_by_key(self.base / "dumps" / name, keys, pid)
+        self.restore_dumps[name] = (pid, {k: copy.deepcopy(part[k]) for k in keys})
+
+    def _loaded(self, model: Model, name: str) -> Model:
+        """``model`` after the load of dump ``name``: its rows take the dump's tag and fields."""
+        out = model.snapshot()
+        pid, rows = self.restore_dumps[name]
+        part = out.rows.setdefault(pid, {})
+        for k, r in rows.items():
+            row = part.setdefault(k, {"tag": None, "fields": {}})
+            row["tag"] = copy.deepcopy(r["tag"])
+            row["fields"].update(r["fields"])
+        return out
+
+    @precondition(lambda self: self.restore_dumps)
+    @rule(data=st.data())
+    def load_by_key(self, data) -> None:
+        STATS["load_by_key"] += 1
+        self._settle()
+        name = data.draw(st.sampled_from(sorted(self.restore_dumps)))
+        rep = self.store.load_data_by_key(self.base / "dumps" / name)
+        assert rep["keys"] == len(self.restore_dumps[name][1])
+        self.model = self._loaded(self.model, name)
+
+    @precondition(lambda self: self.restore_dumps)
+    @rule(data=st.data(), kind=st.sampled_from(["kill", "power"]), cancel=st.booleans(), seed=st.integers(0, 2**16))
+    def crash_load_by_key(self, data, kind, cancel, seed) -> None:
+        """A load by key dies in a forked child (kill -9 at a random failpoint occurrence, or a
+        power cut at a random I/O event); after the reopen the load is done, not visible, or
+        pending (then nothing of it is visible) and ``recover_data_load`` completes or cancels it."""
+        self._settle()
+        name = data.draw(st.sampled_from(sorted(self.restore_dumps)))
+        rng = random.Random(seed)
+        before, after = self.model.snapshot(), self._loaded(self.model, name)
+        store_dir, dump = self.base / "store", self.base / "dumps" / name
+
+        def op() -> None:
+            with Store(store_dir, durability="commit", segment_bytes=SEG, max_workers=1) as s:
+                s.load_data_by_key(dump)
+
+        STATS[f"crash_load_by_key:{kind}"] += 1
+        self.store.close()
+        if kind == "kill":
+            point = rng.choice(["write", "fsync_file", "fsync_dir", "rename", "unit_commit", "controller_commit"])
+            res = run_forked(op, failpoints=[(point, "kill", rng.randint(1, 10))], timeout_s=60)
+            assert res.ok or res.killed, res.error
+            acked = res.ok
+        else:
+            img = self.base.parent / (self.base.name + "-img")
+
+            def child():
+                sim = PowerLoss(self.base, img, seed=rng.randint(0, 5), crash_at=rng.randint(1, 80),
+                                policy=lmdb_policy("store", synced=True))
+                sim.start()
+                try:
+                    op()
+                except SimulatedCrash:
+                    pass
+                except BaseException:
+                    if not sim.crashed:
+                        raise
+                done = not sim.crashed
+                sim.crash_now()
+                assert not sim.errors, sim.errors
+                return done
+
+            res = run_forked(child, timeout_s=60)
+            assert res.ok, res.error
+            acked = res.value
+            shutil.rmtree(self.base)
+            os.rename(img, self.base)
+        self.store = self._open()
+        got = store_picture(self.store)
+        want_after = (after.picture(), after.consumption())
+        want_before = (before.picture(), before.consumption())
+        if self.store.controller.restores():
+            STATS["crash_load_by_key:pending"] += 1
+            assert not acked and got == want_before, "a pending restore is visible"
+            assert self.store.recover_data_load(dump, cancel=cancel) is True
+            assert self.store.recover_data_load(dump, cancel=cancel) is False
+            got = store_picture(self.store)
+            assert got == (want_before if cancel else want_after), f"recover_data_load(cancel={cancel})"
+        elif acked:
+            assert got == want_after, f"{kind} after an acknowledged load by key: the store lost it"
+        else:
+            assert got in (want_before, want_after), f"{kind} during a load by key: the store is torn"
+        self.store.recover_data_load(dump)  # a marker a crash before the restore began may leave
+        self.model = after if got == want_after else before
 
     # -------------------------------------------------------------- the check
     @invariant()

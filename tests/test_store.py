@@ -276,10 +276,15 @@ def test_per_field_compression_compresses_only_named_fields(tmp_path):
 
 # ---------------------------------------------------------------------------- bad input
 
+def _strict(s: Store) -> Store:
+    s.strict_schema = True
+    return s
+
+
 def _bad_calls():
     x = torch.zeros(4, 2)
     return [
-        ("dtype clash", lambda s: s.write("p", {"x": torch.zeros(4, 2, dtype=torch.int32)}, new_rows=True),
+        ("dtype clash", lambda s: _strict(s).write("p", {"x": torch.zeros(4, 2, dtype=torch.int32)}, new_rows=True),
          SchemaError),
         ("kind clash", lambda s: s.write("p", {"x": np.zeros((4, 2), np.float32)}, new_rows=True), SchemaError),
         ("wrong rows", lambda s: s.write("p", {"x": x, "y": torch.zeros(3)}, keys=list("abcd")), InvalidInputError),

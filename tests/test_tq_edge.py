@@ -20,8 +20,8 @@ def test_translate_maps_transfer_queue_config_and_logs_what_does_not_apply(caplo
                                                                  "total_storage_size": 200, "zmq_info": None},
                                                "MooncakeStore": {"auto_init": True}},
                                    "metrics": {"enabled": True, "port": 0}})
-    assert store == {"num_units": 3} and sampler == "GRPOGroupNSampler"
-    assert s.polling_mode is True and s.metrics_enabled and s.total_storage_size == 200
+    assert store == {"num_units": 3, "total_storage_size": 200} and sampler == "GRPOGroupNSampler"
+    assert s.polling_mode is True and s.metrics_enabled
     assert "backend.MooncakeStore" in s.ignored and "controller.zmq_info" in s.ignored
     assert "backend.MooncakeStore" in caplog.text
 
@@ -83,6 +83,9 @@ def test_client_retrieve_meta_keys_custom_meta_and_close():
         meta = c.kv_retrieve_meta(["a", "b"], "p", create=True)
         assert meta.size == 2 and meta.keys == ["a", "b"]
         assert c.kv_retrieve_keys(meta.global_indexes, "p") == ["a", "b"]
+        assert c.kv_retrieve_keys([meta.global_indexes[1], 999], "p") == ["b", None]  # as TransferQueue
+        with pytest.raises(RuntimeError, match="no corresponding keys"):
+            c.kv_retrieve_keys([0], "no-such-partition")
         assert c.kv_retrieve_meta(["a", "nope"], "p").keys == ["a"]
         assert c.kv_retrieve_meta("a", "no-such-partition").size == 0
         meta.update_custom_meta([{"score": 1}, {"score": 2}])

@@ -13,7 +13,8 @@ from .api import (
     check_consumption_status, check_production_status, clear_partition, clear_samples, close, current_store,
     get_client, get_consumption_status, get_data, get_meta, get_partition_list, get_production_status, init,
     kv_batch_get, kv_batch_get_by_meta, kv_batch_put, kv_clear, kv_list, kv_put, load_checkpoint, put,
-    reset_consumption, save_checkpoint, get_metrics_endpoint,
+    reset_consumption, save_checkpoint, get_metrics_endpoint, dump_data_by_key, read_row_index, load_data_by_key,
+    recover_data_load,
 )
 from .async_api import (
     async_kv_batch_get, async_kv_batch_get_by_meta, async_kv_batch_put, async_kv_clear, async_kv_list, async_kv_put,
@@ -48,6 +49,8 @@ __all__ = [
     "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
     "get_partition_list", "save_checkpoint", "load_checkpoint",
     "CheckpointManager", "verify_checkpoint",
+    # selective dump and restore (issue 10)
+    "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load",
     "checkpoint_interval", "young_interval", "expected_overhead",
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
     # TransferQueue drop-in (issue 11)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Dict, List, Mapping, Optional
 
 from . import _default, config as _config, metrics as _metrics
 from .client import FORWARDED, TransferQueueClient, call_store
+from .dump import read_row_index as _read_row_index
 from .errors import ConfigError
 from .kv import DataPlane
 from .samplers import make_sampler
@@ -24,6 +25,7 @@ def init(config: Any = None) -> Store:
 
     Keys: ``path`` (store directory; without one, a private temporary store removed on
     close), ``num_units``, ``durability``, ``segment_bytes``, ``compress``, ``verify_reads``,
+    ``result_type``, ``strict_schema``, ``total_storage_size`` (see :class:`~tqstore.store.Store`),
     ``backend`` (``"embedded"``), ``sampler`` (a name such as ``"grpo_group_n"``, a
     ``BaseSampler`` instance or class, or ``{"name": ..., **kwargs}``; default sequential).
     TransferQueue's config (a mapping or an OmegaConf ``DictConfig`` with ``controller``,
@@ -115,6 +117,33 @@ def load_checkpoint(checkpoint_dir):
         return store.load_checkpoint(checkpoint_dir)
 
 
+def dump_data_by_key(dump_dir, keys: List[str], partition_id: str, *, blocking: bool = True):
+    """Dump exactly ``keys`` of ``partition_id`` of the default store to ``dump_dir``; see
+    ``Store.dump_data_by_key``."""
+    store = current_store()
+    with _metrics.REGISTRY.timed("dump_data_by_key"):
+        return store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
+
+
+def read_row_index(dump_dir) -> Dict[str, Any]:
+    """The row index of a dump (no payload read); see :func:`tqstore.dump.read_row_index`."""
+    return _read_row_index(dump_dir)
+
+
+def load_data_by_key(dump_dir) -> Dict[str, Any]:
+    """Merge a dump's keys into the default store; see ``Store.load_data_by_key``."""
+    store = current_store()
+    with _metrics.REGISTRY.timed("load_data_by_key"):
+        return store.load_data_by_key(dump_dir)
+
+
+def recover_data_load(dump_dir, cancel: bool = False) -> bool:
+    """Settle an unresolved load from ``dump_dir``; see ``Store.recover_data_load``."""
+    store = current_store()
+    with _metrics.REGISTRY.timed("recover_data_load"):
+        return store.recover_data_load(dump_dir, cancel=cancel)
+
+
 def get_metrics_endpoint() -> Any:
     """Counters and latencies of this process's API calls (puts, gets, get_meta, clears, saves,
     loads, dumps): Prometheus text format when ``prometheus_client`` is installed, else a
@@ -126,4 +155,4 @@ def get_metrics_endpoint() -> Any:
 
 
 __all__ = ["init", "close", "current_store", "get_client", *FORWARDED, "save_checkpoint", "load_checkpoint",
-           "get_metrics_endpoint"]
+           "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load", "get_metrics_endpoint"]

@@ -120,6 +120,43 @@ def _not_checkpoint(path: Path, kind: str) -> str:
     return f"{path} is neither a checkpoint (no MANIFEST.json) nor a directory of checkpoint generations"
 
 
+# ---------------------------------------------------------------------------- dumps (tqstore.dump does the work)
+def _is_dump(path: Path) -> bool:
+    from .checkpoint.target import is_dump_dir
+
+    return is_dump_dir(path) or (not path.exists() and is_dump_dir(path.with_name(path.name + ".old")))
+
+
+def _dump_command(path: Path, args, out: TextIO, err: TextIO, *, verify: bool) -> int:
+    from .dump import describe_dump, verify_dump
+
+    try:
+        doc = describe_dump(path)
+        problems = verify_dump(path, deep=not args.quick) if verify else []
+    except (CorruptionError, CheckpointNotFoundError) as e:
+        if not verify:
+            err.write(f"error: {e}\n")
+            return EXIT_DAMAGED
+        doc, problems = {"path": str(path), "kind": "dump"}, [str(e)]
+    if args.json:
+        out.write(json.dumps(dict(doc, ok=not problems, problems=problems) if verify else doc, indent=1) + "\n")
+    elif verify:
+        if problems:
+            out.write(f"BAD {path}: {len(problems)} problem(s)\n" + "".join(f"    {p}\n" for p in problems))
+        else:
+            out.write(f"ok  {path}: dump of {doc['rows']} rows ({doc['rows_with_data']} with data), "
+                      f"{doc['frames']} frames, {len(doc['shards'])} shards, {_human(doc['bytes'])} checked\n")
+    else:
+        out.write(f"dump {doc['path']}\n  format version {doc['format_version']} (written by tqstore "
+                  f"{doc['tqstore_version']}) on {_when(doc['created_unix'])}\n  partition {doc['partition_id']!r}: "
+                  f"{doc['rows']} rows ({doc['rows_with_data']} with data), {doc['frames']} frames, "
+                  f"{_human(doc['payload_bytes'])} of payload, from {doc['num_units']} units\n")
+        for sh in doc["shards"]:
+            out.write(f"  {sh['path']}: unit {sh['unit']}, {sh['rows']} rows, {sh['frames']} frames, "
+                      f"{_human(sh['size'])}\n")
+    return EXIT_DAMAGED if problems else EXIT_OK
+
+
 # ---------------------------------------------------------------------------- verify
 def _verify_one(path: Path, out: TextIO, err: TextIO, as_json: bool, quick: bool):
     from .checkpoint.verify import read_manifest, verify_checkpoint
@@ -140,6 +177,8 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
     from .checkpoint.manager import CheckpointManager
 
     path = Path(args.path).absolute()
+    if _is_dump(path):
+        return _dump_command(path, args, out, err, verify=True)
     kind = _kind(path)
     if kind == "checkpoint":
         targets = [(None, path)]
@@ -249,6 +288,8 @@ def _root_doc(path: Path) -> Dict[str, Any]:
 
 def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
     path = Path(args.path).absolute()
+    if _is_dump(path):
+        return _dump_command(path, args, out, err, verify=False)
     kind = _kind(path)
     try:
         if kind == "checkpoint":

@@ -29,7 +29,8 @@ FORWARDED = (
 
 #: calls a client adds over public Store methods (TransferQueue's client surface)
 EXTRA = ("set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "save_controller_checkpoint",
-         "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint")
+         "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint", "dump_data_by_key",
+         "load_data_by_key", "recover_data_load")
 
 _ROW_OPS = {"put", "kv_put", "kv_batch_put", "get_data", "kv_batch_get", "kv_batch_get_by_meta", "get_meta"}
 
@@ -183,13 +184,13 @@ class _ClientBase:
                 raise TypeError("Not all elements in `global_indexes` are int.")
         else:
             raise TypeError("Only int or list of int are allowed as `global_indexes`.")
-        every = store.get_meta(None, None, partition_id, mode="force_fetch")
+        try:
+            every = store.get_meta(None, None, partition_id, mode="force_fetch")
+        except PartitionNotFoundError:  # TransferQueue: the controller answers [], the client raises
+            raise RuntimeError(f"Some global_indexes have no corresponding keys! (partition {partition_id!r} "
+                               f"not found)") from None
         key_of = dict(zip(every.global_indexes, every.keys))
-        keys = [key_of.get(g) for g in global_indexes]
-        if any(k is None for k in keys):
-            raise RuntimeError(f"Some global_indexes have no corresponding keys! "
-                               f"{[g for g, k in zip(global_indexes, keys) if k is None][:5]}")
-        return keys  # type: ignore[return-value]
+        return [key_of.get(g) for g in global_indexes]  # None: no row, or a row without a key (as TransferQueue)
 
     def _save_controller_checkpoint(self, store: Any, path: str) -> Any:
         with _metrics.REGISTRY.timed("save_checkpoint"):
@@ -206,6 +207,19 @@ class _ClientBase:
     def _load_storage_checkpoint(self, store: Any, checkpoint_dir: str) -> Any:
         with _metrics.REGISTRY.timed("load_checkpoint"):
             return store.load_checkpoint(checkpoint_dir)
+
+    def _dump_data_by_key(self, store: Any, dump_dir: str, keys: List[str], partition_id: str, *,
+                          blocking: bool = True) -> Any:
+        with _metrics.REGISTRY.timed("dump_data_by_key"):
+            return store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
+
+    def _load_data_by_key(self, store: Any, dump_dir: str) -> Any:
+        with _metrics.REGISTRY.timed("load_data_by_key"):
+            return store.load_data_by_key(dump_dir)
+
+    def _recover_data_load(self, store: Any, dump_dir: str, cancel: bool = False) -> bool:
+        with _metrics.REGISTRY.timed("recover_data_load"):
+            return store.recover_data_load(dump_dir, cancel=cancel)
 
 
 class TransferQueueClient(_ClientBase):
@@ -234,8 +248,15 @@ class TransferQueueClient(_ClientBase):
         """
         return self._call("kv_retrieve_meta", keys, partition_id, create)
 
-    def kv_retrieve_keys(self, global_indexes: Union[int, List[int]], partition_id: str) -> List[str]:
-        """The user keys of rows by global index (RuntimeError when a row has none)."""
+    def kv_retrieve_keys(self, global_indexes: Union[int, List[int]], partition_id: str) -> List[Optional[str]]:
+        """The user keys of rows by global index, as TransferQueue: None for a global index that is
+        not a row of the partition or has no key.
+
+        Raises:
+            TypeError: ``global_indexes`` is not an int or a list of ints.
+            InvalidInputError: an empty list.
+            RuntimeError: the partition does not exist ("Some global_indexes have no corresponding keys!").
+        """
         return self._call("kv_retrieve_keys", global_indexes, partition_id)
 
     def save_controller_checkpoint(self, path: str) -> Any:
@@ -253,6 +274,19 @@ class TransferQueueClient(_ClientBase):
     def load_storage_checkpoint(self, checkpoint_dir: str) -> Any:
         """``load_checkpoint(checkpoint_dir)``."""
         return self._call("load_storage_checkpoint", checkpoint_dir)
+
+    def dump_data_by_key(self, dump_dir: str, keys: List[str], partition_id: str, *, blocking: bool = True) -> Any:
+        """Dump exactly ``keys`` of ``partition_id`` to ``dump_dir`` (see ``Store.dump_data_by_key``):
+        each owning unit writes its own shard; the payloads never pass through the client."""
+        return self._call("dump_data_by_key", dump_dir, keys, partition_id, blocking=blocking)
+
+    def load_data_by_key(self, dump_dir: str) -> Any:
+        """``Store.load_data_by_key(dump_dir)``: merge a dump's keys into the store."""
+        return self._call("load_data_by_key", dump_dir)
+
+    def recover_data_load(self, dump_dir: str, cancel: bool = False) -> bool:
+        """``Store.recover_data_load(dump_dir, cancel)``: settle an unresolved load."""
+        return self._call("recover_data_load", dump_dir, cancel)
 
 
 for _name in FORWARDED:

@@ -25,7 +25,7 @@ log = logging.getLogger("tqstore")
 
 #: keys of :class:`~tqstore.store.Store` accepted at the top level of ``init``'s config
 STORE_KEYS = frozenset({"path", "num_units", "durability", "segment_bytes", "compress", "verify_reads", "result_type",
-                        "max_workers", "index_map_bytes"})
+                        "max_workers", "index_map_bytes", "strict_schema", "total_storage_size"})
 #: other top-level tqstore keys
 API_KEYS = frozenset({"backend", "sampler", "polling_mode", "get_meta_timeout_s"})
 #: TransferQueue's top-level sections
@@ -50,7 +50,6 @@ class CompatSettings:
             then raise ``TimeoutError``.
         get_meta_timeout_s: TransferQueue's ``TQ_CONTROLLER_GET_METADATA_TIMEOUT`` (1 s by default).
         metrics_enabled, metrics_port: TransferQueue's ``metrics`` section.
-        total_storage_size: TransferQueue's row capacity (recorded, not enforced yet).
         ignored: the TransferQueue keys accepted without effect, dotted.
     """
 
@@ -58,7 +57,6 @@ class CompatSettings:
     get_meta_timeout_s: float = 1.0
     metrics_enabled: bool = False
     metrics_port: int = 0
-    total_storage_size: Optional[int] = None
     ignored: List[str] = field(default_factory=list)
 
 
@@ -175,9 +173,11 @@ def _translate_backend(backend: Dict[str, Any], store: Dict[str, Any], settings:
                                               f"backend.SimpleStorage.num_data_storage_units={v}")
                         store["num_units"] = v
                 elif k == "total_storage_size":
-                    settings.total_storage_size = None if v is None else int(v)
                     if v is not None:
-                        _ignore(settings, "backend.SimpleStorage.total_storage_size", v)
+                        if store.get("total_storage_size", v) != v:
+                            raise ConfigError(f"total_storage_size={store['total_storage_size']} contradicts "
+                                              f"backend.SimpleStorage.total_storage_size={v}")
+                        store["total_storage_size"] = v
                 else:
                     _ignore(settings, f"backend.SimpleStorage.{k}", v)
         else:

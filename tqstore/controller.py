@@ -46,15 +46,13 @@ from .controller_mirror import (
     production_status, row_batch, row_info,
 )
 from . import controller_put
+from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
 from .errors import CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError  # noqa: F401
 from ._format.names import check_key, check_name  # noqa: F401 - check_name re-exported
 from .ports import PartitionInfo, RowBatch, RowInfo
 
 log = logging.getLogger("tqstore")
-
-
-
 _g = R.gidx_key
 _pk = R.keys_key
 
@@ -78,6 +76,7 @@ class Controller:
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
         self._sampling = SamplerHost(self)
+        self._restores = RestoreHost(self)  # selective restores: records, lifecycle, guards
         self._snapshots: Dict[int, Any] = {}  # snapshot id -> read transaction (the controller's side of a cut)
         self._next_snapshot = 1
         try:
@@ -106,7 +105,8 @@ class Controller:
         self._by_num = {p.num: p for p in self.parts.values()}
         heapq.heapify(self.free)
         if st.format != CONTROLLER_FORMAT:
-            self._migrate(st.format)
+            self._migrate(st.format)  # (the ``restores`` records are format-independent: kept as they are)
+        self._restores.load()
 
     def _migrate(self, fmt: int) -> None:
         """Rewrite a version-``fmt`` index as version 2, in one transaction (a crash leaves it at ``fmt``)."""
@@ -289,18 +289,22 @@ class Controller:
     @_locked
     def plan_put(self, pid: str, columns: Sequence[Column], *, keys: Optional[Sequence[str]] = None,
                  gidxs: Optional[Sequence[int]] = None, n_new: int = 0, tags: Optional[Sequence[Any]] = None,
-                 create_keys: bool = True) -> PutPlan:
+                 create_keys: bool = True, strict_dtypes: bool = True) -> PutPlan:
         """Validate a put and reserve global indexes for new rows (nothing is committed).
 
         Exactly one of ``keys`` (KV rows, created if missing), ``gidxs`` (existing rows of
-        ``pid``) or ``n_new`` (new unkeyed rows) addresses the rows.
+        ``pid``) or ``n_new`` (new unkeyed rows) addresses the rows.  With
+        ``strict_dtypes=False`` a field's dtype may differ from its earlier puts: the plan's
+        schema then marks it mixed (``SCHEMA_MIXED``; see ``schema_changes``).
 
         Raises:
             InvalidInputError: duplicate keys, sizes that disagree, bad tags.
-            SchemaError: a field's kind or dtype clashes with the partition's schema.
+            SchemaError: a field's kind (or, with ``strict_dtypes``, dtype) clashes with the
+                partition's schema.
             KeyNotFoundError: ``gidxs`` names rows not in the partition.
         """
-        return controller_put.plan_put(self, pid, columns, keys, gidxs, n_new, tags, create_keys)
+        return controller_put.plan_put(self, pid, columns, keys, gidxs, n_new, tags, create_keys,
+                                      strict_dtypes)
 
     def commit_put(self, plan: PutPlan, *, token: Optional[int] = None) -> None:
         """Commit a planned put: new rows and keys, tags, produced fields, schema, allocator.
@@ -321,6 +325,7 @@ class Controller:
             p = self.parts.get(pid)
             if p is None:
                 return []
+            self._restores.check_clear(pid)
             gone = sorted({int(g) for g in gidxs if p.has(int(g))})
             gone_keys = [p.s_key[s] for s in p.slots(gone).tolist()]
             m = self.db
@@ -472,14 +477,24 @@ class Controller:
             with contextlib.suppress(Exception):  # (an env already closed)
                 txn.abort()
 
+    def _txn_of(self, snapshot: int):
+        txn = self._snapshots.get(snapshot)
+        if txn is None:
+            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
+        return txn
+
     def export_snapshot(self, snapshot: int, dest_dir, *, index_block_bytes: int = 1 << 20):
         from .controller_export import export_controller
 
         with self._lock:
-            txn = self._snapshots.get(snapshot)
-        if txn is None:
-            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
+            txn = self._txn_of(snapshot)
         return export_controller(self.env, txn, self.db, Path(dest_dir), index_block_bytes=index_block_bytes)
+
+    @_locked
+    def snapshot_rows(self, snapshot: int, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        from .controller_dump import rows_at  # (see ControllerPort)
+
+        return rows_at(self._txn_of(snapshot), self.db, pid, list(keys), path=str(self.path / "data.mdb"))
 
     def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:
@@ -509,3 +524,6 @@ class Controller:
             for sid in list(self._snapshots):
                 self.release(sid)
         self.env.close()
+
+
+install_restore_calls(Controller, _locked)  # ControllerPort's selective restores, under the controller's lock

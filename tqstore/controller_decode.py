@@ -410,10 +410,13 @@ def _rows_v1(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
     return n
 
 
-def read_row(txn, dbs: Mapping[str, Any], pid: str, gidx: int, key: Optional[str] = None):
+def read_row(txn, dbs: Mapping[str, Any], pid: str, gidx: int, key: Optional[str] = None, *,
+             cache: Optional[Dict[str, Any]] = None):
     """The :class:`~tqstore.controller_mirror.Row` ``gidx`` of partition ``pid`` as read
     transaction ``txn`` holds it (either format; a snapshot's view, not the mirror); None when
     it is no row there.  ``key``: the key it was found by (version 2 rows do not repeat it).
+    ``cache``: a dict the caller passes again for more rows of ``pid`` in the same ``txn``
+    (the partition's number and field bits are read once).
 
     Raises:
         RecordError: the entry is malformed or a row of another partition.
@@ -430,18 +433,21 @@ def read_row(txn, dbs: Mapping[str, Any], pid: str, gidx: int, key: Optional[str
             raise RecordError(f"global index {gidx} is a row of another key or partition")
         return Row(gidx, p, k, t, frozenset(f), s)
     r = R.decode_row2(v)
-    seq, meta, num = R.decode_partition2(txn.get(R.parts_key(pid), db=dbs["parts"]))
-    if r.part != num:
+    cache = {} if cache is None else cache
+    if "num" not in cache:
+        cache["num"] = R.decode_partition2(txn.get(R.parts_key(pid), db=dbs["parts"]))[2]
+        names = cache["names"] = {}
+        head = (pid + "\0").encode()
+        cur = txn.cursor(db=dbs["schema"])
+        if cur.set_range(head):
+            for k, sv in cur:
+                k = bytes(k)
+                if not k.startswith(head):
+                    break
+                names[R.decode_schema2(sv)[2]] = R.decode_schema_key(k)[1]
+    if r.part != cache["num"]:
         raise RecordError(f"global index {gidx} is a row of another partition")
-    names = {}
-    head = (pid + "\0").encode()
-    cur = txn.cursor(db=dbs["schema"])
-    if cur.set_range(head):
-        for k, sv in cur:
-            k = bytes(k)
-            if not k.startswith(head):
-                break
-            names[R.decode_schema2(sv)[2]] = R.decode_schema_key(k)[1]
+    names = cache["names"]
     fields = []
     for b in range(r.mask.bit_length()):
         if r.mask >> b & 1:

@@ -114,6 +114,36 @@ def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
             "partitions": {pid: {"rows": len(q.rows), "keys": len(q.keys)} for pid, q in sorted(st.parts.items())}}
 
 
+def read_controller_counts(ctrl_dir: Path) -> Dict[str, int]:
+    """The unit count (``meta/num_units``) and the row count (entries of ``rows``) of the
+    controller index in ``ctrl_dir`` (walked out of process first), read only and without
+    decoding the entries: a checkpoint load compares them with MANIFEST.json, and the
+    store's open of the staged copy decodes and checks every entry (the checked decoder of
+    :func:`read_controller`), before the switch.  ``meta/format`` must be present.
+
+    Raises:
+        StorageIOError: it cannot be opened.
+        CorruptionError: a database or a ``meta`` value is missing or malformed.
+    """
+    p = Path(ctrl_dir)
+    env = open_env(p, max_dbs=12, readonly=True)
+    where = "meta"
+    try:
+        with env.begin() as txn:
+            meta = env.open_db(b"meta", txn=txn, create=False)
+            where = "meta/format"
+            CR.decode_decimal(txn.get(CR.META_FORMAT, db=meta))
+            where = "meta/num_units"
+            num_units = CR.decode_decimal(txn.get(CR.META_NUM_UNITS, db=meta), 1)
+            where = "rows"
+            rows = txn.stat(env.open_db(b"rows", txn=txn, create=False))["entries"]
+    except (lmdb.Error, RecordError) as e:
+        raise CorruptionError(f"controller index: {where} cannot be read: {e}", path=str(p / INDEX_FILE)) from e
+    finally:
+        env.close()
+    return {"num_units": num_units, "rows": rows}
+
+
 def partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
     """Rows per partition of a controller index, read leniently (what an inspection can
     show of a damaged one); None when it cannot be read at all."""

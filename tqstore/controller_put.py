@@ -13,13 +13,12 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from ._format import controller_records as R
-from ._format.columns import KIND_NAMES, Column
-from ._format.dtypes import DTYPE_NAMES
+from ._format.columns import Column, schema_changes
 from ._format.names import check_key, check_name, max_key_bytes
 from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point
 from .controller_mirror import Partition, PutPlan
-from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError
+from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError
 
 _I64 = np.int64
 
@@ -42,7 +41,8 @@ def check_keys(pid: str, keys: Sequence[Any]) -> None:
         check_key(pid, k)
 
 
-def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, tags, create_keys: bool) -> PutPlan:
+def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, tags, create_keys: bool,
+             strict_dtypes: bool = True) -> PutPlan:
     check_name("partition_id", pid)
     p: Optional[Partition] = c.parts.get(pid)
     if keys is not None:
@@ -78,19 +78,12 @@ def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, ta
     for col in columns:
         if len(col.payloads) != n:
             raise InvalidInputError(f"field {col.field!r} has {len(col.payloads)} rows, expected {n}")
-    schema_new: Dict[str, Tuple[int, int]] = {}
-    for col in columns:
-        want = (col.kind, col.dtype)
-        have = p.schema.get(col.field) if p is not None else None
-        if have is not None and have != want:
-            raise SchemaError(
-                f"field {col.field!r} of partition {pid!r} holds {KIND_NAMES[have[0]]} "
-                f"{DTYPE_NAMES[have[1]]}, got {KIND_NAMES[want[0]]} {DTYPE_NAMES[want[1]]}")
-        if have is None:
-            schema_new[col.field] = want
+    schema_new = schema_changes(pid, p.schema if p is not None else {}, columns, strict=strict_dtypes)
     fields = [col.field for col in columns]
     if len(set(fields)) != len(fields):
         raise InvalidInputError("a field appears twice in one batch")
+    c._restores.check_put(pid, keys, gidxs, {col.field: (col.kind, col.dtype) for col in columns},
+                          strict_dtypes=strict_dtypes)
     seq0 = p.next_seq if p is not None else 0
     existing: List[int] = []
     new_keys: List[Optional[str]] = []
@@ -134,6 +127,19 @@ def _alloc(c, m: int) -> Tuple[List[int], int]:
     return taken + list(range(c.next_gidx, c.next_gidx + m - k)), k
 
 
+def new_field_bits(p: Partition, schema: Dict[str, Tuple[int, int]]) -> Dict[str, int]:
+    """Bits for the fields of ``schema`` (entries a transaction adds or changes) that ``p`` has
+    none for yet: one above the largest bit of ``p`` on, in ``schema``'s order.  A field whose
+    entry changes (a dtype turned mixed) keeps its bit."""
+    nb = max(p.bits.values(), default=-1) + 1
+    out: Dict[str, int] = {}
+    for f in schema:
+        if f not in p.bits:
+            out[f] = nb
+            nb += 1
+    return out
+
+
 def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
     m = c.db
     p = c.parts.get(plan.pid)
@@ -141,11 +147,8 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
         p = Partition(plan.pid, c.new_partition_number(), c.gmap)
     F = frozenset(plan.fields)
     bits = dict(p.bits)
-    nb = max(bits.values(), default=-1) + 1
-    new_bits = {}
-    for f in plan.schema_new:
-        new_bits[f] = bits[f] = nb
-        nb += 1
+    new_bits = new_field_bits(p, plan.schema_new)
+    bits.update(new_bits)
 
     def mask(fs) -> int:
         return sum(1 << bits[f] for f in fs)
@@ -206,7 +209,7 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
         if token is not None:
             txn.put(R.META_PUT_TOKEN, R.encode_decimal(token), db=m["meta"])
         for f, (kind, dt) in plan.schema_new.items():
-            txn.put(R.schema_key(plan.pid, f), R.encode_schema(kind, dt, new_bits[f]), db=m["schema"])
+            txn.put(R.schema_key(plan.pid, f), R.encode_schema(kind, dt, bits[f]), db=m["schema"])
         txn.put(R.parts_key(plan.pid), R.encode_partition(next_seq, p.meta, p.num), db=m["parts"])
         lmdb_commit_point("controller_commit")
     # committed: update the mirror
@@ -219,7 +222,7 @@ def _apply(c, p: Partition, plan: PutPlan, new_bits, F, is_new, old_pos, old_sl,
     if plan.pid not in c.parts:
         c.add_partition(p)
     for f, (kind, dt) in plan.schema_new.items():
-        p.add_field(f, kind, dt, new_bits[f])
+        p.add_field(f, kind, dt, new_bits.get(f, p.bits.get(f)))
     views = [(c.consumed.get((plan.pid, t), ()), list(vs.items())) for t, vs in p.ready.items() if vs]
     old_ready = []
     if views and len(old_pos):

@@ -33,6 +33,19 @@ def _snapshot(sampler: BaseSampler, pid: str) -> str:
     return json.dumps(sampler.state_dict(pid), sort_keys=True)
 
 
+def _may_sample(sampler: BaseSampler, ready: Sequence[int], batch_size: int, pid: str, task: str,
+                cfg: Dict[str, Any]) -> bool:
+    """TransferQueue's rule for its samplers: call one only with ``batch_size`` ready rows or a
+    cached result (``has_cached_result``); tqstore's own samplers (``sees_short_ready``) decide."""
+    if sampler.sees_short_ready or len(ready) >= batch_size:
+        return True
+    try:
+        return bool(sampler.has_cached_result(pid, task, cfg))
+    except Exception as e:  # noqa: BLE001 - a foreign hook that fails means: no cached result
+        log.debug("sampler %r: has_cached_result raised %s: %s", sampler, type(e).__name__, e)
+        return False
+
+
 class SamplerHost:
     """The sampler of one :class:`~tqstore.controller.Controller`; its methods run under the
     controller's lock (the controller's port methods take it)."""
@@ -99,6 +112,8 @@ class SamplerHost:
             ready = v.ordered()
             if seqs is not None:
                 seqs = v.seqs()
+        if not _may_sample(sampler, ready, batch_size, pid, task, cfg):
+            return row_batch(p, [])
         before = _snapshot(sampler, pid)
         try:
             extra = {"ready_tags": [copy_value(p.tags.get(g)) for g in ready]} if sampler.uses_tags else {}

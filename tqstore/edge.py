@@ -155,4 +155,33 @@ def join_rows(edge: Any, kind: int, parts: Sequence[Tuple[Sequence[int], Any]], 
     return edge.alloc.join(kind, rows)
 
 
-__all__ = ["Edge", "NumpyEdge", "RESULT_TYPES", "set_default_factory", "default_edge", "join_rows"]
+
+
+def normalise_fields(edge: Any, fields: Any) -> List[Tuple[str, Any]]:
+    """A put's fields as ``[(name, batched value)]`` through ``edge``; InvalidInputError for a non-str name."""
+    items = edge.items(fields)
+    bad = [k for k, _ in items if not isinstance(k, str)]
+    if bad:
+        raise InvalidInputError(f"field names must be str, got {type(bad[0]).__name__} {bad[0]!r}")
+    return items
+
+
+def batch_len(edge: Any, items: List[Tuple[str, Any]], tags: Optional[Sequence[Any]]) -> int:
+    """Rows of a put: the first field's batch dimension, else the number of tags.
+
+    Raises:
+        InvalidInputError: no batch dimension, or neither fields nor tags.
+    """
+    if items:
+        v = items[0][1]
+        try:
+            return edge.batch_len(v)
+        except TypeError as e:
+            raise InvalidInputError(f"field {items[0][0]!r} has no batch dimension") from e
+    if tags is not None:
+        return len(tags)
+    raise InvalidInputError("cannot infer the batch size: no fields and no tags")
+
+
+__all__ = ["Edge", "NumpyEdge", "RESULT_TYPES", "set_default_factory", "default_edge", "join_rows", "normalise_fields",
+           "batch_len"]

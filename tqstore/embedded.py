@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from .controller import Controller
-from .controller_export import partition_counts, read_controller
+from .controller_export import partition_counts, read_controller, read_controller_counts
 from .ports import ControllerPort, UnitPort
 from .unit import DEFAULT_SEGMENT_BYTES, Unit, check_index_format
 from .unit_import import read_unit_index
@@ -61,10 +61,16 @@ def controller_summary(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any
     return read_controller(ctrl_dir, shared=shared)
 
 
+def controller_counts(ctrl_dir: Path) -> Dict[str, int]:
+    """A controller index's unit and row counts, its entries not decoded (see
+    :func:`tqstore.controller_export.read_controller_counts`)."""
+    return read_controller_counts(ctrl_dir)
+
+
 def controller_partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
     """Rows per partition, read leniently; None when unreadable."""
     return partition_counts(ctrl_dir)
 
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "open_parts", "unit_index_entries", "controller_summary",
-           "controller_partition_counts"]
+           "controller_counts", "controller_partition_counts"]

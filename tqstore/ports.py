@@ -33,6 +33,8 @@ except ImportError:  # pragma: no cover
 
 import numpy as np
 
+from .ports_restore import RestoreImport, RestoreInfo, check_no_restore  # noqa: F401 - values of the restore calls
+
 #: An MVCC cut of one unit or of the controller, resolved by its owner.
 SnapshotId = int
 
@@ -186,7 +188,8 @@ class UnitImport:
 
     ``mode`` "same" (as many units as the checkpoint: the unit's index copy ``index_dir`` and
     its ``segments`` ``(seg, path, size, crc32c)`` are copied or, with ``link``, hard-linked;
-    ``frames[seg]`` are the ``(offset, length, crc)`` its index names, checked by
+    ``frames[seg]`` are the ``(offset, length, crc)`` its index names (tuples, or the rows of
+    an ``(n, 3)`` uint64 numpy array, sorted by offset), checked by
     :meth:`UnitPort.verify_import`) or "reshard" (``target``, a planner ``TargetPlan``: the
     frames routed to this unit, read as byte ranges of the source segments ``seg_paths[(source
     unit, seg)]``, CRC-checked, appended to new segments and indexed).  Paths are relative to
@@ -197,10 +200,25 @@ class UnitImport:
     src_dir: str
     index_dir: Optional[str] = None
     segments: List[Tuple[int, str, int, int]] = field(default_factory=list)
-    frames: Dict[int, List[Tuple[int, int, int]]] = field(default_factory=dict)
+    frames: Dict[int, Any] = field(default_factory=dict)  # seg -> (offset, length, crc) rows
     link: bool = False
     target: Any = None
     seg_paths: Dict[Tuple[int, int], str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ShardInfo:
+    """What a unit wrote when it exported rows into a dump shard (:meth:`UnitPort.export_rows`):
+    the file (``path`` as given), its exact ``size`` and whole-file ``crc32c``, its ``frames``,
+    the ``rows`` with at least one frame, and ``payload_bytes`` (bytes of the frames)."""
+
+    unit: int
+    path: str
+    size: int
+    crc32c: int
+    frames: int
+    rows: int
+    payload_bytes: int
 
 
 # ---------------------------------------------------------------------------- ports
@@ -262,7 +280,8 @@ class UnitPort(Protocol):
 
     def read_frames(self, locs: Sequence[Any], gidxs: Sequence[int], *, verify: bool = True
                     ) -> List[Tuple[Any, Any]]:
-        """``(head, payload)`` of each frame, checked; payloads decompressed.  A payload is a
+        """``(head, payload)`` of each frame, checked; payloads decompressed.  Each head is
+        its frame's own (``head.gidx == gidxs[i]``), checked against ``gidxs``.  A payload is a
         buffer: in process a read-only view of the mapped segment (copy it before the unit
         closes), across a process boundary bytes."""
 
@@ -298,6 +317,18 @@ class UnitPort(Protocol):
         directory written is fsynced.  Raises CorruptionError (a segment does not verify),
         StorageIOError / OSError (the caller removes ``dest_dir``)."""
 
+    def export_rows(self, snapshot: SnapshotId, gidxs: Sequence[int], fields: Sequence[Optional[Sequence[str]]],
+                    dest_path: str, *, num_units: int, put_token: int = 0) -> ShardInfo:
+        """Write the dump shard of rows ``gidxs`` at ``snapshot`` as the new file ``dest_path``
+        (docs/FORMAT.md, "shard-NNN.tqd"; owner-side I/O): the frames of fields ``fields[i]``
+        of row ``i`` (None: every field the unit holds for it) copied byte for byte from the
+        unit's segments in segment order, each checked with the frame-check kernel first,
+        then the table; fsynced.  ``num_units``: the store's unit count (every gidx must live
+        on this unit); ``put_token``: the controller's last committed overwriting put at the
+        cut (entries of later, unsettled ones are read as they were before).  Raises
+        InvalidInputError (a row of another unit), CorruptionError (a frame missing or not
+        verifying: names file and offset), StorageIOError / OSError (the caller removes the file)."""
+
     def stage_import(self, target_dir: str, plan: UnitImport) -> int:
         """Fill the new unit directory ``target_dir`` (created) from a checkpoint as ``plan``
         says, owner-side; never touches the unit's live state.  Returns bytes read and
@@ -308,6 +339,34 @@ class UnitPort(Protocol):
         """After :meth:`stage_import` of a "same" plan: check every staged segment (its
         CRC32C and every indexed frame) and return bytes read; 0 for a "reshard" plan
         (checked as it was staged).  May run while the caller opens the new state."""
+
+    # selective restores -------------------------------------------------------
+    # A restore's frames are tagged with its ``tag`` (never reused): written as *staged*
+    # entries that reads, keys() and the store's reconcile never see, then *published* into
+    # the index keeping what they replaced, then settled.  Every call is idempotent.
+    def import_restore(self, tag: int, plan: RestoreImport) -> int:
+        """Drop the staged entries of ``tag`` (a retried claim), then read the frames of
+        ``plan`` in batches of at most ``plan.batch_bytes``, check each (structure, padding,
+        CRC32C against the recorded one), re-stamp those whose gidx differs (CRC
+        recomputed), append them and index them as staged entries.  Returns bytes read.
+        Raises CorruptionError naming the file and offset (nothing of the batch indexed),
+        InvalidInputError when ``tag`` was settled already."""
+
+    def publish_restore(self, tag: int) -> int:
+        """Move the staged entries of ``tag`` into the index, keeping what each replaced (one
+        transaction); returns entries published."""
+
+    def unpublish_restore(self, tag: int) -> int:
+        """Undo :meth:`publish_restore`: replaced entries back, the restore's entries staged
+        again (one transaction); returns entries moved."""
+
+    def settle_restore(self, tag: int, *, committed: bool, close: bool = True) -> int:
+        """Committed: forget what the published entries replaced (those frames become dead).
+        Not committed: unpublish, then drop every staged entry.  ``close`` refuses later
+        imports with ``tag``; ``close=False`` forgets the tag entirely.  Returns entries settled."""
+
+    def restore_tags(self) -> List[int]:
+        """Tags that have entries on this unit (staged, published or closed)."""
 
     # maintenance -------------------------------------------------------------
     def verify(self) -> List[str]:
@@ -330,8 +389,12 @@ class ControllerPort(Protocol):
     # puts -------------------------------------------------------------------
     def plan_put(self, pid: str, columns: Sequence[Any], *, keys: Optional[Sequence[str]] = None,
                  gidxs: Optional[Sequence[int]] = None, n_new: int = 0, tags: Optional[Sequence[Any]] = None,
-                 create_keys: bool = True) -> Any:
-        """Validate a put and reserve global indexes (nothing committed); returns a PutPlan."""
+                 create_keys: bool = True, strict_dtypes: bool = True) -> Any:
+        """Validate a put and reserve global indexes (nothing committed); returns a PutPlan.
+
+        A field's kind is fixed by its first put in a partition; its dtype too unless
+        ``strict_dtypes=False``, when a change marks the field mixed in the schema
+        (``SCHEMA_MIXED``; each row's dtype is in its frame)."""
 
     def commit_put(self, plan: Any, *, token: Optional[int] = None) -> None:
         """Commit a planned put in one transaction."""
@@ -419,6 +482,12 @@ class ControllerPort(Protocol):
         (``dest_dir`` created if missing, else empty; file and directory fsynced); returns its
         manifest entry and the cut's summary.  An unknown or released id is a TqstoreError."""
 
+    def snapshot_rows(self, snapshot: SnapshotId, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
+        """Schema and rows of ``keys`` of ``pid`` as they were at ``snapshot`` (a dump's row
+        index), read from the snapshot, not the live state: a key that was no row at the cut
+        has ``seqs[i] is None``; None when the partition did not exist at the cut.  An unknown
+        or released id is a TqstoreError."""
+
     def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
                      clear_produced: bool = False) -> None:
         """Fill the new controller directory ``target_dir`` (created) with a compact copy of
@@ -426,6 +495,46 @@ class ControllerPort(Protocol):
         caller), with its unit count set to ``num_units`` (None keeps it) and, with
         ``clear_produced``, no field produced (a checkpoint saved without storage).  Never
         touches the live controller."""
+
+    # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
+    def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
+                      schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True) -> RestoreInfo:
+        """Record a restore of ``entries`` (rows ``(key, gidx in the dump, tag, produced fields)``) into
+        ``pid`` in one transaction: existing keys keep their gidx, new keys get reserved ones.
+        With ``strict_dtypes=False`` a field whose dtype differs from the partition's becomes
+        mixed on finish (as a put's, see ``plan_put``).
+        Returns the info with the mapping.  Raises RestorePendingError (``pid`` has an
+        unresolved restore), SchemaError (``schema`` clashes with the partition's: another
+        kind, or with ``strict_dtypes`` another dtype),
+        InvalidInputError (bad keys, tags, duplicate keys, fields not in ``schema``)."""
+
+    def claim_restore(self, rid: str, unit: int) -> int:
+        """Mark unit ``unit`` of a running restore as importing; returns the attempt number
+        that :meth:`complete_restore` must quote.  Raises InvalidInputError (unknown restore,
+        not running, unit already complete)."""
+
+    def complete_restore(self, rid: str, unit: int, attempt: int) -> None:
+        """Mark the unit's import of claim ``attempt`` complete (InvalidInputError for a stale
+        attempt or a restore not running)."""
+
+    def finish_restore(self, rid: str) -> None:
+        """Every unit complete: the rows (new keys created, tags, produced fields) and the
+        schema committed with the state "committed" in one transaction.  Idempotent for a
+        committed restore; InvalidInputError when units are not complete or it was cancelled."""
+
+    def cancel_restore(self, rid: str) -> None:
+        """Mark a running restore "cancelled" (idempotent); its reserved gidxs stay reserved
+        until :meth:`forget_restore`.  InvalidInputError for a committed one."""
+
+    def forget_restore(self, rid: str) -> None:
+        """After the units settled a decided restore: delete its record (a cancelled one
+        frees its reserved gidxs in the same transaction).  Idempotent (unknown id: nothing)."""
+
+    def restores(self, pid: Optional[str] = None) -> List[RestoreInfo]:
+        """Unresolved restores (of ``pid``, or all), summaries without rows."""
+
+    def restore(self, rid: str) -> Optional[RestoreInfo]:
+        """The restore ``rid`` with its key -> gidx mapping; None when unknown."""
 
     def close(self) -> None:
         """Close (idempotent)."""
@@ -444,5 +553,5 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
 
 
 __all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "LINK", "REUSE", "COPY", "Reusable", "SegmentSource",
-           "SegmentWrite", "plan_segment_writes", "UnitExport", "ControllerExport", "UnitImport", "UnitPort",
-           "ControllerPort", "fill_or_copy"]
+           "SegmentWrite", "plan_segment_writes", "UnitExport", "ShardInfo", "ControllerExport", "UnitImport", "UnitPort",
+           "ControllerPort", "fill_or_copy", "RestoreInfo", "RestoreImport", "check_no_restore"]

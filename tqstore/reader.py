@@ -20,7 +20,11 @@ CRC32C is checked unless ``verify=False``.
   read first and then their payloads read into the output with ``preadv``.
 
 All fields of one read come from one index state per unit: one ``lookup`` per unit names
-every field's locations.
+every field's locations (rows put together are found by one cursor scan of the unit's
+index).  The rows are split by unit with numpy, and the data plane hands its read the rows
+it already has from its one controller answer (``Store.read_rows``): a get does no per-row
+Python loop between the controller's answer and the result (the general plan for jagged
+rows and values still works row by row).
 
 The output is allocated once, through the caller's
 :class:`~tqstore._format.columns.Allocator` (the torch adapter's gives tensors; the
@@ -43,7 +47,7 @@ from ._format.frame import head_template
 from ._format.index import MMAP_READ_BYTES, Loc
 from ._format.layout import CODEC_MASK, KIND_VALUE
 from ._io.memory import advise_hugepages
-from .errors import CorruptionError, FieldNotFoundError
+from .errors import CorruptionError, FieldNotFoundError, KeyNotFoundError
 from .ports import SnapshotId, UnitPort, fill_or_copy
 
 _ITEMSIZE = dict(dtypes.ITEMSIZE)
@@ -61,18 +65,28 @@ def _each(pool, fn: Callable[[int], Any], units: Sequence[int]) -> None:
 
 
 class _Split:
-    """Rows of one read split by unit, shared by every field read."""
+    """Rows of one read split by unit, shared by every field read (numpy arrays: no per-row
+    Python).  ``per_unit[u]`` are the positions in the read of unit ``u``'s rows (int64, in
+    read order), ``gidxs[u]`` their global indexes (uint64)."""
 
-    def __init__(self, gidxs: List[int], nu: int) -> None:
-        per_unit: Dict[int, List[int]] = defaultdict(list)
-        for pos, g in enumerate(gidxs):
-            per_unit[g % nu].append(pos)
-        self.per_unit = per_unit
-        self.order = sorted(per_unit)
-        self.gidxs = {u: [gidxs[i] for i in ps] for u, ps in per_unit.items()}
+    def __init__(self, gidxs: Sequence[int], nu: int) -> None:
+        ga = np.asarray(gidxs, dtype=np.int64).reshape(-1)
+        if ga.size and int(ga.min()) < 0:
+            raise KeyNotFoundError(f"global index {int(ga.min())} is negative")
+        self.all = ga
+        if nu == 1:
+            self.per_unit = {0: np.arange(ga.size, dtype=np.int64)} if ga.size else {}
+        else:
+            u_of = ga % nu
+            order = np.argsort(u_of, kind="stable")
+            counts = np.bincount(u_of, minlength=nu)
+            ends = np.cumsum(counts)
+            self.per_unit = {u: order[ends[u] - counts[u]:ends[u]] for u in range(nu) if counts[u]}
+        self.order = sorted(self.per_unit)
+        self.gidxs = {u: ga[ps].astype(np.uint64) for u, ps in self.per_unit.items()}
 
 
-def read_fields(units: Sequence[UnitPort], pool, gidxs: List[int], fields: Sequence[Tuple[str, int]], *,
+def read_fields(units: Sequence[UnitPort], pool, gidxs: Sequence[int], fields: Sequence[Tuple[str, int]], *,
                 verify: bool = True, snapshots: Optional[Sequence[SnapshotId]] = None,
                 alloc: Allocator = NUMPY) -> Dict[str, Any]:
     """Read each ``(field, kind)`` of rows ``gidxs`` (row g on unit g % len(units)) as one
@@ -94,11 +108,12 @@ def read_fields(units: Sequence[UnitPort], pool, gidxs: List[int], fields: Seque
             found[u] = got = units[u].lookup(split.gidxs[u], names, snapshot=snap)
             for f in names:
                 if got[f] is None:
-                    locs = units[u].locate(split.gidxs[u], f, snapshot=snap)
-                    bad = [g for g, loc in zip(split.gidxs[u], locs) if loc is None]
+                    gs = split.gidxs[u].tolist()
+                    locs = units[u].locate(gs, f, snapshot=snap)
+                    bad = [g for g, loc in zip(gs, locs) if loc is None]
                     raise FieldNotFoundError(f"field {f!r} has no stored payload for rows {bad[:5]} (store "
                                              f"inconsistent; run verify)")
-    return {f: _read_one(units, pool, gidxs, f, kind, verify, {u: found[u][f] for u in split.order}, split, alloc)
+    return {f: _read_one(units, pool, f, kind, verify, {u: found[u][f] for u in split.order}, split, alloc)
             for f, kind in fields}
 
 
@@ -109,32 +124,35 @@ def read_shapes(units: Sequence[UnitPort], gidxs: List[int], fields: Sequence[st
     split = _Split(gidxs, len(units))
     out: Dict[str, List[Optional[Tuple[int, ...]]]] = {f: [None] * len(gidxs) for f in fields}
     for u in split.order:
-        got = units[u].lookup(split.gidxs[u], list(fields))
+        gs = split.gidxs[u].tolist()
+        got = units[u].lookup(gs, list(fields))
         for f in fields:
             if got[f] is not None:
                 locs = [Loc._make(rec) for rec in got[f].tolist()]
             else:
-                locs = units[u].locate(split.gidxs[u], f)
-            present = [(i, loc) for i, loc in zip(split.per_unit[u], locs) if loc is not None]
+                locs = units[u].locate(gs, f)
+            present = [(i, loc) for i, loc in zip(split.per_unit[u].tolist(), locs) if loc is not None]
             for (i, _), h in zip(present, units[u].read_heads([loc for _, loc in present])):
                 out[f][i] = tuple(h.shape)
     return out
 
 
-def _read_one(units, pool, gidxs, field, kind, verify, arrays: Dict[int, np.ndarray], split: _Split,
+def _read_one(units, pool, field, kind, verify, arrays: Dict[int, np.ndarray], split: _Split,
               alloc: Allocator) -> Any:
-    n = len(gidxs)
-    per_unit, order = split.per_unit, split.order
+    n = len(split.all)
+    order = split.order
     if n == 0:
         return alloc.empty(kind)
-    lengths = np.concatenate([arrays[u]["length"] for u in order])
+    lengths = np.concatenate([arrays[u]["length"] for u in order]) if len(order) > 1 else arrays[order[0]]["length"]
     if int(lengths.sum(dtype=np.int64)) < PARALLEL_MIN_BYTES:
         pool = None
     if kind != KIND_VALUE:
         if (lengths == lengths[0]).all():
-            out = _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays, alloc)
+            out = _read_uniform(units, pool, field, kind, verify, split, arrays, alloc)
             if out is not None:
                 return out
+    gidxs = split.all.tolist()
+    per_unit = {u: ps.tolist() for u, ps in split.per_unit.items()}
     locs: List[Any] = [None] * n
     for u in order:
         for i, rec in zip(per_unit[u], arrays[u].tolist()):
@@ -159,15 +177,15 @@ def _check_heads(units, kind: int, field: str, gidxs, locs, heads) -> None:
                                   path=unit.describe(locs[i]), offset=locs[i].offset)
 
 
-def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arrays, alloc):
+def _read_uniform(units, pool, field, kind, verify, split: _Split, arrays, alloc):
     """The uniform plan; None when it does not apply (the caller takes the general plan)."""
-    n = len(gidxs)
-    u0 = order[0]
+    n = len(split.all)
+    u0 = split.order[0]
     loc0 = Loc._make(arrays[u0][0].tolist())
     h0, raw0 = units[u0].read_head(loc0)
     if h0.flags & CODEC_MASK:
         return None
-    _check_heads(units, kind, field, [gidxs[per_unit[u0][0]]], [loc0], [h0])
+    _check_heads(units, kind, field, [int(split.gidxs[u0][0])], [loc0], [h0])
     template = head_template(raw0)
     finish, dest = alloc.rows(kind, h0.dtype, n, h0.shape)
     advise_hugepages(dest)
@@ -175,13 +193,12 @@ def _read_uniform(units, pool, gidxs, field, kind, verify, per_unit, order, arra
     ok: List[bool] = []
 
     def fill(u: int):
-        ps = np.asarray(per_unit[u], dtype=np.int64)
-        gs = np.asarray([gidxs[i] for i in per_unit[u]], dtype=np.uint64)
-        got = units[u].read_uniform(arrays[u], gs, template, h0.payload_start, plen, into=dest, rows=ps,
+        ps = split.per_unit[u]
+        got = units[u].read_uniform(arrays[u], split.gidxs[u], template, h0.payload_start, plen, into=dest, rows=ps,
                                     verify=verify)
         ok.append(fill_or_copy(got, dest, ps))
 
-    _each(pool, fill, order)
+    _each(pool, fill, split.order)
     return finish() if all(ok) else None
 
 

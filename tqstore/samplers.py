@@ -15,7 +15,12 @@ and implementing :meth:`BaseSampler.sample`; keep anything that must survive a r
 in ``self._states`` (JSON-safe: str keys, lists, numbers).
 
 Same names and call shape as TransferQueue's samplers (``SequentialSampler``,
-``GRPOGroupNSampler``, ``RankAwareSampler``), plus a seeded ``RandomSampler``.
+``GRPOGroupNSampler``, ``RankAwareSampler``), plus a seeded ``RandomSampler``.  A sampler
+written for TransferQueue plugs in unchanged: :class:`BaseSampler` has its
+``has_cached_result``, ``clear_cache``, ``save_checkpoint`` and ``load_checkpoint``, and, as
+TransferQueue's controller, the store calls such a sampler only when ``batch_size`` rows
+are ready or :meth:`BaseSampler.has_cached_result` says a cached result exists (see
+:attr:`BaseSampler.sees_short_ready`).
 """
 from __future__ import annotations
 
@@ -49,6 +54,12 @@ class BaseSampler(ABC):
     #: whether :meth:`sample` reads ``ready_tags`` (each ready row's tag, a copy; off by
     #: default: a fetch then copies no tags)
     uses_tags: bool = False
+    #: whether :meth:`sample` is called when fewer than ``batch_size`` rows are ready and
+    #: :meth:`has_cached_result` is False.  False (the default, TransferQueue's contract: its
+    #: samplers may raise on too few rows): the fetch then returns no rows without calling
+    #: the sampler.  tqstore's samplers set True: they decide themselves (and return
+    #: ``([], [])`` when not enough).
+    sees_short_ready: bool = False
 
     def __init__(self) -> None:
         self._states: Dict[str, Dict[str, Any]] = {}
@@ -95,6 +106,53 @@ class BaseSampler(ABC):
                      partition_id, saved.get("sampler"), self.name)
             return
         self._states[partition_id] = json.loads(json.dumps(saved.get("state") or {}))
+
+    def has_cached_result(self, partition_id: str, task_name: str,
+                          sampling_config: Optional[Mapping[str, Any]] = None) -> bool:
+        """TransferQueue's hook: whether a result for ``sampling_config``'s ``dp_rank`` /
+        ``batch_index`` is cached for ``(partition_id, task_name)``, so a fetch with too few
+        ready rows still hands it out.
+
+        Looks in tqstore's cache (``_states[pid][task]["cache"][str(rank)][str(batch_index)]``,
+        what :class:`RankAwareSampler` and :class:`GRPOGroupNSampler` keep) and in
+        TransferQueue's layout (``_states[pid][task][dp_rank][batch_index]``, what samplers
+        written for it keep).  False when ``dp_rank`` is not given.  Never raises.
+        """
+        cfg = sampling_config or {}
+        dp_rank, batch_index = cfg.get("dp_rank"), cfg.get("batch_index")
+        if dp_rank is None:
+            return False
+        task = self._states.get(partition_id, {}).get(task_name, {})
+        if not isinstance(task, Mapping):
+            return False
+        cache = task.get("cache")
+        if isinstance(cache, Mapping) and str(batch_index) in (cache.get(str(dp_rank)) or {}):
+            return True
+        per_rank = task.get(dp_rank)
+        try:
+            return per_rank is not None and batch_index in per_rank
+        except TypeError:
+            return False
+
+    def save_checkpoint(self) -> Dict[str, Any]:
+        """TransferQueue's hook: the sampler's state as ``{"_states": ...}`` (the live mapping).
+
+        tqstore itself does not need it: the store persists each partition's state
+        (:meth:`state_dict`) in the controller, in the transaction of the change, so it is in
+        every checkpoint and survives a reopen.  Kept so that code written for TransferQueue
+        that calls it (or overrides it) keeps working.
+        """
+        return {"_states": self._states}
+
+    def load_checkpoint(self, state: Mapping[str, Any]) -> None:
+        """TransferQueue's hook: restore what :meth:`save_checkpoint` returned.
+
+        Raises:
+            InvalidInputError: ``state`` is not a mapping with ``"_states"``.
+        """
+        if not isinstance(state, Mapping) or not isinstance(state.get("_states"), dict):
+            raise InvalidInputError("load_checkpoint takes the mapping save_checkpoint returned ({'_states': {...}})")
+        self._states = state["_states"]
 
     def clear_cache(self, partition_id: str, task_name: Optional[str] = None) -> None:
         """Forget the state of a partition (or of one task in it)."""
@@ -155,6 +213,7 @@ class SequentialSampler(BaseSampler):
 
     name = "sequential"
     uses_seqs = False
+    sees_short_ready = True
 
     def sample(self, ready_indexes, batch_size, **kwargs) -> SampleResult:
         if len(ready_indexes) < batch_size:
@@ -180,6 +239,7 @@ class RankAwareSampler(BaseSampler):
 
     name = "rank_aware"
     uses_seqs = False
+    sees_short_ready = True
 
     def __init__(self, replicas: Optional[int] = None) -> None:
         super().__init__()
@@ -218,6 +278,7 @@ class GRPOGroupNSampler(BaseSampler):
     """
 
     name = "grpo_group_n"
+    sees_short_ready = True
 
     def __init__(self, n_samples_per_prompt: int = 1) -> None:
         super().__init__()
@@ -271,6 +332,7 @@ class RandomSampler(BaseSampler):
 
     name = "random"
     uses_seqs = False
+    sees_short_ready = True
 
     def __init__(self, seed: int = 0) -> None:
         super().__init__()

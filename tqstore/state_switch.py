@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from . import layout_dirs as L
 from ._io import files
+from .ports import check_no_restore
 
 if TYPE_CHECKING:  # pragma: no cover
     from .store import Store
@@ -27,6 +28,7 @@ def install_state(store: "Store", build: Callable[[Path], Any], *, reconcile: bo
     store._check_open()
     with store._write_lock, store._meta_lock:
         store._check_open()
+        check_no_restore(store.controller, None, "replacing the whole store (a checkpoint load)")
         cur = L.parse_state_name(store.state_dir.name)
         new_dir = store.root / L.state_name(cur + 1)
         if new_dir.exists():

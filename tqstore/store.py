@@ -24,20 +24,24 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 import numpy as np
 
 from . import layout_dirs as L
-from ._format.columns import Column
+from ._format.columns import Column, approx_bytes as _approx_bytes
 from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
+from .dump import DumpMixin
+from .dump.restore import settle_at_open
 from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
 )
-from .edge import default_edge
+from .edge import batch_len as _batch_len, default_edge, normalise_fields as _normalise_fields
+from .capacity import RowCapacity
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, open_parts
 from .ports import ControllerPort, SnapshotId, UnitPort
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
+from .streaming import _no_partition, check_produced, common_fields
 
 log = logging.getLogger("tqstore")
 
@@ -78,15 +82,7 @@ class StoreSnapshot:
         self.release()
 
 
-def _normalise_fields(edge: Any, fields: Any) -> List[Tuple[str, Any]]:
-    items = edge.items(fields)
-    bad = [k for k, _ in items if not isinstance(k, str)]
-    if bad:
-        raise InvalidInputError(f"field names must be str, got {type(bad[0]).__name__} {bad[0]!r}")
-    return items
-
-
-class Store(CheckpointMixin):
+class Store(CheckpointMixin, DumpMixin):
     """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
 
     The data-plane calls (``kv_*``, ``get_meta``, ``put``, ``get_data``, ...) are those of
@@ -106,6 +102,12 @@ class Store(CheckpointMixin):
         verify_reads: check CRC32C on every read (default True).
         result_type: what reads return: ``"tensordict"`` (a TensorDict, as TransferQueue; the
             default with the torch adapter) or ``"dict"`` (a plain mapping).
+        strict_schema: True: a field's dtype is fixed by its first put in a partition (another
+            raises SchemaError).  False (default, as TransferQueue): it may change; a get over rows
+            of several dtypes gives that field as a list of per-row tensors or arrays.
+        total_storage_size: None (default, no limit) or TransferQueue's row capacity: each unit
+            holds at most ``ceil(total_storage_size / num_units)`` rows with data; a put past it
+            raises CapacityError before anything is written (:mod:`tqstore.capacity`).
         edge: the framework adapter (:class:`~tqstore.edge.Edge`); default
             ``tqstore.edge.default_edge(result_type)``, the torch adapter once ``tqstore`` is imported.
 
@@ -120,7 +122,7 @@ class Store(CheckpointMixin):
                  durability: str = "checkpoint", segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
                  verify_reads: bool = True, max_workers: Optional[int] = None,
                  index_map_bytes: Optional[int] = None, result_type: Optional[str] = None,
-                 edge: Any = None) -> None:
+                 strict_schema: bool = False, total_storage_size: Optional[int] = None, edge: Any = None) -> None:
         if durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
         if num_units is not None and (not isinstance(num_units, int) or num_units < 1):
@@ -129,6 +131,7 @@ class Store(CheckpointMixin):
             raise ConfigError(f"compress must be None, 'zstd' or a collection of field names, got {compress!r}")
         if int(segment_bytes) < 1 << 16:
             raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
+        capacity = None if total_storage_size is None else RowCapacity(total_storage_size)  # ConfigError
         self.edge = default_edge(result_type) if edge is None else edge
         self._closed = True
         self._temporary = path is None
@@ -140,6 +143,7 @@ class Store(CheckpointMixin):
             check_store_location(self.root)  # never inside a store, checkpoint or generation root
         self.durability = durability
         self.verify_reads = verify_reads
+        self.strict_schema = bool(strict_schema)
         self._opts = dict(durability=durability, segment_bytes=int(segment_bytes),
                           compress=set(compress) if isinstance(compress, (list, tuple, set, frozenset)) else compress,
                           map_bytes=index_map_bytes)
@@ -158,6 +162,7 @@ class Store(CheckpointMixin):
         except BaseException:
             self._release_lock()
             raise
+        self._capacity = capacity and capacity.for_units(self.num_units)
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
                                         thread_name_prefix="tqstore-unit")
         # _write_lock serialises puts, clears, state replacement and close (held for a whole
@@ -245,6 +250,7 @@ class Store(CheckpointMixin):
     def _reconcile(self) -> None:
         """Drop unit entries no controller row claims; forget claims no unit can serve."""
         self._settle_undo()
+        settle_at_open(self.controller, self.units)  # selective restores a crash left (before the unit entries)
         missing: Dict[int, Set[str]] = defaultdict(set)
 
         def one(u: UnitPort):  # per field, in sorted-array operations
@@ -340,7 +346,9 @@ class Store(CheckpointMixin):
             self._check_open()
             with self._meta_lock:
                 plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
-                                                n_new=n if new_rows else 0, tags=tags, create_keys=create_keys)
+                                                n_new=n if new_rows else 0, tags=tags, create_keys=create_keys,
+                                                strict_dtypes=self.strict_schema)
+            grow = self._capacity.check(self.controller, partition_id, plan) if self._capacity and cols and n else {}
             token = None
             if plan.overwrites and cols and n:
                 # replaced entries stay undoable until the controller commits (the put is atomic)
@@ -357,6 +365,8 @@ class Store(CheckpointMixin):
                 raise
             if token is not None:
                 self._settle_units(token, committed=True)
+            if grow:
+                self._capacity.commit(grow)
             return list(plan.gidxs)
 
     def _settle_units(self, token: int, *, committed: bool, units: Optional[Sequence[int]] = None) -> None:
@@ -424,7 +434,10 @@ class Store(CheckpointMixin):
         self._check_open()
         with self._write_lock:
             with self._meta_lock:
+                held = self._capacity.holding(self.controller, partition_id, gidxs) if self._capacity else []
                 gone = self.controller.clear_rows(partition_id, gidxs)
+            if held:
+                self._capacity.cleared(held, gone)
             self._delete_units(gone)
             return gone
 
@@ -434,6 +447,8 @@ class Store(CheckpointMixin):
         with self._write_lock:
             with self._meta_lock:
                 gone = self.controller.drop_partition(partition_id)
+            if gone and self._capacity:
+                self._capacity.forget()
             self._delete_units(gone)
             return gone
 
@@ -459,37 +474,35 @@ class Store(CheckpointMixin):
             CorruptionError: a payload does not verify (names file and offset).
         """
         self._check_open()
-        verify = self.verify_reads if verify is None else verify
         gidxs = [int(g) for g in gidxs]
-        rb = self.controller.row_batch(partition_id, gidxs)  # the rows' metadata, as values
-        if rb is None:
-            self.controller.partition(partition_id)  # raises PartitionNotFoundError
-        if None in rb.seqs:
-            raise KeyNotFoundError(f"global index {gidxs[rb.seqs.index(None)]} is not a row of partition "
-                                   f"{partition_id!r}")
-        have = rb.fields
-        if select_fields is None:
-            fields = sorted(frozenset.intersection(*set(have))) if have else []  # frozensets
-        else:
-            fields = list(select_fields)
-            distinct = set(have)
-            for f in fields:
-                if all(f in fs for fs in distinct):
-                    continue
-                lacking = [k if k is not None else g for k, g, fs in zip(rb.keys, rb.gidxs, have) if f not in fs]
-                if lacking:
-                    known = sorted(rb.schema)
-                    raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition "
-                                             f"{partition_id!r} (e.g. {lacking[:3]!r}); fields of the partition: "
-                                             f"{known}")
+        rows = self.controller.row_batch(partition_id, gidxs)  # one controller answer for the rows
+        if rows is None:
+            raise _no_partition(partition_id, self.controller.partitions())
+        if None in rows.seqs:
+            g = gidxs[rows.seqs.index(None)]
+            raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
+        fields = sorted(common_fields(rows.fields)) if select_fields is None else list(select_fields)
+        check_produced(rows, range(len(rows)), fields)
         try:
-            return read_fields(self.units, self._pool, gidxs, [(f, rb.schema[f][0]) for f in fields], verify=verify,
-                               alloc=self.edge.alloc)
+            return self.read_rows(gidxs, [(f, rows.schema[f][0]) for f in fields], verify=verify)
         except FieldNotFoundError:
             now = self.controller.row_batch(partition_id, gidxs)
-            if now is None or now.seqs != rb.seqs:  # cleared (or cleared and reused) since the check above
+            if now is None or now.seqs != rows.seqs:  # cleared (or cleared and reused) since the check above
                 raise KeyNotFoundError(f"rows of partition {partition_id!r} were cleared during the read") from None
             raise
+
+    def read_rows(self, gidxs: Sequence[int], fields: Sequence[Tuple[str, int]], *,
+                  verify: Optional[bool] = None) -> Dict[str, Any]:
+        """Read ``(field, kind)`` of rows ``gidxs`` whose fields the caller checked with the
+        controller (the data plane, from its one controller answer): no second row lookup.
+
+        Raises:
+            FieldNotFoundError: a unit holds no payload of a field for some row.
+            CorruptionError: a payload does not verify (names file and offset).
+        """
+        self._check_open()
+        verify = self.verify_reads if verify is None else verify
+        return read_fields(self.units, self._pool, gidxs, fields, verify=verify, alloc=self.edge.alloc)
 
     def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
                    ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:
@@ -570,24 +583,6 @@ def _creation_debris(name: str) -> bool:
     """Names an interrupted store creation can leave (before STORE.json was published)."""
     return name in (L.CURRENT_FILE, L.CURRENT_FILE + ".tmp", L.STORE_FILE + ".tmp") or \
         L.parse_state_name(name) is not None
-
-
-def _approx_bytes(cols: List[Column]) -> int:
-    """Payload bytes of a batch, estimated from its first row where rows share a shape."""
-    return sum(len(c.payloads) * memoryview(c.payloads[0]).nbytes if c.uniform_shape and c.payloads else c.nbytes
-               for c in cols)
-
-
-def _batch_len(edge: Any, items: List[Tuple[str, Any]], tags) -> int:
-    if items:
-        v = items[0][1]
-        try:
-            return edge.batch_len(v)
-        except TypeError as e:
-            raise InvalidInputError(f"field {items[0][0]!r} has no batch dimension") from e
-    if tags is not None:
-        return len(tags)
-    raise InvalidInputError("cannot infer the batch size: no fields and no tags")
 
 
 def open(path: Optional[PathLike] = None, **kwargs) -> Store:  # noqa: A001 - mirrors builtins.open

@@ -24,7 +24,7 @@ from ._format.columns import KIND_NAMES
 from ._format.layout import KIND_VALUE
 from ._format.names import check_name
 from .edge import join_rows
-from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError
+from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError
 from .meta import BatchMeta, KVBatchMeta
 from .ports import RowBatch
 
@@ -84,6 +84,25 @@ def _schema_entry(edge: Any, kind: int, dtype: int) -> Dict[str, Any]:
     if kind == KIND_VALUE:
         entry["shape"], entry["is_nested"] = None, False
     return entry
+
+
+def common_fields(fields: Sequence[frozenset]) -> frozenset:
+    """The fields every row has produced (rows' field sets, usually a few distinct objects)."""
+    distinct = set(fields)  # frozensets cache their hash: C speed per row
+    return frozenset.intersection(*distinct) if distinct else frozenset()
+
+
+def check_produced(rows: RowBatch, idx: Sequence[int], fields: Sequence[str]) -> None:
+    """Raise FieldNotFoundError unless rows ``idx`` of ``rows`` have produced every one of ``fields``."""
+    sets = rows.fields if isinstance(idx, range) and len(idx) == len(rows) else [rows.fields[j] for j in idx]
+    distinct = set(sets)
+    for f in fields:
+        if all(f in fs for fs in distinct):
+            continue
+        lacking = [j for j, fs in zip(idx, sets) if f not in fs]
+        named = [rows.keys[j] if rows.keys[j] is not None else rows.gidxs[j] for j in lacking[:3]]
+        raise FieldNotFoundError(f"field {f!r} is not produced for {len(lacking)} row(s) of partition {rows.pid!r} "
+                                 f"(e.g. {named!r}); fields of the partition: {sorted(rows.schema)}")
 
 
 def _pick(column: List[Any], idx: Sequence[int]) -> List[Any]:
@@ -331,13 +350,18 @@ class Streaming:
         if metadata.size == 0 or not metadata.field_names:
             return edge.result({}, 0)
         self._dp.check_open()
-        read = self._dp.io.read
+        io = self._dp.io
         fields = metadata.field_names
-        groups = self._live_rows(metadata, strict=True)
+        groups = self._live_rows(metadata, strict=True)  # the controller's one answer per partition
+
+        def read(b: RowBatch, idx: Sequence[int]) -> Dict[str, Any]:
+            check_produced(b, idx, fields)
+            return io.read_rows(_pick(b.gidxs, idx), [(f, b.schema[f][0]) for f in fields])
+
         if len(groups) == 1:
             pid, (b, _, idx) = next(iter(groups.items()))
-            return edge.result(read(pid, _pick(b.gidxs, idx), fields), metadata.size)
-        parts = {pid: read(pid, _pick(b.gidxs, idx), fields) for pid, (b, _, idx) in groups.items()}
+            return edge.result(read(b, idx), metadata.size)
+        parts = {pid: read(b, idx) for pid, (b, _, idx) in groups.items()}
         out: Dict[str, Any] = {}
         for f in fields:
             kinds = {b.schema[f] for b, _, _ in groups.values()}

@@ -27,7 +27,7 @@ from ._format.columns import Column
 from ._format.frame import (
     decode_frame, encode_parts, encode_uniform,
 )
-from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc, decode_index_key, decode_index_keys
+from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
 from ._format.layout import (
     CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
 )
@@ -40,6 +40,7 @@ from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
 from .unit_read import UnitReader
+from .unit_restore import has_entries as _restore_entries, install_restore_calls, open_restore_db
 from .unit_recover import check_index_format, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
 log = logging.getLogger("tqstore")
@@ -96,6 +97,7 @@ class Unit(UnitReader):
         self.db_segs = self.env.open_db(b"segs")
         # undo records of overwriting puts not yet settled: token (u64 BE) + index key -> replaced loc
         self.db_undo = self.env.open_db(b"undo")
+        self.db_restore = open_restore_db(self.env)  # selective restores (tqstore.unit_restore); None: none yet
         self._lock = threading.RLock()
         self._pins: Dict[int, int] = defaultdict(int)
         self.maps = MmapCache(self.path)
@@ -109,7 +111,7 @@ class Unit(UnitReader):
         self._next_snapshot = 1
         try:
             with wrap_errors(f"open unit {unit_id}", self.path):
-                self._recover()
+                recover(self)
         except BaseException:
             if self._writer is not None:
                 self._writer.close()
@@ -133,9 +135,6 @@ class Unit(UnitReader):
         finally:
             if own:
                 txn.abort()
-
-    def _recover(self) -> None:
-        recover(self)
 
     def _get_seg(self, txn, seg_id: int) -> SegInfo:
         return _seg_info(txn.get(_seg_key(seg_id), db=self.db_segs), seg_id, self.path)
@@ -400,27 +399,6 @@ class Unit(UnitReader):
             self._after_change()
             return dropped
 
-    def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
-        """All (gidx, field) pairs in the index (at ``snapshot``, or now)."""
-        return self._loc_keys(snapshot, lambda ks: [decode_index_key(k) for k in ks])
-
-    def field_rows(self, *, snapshot: Optional[int] = None) -> dict:
-        """field -> sorted int64 gidxs holding it (at ``snapshot``, or now); decoded in bulk."""
-        return self._loc_keys(snapshot, decode_index_keys)
-
-    def _loc_keys(self, snapshot, decode):
-        own = snapshot is None
-        txn = self.env.begin() if own else self._snapshot_txn(snapshot)
-        try:
-            try:
-                return decode(list(txn.cursor(self.db_loc).iternext(values=False)))
-            except UR.RecordError as e:
-                raise CorruptionError(f"unit index: malformed loc entry: {e}",
-                                      path=str(self.path / "index" / "data.mdb")) from e
-        finally:
-            if own:
-                txn.abort()
-
     # ------------------------------------------------------------------ segment lifecycle
     def _after_change(self) -> None:
         """Unlink sealed segments with no live bytes and no pin.
@@ -509,6 +487,12 @@ class Unit(UnitReader):
         return export_unit(self, self._view(snapshot), Path(dest_dir), link=link, reuse=reuse or {},
                            put_token=put_token, known_crc=known_crc or {}, index_block_bytes=index_block_bytes)
 
+    def export_rows(self, snapshot: int, gidxs, fields, dest_path, *, num_units: int, put_token: int = 0):
+        from .unit_dump import export_rows  # a dump's shard (tqstore.unit_dump; see UnitPort)
+
+        return export_rows(self, self._view(snapshot), gidxs, fields, Path(dest_path), num_units=num_units,
+                           put_token=put_token)
+
     def stage_import(self, target_dir, plan) -> int:
         from .unit_import import stage_reshard, stage_same
 
@@ -542,8 +526,8 @@ class Unit(UnitReader):
         below ``live_ratio`` into the active segment (byte copies, CRC-checked), then unlink
         them. Returns the number of segments compacted."""
         with self._lock, wrap_errors(f"unit {self.unit_id} compact", self.path):
-            if self.undo_tokens():
-                return 0  # an unsettled overwriting put may still put frames back
+            if self.undo_tokens() or _restore_entries(self):
+                return 0  # an unsettled overwriting put or restore may still put frames back
             segs = self._load_segs()
             victims = [s for s, i in segs.items() if i.sealed and not self._pins.get(s) and i.size > SEGMENT_HEADER_SIZE
                        and i.live < live_ratio * (i.size - SEGMENT_HEADER_SIZE)]
@@ -597,3 +581,6 @@ class Unit(UnitReader):
                 self._writer = None
             self.maps.clear()
             self.env.close()
+
+
+install_restore_calls(Unit)  # UnitPort's selective restores (tqstore.unit_restore)

@@ -99,8 +99,10 @@ def _export(unit, view, dest: Path, *, link: bool, reuse: Mapping[str, Reusable]
                               f"the store", path=str(unit.path))
     copy_txn_compact(unit.env, dest / "index", view.txn)
     keep = {s: (segs[s].size, per_seg.live_bytes(s)) for s in per_seg.segs}
-    if undo or set(segs) != set(keep) or any(not segs[s].sealed or segs[s].live != keep[s][1] for s in keep):
-        _fix_index(dest / "index", keep, put_back, bool(undo))
+    restores = unit.db_restore is not None  # selective restores' entries (settled ones' marks) stay behind
+    if undo or restores or set(segs) != set(keep) or any(not segs[s].sealed or segs[s].live != keep[s][1]
+                                                         for s in keep):
+        _fix_index(dest / "index", keep, put_back, bool(undo), drop_restore=restores)
     sources = []
     for s in per_seg.segs:
         p = unit.path / segment_name(s)
@@ -148,8 +150,10 @@ def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], List[Tuple[
     if w.method == REUSE:
         try:
             if os.stat(w.link_from).st_size == s.size and not files.fsync_failed(w.link_from):
+                # durable since that generation was published (its files were fsynced before its
+                # manifest): no fsync of the file again, the directory's fsync makes the new name
+                # durable (a fixed cost per reused segment kept out of every generation)
                 files.link(w.link_from, dst)
-                files.fsync_file(dst)
                 return int(w.crc32c), REUSE, 0  # type: ignore[arg-type]
         except FileNotFoundError:
             pass
@@ -171,10 +175,37 @@ def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], List[Tuple[
     n = files.copy_file(s.path, dst, fsync=False, length=s.size)
     if n != s.size:
         raise CorruptionError(f"segment holds {n} bytes, its index records {s.size}", path=s.path, offset=n)
-    crc = _scan_or_raise(str(dst), s.size, frames(), what="copied segment", source=s.path)
-    files.fsync_file(dst)
+    # the copy's writeback (its fsync) runs while the copy is read back and checked: the disk
+    # and the CPU work side by side; both have ended, cleanly, before the segment counts as saved
+    flush = _Flush(dst)
+    try:
+        crc = _scan_or_raise(str(dst), s.size, frames(), what="copied segment", source=s.path)
+    except BaseException:
+        flush.join(quiet=True)  # the check's error is the one to report
+        raise
+    flush.join()
     remember_crc(s.identity, crc)
     return crc, COPY, s.size
+
+
+class _Flush:
+    """``files.fsync_file(path)`` in a thread of its own; :meth:`join` waits and raises its error."""
+
+    def __init__(self, path: Path) -> None:
+        self._error: Optional[BaseException] = None
+        self._t = threading.Thread(target=self._run, args=(path,), name="tqstore-ckpt-fsync", daemon=True)
+        self._t.start()
+
+    def _run(self, path: Path) -> None:
+        try:
+            files.fsync_file(path)
+        except BaseException as e:  # noqa: BLE001 - raised by join()
+            self._error = e
+
+    def join(self, *, quiet: bool = False) -> None:
+        self._t.join()
+        if self._error is not None and not quiet:
+            raise self._error
 
 
 class _SegmentFrames:
@@ -216,17 +247,18 @@ def _scan_or_raise(path: str, size: int, frames, *, what: str, source: Optional[
 
 
 def _fix_index(index_dir: Path, keep: Dict[int, Tuple[int, int]], put_back: Dict[bytes, bytes],
-               drop_undo: bool) -> None:
+               drop_undo: bool, *, drop_restore: bool = False) -> None:
     """Make a copied unit index describe exactly what the checkpoint holds: the segments
     ``keep`` (id -> (size, live bytes)), all sealed; entries of uncommitted overwriting
-    puts put back (``put_back``: index key -> replaced location); no undo records.
+    puts put back (``put_back``: index key -> replaced location); no undo records and no
+    ``restore`` database (``drop_restore``: a checkpoint is never cut while a restore is unresolved).
 
     (The cut may list a still-empty active segment, or dead segments kept only by another
     snapshot's pin.)  LMDB is opened without a lock file: the copy is private to this save.
     """
     SegInfo = UR.SegInfo  # the unit index's own record type
 
-    env = lmdb.open(str(index_dir), map_size=DEFAULT_MAP_BYTES, max_dbs=4, lock=False, sync=False, metasync=False,
+    env = lmdb.open(str(index_dir), map_size=DEFAULT_MAP_BYTES, max_dbs=8, lock=False, sync=False, metasync=False,
                     readahead=False, subdir=True, create=False)
     try:
         db = env.open_db(b"segs")
@@ -245,6 +277,11 @@ def _fix_index(index_dir: Path, keep: Dict[int, Tuple[int, int]], put_back: Dict
                 txn.put(k, v, db=db_loc)
             if drop_undo:
                 txn.drop(env.open_db(b"undo", txn=txn), delete=False)
+            if drop_restore:
+                try:
+                    txn.drop(env.open_db(b"restore", txn=txn, create=False), delete=True)
+                except lmdb.NotFoundError:
+                    pass
         env.sync(True)
     finally:
         env.close()

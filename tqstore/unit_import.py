@@ -154,7 +154,7 @@ def _damage(p: Path, crc: int, res) -> CorruptionError:
 def _pinpoint(p: Path, size: int, frames) -> Optional[CorruptionError]:
     """A damaged segment: rescan the checkpoint's file frame by frame to name the bad frame."""
     try:
-        res = scan_file(p, size, frames=sorted(frames))
+        res = scan_file(p, size, frames=frames if isinstance(frames, np.ndarray) else sorted(frames))
     except OSError:
         return None
     return _damage(p, 0, res) if res.bad else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import defaultdict
+from itertools import islice
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -20,7 +21,8 @@ from ._format.frame import (
     Frame, FrameHead, check_rows, decode_frame, decode_frames, gather_run,
     parse_head,
 )
-from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, MMAP_READ_BYTES, Loc
+from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, MMAP_READ_BYTES, Loc, decode_index_key, decode_index_keys
+from ._format.records import RecordError
 from ._format.layout import (
     CODEC_MASK, CODEC_ZSTD, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
     FRAME_END_MAGIC, frame_extent,
@@ -36,6 +38,61 @@ HEAD_READ_BYTES = 640  # covers the largest header (255-byte field name, 32 dims
 
 def _raise_truncated(path: str, offset: int):
     raise CorruptionError("truncated record frame", path=path, offset=offset)
+
+
+#: a lookup of at least this many rows tries one cursor scan first (:func:`_scan_lookup`)
+SCAN_MIN_ROWS = 32
+#: the scan reads every field of the rows: not when they hold many more than asked for
+SCAN_MAX_EXTRA = 3
+
+
+def _scan_lookup(cur, gidxs: Sequence[int], fields: Sequence[str]) -> Optional[Dict[str, np.ndarray]]:
+    """:meth:`UnitReader.lookup` by one scan of the index from the lowest row asked for: when the
+    rows asked for (duplicates allowed) are the next rows of the index and each has the fields
+    the first one has (``fields`` among them), the scan's keys equal exactly the keys built from
+    the rows and those fields (compared as one byte string), and its values are the locations,
+    row by row.  None when that does not hold (the caller looks the keys up one by one)."""
+    g = np.asarray(gidxs, dtype=np.uint64)
+    if g.ndim != 1:
+        return None
+    if g.size > 1 and bool((g[1:] > g[:-1]).all()):
+        uniq, inv = g, None
+    else:
+        uniq, inv = np.unique(g, return_inverse=True)
+    first = INDEX_KEY_HEAD.pack(int(uniq[0]))
+    if not cur.set_range(first):
+        return None
+    names: List[bytes] = []
+    limit = SCAN_MAX_EXTRA * len(fields) + 1
+    for k in cur.iternext(keys=True, values=False):
+        if k[:8] != first:
+            break
+        names.append(k[8:])
+        if len(names) > limit:
+            return None
+    want = [f.encode() for f in fields]
+    if not names or any(f not in names for f in want):
+        return None
+    dt = np.dtype([(f"g{j}", ">u8") if half == 0 else (f"f{j}", f"S{len(n)}")
+                   for j, n in enumerate(names) for half in (0, 1)])
+    exp = np.empty(len(uniq), dt)
+    for j, n in enumerate(names):
+        exp[f"g{j}"] = uniq
+        exp[f"f{j}"] = n
+    m = len(uniq) * len(names)
+    cur.set_range(first)
+    if b"".join(islice(cur.iternext(keys=True, values=False), m)) != exp.tobytes():
+        return None
+    cur.set_range(first)
+    raw = b"".join(islice(cur.iternext(keys=False, values=True), m))
+    if len(raw) != m * LOC_DTYPE.itemsize:
+        return None  # pragma: no cover - a value of another size is not an index value
+    locs = np.frombuffer(raw, LOC_DTYPE).reshape(len(uniq), len(names))
+    out = {}
+    for field, f in zip(fields, want):
+        col = locs[:, names.index(f)]
+        out[field] = np.ascontiguousarray(col if inv is None else col[inv.reshape(-1)])
+    return out
 
 
 class UnitReader:
@@ -66,21 +123,29 @@ class UnitReader:
     def lookup(self, gidxs: Sequence[int], fields: Sequence[str], *, snapshot: Optional[int] = None
                ) -> Dict[str, Optional[np.ndarray]]:
         """Locations of each field for the rows ``gidxs``: a :data:`LOC_DTYPE` array in the order of
-        ``gidxs`` (one native multi-get per field), None for a field some row lacks (:meth:`locate`
-        tells which).  Every field is read in one index transaction: all come from one state."""
-        key = INDEX_KEY_HEAD.pack
-        heads = [key(g) for g in gidxs]
-        out: Dict[str, Optional[np.ndarray]] = {}
+        ``gidxs``, None for a field some row lacks (:meth:`locate` tells which).  Every field is
+        read in one index transaction: all come from one state.
+
+        Rows that lie side by side in the index with one set of fields (a batch put together)
+        are read by one cursor scan, checked against the keys they must have; any other set
+        by one native multi-get per field."""
+        out: Optional[Dict[str, Optional[np.ndarray]]] = None
         own = snapshot is None
         txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
             cur = txn.cursor(self.db_loc)
-            for field in fields:
-                f = field.encode()
-                keys = [h + f for h in heads]
-                pairs = cur.getmulti(keys)
-                out[field] = (np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE) if len(pairs) == len(keys)
-                              else None)
+            if len(gidxs) >= SCAN_MIN_ROWS and fields:
+                out = _scan_lookup(cur, gidxs, fields)
+            if out is None:
+                out = {}
+                key = INDEX_KEY_HEAD.pack
+                heads = [key(g) for g in (gidxs.tolist() if isinstance(gidxs, np.ndarray) else gidxs)]
+                for field in fields:
+                    f = field.encode()
+                    keys = [h + f for h in heads]
+                    pairs = cur.getmulti(keys)
+                    out[field] = (np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE)
+                                  if len(pairs) == len(keys) else None)
         finally:
             if own:
                 txn.abort()
@@ -387,3 +452,23 @@ class UnitReader:
                     problems.append(str(e))
         return problems
 
+    def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
+        """All (gidx, field) pairs in the index (at ``snapshot``, or now)."""
+        return self._loc_keys(snapshot, lambda ks: [decode_index_key(k) for k in ks])
+
+    def field_rows(self, *, snapshot: Optional[int] = None) -> dict:
+        """field -> sorted int64 gidxs holding it (at ``snapshot``, or now); decoded in bulk."""
+        return self._loc_keys(snapshot, decode_index_keys)
+
+    def _loc_keys(self, snapshot, decode):
+        own = snapshot is None
+        txn = self.env.begin() if own else self._snapshot_txn(snapshot)
+        try:
+            try:
+                return decode(list(txn.cursor(self.db_loc).iternext(values=False)))
+            except RecordError as e:
+                raise CorruptionError(f"unit index: malformed loc entry: {e}",
+                                      path=str(self.path / "index" / "data.mdb")) from e
+        finally:
+            if own:
+                txn.abort()

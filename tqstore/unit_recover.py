@@ -23,6 +23,7 @@ from ._io import files
 from ._io.lmdbenv import wrap_errors
 from ._io.segfile import SegmentWriter
 from .errors import CorruptionError, FormatVersionError
+from .unit_restore import drop_staged_past, live_entries
 
 if TYPE_CHECKING:  # pragma: no cover
     from .unit import Unit
@@ -127,6 +128,7 @@ def drop_entries_past(unit: "Unit", short: Dict[int, int]) -> None:
                 and Loc.unpack(v).offset + Loc.unpack(v).length > short[Loc.unpack(v).seg]]
         for k in drop:
             txn.delete(k, db=unit.db_loc)
+        drop_staged_past(unit, txn, short)
         for seg_id, size in short.items():
             info = unit._get_seg(txn, seg_id)
             if size < SEGMENT_HEADER_SIZE:
@@ -146,6 +148,8 @@ def recompute_live(unit: "Unit") -> None:
             live[loc.seg] += loc.length
         for _k, v in txn.cursor(unit.db_undo):  # frames an unsettled put may put back
             loc = Loc.unpack(v)
+            live[loc.seg] += loc.length
+        for loc in live_entries(unit, txn):  # frames of selective restores not yet settled
             live[loc.seg] += loc.length
         for k, v in list(txn.cursor(unit.db_segs)):
             seg_id = UR.decode_seg_key(k)  # checked by _load_segs on open

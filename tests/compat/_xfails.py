@@ -1,17 +1,27 @@
 """Why each ported TransferQueue test that does not pass is marked xfail (keys: path[::class[::test]]).
 
-"needs #11 part 2: ..." waits for the engine refactor branches (kv.py, controller.py,
-samplers.py, store.py, reader.py, unit.py); "differs on purpose: ..." is a deliberate
-difference, each with its entry in docs/MIGRATING.md.
+"differs on purpose: ..." is a deliberate difference, each with its entry in docs/MIGRATING.md
+(test_client.py's are differences from the canned answers of TransferQueue's mock ZMQ controller:
+MIGRATING.md "TransferQueue's client tests").
 """
 
 LAYOUT = ("differs on purpose: pickle-free checkpoint layout (MANIFEST.json, LMDB index copies, segment "
           "files; no metadata.json / controller_state.pkl / simple_storage/) - MIGRATING.md 'Checkpoints'")
-WORDING = "needs #11 part 2: error message wording of kv.py/controller.py/samplers.py (TransferQueue's tests match it)"
 STATE = ("differs on purpose: sampler state is JSON-safe and persisted in the controller ({task: {'cache': "
          "{str(rank): {str(batch_index): ...}}}}), not TransferQueue's in-memory tuples keyed by int - MIGRATING.md 'Samplers'")
 GRPO_ALIGNED = ("differs on purpose: GRPO groups are aligned to n by insertion order (rows k*n..k*n+n-1), not any n "
                 "consecutive ready indexes - MIGRATING.md 'Samplers'")
+
+MOCK = "differs on purpose (from TransferQueue's mock controller) - MIGRATING.md \"TransferQueue's client tests\": "
+NO_TASK = MOCK + ("get_meta(mode='fetch') without a task_name: the mock answers any request with rows; TransferQueue's "
+                  "own controller asserts a task_name in fetch mode, tqstore raises InvalidInputError (a fetch marks "
+                  "rows consumed by a task)")
+ZMQ = MOCK + ("reads the client's ZMQ controller handle (client._controller.id); tqstore's client calls an "
+              "in-process store and has no controller handle")
+NO_MANAGER = MOCK + ("replaces or expects TransferQueue's client.storage_manager (its storage half of a checkpoint); "
+                     "tqstore saves one consistent cut of the whole store and has no storage manager")
+NO_CKPT = MOCK + ("loads a checkpoint that was never saved: the mock acknowledges anything; TransferQueue's controller "
+                  "fails to open the .pkl, tqstore raises CheckpointNotFoundError (a FileNotFoundError)")
 
 XFAIL = {
     # ---- checkpoints
@@ -30,6 +40,33 @@ XFAIL = {
     "test_checkpoint_e2e.py::TestCheckpointErrors::test_no_partial_state_on_failed_save": (
         "differs on purpose: patches TransferQueue's client internals (TransferQueueClient.save_storage_checkpoint); "
         "tqstore's no-partial-checkpoint guarantee is tested by tests/test_failpoints.py and the crash matrix"),
+    # ---- client (TransferQueue's tests/test_client.py, against its mock ZMQ controller)
+    "test_client.py::test_client_initialization": ZMQ,
+    "test_client.py::test_single_controller_multiple_storages": ZMQ,
+    "test_client.py::test_put_and_get_data": NO_TASK,
+    "test_client.py::test_get_meta": NO_TASK,
+    "test_client.py::test_async_clear_samples": NO_TASK,
+    "test_client.py::test_clear_samples": NO_TASK,
+    "test_client.py::test_sync_methods_work_in_async_event_loop": NO_TASK,
+    "test_client.py::test_sync_and_async_methods_mixed_usage": NO_TASK,
+    "test_client.py::TestClientCustomMetaInterface": NO_TASK,
+    "test_client.py::test_get_production_status": MOCK + (
+        "the mock's canned production status is 2x3 for 3 rows and 2 fields; TransferQueue's controller and "
+        "tqstore answer (rows, fields) = 3x2"),
+    "test_client.py::test_async_get_production_status": MOCK + (
+        "the mock's canned production status is 2x3 for 3 rows and 2 fields; TransferQueue's controller and "
+        "tqstore answer (rows, fields) = 3x2"),
+    "test_client.py::TestClientKVInterface::test_async_kv_retrieve_keys_multiple_partitions": MOCK + (
+        "the mock numbers each partition's keys from 0; global indexes are unique across partitions, in "
+        "TransferQueue's controller as in tqstore, so the second partition's key has index 1"),
+    "test_client.py::TestClientCheckpointInterface::test_load_controller_checkpoint_sync": NO_CKPT,
+    "test_client.py::TestClientCheckpointInterface::test_async_load_controller_checkpoint": NO_CKPT,
+    "test_client.py::TestClientCheckpointInterface::test_save_storage_checkpoint_sync": NO_MANAGER,
+    "test_client.py::TestClientCheckpointInterface::test_load_storage_checkpoint_sync": NO_MANAGER,
+    "test_client.py::TestClientCheckpointInterface::test_async_save_storage_checkpoint": NO_MANAGER,
+    "test_client.py::TestClientCheckpointInterface::test_async_load_storage_checkpoint": NO_MANAGER,
+    "test_client.py::TestClientCheckpointInterface::test_save_storage_checkpoint_without_manager": NO_MANAGER,
+    "test_client.py::TestClientCheckpointInterface::test_load_storage_checkpoint_without_manager": NO_MANAGER,
     # ---- lifecycle
     "test_e2e_lifecycle_consistency.py::test_dynamic_tensor_shape_nested_transition": (
         "differs on purpose: rows that share a shape come back as one dense tensor (TransferQueue's SimpleStorage "

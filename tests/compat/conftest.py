@@ -5,6 +5,9 @@ store); "differs on purpose" ones are documented in docs/MIGRATING.md.
 """
 from __future__ import annotations
 
+import asyncio
+import inspect
+
 import pytest
 
 from ._xfails import XFAIL
@@ -22,3 +25,19 @@ def pytest_collection_modifyitems(config, items):
                     break
         if reason:
             item.add_marker(pytest.mark.xfail(strict=False, reason=reason))
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "asyncio: a coroutine test (TransferQueue's tests use pytest-asyncio's mark)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """Run ``async def`` tests marked ``asyncio`` with ``asyncio.run`` (what pytest-asyncio does for
+    TransferQueue's tests; it is not a dependency of tqstore)."""
+    fn = pyfuncitem.obj
+    if not (inspect.iscoroutinefunction(fn) and pyfuncitem.get_closest_marker("asyncio")):
+        return None
+    args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+    asyncio.run(fn(**args))
+    return True

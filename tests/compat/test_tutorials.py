@@ -14,9 +14,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 TUTORIALS = [
-    pytest.param("t02_kv_interface.py", marks=pytest.mark.xfail(strict=False, reason=(
-        "needs #11 part 2: a field's dtype may change between puts (the tutorial puts attention_mask as "
-        "float32 for one key and int64 for four others; today SchemaError)"))),
+    "t02_kv_interface.py",  # puts attention_mask as float32 for one key, int64 for four others
     "t03_metadata_concepts.py",
     "t05_custom_sampler.py",
 ]

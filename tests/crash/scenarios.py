@@ -248,10 +248,12 @@ def planted_bug_scenarios() -> Dict[str, tuple]:
     """``{bug: (scenario, patch)}``: an engine durability step removed by a context manager
     (applied in the test only; forked children inherit it)."""
     from .ckpt_scenarios import planted_checkpoint_bugs
+    from .dump_scenarios import planted_dump_bugs
 
     by_name = {sc.name: sc for sc in store_scenarios()}
     return {
         **planted_checkpoint_bugs(),
+        **planted_dump_bugs(),
         "unit_dir_fsync_removed": (by_name["put_new_commit"],
                                    lambda: _skip_fsync_dir(lambda p: p.name.startswith("unit-"))),
         "segment_fsync_removed": (by_name["put_new_commit"],
@@ -263,5 +265,7 @@ def planted_bug_scenarios() -> Dict[str, tuple]:
 
 def all_scenarios() -> List[Scenario]:
     from .ckpt_scenarios import checkpoint_scenarios
+    from .dump_scenarios import dump_scenarios
+    from .restore_scenarios import restore_scenarios
 
-    return store_scenarios() + checkpoint_scenarios()
+    return store_scenarios() + checkpoint_scenarios() + dump_scenarios() + restore_scenarios()

@@ -15,11 +15,11 @@ memory, so the single copy into the final object stays).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ..errors import CapacityError, InvalidInputError, UnsupportedTypeError
+from ..errors import CapacityError, InvalidInputError, SchemaError, UnsupportedTypeError
 from .names import check_field_name
 from . import dtypes
 from .layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
@@ -86,6 +86,42 @@ def rows_column(field: str, kind: int, rows: Sequence[Tuple[int, Tuple[int, ...]
         payloads.append(raw)
     uniform = shapes[0] if shapes and all(s == shapes[0] for s in shapes) else None
     return Column(field, kind, code if code is not None else 0, shapes, payloads, uniform, payloads)
+
+
+def schema_changes(pid: str, schema: Mapping[str, Tuple[int, int]], columns: Sequence[Column], *,
+                   strict: bool = True) -> Dict[str, Tuple[int, int]]:
+    """The partition schema entries a put of ``columns`` adds or changes: ``{field: (kind, dtype)}``.
+
+    A field's kind (tensor, ndarray, value) is fixed by its first put.  Its dtype too when
+    ``strict``; otherwise a put of another dtype turns the entry into ``(kind, SCHEMA_MIXED)``
+    (the rows hold several dtypes; each row's dtype is in its frame), which accepts any dtype
+    of that kind from then on.
+
+    Raises:
+        SchemaError: a kind clash; with ``strict``, a dtype clash (also against a mixed entry).
+    """
+    out: Dict[str, Tuple[int, int]] = {}
+    for col in columns:
+        want = (col.kind, col.dtype)
+        have = schema.get(col.field)
+        if have is None:
+            out[col.field] = want
+        elif have != want:
+            what = f"holds {KIND_NAMES[have[0]]} rows of several dtypes" if have[1] == dtypes.SCHEMA_MIXED else \
+                f"holds {KIND_NAMES[have[0]]} {dtypes.DTYPE_NAMES[have[1]]}"
+            if have[0] != want[0] or strict:
+                hint = "" if have[0] != want[0] else " (strict_schema=True; the default False lets a dtype change)"
+                raise SchemaError(f"field {col.field!r} of partition {pid!r} {what}, got {KIND_NAMES[want[0]]} "
+                                  f"{dtypes.DTYPE_NAMES[want[1]]}{hint}")
+            if have[1] != dtypes.SCHEMA_MIXED:
+                out[col.field] = (have[0], dtypes.SCHEMA_MIXED)
+    return out
+
+
+def approx_bytes(cols: Sequence[Column]) -> int:
+    """Payload bytes of a batch, estimated from its first row where rows share a shape."""
+    return sum(len(c.payloads) * memoryview(c.payloads[0]).nbytes if c.uniform_shape and c.payloads else c.nbytes
+               for c in cols)
 
 
 def _array_bytes(a: np.ndarray) -> np.ndarray:

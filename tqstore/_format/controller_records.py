@@ -19,6 +19,9 @@ db          key                                 value
             (task ``\\0`` pid ``\\0`` gidx key)
 ``schema``  :func:`schema_key` (pid ``\\0`` f)   :func:`encode_schema` (JSON, default separators)
 ``sampler`` partition id                        :func:`encode_sampler` (JSON, default separators)
+``restores`` :func:`restore_key` (restore id)    :func:`encode_restore` (compact ASCII JSON)
+            :func:`restore_chunk_key`           :func:`encode_restore_rows` (compact ASCII JSON)
+            (id ``\\0`` chunk u32)
 ==========  ==================================  =====================================================
 
 Every ``decode_*`` raises :class:`~tqstore._format.records.RecordError` (a ``ValueError``)
@@ -34,8 +37,8 @@ from typing import Any, AbstractSet, Dict, Iterable, List, NamedTuple, Optional,
 
 import numpy as np
 
-from .dtypes import DTYPE_NAMES
-from .layout import KINDS
+from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
+from .layout import KIND_VALUE, KINDS
 from .records import (
     RecordError, decode_decimal, decode_json_object, decode_optional_decimal, decode_utf8, encode_decimal, is_uint,
     member,
@@ -47,7 +50,7 @@ CONTROLLER_FORMAT = 2
 #: the versions it reads (version 1 is migrated to 2 when a store opens it for writing)
 CONTROLLER_FORMATS_READ = (1, 2)
 
-#: the named databases of the controller index (``restores`` is reserved, never read)
+#: the named databases of the controller index (``restores``: unresolved selective restores)
 CONTROLLER_DBS = ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")
 
 #: keys of the ``meta`` database
@@ -55,6 +58,7 @@ META_FORMAT = b"format"
 META_NUM_UNITS = b"num_units"
 META_NEXT_GIDX = b"next_gidx"
 META_PUT_TOKEN = b"put_token"
+META_RESTORE_TAG = b"restore_tag"  # the last restore tag handed out (absent: none yet)
 
 GIDX_BYTES = 8
 
@@ -294,16 +298,18 @@ def encode_schema(kind: int, dtype: int, bit: Optional[int] = None) -> bytes:
 
 
 def decode_schema(raw: Any) -> Tuple[int, int]:
-    """``(kind, dtype code)`` of a ``schema`` value, both known codes. Raises RecordError."""
+    """``(kind, dtype code)`` of a ``schema`` value, both known codes (``SCHEMA_MIXED`` for a tensor or
+    ndarray field whose rows hold several dtypes). Raises RecordError."""
     return decode_schema2(raw)[:2]
 
 
 def decode_schema2(raw: Any) -> Tuple[int, int, Optional[int]]:
-    """``(kind, dtype code, bit)`` of a ``schema`` value (``bit`` None when absent: version 1).
-    Raises RecordError."""
+    """``(kind, dtype code, bit)`` of a ``schema`` value (``bit`` None when absent: version 1);
+    the dtype may be ``SCHEMA_MIXED`` for a tensor or ndarray field. Raises RecordError."""
     d = decode_json_object(raw, "schema")
     kind, dt, bit = member(d, "kind", "schema"), member(d, "dtype", "schema"), d.get("bit")
-    if type(kind) is not int or kind not in KINDS or type(dt) is not int or dt not in DTYPE_NAMES:
+    mixed_ok = dt == SCHEMA_MIXED and kind != KIND_VALUE
+    if type(kind) is not int or kind not in KINDS or type(dt) is not int or (dt not in DTYPE_NAMES and not mixed_ok):
         raise RecordError(f"schema: not a known kind and dtype ({kind!r}, {dt!r})")
     if not (bit is None or (is_uint(bit) and bit < 64 * ROW2_MAX_WORDS)):
         raise RecordError(f"schema: bit {bit!r} is not an int in [0, {64 * ROW2_MAX_WORDS})")
@@ -322,9 +328,135 @@ def decode_sampler(raw: Any) -> Dict[str, Any]:
     return decode_json_object(raw, "sampler state")
 
 
+# ---------------------------------------------------------------------------- restores
+#: states of a restore record: units still importing, decided to keep, decided to drop
+RESTORE_STATES = ("running", "committed", "cancelled")
+#: per-unit states of a running restore
+RESTORE_UNIT_STATES = ("pending", "claimed", "complete")
+RESTORE_ID_CHARS = frozenset("0123456789abcdef")
+
+
+class RestoreRecord(NamedTuple):
+    """A ``restores`` header value: the restore's unit-side ``tag`` (u64, never reused), its
+    partition, dump directory, state, per-unit state and claim attempt, the global indexes it
+    reserved (new keys), the fields it adds to the partition's schema and its row count."""
+
+    tag: int
+    pid: str
+    dump: str
+    state: str
+    units: Tuple[str, ...]
+    attempts: Tuple[int, ...]
+    reserved: Tuple[int, ...]
+    schema: Dict[str, Tuple[int, int]]
+    rows: int
+    created_unix: float
+    next_gidx: Tuple[int, int] = (0, 0)  # the allocator's next_gidx before and after begin
+
+
+class RestoreRow(NamedTuple):
+    """One row of a restore: the key, its gidx in the dump (``src``) and in the store
+    (``gidx``), the tag and produced fields the restore gives it, and whether the restore
+    creates the row (a new key).  Rows are kept in dump order."""
+
+    key: str
+    src: int
+    gidx: int
+    tag: Any
+    fields: Tuple[str, ...]
+    new: bool
+
+
+#: rows of a restore per ``restores`` row chunk
+RESTORE_CHUNK_ROWS = 4096
+
+
+def restore_key(rid: str) -> bytes:
+    """Key of a restore's header in ``restores``: its id (32 lowercase hex digits)."""
+    return rid.encode("ascii")
+
+
+def restore_chunk_key(rid: str, chunk: int) -> bytes:
+    """Key of a chunk of a restore's rows in ``restores``: id ``\\0`` chunk number (u32 big-endian)."""
+    return rid.encode("ascii") + b"\0" + int(chunk).to_bytes(4, "big")
+
+
+def decode_restore_key(raw: Any) -> Tuple[str, Optional[int]]:
+    """``(restore id, chunk number or None for the header)`` of a ``restores`` key. Raises RecordError."""
+    k = bytes(raw) if raw is not None else b""
+    rid, sep, c = k.partition(b"\0")
+    if len(rid) != 32 or not set(rid.decode("latin-1")) <= RESTORE_ID_CHARS or (sep and len(c) != 4):
+        raise RecordError(f"not a restore key: {k[:48]!r}")
+    return rid.decode("ascii"), (int.from_bytes(c, "big") if sep else None)
+
+
+def encode_restore(r: RestoreRecord) -> bytes:
+    """A ``restores`` header: compact ASCII JSON ``{"v": 1, "tag", "pid", "dump", "state", "units",
+    "attempts", "reserved", "schema": {field: [kind, dtype]}, "rows", "created_unix", "next": [before, after]}``."""
+    d = {"v": 1, "tag": r.tag, "pid": r.pid, "dump": r.dump, "state": r.state, "units": list(r.units),
+         "attempts": list(r.attempts), "reserved": list(r.reserved),
+         "schema": {f: [k, t] for f, (k, t) in sorted(r.schema.items())}, "rows": r.rows,
+         "created_unix": r.created_unix, "next": list(r.next_gidx)}
+    return json.dumps(d, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def decode_restore(raw: Any) -> RestoreRecord:
+    """The :class:`RestoreRecord` of a ``restores`` header. Raises RecordError (also for a
+    record version other than 1)."""
+    d = decode_json_object(raw, "restore")
+    v, tag, pid, dump, state, units, attempts, reserved, schema, rows, created, nxt = (
+        member(d, m, "restore") for m in ("v", "tag", "pid", "dump", "state", "units", "attempts", "reserved",
+                                          "schema", "rows", "created_unix", "next"))
+    if v != 1:
+        raise RecordError(f"restore record version {v!r} is not supported (reads 1)")
+    if not is_uint(tag) or type(pid) is not str or type(dump) is not str or state not in RESTORE_STATES \
+            or type(units) is not list or not all(u in RESTORE_UNIT_STATES for u in units) \
+            or type(attempts) is not list or len(attempts) != len(units) or not all(is_uint(a) for a in attempts) \
+            or type(reserved) is not list or not all(is_uint(g) for g in reserved) or not is_uint(rows) \
+            or type(schema) is not dict or not isinstance(created, (int, float)) \
+            or type(nxt) is not list or len(nxt) != 2 or not all(is_uint(x) for x in nxt):
+        raise RecordError("restore members of the wrong type")
+    sch: Dict[str, Tuple[int, int]] = {}
+    for f, kd in schema.items():
+        if type(kd) is not list or len(kd) != 2 or kd[0] not in KINDS \
+                or not (kd[1] in DTYPE_NAMES or (kd[1] == SCHEMA_MIXED and kd[0] != KIND_VALUE)):
+            raise RecordError(f"restore schema of {f[:40]!r}: not [kind, dtype]")
+        sch[f] = (kd[0], kd[1])
+    return RestoreRecord(tag, pid, dump, state, tuple(units), tuple(attempts), tuple(reserved), sch, rows,
+                         float(created), (nxt[0], nxt[1]))
+
+
+def encode_restore_rows(rows: Sequence[RestoreRow]) -> bytes:
+    """A chunk of a restore's rows: compact ASCII JSON ``[[key, src, gidx, tag, [fields], new], ...]``
+    (tags checked values, integers of any size included)."""
+    return _dumps_value([[r.key, r.src, r.gidx, r.tag, list(r.fields), r.new] for r in rows],
+                        ensure_ascii=True).encode()
+
+
+def decode_restore_rows(raw: Any) -> List[RestoreRow]:
+    """The rows of a ``restores`` row chunk. Raises RecordError."""
+    try:
+        d = _loads_value(bytes(raw))
+    except (ValueError, TypeError, RecursionError) as e:
+        raise RecordError(f"restore rows: not JSON ({e})") from None
+    if type(d) is not list:
+        raise RecordError("restore rows: not a JSON array")
+    out = []
+    for r in d:
+        if type(r) is not list or len(r) != 6 or type(r[0]) is not str or not is_uint(r[1]) or not is_uint(r[2]) \
+                or type(r[4]) is not list or not all(type(f) is str for f in r[4]) or type(r[5]) is not bool:
+            raise RecordError(f"restore row of the wrong shape: {str(r)[:80]}")
+        out.append(RestoreRow(r[0], r[1], r[2], r[3], tuple(r[4]), r[5]))
+    return out
+
+
 __all__ = [
     "CONTROLLER_FORMAT", "CONTROLLER_FORMATS_READ", "CONTROLLER_DBS", "ROW2_HEAD", "ROW2_KEYED", "ROW2_TAGGED",
-    "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag", "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
+    "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag",
+    "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
+    "META_RESTORE_TAG", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
+    "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows",
+    "decode_restore_rows", "RESTORE_CHUNK_ROWS",
     "RecordError", "RowRecord",
     "gidx_key", "decode_gidx_key", "parts_key", "sampler_key", "decode_parts_key", "keys_key", "decode_keys_key",
     "cons_prefix", "cons_key", "decode_cons_key", "schema_key", "decode_schema_key",

@@ -31,6 +31,11 @@ DTYPE_NAMES: Dict[int, str] = {
 }
 NAME_TO_CODE = {v: k for k, v in DTYPE_NAMES.items()}
 
+#: the dtype code a controller ``schema`` record holds for a tensor or ndarray field whose rows in
+#: the partition hold more than one dtype (put with ``strict_schema=False``); each row's dtype is in
+#: its frame header.  Never a frame's dtype (so not in :data:`DTYPE_NAMES`).
+SCHEMA_MIXED = 255
+
 # bytes per element of every code (numpy lacks bfloat16 and the float8 types; the torch adapter
 # maps codes to torch dtypes by name: tqstore.torch_adapter)
 ITEMSIZE: Dict[int, int] = {

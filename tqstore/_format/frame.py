@@ -14,6 +14,7 @@ version) naming the file and offset.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -24,6 +25,7 @@ from ..errors import CorruptionError, FormatVersionError
 from .index import LOC_DTYPE
 from .layout import (
     CODEC_MASK,
+    FRAME_OK,
     CODEC_RAW,
     CODEC_ZSTD,
     FRAME_END_MAGIC,
@@ -310,7 +312,9 @@ def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: 
     sizes, zero padding, CRC32C (unless ``verify=False``), and, when given, the index's CRC
     and the row's global index.  Headers that repeat (same field, dtype, shape) are parsed once.
 
-    Returns ``(head, payload)`` per frame; ``payload`` is a view into ``buf`` (no copy).
+    Returns ``(head, payload)`` per frame; ``payload`` is a view into ``buf`` (no copy).  Each
+    head is the frame's own (its ``gidx`` is the frame's row); heads of frames that differ only
+    in their row share everything else.
 
     Raises:
         CorruptionError / FormatVersionError: the first frame that does not check.
@@ -332,9 +336,20 @@ def decode_frames(buf, offsets: Sequence[int], lengths: Sequence[int], *, crcs: 
         h = cache.get(key)
         if h is None:
             h = cache[key] = parse_head(mv, off, length, path=path)
+        else:  # same template, parsed once: only the row's gidx differs
+            g = int.from_bytes(mv[off + PREFIX_SIZE:off + PREFIX_SIZE + 8], "little")
+            if g != h.gidx:
+                h = _with_gidx(h, g)
         pos = off + h.payload_start
         out.append((h, mv[pos:pos + h.payload_len]))
     return out
+
+
+def _with_gidx(h: FrameHead, gidx: int) -> FrameHead:
+    """``h`` for another row (a copy with ``gidx``; every other field shared)."""
+    c = copy.copy(h)
+    object.__setattr__(c, "gidx", gidx)
+    return c
 
 
 def head_template(head) -> Tuple[bytes, bytes]:
@@ -415,3 +430,31 @@ def check_rows(heads, tails, *, template: Tuple[bytes, bytes], gidxs, crcs, offs
             raise CorruptionError("record frame padding is not zero (damaged)", path=path,
                                   offset=int(offsets[bad[0]]))
     return True
+
+
+def restamp_frames(buf, offsets, lengths, gidxs) -> np.ndarray:
+    """Re-stamp frames in the writable buffer ``buf``: the frames at ``offsets`` (multiples of
+    64) / ``lengths``, which passed the frame-check kernel, get the global indexes ``gidxs`` in
+    their headers (bytes 24–31) and, in their trailers, the CRC32C recomputed over their new
+    bytes ``[0, payload_start + P)`` (docs/FORMAT.md, "Selective restores"); every other byte
+    stays as it is.  Returns the new CRCs (uint32), computed by the frame-check kernel.
+
+    Raises:
+        ValueError: a frame fails another check than its (now stale) CRC: not a checked frame.
+    """
+    b8 = np.frombuffer(buf, np.uint8)
+    off = np.asarray(offsets, np.int64)
+    n = len(off)
+    if not n:
+        return np.zeros(0, np.uint32)
+    g = np.ascontiguousarray(gidxs, dtype="<u8")
+    b8[(off + PREFIX_SIZE)[:, None] + np.arange(8)] = g.view(np.uint8).reshape(n, 8)
+    hlen = b8[off + 6].astype(np.int64) | (b8[off + 7].astype(np.int64) << 8)
+    plen = np.ascontiguousarray(b8[(off + 8)[:, None] + np.arange(8)]).view("<u8").reshape(n).astype(np.int64)
+    end = off + ((PREFIX_SIZE + hlen + 63) & ~63) + plen
+    loc = _locs(off, np.asarray(lengths, np.int64))
+    status, crcs, _trailers = check_run(buf, loc, g, verify=True, index_crc=False)
+    if not np.isin(status, (FRAME_OK, FRAME_CRC)).all():
+        raise ValueError(f"restamp_frames: frame check {int(status[status != FRAME_CRC].max())}: not a checked frame")
+    b8[end[:, None] + np.arange(4)] = crcs.astype("<u4").view(np.uint8).reshape(n, 4)
+    return crcs.astype(np.uint32)

@@ -10,6 +10,10 @@ db          key                                        value
 ``undo``    token u64 big-endian ‖ index key            the replaced location (20 bytes)
             (:func:`undo_key`)
 ``meta``    ``format`` (:data:`META_FORMAT`)            ASCII decimal unit index format version
+``restore`` restore tag u64 big-endian ‖ kind byte ‖    staged (kind 0): the location of a frame a
+            index key (:func:`restore_entry_key`;       selective restore wrote; published (kind 1):
+            kind 255: no index key)                     the location it replaced (20 bytes) or empty
+                                                       (none); closed (kind 255): empty
 ==========  =========================================  ===============================================
 
 Bytes in, objects out: no I/O, no LMDB.  Every ``decode_*`` (and :meth:`SegInfo.unpack`)
@@ -122,6 +126,34 @@ def decode_format(raw: Any) -> int:
     return v
 
 
+# ---------------------------------------------------------------------------- selective restores
+RESTORE_STAGED = 0  # a frame a restore wrote, not yet in ``loc``
+RESTORE_PUBLISHED = 1  # a ``loc`` entry a restore set: what it replaced (empty: nothing)
+RESTORE_CLOSED = 255  # the restore was settled: later writes with its tag are refused
+RESTORE_KINDS = (RESTORE_STAGED, RESTORE_PUBLISHED, RESTORE_CLOSED)
+
+
+def restore_prefix(tag: int, kind: int) -> bytes:
+    """The common head of a restore's entries of one kind: tag (u64 big-endian) ‖ kind byte."""
+    return tag.to_bytes(TOKEN_BYTES, "big") + bytes([kind])
+
+
+def restore_entry_key(tag: int, kind: int, index_key: bytes = b"") -> bytes:
+    """Key of ``restore``: tag ‖ kind ‖ index key (no index key for :data:`RESTORE_CLOSED`)."""
+    return restore_prefix(tag, kind) + bytes(index_key)
+
+
+def decode_restore_entry_key(raw: Any) -> Tuple[int, int, bytes]:
+    """``(tag, kind, index key)`` of a ``restore`` key. Raises RecordError."""
+    k = bytes(raw) if raw is not None else b""
+    if len(k) < TOKEN_BYTES + 1 or k[TOKEN_BYTES] not in RESTORE_KINDS \
+            or (k[TOKEN_BYTES] == RESTORE_CLOSED) != (len(k) == TOKEN_BYTES + 1) \
+            or (k[TOKEN_BYTES] != RESTORE_CLOSED and len(k) < TOKEN_BYTES + 10):
+        raise RecordError(f"not a restore entry key: {k[:40]!r}")
+    return int.from_bytes(k[:TOKEN_BYTES], "big"), k[TOKEN_BYTES], k[TOKEN_BYTES + 1:]
+
+
 __all__ = ["UNIT_INDEX_FORMAT", "UNIT_INDEX_DBS", "META_FORMAT", "RecordError", "SegInfo", "encode_seg_info",
            "decode_seg_info", "seg_key", "decode_seg_key", "undo_prefix", "undo_key", "decode_undo_key",
-           "encode_format", "decode_format"]
+           "encode_format", "decode_format", "RESTORE_STAGED", "RESTORE_PUBLISHED", "RESTORE_CLOSED",
+           "RESTORE_KINDS", "restore_prefix", "restore_entry_key", "decode_restore_entry_key"]

@@ -10,7 +10,7 @@ import sys
 
 #: schema name -> {database name: checker name}; a database not listed is a problem
 SCHEMAS: dict = {
-    "unit_index": {b"loc": "loc", b"segs": "segs", b"undo": "undo", b"meta": "meta_format"},
+    "unit_index": {b"loc": "loc", b"segs": "segs", b"undo": "undo", b"meta": "meta_format", b"restore": "any"},
     "controller": {b"meta": "meta_decimal", b"free": "gidx_empty", b"parts": "json_object", b"keys": "gidx_value",
                    b"rows": "rows", b"cons": "cons", b"schema": "json_object", b"sampler": "json_object",
                    b"restores": "any"},

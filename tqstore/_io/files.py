@@ -166,6 +166,21 @@ def write_file(path: PathLike, data: bytes, *, fsync: bool = True) -> None:
         os.close(fd)
 
 
+def write_buffers(path: PathLike, buffers: Sequence, *, fsync: bool = True) -> int:
+    """Create the new file ``path`` (it must not exist) and write ``buffers`` back to back
+    with vectored writes (no copy into one buffer: they may be views of mapped segments);
+    fsync it when asked.  Returns bytes written.  Failpoints ``create``, ``write``, ``fsync_file``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    try:
+        _fp("create", str(path))
+        n = pwrite_all(fd, buffers, 0)
+        if fsync:
+            fsync_fd(fd, str(path))
+        return n
+    finally:
+        os.close(fd)
+
+
 def write_file_atomic(path: PathLike, data: bytes, *, fsync: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically: temp sibling, fsync, rename, fsync parent.
 

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from typing import List, Optional, Sequence, Tuple
@@ -84,6 +85,7 @@ class LmdbWalk:
         self._out = None
         self._base = 0
         self._done: Optional[List[WalkProblem]] = None
+        self._lock = threading.Lock()  # result() and wait_clean() from several threads
         if self.targets:
             self._spawn(0)
 
@@ -95,18 +97,65 @@ class LmdbWalk:
                                       stdout=self._out, stderr=subprocess.DEVNULL, close_fds=True)
 
     def _records(self) -> List[dict]:
+        """The child's records so far.  Read with ``pread`` (no seek): the child writes
+        through the same open file description, so moving its offset while the child
+        runs would make it overwrite earlier records."""
         assert self._out is not None
-        self._out.seek(0)
+        fd = self._out.fileno()
+        chunks, off = [], 0
+        while True:
+            b = os.pread(fd, 1 << 16, off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
         out = []
-        for line in self._out.read().splitlines():
+        for line in b"".join(chunks).splitlines():
             try:
                 out.append(json.loads(line))
             except ValueError:
                 break
         return out
 
+    def wait_clean(self, index: int, *, poll_s: float = 0.002) -> List[WalkProblem]:
+        """Wait until target ``index`` has been walked; the problems found so far (empty:
+        that file walked cleanly, and it may be mapped now, while the child goes on with
+        the next files).  Any problem, of this target or of one walked before it, or a
+        child that ended early, ends the wait with :meth:`result` (the whole walk's
+        findings), so a caller never maps a file the walk did not finish cleanly.
+
+        Thread-safe: the loader's per-unit tasks each wait for their own file.
+        """
+        if not 0 <= index < len(self.targets):
+            raise IndexError(f"no walk target {index}")
+        while True:
+            with self._lock:
+                if self._done is not None:
+                    return self._done
+                if self._proc is None or self._out is None or self._base != 0:
+                    return self._result_locked()  # past a crash: the whole walk settles it
+                state = "walking"
+                for r in self._records():
+                    if "error" in r:
+                        state = "problem"
+                        break
+                    if r.get("done") == index:
+                        state = "clean"
+                        break
+                if state == "clean":
+                    self.elapsed_s = max(self.elapsed_s, time.monotonic() - self.t0)
+                    return []
+                if state == "problem" or self._proc.poll() is not None or \
+                        time.monotonic() - self.t0 >= self.timeout_s:
+                    return self._result_locked()
+            time.sleep(poll_s)
+
     def result(self) -> List[WalkProblem]:
         """Wait for the walk; the problems found (empty: every file walked cleanly)."""
+        with self._lock:
+            return self._result_locked()
+
+    def _result_locked(self) -> List[WalkProblem]:
         if self._done is not None:
             return self._done
         while self._proc is not None:

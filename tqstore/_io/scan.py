@@ -27,7 +27,7 @@ CHUNK_BYTES = 8 << 20
 TAIL_BYTES = 4096
 
 Progress = Optional[Callable[[int], None]]
-FrameSpec = Tuple[int, int, int]  # (offset, length, crc) of a frame in a segment
+FrameSpec = Tuple[int, int, int]  # (offset, length, crc) of a frame in a segment (or a row of an (n, 3) array)
 
 
 @dataclass(frozen=True)
@@ -55,9 +55,10 @@ _PAST_END = "record frame lies past the end of the file (truncated)"
 
 
 def _locs(frames: Sequence[FrameSpec]) -> np.ndarray:
+    """``frames`` (``(offset, length, crc)`` tuples, or an ``(n, 3)`` integer array) as LOC records."""
     loc = np.zeros(len(frames), LOC_DTYPE)
     if len(frames):
-        a = np.array(frames, dtype=np.uint64).reshape(-1, 3)
+        a = np.asarray(frames, dtype=np.uint64).reshape(-1, 3)
         loc["offset"], loc["length"], loc["crc"] = a[:, 0], a[:, 1], a[:, 2]
     return loc
 

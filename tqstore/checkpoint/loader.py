@@ -9,8 +9,11 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 
 * every file is first checked to be a regular file (no symbolic link, FIFO or device) of
   the size MANIFEST.json records; every LMDB file is walked in a child process
-  (:mod:`tqstore._io.lmdbwalk`, in parallel with the CRC checks of the index files) before
-  this process maps it, and is then copied compacted (no free pages);
+  (:mod:`tqstore._io.lmdbwalk`: one for the unit indexes, one for the controller, side by
+  side) before this process maps it, and is then copied compacted (no free pages);
+* every file is its own task, all started at once: its CRC32C, then (once its walk is
+  clean) its reading and staging, so the segments of one unit are verified while other
+  indexes are still walked and the controller's entries are decoded and checked;
 * same unit count: the controller and index files are checked and copied; every index
   entry must name bytes inside a listed segment (the checks of a deep
   :func:`verify_checkpoint`, same code); segments are hard-linked (same file system) or
@@ -26,11 +29,12 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -42,8 +46,8 @@ from ..ports import ControllerPort, UnitImport, UnitPort
 from . import manifest as M
 from .planner import FrameTable, plan_load_mode, plan_reshard
 from .verify import (
-    _check_controller, bad_block, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
-    unit_frames, walk_problems,
+    Problem, bad_block, check_controller_counts, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
+    unit_frames,
 )
 
 log = logging.getLogger("tqstore")
@@ -102,9 +106,9 @@ class Builder:
     """
 
     def __init__(self, src: Path, man: M.Manifest, controller: ControllerPort, units: Sequence[UnitPort],
-                 max_workers: int, walk: Optional[LmdbWalk] = None) -> None:
+                 max_workers: int, walks: Optional[Dict[str, Tuple[LmdbWalk, int]]] = None) -> None:
         self.src = src
-        self.walk = walk
+        self.walks = dict(walks or {})  # manifest path of an LMDB file -> (the walk that has it, its target)
         self.man = man
         self.controller = controller
         self.units = list(units)
@@ -112,70 +116,104 @@ class Builder:
         self.max_workers = max_workers
         self.mode = plan_load_mode(man.num_units, self.num_units, man.include_storage)
         self.read_bytes = 0
+        self._count_lock = threading.Lock()
         self._pending: List[Any] = []
         self._vpool: Optional[ThreadPoolExecutor] = None
+        self.new_dir: Optional[Path] = None  # the state directory being built (set by __call__)
 
-    def _walked(self) -> None:
-        """Wait for the out-of-process walk of the LMDB files; raise what it found.  Nothing
-        in this process maps a checkpoint's LMDB file before this returned."""
-        if self.walk is None:
-            return
+    def _read(self, n: int) -> None:
+        with self._count_lock:
+            self.read_bytes += n
+
+    def _walked(self, e: M.FileEntry) -> None:
+        """Wait until the out-of-process walk finished ``e`` (an LMDB file) cleanly; raise
+        what it found.  Nothing in this process maps a checkpoint's LMDB file before its
+        walk returned clean (the walk goes on with the next files meanwhile)."""
+        if e.path not in self.walks:
+            raise CheckpointError(f"internal: {e.path} of {self.src} was not walked")
         t0 = time.perf_counter()
-        probs = walk_problems(self.walk)
-        log.debug("LMDB walk of %s: %.3f s, waited %.3f s", self.src, self.walk.elapsed_s, time.perf_counter() - t0)
+        walk, i = self.walks[e.path]
+        probs = [Problem(w.path, w.message) for w in walk.wait_clean(i)]
+        log.debug("LMDB walk of %s up to %s: waited %.3f s", self.src, e.path, time.perf_counter() - t0)
         if probs:
             raise probs[0].to_error()
 
-    def __call__(self, new_dir: Path) -> str:
+    def _controller_part(self, new_dir: Path) -> None:
+        """The controller's file: CRC, walk, unit and row counts against the manifest (as a
+        deep verify), then staged.  Its entries are decoded and checked once, by the store's
+        open of the staged copy (:meth:`Store.install_state` opens the new state before the
+        switch; the same checked decoder as a deep verify's): not a second time here."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
-        self.read_bytes += _check_file(self.src, ctrl)
-        workers = max(1, min(self.max_workers, max(self.num_units, self.man.num_units)))
-        if self.mode != "metadata":  # index CRCs while the walk runs
-            idx = [self.man.find(M.unit_index_file(i)) for i in range(self.man.num_units)]
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
-                self.read_bytes += sum(pool.map(lambda e: _check_file(self.src, e), idx))
-        self._walked()
-        probs = _check_controller(self.src, self.man)  # unit and row counts, as a deep verify
+        self._read(_check_file(self.src, ctrl))
+        self._walked(ctrl)
+        probs = check_controller_counts(self.src, self.man)
         if probs:
             raise probs[0].to_error()
         self.controller.stage_import(str(new_dir / "controller"), str(self.src / "controller"),
                                      num_units=self.num_units if self.man.num_units != self.num_units else None,
                                      clear_produced=self.mode == "metadata")
-        if self.mode == "metadata":
-            return self.mode
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-load") as pool:
+
+    def _index_part(self, i: int) -> FrameTable:
+        """Unit ``i``'s index file: CRC (stopping at the first bad block), walk, entries read
+        and checked against the manifest."""
+        e = self.man.find(M.unit_index_file(i))
+        self._read(_check_file(self.src, e))
+        self._walked(e)
+        return self._unit_table(i)
+
+    def __call__(self, new_dir: Path) -> str:
+        """Every file's checks and staging as tasks that start at once: each unit index is
+        read as soon as the walk has passed it (one child walks the unit indexes, another
+        the controller, side by side), each unit stages right after and its segments' verification
+        starts in the background, while the controller's entries are decoded and checked
+        beside them.  All tasks have ended (none still writes into ``new_dir``) when this
+        returns or raises."""
+        self.new_dir = Path(new_dir)
+        n_src = self.man.num_units if self.mode != "metadata" else 0
+        workers = max(1, min(self.max_workers, max(self.num_units, n_src)))
+        link = False
+        if self.mode == "same":
+            # a checkpoint file whose fsync failed in this process is copied, never linked and fsynced again
+            link = files.same_filesystem(self.src, new_dir) and not any(
+                files.fsync_failed(self.src / e.path) for i in range(self.num_units)
+                for e in self.man.segments(i).values())
+            self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
+
+        def same(i: int) -> None:  # plan (the index read and checked), stage, verify in the background
+            plan = self._same_plan(i, link, self._index_part(i))
+            self._read(self.units[i].stage_import(str(new_dir / M.unit_dir_name(i)), plan))
+            assert self._vpool is not None
+            self._pending.append((i, self._vpool.submit(self.units[i].verify_import,
+                                                        str(new_dir / M.unit_dir_name(i)), plan)))
+
+        with ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="tqstore-load") as pool:
+            ctrl = pool.submit(self._controller_part, new_dir)
             if self.mode == "same":
-                # a checkpoint file whose fsync failed in this process is copied, never linked and fsynced again
-                link = files.same_filesystem(self.src, new_dir) and not any(
-                    files.fsync_failed(self.src / e.path) for i in range(self.num_units)
-                    for e in self.man.segments(i).values())
-                plans: List[Any] = [None] * self.num_units
-
-                def stage(i: int) -> int:  # plan (the index read and checked) and stage, unit by unit
-                    plans[i] = self._same_plan(i, link)
-                    return self.units[i].stage_import(str(new_dir / M.unit_dir_name(i)), plans[i])
-
-                self.read_bytes += sum(pool.map(stage, range(self.num_units)))
-                self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
-                self._pending = [self._vpool.submit(self.units[i].verify_import, str(new_dir / M.unit_dir_name(i)),
-                                                    plans[i]) for i in range(self.num_units)]
+                _first_error([ctrl] + [pool.submit(same, i) for i in range(self.num_units)])
+            elif self.mode == "reshard":  # the targets start once every source index is read
+                tables = [pool.submit(self._index_part, i) for i in range(n_src)]
+                try:
+                    _first_error(tables)
+                    seg_paths = {(e.unit, e.seg): e.path for e in self.man.by_role(M.ROLE_SEGMENT)}
+                    plan = plan_reshard({i: f.result() for i, f in enumerate(tables)}, self.num_units)
+                    _first_error([pool.submit(self._reshard_target, new_dir, t, seg_paths) for t in plan.targets])
+                finally:
+                    _first_error([ctrl])
             else:
-                refs = dict(zip(range(self.man.num_units), pool.map(self._unit_table, range(self.man.num_units))))
-                seg_paths = {(e.unit, e.seg): e.path for e in self.man.by_role(M.ROLE_SEGMENT)}
-                plan = plan_reshard(refs, self.num_units)
-                self.read_bytes += sum(pool.map(
-                    lambda t: self.units[t.unit].stage_import(
-                        str(new_dir / M.unit_dir_name(t.unit)),
-                        UnitImport("reshard", str(self.src), target=t, seg_paths=seg_paths)),
-                    plan.targets))
+                ctrl.result()
         return self.mode
+
+    def _reshard_target(self, new_dir: Path, t, seg_paths) -> None:
+        self._read(self.units[t.unit].stage_import(str(new_dir / M.unit_dir_name(t.unit)),
+                                                   UnitImport("reshard", str(self.src), target=t,
+                                                              seg_paths=seg_paths)))
 
     def finish(self) -> None:
         """Wait for the background verification of the segments; raise the first problem."""
         errors = []
-        for f in self._pending:
+        for _i, f in sorted(self._pending, key=lambda p: p[0]):
             try:
-                self.read_bytes += f.result()
+                self._read(f.result())
             except BaseException as e:  # noqa: BLE001 - the first is raised below
                 errors.append(e)
         self._pending = []
@@ -184,19 +222,19 @@ class Builder:
 
     def abandon(self) -> None:
         """After a failed install: stop the verification threads (their results do not matter)."""
-        for f in self._pending:
+        for _i, f in self._pending:
             f.cancel()
         if self._vpool is not None:
             self._vpool.shutdown(wait=True)
             self._vpool = None
         self._pending = []
 
-    def _same_plan(self, i: int, link: bool) -> UnitImport:
+    def _same_plan(self, i: int, link: bool, table: FrameTable) -> UnitImport:
         """Unit ``i``'s part: its (verified, walked) index, its segments, the frames to check."""
         segs = sorted(self.man.segments(i).items())
         return UnitImport("same", str(self.src), index_dir=f"{M.unit_dir_name(i)}/index",
                           segments=[(seg, e.path, e.size, e.crc32c) for seg, e in segs],
-                          frames=frames_of(self._unit_table(i)), link=link)
+                          frames=frames_of(table), link=link)
 
     def _unit_table(self, i: int) -> FrameTable:
         """Unit ``i``'s index entries, with the checks of a deep verify (shared code): the
@@ -216,6 +254,18 @@ class Builder:
         return table
 
 
+def _first_error(futs: Sequence[Future]) -> None:
+    """Wait for every future; raise the first error (by submission order) once all ended."""
+    errors = []
+    for f in futs:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001 - the first is raised below
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
 def load(store, checkpoint_dir) -> LoadInfo:
     """Load a checkpoint into ``store`` (see :meth:`CheckpointMixin.load_checkpoint`)."""
     from .writer import settle, state_of
@@ -230,14 +280,25 @@ def load(store, checkpoint_dir) -> LoadInfo:
             prob = file_problem(src, e)
             if prob is not None:
                 raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
-        lmdb_files = [e for e in man.files if e.role == M.ROLE_CONTROLLER or
-                      (e.role == M.ROLE_UNIT_INDEX and plan_load_mode(man.num_units, store.num_units,
-                                                                       man.include_storage) != "metadata")]
-        walk = lmdb_walk(src, lmdb_files, first_only=True)  # runs while the lock is taken and CRCs are checked
-        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)), walk=walk)
+        # two children side by side: the unit indexes (their segments' verification is the long
+        # part) and the controller (its checked decode is); they run while the lock is taken
+        groups = [man.by_role(M.ROLE_CONTROLLER)]
+        if plan_load_mode(man.num_units, store.num_units, man.include_storage) != "metadata":
+            groups.insert(0, [man.find(M.unit_index_file(i)) for i in range(man.num_units)])
+        walks = [lmdb_walk(src, g, first_only=True) for g in groups]
+        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)),
+                        walks={e.path: (w, k) for g, w in zip(groups, walks) for k, e in enumerate(g)})
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
             mode = store.install_state(build, reconcile=False, before_switch=build.finish)
+        except CorruptionError as e:
+            staged = build.new_dir / "controller" if build.new_dir is not None else None
+            if staged is not None and e.path is not None and Path(e.path).parent == staged:
+                # the open of the staged copy decoded and checked the entries: name the checkpoint's file
+                raise type(e)(f"checkpoint controller index: {e.message}; the store is unchanged",
+                              path=str(src / M.CONTROLLER_FILE), offset=e.offset, expected_crc=e.expected_crc,
+                              actual_crc=e.actual_crc) from e
+            raise
         except TqstoreError:
             raise
         except OSError as e:
@@ -247,9 +308,10 @@ def load(store, checkpoint_dir) -> LoadInfo:
                                   f"is unchanged", path=str(src)) from e
         finally:
             build.abandon()
-            walk.cancel()
+            for w in walks:
+                w.cancel()
     info = LoadInfo(src, man.num_units, store.num_units, mode, man.rows, man.total_bytes, build.read_bytes,
-                    time.perf_counter() - t0, dict(man.metadata), walk.elapsed_s)
+                    time.perf_counter() - t0, dict(man.metadata), max(w.elapsed_s for w in walks))
     log.info("loaded checkpoint %s (%s, %d -> %d units, %d rows) in %.3f s", src, mode, man.num_units,
              store.num_units, man.rows, info.elapsed_s)
     return info

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
+from .._format import dump_records as DR
 from .._io import locks
 from ..errors import CheckpointError, ConfigError
 from ..layout_dirs import STORE_FILE
@@ -60,6 +61,21 @@ def is_checkpoint_dir(d: PathLike) -> bool:
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return False
     return isinstance(doc, dict) and doc.get("format") == M.FORMAT_NAME
+
+
+def is_dump_dir(d: PathLike) -> bool:
+    """True if ``d/MANIFEST.json`` is a regular file whose JSON declares the tqstore dump format
+    (``"format": "tqstore dump"``; checksum and members not checked: a damaged dump is still one)."""
+    mp = os.path.join(os.fspath(d), DR.MANIFEST_NAME)
+    try:
+        st = os.lstat(mp)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > DR.MAX_JSON_BYTES:
+            return False
+        with open(mp, "rb") as f:
+            doc = json.loads(f.read())
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return False
+    return isinstance(doc, dict) and doc.get("format") == DR.MANIFEST_FORMAT
 
 
 def _is_torn_checkpoint(d: Path) -> bool:
@@ -114,6 +130,7 @@ CHECKPOINT = TargetKind("checkpoint", "a tqstore checkpoint", is_checkpoint_dir)
 GENERATION = TargetKind("generation", "a checkpoint generation",
                         lambda d: is_checkpoint_dir(d) or _is_torn_checkpoint(d), in_generation_root=True)
 GENERATION_ROOT = TargetKind("generation root", "a checkpoint generation root", is_generation_root, published=False)
+DUMP = TargetKind("dump", "a tqstore dump", is_dump_dir)
 
 
 def _within(inner: Path, outer: Path) -> bool:
@@ -131,6 +148,8 @@ def enclosing_owner(real: Path, *, skip_root_parent: bool = False) -> Optional[T
             return "the store", a
         if os.path.lexists(a / M.MANIFEST_NAME) and is_checkpoint_dir(a):
             return "the checkpoint", a
+        if os.path.lexists(a / M.MANIFEST_NAME) and is_dump_dir(a):
+            return "the dump", a
         if os.path.lexists(a / ROOT_LOCK_NAME) and not (i == 0 and skip_root_parent):
             return "the checkpoint generation root", a
     return None
@@ -156,7 +175,7 @@ def describe(p: Path) -> str:
         return f"a directory that cannot be listed ({e.strerror})"
     if STORE_FILE in names:
         return "a tqstore store directory (it holds STORE.json)"
-    if M.MANIFEST_NAME in names and not is_checkpoint_dir(p):
+    if M.MANIFEST_NAME in names and not is_checkpoint_dir(p) and not is_dump_dir(p):
         return f"a directory holding a {M.MANIFEST_NAME} that is not a tqstore checkpoint manifest"
     if ROOT_LOCK_NAME in names or any(_ROOT_ENTRY.match(n) for n in names):
         foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and (p / n).is_dir())]
@@ -167,6 +186,8 @@ def describe(p: Path) -> str:
                 f"{'y' if len(foreign) == 1 else 'ies'} no CheckpointManager puts there ({shown})")
     if is_checkpoint_dir(p):
         return "a tqstore checkpoint"
+    if is_dump_dir(p):
+        return "a tqstore dump"
     shown = ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
     return f"a directory holding {len(names)} entr{'y' if len(names) == 1 else 'ies'} ({shown})"
 
@@ -288,6 +309,6 @@ def read_locked(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
-__all__: List[str] = ["TargetKind", "CHECKPOINT", "GENERATION", "GENERATION_ROOT", "check_target",
+__all__: List[str] = ["TargetKind", "CHECKPOINT", "GENERATION", "GENERATION_ROOT", "DUMP", "is_dump_dir", "check_target",
                       "check_store_location", "enclosing_owner", "is_checkpoint_dir", "is_generation_root",
                       "lock_path_for", "reading", "read_locked", "ROOT_LOCK_NAME"]

@@ -252,7 +252,7 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
             problems.append(_crc_problem(src / e.path, e, res))
         else:
             good_index[e.path] = e
-    frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]] = defaultdict(list)
+    frames_by_seg: Dict[Tuple[int, int], Any] = defaultdict(list)  # (unit, seg) -> frames_of rows
     skip: set = set()
     if deep and good_index:
         # every LMDB file is walked in a child process before this one maps it
@@ -296,6 +296,24 @@ def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
         return [Problem(str(p / "data.mdb"), f"controller index cannot be opened: {e}")]
     except CorruptionError as e:
         return [Problem(e.path or str(p / "data.mdb"), e.message)]
+    return _count_problems(p, man, st)
+
+
+def check_controller_counts(src: Path, man: M.Manifest) -> List[Problem]:
+    """The controller's unit and row counts against MANIFEST.json, its entries not decoded
+    (a load: the store's open of the staged copy decodes and checks every entry, with the
+    decoder :func:`_check_controller` uses)."""
+    p = src / "controller"
+    try:
+        st = embedded.controller_counts(p)
+    except StorageIOError as e:
+        return [Problem(str(p / "data.mdb"), f"controller index cannot be opened: {e}")]
+    except CorruptionError as e:
+        return [Problem(e.path or str(p / "data.mdb"), e.message)]
+    return _count_problems(p, man, st)
+
+
+def _count_problems(p: Path, man: M.Manifest, st: Dict[str, Any]) -> List[Problem]:
     out: List[Problem] = []
     if st["num_units"] != man.num_units:
         out.append(Problem(str(p / "data.mdb"), f"controller says {st['num_units']} units, MANIFEST.json "
@@ -374,21 +392,24 @@ def unit_frames(src: Path, man: M.Manifest, u: int,
     return table, out
 
 
-def frames_of(table: FrameTable) -> Dict[int, List[Tuple[int, int, int]]]:
-    """``{segment: [(offset, length, crc), ...] sorted by offset}`` of a unit's entries."""
+def frames_of(table: FrameTable) -> Dict[int, np.ndarray]:
+    """``{segment: uint64 array of rows (offset, length, crc), sorted by offset}`` of a unit's
+    entries (arrays, not tuples: a scan takes them as they are, with no per-frame work)."""
     order = np.lexsort((table.offset, table.seg))
-    seg, off, ln, crc = table.seg[order], table.offset[order], table.length[order], table.crc[order]
-    out: Dict[int, List[Tuple[int, int, int]]] = {}
+    seg = table.seg[order]
+    out: Dict[int, np.ndarray] = {}
     if not len(order):
         return out
+    rows = np.empty((len(order), 3), np.uint64)
+    rows[:, 0], rows[:, 1], rows[:, 2] = table.offset[order], table.length[order], table.crc[order]
     cuts = np.flatnonzero(np.diff(seg)) + 1
     for a, b in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(seg)].tolist()):
-        out[int(seg[a])] = list(zip(off[a:b].tolist(), ln[a:b].tolist(), crc[a:b].tolist()))
+        out[int(seg[a])] = rows[a:b]
     return out
 
 
 def _read_unit_index(src: Path, man: M.Manifest, u: int,
-                     frames_by_seg: Dict[Tuple[int, int], List[Tuple[int, int, int]]],
+                     frames_by_seg: Dict[Tuple[int, int], Any],
                      skip: Optional[set] = None) -> List[Problem]:
     bad: set = set()
     table, out = unit_frames(src, man, u, bad)

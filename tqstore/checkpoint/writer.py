@@ -42,7 +42,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 from .._io import files, locks
 from ..errors import CheckpointError, TqstoreError
-from ..ports import ControllerExport, Reusable, UnitExport
+from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
 from . import manifest as M
 from . import target as T
 
@@ -160,7 +160,8 @@ def settle(state: _State) -> None:
     state.inflight = None
     if h._error is not None and not h._reported:
         h._reported = True
-        raise CheckpointError(f"the background checkpoint save to {h.path} failed: {h._error}") from h._error
+        raise CheckpointError(f"the background {getattr(h, 'what', 'checkpoint save')} to {h.path} failed: "
+                              f"{h._error}") from h._error
 
 
 def wait_quietly(store) -> None:
@@ -172,7 +173,7 @@ def wait_quietly(store) -> None:
     if h is not None:
         h.wait()
         if h._error is not None and not h._reported:
-            log.error("background checkpoint save to %s failed: %s", h.path, h._error)
+            log.error("background %s to %s failed: %s", getattr(h, "what", "checkpoint save"), h.path, h._error)
 
 
 @contextlib.contextmanager
@@ -210,6 +211,7 @@ def take_cut(store) -> Cut:
     """The MVCC cut, under the store's write lock (held only for the cut)."""
     t0 = time.perf_counter()
     with store._write_lock:
+        check_no_restore(store.controller, None, "a full checkpoint save")  # a cut never holds half a restore
         snap = store.snapshot()
         cut = Cut(snap, store.num_units, Path(store.root), 0.0)
     cut.stall_s = time.perf_counter() - t0

@@ -1,0 +1,138 @@
+"""Selective dump and restore of chosen keys (shared/DESIGN.md §5; docs/FORMAT.md, "Dump
+directory" and "Selective restores").
+
+``Store.dump_data_by_key`` (mixed into :class:`~tqstore.Store` by :class:`DumpMixin`;
+``tqstore.dump_data_by_key`` forwards to the default store's) writes exactly those keys of
+one partition at an MVCC cut: the row index and, per owning unit, a shard of its rows'
+frames copied byte for byte by the unit itself.  :func:`read_row_index`,
+:func:`describe_dump` and :func:`verify_dump` read a dump without a store.  Engine over the
+ports: no LMDB, no segment file, no controller mirror here.  ``Store.load_data_by_key`` merges
+a dump's rows into a running store and ``Store.recover_data_load`` settles a load a crash or
+an error left unresolved (:mod:`tqstore.dump.load`, :mod:`tqstore.dump.restore`).
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List
+
+from .publish import lock_path, marker_path
+from .reader import DumpIndex, describe_dump, open_dump, read_index, row_index_dict, verify_dump
+from .writer import DumpHandle
+
+PathLike = Any
+
+
+class DumpMixin:
+    """``dump_data_by_key``, ``load_data_by_key`` and ``recover_data_load`` of :class:`~tqstore.Store`."""
+
+    def dump_data_by_key(self, dump_dir: PathLike, keys: List[str], partition_id: str, *, blocking: bool = True):
+        """Dump exactly ``keys`` of ``partition_id`` to the directory ``dump_dir``, atomically.
+
+        The keys are resolved at an MVCC cut (duplicates dropped, the first kept); puts,
+        overwrites and clears after the cut never reach the dump.  Each unit owning dumped
+        frames writes its own shard (frames copied byte for byte from its segments, in
+        parallel); ``rows.json`` holds every dumped row (key, source global index, tag,
+        produced fields; rows with no produced field too) and the partition's schemas;
+        ``MANIFEST.json`` is written last.  The dump is written into ``<dir>.tmp`` and
+        renamed into place (a previous dump there stays readable until the new one is
+        durable) under the exclusive lock ``<dir>.lock``, which every dump, load and
+        ``read_row_index`` of the path takes, also in other processes.  An empty key list
+        gives a valid empty dump.
+
+        Args:
+            dump_dir: target directory: missing, empty, or a dump (replaced); its parent is
+                created if missing.  Symlinks are resolved.
+            keys: list of str.
+            partition_id: the partition (it must exist, also for an empty key list).
+            blocking: False returns a :class:`DumpHandle` right after the cut (``stall_s``);
+                the write runs in a background thread (one save or dump in flight per store).
+
+        Returns:
+            The report mapping: ``keys`` (rows dumped), ``rows_with_data``, ``shards``,
+            ``bytes`` (of the dump's files), ``frames``, ``payload_bytes``, ``path``,
+            ``partition_id``, ``stall_s``, ``write_s`` (or a handle whose ``result()`` is it).
+
+        Raises:
+            InvalidInputError: ``keys`` is not a list of valid str keys (nothing written).
+            PartitionNotFoundError, KeyNotFoundError: an unknown partition or key (nothing
+                written, no directory left).
+            RestorePendingError: ``<dir>.restore`` exists (a load may still read the dump;
+                call ``recover_data_load(dump_dir)``).
+            CheckpointError: the target is a file, a user's directory, a store, a checkpoint,
+                or inside one of those; or the write failed (a previous dump is intact).
+            CorruptionError: a stored frame does not verify (names file and offset).
+        """
+        from .writer import dump
+
+        return dump(self, dump_dir, keys, partition_id, blocking=blocking)
+
+    def load_data_by_key(self, dump_dir) -> Dict[str, Any]:
+        """Merge the rows of the dump at ``dump_dir`` into the running store.
+
+        Everything but the frames is checked first (manifest, row index, shard sizes, headers
+        and tables, format versions, the shards' frames against the row index, the dump's
+        schema against the live partition's); then target units read only their frames' byte
+        ranges, check each (CRC32C against the dump's record, structure, field name), in
+        bounded batches, in parallel, re-stamping frames whose global index changes (CRC
+        recomputed).  Existing keys keep their global index (their tag becomes the dump's and
+        the dumped fields' values replace theirs), new keys get fresh ones; other keys,
+        partitions, sampler and consumption state are untouched.  Any source unit count onto
+        any target count.  Holds ``<dir>.lock`` exclusively and keeps a ``<dir>.restore``
+        marker while the load may read the dump.
+
+        Returns:
+            a report: ``keys``, ``new_keys``, ``existing_keys``, ``rows_with_data``,
+            ``frames``, ``bytes`` (read and verified), ``partition_id``, ``restore_id``,
+            ``seconds``.
+
+        Raises:
+            CheckpointNotFoundError: no dump at ``dump_dir`` (a FileNotFoundError).
+            FormatVersionError: a dump file of another format version.
+            CorruptionError: a missing, truncated or damaged file (names file and offset).
+            SchemaError: a field's kind or dtype clashes with the live partition's.
+            RestorePendingError: the partition has an unresolved restore.
+            In every case nothing was written (a restore that failed once its units started
+            is cancelled before the error is raised).  If the process dies during the load,
+            the restore stays pending: :meth:`recover_data_load` settles it.
+        """
+        from . import restore
+
+        self._check_open()
+        return restore.load(self, dump_dir)
+
+    def recover_data_load(self, dump_dir, cancel: bool = False) -> bool:
+        """Settle an unresolved restore from ``dump_dir`` (a load interrupted by an error it
+        could not undo, or by the death of its process): complete it (the units not complete
+        re-import their frames; the dump is checked again) or, with ``cancel=True``, cancel
+        it (units drop what it wrote, then its reserved indexes are freed).  A restore that
+        was committed before a crash is completed either way.
+
+        Returns True when a restore of ``dump_dir`` was pending and is settled now, False when
+        none was (so repeating the call after a lost reply is safe).
+
+        Raises:
+            CorruptionError, FormatVersionError, CheckpointNotFoundError: completing needs the
+                dump and it does not check (the restore stays pending; cancel it instead).
+        """
+        from . import restore
+
+        self._check_open()
+        return restore.recover(self, dump_dir, cancel=bool(cancel))
+
+
+
+def read_row_index(dump_dir: PathLike) -> Dict[str, Any]:
+    """The row index of the dump at ``dump_dir``, without reading any payload:
+    ``{"partition_id", "format_version", "num_units", "rows": {key: {"tag", "fields",
+    "gidx"}}, "schemas": {field: {"kind", "dtype"}}}`` (rows in dump order).  Holds the path's
+    lock and repairs an interrupted publication first.
+
+    Raises:
+        CheckpointNotFoundError: no dump there (a FileNotFoundError).
+        FormatVersionError: a format version this tqstore does not read.
+        CorruptionError: a damaged manifest or row index (names the file).
+    """
+    return row_index_dict(read_index(dump_dir))
+
+
+__all__ = ["DumpMixin", "DumpHandle", "DumpIndex", "read_row_index", "describe_dump", "verify_dump", "open_dump",
+           "read_index", "lock_path", "marker_path"]

@@ -14,6 +14,7 @@ from ..errors import (
 )
 from ..ports import PartitionInfo, RowBatch, RowInfo
 from ._conformance_base import _PortTests, pytest
+from ._conformance_restore import ControllerRestoreTests
 
 RANK0 = {"dp_rank": 0, "batch_index": 0}
 
@@ -26,7 +27,7 @@ def _pairs(status: Any) -> Any:
     return None if status is None else tuple(np.asarray(x).tolist() for x in status)
 
 
-class ControllerPortTests(_PortTests):
+class ControllerPortTests(ControllerRestoreTests, _PortTests):
     """Conformance of a :class:`~tqstore.ports.ControllerPort` implementation.
 
     Subclasses define :meth:`make_controller`."""
@@ -313,6 +314,26 @@ class ControllerPortTests(_PortTests):
         c = self.reopen(c)
         assert c.put_token == 3
 
+    def test_a_dtype_change_is_rejected_by_default_and_recorded_as_mixed_when_allowed(self, tmp_path):
+        from .._format.dtypes import SCHEMA_MIXED
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["a"])
+        kind, code = c.partition_info("p").schema["x"]
+        with pytest.raises(SchemaError):  # strict_dtypes defaults to True
+            c.plan_put("p", _cols(["x"], 1, np.float32), keys=["b"])
+        plan = c.plan_put("p", _cols(["x"], 1, np.float32), keys=["b"], strict_dtypes=False)
+        assert c.partition_info("p").schema["x"] == (kind, code)  # planned, not committed
+        c.commit_put(plan)
+        assert c.partition_info("p").schema["x"] == (kind, SCHEMA_MIXED)
+        c.commit_put(c.plan_put("p", _cols(["x"], 1, np.int16), keys=["c"], strict_dtypes=False))
+        with pytest.raises(SchemaError):  # a mixed field accepts no put under strict_dtypes
+            c.plan_put("p", _cols(["x"], 1), keys=["d"])
+        with pytest.raises(SchemaError):  # a kind clash in both modes
+            c.plan_put("p", [to_column("x", ["v"], 1)], keys=["d"], strict_dtypes=False)
+        c = self.reopen(c)
+        assert c.partition_info("p").schema["x"] == (kind, SCHEMA_MIXED)
+        assert sorted(c.rows_by_key("p", ["a", "b", "c"]).gidxs) == sorted(c.resolve_keys("p", ["a", "b", "c"]))
+
     # errors and failed calls ----------------------------------------------------------
     def test_rejected_puts_raise_tqstore_errors_and_change_nothing(self, tmp_path):
         c = self.controller(tmp_path)
@@ -382,6 +403,28 @@ class ControllerPortTests(_PortTests):
             assert out.summary["rows"] == 2
         with pytest.raises(TqstoreError):
             c.export_snapshot(snap, str(tmp_path / "again"))  # released
+
+    def test_snapshot_rows_answers_the_rows_as_they_were_at_the_cut(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "snapshot_rows")
+        g = self.put(c, "p", keys=["a", "b", "c"], tags=[{"t": 1}, None, [1, 2]])
+        self.put(c, "p", keys=["e"], fields=())
+        snap = c.snapshot()
+        try:
+            self.put(c, "p", keys=["a", "d"], fields=("x", "y"), tags=[{"t": 9}, None])  # after the cut
+            c.clear_rows("p", g[1:2])
+            self.put(c, "q", n=1)
+            rb = c.snapshot_rows(snap, "p", ["c", "a", "d", "b", "e"])
+            assert c.snapshot_rows(snap, "q", ["x"]) is None  # no partition q at the cut
+        finally:
+            c.release(snap)
+        assert rb.missing() == [2]  # "d" came after the cut
+        assert rb.keys[:2] == ["c", "a"] and rb.gidxs[:2] == [g[2], g[0]] and rb.gidxs[3] == g[1]
+        assert rb.tags[:2] == [[1, 2], {"t": 1}] and rb.tags[3] is None
+        assert [sorted(f) for f in (rb.fields[0], rb.fields[1], rb.fields[4])] == [["x"], ["x"], []]
+        assert set(rb.schema) == {"x"}  # "y" came after the cut
+        with pytest.raises(TqstoreError):
+            c.snapshot_rows(snap, "p", ["a"])  # released
 
     def test_snapshot_ids_are_distinct_and_an_unknown_one_is_a_tqstore_error(self, tmp_path):
         c = self.controller(tmp_path)

@@ -15,6 +15,7 @@ from .._format.values import decode_value
 from ..errors import CorruptionError, TqstoreError
 from ..ports import fill_or_copy
 from ._conformance_base import _PortTests, pytest
+from ._conformance_restore import UnitRestoreTests
 
 
 def _column(field: str, value: Any) -> Any:
@@ -33,7 +34,7 @@ def _flip_byte(path: str, offset: int) -> None:
         f.write(bytes([b[0] ^ 0x01]))
 
 
-class UnitPortTests(_PortTests):
+class UnitPortTests(UnitRestoreTests, _PortTests):
     """Conformance of a :class:`~tqstore.ports.UnitPort` implementation.
 
     Subclasses define :meth:`make_unit`; set ``supports_compression = False`` for an
@@ -109,6 +110,25 @@ class UnitPortTests(_PortTests):
         assert len(u.lookup([], ["a"])["a"]) == 0
         assert u.locate(self.g(7), "a") == [None]
 
+    def test_lookup_of_many_rows_agrees_with_locate_whatever_their_order_gaps_and_fields(self, tmp_path):
+        u = self.unit(tmp_path)
+        g = self.g(*range(100))
+        self.write(u, "a", np.arange(200, dtype=np.int64).reshape(100, 2), g)
+        self.write(u, "b", np.ones((50, 3), np.float32), g[:50])
+        self.write(u, "c", np.zeros((20, 1), np.int8), g[40:60])  # rows 40..59 hold a third field
+        rng = np.random.default_rng(5)
+        asks = [(g, ["a"]), (g[:50], ["a", "b"]), (g[:50], ["b", "a"]), (g[30:70], ["a"]), (g[40:60], ["c", "a"]), (g[35:55], ["a"]),
+                (g[:20] + g[60:80], ["a"]), (list(rng.permutation(g)) + g[:7], ["a"]), (g[45:50] * 9, ["b"]),
+                (g[::-1], ["a"])]
+        for rows, fields in asks:
+            rows = [int(r) for r in rows]
+            got = u.lookup(rows, fields)
+            for f in fields:
+                assert [Loc._make(r) for r in got[f].tolist()] == u.locate(rows, f), (rows[:3], f)
+        assert u.lookup(g, ["a", "b"])["b"] is None
+        assert u.lookup(g[30:70], ["c"])["c"] is None
+        assert u.lookup(g[:50] + self.g(100), ["a"])["a"] is None
+
     # reads: bit-identical on every path -------------------------------------------
     def test_read_frames_returns_the_bytes_written_with_their_heads(self, tmp_path):
         u = self.unit(tmp_path)
@@ -117,8 +137,8 @@ class UnitPortTests(_PortTests):
         self.write(u, "x", a, g)
         order = g[::-1]
         got = u.read_frames(u.locate(order, "x"), order)
-        # (not h.gidx: heads of one template may be one object, parsed once; the gidx is checked)
         assert {(h.field, h.shape, h.payload_len) for h, _p in got} == {("x", (6,), 24)}
+        assert [h.gidx for h, _p in got] == order  # each row's own head
         assert [bytes(memoryview(p).cast("B")) for _h, p in got] == [_raw(a[i]) for i in (3, 2, 1, 0)]
 
     def test_read_head_parses_the_frame_up_to_its_payload(self, tmp_path):
@@ -316,6 +336,45 @@ class UnitPortTests(_PortTests):
                 assert p.stat().st_size == entry["size"], entry
         with pytest.raises(TqstoreError):
             u.export_snapshot(snap, str(tmp_path / "again"))  # released
+
+    def test_export_rows_writes_the_cut_frames_byte_for_byte_into_a_shard(self, tmp_path):
+        from .._format import dump_records as D
+        from .._format.frame import decode_frame
+
+        u = self.unit(tmp_path)
+        self._needs(u, "export_rows")
+        g = self.g(0, 1, 2)
+        a = np.arange(12, dtype=np.int64).reshape(3, 4)
+        self.write(u, "x", a, g)
+        self.write(u, "y", np.ones((1, 64), np.float32), g[1:2])
+        before = {(gg, f): self.payloads(u, [gg], f)[0] for gg, f in [(g[0], "x"), (g[1], "x"), (g[1], "y")]}
+        snap = u.snapshot()
+        try:
+            self.write(u, "x", np.zeros((1, 4), np.int64), g[:1])  # after the cut: not in the shard
+            u.delete(g[1:2])
+            dest = tmp_path / "shard-001.tqd"
+            info = u.export_rows(snap, [g[1], g[0]], [["x", "y"], ["x"]], str(dest), num_units=self.NUM_UNITS)
+            with pytest.raises(TqstoreError):  # a row of another unit
+                u.export_rows(snap, [g[0] + 1], [["x"]], str(tmp_path / "other"), num_units=self.NUM_UNITS)
+            with pytest.raises(TqstoreError):  # a field the row does not have at the cut
+                u.export_rows(snap, [g[2]], [["y"]], str(tmp_path / "lacking"), num_units=self.NUM_UNITS)
+        finally:
+            u.release(snap)
+        raw = dest.read_bytes()
+        assert (info.unit, info.size, info.frames, info.rows) == (self.UNIT_ID, len(raw), 3, 2)
+        from .. import _native
+        assert info.crc32c == _native.crc32c(raw)
+        h = D.decode_shard_header(raw, file_size=len(raw))
+        t = D.decode_shard_table(raw[h.table_offset:], h)
+        assert info.payload_bytes == h.table_offset - D.SHARD_HEADER_SIZE
+        got = {}
+        for e, f in zip(t.entries, t.fields()):
+            fr = decode_frame(raw, int(e["offset"]), int(e["length"]), expected_crc=int(e["crc"]))
+            assert fr.gidx == int(e["gidx"])
+            got[(int(e["gidx"]), f)] = bytes(memoryview(fr.payload).cast("B"))
+        assert got == before
+        with pytest.raises(TqstoreError):
+            u.export_rows(snap, g[:1], [["x"]], str(tmp_path / "again"), num_units=self.NUM_UNITS)  # released
 
     # integrity and maintenance --------------------------------------------------------
     def test_verify_finds_a_flipped_byte_and_reads_refuse_the_frame(self, tmp_path):

@@ -14,7 +14,7 @@
 # limitations under the License.
 #
 # Copied into tqstore from Ascend/TransferQueue tutorial/03_metadata_concepts.py at commit b75d570d88c50bbfcbe2171baa727fadd7216f76.
-# Only the imports changed (transfer_queue -> tqstore; ray -> tests/compat/_tqshim.py's stand-in).
+# Only the imports changed (the package name transfer_queue -> tqstore; ray -> tests/compat/_tqshim.py's stand-in).
 # Run by tests/compat/test_tutorials.py.
 
 import os
@@ -50,7 +50,7 @@ parent_dir = Path(__file__).resolve().parent.parent
 sys.path.append(str(parent_dir))
 
 import tqstore as tq  # noqa: E402
-from tqstore import BatchMeta  # noqa: E402
+from tqstore.metadata import BatchMeta  # noqa: E402
 
 # Configure Ray
 os.environ["RAY_DEDUP_LOGS"] = "0"

@@ -14,7 +14,7 @@
 # limitations under the License.
 #
 # Copied into tqstore from Ascend/TransferQueue tutorial/05_custom_sampler.py at commit b75d570d88c50bbfcbe2171baa727fadd7216f76.
-# Only the imports changed (transfer_queue -> tqstore; ray -> tests/compat/_tqshim.py's stand-in).
+# Only the imports changed (the package name transfer_queue -> tqstore; ray -> tests/compat/_tqshim.py's stand-in).
 # Run by tests/compat/test_tutorials.py.
 
 import logging
@@ -54,7 +54,7 @@ parent_dir = Path(__file__).resolve().parent.parent
 sys.path.append(str(parent_dir))
 
 import tqstore as tq  # noqa: E402
-from tqstore import BaseSampler  # noqa: E402
+from tqstore.sampler import BaseSampler  # noqa: E402
 
 
 class RandomSamplerWithReplacement(BaseSampler):

@@ -1,0 +1,88 @@
+"""TransferQueue's ``total_storage_size``: at most ``ceil(total / num_units)`` rows with data per
+unit (row g on unit g % num_units, as TransferQueue routes them); a put past it raises
+CapacityError before anything is written; clears free the room; the counts hold across
+reopen and checkpoint loads.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tqstore as tq
+from tqstore import CapacityError, ConfigError
+
+
+def _rows(n, start=0):
+    return {"x": torch.arange(start, start + n).reshape(n, 1)}
+
+
+def _entries(s):
+    return [sorted(u.keys()) for u in s.units]
+
+
+def test_a_put_past_a_units_share_is_refused_before_anything_is_written(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2, total_storage_size=4) as s:  # 2 rows per unit
+        s.kv_batch_put(["a", "b", "c", "d"], "p", _rows(4))
+        before = (s.kv_list(), _entries(s))
+        with pytest.raises(CapacityError, match="total_storage_size=4") as e:
+            s.kv_batch_put(["e"], "p", _rows(1))
+        assert e.value.setting == "total_storage_size" and isinstance(e.value, MemoryError)
+        assert (s.kv_list(), _entries(s)) == before
+        s.kv_batch_put(["a", "b"], "p", {"y": torch.zeros(2, 3)})  # more fields on rows with data: no new rows
+        s.kv_batch_put(["a"], "p", _rows(1, 7))  # an overwrite: no new row
+        assert s.kv_batch_get(["a"], "p")["x"].tolist() == [[7]]
+
+
+def test_the_limit_is_per_unit_as_transferqueue_so_an_uneven_spread_is_refused_early(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2, total_storage_size=4) as s:
+        s.kv_batch_put(list("abcd"), "p", _rows(4))  # gidx 0..3: two per unit
+        s.kv_clear(["a", "c"], "p")  # gidx 0 and 2: both on unit 0
+        s.kv_batch_put(["e", "f"], "p", _rows(2))  # reuse 0 and 2: unit 0 again, fits
+        s.kv_clear(["b", "d"], "p")  # unit 1 empty, unit 0 full; 2 rows in the store
+        s.kv_batch_put(["g"], "p", _rows(1))  # gidx 1: unit 1
+        with pytest.raises(CapacityError, match="unit 0"):
+            s.put(_rows(2), partition_id="q")  # gidx 3 (unit 1) and 4 (unit 0, full)
+
+
+def test_rows_without_data_do_not_count_until_their_first_field(tmp_path):
+    with tq.open(tmp_path / "s", num_units=1, total_storage_size=2) as s:
+        ins = s.get_meta(["x"], 3, "p", mode="insert")  # reserved: no data yet
+        s.kv_put("k", "p", tag={"only": "a tag"})
+        s.put(_rows(2), ins[0:2])
+        with pytest.raises(CapacityError):
+            s.put(_rows(1), ins[2:3])
+        with pytest.raises(CapacityError):
+            s.kv_put("k", "p", {"x": torch.tensor([1])})
+        s.clear_samples(ins[0:1])
+        s.put(_rows(1), ins[2:3])
+
+
+def test_counts_hold_across_reopen_clears_drops_and_checkpoint_loads(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2, total_storage_size=4) as s:
+        s.put(_rows(4), partition_id="p")
+        s.save_checkpoint(tmp_path / "ckpt")
+    with tq.open(tmp_path / "s", total_storage_size=4) as s:
+        with pytest.raises(CapacityError):
+            s.put(_rows(1), partition_id="q")
+        s.clear_partition("p")
+        s.put(_rows(4), partition_id="q")
+        s.clear_partition("q")
+        s.load_checkpoint(tmp_path / "ckpt")  # 4 rows again
+        with pytest.raises(CapacityError):
+            s.put(_rows(1), partition_id="q")
+
+
+def test_transferqueues_config_key_sets_it_and_bad_values_raise_before_opening(tmp_path):
+    tq.init({"path": str(tmp_path / "s"),
+             "backend": {"SimpleStorage": {"num_data_storage_units": 2, "total_storage_size": 3}}})
+    try:
+        tq.kv_batch_put(list("abcd"), "p", _rows(4))  # ceil(3/2) = 2 per unit, as TransferQueue
+        with pytest.raises(CapacityError):
+            tq.kv_batch_put(["e"], "p", _rows(1))
+    finally:
+        tq.close()
+    for bad in (0, -1, 2.5, "10", True):
+        with pytest.raises(ConfigError):
+            tq.open(tmp_path / "s", total_storage_size=bad)
+    with tq.open(tmp_path / "s") as s:  # not locked by the refused opens; no limit without the setting
+        s.kv_batch_put(["e", "f"], "p", _rows(2))

@@ -1,0 +1,321 @@
+"""Selective dump by key (issue 10, the dump half): what a dump holds, what it refuses, and
+how it is published (docs/FORMAT.md, "Dump directory")."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tqstore
+from tqstore import (CheckpointError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionNotFoundError,
+                     RestorePendingError)
+from tqstore._io import failpoints as fp
+from tqstore._io import locks
+from tqstore.dump import describe_dump, lock_path, read_row_index, verify_dump
+
+from checkpoint_helpers import fill
+from dump_helpers import dump_frames, dump_picture, store_frames
+
+
+@pytest.fixture
+def store(tmp_path):
+    s = tqstore.open(tmp_path / "store", num_units=3, segment_bytes=1 << 16)
+    yield s
+    s.close()
+
+
+def _siblings(d: Path):
+    return sorted(n for n in os.listdir(d.parent) if n.startswith(d.name))
+
+
+def test_dump_holds_only_the_selected_keys_with_tags_fields_and_their_frames_byte_for_byte(store, tmp_path):
+    keys = fill(store, "train", 12)
+    fill(store, "other", 3, prefix="o")
+    store.kv_put("bare", "train", fields=None, tag={"waiting": True})  # a row with no produced field
+    pick = [keys[7], keys[1], "bare", keys[7], keys[10]]  # a duplicate: dropped, the first kept
+    rep = store.dump_data_by_key(tmp_path / "d", pick, "train")
+    gidx = store.controller.parts["train"].keys
+    assert rep["keys"] == 4 and rep["rows_with_data"] == 3
+    assert rep["shards"] == len({gidx[k] % 3 for k in (keys[7], keys[1], keys[10])})
+    assert rep["bytes"] == sum(p.stat().st_size for p in (tmp_path / "d").iterdir())
+    ri = read_row_index(tmp_path / "d")
+    assert ri["partition_id"] == "train" and ri["format_version"] == 1
+    assert list(ri["rows"]) == [keys[7], keys[1], "bare", keys[10]]
+    tags = store.kv_list("train")["train"]
+    for k in (keys[7], keys[1], keys[10]):
+        r = ri["rows"][k]
+        assert r["tag"] == tags[k] and r["gidx"] == store.controller.parts["train"].keys[k]
+        assert r["fields"] == sorted(["input_ids", "bf16", "logprobs", "np", "text", "info"])
+    assert ri["rows"]["bare"]["fields"] == [] and ri["rows"]["bare"]["tag"] == {"waiting": True}
+    assert ri["schemas"]["logprobs"] == {"kind": "tensor", "dtype": "float32"}
+    assert ri["schemas"]["np"] == {"kind": "ndarray", "dtype": "float64"}
+    assert ri["schemas"]["text"]["kind"] == "value"
+    assert dump_frames(tmp_path / "d") == store_frames(store, "train", [keys[7], keys[1], keys[10]])
+    assert verify_dump(tmp_path / "d") == []
+    desc = describe_dump(tmp_path / "d")
+    assert (desc["kind"], desc["rows"], desc["rows_with_data"], desc["frames"]) == ("dump", 4, 3, 18)
+    assert _siblings(tmp_path / "d") == ["d", "d.lock"]
+
+
+def test_module_api_and_client_dump_the_default_store(tmp_path):
+    tqstore.init({"path": str(tmp_path / "s"), "num_units": 2})
+    try:
+        tqstore.kv_batch_put(["a", "b"], "p", fields={"x": torch.arange(4).view(2, 2)})
+        assert tqstore.dump_data_by_key(str(tmp_path / "d1"), ["b"], "p")["rows_with_data"] == 1
+        assert tqstore.get_client().dump_data_by_key(str(tmp_path / "d2"), ["a", "b"], "p")["keys"] == 2
+        assert list(tqstore.read_row_index(tmp_path / "d2")["rows"]) == ["a", "b"]
+    finally:
+        tqstore.close()
+
+
+def test_an_empty_key_list_gives_a_valid_empty_dump(store, tmp_path):
+    fill(store, "train", 2)
+    rep = store.dump_data_by_key(tmp_path / "d", [], "train")
+    assert (rep["keys"], rep["rows_with_data"], rep["shards"]) == (0, 0, 0)
+    ri = read_row_index(tmp_path / "d")
+    assert ri["rows"] == {} and "input_ids" in ri["schemas"]
+    assert verify_dump(tmp_path / "d") == []
+    assert sorted(os.listdir(tmp_path / "d")) == ["MANIFEST.json", "rows.json"]
+
+
+@pytest.mark.parametrize("keys,pid,err", [
+    (["k0", "nope"], "train", KeyNotFoundError),
+    (["k0"], "no-such-partition", PartitionNotFoundError),
+    ([], "no-such-partition", PartitionNotFoundError),
+    ("k0", "train", InvalidInputError),
+    (["k0", 5], "train", InvalidInputError),
+    (["k0", "x" * 600], "train", InvalidInputError),
+])
+def test_bad_keys_or_partitions_raise_before_anything_is_written(store, tmp_path, keys, pid, err):
+    fill(store, "train", 2)
+    with pytest.raises(err) as ei:
+        store.dump_data_by_key(tmp_path / "d", keys, pid)
+    if err is not InvalidInputError:
+        assert isinstance(ei.value, NotFoundError) and isinstance(ei.value, ValueError)
+    assert not any(n.startswith("d") for n in os.listdir(tmp_path)), os.listdir(tmp_path)
+    with pytest.raises(err):
+        store.dump_data_by_key(tmp_path / "d", keys, pid, blocking=False)
+    assert not any(n.startswith("d") for n in os.listdir(tmp_path))
+    assert store.dump_data_by_key(tmp_path / "ok", ["k1"], "train")["keys"] == 1  # the store is fine
+
+
+def test_a_dump_never_replaces_what_is_not_a_dump(store, tmp_path):
+    keys = fill(store, "train", 2)
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    store.save_checkpoint(tmp_path / "ck")
+    for target in ("file", "mine", "ck", "store", "ck/inner", "store/x", "x.old", "x.lock"):
+        with pytest.raises(CheckpointError):
+            store.dump_data_by_key(tmp_path / target, keys, "train")
+    assert (tmp_path / "file").read_text() == "mine" and (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+    store.dump_data_by_key(tmp_path / "d", keys, "train")
+    with pytest.raises(CheckpointError):
+        store.dump_data_by_key(tmp_path / "d" / "nested", keys, "train")
+    with pytest.raises(CheckpointError):
+        store.save_checkpoint(tmp_path / "d")  # a checkpoint never replaces a dump either
+    assert verify_dump(tmp_path / "d") == []
+
+
+def test_a_restore_marker_stops_a_dump_and_names_recover_data_load(store, tmp_path):
+    keys = fill(store, "train", 2)
+    store.dump_data_by_key(tmp_path / "d", keys[:1], "train")
+    (tmp_path / "d.restore").write_text("{}")
+    for blocking in (True, False):
+        with pytest.raises(RestorePendingError, match="recover_data_load"):
+            store.dump_data_by_key(tmp_path / "d", keys, "train", blocking=blocking)
+    assert list(read_row_index(tmp_path / "d")["rows"]) == keys[:1]
+
+
+def test_a_re_dump_replaces_the_previous_one_whole(store, tmp_path):
+    keys = fill(store, "train", 6)
+    store.dump_data_by_key(tmp_path / "d", keys[:4], "train")
+    store.dump_data_by_key(tmp_path / "d", keys[4:], "train")
+    assert list(read_row_index(tmp_path / "d")["rows"]) == keys[4:]
+    assert dump_frames(tmp_path / "d") == store_frames(store, "train", keys[4:])
+    assert _siblings(tmp_path / "d") == ["d", "d.lock"]
+
+
+@pytest.mark.parametrize("point,at", [("mkdir", 1), ("create", 1), ("write", 2), ("fsync_file", 3), ("create", 4),
+                                      ("fsync_dir", 1), ("rename", 1), ("fsync_dir", 2), ("rename", 2)])
+def test_a_failure_at_any_step_leaves_the_previous_dump(store, tmp_path, point, at):
+    keys = fill(store, "train", 6)
+    store.dump_data_by_key(tmp_path / "d", keys[:2], "train")
+    before = dump_picture(tmp_path / "d")
+    fp.arm(point, "eio", at)
+    try:
+        with pytest.raises((CheckpointError, OSError)):
+            store.dump_data_by_key(tmp_path / "d", keys[2:], "train")
+    finally:
+        fp.disarm()
+    assert dump_picture(tmp_path / "d") == before
+    assert _siblings(tmp_path / "d") == ["d", "d.lock"]
+    store.dump_data_by_key(tmp_path / "d", keys[2:], "train")
+    assert list(read_row_index(tmp_path / "d")["rows"]) == keys[2:]
+
+
+def test_an_interrupted_publication_is_repaired_on_the_next_access(store, tmp_path):
+    keys = fill(store, "train", 4)
+    d = tmp_path / "d"
+    store.dump_data_by_key(d, keys[:2], "train")
+    old = dump_picture(d)
+    # crashed between the two renames: the previous dump at d.old, d missing, a complete d.tmp
+    store.dump_data_by_key(tmp_path / "new", keys[2:], "train")
+    os.rename(d, tmp_path / "d.old")
+    os.rename(tmp_path / "new", tmp_path / "d.tmp")
+    assert dump_picture(d) == old  # read_row_index repaired it: the old one back, the unfinished one gone
+    assert _siblings(d) == ["d", "d.lock"]
+    # crashed after the second rename: a stale d.old beside d; and a torn d.tmp
+    store.dump_data_by_key(tmp_path / "x", keys[2:], "train")
+    os.rename(tmp_path / "x", tmp_path / "d.old")
+    (tmp_path / "d.tmp").mkdir()
+    (tmp_path / "d.tmp" / "shard-000.tqd").write_bytes(b"torn")
+    store.dump_data_by_key(d, keys[3:], "train")
+    assert list(read_row_index(d)["rows"]) == keys[3:]
+    assert _siblings(d) == ["d", "d.lock"]
+
+
+def test_a_foreign_tmp_directory_is_never_removed(store, tmp_path):
+    keys = fill(store, "train", 2)
+    (tmp_path / "d.tmp").mkdir()
+    (tmp_path / "d.tmp" / "thesis.tex").write_text("mine")
+    with pytest.raises(CheckpointError, match="in the way"):
+        store.dump_data_by_key(tmp_path / "d", keys, "train")
+    assert (tmp_path / "d.tmp" / "thesis.tex").read_text() == "mine"
+
+
+def test_a_background_dump_holds_exactly_the_cut(store, tmp_path):
+    keys = fill(store, "train", 9)
+    store.kv_put("bare", "train", tag={"b": 0})
+    pick = keys[:6] + ["bare"]
+    expect_frames = store_frames(store, "train", keys[:6])
+    expect_tags = store.kv_list("train")["train"]
+    d = tmp_path / "d"
+    d.parent.mkdir(exist_ok=True)
+    with locks.flocked(lock_path(d)):  # the background write waits for the lock: everything below is after the cut
+        h = store.dump_data_by_key(d, pick, "train", blocking=False)
+        assert h.stall_s >= 0 and not h.done()
+        store.kv_batch_put(keys[:2], "train", fields={"input_ids": torch.zeros(2, 16, dtype=torch.int64)},
+                           tags=[{"new": 1}, {"new": 2}])  # overwrites
+        store.kv_clear(keys[2:4], "train")  # clears
+        store.kv_batch_put(["late"], "train", fields={"input_ids": torch.ones(1, 16, dtype=torch.int64)})  # a put
+        store.kv_put("bare", "train", fields={"text": "now produced"})
+        store.compact(live_ratio=1.0)
+    rep = h.result()
+    assert rep["keys"] == 7 and rep["rows_with_data"] == 6
+    ri = read_row_index(d)
+    assert list(ri["rows"]) == pick and ri["rows"]["bare"]["fields"] == []
+    assert {k: ri["rows"][k]["tag"] for k in keys[:6]} == {k: expect_tags[k] for k in keys[:6]}
+    assert dump_frames(d) == expect_frames
+    assert verify_dump(d) == []
+
+
+def test_a_failed_background_dump_surfaces_on_the_handle_and_once_on_the_next_call(store, tmp_path):
+    keys = fill(store, "train", 2)
+    fp.arm("rename", "eio", 1)
+    try:
+        h = store.dump_data_by_key(tmp_path / "d", keys, "train", blocking=False)
+        h.wait()
+    finally:
+        fp.disarm()
+    with pytest.raises(CheckpointError, match="background dump"):
+        store.dump_data_by_key(tmp_path / "d", keys, "train")
+    assert store.dump_data_by_key(tmp_path / "d", keys, "train")["keys"] == 2
+
+
+_HOLDER = textwrap.dedent("""
+    import fcntl, os, sys, time
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    open(sys.argv[2], "w").close()           # holding the lock
+    while not os.path.exists(sys.argv[3]):   # until the parent says so
+        time.sleep(0.01)
+    # the dump has been started in the parent: while we hold the lock it publishes nothing
+    print("published" if os.path.exists(sys.argv[4]) else "waiting", flush=True)
+""")
+
+
+def test_the_lock_file_serialises_dumps_across_processes(store, tmp_path):
+    keys = fill(store, "train", 3)
+    d = tmp_path / "d"
+    held, go = tmp_path / "held", tmp_path / "go"
+    child = subprocess.Popen([sys.executable, "-c", _HOLDER, str(lock_path(d)), str(held), str(go), str(d)],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        while not held.exists():
+            assert child.poll() is None
+        h = store.dump_data_by_key(d, keys, "train", blocking=False)
+        h.wait(0.5)  # (long enough for an unlocked dump of three rows to have published)
+        go.touch()
+        out, _ = child.communicate(timeout=60)
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert out.strip() == "waiting"
+    assert h.result(timeout=60)["keys"] == 3 and verify_dump(d) == []
+
+
+def test_dump_verify_finds_flipped_truncated_missing_and_unlisted_files(store, tmp_path):
+    keys = fill(store, "train", 6)
+    d = tmp_path / "d"
+    store.dump_data_by_key(d, keys, "train")
+    assert verify_dump(d) == []
+    shard = sorted(d.glob("shard-*.tqd"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[200] ^= 0x40
+    shard.write_bytes(bytes(raw))
+    probs = verify_dump(d)
+    assert probs and any(str(shard) in p for p in probs)
+    assert verify_dump(d, deep=False)  # the whole-file CRC catches it too
+    shard.write_bytes(bytes(raw[:-10]))
+    assert any("bytes" in p for p in verify_dump(d))
+    shard.unlink()
+    assert any("missing" in p for p in verify_dump(d))
+    (d / "extra").write_text("x")
+    assert any("not listed" in p for p in verify_dump(d))
+    m = json.loads((d / "MANIFEST.json").read_text())
+    m["version"] = 2
+    (d / "MANIFEST.json").write_text(json.dumps(m))
+    with pytest.raises(tqstore.FormatVersionError, match="version 2"):
+        read_row_index(d)
+    with pytest.raises(tqstore.CheckpointNotFoundError):
+        read_row_index(tmp_path / "nothing")
+
+
+def test_a_dump_onto_numpy_and_string_only_fields_and_one_unit(tmp_path):
+    with tqstore.open(tmp_path / "s", num_units=1, result_type="dict") as s:
+        s.kv_batch_put(["a", "b", "c"], "p", fields={"n": np.arange(6, dtype=np.int16).reshape(3, 2),
+                                                     "s": ["x", "yy", "zzz"]})
+        rep = s.dump_data_by_key(tmp_path / "d", ["c", "a"], "p")
+        assert (rep["shards"], rep["frames"]) == (1, 4)
+        assert dump_frames(tmp_path / "d") == store_frames(s, "p", ["c", "a"])
+
+
+def test_cli_inspect_and_verify_understand_a_dump(store, tmp_path):
+    import io
+
+    from tqstore.cli import main
+
+    keys = fill(store, "train", 4)
+    d = tmp_path / "d"
+    store.dump_data_by_key(d, keys[:3], "train")
+    out, err = io.StringIO(), io.StringIO()
+    assert main(["inspect", str(d)], out=out, err=err) == 0
+    assert "dump" in out.getvalue() and "3 rows" in out.getvalue()
+    out = io.StringIO()
+    assert main(["verify", "--json", str(d)], out=out, err=err) == 0
+    assert json.loads(out.getvalue())["ok"] is True
+    shard = sorted(d.glob("shard-*.tqd"))[0]
+    raw = bytearray(shard.read_bytes())
+    raw[100] ^= 1
+    shard.write_bytes(bytes(raw))
+    out = io.StringIO()
+    assert main(["verify", str(d)], out=out, err=err) == 1
+    assert "BAD" in out.getvalue() and str(shard) in out.getvalue()

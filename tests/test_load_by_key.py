@@ -1,0 +1,257 @@
+"""load_data_by_key / recover_data_load: a dump's keys merged into a running store.
+
+Only the dumped keys come back, bit for bit, with their tags (every field kind, rows with no
+produced field); existing keys keep their global index; bystander keys, partitions, sampler
+and consumption state are untouched; any source unit count onto any target count; a
+damaged or foreign dump is rejected with nothing written; while a restore is unresolved its
+partition's clears, puts of its keys, dumps and full checkpoints raise RestorePendingError.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tqstore
+from tqstore import CorruptionError, FormatVersionError, RestorePendingError, SchemaError
+from tqstore._format import dump_records as D
+
+from checkpoint_helpers import canon, fill, state
+from restore_helpers import flip_byte, shard_paths, truncate, write_dump
+
+
+def rows_of(store, pid, keys):
+    """key -> (tag, produced fields, payload of each field bit for bit)."""
+    rb = store.controller.rows_by_key(pid, list(keys))
+    out = {}
+    for k, g, t, fs in zip(rb.keys, rb.gidxs, rb.tags, rb.fields):
+        out[k] = (canon(t), sorted(fs), {f: canon(store.read(pid, [g], [f])[f]) for f in sorted(fs)})
+    return out
+
+
+def gidx_of(store, pid, keys):
+    return dict(zip(keys, store.controller.resolve_keys(pid, keys)))
+
+
+@pytest.fixture
+def source(tmp_path):
+    with tqstore.open(tmp_path / "src", num_units=2) as s:
+        keys = fill(s, "train", 12)
+        s.kv_batch_put(["only-tag"], "train", tags=[{"note": "no fields"}])
+        fill(s, "other", 4, prefix="o", seed=5)
+        yield s, keys + ["only-tag"]
+
+
+def test_load_brings_back_exactly_the_dumped_keys_with_every_field_kind(source, tmp_path):
+    src, keys = source
+    picked = keys[1:12:3] + ["only-tag"]
+    dump = write_dump(src, tmp_path / "dump", picked, "train")
+    want = rows_of(src, "train", picked)
+    with tqstore.open(tmp_path / "dst", num_units=3) as dst:
+        rep = dst.load_data_by_key(dump)
+        assert rep["keys"] == rep["new_keys"] == len(picked) and rep["rows_with_data"] == len(picked) - 1
+        assert set(dst.kv_list()) == {"train"} and list(dst.kv_list()["train"]) == picked
+        assert rows_of(dst, "train", picked) == want
+        assert dst.controller.restores() == [] and dst.verify() == []
+        assert not Path(str(dump) + ".restore").exists()
+    with tqstore.open(tmp_path / "dst") as dst:  # durable: the same after a reopen
+        assert rows_of(dst, "train", picked) == want
+
+
+def test_existing_keys_keep_their_index_and_nothing_else_changes(source, tmp_path):
+    src, keys = source
+    picked = keys[:6]
+    dump = write_dump(src, tmp_path / "dump", picked, "train")
+    want = rows_of(src, "train", picked)
+    with tqstore.open(tmp_path / "dst", num_units=2, result_type="dict") as dst:
+        fill(dst, "train", 8, prefix="k", start=3, seed=7)  # k3..k10: k3, k4, k5 exist
+        fill(dst, "bystander", 5, prefix="b", seed=8)
+        dst.set_sampler({"name": "random", "seed": 3})
+        meta = dst.get_meta(["input_ids"], 3, "train", task_name="t")  # consumption and sampler state
+        dst.get_meta(["input_ids"], 2, "bystander", task_name="t")
+        before = state(dst)
+        old = gidx_of(dst, "train", ["k3", "k4", "k5"])
+        dst.load_data_by_key(dump)
+        after = state(dst)
+        assert gidx_of(dst, "train", ["k3", "k4", "k5"]) == old
+        assert rows_of(dst, "train", picked) == want
+        others = [f"k{i}" for i in range(6, 11)]
+        assert {k: v for k, v in after["rows"].items() if k[1] in others or k[0] == "bystander"} == \
+            {k: v for k, v in before["rows"].items() if k[1] in others or k[0] == "bystander"}
+        assert after["consumed"] == before["consumed"] and after["sampler"] == before["sampler"]
+        gidxs, flags = dst.get_consumption_status("t", "train")
+        done = set(meta.global_indexes)
+        assert {int(g): int(f) for g, f in zip(gidxs, flags)} == {int(g): int(int(g) in done) for g in gidxs}
+        assert dst.verify() == []
+
+
+@pytest.mark.parametrize("n_src,n_dst", [(4, 2), (2, 4), (1, 4), (3, 3)])
+def test_load_onto_another_unit_count(tmp_path, n_src, n_dst):
+    with tqstore.open(tmp_path / "src", num_units=n_src) as src:
+        keys = fill(src, "train", 16)
+        src.kv_clear(keys[:5], "train")  # holes: the dump's gidxs are not 0..n
+        keys = keys[5:] + fill(src, "train", 6, prefix="n", seed=2)
+        picked = keys[::2]
+        dump = write_dump(src, tmp_path / "dump", picked, "train")
+        want = rows_of(src, "train", picked)
+    with tqstore.open(tmp_path / "dst", num_units=n_dst) as dst:
+        fill(dst, "train", 3, prefix="x", seed=4)  # the dump's gidxs are taken: new keys are re-stamped
+        dst.load_data_by_key(dump)
+        assert rows_of(dst, "train", picked) == want
+        for g in dst.controller.resolve_keys("train", picked):  # each row on unit gidx % M
+            assert any(gg == g for gg, _ in dst.units[g % n_dst].keys())
+        assert dst.verify() == []
+
+
+# ------------------------------------------------------------------ rejected dumps: nothing written
+def _damage_missing_shard(dump):
+    next(iter(shard_paths(dump).values())).unlink()
+
+
+def _damage_missing_index(dump):
+    (dump / D.ROW_INDEX_NAME).unlink()
+
+
+def _damage_truncated_shard(dump):
+    truncate(next(iter(shard_paths(dump).values())), 64)
+
+
+def _damage_flipped_payload_byte(dump):
+    p = shard_paths(dump)[max(shard_paths(dump))]
+    flip_byte(p, D.SHARD_HEADER_SIZE + 200)  # inside a frame: found by the unit that reads it
+
+
+def _damage_unknown_version(dump):
+    m = dump / D.MANIFEST_NAME
+    d = json.loads(m.read_text())
+    d["version"] = 2
+    m.write_text(json.dumps(d))
+
+
+@pytest.mark.parametrize("damage,error", [
+    (_damage_missing_shard, CorruptionError), (_damage_missing_index, CorruptionError),
+    (_damage_truncated_shard, CorruptionError), (_damage_flipped_payload_byte, CorruptionError),
+    (_damage_unknown_version, FormatVersionError)])
+def test_damaged_dump_is_rejected_with_nothing_written(source, tmp_path, damage, error):
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys, "train")
+    damage(dump)
+    with tqstore.open(tmp_path / "dst", num_units=3) as dst:
+        fill(dst, "train", 4, prefix="k", start=2, seed=9)
+        fill(dst, "train", 4, prefix="z", seed=1)
+        before = state(dst)
+        with pytest.raises(error):
+            dst.load_data_by_key(dump)
+        assert state(dst) == before
+        assert dst.controller.restores() == [] and not Path(str(dump) + ".restore").exists()
+        assert dst.verify() == []
+        assert dst.load_data_by_key(write_dump(src, tmp_path / "good", keys, "train"))["keys"] == len(keys)
+
+
+def test_dtype_conflict_is_rejected_before_anything_is_written(source, tmp_path):
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:4], "train")
+    with tqstore.open(tmp_path / "dst", num_units=2) as dst:
+        dst.kv_batch_put(["a"], "train", fields={"input_ids": np.zeros((1, 16), np.int32)})  # int64 in the dump
+        before = state(dst)
+        with pytest.raises(SchemaError, match="input_ids"):
+            dst.load_data_by_key(dump)
+        assert state(dst) == before and dst.controller.restores() == []
+
+
+def test_a_dtype_change_follows_strict_schema(source, tmp_path):
+    """As a put: by default a dump of another dtype makes the field mixed (each row keeps its
+    own dtype, bit for bit); with strict_schema=True it is rejected with nothing written."""
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:4], "train")
+    want = rows_of(src, "train", keys[:4])
+    live = {"input_ids": torch.zeros((1, 16), dtype=torch.int32)}  # int64 in the dump
+    with tqstore.open(tmp_path / "strict", num_units=2, strict_schema=True) as dst:
+        dst.kv_batch_put(["a"], "train", fields=live)
+        before = state(dst)
+        with pytest.raises(SchemaError, match="input_ids"):
+            dst.load_data_by_key(dump)
+        assert state(dst) == before and dst.controller.restores() == []
+    with tqstore.open(tmp_path / "mixed", num_units=3) as dst:
+        dst.kv_batch_put(["a"], "train", fields=live)
+        assert dst.load_data_by_key(dump)["keys"] == 4
+        assert rows_of(dst, "train", keys[:4]) == want
+        assert rows_of(dst, "train", ["a"])["a"][2]["input_ids"] == canon(live["input_ids"])
+        mixed = dst.kv_batch_get(["a"] + keys[:2], "train", select_fields=["input_ids"])["input_ids"]
+        assert [t.dtype for t in mixed] == [torch.int32, torch.int64, torch.int64]  # a list per row
+    with tqstore.open(tmp_path / "mixed") as dst:
+        assert dst.verify() == [] and rows_of(dst, "train", keys[:4]) == want
+
+
+# ------------------------------------------------------------------ an unresolved restore
+@pytest.fixture
+def pending(source, tmp_path, monkeypatch):
+    """A store whose load from a dump stopped after its first unit completed (the error
+    could not be undone: the restore stays pending, as after a crash)."""
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:8], "train")
+    want = rows_of(src, "train", keys[:8])
+    dst = tqstore.open(tmp_path / "dst", num_units=2)
+    fill(dst, "train", 3, prefix="k", start=6, seed=11)
+    before = state(dst)
+    from tqstore.dump import restore as R
+
+    def boom(store, info):
+        raise RuntimeError("cancel failed")
+    calls = []
+    real = dst.controller.complete_restore
+
+    def complete(rid, u, attempt):
+        real(rid, u, attempt)
+        calls.append(u)
+        if len(calls) == 1:
+            raise OSError("disk gone")
+    monkeypatch.setattr(dst.controller, "complete_restore", complete)
+    monkeypatch.setattr(R, "_cancel", boom)
+    with pytest.raises((OSError, RuntimeError)):
+        dst.load_data_by_key(dump)
+    monkeypatch.undo()
+    yield dst, dump, want, before, keys
+    dst.close()
+
+
+def test_unresolved_restore_blocks_clears_puts_of_its_keys_and_checkpoints(pending, tmp_path):
+    dst, dump, _want, _before, keys = pending
+    (r,) = dst.controller.restores()
+    assert r.state == "running"
+    calls = [lambda: dst.kv_clear(["k6"], "train"), lambda: dst.clear_partition("train"),
+             lambda: dst.kv_batch_put([keys[0]], "train", fields={"input_ids": torch.zeros((1, 16),
+                                                                                            dtype=torch.int64)}),
+             lambda: dst.save_checkpoint(tmp_path / "ck"), lambda: dst.load_data_by_key(dump)]
+    for call in calls:
+        with pytest.raises(RestorePendingError, match="recover_data_load") as e:
+            call()
+        assert "complete" in str(e.value) and str(Path(dump).resolve()) in str(e.value)
+    assert Path(str(Path(dump).resolve()) + ".restore").exists()  # the pending restore's marker stays
+    with pytest.raises(RestorePendingError):  # a dump does not replace a directory a load may read
+        dst.dump_data_by_key(dump, ["k6"], "train")
+    dst.kv_batch_put(["unrelated"], "train", fields={"input_ids": torch.zeros((1, 16), dtype=torch.int64)})  # fine
+    dst.kv_batch_put(["x"], "elsewhere", fields={"v": np.zeros((1, 2))})
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_recover_settles_a_pending_restore_after_reopen(pending, tmp_path, cancel):
+    dst, dump, want, before, keys = pending
+    dst.close()
+    dst = tqstore.open(tmp_path / "dst")
+    try:
+        assert [r.state for r in dst.controller.restores()] == ["running"]
+        assert dst.recover_data_load(dump, cancel=cancel) is True
+        assert dst.recover_data_load(dump, cancel=cancel) is False  # a repeat after a lost reply
+        assert dst.controller.restores() == [] and not Path(str(dump) + ".restore").exists()
+        if cancel:
+            assert state(dst) == before
+        else:
+            assert rows_of(dst, "train", keys[:8]) == want
+        assert dst.verify() == []
+        dst.kv_clear(["k6"], "train")  # unblocked
+    finally:
+        dst.close()

@@ -1,0 +1,112 @@
+"""Row capacity: TransferQueue's ``backend.SimpleStorage.total_storage_size``, enforced.
+
+TransferQueue's meaning (its ``simple_storage_bootstrap`` and ``StorageUnitData.put_data``):
+the store holds at most ``total_storage_size`` *rows with data*; each of the ``N`` storage
+units holds at most ``ceil(total_storage_size / N)`` of them, and row ``g`` lives on unit
+``g % N`` (tqstore's routing is the same).  A row counts from its first stored field until
+it is cleared; adding fields to a row that already holds data, and rows reserved by
+``get_meta(mode="insert")`` or keys created with a tag only (no data yet), do not count.
+So, as with TransferQueue, a put can be refused while the store as a whole holds fewer
+than ``total_storage_size`` rows, when its rows fall unevenly on the units.
+
+A put that would take any unit past its share raises :class:`~tqstore.errors.CapacityError`
+(``setting="total_storage_size"``) before anything is written.  The per-unit counts are
+values from the controller port (``claims``, counted once per controller and again after a
+partition is dropped) kept up to date by the store's puts and clears, all under the
+store's write lock.
+"""
+from __future__ import annotations
+
+import logging
+import math
+from collections import Counter
+from typing import Any, Dict, List, Optional, Sequence
+
+from .errors import CapacityError, ConfigError
+from .ports import ControllerPort
+
+log = logging.getLogger("tqstore")
+
+
+class RowCapacity:
+    """The row limit of one store (module docstring).
+
+    Args:
+        total_rows: ``total_storage_size``: rows with data the whole store may hold (>= 1).
+        num_units: the store's unit count (see :meth:`for_units`).
+
+    Raises:
+        ConfigError: ``total_rows`` is not a positive int.
+    """
+
+    def __init__(self, total_rows: int, num_units: int = 1) -> None:
+        if isinstance(total_rows, bool) or not isinstance(total_rows, int) or total_rows < 1:
+            raise ConfigError(f"total_storage_size must be a positive int (rows) or None, got {total_rows!r}")
+        self.total_rows = total_rows
+        self.for_units(num_units)
+
+    def for_units(self, num_units: int) -> "RowCapacity":
+        """Apply to a store of ``num_units`` units (known once it is open); returns self."""
+        self.num_units = num_units
+        self.per_unit = math.ceil(self.total_rows / num_units)
+        self._held: Optional[List[int]] = None  # rows with data per unit; None: count again
+        self._of: Optional[ControllerPort] = None  # the controller the counts are of
+        return self
+
+    def held(self, controller: ControllerPort) -> List[int]:
+        """Rows with data per unit (counted through the port when not known for ``controller``)."""
+        if self._held is None or self._of is not controller:
+            self._held = [sum(1 for fs in controller.claims(u).values() if fs) for u in range(self.num_units)]
+            self._of = controller
+        return self._held
+
+    def check(self, controller: ControllerPort, pid: str, plan: Any) -> Dict[int, int]:
+        """The rows a planned put adds per unit; raises CapacityError when a unit would pass
+        its share.  Nothing is changed (see :meth:`commit`)."""
+        new = {r.gidx for r in plan.new_rows}
+        old = [g for g in plan.gidxs if g not in new]
+        empty: List[int] = []
+        if old:
+            rows = controller.row_batch(pid, old)
+            empty = [g for g, fs in zip(old, rows.fields if rows is not None else []) if not fs]
+        grow = Counter(g % self.num_units for g in list(new) + empty)
+        held = self.held(controller)
+        for u, n in sorted(grow.items()):
+            if held[u] + n > self.per_unit:
+                raise CapacityError(
+                    f"Storage capacity exceeded: unit {u} holds {held[u]} rows with data, the put adds {n}, its "
+                    f"share is {self.per_unit} (total_storage_size={self.total_rows} over {self.num_units} units; "
+                    f"clear rows or raise total_storage_size)", setting="total_storage_size")
+        return dict(grow)
+
+    def commit(self, grow: Dict[int, int]) -> None:
+        """A put planned by :meth:`check` was committed."""
+        if self._held is not None:
+            for u, n in grow.items():
+                self._held[u] += n
+
+    def holding(self, controller: ControllerPort, pid: str, gidxs: Sequence[int]) -> List[int]:
+        """Which of ``gidxs`` (rows of ``pid``) hold data now (asked before they are cleared)."""
+        rows = controller.row_batch(pid, list(gidxs))
+        if rows is None:
+            return []
+        return [g for g, fs in zip(rows.gidxs, rows.fields) if fs]
+
+    def cleared(self, holding: Sequence[int], gone: Sequence[int]) -> None:
+        """Rows were cleared: ``gone`` (the ones removed) of ``holding`` (those that held data)."""
+        if self._held is None:
+            return
+        gone_set = set(gone)
+        for g in holding:
+            if g in gone_set:
+                self._held[g % self.num_units] -= 1
+
+    def forget(self) -> None:
+        """Count again at the next put (a partition was dropped, or a write failed midway)."""
+        self._held = None
+
+    def __repr__(self) -> str:
+        return f"RowCapacity(total_rows={self.total_rows}, num_units={self.num_units})"
+
+
+__all__ = ["RowCapacity"]

@@ -1,0 +1,218 @@
+"""Reading a dump for a load: every check made before anything is written, and the plan of
+what each target unit imports (docs/FORMAT.md, "Dump directory", "Selective restores").
+
+:func:`read_dump` checks the manifest (format, version, checksum), ``rows.json`` (its size
+and CRC32C as the manifest records them, then its contents), every shard's size, header
+(its CRC32C) and table (its CRC32C), the shards' frames against the row index (each
+``(gidx, field)`` a produced field of a dumped row on that shard's unit, and every produced
+field present), and that every frame lies inside its shard.  The frames themselves (the
+bytes between header and table) are read and checked by the target units as they import
+them (the frame-check kernel with the CRC32C the table records, and the frame's field name):
+with the header's and the table's CRC32C that covers every byte of the shard, so the
+whole-file CRC32C of the manifest is not computed again.
+
+:func:`plan_imports` is pure: the frames routed to target unit ``gidx % M`` (gidx the store's,
+from the restore's key mapping), as :class:`~tqstore.ports.RestoreImport` values.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Mapping, Sequence, Tuple
+
+import numpy as np
+
+from .. import _native
+from .._format import dump_records as D
+from .._io import files
+from ..errors import CheckpointNotFoundError, CorruptionError
+from ..ports import RestoreImport
+
+#: bytes of a source file a target unit reads, checks and appends at a time (x units in
+#: parallel, at most 8: the memory a load adds stays well under 256 MiB)
+BATCH_BYTES = 16 << 20
+
+
+@dataclass
+class Shard:
+    """One checked shard: its path relative to the dump, size, header and table."""
+
+    unit: int
+    path: str
+    size: int
+    header: D.ShardHeader
+    table: D.ShardTable
+
+
+@dataclass
+class Dump:
+    """A checked dump directory (nothing of the payload read yet)."""
+
+    path: Path
+    manifest: Dict
+    rows: D.RowIndex
+    shards: List[Shard]
+
+    @property
+    def partition_id(self) -> str:
+        return self.rows.partition_id
+
+    @property
+    def frames(self) -> int:
+        return sum(s.header.frames for s in self.shards)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(int(s.table.entries["length"].sum()) for s in self.shards)
+
+    def restore_rows(self) -> List[Tuple[str, int, object, List[str]]]:
+        """``(key, source gidx, tag, produced fields)`` in dump order (begin_restore's rows)."""
+        return [(k, r["gidx"], r["tag"], r["fields"]) for k, r in self.rows.rows.items()]
+
+    def schema(self) -> Dict[str, Tuple[int, int]]:
+        """The schemas of the fields some dumped row produced (the only ones a load merges)."""
+        used = {f for r in self.rows.rows.values() for f in r["fields"]}
+        return {f: kd for f, kd in self.rows.schemas.items() if f in used}
+
+
+def _read(path: Path, under: Path, offset: int, size: int, *, what: str) -> bytes:
+    try:
+        fd = files.open_regular(path, under=under)
+    except FileNotFoundError as e:
+        raise CorruptionError(f"{what} listed in the dump's MANIFEST.json is missing", path=str(path)) from e
+    except files.NotRegularFile as e:
+        raise CorruptionError(f"{what}: {e.strerror}", path=str(e.filename or path)) from e
+    try:
+        buf = bytearray(size)
+        got = files.preadv_all(fd, [buf], offset)
+    finally:
+        os.close(fd)
+    if got != size:
+        raise CorruptionError(f"{what} is truncated", path=str(path), offset=offset + got)
+    return bytes(buf)
+
+
+def _size(path: Path, under: Path, *, what: str) -> int:
+    try:
+        return files.check_regular(path, under=under).st_size
+    except FileNotFoundError as e:
+        raise CorruptionError(f"{what} listed in the dump's MANIFEST.json is missing", path=str(path)) from e
+    except files.NotRegularFile as e:
+        raise CorruptionError(f"{what}: {e.strerror}", path=str(e.filename or path)) from e
+
+
+def read_dump(path) -> Dump:
+    """Check the dump at ``path`` (see the module docstring); reads no frame.
+
+    Raises:
+        CheckpointNotFoundError: no directory or no MANIFEST.json (a FileNotFoundError).
+        FormatVersionError: a manifest, row index or shard of another version.
+        CorruptionError: anything else that does not check (names the file, and the offset
+            where known): a missing or truncated shard or row index, a CRC32C mismatch, a shard
+            whose frames are not the row index's produced fields.
+    """
+    d = Path(path)
+    mp = d / D.MANIFEST_NAME
+    try:
+        msize = files.check_regular(mp, under=d).st_size
+    except FileNotFoundError as e:
+        raise CheckpointNotFoundError(f"no dump at {d}: {D.MANIFEST_NAME} is missing") from e
+    except (files.NotRegularFile, NotADirectoryError) as e:
+        raise CorruptionError(f"dump {D.MANIFEST_NAME}: not a regular file", path=str(mp)) from e
+    if msize > D.MAX_JSON_BYTES:
+        raise CorruptionError(f"dump {D.MANIFEST_NAME} is {msize} bytes (at most {D.MAX_JSON_BYTES})", path=str(mp))
+    man = D.decode_manifest(_read(mp, d, 0, msize, what="dump MANIFEST.json"), path=str(mp))
+    ri = man["row_index"]
+    rp = d / D.ROW_INDEX_NAME
+    rsize = _size(rp, d, what="dump row index")
+    if rsize != ri["size"]:
+        raise CorruptionError(f"dump row index holds {rsize} bytes, the manifest says {ri['size']}", path=str(rp),
+                              offset=min(rsize, ri["size"]))
+    raw = _read(rp, d, 0, rsize, what="dump row index")
+    crc = _native.crc32c(raw)
+    if crc != ri["crc32c"]:
+        raise CorruptionError("dump row index: CRC32C mismatch", path=str(rp), expected_crc=ri["crc32c"],
+                              actual_crc=crc)
+    rows = D.decode_row_index(raw, path=str(rp))
+    nu = man["num_units"]
+    if rows.partition_id != man["partition_id"] or rows.num_units != nu:
+        raise CorruptionError("dump row index names another partition or unit count than its manifest", path=str(rp))
+    want: Dict[int, Dict[int, List[str]]] = {}  # source unit -> gidx -> produced fields
+    for r in rows.rows.values():
+        if r["fields"]:
+            want.setdefault(r["gidx"] % nu, {})[r["gidx"]] = r["fields"]
+    shards: List[Shard] = []
+    listed = {s["unit"] for s in man["shards"]}
+    lacking = sorted(set(want) - listed)
+    if lacking:
+        raise CorruptionError(f"dump lists no shard of source units {lacking[:5]}, which hold dumped rows' fields",
+                              path=str(mp))
+    for s in man["shards"]:
+        sp = d / s["path"]
+        size = _size(sp, d, what="dump shard")
+        if size != s["size"]:
+            raise CorruptionError(f"dump shard holds {size} bytes, the manifest says {s['size']} (truncated?)",
+                                  path=str(sp), offset=min(size, s["size"]))
+        head = D.decode_shard_header(_read(sp, d, 0, D.SHARD_HEADER_SIZE, what="dump shard"), path=str(sp),
+                                     file_size=size)
+        if head.unit != s["unit"] or head.num_units != nu or head.frames != s["frames"]:
+            raise CorruptionError("dump shard header disagrees with the manifest (unit, unit count or frames)",
+                                  path=str(sp), offset=0)
+        table = D.decode_shard_table(_read(sp, d, head.table_offset, head.table_len, what="dump shard"), head,
+                                     path=str(sp))
+        mine = want.get(head.unit, {})
+        names = table.names
+        got: Dict[int, List[str]] = {}
+        for g, f in zip(table.entries["gidx"].tolist(), table.entries["field"].tolist()):
+            got.setdefault(g, []).append(names[f])
+        if {g: sorted(fs) for g, fs in got.items()} != {g: sorted(fs) for g, fs in mine.items()}:
+            raise CorruptionError("dump shard's frames are not the produced fields of the row index's rows on its "
+                                  "unit", path=str(sp), offset=head.table_offset)
+        shards.append(Shard(head.unit, s["path"], size, head, table))
+    return Dump(d, man, rows, shards)
+
+
+def plan_imports(dump: Dump, mapping: Mapping[int, int], num_units: int, *,
+                 batch_bytes: int = BATCH_BYTES) -> List[RestoreImport]:
+    """The frames each target unit ``0..num_units-1`` imports: a frame of source gidx ``g`` goes
+    to unit ``mapping[g] % num_units`` (``mapping``: source gidx -> the store's gidx).  Pure."""
+    files_ = {s.unit: s.path for s in dump.shards}
+    sizes = {s.unit: s.size for s in dump.shards}
+    cols: List[Tuple[np.ndarray, ...]] = []
+    fields: List[bytes] = []
+    for s in dump.shards:
+        e = s.table.entries
+        src = e["gidx"].astype(np.uint64)
+        dst = np.fromiter((mapping[g] for g in src.tolist()), np.uint64, len(src))
+        cols.append((np.full(len(e), s.unit, np.int64), e["offset"].astype(np.int64), e["length"].astype(np.int64),
+                     e["crc"].astype(np.uint32), src, dst))
+        names = [n.encode("utf-8") for n in s.table.names]
+        fields.extend(names[i] for i in e["field"].tolist())
+    if cols:
+        fid, off, ln, crc, src, dst = (np.concatenate([c[i] for c in cols]) for i in range(6))
+    else:
+        fid = off = ln = np.zeros(0, np.int64)
+        crc = np.zeros(0, np.uint32)
+        src = dst = np.zeros(0, np.uint64)
+    target = (dst % np.uint64(num_units)).astype(np.int64) if len(dst) else np.zeros(0, np.int64)
+    out = []
+    for u in range(num_units):
+        sel = np.flatnonzero(target == u)
+        out.append(RestoreImport(str(dump.path), files_, sizes, fid[sel], off[sel], ln[sel], crc[sel], src[sel],
+                                 dst[sel], [fields[i] for i in sel.tolist()], batch_bytes))
+    return out
+
+
+def mapping_of(keys: Sequence[str], gidxs: Sequence[int], dump: Dump) -> Dict[int, int]:
+    """Source gidx -> the store's gidx, from a restore's ``keys``/``gidxs`` and the dump's rows.
+
+    Raises CorruptionError when the dump's keys are not the restore's (it changed since)."""
+    rows = dump.rows.rows
+    if set(keys) != set(rows):
+        raise CorruptionError("the dump's keys are not those of the restore begun from it (was it replaced?)",
+                              path=str(dump.path / D.ROW_INDEX_NAME))
+    return {rows[k]["gidx"]: g for k, g in zip(keys, gidxs)}
+
+
+__all__ = ["BATCH_BYTES", "Shard", "Dump", "read_dump", "plan_imports", "mapping_of"]

@@ -1,0 +1,163 @@
+"""Where a dump lives and how it is published and repaired (docs/FORMAT.md, "Writing and
+publication"): the sibling files of ``<dir>``, the exclusive lock every call on the path
+holds, the repair of an interrupted publication, the restore marker.
+
+Siblings of a dump directory ``<dir>``:
+
+* ``<dir>.lock``: the lock file (``flock``, exclusive, across processes; created if
+  missing, never removed).  Every dump, load and ``read_row_index`` of ``<dir>`` holds it
+  (:func:`locked`), so calls on one path never interleave.
+* ``<dir>.tmp``: the dump being written (an unfinished one after a crash).
+* ``<dir>.old``: the previous dump during publication.
+* ``<dir>.restore``: created by ``load_data_by_key`` while a load may still read ``<dir>``
+  (:func:`marker_path`); a dump refuses to replace ``<dir>`` while it exists.
+
+:func:`repair` (caller holds the lock) brings the path back to "the last published dump, or
+nothing": a leftover ``.tmp`` is removed, a lone ``.old`` renamed back, a stale ``.old``
+beside ``<dir>`` removed.  Every step goes through :mod:`tqstore._io.files` (failpoints).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from .._format import dump_records as DR
+from .._io import files, locks
+from ..checkpoint import target as T
+from ..errors import CheckpointError, RestorePendingError
+
+log = logging.getLogger("tqstore")
+
+PathLike = Any
+SUFFIXES = (".tmp", ".old", ".lock", ".restore")
+
+
+def resolve(path: PathLike) -> Path:
+    """The dump directory's real path (symlinks resolved), its name checked.
+
+    Raises CheckpointError: an empty name, ``.``/``..``, or one ending in a sibling's suffix."""
+    real = Path(os.path.realpath(os.fspath(path)))
+    if real.name in ("", ".", "..") or real.name.endswith(SUFFIXES):
+        raise CheckpointError(f"{os.fspath(path)} is not a usable dump directory name (it must not end in "
+                              f"{', '.join(SUFFIXES)}: tqstore uses those names beside a dump)")
+    return real
+
+
+def sibling(final: Path, suffix: str) -> Path:
+    return final.with_name(final.name + suffix)
+
+
+def lock_path(final: Path) -> Path:
+    """``<dir>.lock``."""
+    return sibling(final, ".lock")
+
+
+def marker_path(final: PathLike) -> Path:
+    """``<dir>.restore``: the marker a load creates while it may read the dump."""
+    return sibling(resolve(final), ".restore")
+
+
+def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Path:
+    """:func:`tqstore.checkpoint.target.check_target` for a dump: ``path`` is missing, an empty
+    directory or a dump, and not inside a store, checkpoint, generation root or dump (nor
+    holding the live store).  Returns the resolved path.  Raises CheckpointError."""
+    final = resolve(path)
+    T.check_target(final, T.DUMP, live_store=live_store)
+    return final
+
+
+def refuse_if_restoring(final: Path) -> None:
+    """Raise RestorePendingError when ``<dir>.restore`` exists."""
+    m = sibling(final, ".restore")
+    if os.path.lexists(m):
+        raise RestorePendingError(f"a load of dump {final} is unresolved ({m} exists): it may still read the dump, "
+                                  f"so it is not replaced; call tqstore.recover_data_load({str(final)!r}) (or with "
+                                  f"cancel=True) first")
+
+
+@contextlib.contextmanager
+def locked(final: Path, *, shared_ok: bool = False) -> Iterator[bool]:
+    """Hold the exclusive lock ``<dir>.lock`` (blocking) for the body; yields True.
+
+    ``shared_ok``: a reader in a location where the lock file cannot be created (read-only)
+    goes on without it and yields False (it must not repair).  Failpoint ``lock_open``.
+
+    Raises CheckpointError: the lock cannot be taken."""
+    lp = lock_path(final)
+    try:
+        files.mkdir(final.parent, exist_ok=True, parents=True)
+    except OSError as e:
+        if not shared_ok:
+            raise CheckpointError(f"cannot create the parent directory of dump {final}: {e}") from e
+    stack = contextlib.ExitStack()
+    try:
+        stack.enter_context(locks.flocked(lp))
+        held = True
+    except OSError as e:
+        if not (shared_ok and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)):
+            raise CheckpointError(f"cannot take the lock {lp} of dump {final}: {e}") from e
+        log.debug("cannot take the lock %s (%s); reading dump %s without it", lp, e.strerror, final)
+        held = False
+    with stack:
+        yield held
+
+
+def _ours(d: Path) -> bool:
+    """``d`` holds only names a dump writes (so removing it destroys nothing of the user's)."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    return all(n in (DR.MANIFEST_NAME, DR.ROW_INDEX_NAME) or DR.is_shard_name(n) for n in names)
+
+
+def repair(final: Path) -> None:
+    """Settle an interrupted dump or publication of ``final`` (caller holds the lock).
+
+    Raises CheckpointError: a sibling ``.tmp`` that tqstore did not write is in the way;
+    OSError from the file system."""
+    tmp, old = sibling(final, ".tmp"), sibling(final, ".old")
+    if os.path.lexists(tmp):
+        if not (tmp.is_dir() and not tmp.is_symlink() and _ours(tmp)):
+            raise CheckpointError(f"{tmp} is in the way of dump {final} and does not look like an unfinished "
+                                  f"dump ({T.describe(tmp)}); move it away")
+        log.info("removing %s left by an interrupted dump", tmp)
+        files.rmtree(tmp)
+    if os.path.lexists(old):
+        if not os.path.lexists(final):
+            log.info("restoring %s: a dump's replacement was interrupted between its renames", final)
+            files.rename(old, final)
+            files.fsync_dir(final.parent)
+        elif T.is_dump_dir(old) or _ours(old):
+            log.info("removing %s left by an interrupted dump publication", old)
+            files.rmtree(old)
+
+
+def fresh_tmp(final: Path) -> Path:
+    """Create ``<dir>.tmp`` (after :func:`repair`: it does not exist)."""
+    tmp = sibling(final, ".tmp")
+    files.mkdir(tmp)
+    return tmp
+
+
+def publish(tmp: Path, final: Path) -> None:
+    """``<dir>`` to ``<dir>.old`` (parent fsynced), ``tmp`` to ``<dir>`` (parent fsynced),
+    ``<dir>.old`` removed: :func:`tqstore._io.files.publish_dir`."""
+    files.publish_dir(tmp, final)
+
+
+def readable_dir(final: Path) -> Optional[Path]:
+    """The directory a reader uses: ``<dir>``, or ``<dir>.old`` when ``<dir>`` is missing (an
+    interrupted replacement a reader without the lock could not repair); None if neither."""
+    if os.path.lexists(final):
+        return final
+    old = sibling(final, ".old")
+    return old if os.path.lexists(old) else None
+
+
+__all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "locked", "repair",
+           "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]

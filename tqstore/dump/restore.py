@@ -1,0 +1,238 @@
+"""``load_data_by_key`` and ``recover_data_load``: a selective restore orchestrated over the
+ports (docs/FORMAT.md, "Selective restores").
+
+A load, under an exclusive ``flock`` of ``<dir>.lock`` (every dump, load and recover of one
+path, across processes):
+
+1. :func:`~tqstore.dump.load.read_dump` checks everything but the frames; nothing is written
+   on failure;
+2. the ``<dir>.restore`` marker is written (a dump refuses to replace a directory a load
+   may still read), then, under the store's write lock, the controller begins the restore
+   (``begin_restore``: schema clashes and bad keys raise here, before anything is written;
+   existing keys keep their gidx, new keys get reserved ones);
+3. every target unit, in parallel: ``claim_restore`` → ``import_restore`` (its frames'
+   byte ranges, CRC-checked, re-stamped where the gidx changes, staged) → ``complete_restore``;
+4. under the store's write lock: every unit publishes (its staged entries into the index,
+   keeping what they replace), the controller finishes (rows, tags, produced fields and
+   schema in one transaction: the commit point), the units settle, the record is forgotten,
+   the marker removed.
+
+A failure in 1–3 cancels the restore (units drop what they wrote, then the reserved
+indexes are freed) and re-raises: the store is as it was.  A crash leaves the record: on
+the next open a decided restore is settled by itself and a running one is unpublished and
+stays pending (its partition's clears and puts of its keys raise ``RestorePendingError``)
+until ``recover_data_load(dir)`` completes it (re-importing the units not complete) or
+``recover_data_load(dir, cancel=True)`` cancels it.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Optional, Sequence
+
+from .._io import files
+from ..errors import TqstoreError
+from . import publish as P
+from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
+from .load import Dump, mapping_of, plan_imports, read_dump
+
+log = logging.getLogger("tqstore")
+
+
+def dump_path(dump_dir) -> Path:
+    """The dump's path as restores record it (absolute, symlinks resolved; CheckpointError for
+    a name tqstore uses beside dumps)."""
+    return P.resolve(dump_dir)
+
+
+@contextlib.contextmanager
+def dump_lock(d: Path) -> Iterator[None]:
+    """Hold ``<dir>.lock`` exclusively (as every dump, load and read of the path does) and
+    repair an interrupted publication first."""
+    with P.locked(d):
+        P.repair(d)
+        yield
+
+
+def _mark(d: Path, store_root: Path) -> None:
+    body = json.dumps({"store": str(store_root)}, sort_keys=True).encode() + b"\n"
+    files.write_file_atomic(P.sibling(d, ".restore"), body)
+
+
+def _unmark(d: Path) -> None:
+    try:
+        files.unlink(P.sibling(d, ".restore"))
+    except OSError:
+        log.warning("could not remove the restore marker of %s", d, exc_info=True)
+
+
+def _run_units(store, info: RestoreInfo, dump: Dump, todo: Sequence[int]) -> int:
+    """Claim, import and complete units ``todo`` in parallel; returns bytes read."""
+    c: ControllerPort = store.controller
+    mapping = mapping_of(info.keys or (), info.gidxs or (), dump)
+    plans = plan_imports(dump, mapping, store.num_units)
+
+    def one(u: int) -> int:
+        attempt = c.claim_restore(info.rid, u)
+        n = store.units[u].import_restore(info.tag, plans[u]) if len(plans[u]) else 0
+        c.complete_restore(info.rid, u, attempt)
+        return n
+
+    futures = [store._pool.submit(one, u) for u in todo]
+    errors: List[BaseException] = []
+    total = 0
+    for f in futures:
+        try:
+            total += f.result()
+        except BaseException as e:  # noqa: BLE001 - every unit finishes first, the first error is raised
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    return total
+
+
+def _each_unit(store, call) -> None:
+    """``call(unit)`` on every unit in parallel (the store's pool); every one finishes, then the
+    first error is raised."""
+    errors: List[BaseException] = []
+    for f in [store._pool.submit(call, u) for u in store.units]:
+        try:
+            f.result()
+        except BaseException as e:  # noqa: BLE001 - collected, the first one raised
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+def _settle(store, info: RestoreInfo, *, committed: bool) -> None:
+    """Settle a decided restore on every unit, then forget it (the reserved gidxs of a
+    cancelled one are freed only now)."""
+    _each_unit(store, lambda u: u.settle_restore(info.tag, committed=committed))
+    store.controller.forget_restore(info.rid)
+
+
+def _cancel(store, info: RestoreInfo) -> None:
+    with store._write_lock:
+        store.controller.cancel_restore(info.rid)
+        _settle(store, info, committed=False)
+
+
+def _commit(store, info: RestoreInfo) -> None:
+    """Publish on every unit, then the controller's commit point, then settle."""
+    c: ControllerPort = store.controller
+    with store._write_lock:
+        try:
+            _each_unit(store, lambda u: u.publish_restore(info.tag))
+            c.finish_restore(info.rid)
+        except BaseException:
+            for u in store.units:  # not decided: the live rows are the old ones again
+                with contextlib.suppress(TqstoreError):
+                    u.unpublish_restore(info.tag)
+            raise
+        try:
+            _settle(store, info, committed=True)
+        except TqstoreError:
+            log.exception("restore %s committed; settling its units failed (settled on the next open)", info.rid)
+
+
+def _report(info: RestoreInfo, dump: Dump, nbytes: int, t0: float, new_keys: int) -> Dict[str, Any]:
+    rows = dump.rows.rows
+    return {"keys": len(rows), "new_keys": new_keys, "existing_keys": len(rows) - new_keys,
+            "rows_with_data": sum(1 for r in rows.values() if r["fields"]), "frames": dump.frames,
+            "bytes": nbytes, "partition_id": dump.partition_id, "restore_id": info.rid,
+            "seconds": time.perf_counter() - t0}
+
+
+def load(store, dump_dir) -> Dict[str, Any]:
+    """See :meth:`DumpMixin.load_data_by_key`."""
+    t0 = time.perf_counter()
+    d = dump_path(dump_dir)
+    with dump_lock(d):
+        mine = [r for r in store.controller.restores() if r.dump == str(d)]
+        if mine:  # its marker is the pending restore's: left alone
+            raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
+        dump = read_dump(d)
+        _mark(d, store.root)
+        try:
+            with store._write_lock:
+                store._check_open()
+                rb = store.controller.rows_by_key(dump.partition_id, list(dump.rows.rows))
+                new = len(dump.rows.rows) if rb is None else len(rb.missing())  # O(keys), not O(partition)
+                info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema(),
+                                                      strict_dtypes=store.strict_schema)
+        except BaseException:
+            if not any(r.dump == str(d) for r in store.controller.restores()):
+                _unmark(d)
+            raise
+        try:
+            nbytes = _run_units(store, info, dump, range(store.num_units))
+        except BaseException:
+            try:
+                _cancel(store, info)
+            except TqstoreError:
+                log.exception("cancelling restore %s failed; recover_data_load(%r, cancel=True) settles it",
+                              info.rid, str(d))
+                raise
+            _unmark(d)
+            raise
+        _commit(store, info)
+        _unmark(d)
+    log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows.rows), new,
+             dump.partition_id, d, nbytes)
+    return _report(info, dump, nbytes, t0, new)
+
+
+def recover(store, dump_dir, *, cancel: bool = False) -> bool:
+    """See :meth:`DumpMixin.recover_data_load`."""
+    d = dump_path(dump_dir)
+    with dump_lock(d):
+        pending = [r for r in store.controller.restores() if r.dump == str(d)]
+        if not pending:
+            _unmark(d)  # a marker left by a crash after the record went
+            return False
+        info = pending[0]
+        if info.state == "committed" or (info.state == "running" and not cancel):
+            if info.state == "running":
+                full = store.controller.restore(info.rid)
+                dump = read_dump(d)
+                todo = [u for u, s in enumerate(full.units) if s != "complete"]
+                _run_units(store, full, dump, todo)
+                _commit(store, full)
+            else:
+                if cancel:
+                    log.warning("restore %s from %s was committed before the crash: completing it instead of "
+                                "cancelling", info.rid, d)
+                with store._write_lock:
+                    _settle(store, info, committed=True)
+        else:
+            _cancel(store, info)
+        _unmark(d)
+        return True
+
+
+def settle_at_open(controller: ControllerPort, units: Sequence[UnitPort]) -> None:
+    """On open, before the store's reconcile: settle decided restores on every unit and
+    forget them; unpublish running ones (they stay pending for ``recover_data_load``); drop
+    unit entries of tags no restore record names."""
+    for r in controller.restores():
+        if r.state == "running":
+            for u in units:
+                u.unpublish_restore(r.tag)
+            log.warning("store has an unresolved restore %s of partition %r from %s: call recover_data_load(%r) "
+                        "(or cancel=True)", r.rid, r.pid, r.dump, r.dump)
+            continue
+        for u in units:
+            u.settle_restore(r.tag, committed=r.state == "committed")
+        controller.forget_restore(r.rid)
+        log.info("settled restore %s (%s) left by a crash", r.rid, r.state)
+    known = {r.tag for r in controller.restores()}
+    for u in units:
+        for t in u.restore_tags():
+            if t not in known:
+                u.settle_restore(t, committed=False, close=False)
+
+
+__all__ = ["load", "recover", "settle_at_open", "dump_path", "dump_lock"]

@@ -1,0 +1,279 @@
+"""Writing a selective dump: the MVCC cut, the controller's rows at the cut, every owning
+unit's shard in parallel, ``rows.json``, ``MANIFEST.json`` last, publication.
+
+Orchestration only (plan as data, then execute through the ports; shared/DESIGN.md §5):
+
+1. checks before anything is written: keys (str, valid, duplicates dropped, first wins),
+   the target (:func:`publish.check_target`), the restore marker;
+2. the cut, under the store's write lock: :meth:`Store.snapshot` (each unit seals and pins,
+   the controller opens a read transaction) and, under the same lock, the keys are resolved
+   (:meth:`ControllerPort.resolve_keys`: an unknown partition or key raises here, the cut is
+   released, nothing was written) and the controller's ``put_token`` read; with
+   ``blocking=False`` the caller is released now (:class:`DumpHandle`);
+3. under the exclusive ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
+   ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
+   and produced fields at the cut; :func:`plan` groups the rows with data by owning unit;
+   each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
+   fsynced), in parallel, and ``rows.json`` is written and fsynced beside them; then
+   ``MANIFEST.json`` is written and fsynced, the directory fsynced; :func:`publish.publish`.
+
+A failure removes ``<dir>.tmp`` and leaves the previous dump at ``<dir>`` as it was.  The
+background machinery is the checkpoint writer's (one save or dump in flight per store; an
+error nobody retrieved surfaces on the next save, load or dump).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .. import _native
+from .._format import dump_records as D
+from .._format.names import check_key, check_name
+from .._io import files
+from ..checkpoint import writer as W
+from ..errors import CheckpointError, InvalidInputError, TqstoreError
+from .. import ports as _ports
+from ..ports import RowBatch, ShardInfo
+from . import publish as P
+
+log = logging.getLogger("tqstore")
+
+
+def check_keys(keys: Any, partition_id: Any) -> List[str]:
+    """The keys to dump: a list (or tuple) of str, each a valid key of ``partition_id``,
+    duplicates dropped (the first kept).  Raises InvalidInputError."""
+    check_name("partition id", partition_id)
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
+        raise InvalidInputError(f"keys must be a list of str, got {type(keys).__name__}")
+    for k in keys:  # ASCII keys of up to 127 characters always fit; only the others are checked in full
+        if type(k) is not str or len(k) > 127 or not k.isascii() or "\0" in k:
+            check_key(partition_id, k)
+    return list(dict.fromkeys(keys))
+
+
+@dataclass
+class DumpCut:
+    snap: Any  # StoreSnapshot
+    partition_id: str
+    keys: List[str]
+    gidxs: List[int]
+    put_token: int
+    num_units: int
+    store_root: Path
+    stall_s: float
+
+
+def take_cut(store, partition_id: str, keys: List[str]) -> DumpCut:
+    """The cut and the keys resolved at it, under the store's write lock (held for both only).
+
+    Raises PartitionNotFoundError / KeyNotFoundError (the cut is released)."""
+    t0 = time.perf_counter()
+    with store._write_lock:
+        snap = store.snapshot()
+        try:
+            guard = getattr(_ports, "check_no_restore", None)  # the load side's guard (issue 10), once merged
+            if guard is not None:
+                guard(snap.controller, partition_id, f"a dump of partition {partition_id!r}")
+            gidxs = snap.controller.resolve_keys(partition_id, keys) if keys else []
+            if not keys:
+                snap.controller.partition_info(partition_id)  # an unknown partition raises, also for no keys
+            token = int(snap.controller.put_token)
+        except BaseException:
+            snap.release()
+            raise
+    return DumpCut(snap, partition_id, keys, [int(g) for g in gidxs], token, store.num_units, Path(store.root),
+                   time.perf_counter() - t0)
+
+
+@dataclass(frozen=True)
+class UnitWork:
+    """One unit's part of a dump: its rows with data and their produced fields."""
+
+    unit: int
+    gidxs: List[int]
+    fields: List[List[str]]
+
+
+def plan(rows: RowBatch, num_units: int) -> List[UnitWork]:
+    """Group the rows that have produced fields by owning unit (``gidx % num_units``), in
+    dump order (pure)."""
+    per: Dict[int, Tuple[List[int], List[List[str]]]] = defaultdict(lambda: ([], []))
+    for g, fs in zip(rows.gidxs, rows.fields):
+        if fs:
+            gs, fl = per[g % num_units]
+            gs.append(g)
+            fl.append(sorted(fs))
+    return [UnitWork(u, gs, fl) for u, (gs, fl) in sorted(per.items())]
+
+
+def report_of(index_rows: int, shards: Sequence[ShardInfo], total: int, **extra: Any) -> Dict[str, Any]:
+    """The report mapping of a dump."""
+    out = {"keys": index_rows, "rows_with_data": sum(s.rows for s in shards), "shards": len(shards), "bytes": total,
+           "frames": sum(s.frames for s in shards), "payload_bytes": sum(s.payload_bytes for s in shards)}
+    out.update(extra)
+    return out
+
+
+class DumpHandle(W.SaveHandle):
+    """The pending result of ``dump_data_by_key(..., blocking=False)``: the cut is taken when
+    it is returned (``stall_s``); :meth:`result` waits and returns the report mapping or
+    raises the dump's error (the previous dump at the path is intact)."""
+
+    what = "dump"
+
+    def __repr__(self) -> str:
+        state = "running" if not self.done() else ("failed" if self._error else "done")
+        return f"<DumpHandle {self.path} {state}>"
+
+
+class DumpJob:
+    """Writes one cut to ``final``; :meth:`run` always releases the cut."""
+
+    def __init__(self, cut: DumpCut, final: Path, *, max_workers: int) -> None:
+        self.cut = cut
+        self.final = final
+        self.max_workers = max_workers
+
+    def run(self) -> Dict[str, Any]:
+        t0 = time.perf_counter()
+        try:
+            with P.locked(self.final):
+                P.refuse_if_restoring(self.final)
+                P.check_target(self.final, live_store=self.cut.store_root)  # still ours to replace?
+                P.repair(self.final)
+                tmp = P.fresh_tmp(self.final)
+                try:
+                    out = self._write(tmp)
+                    t1 = time.perf_counter()
+                    P.publish(tmp, self.final)
+                    out["phases_s"]["publish_s"] = time.perf_counter() - t1
+                except BaseException:
+                    files.rmtree(tmp, ignore_errors=True)
+                    raise
+        except TqstoreError:
+            raise
+        except OSError as e:
+            raise CheckpointError(f"dumping to {self.final} failed: {e}; any previous dump there is intact") from e
+        finally:
+            self.cut.snap.release()
+        out.update(stall_s=self.cut.stall_s, write_s=time.perf_counter() - t0)
+        log.info("dumped %d keys (%d with data, %d shards, %.1f MiB) of partition %r to %s in %.3f s", out["keys"],
+                 out["rows_with_data"], out["shards"], out["bytes"] / 2**20, self.cut.partition_id, self.final,
+                 out["write_s"])
+        return out
+
+    def _write(self, tmp: Path) -> Dict[str, Any]:
+        cut, snap = self.cut, self.cut.snap
+        t = [time.perf_counter()]
+        rows = snap.controller.snapshot_rows(snap.controller_snap, cut.partition_id, cut.keys)
+        t.append(time.perf_counter())
+        if rows is None or rows.missing() or list(rows.gidxs) != cut.gidxs:
+            raise CheckpointError(f"the controller's snapshot disagrees with the keys resolved at the cut of "
+                                  f"partition {cut.partition_id!r} (a bug); nothing was published")
+        work = plan(rows, cut.num_units)
+        shards: List[ShardInfo] = []
+
+        def write_index() -> bytes:  # beside the shards: its fsync overlaps theirs
+            data = D.encode_row_index(cut.partition_id, cut.num_units, rows.schema,
+                                      list(zip(rows.keys, rows.gidxs, rows.tags, rows.fields)))
+            files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True)
+            return data
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(work)) + 1),
+                                thread_name_prefix="tqstore-dump") as pool:
+            futs = [pool.submit(snap.ports[w.unit].export_rows, snap.unit_snaps[w.unit], w.gidxs, w.fields,
+                                str(tmp / D.shard_name(w.unit)), num_units=cut.num_units,
+                                put_token=cut.put_token) for w in work]
+            index_fut = pool.submit(write_index)
+            errors = []
+            for f in futs:
+                try:
+                    shards.append(f.result())
+                except BaseException as e:  # noqa: BLE001 - the first is re-raised below
+                    errors.append(e)
+            try:
+                index = index_fut.result()
+            except BaseException as e:  # noqa: BLE001
+                errors.append(e)
+            if errors:
+                raise errors[0]
+        t.append(time.perf_counter())
+        summary = report_of(len(rows), shards, 0)
+        manifest = D.encode_manifest(
+            created_unix=time.time(), partition_id=cut.partition_id, num_units=cut.num_units,
+            summary={k: summary[k] for k in D.SUMMARY_KEYS},
+            row_index={"size": len(index), "crc32c": _native.crc32c(index)},
+            shards=[{"unit": s.unit, "size": s.size, "crc32c": s.crc32c, "frames": s.frames, "rows": s.rows,
+                     "payload_bytes": s.payload_bytes} for s in shards])
+        files.write_file(tmp / D.MANIFEST_NAME, manifest, fsync=True)
+        files.fsync_dir(tmp)
+        t.append(time.perf_counter())
+        total = sum(s.size for s in shards) + len(index) + len(manifest)
+        phases = {"rows_s": t[1] - t[0], "shards_s": t[2] - t[1], "index_s": t[3] - t[2]}
+        return report_of(len(rows), shards, total, path=str(self.final), partition_id=cut.partition_id,
+                         phases_s=phases)
+
+
+_POOL: Optional[ThreadPoolExecutor] = None
+_POOL_LOCK = threading.Lock()
+
+
+def _background() -> ThreadPoolExecutor:
+    """The threads background dumps run on: kept between calls, so handing a dump over costs
+    a queue put, not a thread start (the caller's stall); joined at interpreter exit like any
+    executor's, so a running dump finishes first; made anew in a forked child."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tqstore-dump")
+        return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
+def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool = True):
+    """``Store.dump_data_by_key`` (see :class:`tqstore.dump.DumpMixin`)."""
+    store._check_open()
+    keys = check_keys(keys, partition_id)
+    final = P.check_target(dump_dir, live_store=store.root)
+    P.refuse_if_restoring(final)
+    state = W.state_of(store)
+    with state.lock:
+        W.settle(state)
+        cut = take_cut(store, partition_id, keys)
+        job = DumpJob(cut, final, max_workers=max(1, min(8, store.num_units)))
+        if blocking:
+            return job.run()
+        handle = DumpHandle(final, cut.stall_s)
+
+        def body() -> None:
+            try:
+                out = job.run()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller through the handle
+                log.error("background dump to %s failed: %s", final, e)
+                handle._finish(None, e)
+                return
+            handle._finish(out, None)  # type: ignore[arg-type]
+
+        state.inflight = handle
+        try:
+            _background().submit(body)
+        except BaseException:
+            state.inflight = None
+            cut.snap.release()
+            raise
+        return handle

@@ -1,0 +1,127 @@
+"""A unit's shard of a selective dump (:meth:`Unit.export_rows`; docs/FORMAT.md, "Dump directory").
+
+Owner-side I/O: the unit resolves the dumped rows' frames in its snapshot's index, checks
+each with the frame-check kernel where it lies (the mapped sealed segment: structure,
+exact extent, gidx, end magic, padding, CRC32C and the CRC its index recorded), and writes
+them byte for byte, in segment order, with vectored writes straight from the mapping into
+the new shard file, then the table; the file is fsynced.  No frame is decoded or encoded
+again, and no payload leaves the unit: it answers a :class:`~tqstore.ports.ShardInfo`.
+"""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from . import _native
+from ._format import dump_records as D
+from ._format import unit_records as UR
+from ._format.frame import _raise_first, check_run
+from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, decode_index_key
+from ._io import files
+from ._io.lmdbenv import wrap_errors
+from .errors import CorruptionError, InvalidInputError
+from .ports import ShardInfo
+
+log = logging.getLogger("tqstore")
+
+
+def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequence[str]]], dest: Path, *,
+                num_units: int, put_token: int = 0) -> ShardInfo:
+    """Write the shard of rows ``gidxs`` (fields ``fields[i]`` of row ``i``; None: every field
+    the unit holds for it at the snapshot) as the new file ``dest``.
+
+    Raises:
+        InvalidInputError: a gidx that does not live on this unit, or arguments of unequal length.
+        CorruptionError: a frame the index names is missing or does not verify (names the
+            segment file and offset), or a row lacks a field it was asked for.
+        StorageIOError / OSError: the shard could not be written (the caller removes it).
+    """
+    if len(gidxs) != len(fields):
+        raise InvalidInputError(f"unit {unit.unit_id}: export_rows got {len(gidxs)} rows and {len(fields)} field lists")
+    bad = [g for g in gidxs if int(g) % num_units != unit.unit_id]
+    if bad:
+        raise InvalidInputError(f"unit {unit.unit_id} of {num_units}: rows {bad[:5]} do not live here")
+    with wrap_errors(f"unit {unit.unit_id} dump", unit.path):
+        locs, gs, names, fids = _resolve(unit, view, gidxs, fields, put_token)
+    order = np.lexsort((locs["offset"], locs["seg"]))
+    locs, gs, fids = locs[order], gs[order], fids[order]
+    table = D.encode_shard_table(gs, locs["length"], locs["crc"], fids, names)
+    nbytes = int(locs["length"].astype(np.int64).sum())
+    header = D.encode_shard_header(unit.unit_id, num_units, len(locs), nbytes, table)
+    bufs: List = [header]
+    crc = _native.crc32c(header)
+    for seg in np.unique(locs["seg"]).tolist():
+        sel = locs["seg"] == seg
+        ls, ggs = locs[sel], gs[sel]
+        m = unit._map_to(seg, int((ls["offset"] + ls["length"]).max()))
+        path = unit._seg_path(seg)
+        res = check_run(m, ls, ggs)
+        _raise_first(m, ls, res, ggs, path=path)
+        mv = memoryview(m)
+        for a, b in _runs(ls):
+            v = mv[a:b]
+            crc = _native.crc32c(v, crc)
+            bufs.append(v)
+    bufs.append(table)
+    crc = _native.crc32c(table, crc)
+    try:
+        size = files.write_buffers(dest, bufs, fsync=True)
+    finally:
+        del bufs
+    rows = len(set(gs.tolist()))
+    log.debug("unit %d: dumped %d frames of %d rows (%d bytes) into %s", unit.unit_id, len(locs), rows, nbytes, dest)
+    return ShardInfo(unit.unit_id, str(dest), size, crc, len(locs), rows, nbytes)
+
+
+def _resolve(unit, view, gidxs, fields, put_token: int):
+    """The locations of the asked frames at the snapshot (an unsettled overwriting put's
+    replaced entry where the controller never committed it), their gidxs, the field names
+    and each frame's name id."""
+    txn = view.txn
+    put_back: Dict[bytes, bytes] = {}
+    for k, v in txn.cursor(db=unit.db_undo):
+        tok, ik = UR.decode_undo_key(k)
+        if tok > put_token:
+            put_back[ik] = bytes(v)
+    names: Dict[str, int] = {}
+    raw: List[bytes] = []
+    gl: List[int] = []
+    fl: List[int] = []
+    cur = txn.cursor(db=unit.db_loc)
+    for g, fs in zip(gidxs, fields):
+        g = int(g)
+        head = INDEX_KEY_HEAD.pack(g)
+        if fs is None:  # every field the unit holds for the row
+            pairs = []
+            if cur.set_range(head):
+                for k, v in cur:
+                    if bytes(k[:8]) != head:
+                        break
+                    pairs.append((decode_index_key(bytes(k))[1], bytes(v)))
+        else:
+            pairs = [(f, txn.get(head + f.encode(), db=unit.db_loc)) for f in fs]
+        for f, v in pairs:
+            v = put_back.get(head + f.encode(), v)
+            if v is None:
+                raise CorruptionError(f"unit {unit.unit_id} holds no frame of field {f!r} of row {g}, which the "
+                                      f"controller records as produced; run verify on the store", path=str(unit.path))
+            raw.append(bytes(v))
+            gl.append(g)
+            fl.append(names.setdefault(f, len(names)))
+    locs = np.frombuffer(b"".join(raw), LOC_DTYPE) if raw else np.zeros(0, LOC_DTYPE)
+    return locs, np.asarray(gl, dtype=np.uint64), list(names), np.asarray(fl, dtype=np.uint32)
+
+
+def _runs(locs: np.ndarray):
+    """``(start, end)`` byte ranges of the frames (sorted by offset), adjacent frames merged."""
+    if not len(locs):
+        return []
+    starts = locs["offset"].astype(np.int64)
+    ends = starts + locs["length"].astype(np.int64)
+    brk = np.flatnonzero(starts[1:] != ends[:-1]) + 1
+    first = np.concatenate(([0], brk))
+    last = np.concatenate((brk - 1, [len(locs) - 1]))
+    return list(zip(starts[first].tolist(), ends[last].tolist()))
