@@ -73,8 +73,9 @@ def test_a_dump_reads_the_rows_of_a_format_2_snapshot(tmp_path):
         assert rows_of(dst, "train", keys + ["untagged"]) == want
 
 
-def _pending(tmp_path, monkeypatch):
-    """A store (closed) whose load of a dump with new keys stopped after one unit completed."""
+def _pending(tmp_path, monkeypatch, mixed=False):
+    """A store (closed) whose load of a dump with new keys stopped after one unit completed
+    (``mixed``: the store's input_ids is int32, the dump's int64: the restore makes it mixed)."""
     with tqstore.open(tmp_path / "src", num_units=2) as src:
         keys = fill(src, "train", 8)
         dump = write_dump(src, tmp_path / "dump", keys, "train")
@@ -82,7 +83,10 @@ def _pending(tmp_path, monkeypatch):
     from tqstore.dump import restore as RS
 
     dst = tqstore.open(tmp_path / "dst", num_units=2)
-    fill(dst, "train", 2, prefix="k", start=6, seed=3)
+    if mixed:
+        dst.kv_batch_put(["k6", "k7"], "train", {"input_ids": torch.zeros((2, 16), dtype=torch.int32)})
+    else:
+        fill(dst, "train", 2, prefix="k", start=6, seed=3)
     real = dst.controller.complete_restore
 
     def complete(rid, u, attempt):
@@ -103,13 +107,15 @@ def _pending(tmp_path, monkeypatch):
     return dump, keys, want, reserved, ctrl
 
 
-def test_a_restore_pending_in_a_version_1_index_survives_the_migration_and_finishes(tmp_path, monkeypatch):
-    dump, keys, want, reserved, ctrl = _pending(tmp_path, monkeypatch)
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_restore_pending_in_a_version_1_index_survives_the_migration_and_finishes(tmp_path, monkeypatch, mixed):
+    dump, keys, want, reserved, ctrl = _pending(tmp_path, monkeypatch, mixed)
     assert len(reserved) == 6  # k0..k5 are new keys: reserved, neither rows nor free
     _to_version_1(ctrl)
     assert _raw(ctrl, b"meta", b"format") == b"1"
     with tqstore.open(tmp_path / "dst") as dst:
-        assert dst.controller._restores.active and dst.controller.partition("train").bits
+        (rec,) = dst.controller._restores.active.values()
+        assert (rec.schema.get("input_ids", (0, 0))[1] == SCHEMA_MIXED) == mixed
         assert [r.state for r in dst.controller.restores()] == ["running"]
         assert dst.recover_data_load(dump) is True
         assert rows_of(dst, "train", keys) == want and dst.verify() == []
