@@ -281,3 +281,12 @@ def test_keys_tags_and_values_survive_reopen(tmp_path):
         out = s.kv_batch_get("b", "p")
         assert torch.equal(out["x"], torch.tensor([[2.0, 3.0]])) and out["t"] == [None]
         assert s.kv_batch_put(["b"], "p", tags=[{"more": 1}]).tags == [{"s": 2, "more": 1}]
+
+
+def test_a_put_with_tags_into_a_partition_reopened_without_rows_creates_its_keys(tmp_path):
+    with tqstore.open(tmp_path / "s") as s:
+        s.kv_batch_put(["k0"], "p", {"x": torch.zeros(1, 1)})
+        s.kv_clear(["k0"], "p")
+    with tqstore.open(tmp_path / "s") as s:  # the partition is there, its columns are empty
+        s.kv_batch_put(["k0"], "p", {"x": torch.ones(1, 1)}, tags=[{"s": 1}])
+        assert s.kv_list("p") == {"p": {"k0": {"s": 1}}}

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import json
+import struct
 import math
 from pathlib import Path
 
@@ -89,14 +90,17 @@ def test_a_store_written_through_the_engine_holds_exactly_these_bytes(tmp_path):
         s.controller.set_sampler_state("p", {"sampler": "seq", "state": {"t": {"n": 2}}})
         state = s.state_dir
     ctrl = state / "controller"
-    assert _raw(ctrl, b"meta", b"format") == b"1"
+    assert _raw(ctrl, b"meta", b"format") == b"2"
     assert _raw(ctrl, b"meta", b"num_units") == b"2"
     assert _raw(ctrl, b"meta", b"next_gidx") == b"2"
-    assert _raw(ctrl, b"rows", b"\0" * 8) == b'{"p":"p","k":"a","t":{"n":1,"u":"\\u00e9"},"f":["x"],"s":0}'
-    assert _raw(ctrl, b"rows", b"\0" * 7 + b"\1") == b'{"p":"p","k":"b","t":null,"f":["x"],"s":1}'
+    # version 2 rows: partition number u32, flags u16 (1 keyed, 2 tagged), bitmap words u16, seq u64,
+    # the bitmap (bit 0: field "x"), then the tag's compact ASCII JSON
+    assert _raw(ctrl, b"rows", b"\0" * 8) == (struct.pack("<IHHQ", 0, 3, 1, 0) + (1).to_bytes(8, "little")
+                                              + b'{"n":1,"u":"\\u00e9"}')
+    assert _raw(ctrl, b"rows", b"\0" * 7 + b"\1") == struct.pack("<IHHQ", 0, 1, 1, 1) + (1).to_bytes(8, "little")
     assert _raw(ctrl, b"keys", b"p\0b") == b"\0" * 7 + b"\1"
-    assert _raw(ctrl, b"parts", b"p") == b'{"next_seq": 2, "meta": {}}'
-    assert _raw(ctrl, b"schema", b"p\0x") == b'{"kind": 0, "dtype": 9}'
+    assert _raw(ctrl, b"parts", b"p") == b'{"next_seq": 2, "meta": {}, "num": 0}'
+    assert _raw(ctrl, b"schema", b"p\0x") == b'{"kind": 0, "dtype": 9, "bit": 0}'
     assert _raw(ctrl, b"cons", b"t\0p\0" + b"\0" * 8) == b""
     assert _raw(ctrl, b"sampler", b"p") == b'{"sampler": "seq", "state": {"t": {"n": 2}}}'
     unit = state / "unit-000" / "index"
@@ -106,6 +110,21 @@ def test_a_store_written_through_the_engine_holds_exactly_these_bytes(tmp_path):
 
 
 # ---------------------------------------------------------------------------- round trips
+def test_row2_round_trips_and_the_bulk_encoder_writes_the_same_bytes():
+    for part, keyed, seq, mask, tag in [(0, True, 0, 1, None), (7, False, 2**61, 2**64 - 1, None),
+                                        (1, True, 5, 2**70 + 3, None), (2, False, 9, 0, {"a": [1, float("inf")]})]:
+        tj = CR.encode_tag(tag)
+        raw = CR.encode_row2(part, keyed, seq, mask, tj)
+        r = CR.decode_row2(raw)
+        assert (r.part, bool(r.flags & CR.ROW2_KEYED), r.seq, r.mask) == (part, keyed, seq, mask)
+        assert CR.encode_tag(r.tag) == tj
+    import numpy as np
+    keyed, seqs, masks = np.array([True, False, True]), np.array([3, 4, 5]), [1, 2, 3]
+    assert CR.encode_rows2(4, keyed, seqs, masks) == [CR.encode_row2(4, k, q, m) for k, q, m in zip([True, False, True],
+                                                                                                 [3, 4, 5], masks)]
+    assert CR.gidx_keys(np.array([0, 1, 2**40])) == [CR.gidx_key(g) for g in (0, 1, 2**40)]
+
+
 @given(name, st.none() | key, json_value, st.frozensets(name, max_size=5), uint)
 def test_row_round_trips(pid, k, tag, fields, seq):
     rec = CR.decode_row(CR.encode_row(pid, k, tag, fields, seq))
@@ -175,6 +194,15 @@ MALFORMED = {
                          b'{"next_seq": false}'],
     "decode_schema": [b'{"dtype": 9}', b'{"kind": 7, "dtype": 9}', b'{"kind": 0, "dtype": 99}',
                       b'{"kind": true, "dtype": 9}', b'{"kind": 0, "dtype": "9"}', b"null"],
+    "decode_row2": [None, b"", b"\0" * 23, struct.pack("<IHHQ", 0, 4, 1, 0) + bytes(8),  # unknown flag
+                    struct.pack("<IHHQ", 0, 0, 0, 0), struct.pack("<IHHQ", 0, 0, 2, 0) + bytes(8),  # words
+                    struct.pack("<IHHQ", 0, 0, 1, 0) + bytes(9),  # bytes after an untagged bitmap
+                    struct.pack("<IHHQ", 0, 2, 1, 0) + bytes(8) + b"{nope",  # a tag that is no JSON
+                    struct.pack("<IHHQ", 0, 2, 1, 0) + bytes(8) + b"null"],
+    "decode_partition2": [b'{"next_seq": 0, "num": -1}', b'{"next_seq": 0, "num": 2147483648}',
+                          b'{"next_seq": 0, "num": true}'],
+    "decode_schema2": [b'{"kind": 0, "dtype": 9, "bit": -1}', b'{"kind": 0, "dtype": 9, "bit": 65536}',
+                       b'{"kind": 0, "dtype": 9, "bit": 1.0}'],
     "decode_sampler": [b"\x80", b"[]", b"1", b""],
     "decode_decimal": [None, b"", b"-1", b"1.0", b" 1", b"two", b"\xff", b"1" * 21],
     "decode_gidx_key": [None, b"", b"\x01", b"\0" * 9],
@@ -209,7 +237,7 @@ def test_index_key_decoder_raises_record_error():
             decode_index_key(raw)
 
 
-DECODERS = [CR.decode_row, CR.decode_partition, CR.decode_schema, CR.decode_sampler, CR.decode_decimal,
+DECODERS = [CR.decode_row, CR.decode_row2, CR.decode_partition2, CR.decode_schema2, CR.decode_partition, CR.decode_schema, CR.decode_sampler, CR.decode_decimal,
             CR.decode_gidx_key, CR.decode_parts_key, CR.decode_keys_key, CR.decode_cons_key, CR.decode_schema_key,
             UR.decode_seg_info, UR.decode_seg_key, UR.decode_undo_key, UR.decode_format, decode_index_key,
             decode_json_object]
@@ -277,3 +305,110 @@ def test_store_files_are_the_bytes_the_old_code_wrote_and_round_trip():
     for bad in (b"\xff\n", b"state-x\n", b"other\n"):
         with pytest.raises(CorruptionError):
             SF.decode_current(bad, path="x")
+
+
+# ---------------------------------------------------------------------------- version 1 indexes
+def _to_version_1(ctrl: Path) -> None:
+    """Rewrite a version-2 controller index as version 1 wrote it (JSON rows, no partition
+    numbers, no schema bits), from the entries themselves."""
+    env = lmdb.open(str(ctrl), max_dbs=16, subdir=True)
+    try:
+        with env.begin(write=True) as txn:
+            db = {n: env.open_db(n.encode(), txn=txn) for n in CR.CONTROLLER_DBS}
+            parts = {}
+            for k, v in list(txn.cursor(db["parts"])):
+                seq, meta, num = CR.decode_partition2(v)
+                parts[num] = bytes(k).decode()
+                txn.put(bytes(k), CR.encode_partition(seq, meta), db=db["parts"])
+            bits = {}
+            for k, v in list(txn.cursor(db["schema"])):
+                pid, f = CR.decode_schema_key(k)
+                kind, dt, bit = CR.decode_schema2(v)
+                bits[(pid, bit)] = f
+                txn.put(bytes(k), CR.encode_schema(kind, dt), db=db["schema"])
+            keys = {bytes(v): CR.decode_keys_key(k)[1] for k, v in txn.cursor(db["keys"])}
+            for k, v in list(txn.cursor(db["rows"])):
+                r = CR.decode_row2(v)
+                pid = parts[r.part]
+                fields = [bits[(pid, b)] for b in range(r.mask.bit_length()) if r.mask >> b & 1]
+                txn.put(bytes(k), CR.encode_row(pid, keys.get(bytes(k)), r.tag, fields, r.seq), db=db["rows"])
+            txn.put(CR.META_FORMAT, b"1", db=db["meta"])
+    finally:
+        env.close()
+
+
+def test_a_version_1_store_opens_with_everything_and_is_migrated_to_version_2(tmp_path):
+    root = tmp_path / "s"
+    with tqstore.open(root, num_units=2, result_type="dict") as s:
+        s.kv_batch_put(["a", "b", "c"], "p", fields={"x": torch.arange(6).view(3, 2), "y": ["u", "v", "w"]},
+                       tags=[{"n": 1}, None, {"z": [1.5]}])
+        s.kv_batch_put(["d"], "q", fields={"x": torch.zeros(1, 2)})
+        s.kv_clear(["b"], "p")
+        s.get_meta(["x"], 1, "p", task_name="t")
+        want = (s.kv_list(), s.kv_batch_get(["a", "c"], "p"), s.get_consumption_status("t", "p"))
+        state = s.state_dir
+    _to_version_1(state / "controller")
+    assert _raw(state / "controller", b"rows", b"\0" * 8).startswith(b'{"p":"p","k":"a"')
+    with tqstore.open(root, result_type="dict") as s:
+        got = (s.kv_list(), s.kv_batch_get(["a", "c"], "p"), s.get_consumption_status("t", "p"))
+        assert got[0] == want[0] and got[1]["y"] == want[1]["y"]
+        assert torch.equal(torch.as_tensor(got[1]["x"]), torch.as_tensor(want[1]["x"]))
+        assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b)) for a, b in zip(got[2], want[2]))
+        s.controller.check_mirror()
+        s.kv_batch_put(["e"], "p", fields={"x": torch.ones(1, 2, dtype=torch.int64), "y": ["e"]})
+    assert _raw(state / "controller", b"meta", b"format") == b"2"
+    with tqstore.open(root, result_type="dict") as s:
+        assert list(s.kv_list()["p"]) == ["a", "c", "e"] and s.kv_list()["p"]["c"] == {"z": [1.5]}
+
+
+@pytest.mark.parametrize("damage", ["bit", "flags", "short", "part", "key_row"])
+def test_a_damaged_version_2_row_is_a_corruption_error_naming_the_index(tmp_path, damage):
+    root = tmp_path / "s"
+    with tqstore.open(root) as s:
+        s.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 1)})
+        ctrl = s.state_dir / "controller"
+    env = lmdb.open(str(ctrl), max_dbs=16, subdir=True)
+    with env.begin(write=True) as txn:
+        rows = env.open_db(b"rows", txn=txn)
+        v = bytearray(txn.get(b"\0" * 7 + b"\1", db=rows))
+        if damage == "bit":
+            v[16] = 2  # a bit no field has
+        elif damage == "flags":
+            v[4] = 8
+        elif damage == "short":
+            del v[20:]
+        elif damage == "part":
+            v[0] = 9
+        else:  # the row says keyed, its key is gone
+            txn.delete(b"p\0b", db=env.open_db(b"keys", txn=txn))
+        txn.put(b"\0" * 7 + b"\1", bytes(v), db=rows)
+    env.close()
+    with pytest.raises(tqstore.CorruptionError, match="data.mdb"):
+        tqstore.open(root)
+
+
+def test_read_row_reads_one_row_of_a_transaction_in_either_format(tmp_path):
+    from tqstore.controller_decode import read_row
+
+    root = tmp_path / "s"
+    with tqstore.open(root) as s:
+        s.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 1)}, tags=[{"n": 1}, None])
+        s.put({"y": torch.ones(1, 1)}, partition_id="p")
+        state = s.state_dir
+    ctrl = state / "controller"
+    for fmt in (2, 1):
+        if fmt == 1:
+            _to_version_1(ctrl)
+        env = lmdb.open(str(ctrl), readonly=True, lock=False, max_dbs=16, subdir=True)
+        try:
+            with env.begin() as txn:
+                dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CR.CONTROLLER_DBS}
+                a = read_row(txn, dbs, "p", 0, "a")
+                assert (a.key, a.tag, set(a.fields), a.seq) == ("a", {"n": 1}, {"x"}, 0)
+                c = read_row(txn, dbs, "p", 2)
+                assert (c.key, c.tag, set(c.fields), c.seq) == (None, None, {"y"}, 2)
+                assert read_row(txn, dbs, "p", 7) is None
+                with pytest.raises(RecordError):
+                    read_row(txn, dbs, "q", 0, "a")
+        finally:
+            env.close()

@@ -9,6 +9,11 @@ Every mutating method is one LMDB transaction: when it returns, the change is co
 in-memory mirror (:mod:`tqstore.controller_mirror`) is updated only after the commit
 succeeds, so a failed call changes nothing.
 
+The mirror is columnar (:mod:`tqstore.controller_mirror`): a few machine words per row,
+built in bulk on open (:mod:`tqstore.controller_decode`); a put encodes its rows' values
+together (:mod:`tqstore.controller_put`).  An index of format version 1 is migrated to
+version 2 in one transaction when the controller opens it.
+
 The controller implements :class:`~tqstore.ports.ControllerPort`: every port method takes
 the controller's lock (it is thread-safe by itself) and answers values — copies, never the
 mirror.  ``plan_put`` → unit writes → ``commit_put`` must still be serialised by the caller
@@ -23,30 +28,27 @@ import functools
 import heapq
 import logging
 import threading
-from itertools import islice
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import numpy as np
 
-from ._format.columns import Column, schema_changes
+from ._format.columns import Column
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
-from ._format.values import check_value
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
 from .controller_mirror import (
-    Partition, PutPlan, Row, check_mirror, consumption_status, list_keys, partition_info,
+    GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, list_keys, partition_info,
     production_status, row_batch, row_info,
 )
+from . import controller_put
 from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
-from .errors import (
-    CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError,
-)
+from .errors import CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError  # noqa: F401
 from ._format.names import check_key, check_name  # noqa: F401 - check_name re-exported
 from .ports import PartitionInfo, RowBatch, RowInfo
 
@@ -99,9 +101,45 @@ class Controller:
         with self.env.begin() as txn:
             st = decode_controller(txn, self.db, self.path)
         self.num_units, self.next_gidx, self.put_token = st.num_units, st.next_gidx, st.put_token
-        self.parts, self.rows, self.consumed, self.free = st.parts, st.rows, st.consumed, st.free
+        self.parts, self.gmap, self.consumed, self.free = st.parts, st.gmap, st.consumed, st.free
+        self._by_num = {p.num: p for p in self.parts.values()}
         heapq.heapify(self.free)
+        if st.format != CONTROLLER_FORMAT:
+            self._migrate(st.format)  # (the ``restores`` records are format-independent: kept as they are)
         self._restores.load()
+
+    def _migrate(self, fmt: int) -> None:
+        """Rewrite a version-``fmt`` index as version 2, in one transaction (a crash leaves it at ``fmt``)."""
+        m = self.db
+        with self.env.begin(write=True) as txn:
+            txn.drop(m["keys"], delete=False)
+            for p in self.parts.values():
+                sl = p.live_slots()
+                g = p.s_gidx[sl]
+                keyed = np.asarray([p.s_key[s] is not None for s in sl.tolist()], dtype=bool)
+                tj = [R.encode_tag(p.tags.get(x)) for x in g.tolist()] if p.tags else None
+                vals = R.encode_rows2(p.num, keyed, p.s_seq[sl], [p.fs_masks[f] for f in p.s_fs[sl].tolist()], tj)
+                txn.cursor(m["rows"]).putmulti(list(zip(R.gidx_keys(g), vals)))
+                txn.cursor(m["keys"]).putmulti([(R.keys_key(p.pid, k), R.gidx_key(x)) for k, x in p.keys.items()])
+                txn.put(R.parts_key(p.pid), R.encode_partition(p.next_seq, p.meta, p.num), db=m["parts"])
+                for f, (kind, dt) in p.schema.items():
+                    txn.put(R.schema_key(p.pid, f), R.encode_schema(kind, dt, p.bits[f]), db=m["schema"])
+            txn.put(R.META_FORMAT, R.encode_decimal(CONTROLLER_FORMAT), db=m["meta"])
+        log.info("controller index %s: format %d migrated to %d", self.path, fmt, CONTROLLER_FORMAT)
+
+    # ------------------------------------------------------------------ mirror bookkeeping
+    @property
+    def rows(self) -> RowsView:
+        """Every row as a read-only mapping gidx -> Row (made on demand; tests, tools)."""
+        return RowsView(list(self.parts.values()))
+
+    def new_partition_number(self) -> int:
+        """The number a new partition gets in row values (one above the largest in use)."""
+        return max(self._by_num, default=-1) + 1
+
+    def add_partition(self, p: Partition) -> None:
+        self.parts[p.pid] = p
+        self._by_num[p.num] = p
 
     # ------------------------------------------------------------------ queries
     def partition(self, pid: str) -> Partition:
@@ -113,9 +151,9 @@ class Controller:
     def gidxs_for_keys(self, pid: str, keys: Sequence[str]) -> List[int]:
         """Global indexes of ``keys``. Raises PartitionNotFoundError / KeyNotFoundError."""
         p = self.partition(pid)
-        out = [p.keys.get(k) for k in keys]
-        missing = [k for k, g in zip(keys, out) if g is None]
-        if missing:
+        out = list(map(p.keys.get, keys))
+        if None in out:
+            missing = [k for k, g in zip(keys, out) if g is None]
             raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {pid!r}: {missing[:5]!r}")
         return out
 
@@ -131,7 +169,7 @@ class Controller:
     def check_mirror(self) -> None:
         """Assert the incremental structures agree with the rows and consumption (tests)."""
         with self._lock:
-            check_mirror(self.parts, self.rows, self.consumed)
+            check_mirror(self.parts, self.gmap, self.consumed)
 
     # ------------------------------------------------------------------ port: queries (values)
     @_locked
@@ -153,28 +191,32 @@ class Controller:
     def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
         """Row metadata (None for a gidx that is not a row of ``pid``)."""
         p = self.parts.get(pid)
-        rows = p.rows if p is not None else {}
-        return [None if r is None else row_info(r) for r in map(rows.get, gidxs)]
+        return [None if p is None or not p.has(int(g)) else row_info(p.row(int(g))) for g in gidxs]
 
     @_locked
     def rows_by_key(self, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
         """Schema and row metadata of ``keys`` (missing: ``seqs[i] is None``); None for an
         unknown partition."""
         p = self.parts.get(pid)
-        return None if p is None else row_batch(p, [None if g is None else p.rows[g] for g in map(p.keys.get, keys)])
+        if p is None:
+            return None
+        return row_batch(p, list(map(p.keys.get, keys)))
 
     @_locked
     def row_batch(self, pid: str, gidxs: Sequence[int]) -> Optional[RowBatch]:
         """Schema and row metadata of ``gidxs`` in one answer; None for an unknown partition."""
         p = self.parts.get(pid)
-        return None if p is None else row_batch(p, list(map(p.rows.get, gidxs)), gidxs)
+        return None if p is None else row_batch(p, list(gidxs))
 
     @_locked
     def first_rows(self, pid: str, limit: Optional[int] = None) -> Optional[RowBatch]:
         """The first ``limit`` rows (all when None) in insertion order with the schema; None
         for an unknown partition."""
         p = self.parts.get(pid)
-        return None if p is None else row_batch(p, list(islice(p.rows.values(), limit)))
+        if p is None:
+            return None
+        gs = p.gidxs()
+        return row_batch(p, gs if limit is None else gs[:max(0, limit)])
 
     @_locked
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
@@ -186,7 +228,31 @@ class Controller:
     def claims(self, unit_id: int) -> Dict[int, frozenset]:
         """Rows on unit ``unit_id`` with their produced fields (for the store's reconcile)."""
         n = self.num_units
-        return {g: r.fields for g, r in self.rows.items() if g % n == unit_id}  # frozensets
+        out: Dict[int, frozenset] = {}
+        for p in self.parts.values():
+            sl = p.live_slots()
+            g = p.s_gidx[sl]
+            mine = g % n == unit_id
+            fsets = p.fsets
+            out.update(zip(g[mine].tolist(), [fsets[f] for f in p.s_fs[sl][mine].tolist()]))
+        return out  # frozensets
+
+    @_locked
+    def claim_rows(self, unit_id: int) -> Dict[str, np.ndarray]:
+        """field -> sorted gidxs of the rows on unit ``unit_id`` that have it produced."""
+        parts: Dict[str, List[np.ndarray]] = {}
+        for p in self.parts.values():
+            sl = p.live_slots()
+            g = p.s_gidx[sl]
+            mine = g % self.num_units == unit_id
+            g, fs = g[mine], p.s_fs[sl][mine]
+            for i, fset in enumerate(p.fsets):
+                if fset:
+                    hit = g[fs == i]
+                    if len(hit):
+                        for f in fset:
+                            parts.setdefault(f, []).append(hit)
+        return {f: np.sort(np.concatenate(v)) for f, v in parts.items()}
 
     @_locked
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:
@@ -237,90 +303,8 @@ class Controller:
                 partition's schema.
             KeyNotFoundError: ``gidxs`` names rows not in the partition.
         """
-        check_name("partition_id", pid)
-        p = self.parts.get(pid)
-        new_rows: List[Row] = []
-        out: List[int] = []
-        if keys is not None:
-            n = len(keys)
-            if len(set(keys)) != n:
-                seen, dups = set(), []
-                for k in keys:
-                    if k in seen:
-                        dups.append(k)
-                    seen.add(k)
-                raise InvalidInputError(f"duplicate keys in one call: {dups[:5]!r}")
-            for k in keys:
-                if not isinstance(k, str):
-                    raise InvalidInputError(f"keys must be str, got {type(k).__name__} {k!r}")
-        elif gidxs is not None:
-            n = len(gidxs)
-            if len(set(gidxs)) != n:
-                raise InvalidInputError("duplicate global indexes in one call")
-        else:
-            n = n_new
-        if tags is not None:
-            if len(tags) != n:
-                raise InvalidInputError(f"{len(tags)} tags for {n} rows")
-            try:
-                tags = [check_value(t) for t in tags]
-            except InvalidInputError as e:  # UnsupportedTypeError included
-                raise type(e)(f"tags: {e}") from None
-        for col in columns:
-            if len(col.payloads) != n:
-                raise InvalidInputError(f"field {col.field!r} has {len(col.payloads)} rows, expected {n}")
-        schema_new = schema_changes(pid, p.schema if p else {}, columns, strict=strict_dtypes)
-        fields = [c.field for c in columns]
-        if len(set(fields)) != len(fields):
-            raise InvalidInputError("a field appears twice in one batch")
-        self._restores.check_put(pid, keys, gidxs, {c.field: (c.kind, c.dtype) for c in columns},
-                                 strict_dtypes=strict_dtypes)
-        overwrites = False
-        reserved: List[int] = []
-        seq = p.next_seq if p else 0
-        free_copy = None
-        next_g = self.next_gidx
-
-        def alloc() -> int:
-            nonlocal free_copy, next_g
-            if free_copy is None:
-                free_copy = list(self.free)
-            if free_copy:
-                return heapq.heappop(free_copy)
-            next_g += 1
-            return next_g - 1
-
-        if keys is not None:
-            for k in keys:
-                g = p.keys.get(k) if p else None
-                if g is None:
-                    if not create_keys:
-                        raise KeyNotFoundError(f"key {k!r} not in partition {pid!r}")
-                    check_key(pid, k)
-                    g = alloc()
-                    new_rows.append(Row(g, pid, k, None, set(), seq))
-                    seq += 1
-                    reserved.append(g)
-                elif not overwrites and any(f in p.rows[g].fields for f in fields):
-                    overwrites = True
-                out.append(g)
-        elif gidxs is not None:
-            if p is None:
-                raise PartitionNotFoundError(f"partition {pid!r} does not exist")
-            for g in gidxs:
-                r = p.rows.get(g)
-                if r is None:
-                    raise KeyNotFoundError(f"global index {g} is not a row of partition {pid!r}")
-                if not overwrites and any(f in r.fields for f in fields):
-                    overwrites = True
-                out.append(int(g))
-        else:
-            for _ in range(n):
-                g = alloc()
-                new_rows.append(Row(g, pid, None, None, set(), seq))
-                seq += 1
-                out.append(g)
-        return PutPlan(pid, out, new_rows, tags, fields, schema_new, overwrites, p is None)
+        return controller_put.plan_put(self, pid, columns, keys, gidxs, n_new, tags, create_keys,
+                                      strict_dtypes)
 
     def commit_put(self, plan: PutPlan, *, token: Optional[int] = None) -> None:
         """Commit a planned put: new rows and keys, tags, produced fields, schema, allocator.
@@ -328,66 +312,7 @@ class Controller:
         ``token`` (an overwriting put's undo token, see ``Unit.settle``) is recorded in the
         same transaction: after a crash, tokens up to :attr:`put_token` were committed."""
         with self._lock, wrap_errors("commit put", self.path):
-            m = self.db
-            p = self.parts.get(plan.pid) or Partition(plan.pid)
-            new_by_g = {r.gidx: r for r in plan.new_rows}
-            # compute the resulting rows without touching the mirror yet
-            result: List[Row] = []
-            for i, g in enumerate(plan.gidxs):
-                base = new_by_g.get(g) or p.rows[g]
-                r = Row(g, base.pid, base.key, base.tag, frozenset(base.fields).union(plan.fields), base.seq)
-                if plan.tags is not None:
-                    r.tag = plan.tags[i]
-                result.append(r)
-            used_new = set(new_by_g)
-            free_after = [f for f in self.free if f not in used_new]
-            next_after = max([self.next_gidx] + [g + 1 for g in used_new])
-            next_seq = max([p.next_seq] + [r.seq + 1 for r in plan.new_rows])
-            with self.env.begin(write=True) as txn:
-                txn.cursor(m["rows"]).putmulti([(_g(r.gidx), r.pack()) for r in result])
-                keyed = [(_pk(plan.pid, r.key), _g(r.gidx)) for r in plan.new_rows if r.key is not None]
-                if keyed:
-                    txn.cursor(m["keys"]).putmulti(keyed)
-                for g in used_new:
-                    if g < self.next_gidx:
-                        txn.delete(_g(g), db=m["free"])
-                txn.put(R.META_NEXT_GIDX, R.encode_decimal(next_after), db=m["meta"])
-                if token is not None:
-                    txn.put(R.META_PUT_TOKEN, R.encode_decimal(token), db=m["meta"])
-                for f, (kind, dt) in plan.schema_new.items():
-                    txn.put(R.schema_key(plan.pid, f), R.encode_schema(kind, dt), db=m["schema"])
-                old_seq = p.next_seq
-                p.next_seq = next_seq
-                txn.put(R.parts_key(plan.pid), p.pack(), db=m["parts"])
-                p.next_seq = old_seq
-                lmdb_commit_point("controller_commit")
-            # committed: update the mirror
-            p.next_seq = next_seq
-            self.parts[plan.pid] = p
-            views = [(self.consumed.get((plan.pid, t), ()), list(vs.items())) for t, vs in p.ready.items() if vs]
-            for r in result:
-                if views:
-                    if r.gidx in new_by_g:
-                        old: Optional[Set[str]] = None
-                    else:
-                        old = p.rows[r.gidx].fields
-                    if old is None or len(r.fields) != len(old):
-                        for done, vs in views:
-                            if r.gidx in done:
-                                continue
-                            for need, v in vs:
-                                if need <= r.fields and (old is None or not need <= old):
-                                    v.add(r.gidx, r.seq)
-                p.rows[r.gidx] = r
-                self.rows[r.gidx] = r
-                if r.key is not None:
-                    p.keys[r.key] = r.gidx
-            p.schema.update(plan.schema_new)
-            self.free = free_after
-            heapq.heapify(self.free)
-            self.next_gidx = next_after
-            if token is not None:
-                self.put_token = token
+            controller_put.commit_put(self, plan, token)
 
     # ------------------------------------------------------------------ clears
     def clear_rows(self, pid: str, gidxs: Iterable[int], *, drop_partition: bool = False) -> List[int]:
@@ -401,18 +326,18 @@ class Controller:
             if p is None:
                 return []
             self._restores.check_clear(pid)
-            gone = sorted({int(g) for g in gidxs if int(g) in p.rows})
+            gone = sorted({int(g) for g in gidxs if p.has(int(g))})
+            gone_keys = [p.s_key[s] for s in p.slots(gone).tolist()]
             m = self.db
             tasks = [t for (pp, t) in self.consumed if pp == pid]
             forget = None if drop_partition or not gone else (lambda s: s.forget_rows(pid, gone))
             with self._sampling.change(pid, forget) as state, self.env.begin(write=True) as txn:
                 if state is not None:
                     txn.put(R.sampler_key(pid), R.encode_sampler(state), db=m["sampler"])
-                for g in gone:
-                    r = p.rows[g]
+                for g, key in zip(gone, gone_keys):
                     txn.delete(_g(g), db=m["rows"])
-                    if r.key is not None:
-                        txn.delete(_pk(pid, r.key), db=m["keys"])
+                    if key is not None:
+                        txn.delete(_pk(pid, key), db=m["keys"])
                     txn.put(_g(g), b"", db=m["free"])
                     for t in tasks:
                         if g in self.consumed[(pid, t)]:
@@ -427,18 +352,16 @@ class Controller:
                     txn.delete(R.sampler_key(pid), db=m["sampler"])
                 lmdb_commit_point("controller_commit")
             all_views = [v for vs in p.ready.values() for v in vs.values()]
+            p.remove(gone)
             for g in gone:
-                r = p.rows.pop(g)
                 for v in all_views:
                     v.rows.pop(g, None)
-                self.rows.pop(g, None)
-                if r.key is not None:
-                    p.keys.pop(r.key, None)
                 heapq.heappush(self.free, g)
                 for t in tasks:
                     self.consumed[(pid, t)].discard(g)
             if drop_partition:
                 del self.parts[pid]
+                self._by_num.pop(p.num, None)
                 for t in tasks:
                     self.consumed.pop((pid, t), None)
                 self._sampling.drop(pid)
@@ -448,7 +371,7 @@ class Controller:
     def drop_partition(self, pid: str) -> List[int]:
         """Remove a partition with its rows, consumption and sampler state (idempotent)."""
         p = self.parts.get(pid)
-        return [] if p is None else self.clear_rows(pid, list(p.rows), drop_partition=True)
+        return [] if p is None else self.clear_rows(pid, p.gidxs(), drop_partition=True)
 
     # ------------------------------------------------------------------ consumption
     _cons_key = staticmethod(R.cons_key)
@@ -517,19 +440,24 @@ class Controller:
     def drop_fields(self, missing: Dict[int, Set[str]]) -> None:
         """Forget produced fields whose payload no unit holds (after a power loss)."""
         with self._lock, wrap_errors("reconcile", self.path):
-            changed = []
+            changed = []  # (partition, slot, new field-set id)
             for g, fs in missing.items():
-                r = self.rows.get(g)
-                if r is None:
+                q = int(self.gmap.part[g]) if 0 <= g < len(self.gmap.part) else -1
+                p = self._by_num.get(q)
+                if p is None:
                     continue
-                changed.append(Row(r.gidx, r.pid, r.key, r.tag, r.fields - fs, r.seq))
+                s = int(self.gmap.slot[g])
+                before = p.fsets[int(p.s_fs[s])]
+                if before & fs:
+                    changed.append((p, g, s, p.fs_id(before - frozenset(fs))))
             if not changed:
                 return
             with self.env.begin(write=True) as txn:
-                for r in changed:
-                    txn.put(_g(r.gidx), r.pack(), db=self.db["rows"])
-            for r in changed:
-                self.rows[r.gidx].fields = r.fields
+                for p, g, s, f in changed:
+                    txn.put(_g(g), R.encode_row2(p.num, p.s_key[s] is not None, int(p.s_seq[s]), p.fs_masks[f],
+                                                 R.encode_tag(p.tags.get(g))), db=self.db["rows"])
+            for p, g, s, f in changed:
+                p.s_fs[s] = f
             for p in self.parts.values():  # rebuilt on the next fetch
                 p.ready.clear()
 
@@ -577,11 +505,19 @@ class Controller:
             c = Controller(Path(target_dir), num_units=num_units or 1)  # (an existing index keeps its count)
             try:
                 with wrap_errors("clear produced fields", target_dir):
-                    c.drop_fields({g: set(r.fields) for g, r in c.rows.items() if r.fields})
+                    c.drop_fields(c.claims_all())
                     c.env.sync(True)
                     files.fsync_tree(target_dir)
             finally:
                 c.close()
+
+    def claims_all(self) -> Dict[int, frozenset]:
+        """Every row with its produced fields (rows without any left out)."""
+        out: Dict[int, frozenset] = {}
+        for p in self.parts.values():
+            sl = p.live_slots()
+            out.update((g, p.fsets[f]) for g, f in zip(p.s_gidx[sl].tolist(), p.s_fs[sl].tolist()) if p.fsets[f])
+        return out
 
     def close(self) -> None:
         with self._lock:

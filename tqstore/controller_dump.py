@@ -8,9 +8,8 @@ from __future__ import annotations
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._format import controller_records as R
-from ._format.records import RecordError, is_uint
-from ._format.values import loads as _loads
-from .controller_mirror import Row
+from ._format.records import RecordError
+from .controller_decode import read_row
 from .errors import CorruptionError
 from .ports import RowBatch
 
@@ -32,24 +31,18 @@ def rows_at(txn, dbs: Mapping[str, Any], pid: str, keys: Sequence[str], *, path:
                 if not k.startswith(head):
                     break
                 schema[R.decode_schema_key(k)[1]] = R.decode_schema(v)
-        found: List[Tuple[int, bytes]] = []
+        cols: List[List[Any]] = [[], [], [], [], []]
+        cache: Dict[str, Any] = {}  # the partition's number and bits, read once (read_row)
         for key in keys:
             raw = txn.get(R.keys_key(pid, key), db=dbs["keys"])
-            if raw is None:
-                found.append((-1, b""))
-                continue
-            g = R.decode_gidx_key(raw)
-            v = txn.get(R.gidx_key(g), db=dbs["rows"])
-            if v is None:
-                raise RecordError(f"key {key[:40]!r} names global index {g}, which is no row")
-            found.append((g, bytes(v)))
-        rows = _decode_rows([v for g, v in found if g >= 0])
-        cols: List[List[Any]] = [[], [], [], [], []]
-        it = iter(rows)
-        for key, (g, _v) in zip(keys, found):
-            row = None if g < 0 else Row(g, *next(it))
-            if row is not None and (row.pid != pid or row.key != key):
-                raise RecordError(f"key {key[:40]!r} names a row of another key or partition")
+            row = None
+            if raw is not None:
+                g = R.decode_gidx_key(raw)
+                row = read_row(txn, dbs, pid, g, key, cache=cache)  # either format
+                if row is None:
+                    raise RecordError(f"key {key[:40]!r} names global index {g}, which is no row")
+                if row.pid != pid or row.key != key:
+                    raise RecordError(f"key {key[:40]!r} names a row of another key or partition")
             for col, val in zip(cols, (None, key, None, None, None) if row is None else
                                 (row.gidx, row.key, row.tag, row.fields, row.seq)):
                 col.append(val)
@@ -57,26 +50,3 @@ def rows_at(txn, dbs: Mapping[str, Any], pid: str, keys: Sequence[str], *, path:
         raise CorruptionError(f"controller index: malformed entry read for a dump: {e}", path=path) from e
     return RowBatch(pid, schema, *cols)
 
-
-def _decode_rows(raws: List[bytes]) -> List[Tuple[str, Any, Any, frozenset, int]]:
-    """``(pid, key, tag, fields, seq)`` of each ``rows`` value: one JSON parse of them all (a
-    dump reads thousands), each checked as :func:`controller_records.decode_row` checks one;
-    a parse that fails is redone row by row, so the bad one is named.  Raises RecordError."""
-    try:
-        docs = _loads(b"[" + b",".join(raws) + b"]") if raws else []
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return [_one(R.decode_row(v)) for v in raws]
-    out = []
-    for d in docs:
-        if not isinstance(d, dict) or not {"p", "k", "t", "f", "s"} <= d.keys():
-            raise RecordError("row: not an object with members p, k, t, f, s")
-        p, k, f, q = d["p"], d["k"], d["f"], d["s"]
-        if type(p) is not str or not (k is None or type(k) is str) or type(f) is not list \
-                or not is_uint(q) or not all(type(x) is str for x in f):
-            raise RecordError("row members of the wrong type")
-        out.append((p, k, d["t"], frozenset(f), q))
-    return out
-
-
-def _one(r: R.RowRecord) -> Tuple[str, Any, Any, frozenset, int]:
-    return r.pid, r.key, r.tag, frozenset(r.fields), r.seq

@@ -99,6 +99,10 @@ def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
     try:
         with env.begin() as txn:
             dbs = {n: env.open_db(n.encode(), txn=txn, create=False) for n in CONTROLLER_DBS if n != "restores"}
+            try:  # (only its size is used: it bounds the indexes a pending restore reserves)
+                dbs["restores"] = env.open_db(b"restores", txn=txn, create=False)
+            except lmdb.Error:
+                pass
             st = decode_controller(txn, dbs, p)
     except TqstoreError:
         raise
@@ -152,12 +156,20 @@ def partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
         with env.begin() as txn:
             parts = env.open_db(b"parts", txn=txn, create=False)
             rows = env.open_db(b"rows", txn=txn, create=False)
-            for k in txn.cursor(parts).iternext(values=False):
-                counts[bytes(k).decode("utf-8", "replace")] = 0
-            for v in txn.cursor(rows).iternext(keys=False):
+            by_num: Dict[int, str] = {}
+            for k, v in txn.cursor(parts):
+                name = bytes(k).decode("utf-8", "replace")
+                counts[name] = 0
                 try:
-                    pid = CR.decode_row(v).pid
+                    num = CR.decode_partition2(v)[2]
                 except RecordError:
+                    continue
+                if num is not None:
+                    by_num[num] = name
+            for v in txn.cursor(rows).iternext(keys=False):
+                try:  # version 2 (binary) or 1 (JSON: starts with "{")
+                    pid = CR.decode_row(v).pid if bytes(v[:1]) == b"{" else by_num[CR.decode_row2(v).part]
+                except (RecordError, KeyError):
                     continue
                 counts[pid] = counts.get(pid, 0) + 1
         return counts

@@ -1,53 +1,53 @@
-"""The controller's in-memory mirror: rows, partitions, ready views, and the values made from them.
+"""The controller's in-memory mirror, columnar: rows, partitions, ready views, and the values
+made from them.
 
 Only :class:`~tqstore.controller.Controller` (and its sampler host) touches these objects;
 everything the data plane sees crosses :class:`~tqstore.ports.ControllerPort` as values
 (:class:`~tqstore.ports.RowInfo`, :class:`~tqstore.ports.PartitionInfo`,
 :class:`~tqstore.ports.RowBatch`), made here by :func:`row_info` / :func:`row_batch`.
 
-Incremental structures (kept in step by every mutating method of the controller):
+Layout (a few machine words per row, no Python object per row but its key string):
 
-* ``Partition.rows`` is in insertion order, i.e. ordered by ``seq`` (new rows always get
-  the partition's next sequence number; the controller's load sorts once);
+* :class:`GidxMap` — for every global index, the number of the partition whose row it is
+  (``-1``: none) and the row's *slot* in that partition (numpy arrays indexed by gidx);
+* :class:`Partition` — per slot, in insertion (``seq``) order: ``s_gidx`` (``-1``: a
+  cleared row, compacted away once they are many), ``s_seq``, ``s_fs`` (the id of the
+  row's produced field set, interned per partition: rows share a handful of sets) and
+  ``s_key`` (a list of str / None); ``keys`` maps key -> gidx; ``tags`` holds only the
+  rows that have a tag (gidx -> tag).  Each field of the schema has a bit (``bits``), the
+  bit of the row value's bitmap on disk (docs/FORMAT.md, "Controller index").
 * ``Partition.ready[task][need]`` — for each ``(task, requested field set)`` a fetch has
   asked about — the rows whose ``need`` fields are produced and that ``task`` has not
-  consumed, so that a fetch costs O(ready) rather than a scan and sort of the partition.
-  Built on first use, updated by ``commit_put``, ``mark_consumed``, ``clear_rows``,
-  dropped by ``reset_consumption`` / ``drop_fields``.
+  consumed, so that a fetch costs O(ready).  Built on first use, updated by
+  ``commit_put``, ``mark_consumed``, ``clear_rows``, dropped by ``reset_consumption`` /
+  ``drop_fields``.
+
+:class:`Row` objects are made on demand (``Partition.row``, the read-only mappings
+``Partition.rows`` and ``Controller.rows``) for callers that want one row as an object.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import AbstractSet, Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._format.controller_records import decode_row, encode_partition, encode_row
 from .ports import PartitionInfo, RowBatch, RowInfo
 
 _MAX_VIEWS_PER_TASK = 8
+_I64 = np.int64
 
 
 @dataclass
 class Row:
-    """One row's metadata. ``fields`` are the produced fields."""
+    """One row's metadata (a copy made from the mirror). ``fields`` are the produced fields."""
 
     gidx: int
     pid: str
     key: Optional[str]
     tag: Any
-    fields: AbstractSet[str]  # a frozenset in the mirror: handed out as a value as it is
+    fields: AbstractSet[str]
     seq: int
-
-    def pack(self) -> bytes:
-        """The ``rows`` value (:func:`tqstore._format.controller_records.encode_row`)."""
-        return encode_row(self.pid, self.key, self.tag, self.fields, self.seq)
-
-    @classmethod
-    def unpack(cls, gidx: int, raw: bytes) -> "Row":
-        """Raises RecordError (a ValueError) on a malformed value."""
-        p, k, t, f, s = decode_row(raw)
-        return cls(gidx, p, k, t, frozenset(f), s)
 
 
 class _Ready:
@@ -81,45 +81,250 @@ class _Ready:
         return list(self.rows.values())
 
 
-@dataclass
+def _grow(a: np.ndarray, n: int, fill: int) -> np.ndarray:
+    if n <= len(a):
+        return a
+    b = np.full(max(n, 2 * len(a), 1024), fill, dtype=a.dtype)
+    b[:len(a)] = a
+    return b
+
+
+class GidxMap:
+    """gidx -> (partition number, slot): ``part[g] == -1`` when ``g`` is no row."""
+
+    __slots__ = ("part", "slot")
+
+    def __init__(self) -> None:
+        self.part = np.full(0, -1, dtype=np.int32)
+        self.slot = np.zeros(0, dtype=_I64)
+
+    def set(self, gidxs: np.ndarray, num: int, slots: np.ndarray) -> None:
+        if len(gidxs):
+            top = int(gidxs.max()) + 1
+            self.part = _grow(self.part, top, -1)
+            self.slot = _grow(self.slot, top, 0)
+            self.part[gidxs] = num
+            self.slot[gidxs] = slots
+
+    def lookup(self, gidxs: np.ndarray, num: int) -> np.ndarray:
+        """Slots of ``gidxs`` in partition ``num`` (-1 where not a row of it)."""
+        ok = (gidxs >= 0) & (gidxs < len(self.part))
+        out = np.full(len(gidxs), -1, dtype=_I64)
+        g = gidxs[ok]
+        hit = self.part[g] == num
+        sub = np.where(hit, self.slot[g], -1)
+        out[ok] = sub
+        return out
+
+    def clear(self, gidxs: Sequence[int]) -> None:
+        if len(gidxs):
+            self.part[np.asarray(gidxs, dtype=_I64)] = -1
+
+
 class Partition:
-    pid: str
-    keys: Dict[str, int] = field(default_factory=dict)
-    rows: Dict[int, Row] = field(default_factory=dict)
-    schema: Dict[str, Tuple[int, int]] = field(default_factory=dict)  # field -> (kind, dtype)
-    next_seq: int = 0
-    meta: Dict[str, Any] = field(default_factory=dict)
-    # task -> frozenset(requested fields) -> rows ready and unconsumed (see the module docstring)
-    ready: Dict[str, Dict[frozenset, _Ready]] = field(default_factory=dict, repr=False, compare=False)
+    """One partition's rows, columnar (see the module docstring)."""
 
-    def pack(self) -> bytes:
-        return encode_partition(self.next_seq, self.meta)
+    def __init__(self, pid: str, num: int, gmap: GidxMap, *, next_seq: int = 0,
+                 meta: Optional[Dict[str, Any]] = None) -> None:
+        self.pid, self.num, self.gmap = pid, num, gmap
+        self.next_seq = next_seq
+        self.meta: Dict[str, Any] = {} if meta is None else meta
+        self.schema: Dict[str, Tuple[int, int]] = {}  # field -> (kind, dtype)
+        self.bits: Dict[str, int] = {}  # field -> its bit in row bitmaps
+        self.keys: Dict[str, int] = {}
+        self.tags: Dict[int, Any] = {}
+        self.s_gidx = np.zeros(0, dtype=_I64)
+        self.s_seq = np.zeros(0, dtype=_I64)
+        self.s_fs = np.zeros(0, dtype=np.int32)
+        self.s_key: List[Optional[str]] = []
+        self.n = 0  # slots used
+        self.live = 0
+        self.fsets: List[frozenset] = []  # field-set id -> fields
+        self.fs_masks: List[int] = []  # field-set id -> bitmap
+        self._fs_id: Dict[frozenset, int] = {}
+        self._mask_id: Dict[int, int] = {}  # bitmap -> field-set id (a cache of fs_of_mask)
+        # task -> frozenset(requested fields) -> rows ready and unconsumed (see the module docstring)
+        self.ready: Dict[str, Dict[frozenset, _Ready]] = {}
 
+    # ---------------------------------------------------------------- field sets
+    def fs_id(self, fs: frozenset) -> int:
+        """The id of field set ``fs`` (interned; every field must have a bit)."""
+        i = self._fs_id.get(fs)
+        if i is None:
+            i = len(self.fsets)
+            self.fsets.append(fs)
+            self.fs_masks.append(sum(1 << self.bits[f] for f in fs))
+            self._fs_id[fs] = i
+        return i
+
+    def fs_of_mask(self, mask: int) -> Optional[int]:
+        """The field-set id of a bitmap; None when it sets a bit no field of the schema has."""
+        i = self._mask_id.get(mask)
+        if i is not None and self.fs_masks[i] == mask:
+            return i
+        names = {b: f for f, b in self.bits.items()}
+        fs, m, b = [], mask, 0
+        while m:
+            if m & 1:
+                if b not in names:
+                    return None
+                fs.append(names[b])
+            m >>= 1
+            b += 1
+        i = self.fs_id(frozenset(fs))
+        self._mask_id[mask] = i
+        return i
+
+    def add_field(self, f: str, kind: int, dtype: int, bit: Optional[int] = None) -> int:
+        self.schema[f] = (kind, dtype)
+        if bit is None:
+            bit = max(self.bits.values(), default=-1) + 1
+        self.bits[f] = bit
+        return bit
+
+    # ---------------------------------------------------------------- rows
+    def append(self, gidxs: np.ndarray, seqs: np.ndarray, fs: np.ndarray, keys: List[Optional[str]]) -> None:
+        """Add rows at the end (seqs larger than every existing one, or a load in seq order)."""
+        m = len(gidxs)
+        end = self.n + m
+        self.s_gidx = _grow(self.s_gidx, end, -1)
+        self.s_seq = _grow(self.s_seq, end, 0)
+        self.s_fs = _grow(self.s_fs, end, 0)
+        self.s_gidx[self.n:end] = gidxs
+        self.s_seq[self.n:end] = seqs
+        self.s_fs[self.n:end] = fs
+        self.s_key.extend(keys)
+        self.gmap.set(gidxs, self.num, np.arange(self.n, end, dtype=_I64))
+        self.n, self.live = end, self.live + m
+
+    def slots(self, gidxs: Sequence[int]) -> np.ndarray:
+        """Slots of ``gidxs`` (-1: not a row of this partition)."""
+        return self.gmap.lookup(np.asarray(gidxs, dtype=_I64).reshape(-1), self.num)
+
+    def has(self, g: int) -> bool:
+        part = self.gmap.part
+        return 0 <= g < len(part) and int(part[g]) == self.num
+
+    def live_slots(self) -> np.ndarray:
+        return np.flatnonzero(self.s_gidx[:self.n] >= 0)
+
+    def gidxs(self) -> List[int]:
+        """Row gidxs in insertion order."""
+        return self.s_gidx[self.live_slots()].tolist()
+
+    def row(self, g: int) -> Optional[Row]:
+        if not self.has(g):
+            return None
+        s = int(self.gmap.slot[g])
+        return Row(g, self.pid, self.s_key[s], self.tags.get(g), self.fsets[int(self.s_fs[s])], int(self.s_seq[s]))
+
+    def fields_of(self, g: int) -> frozenset:
+        return self.fsets[int(self.s_fs[int(self.gmap.slot[g])])]
+
+    def remove(self, gidxs: List[int]) -> None:
+        """Drop rows (all must be rows of this partition)."""
+        if not gidxs:
+            return
+        sl = self.slots(gidxs)
+        for s in sl.tolist():
+            k = self.s_key[s]
+            if k is not None:
+                self.keys.pop(k, None)
+                self.s_key[s] = None
+        for g in gidxs:
+            self.tags.pop(g, None)
+        self.s_gidx[sl] = -1
+        self.gmap.clear(gidxs)
+        self.live -= len(gidxs)
+        if self.n - self.live > max(1024, self.live):
+            self._compact()
+
+    def _compact(self) -> None:
+        keep = self.live_slots()
+        self.s_gidx = self.s_gidx[keep].copy()
+        self.s_seq = self.s_seq[keep].copy()
+        self.s_fs = self.s_fs[keep].copy()
+        self.s_key = [self.s_key[s] for s in keep.tolist()]
+        self.n = len(keep)
+        self.gmap.set(self.s_gidx, self.num, np.arange(self.n, dtype=_I64))
+
+    @property
+    def rows(self) -> "RowsView":
+        """A read-only mapping gidx -> :class:`Row` in insertion order (Rows made on demand)."""
+        return RowsView([self])
+
+    # ---------------------------------------------------------------- ready views
     def ready_view(self, task: str, need: frozenset, done) -> _Ready:
         """The ready view of ``(task, need)`` (``done``: the rows ``task`` consumed), built
-        on first use (O(rows)), most recently used last, at most 8 per task."""
+        on first use (O(rows), vectorised), most recently used last, at most 8 per task."""
         views = self.ready.setdefault(task, {})
         v = views.pop(need, None)
         if v is None:
-            v = _Ready({g: r.seq for g, r in self.rows.items() if g not in done and need <= r.fields})
+            good = [i for i, fs in enumerate(self.fsets) if need <= fs]
+            sl = self.live_slots()
+            sl = sl[np.isin(self.s_fs[sl], good)]
+            gs, qs = self.s_gidx[sl].tolist(), self.s_seq[sl].tolist()
+            v = _Ready({g: q for g, q in zip(gs, qs) if g not in done} if done else dict(zip(gs, qs)))
             while len(views) >= _MAX_VIEWS_PER_TASK:
                 del views[next(iter(views))]  # least recently used
         views[need] = v  # most recently used last
         return v
 
 
+class RowsView(Mapping):
+    """Read-only mapping gidx -> :class:`Row` over partitions (insertion order in each)."""
+
+    def __init__(self, parts: List[Partition]) -> None:
+        self._parts = parts
+
+    def _find(self, g: Any) -> Optional[Partition]:
+        if not isinstance(g, (int, np.integer)):
+            return None
+        for p in self._parts:
+            if p.has(int(g)):
+                return p
+        return None
+
+    def __getitem__(self, g: int) -> Row:
+        p = self._find(g)
+        if p is None:
+            raise KeyError(g)
+        return p.row(int(g))
+
+    def __contains__(self, g: object) -> bool:
+        return self._find(g) is not None
+
+    def __iter__(self) -> Iterator[int]:
+        for p in self._parts:
+            yield from p.gidxs()
+
+    def __len__(self) -> int:
+        return sum(p.live for p in self._parts)
+
+
 @dataclass
 class PutPlan:
-    """A validated put, with global indexes reserved in memory but nothing committed."""
+    """A validated put, with global indexes reserved in memory but nothing committed.
+
+    ``gidxs[i]`` is the row of batch position i; the new rows are ``new_gidxs`` (with
+    ``new_keys``, seqs from ``seq0`` on), all of them at the end of ``gidxs``'s new rows."""
 
     pid: str
     gidxs: List[int]
-    new_rows: List[Row]
+    new_gidxs: List[int]
+    new_keys: List[Optional[str]]
+    seq0: int
     tags: Optional[List[Any]]
     fields: List[str]
     schema_new: Dict[str, Tuple[int, int]]
     overwrites: bool  # some (gidx, field) already produced
     new_partition: bool
+    from_free: int = 0  # how many new gidxs were taken from the free list (its smallest)
+
+    @property
+    def new_rows(self) -> List[Row]:
+        return [Row(g, self.pid, k, None, frozenset(), self.seq0 + i)
+                for i, (g, k) in enumerate(zip(self.new_gidxs, self.new_keys))]
 
 
 # ---------------------------------------------------------------------------- values out
@@ -138,27 +343,40 @@ def copy_value(v: Any) -> Any:
 
 
 def row_info(r: Row) -> RowInfo:
-    return RowInfo(r.gidx, r.key, copy_value(r.tag), r.fields, r.seq)
+    return RowInfo(r.gidx, r.key, copy_value(r.tag), frozenset(r.fields), r.seq)
 
 
 def partition_info(p: Partition) -> PartitionInfo:
-    return PartitionInfo(p.pid, dict(p.schema), len(p.rows))
+    return PartitionInfo(p.pid, dict(p.schema), p.live)
 
 
-def row_batch(p: Partition, rows: List[Optional[Row]], asked: Optional[Sequence[int]] = None) -> RowBatch:
-    """The answer for ``rows`` of ``p`` (None: not a row; ``asked[i]`` is then the gidx asked
-    for, when rows were asked by gidx).  Row fields are frozensets: handed out as they are."""
+def row_batch(p: Partition, gidxs: Sequence[Optional[int]]) -> RowBatch:
+    """The answer for ``gidxs`` of ``p`` (None, or a gidx that is not a row of ``p``: a
+    missing row, ``seqs[i] is None``).  Row fields are the interned frozensets."""
+    n = len(gidxs)
     try:
-        seqs = [r.seq for r in rows]
-    except AttributeError:  # a None: some are not rows
-        pass
-    else:  # every one is a row: one list per column
-        return RowBatch(p.pid, dict(p.schema), [r.gidx for r in rows], [r.key for r in rows],
-                        [None if r.tag is None else copy_value(r.tag) for r in rows], [r.fields for r in rows], seqs)
-    gidxs = [r.gidx if r is not None else (None if asked is None else asked[i]) for i, r in enumerate(rows)]
-    return RowBatch(p.pid, dict(p.schema), gidxs, [None if r is None else r.key for r in rows],
-                    [None if r is None else copy_value(r.tag) for r in rows],
-                    [None if r is None else r.fields for r in rows], [None if r is None else r.seq for r in rows])
+        arr = np.fromiter(gidxs, dtype=_I64, count=n)
+    except TypeError:  # a None among them
+        arr = np.fromiter((-1 if g is None else g for g in gidxs), dtype=_I64, count=n)
+    sl = p.slots(arr)
+    tags = p.tags
+    if n and int(sl.min()) >= 0:  # every one is a row: one list per column
+        sll = sl.tolist()
+        fsets, sk = p.fsets, p.s_key
+        gl = arr.tolist()
+        return RowBatch(p.pid, dict(p.schema), gl, [sk[s] for s in sll],
+                        [copy_value(tags[g]) if g in tags else None for g in gl] if tags else [None] * n,
+                        [fsets[i] for i in p.s_fs[sl].tolist()], p.s_seq[sl].tolist())
+    ok = sl >= 0
+    sll = sl.tolist()
+    some = n and bool(ok.any())  # (a partition reopened without rows has empty columns)
+    fs = p.s_fs[np.where(ok, sl, 0)].tolist() if some else [0] * n
+    seqs = p.s_seq[np.where(ok, sl, 0)].tolist() if some else [0] * n
+    return RowBatch(p.pid, dict(p.schema), list(gidxs),
+                    [p.s_key[s] if s >= 0 else None for s in sll],
+                    [copy_value(tags.get(g)) if s >= 0 else None for g, s in zip(gidxs, sll)],
+                    [p.fsets[f] if s >= 0 else None for f, s in zip(fs, sll)],
+                    [q if s >= 0 else None for q, s in zip(seqs, sll)])
 
 
 def list_keys(parts: Dict[str, Partition], pid: Optional[str]) -> Dict[str, Dict[str, Any]]:
@@ -167,47 +385,59 @@ def list_keys(parts: Dict[str, Partition], pid: Optional[str]) -> Dict[str, Dict
     out: Dict[str, Dict[str, Any]] = {}
     for q in (sorted(parts) if pid is None else [pid]):
         p = parts.get(q)
-        if p is not None:
-            out[q] = {r.key: r.tag if r.tag is None else copy_value(r.tag) for r in p.rows.values()
-                      if r.key is not None}
+        if p is None:
+            continue
+        sl = p.live_slots()
+        sk = p.s_key
+        keys = [sk[s] for s in sl.tolist()] if len(sl) != p.n else sk
+        if not p.tags:
+            d = dict.fromkeys(keys)
+            d.pop(None, None)
+        else:
+            tags = p.tags
+            d = {k: copy_value(tags.get(g)) for k, g in zip(keys, p.s_gidx[sl].tolist()) if k is not None}
+        out[q] = d
     return out
 
 
 def production_status(p: Partition, fields: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
     """``(sorted gidxs, int8 matrix rows x fields: 1 produced)``."""
-    gidxs = sorted(p.rows)
-    status = np.zeros((len(gidxs), len(fields)), dtype=np.int8)
-    rows = p.rows
-    for i, g in enumerate(gidxs):
-        have = rows[g].fields
-        for j, f in enumerate(fields):
-            if f in have:
-                status[i, j] = 1
-    return np.array(gidxs, dtype=np.int64), status
+    sl = p.live_slots()
+    g = p.s_gidx[sl]
+    order = np.argsort(g, kind="stable")
+    table = np.array([[1 if f in fs else 0 for f in fields] for fs in p.fsets], dtype=np.int8).reshape(
+        len(p.fsets), len(fields))
+    status = table[p.s_fs[sl][order]] if len(sl) else np.zeros((0, len(fields)), dtype=np.int8)
+    return g[order].astype(np.int64), status
 
 
 def consumption_status(p: Partition, done) -> Tuple[np.ndarray, np.ndarray]:
     """``(sorted gidxs, int8 flags: 1 in done)``."""
-    gidxs = sorted(p.rows)
-    return np.array(gidxs, dtype=np.int64), np.array([g in done for g in gidxs], dtype=np.int8)
+    g = np.sort(p.s_gidx[p.live_slots()])
+    return g.astype(np.int64), np.array([x in done for x in g.tolist()], dtype=np.int8)
 
 
-def check_mirror(parts: Dict[str, Partition], rows: Dict[int, Row], consumed) -> None:
+def check_mirror(parts: Dict[str, Partition], gmap: GidxMap, consumed) -> None:
     """Assert the incremental structures agree with the rows and consumption (tests)."""
+    total = 0
     for pid, p in parts.items():
-        seqs = [r.seq for r in p.rows.values()]
+        sl = p.live_slots()
+        seqs = p.s_seq[sl].tolist()
         assert seqs == sorted(seqs), f"rows of {pid!r} are not in seq order"
         assert len(set(seqs)) == len(seqs), f"duplicate seq in {pid!r}"
-        assert all(rows.get(g) is r for g, r in p.rows.items()), f"rows of {pid!r} differ from the index"
-        assert {k: g for k, g in p.keys.items()} == {r.key: g for g, r in p.rows.items()
-                                                      if r.key is not None}, f"keys of {pid!r}"
+        gs = p.s_gidx[sl]
+        assert (gmap.part[gs] == p.num).all() and (gmap.slot[gs] == sl).all(), f"gidx map of {pid!r}"
+        assert len(sl) == p.live
+        assert p.keys == {p.s_key[s]: int(p.s_gidx[s]) for s in sl.tolist() if p.s_key[s] is not None}, \
+            f"keys of {pid!r}"
         for task, views in p.ready.items():
             done = consumed.get((pid, task), set())
             for need, v in views.items():
-                want = [g for g, r in p.rows.items() if g not in done and need <= r.fields]
+                want = [g for g in gs.tolist() if g not in done and need <= p.fields_of(g)]
                 assert v.ordered() == want, (pid, task, sorted(need), v.ordered(), want)
-    assert sum(len(p.rows) for p in parts.values()) == len(rows)
+        total += p.live
+    assert int((gmap.part >= 0).sum()) == total
 
 
-__all__ = ["Row", "Partition", "PutPlan", "copy_value", "row_info", "partition_info", "row_batch", "list_keys",
-           "production_status", "consumption_status", "check_mirror"]
+__all__ = ["Row", "GidxMap", "Partition", "RowsView", "PutPlan", "copy_value", "row_info", "partition_info",
+           "row_batch", "list_keys", "production_status", "consumption_status", "check_mirror"]

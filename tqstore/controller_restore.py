@@ -35,6 +35,7 @@ from ._format.records import RecordError
 from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point, wrap_errors
 from .controller_mirror import Partition, Row
+from .controller_put import mirror_rows, new_field_bits, write_rows
 from .errors import CorruptionError, InvalidInputError, SchemaError
 from .ports import RestoreInfo
 
@@ -102,6 +103,15 @@ class RestoreHost:
                 where = ("restores", R.restore_key(rid))
                 if rid not in self.active or sorted(cs) != list(range(len(cs))):
                     raise RecordError("row chunks of a restore without a header, or not numbered 0..n-1")
+            free = set(c.free) if self.active else set()
+            part = c.gmap.part
+            for rid, rec in self.active.items():  # reserved: below next_gidx; neither row nor free until committed
+                where = ("restores", R.restore_key(rid))
+                bad = [g for g in rec.reserved if g >= c.next_gidx or g in free or
+                       (rec.state != "committed" and g < len(part) and part[g] >= 0)]
+                if bad:
+                    raise RecordError(f"reserved global index {bad[0]} is at or above next_gidx {c.next_gidx}, "
+                                      f"free, or a row")
         except RecordError as e:
             if isinstance(where, tuple):
                 where = f"{where[0]} entry {where[1][:48]!r}"
@@ -304,41 +314,35 @@ class RestoreHost:
         if waiting:
             raise InvalidInputError(f"restore {rid}: units {waiting} are not complete")
         m = c.db
-        p = c.parts.get(rec.pid) or Partition(rec.pid)
+        p = c.parts.get(rec.pid) or Partition(rec.pid, c.new_partition_number(), c.gmap)
+        schema = {f: _merged(p.schema.get(f), kd, False) or kd for f, kd in rec.schema.items()}
+        changed = {f: kd for f, kd in schema.items() if p.schema.get(f) != kd}
+        new_bits = new_field_bits(p, changed)  # a field already in the partition keeps its bit
+        seq = p.next_seq
+        result: List[Row] = []
+        for r in self.rows.get(rid, ()):
+            old = p.row(r.gidx)
+            if old is None:
+                result.append(Row(r.gidx, rec.pid, r.key, r.tag, frozenset(r.fields), seq))
+                seq += 1
+            else:
+                result.append(Row(r.gidx, rec.pid, old.key, r.tag, old.fields | frozenset(r.fields), old.seq))
         with wrap_errors("finish restore", c.path), c.env.begin(write=True) as txn:
-            seq = p.next_seq
-            result: List[Row] = []
-            for r in self.rows.get(rid, ()):
-                g = r.gidx
-                old = p.rows.get(g)
-                if old is None:
-                    result.append(Row(g, rec.pid, r.key, r.tag, frozenset(r.fields), seq))
-                    seq += 1
-                else:
-                    result.append(Row(g, rec.pid, old.key, r.tag, frozenset(old.fields) | set(r.fields), old.seq))
-            txn.cursor(m["rows"]).putmulti([(R.gidx_key(r.gidx), r.pack()) for r in result])
-            new = [(R.keys_key(rec.pid, r.key), R.gidx_key(r.gidx)) for r in result if r.gidx not in p.rows]
-            if new:
-                txn.cursor(m["keys"]).putmulti(new)
-            schema = {f: _merged(p.schema.get(f), kd, False) or kd for f, kd in rec.schema.items()}
-            for f, (kind, dt) in schema.items():
-                if p.schema.get(f) != (kind, dt):
-                    txn.put(R.schema_key(rec.pid, f), R.encode_schema(kind, dt), db=m["schema"])
-            txn.put(R.parts_key(rec.pid), R.encode_partition(seq, p.meta), db=m["parts"])
+            write_rows(txn, c, p, result, new_bits)
+            for f, (kind, dt) in changed.items():
+                txn.put(R.schema_key(rec.pid, f), R.encode_schema(kind, dt, new_bits.get(f, p.bits.get(f))),
+                        db=m["schema"])
+            txn.put(R.parts_key(rec.pid), R.encode_partition(seq, p.meta, p.num), db=m["parts"])
             for k in self._chunk_keys(rid):
                 txn.delete(k, db=m["restores"])
             done = rec._replace(state="committed")
             txn.put(R.restore_key(rid), R.encode_restore(done), db=m["restores"])
             lmdb_commit_point("controller_commit")
-        # committed: the mirror
-        c.parts[rec.pid] = p
+        # committed: the mirror (schema first: every produced field needs its bit)
+        for f, (kind, dt) in changed.items():
+            p.add_field(f, kind, dt, new_bits.get(f, p.bits.get(f)))
+        mirror_rows(c, p, result)  # (drops the ready views: rebuilt on the next fetch)
         p.next_seq = seq
-        for r in result:
-            p.rows[r.gidx] = r
-            c.rows[r.gidx] = r
-            p.keys[r.key] = r.gidx
-        p.schema.update(schema)
-        p.ready.clear()  # rebuilt on the next fetch
         self.active[rid] = done
         self.rows[rid] = []
 
@@ -354,7 +358,8 @@ class RestoreHost:
             return
         if rec.state == "running":
             raise InvalidInputError(f"restore {rid} is running: finish or cancel it first")
-        freed = [g for g in rec.reserved if g not in c.rows] if rec.state == "cancelled" else []
+        part = c.gmap.part  # gidx -> partition number, -1: no row
+        freed = [g for g in rec.reserved if not (g < len(part) and part[g] >= 0)] if rec.state == "cancelled" else []
         before, after = rec.next_gidx
         lower = freed and c.next_gidx == after and before < after  # nothing allocated past them since
         if lower:  # the allocator exactly as before the restore

@@ -116,11 +116,11 @@ class SamplerHost:
             return row_batch(p, [])
         before = _snapshot(sampler, pid)
         try:
-            extra = {"ready_tags": [copy_value(p.rows[g].tag) for g in ready]} if sampler.uses_tags else {}
+            extra = {"ready_tags": [copy_value(p.tags.get(g)) for g in ready]} if sampler.uses_tags else {}
             sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task, ready_seqs=seqs,
                                         **extra, **cfg)
             sampled, consumed = [int(g) for g in sampled], [int(g) for g in consumed]
-            bad = [g for g in sampled + consumed if g not in p.rows]
+            bad = [g for g in sampled + consumed if not p.has(g)]
             if bad or len(set(sampled)) != len(sampled):
                 raise InvalidInputError(f"sampler {sampler!r} returned rows that are not (unique) rows of partition "
                                         f"{pid!r}: {bad[:5] or sampled[:8]}")
@@ -134,7 +134,7 @@ class SamplerHost:
             raise
         if sampled:
             log.debug("fetch %d rows of %r for task %r", len(sampled), pid, task)
-        return row_batch(p, [p.rows[g] for g in sampled])
+        return row_batch(p, sampled)
 
 
 __all__ = ["SamplerHost"]

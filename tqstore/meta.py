@@ -504,7 +504,8 @@ class KVBatchMeta:
 
     def __post_init__(self) -> None:
         self.keys = list(self.keys)
-        self.tags = copy.deepcopy(list(self.tags))
+        # a copy of each tag (an empty dict, the common tag, copied without deepcopy's bookkeeping)
+        self.tags = [{} if type(t) is dict and not t else t if t is None else copy.deepcopy(t) for t in self.tags]
         if len(self.keys) != len(self.tags):
             raise InvalidInputError(f"KVBatchMeta: keys and tags must have same length, but got {len(self.keys)} "
                                     f"and {len(self.tags)}")

@@ -247,6 +247,10 @@ class UnitPort(Protocol):
     def keys(self, *, snapshot: Optional[SnapshotId] = None) -> List[Tuple[int, str]]:
         """Every ``(gidx, field)`` the unit holds (at ``snapshot``, or now)."""
 
+    def field_rows(self, *, snapshot: Optional[SnapshotId] = None) -> Dict[str, np.ndarray]:
+        """What :meth:`keys` lists, by field: field -> sorted int64 array of the gidxs holding
+        it (at ``snapshot``, or now).  Read and decoded in bulk (the store's reconcile)."""
+
     # reads ------------------------------------------------------------------
     # A location is the unit index's value (tqstore._format.index): one row of a LOC_DTYPE
     # array, or a Loc named tuple (seg, offset, length, crc) made from one.
@@ -428,6 +432,11 @@ class ControllerPort(Protocol):
     def claims(self, unit_id: int) -> Dict[int, frozenset]:
         """Every row living on unit ``unit_id`` (``gidx % num_units``) with its produced
         fields, for the store's reconcile.  O(rows)."""
+
+    def claim_rows(self, unit_id: int) -> Dict[str, np.ndarray]:
+        """What :meth:`claims` says, by field: field -> sorted int64 array of the gidxs of the
+        rows living on unit ``unit_id`` that have it produced (fields no such row has are
+        absent).  O(rows) in array operations (the store's reconcile)."""
 
     # clears -----------------------------------------------------------------
     def clear_rows(self, pid: str, gidxs: Sequence[int], *, drop_partition: bool = False) -> List[int]:

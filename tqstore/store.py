@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
+import numpy as np
+
 from . import layout_dirs as L
 from ._format.columns import Column, approx_bytes as _approx_bytes
 from ._io import files, locks
@@ -251,24 +253,20 @@ class Store(CheckpointMixin, DumpMixin):
         settle_at_open(self.controller, self.units)  # selective restores a crash left (before the unit entries)
         missing: Dict[int, Set[str]] = defaultdict(set)
 
-        def one(u: UnitPort):
-            claims = self.controller.claims(u.unit_id)  # this unit's rows: gidx -> produced fields
-            present = u.keys()
-            orphan: Dict[int, List[str]] = defaultdict(list)
-            have: Dict[int, Set[str]] = defaultdict(set)
-            for g, f in present:
-                fs = claims.get(g)
-                if fs is None or f not in fs:
-                    orphan[g].append(f)
-                else:
-                    have[g].add(f)
-            for g, fs in orphan.items():
-                u.delete([g], fs)
-            lost = {}
-            for g, fs in claims.items():
-                if fs - have.get(g, set()):
-                    lost[g] = set(fs - have.get(g, set()))
-            return sum(len(v) for v in orphan.values()), lost
+        def one(u: UnitPort):  # per field, in sorted-array operations
+            claims = self.controller.claim_rows(u.unit_id)  # field -> gidxs of this unit's rows that have it
+            present = u.field_rows()  # field -> gidxs the unit holds
+            n_orphan = 0
+            for f, held in present.items():
+                orphan = np.setdiff1d(held, claims.get(f, held[:0]), assume_unique=True)
+                if len(orphan):
+                    n_orphan += len(orphan)
+                    u.delete(orphan.tolist(), [f])
+            lost: Dict[int, Set[str]] = defaultdict(set)
+            for f, want in claims.items():
+                for g in np.setdiff1d(want, present.get(f, want[:0]), assume_unique=True).tolist():
+                    lost[g].add(f)
+            return n_orphan, lost
 
         for n_orphan, lost in self._pool.map(one, self.units):
             if n_orphan:
@@ -389,15 +387,16 @@ class Store(CheckpointMixin, DumpMixin):
                 u.settle(t, committed=t <= self.controller.put_token)
 
     def _write_units(self, plan: Any, cols: List[Column], token: Optional[int] = None) -> None:
-        per_unit: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
-        for pos, g in enumerate(plan.gidxs):
-            per_unit[g % self.num_units].append((pos, g))
+        g_all = np.asarray(plan.gidxs, dtype=np.int64)
+        owner = g_all % self.num_units
+        per_unit: Dict[int, Tuple[List[int], List[int]]] = {}
+        for u in (np.unique(owner).tolist() if self.num_units > 1 else [0] if len(g_all) else []):
+            pos = np.flatnonzero(owner == u) if self.num_units > 1 else np.arange(len(g_all))
+            per_unit[u] = (pos.tolist(), g_all[pos].tolist())
         fresh = not plan.overwrites
 
         def one(u: int):
-            pairs = per_unit[u]
-            positions = [p for p, _ in pairs]
-            gs = [g for _, g in pairs]
+            positions, gs = per_unit[u]
             return self.units[u].write([(c, positions, gs) for c in cols], fresh=fresh, token=token)
 
         errors = []
@@ -418,11 +417,11 @@ class Store(CheckpointMixin, DumpMixin):
             if token is not None:  # put back the entries the units that succeeded replaced
                 self._settle_units(token, committed=False, units=[u for u in per_unit if u not in dict(errors)])
             # undo entries of rows that did not exist before on units that succeeded
-            new = {r.gidx for r in plan.new_rows}
+            new = set(plan.new_gidxs)
             for u in per_unit:
                 if u not in dict(errors) and new:
                     try:
-                        self.units[u].delete([g for _, g in per_unit[u] if g in new])
+                        self.units[u].delete([g for g in per_unit[u][1] if g in new])
                     except TqstoreError:
                         log.exception("could not undo a partial write on unit %d (reopen reconciles it)", u)
             u, e = errors[0]
@@ -484,7 +483,13 @@ class Store(CheckpointMixin, DumpMixin):
             raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
         fields = sorted(common_fields(rows.fields)) if select_fields is None else list(select_fields)
         check_produced(rows, range(len(rows)), fields)
-        return self.read_rows(gidxs, [(f, rows.schema[f][0]) for f in fields], verify=verify)
+        try:
+            return self.read_rows(gidxs, [(f, rows.schema[f][0]) for f in fields], verify=verify)
+        except FieldNotFoundError:
+            now = self.controller.row_batch(partition_id, gidxs)
+            if now is None or now.seqs != rows.seqs:  # cleared (or cleared and reused) since the check above
+                raise KeyNotFoundError(f"rows of partition {partition_id!r} were cleared during the read") from None
+            raise
 
     def read_rows(self, gidxs: Sequence[int], fields: Sequence[Tuple[str, int]], *,
                   verify: Optional[bool] = None) -> Dict[str, Any]:

@@ -27,7 +27,7 @@ from ._format.columns import Column
 from ._format.frame import (
     decode_frame, encode_parts, encode_uniform,
 )
-from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc, decode_index_key
+from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
 from ._format.layout import (
     CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
 )
@@ -398,20 +398,6 @@ class Unit(UnitReader):
                 lmdb_commit_point("unit_commit")
             self._after_change()
             return dropped
-
-    def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
-        """All (gidx, field) pairs in the index (at ``snapshot``, or now)."""
-        own = snapshot is None
-        txn = self.env.begin() if own else self._snapshot_txn(snapshot)
-        try:
-            try:
-                return [decode_index_key(k) for k in txn.cursor(self.db_loc).iternext(values=False)]
-            except UR.RecordError as e:
-                raise CorruptionError(f"unit index: malformed loc entry: {e}",
-                                      path=str(self.path / "index" / "data.mdb")) from e
-        finally:
-            if own:
-                txn.abort()
 
     # ------------------------------------------------------------------ segment lifecycle
     def _after_change(self) -> None:

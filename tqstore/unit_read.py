@@ -21,7 +21,8 @@ from ._format.frame import (
     Frame, FrameHead, check_rows, decode_frame, decode_frames, gather_run,
     parse_head,
 )
-from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, MMAP_READ_BYTES, Loc
+from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, MMAP_READ_BYTES, Loc, decode_index_key, decode_index_keys
+from ._format.records import RecordError
 from ._format.layout import (
     CODEC_MASK, CODEC_ZSTD, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
     FRAME_END_MAGIC, frame_extent,
@@ -451,3 +452,23 @@ class UnitReader:
                     problems.append(str(e))
         return problems
 
+    def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
+        """All (gidx, field) pairs in the index (at ``snapshot``, or now)."""
+        return self._loc_keys(snapshot, lambda ks: [decode_index_key(k) for k in ks])
+
+    def field_rows(self, *, snapshot: Optional[int] = None) -> dict:
+        """field -> sorted int64 gidxs holding it (at ``snapshot``, or now); decoded in bulk."""
+        return self._loc_keys(snapshot, decode_index_keys)
+
+    def _loc_keys(self, snapshot, decode):
+        own = snapshot is None
+        txn = self.env.begin() if own else self._snapshot_txn(snapshot)
+        try:
+            try:
+                return decode(list(txn.cursor(self.db_loc).iternext(values=False)))
+            except RecordError as e:
+                raise CorruptionError(f"unit index: malformed loc entry: {e}",
+                                      path=str(self.path / "index" / "data.mdb")) from e
+        finally:
+            if own:
+                txn.abort()

@@ -174,7 +174,10 @@ def values_column(field: str, values: Sequence[Any], n: int) -> Column:
 
 def check_row_size(col: Column) -> Column:
     """``col``, or CapacityError when a row exceeds what a record frame can hold."""
-    big = max((memoryview(p).nbytes for p in col.payloads), default=0)
+    if col.uniform_shape is not None and col.kind != KIND_VALUE and col.payloads:
+        big = memoryview(col.payloads[0]).nbytes  # rows of one shape and dtype: one size
+    else:
+        big = max((memoryview(p).nbytes for p in col.payloads), default=0)
     if big > MAX_ROW_BYTES:
         raise CapacityError(f"field {col.field!r}: a row of {big} bytes exceeds the {MAX_ROW_BYTES}-byte limit of a "
                             f"record frame; split the row into several fields", setting="row size")

@@ -1,5 +1,5 @@
-"""Keys and values of the controller's LMDB index, format version 1 (docs/FORMAT.md,
-"Controller index"): the one definition of their bytes.
+"""Keys and values of the controller's LMDB index, format version 2 (and the version-1 row
+values it still reads; docs/FORMAT.md, "Controller index"): the one definition of their bytes.
 
 Every writer and reader of the controller index (the controller, its decoder, checkpoint
 loading and verification, the CLI) encodes and decodes through these functions.  Bytes
@@ -14,7 +14,7 @@ db          key                                 value
 ``free``    gidx key (:func:`gidx_key`)         empty
 ``parts``   partition id (:func:`parts_key`)    :func:`encode_partition` (JSON, default separators)
 ``keys``    :func:`keys_key` (pid ``\\0`` key)   gidx key
-``rows``    gidx key                            :func:`encode_row` (compact ASCII JSON)
+``rows``    gidx key                            :func:`encode_row2` (binary; v1: :func:`encode_row`, JSON)
 ``cons``    :func:`cons_key`                    empty
             (task ``\\0`` pid ``\\0`` gidx key)
 ``schema``  :func:`schema_key` (pid ``\\0`` f)   :func:`encode_schema` (JSON, default separators)
@@ -32,7 +32,10 @@ claimed once) is the caller's: these functions see one entry at a time.
 from __future__ import annotations
 
 import json
+import struct
 from typing import Any, AbstractSet, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import numpy as np
 
 from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from .layout import KIND_VALUE, KINDS
@@ -42,8 +45,10 @@ from .records import (
 )
 from .values import dumps as _dumps_value, loads as _loads_value
 
-#: the controller index format version this code reads and writes (``meta/format``)
-CONTROLLER_FORMAT = 1
+#: the controller index format version this code writes (``meta/format``)
+CONTROLLER_FORMAT = 2
+#: the versions it reads (version 1 is migrated to 2 when a store opens it for writing)
+CONTROLLER_FORMATS_READ = (1, 2)
 
 #: the named databases of the controller index (``restores``: unresolved selective restores)
 CONTROLLER_DBS = ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")
@@ -162,36 +167,153 @@ def decode_row(raw: Any) -> RowRecord:
     return RowRecord(p, k, t, tuple(f), s)
 
 
+# ---------------------------------------------------------------------------- rows, version 2
+#: head of a version-2 ``rows`` value: partition number u32, flags u16, bitmap words u16, seq u64 (LE)
+ROW2_HEAD = struct.Struct("<IHHQ")
+ROW2_KEYED = 1  # flag: the row has a key (its ``keys`` entry names it)
+ROW2_TAGGED = 2  # flag: a tag (compact JSON) follows the bitmap
+ROW2_FLAGS = ROW2_KEYED | ROW2_TAGGED
+#: the most bitmap words a row value may have (fields of one partition: 64 x this)
+ROW2_MAX_WORDS = 1024
+
+
+def row2_bitmap(mask: int) -> Tuple[int, bytes]:
+    """``(words, bytes)`` of a produced-field bitmap (at least one u64 word, little-endian)."""
+    words = max(1, (mask.bit_length() + 63) // 64)
+    return words, mask.to_bytes(8 * words, "little")
+
+
+def encode_row2(part: int, keyed: bool, seq: int, mask: int, tag_json: Optional[bytes] = None) -> bytes:
+    """A version-2 ``rows`` value: :data:`ROW2_HEAD`, the bitmap of produced fields (bit ``b``:
+    the field whose ``schema`` entry has ``"bit": b``), then the tag's compact JSON when tagged."""
+    words, bm = row2_bitmap(mask)
+    flags = (ROW2_KEYED if keyed else 0) | (ROW2_TAGGED if tag_json is not None else 0)
+    head = ROW2_HEAD.pack(part, flags, words, seq) + bm
+    return head if tag_json is None else head + tag_json
+
+
+#: a version-2 row value of one bitmap word and no tag, as a numpy structured dtype (24 bytes)
+ROW2_DTYPE = np.dtype([("part", "<u4"), ("flags", "<u2"), ("words", "<u2"), ("seq", "<u8"), ("mask", "<u8")])
+
+
+def encode_rows2(part: int, keyed: np.ndarray, seqs: np.ndarray, masks: Sequence[int],
+                 tag_json: Optional[Sequence[Optional[bytes]]] = None) -> List[bytes]:
+    """:func:`encode_row2` of many rows of one partition (``keyed``, ``seqs``, ``masks``,
+    ``tag_json`` per row), the untagged one-word ones encoded together as one array."""
+    n = len(seqs)
+    if not n:
+        return []
+    if tag_json is None and (isinstance(masks, np.ndarray) and masks.dtype == np.uint64
+                             or all(0 <= m < 1 << 64 for m in set(masks))):
+        a = np.empty(n, dtype=ROW2_DTYPE)
+        a["part"], a["flags"], a["words"] = part, np.where(keyed, ROW2_KEYED, 0), 1
+        a["seq"], a["mask"] = seqs, np.asarray(masks, dtype=np.uint64)
+        buf = a.tobytes()
+        w = ROW2_DTYPE.itemsize
+        return [buf[i:i + w] for i in range(0, n * w, w)]
+    tj = tag_json if tag_json is not None else [None] * n
+    ml = masks.tolist() if isinstance(masks, np.ndarray) else masks
+    return [encode_row2(part, bool(k), int(q), int(m), t)
+            for k, q, m, t in zip(np.asarray(keyed).tolist(), np.asarray(seqs).tolist(), ml, tj)]
+
+
+def gidx_keys(gidxs: np.ndarray) -> List[bytes]:
+    """:func:`gidx_key` of many global indexes."""
+    buf = np.asarray(gidxs, dtype=">u8").tobytes()
+    return [buf[i:i + GIDX_BYTES] for i in range(0, len(buf), GIDX_BYTES)]
+
+
+def encode_tag(tag: Any) -> Optional[bytes]:
+    """The tag part of a version-2 row value (None: no tag): compact ASCII JSON of a checked value."""
+    return None if tag is None else _dumps_value(tag, ensure_ascii=True).encode()
+
+
+class Row2(NamedTuple):
+    """A version-2 ``rows`` value decoded: partition number, flags, seq, bitmap, tag (None: none)."""
+
+    part: int
+    flags: int
+    seq: int
+    mask: int
+    tag: Any
+
+
+def decode_row2(raw: Any) -> Row2:
+    """A version-2 ``rows`` value. Raises RecordError (short, unknown flags, bitmap words out of
+    range, a tag that is not JSON, a tag where the flags say none)."""
+    b = bytes(raw) if raw is not None else b""
+    if len(b) < ROW2_HEAD.size + 8:
+        raise RecordError(f"row value of {len(b)} bytes, expected at least {ROW2_HEAD.size + 8}")
+    part, flags, words, seq = ROW2_HEAD.unpack_from(b)
+    end = ROW2_HEAD.size + 8 * words
+    if flags & ~ROW2_FLAGS or not 1 <= words <= ROW2_MAX_WORDS or len(b) < end:
+        raise RecordError(f"row value: flags {flags:#x}, {words} bitmap words, {len(b)} bytes")
+    mask = int.from_bytes(b[ROW2_HEAD.size:end], "little")
+    tag = None
+    if flags & ROW2_TAGGED:
+        try:
+            tag = _loads_value(b[end:])
+        except (ValueError, RecursionError) as e:
+            raise RecordError(f"row tag: {e}") from None
+        if tag is None:
+            raise RecordError("row tag: null where the flags say tagged")
+    elif len(b) != end:
+        raise RecordError(f"row value: {len(b) - end} bytes after the bitmap of an untagged row")
+    return Row2(part, flags, seq, mask, tag)
+
+
 # ---------------------------------------------------------------------------- parts
-def encode_partition(next_seq: int, meta: Optional[Dict[str, Any]] = None) -> bytes:
-    """A ``parts`` value: JSON ``{"next_seq": int, "meta": {}}`` (default separators)."""
-    return json.dumps({"next_seq": next_seq, "meta": {} if meta is None else meta}).encode()
+def encode_partition(next_seq: int, meta: Optional[Dict[str, Any]] = None, num: Optional[int] = None) -> bytes:
+    """A ``parts`` value: JSON ``{"next_seq": int, "meta": {}, "num": int}`` (default separators;
+    ``num``, the partition's number in row values, from version 2 on)."""
+    d: Dict[str, Any] = {"next_seq": next_seq, "meta": {} if meta is None else meta}
+    if num is not None:
+        d["num"] = num
+    return json.dumps(d).encode()
 
 
 def decode_partition(raw: Any) -> Tuple[int, Dict[str, Any]]:
     """``(next_seq, meta)`` of a ``parts`` value (``meta`` absent reads as ``{}``). Raises RecordError."""
+    return decode_partition2(raw)[:2]
+
+
+def decode_partition2(raw: Any) -> Tuple[int, Dict[str, Any], Optional[int]]:
+    """``(next_seq, meta, num)`` of a ``parts`` value (``num`` None when absent: version 1).
+    Raises RecordError."""
     d = decode_json_object(raw, "partition")
-    seq, meta = member(d, "next_seq", "partition"), d.get("meta", {})
-    if not is_uint(seq) or not isinstance(meta, dict):
-        raise RecordError("partition: next_seq must be an int >= 0 and meta an object")
-    return seq, meta
+    seq, meta, num = member(d, "next_seq", "partition"), d.get("meta", {}), d.get("num")
+    if not is_uint(seq) or not isinstance(meta, dict) or not (num is None or (is_uint(num) and num < 1 << 31)):
+        raise RecordError("partition: next_seq must be an int >= 0, meta an object and num an int in [0, 2**31)")
+    return seq, meta, num
 
 
 # ---------------------------------------------------------------------------- schema
-def encode_schema(kind: int, dtype: int) -> bytes:
-    """A ``schema`` value: JSON ``{"kind": int, "dtype": int}`` (default separators)."""
-    return json.dumps({"kind": kind, "dtype": dtype}).encode()
+def encode_schema(kind: int, dtype: int, bit: Optional[int] = None) -> bytes:
+    """A ``schema`` value: JSON ``{"kind": int, "dtype": int, "bit": int}`` (default separators;
+    ``bit``, the field's bit in row bitmaps, from version 2 on)."""
+    d = {"kind": kind, "dtype": dtype}
+    if bit is not None:
+        d["bit"] = bit
+    return json.dumps(d).encode()
 
 
 def decode_schema(raw: Any) -> Tuple[int, int]:
     """``(kind, dtype code)`` of a ``schema`` value, both known codes (``SCHEMA_MIXED`` for a tensor or
     ndarray field whose rows hold several dtypes). Raises RecordError."""
+    return decode_schema2(raw)[:2]
+
+
+def decode_schema2(raw: Any) -> Tuple[int, int, Optional[int]]:
+    """``(kind, dtype code, bit)`` of a ``schema`` value (``bit`` None when absent: version 1);
+    the dtype may be ``SCHEMA_MIXED`` for a tensor or ndarray field. Raises RecordError."""
     d = decode_json_object(raw, "schema")
-    kind, dt = member(d, "kind", "schema"), member(d, "dtype", "schema")
+    kind, dt, bit = member(d, "kind", "schema"), member(d, "dtype", "schema"), d.get("bit")
     mixed_ok = dt == SCHEMA_MIXED and kind != KIND_VALUE
     if type(kind) is not int or kind not in KINDS or type(dt) is not int or (dt not in DTYPE_NAMES and not mixed_ok):
         raise RecordError(f"schema: not a known kind and dtype ({kind!r}, {dt!r})")
-    return kind, dt
+    if not (bit is None or (is_uint(bit) and bit < 64 * ROW2_MAX_WORDS)):
+        raise RecordError(f"schema: bit {bit!r} is not an int in [0, {64 * ROW2_MAX_WORDS})")
+    return kind, dt, bit
 
 
 # ---------------------------------------------------------------------------- sampler
@@ -296,7 +418,8 @@ def decode_restore(raw: Any) -> RestoreRecord:
         raise RecordError("restore members of the wrong type")
     sch: Dict[str, Tuple[int, int]] = {}
     for f, kd in schema.items():
-        if type(kd) is not list or len(kd) != 2 or kd[0] not in KINDS or kd[1] not in DTYPE_NAMES:
+        if type(kd) is not list or len(kd) != 2 or kd[0] not in KINDS \
+                or not (kd[1] in DTYPE_NAMES or (kd[1] == SCHEMA_MIXED and kd[0] != KIND_VALUE)):
             raise RecordError(f"restore schema of {f[:40]!r}: not [kind, dtype]")
         sch[f] = (kd[0], kd[1])
     return RestoreRecord(tag, pid, dump, state, tuple(units), tuple(attempts), tuple(reserved), sch, rows,
@@ -328,7 +451,9 @@ def decode_restore_rows(raw: Any) -> List[RestoreRow]:
 
 
 __all__ = [
-    "CONTROLLER_FORMAT", "CONTROLLER_DBS", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
+    "CONTROLLER_FORMAT", "CONTROLLER_FORMATS_READ", "CONTROLLER_DBS", "ROW2_HEAD", "ROW2_KEYED", "ROW2_TAGGED",
+    "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag",
+    "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
     "META_RESTORE_TAG", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
     "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows",
     "decode_restore_rows", "RESTORE_CHUNK_ROWS",

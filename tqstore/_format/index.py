@@ -13,7 +13,8 @@ imports the location value from here and nowhere else.
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple
+from itertools import compress
+from typing import Dict, List, NamedTuple, Tuple
 
 # the key, the value's struct and its numpy record are defined beside the other byte
 # constants, at the bottom of the record path (_native needs them and imports nothing
@@ -51,6 +52,39 @@ def index_key(gidx: int, field: str) -> bytes:
     u64 big-endian followed by the field name in UTF-8 (hot paths build it inline from
     :data:`INDEX_KEY_HEAD`: the same bytes)."""
     return INDEX_KEY_HEAD.pack(gidx) + field.encode()
+
+
+def decode_index_keys(keys: List[bytes]) -> Dict[str, "np.ndarray"]:
+    """Index keys in bulk: field -> the global indexes holding it (int64, in key order).
+
+    Keys of one length are decoded together as one byte matrix (a store has few field names).
+
+    Raises:
+        RecordError: as :func:`decode_index_key`, for any of them.
+    """
+    import numpy as np
+
+    out: Dict[str, list] = {}
+    if not keys:
+        return {}
+    lens = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    head = INDEX_KEY_HEAD.size
+    if int(lens.min()) < head + 1:
+        decode_index_key(keys[int(np.argmin(lens))])
+    for n in np.unique(lens).tolist():
+        sel = lens == n
+        mat = np.frombuffer(b"".join(compress(keys, sel.tolist())), dtype=np.uint8).reshape(-1, n)
+        g = np.ascontiguousarray(mat[:, :head]).view(">u8").reshape(-1).astype(np.int64)
+        names = np.ascontiguousarray(mat[:, head:]).view(f"V{n - head}").reshape(-1)
+        uniq, inv = np.unique(names, return_inverse=True)
+        inv = inv.reshape(-1)
+        for i, raw in enumerate(uniq.tolist()):
+            try:
+                f = bytes(raw).decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(f"index key: field name is not UTF-8 ({e.reason})") from None
+            out.setdefault(f, []).append(g[inv == i])
+    return {f: np.sort(np.concatenate(parts)) for f, parts in out.items()}
 
 
 def decode_index_key(raw) -> Tuple[int, str]:

@@ -162,6 +162,22 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         assert {x: f for cl in claims for x, f in cl.items()} == {**{x: frozenset({"x"}) for x in g},
                                                                    k[0]: frozenset()}
 
+    def test_claim_rows_say_by_field_what_claims_says(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", n=5)
+        self.put(c, "p", gidxs=g[1:3], fields=["y"])
+        self.put(c, "q", keys=["a", "b"], fields=["x", "z"])
+        self.put(c, "q", keys=["c"], fields=[])
+        c.clear_rows("p", [g[0]])
+        for u in range(self.NUM_UNITS):
+            want: dict = {}
+            for x, fs in c.claims(u).items():
+                for f in fs:
+                    want.setdefault(f, []).append(x)
+            got = c.claim_rows(u)
+            assert all(isinstance(v, np.ndarray) and v.dtype == np.int64 for v in got.values())
+            assert {f: v.tolist() for f, v in got.items()} == {f: sorted(v) for f, v in want.items()}
+
     # clears ---------------------------------------------------------------------
     def test_clear_rows_is_idempotent_and_frees_indexes_reused_smallest_first(self, tmp_path):
         c = self.controller(tmp_path)

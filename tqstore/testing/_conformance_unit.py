@@ -82,6 +82,22 @@ class UnitPortTests(UnitRestoreTests, _PortTests):
         self.write(u, "b", np.ones((2, 5), np.int64), g[:2])
         assert sorted(u.keys()) == sorted([(x, "a") for x in g] + [(x, "b") for x in g[:2]])
 
+    def test_field_rows_list_by_field_what_keys_lists(self, tmp_path):
+        u = self.unit(tmp_path)
+        assert u.field_rows() == {}
+        g = self.g(0, 1, 2, 3)
+        self.write(u, "a", np.zeros((4, 2), np.float32), g)
+        self.write(u, "b\u00e9", np.ones((2, 5), np.int64), g[2:])
+        snap = u.snapshot()
+        try:
+            u.delete([g[0]])
+            got = u.field_rows()
+            assert all(v.dtype == np.int64 for v in got.values())
+            assert {f: v.tolist() for f, v in got.items()} == {"a": sorted(g[1:]), "b\u00e9": sorted(g[2:])}
+            assert u.field_rows(snapshot=snap)["a"].tolist() == sorted(g)
+        finally:
+            u.release(snap)
+
     def test_lookup_reads_every_field_and_says_none_for_a_field_some_row_lacks(self, tmp_path):
         u = self.unit(tmp_path)
         g = self.g(0, 1, 2)

@@ -1,0 +1,250 @@
+"""Scale benchmark: the cost per row of small rows, next to same-run baselines.
+
+    python bench/bench_scale.py                 # 10k, 100k, 1M rows
+    python bench/bench_scale.py --quick         # 10k, 100k
+    python bench/bench_scale.py --big           # adds 10M
+    python bench/bench_scale.py --compare-with /work/main   # the same, alternating with another build
+
+Rows are small: two fields, ``ids`` (16 int64) and ``lp`` (1 float32), keyed ``k<i>``, in
+one partition of a store of ``--units`` units (default 2), ``result_type="dict"``.  Every
+figure of one size and one build comes from one child process (a fresh interpreter, the
+build's ``tqstore`` first on ``sys.path``); with ``--compare-with`` the two builds run
+alternately, size after size, so that load on the machine hits both alike.
+
+Figures (wall time; per-row cost = time / rows):
+
+* ``put``: ``kv_batch_put`` of all rows in batches of 8,192 (new keys), rows/s;
+* ``get``: ``kv_batch_get`` of all rows by key in batches of 8,192, rows/s;
+* ``kv_list``: ``kv_list("train")`` of the whole partition, seconds;
+* ``save``: blocking ``save_checkpoint`` to a new directory, seconds;
+* ``open``: reopening the closed store (controller and units, reconcile included), seconds;
+* ``load``: ``load_checkpoint`` of that checkpoint into the reopened store, seconds;
+* ``rss``: the controller's share of memory: anonymous RSS (``RssAnon`` of
+  ``/proc/self/status``) added by opening the store's ``Controller`` alone in a fresh
+  child process, bytes per row.
+
+Baselines, same child, same row count:
+
+* ``memcpy``: numpy copy of the same payload bytes, batch by batch (rows/s);
+* ``lmdb_put``: raw py-lmdb ``putmulti`` of one 8-byte key + 48-byte value per row, one
+  write transaction per 8,192 rows, in a fresh environment (rows/s): the floor of a
+  controller that commits one record per row;
+* ``lmdb_scan``: a cursor walk of those records (seconds): the floor of an open that
+  reads every row's record once.
+
+The last line of stdout is one JSON object: ``{"results": {build: {rows: {figure: value}}}}``.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BATCH = 8192
+PID = "train"
+
+
+def _rss_anon() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _batches(n: int):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for lo in range(0, n, BATCH):
+        hi = min(n, lo + BATCH)
+        yield ([f"k{i}" for i in range(lo, hi)],
+               {"ids": rng.integers(0, 150_000, (hi - lo, 16), dtype=np.int64),
+                "lp": rng.random(hi - lo, dtype=np.float32)})
+
+
+def _child(n: int, work: Path, units: int) -> dict:
+    import numpy as np
+    import lmdb
+    import tqstore
+
+    out: dict = {"rows": n}
+    batches = list(_batches(n))
+    path, ck = work / "store", work / "ckpt"
+    s = tqstore.open(path, num_units=units, result_type="dict")
+    try:
+        t0 = time.perf_counter()
+        for keys, fields in batches:
+            s.kv_batch_put(keys, PID, fields)
+        out["put_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        last = None
+        for keys, _ in batches:
+            last = s.kv_batch_get(keys, PID)
+        out["get_s"] = time.perf_counter() - t0
+        assert np.array_equal(np.asarray(last["ids"]), batches[-1][1]["ids"])
+        t0 = time.perf_counter()
+        listed = s.kv_list(PID)
+        out["kv_list_s"] = time.perf_counter() - t0
+        assert len(listed[PID]) == n
+        del listed
+        t0 = time.perf_counter()
+        s.save_checkpoint(ck)
+        out["save_s"] = time.perf_counter() - t0
+    finally:
+        s.close()
+    t0 = time.perf_counter()
+    s = tqstore.open(path, result_type="dict")
+    out["open_s"] = time.perf_counter() - t0
+    try:
+        t0 = time.perf_counter()
+        s.load_checkpoint(ck)
+        out["load_s"] = time.perf_counter() - t0
+        got = s.kv_batch_get(batches[0][0], PID)
+        assert np.array_equal(np.asarray(got["lp"]), batches[0][1]["lp"])
+    finally:
+        s.close()
+    # baselines on the same row count
+    t0 = time.perf_counter()
+    for _, fields in batches:
+        for v in fields.values():
+            np.copy(v)
+    out["memcpy_s"] = time.perf_counter() - t0
+    env = lmdb.open(str(work / "raw"), map_size=1 << 34, sync=False, metasync=False, max_dbs=2)
+    val = b"x" * 48
+    t0 = time.perf_counter()
+    for lo in range(0, n, BATCH):
+        with env.begin(write=True) as txn:
+            txn.cursor().putmulti([(g.to_bytes(8, "big"), val) for g in range(lo, min(n, lo + BATCH))])
+    out["lmdb_put_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    with env.begin() as txn:
+        seen = sum(1 for _ in txn.cursor())
+    out["lmdb_scan_s"] = time.perf_counter() - t0
+    assert seen == n
+    env.close()
+    return out
+
+
+def _child_rss(work: Path) -> dict:
+    import tqstore  # noqa: F401 - its imports are not the controller's share
+    from tqstore import layout_dirs as L
+    from tqstore.controller import Controller
+
+    state = work / "store" / L.read_current(work / "store")
+    gc.collect()
+    before = _rss_anon()
+    c = Controller(L.controller_dir(state), num_units=1)
+    gc.collect()
+    after = _rss_anon()
+    rows = sum(c.partition_info(p).rows for p in c.partitions())
+    c.close()
+    return {"rss_bytes": after - before, "rss_rows": rows}
+
+
+def _run_child(build: Path, n: int, units: int, work: Path) -> dict:
+    work.mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(build))
+    res = {}
+    for mode in ("main", "rss"):
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--rows", str(n),
+               "--units", str(units), "--work", str(work)]
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"child failed ({build}, {n} rows, {mode}):\n{p.stderr[-4000:]}")
+        res.update(json.loads(p.stdout.strip().splitlines()[-1]))
+    shutil.rmtree(work, ignore_errors=True)
+    return res
+
+
+def _fmt_rate(n: int, s: float) -> str:
+    return f"{n / s:>12,.0f} rows/s {s / n * 1e6:8.2f} us/row"
+
+
+def _fmt_secs(n: int, s: float) -> str:
+    return f"{s:>12.3f} s      {s / n * 1e6:8.2f} us/row"
+
+
+def _lines(build: str, r: dict, old: dict = None) -> list:
+    n = r["rows"]
+    L = []
+
+    def ratio(key, inverse=False):
+        if old is None:
+            return ""
+        a, b = r[key], old[key]
+        return f"   new/old speed {b / a:6.2f}x" if not inverse else f"   new/old {a / b:6.2f}x"
+
+    L.append(f"[{build}] {n:,} rows")
+    L.append(f"  put     {_fmt_rate(n, r['put_s'])}   memcpy {n / r['memcpy_s']:,.0f} rows/s, "
+             f"lmdb putmulti {n / r['lmdb_put_s']:,.0f} rows/s (put / lmdb {r['lmdb_put_s'] / r['put_s']:.2f}){ratio('put_s')}")
+    L.append(f"  get     {_fmt_rate(n, r['get_s'])}   memcpy {n / r['memcpy_s']:,.0f} rows/s{ratio('get_s')}")
+    L.append(f"  kv_list {_fmt_secs(n, r['kv_list_s'])}{ratio('kv_list_s')}")
+    L.append(f"  save    {_fmt_secs(n, r['save_s'])}{ratio('save_s')}")
+    L.append(f"  open    {_fmt_secs(n, r['open_s'])}   lmdb scan {r['lmdb_scan_s']:.3f} s "
+             f"(open / scan {r['open_s'] / r['lmdb_scan_s']:.1f}){ratio('open_s')}")
+    L.append(f"  load    {_fmt_secs(n, r['load_s'])}{ratio('load_s')}")
+    L.append(f"  rss     {r['rss_bytes'] / max(1, r['rss_rows']):>12.1f} bytes/row (controller, {r['rss_bytes'] / 2**20:.1f} MiB)"
+             f"{ratio('rss_bytes', inverse=True)}")
+    return L
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="10k and 100k rows only")
+    ap.add_argument("--big", action="store_true", help="add 10M rows")
+    ap.add_argument("--sizes", type=str, default=None, help="comma-separated row counts (overrides)")
+    ap.add_argument("--units", type=int, default=2)
+    ap.add_argument("--dir", type=Path, default=None)
+    ap.add_argument("--compare-with", type=Path, default=None, help="root of another tqstore build (a worktree)")
+    ap.add_argument("--child", choices=("main", "rss"), help=argparse.SUPPRESS)
+    ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.child:
+        sys.path.insert(0, os.environ.get("PYTHONPATH", str(ROOT)).split(os.pathsep)[0])
+        res = _child(a.rows, a.work, a.units) if a.child == "main" else _child_rss(a.work)
+        print(json.dumps(res))
+        return
+    sizes = [10_000, 100_000] if a.quick else [10_000, 100_000, 1_000_000]
+    if a.big:
+        sizes.append(10_000_000)
+    if a.sizes:
+        sizes = [int(x) for x in a.sizes.split(",")]
+    builds = {"new": ROOT}
+    if a.compare_with:
+        builds["old"] = a.compare_with.resolve()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=a.dir))
+    results: dict = {b: {} for b in builds}
+    try:
+        for i, n in enumerate(sizes):
+            order = list(builds) if i % 2 == 0 else list(reversed(builds))  # alternate who runs first
+            for b in order:
+                print(f"... {b}: {n:,} rows", file=sys.stderr, flush=True)
+                results[b][n] = _run_child(builds[b], n, a.units, tmp / f"{b}-{n}")
+            for b in builds:
+                other = results.get("old", {}).get(n) if b == "new" else None
+                for line in _lines(f"{b} {builds[b]}", results[b][n], other):
+                    print(line, flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    summary = {}
+    for b, per in results.items():
+        summary[b] = {str(n): {"put_rows_s": n / r["put_s"], "get_rows_s": n / r["get_s"], "open_s": r["open_s"],
+                               "load_s": r["load_s"], "save_s": r["save_s"], "kv_list_s": r["kv_list_s"],
+                               "rss_bytes_per_row": r["rss_bytes"] / max(1, r["rss_rows"]),
+                               "memcpy_rows_s": n / r["memcpy_s"], "lmdb_put_rows_s": n / r["lmdb_put_s"],
+                               "lmdb_scan_s": r["lmdb_scan_s"]} for n, r in per.items()}
+    print(json.dumps({"units": a.units, "batch": BATCH, "results": summary}))
+
+
+if __name__ == "__main__":
+    main()
