@@ -410,6 +410,21 @@ def _rows_v1(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
     return n
 
 
+def schema_entries(txn, dbs: Mapping[str, Any], pid: str) -> List[Tuple[str, bytes]]:
+    """``(field, raw schema value)`` of partition ``pid`` in read transaction ``txn`` (one
+    prefix scan of the schema database).  Raises RecordError for a malformed key."""
+    out: List[Tuple[str, bytes]] = []
+    head = (pid + "\0").encode()
+    cur = txn.cursor(db=dbs["schema"])
+    if cur.set_range(head):
+        for k, v in cur:
+            k = bytes(k)
+            if not k.startswith(head):
+                break
+            out.append((R.decode_schema_key(k)[1], bytes(v)))
+    return out
+
+
 def read_row(txn, dbs: Mapping[str, Any], pid: str, gidx: int, key: Optional[str] = None, *,
              cache: Optional[Dict[str, Any]] = None):
     """The :class:`~tqstore.controller_mirror.Row` ``gidx`` of partition ``pid`` as read
@@ -436,15 +451,7 @@ def read_row(txn, dbs: Mapping[str, Any], pid: str, gidx: int, key: Optional[str
     cache = {} if cache is None else cache
     if "num" not in cache:
         cache["num"] = R.decode_partition2(txn.get(R.parts_key(pid), db=dbs["parts"]))[2]
-        names = cache["names"] = {}
-        head = (pid + "\0").encode()
-        cur = txn.cursor(db=dbs["schema"])
-        if cur.set_range(head):
-            for k, sv in cur:
-                k = bytes(k)
-                if not k.startswith(head):
-                    break
-                names[R.decode_schema2(sv)[2]] = R.decode_schema_key(k)[1]
+        cache["names"] = {R.decode_schema2(sv)[2]: f for f, sv in schema_entries(txn, dbs, pid)}
     if r.part != cache["num"]:
         raise RecordError(f"global index {gidx} is a row of another partition")
     names = cache["names"]

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._format import controller_records as R
 from ._format.records import RecordError
-from .controller_decode import read_row
+from .controller_decode import read_row, schema_entries
 from .errors import CorruptionError
 from .ports import RowBatch
 
@@ -22,15 +22,7 @@ def rows_at(txn, dbs: Mapping[str, Any], pid: str, keys: Sequence[str], *, path:
     try:
         if txn.get(R.parts_key(pid), db=dbs["parts"]) is None:
             return None
-        schema: Dict[str, Tuple[int, int]] = {}
-        head = (pid + "\0").encode()
-        cur = txn.cursor(db=dbs["schema"])
-        if cur.set_range(head):
-            for k, v in cur:
-                k = bytes(k)
-                if not k.startswith(head):
-                    break
-                schema[R.decode_schema_key(k)[1]] = R.decode_schema(v)
+        schema: Dict[str, Tuple[int, int]] = {f: R.decode_schema(v) for f, v in schema_entries(txn, dbs, pid)}
         cols: List[List[Any]] = [[], [], [], [], []]
         cache: Dict[str, Any] = {}  # the partition's number and bits, read once (read_row)
         for key in keys:
