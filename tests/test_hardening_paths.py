@@ -146,6 +146,25 @@ def test_save_refuses_when_a_foreign_dot_old_sibling_would_be_removed(store, tmp
     assert tree(old) == before and tree(tmp_path / "ckpt") == ck_before
 
 
+def test_a_half_removed_dot_old_of_an_earlier_replacement_does_not_block_the_next_save(store, tmp_path):
+    """A crash (or an error) while a replaced checkpoint's ``.old`` was being removed leaves it
+    without its manifest: garbage of tqstore's own, which the next save removes."""
+    ck = tmp_path / "ckpt"
+    store.save_checkpoint(ck)
+    store.save_checkpoint(tmp_path / "other")
+    old = tmp_path / "ckpt.old"
+    os.rename(tmp_path / "other", old)
+    (old / "MANIFEST.json").unlink()  # what an interrupted rmtree of ckpt.old leaves
+    fill(store, n=2, start=70)
+    store.save_checkpoint(ck)
+    assert verify_checkpoint(ck).rows == 14 and not old.exists()
+    (old / "unit-000").mkdir(parents=True)
+    (old / "notes.txt").write_text("mine")  # not only what a checkpoint holds: refused
+    with pytest.raises(CheckpointError, match=r"ckpt\.old"):
+        store.save_checkpoint(ck)
+    assert (old / "notes.txt").read_text() == "mine"
+
+
 def test_save_refuses_a_directory_holding_a_foreign_manifest(store, tmp_path):
     d = tmp_path / "webapp"
     d.mkdir()

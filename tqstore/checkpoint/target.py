@@ -88,6 +88,16 @@ def _is_torn_checkpoint(d: Path) -> bool:
     return all(_CKPT_ENTRY.match(n) and (d / n).is_dir() for n in names)
 
 
+def _is_torn_dump(d: Path) -> bool:
+    """A dump directory that lost its manifest: no MANIFEST.json, only its row index and
+    shard files."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    return all((n == DR.ROW_INDEX_NAME or DR._SHARD_RE.match(n)) and (d / n).is_file() for n in names)
+
+
 def is_generation_root(d: PathLike) -> bool:
     """True if ``d`` holds only what a :class:`CheckpointManager` puts there: ``step-N`` (and
     ``step-N.old``, ``step-N.tmp-X``) directories, ``.deleting-*`` directories, its lock file."""
@@ -115,7 +125,8 @@ class TargetKind:
         is_own: ``is_own(dir)``: the existing non-empty directory is one of this kind and
             may be replaced (published kinds) or filled (a generation root).
         published: replaced as a whole through ``<dir>.old`` (:func:`tqstore._io.files.publish_dir`);
-            then a ``<dir>.old`` beside it must be of this kind too.
+            then a ``<dir>.old`` beside it must be of this kind too, or a torn one
+            (``is_torn``: the leftover of an interrupted removal, garbage the next publish removes).
         in_generation_root: lives directly in a generation root (a generation).
     """
 
@@ -124,13 +135,17 @@ class TargetKind:
     is_own: Callable[[Path], bool]
     published: bool = True
     in_generation_root: bool = False
+    #: ``is_torn(dir)``: the directory is one of this kind that lost its manifest (what an
+    #: interrupted removal of a replaced ``<dir>.old`` leaves: its manifest goes first)
+    is_torn: Callable[[Path], bool] = lambda d: False
 
 
-CHECKPOINT = TargetKind("checkpoint", "a tqstore checkpoint", is_checkpoint_dir)
+CHECKPOINT = TargetKind("checkpoint", "a tqstore checkpoint", is_checkpoint_dir, is_torn=_is_torn_checkpoint)
 GENERATION = TargetKind("generation", "a checkpoint generation",
-                        lambda d: is_checkpoint_dir(d) or _is_torn_checkpoint(d), in_generation_root=True)
+                        lambda d: is_checkpoint_dir(d) or _is_torn_checkpoint(d), in_generation_root=True,
+                        is_torn=_is_torn_checkpoint)
 GENERATION_ROOT = TargetKind("generation root", "a checkpoint generation root", is_generation_root, published=False)
-DUMP = TargetKind("dump", "a tqstore dump", is_dump_dir)
+DUMP = TargetKind("dump", "a tqstore dump", is_dump_dir, is_torn=_is_torn_dump)
 
 
 def _within(inner: Path, outer: Path) -> bool:
@@ -226,11 +241,11 @@ def check_target(path: PathLike, kind: TargetKind = CHECKPOINT, *, live_store: O
     if kind.published:
         old = real.with_name(real.name + ".old")
         if os.path.lexists(old):
-            _check_one(old, old, kind, what="the leftover of an interrupted replacement ")
+            _check_one(old, old, kind, what="the leftover of an interrupted replacement ", torn_ok=True)
     return real
 
 
-def _check_one(path: PathLike, real: Path, kind: TargetKind, what: str = "") -> None:
+def _check_one(path: PathLike, real: Path, kind: TargetKind, what: str = "", torn_ok: bool = False) -> None:
     try:
         st = os.lstat(real)
     except FileNotFoundError:
@@ -243,7 +258,7 @@ def _check_one(path: PathLike, real: Path, kind: TargetKind, what: str = "") -> 
         empty = not os.listdir(real)
     except OSError as e:
         raise _refuse(path, kind, f"{real} cannot be listed ({e.strerror})") from e
-    if empty or kind.is_own(real):
+    if empty or kind.is_own(real) or (torn_ok and kind.is_torn(real)):
         return
     if kind.published:
         rule = f"a save may replace only {kind.label} or fill an empty directory"
