@@ -86,33 +86,59 @@ def _resolve(unit, view, gidxs, fields, put_token: int):
         tok, ik = UR.decode_undo_key(k)
         if tok > put_token:
             put_back[ik] = bytes(v)
-    names: Dict[str, int] = {}
-    raw: List[bytes] = []
-    gl: List[int] = []
-    fl: List[int] = []
+    per: Dict[str, List[int]] = {}  # field -> the rows asked for it, in order
     cur = txn.cursor(db=unit.db_loc)
     for g, fs in zip(gidxs, fields):
-        g = int(g)
-        head = INDEX_KEY_HEAD.pack(g)
         if fs is None:  # every field the unit holds for the row
-            pairs = []
+            g = int(g)
+            head = INDEX_KEY_HEAD.pack(g)
             if cur.set_range(head):
-                for k, v in cur:
+                for k, _v in cur:
                     if bytes(k[:8]) != head:
                         break
-                    pairs.append((decode_index_key(bytes(k))[1], bytes(v)))
-        else:
-            pairs = [(f, txn.get(head + f.encode(), db=unit.db_loc)) for f in fs]
-        for f, v in pairs:
-            v = put_back.get(head + f.encode(), v)
-            if v is None:
-                raise CorruptionError(f"unit {unit.unit_id} holds no frame of field {f!r} of row {g}, which the "
-                                      f"controller records as produced; run verify on the store", path=str(unit.path))
-            raw.append(bytes(v))
+                    per.setdefault(decode_index_key(bytes(k))[1], []).append(g)
+            continue
+        for f in fs:
+            gl = per.get(f)
+            if gl is None:
+                gl = per[f] = []
             gl.append(g)
-            fl.append(names.setdefault(f, len(names)))
-    locs = np.frombuffer(b"".join(raw), LOC_DTYPE) if raw else np.zeros(0, LOC_DTYPE)
-    return locs, np.asarray(gl, dtype=np.uint64), list(names), np.asarray(fl, dtype=np.uint32)
+    names = list(per)
+    parts, gparts, fparts = [], [], []
+    for fid, f in enumerate(names):
+        ga = np.asarray(per[f], dtype=np.uint64)
+        keys = _index_keys(ga, f.encode())
+        got = cur.getmulti(keys)  # (key, location) of every key found, in the order asked
+        if put_back or len(got) != len(keys):
+            found = dict(got)
+            vals = []
+            for ik, g in zip(keys, ga.tolist()):
+                v = put_back.get(ik) if put_back else None
+                if v is None:
+                    v = found.get(ik)
+                if v is None:
+                    raise CorruptionError(f"unit {unit.unit_id} holds no frame of field {f!r} of row {g}, which "
+                                          f"the controller records as produced; run verify on the store",
+                                          path=str(unit.path))
+                vals.append(v)
+        else:
+            vals = [v for _k, v in got]
+        parts.append(b"".join(vals))
+        gparts.append(ga)
+        fparts.append(np.full(len(ga), fid, np.uint32))
+    if not parts:
+        return np.zeros(0, LOC_DTYPE), np.zeros(0, np.uint64), [], np.zeros(0, np.uint32)
+    return (np.frombuffer(b"".join(parts), LOC_DTYPE), np.concatenate(gparts), names, np.concatenate(fparts))
+
+
+def _index_keys(gidxs: np.ndarray, name: bytes) -> List[bytes]:
+    """The index keys ``(gidx, name)`` of many gidxs (u64 big-endian, then the name)."""
+    n, w = len(gidxs), 8 + len(name)
+    m = np.empty((n, w), np.uint8)
+    m[:, :8] = gidxs.astype(">u8").view(np.uint8).reshape(n, 8)
+    m[:, 8:] = np.frombuffer(name, np.uint8)
+    blob = m.tobytes()
+    return [blob[i:i + w] for i in range(0, n * w, w)]
 
 
 def _runs(locs: np.ndarray):

@@ -38,7 +38,7 @@ from .._format import dump_records as D
 from .._format.names import check_key, check_name
 from .._io import files
 from ..checkpoint import writer as W
-from ..errors import CheckpointError, InvalidInputError, TqstoreError
+from ..errors import CheckpointError, InvalidInputError, KeyNotFoundError, TqstoreError
 from .. import ports as _ports
 from ..ports import RowBatch, ShardInfo
 from . import publish as P
@@ -49,17 +49,29 @@ log = logging.getLogger("tqstore")
 def check_keys(keys: Any, partition_id: Any) -> List[str]:
     """The keys to dump: a list (or tuple) of str, each a valid key of ``partition_id``,
     duplicates dropped (the first kept).  Raises InvalidInputError."""
-    check_name("partition id", partition_id)
-    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
-        raise InvalidInputError(f"keys must be a list of str, got {type(keys).__name__}")
+    keys = check_key_list(keys, partition_id)
     for k in keys:  # ASCII keys of up to 127 characters always fit; only the others are checked in full
         if type(k) is not str or len(k) > 127 or not k.isascii() or "\0" in k:
             check_key(partition_id, k)
     return list(dict.fromkeys(keys))
 
 
+def check_key_list(keys: Any, partition_id: Any) -> List[Any]:
+    """The cheap checks made before the cut: a valid partition id and a list (or tuple) of
+    keys (the keys themselves are checked by resolving them: every key a partition holds is
+    valid, so only the keys that do not resolve are checked one by one, by
+    :func:`check_keys`).  Raises InvalidInputError."""
+    check_name("partition id", partition_id)
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
+        raise InvalidInputError(f"keys must be a list of str, got {type(keys).__name__}")
+    return keys if type(keys) is list else list(keys)
+
+
 @dataclass
 class DumpCut:
+    """A dump's cut: the snapshot and the keys resolved at it (as given: duplicates are dropped
+    by :meth:`distinct`, after the caller is released)."""
+
     snap: Any  # StoreSnapshot
     partition_id: str
     keys: List[str]
@@ -69,26 +81,38 @@ class DumpCut:
     store_root: Path
     stall_s: float
 
+    def distinct(self) -> None:
+        """Drop duplicate keys, the first kept (a key names one gidx of the partition, so the
+        gidxs follow)."""
+        if len(self.keys) > 1:
+            m = dict(zip(self.keys, self.gidxs))
+            if len(m) != len(self.keys):
+                self.keys, self.gidxs = list(m), list(m.values())
 
-def take_cut(store, partition_id: str, keys: List[str]) -> DumpCut:
-    """The cut and the keys resolved at it, under the store's write lock (held for both only).
 
-    Raises PartitionNotFoundError / KeyNotFoundError (the cut is released)."""
-    t0 = time.perf_counter()
+def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = None) -> DumpCut:
+    """The cut and the keys resolved at it, under the store's write lock (held for both only:
+    one snapshot and one bulk lookup of the keys).
+
+    Raises PartitionNotFoundError / KeyNotFoundError, InvalidInputError for a key that is not a
+    valid key (checked only when some key does not resolve); the cut is released."""
+    t0 = time.perf_counter() if t0 is None else t0
     with store._write_lock:
         snap = store.snapshot()
         try:
-            guard = getattr(_ports, "check_no_restore", None)  # the load side's guard (issue 10), once merged
-            if guard is not None:
-                guard(snap.controller, partition_id, f"a dump of partition {partition_id!r}")
-            gidxs = snap.controller.resolve_keys(partition_id, keys) if keys else []
+            _ports.check_no_restore(snap.controller, partition_id, f"a dump of partition {partition_id!r}")
+            try:
+                gidxs = snap.controller.resolve_keys(partition_id, keys) if keys else []
+            except (KeyNotFoundError, TypeError):
+                check_keys(keys, partition_id)  # an invalid key is bad input, not an unknown key
+                raise
             if not keys:
                 snap.controller.partition_info(partition_id)  # an unknown partition raises, also for no keys
             token = int(snap.controller.put_token)
         except BaseException:
             snap.release()
             raise
-    return DumpCut(snap, partition_id, keys, [int(g) for g in gidxs], token, store.num_units, Path(store.root),
+    return DumpCut(snap, partition_id, keys, gidxs, token, store.num_units, Path(store.root),
                    time.perf_counter() - t0)
 
 
@@ -172,6 +196,7 @@ class DumpJob:
     def _write(self, tmp: Path) -> Dict[str, Any]:
         cut, snap = self.cut, self.cut.snap
         t = [time.perf_counter()]
+        cut.distinct()
         rows = snap.controller.snapshot_rows(snap.controller_snap, cut.partition_id, cut.keys)
         t.append(time.perf_counter())
         if rows is None or rows.missing() or list(rows.gidxs) != cut.gidxs:
@@ -247,14 +272,15 @@ if hasattr(os, "register_at_fork"):
 
 def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool = True):
     """``Store.dump_data_by_key`` (see :class:`tqstore.dump.DumpMixin`)."""
+    t0 = time.perf_counter()
     store._check_open()
-    keys = check_keys(keys, partition_id)
+    keys = check_key_list(keys, partition_id)
     final = P.check_target(dump_dir, live_store=store.root)
     P.refuse_if_restoring(final)
     state = W.state_of(store)
     with state.lock:
         W.settle(state)
-        cut = take_cut(store, partition_id, keys)
+        cut = take_cut(store, partition_id, keys, t0)
         job = DumpJob(cut, final, max_workers=max(1, min(8, store.num_units)))
         if blocking:
             return job.run()
