@@ -67,6 +67,27 @@ def _merged(have: Optional[Tuple[int, int]], want: Tuple[int, int], strict: bool
     return (have[0], SCHEMA_MIXED)
 
 
+_SCALARS = (type(None), bool, int, float)
+
+
+def check_tags(tags: List[Any]) -> List[Any]:
+    """:func:`~tqstore._format.values.check_value` of a list of tags, with a fast path for the
+    common tag (None, a scalar, an ASCII string, or a flat dict of ASCII keys and such values:
+    nothing to normalise or refuse there; a dict is copied); any other tag goes through
+    ``check_value``.  Raises what ``check_value`` raises."""
+    out = []
+    for t in tags:
+        ty = type(t)
+        if ty in _SCALARS or (ty is str and t.isascii()):
+            out.append(t)
+        elif ty is dict and all(type(k) is str and k.isascii() for k in t) \
+                and all(type(v) in _SCALARS or (type(v) is str and v.isascii()) for v in t.values()):
+            out.append(dict(t))
+        else:
+            out.append(check_value(t, 1))
+    return out
+
+
 class RestoreHost:
     """The restore records of one :class:`~tqstore.controller.Controller` and their mirror;
     methods run under the controller's lock."""
@@ -226,7 +247,7 @@ class RestoreHost:
         if len({r[0] for r in entries}) != len(entries):
             raise InvalidInputError("a key appears twice in the restore")
         try:
-            tags = check_value([r[2] for r in entries])
+            tags = check_tags([r[2] for r in entries])
         except InvalidInputError as e:
             raise type(e)(f"restore tags: {e}") from None
         recs: List[R.RestoreRow] = []
@@ -234,23 +255,31 @@ class RestoreHost:
         next_g = c.next_gidx
         reserved: List[int] = []
         keys = p.keys if p else {}
+        by_fields: Dict[Any, Tuple[str, ...]] = {}  # a row's field list -> its checked, sorted tuple
+        row = R.RestoreRow
         for (key, src, _tag, fields), tag in zip(entries, tags):
-            if not isinstance(key, str):
-                raise InvalidInputError(f"restore keys must be str, got {type(key).__name__}")
-            fields = tuple(sorted(set(fields)))
-            bad = [f for f in fields if f not in sch]
-            if bad:
-                raise InvalidInputError(f"key {key!r}: fields {bad[:5]} are not in the restore's schema")
+            if type(key) is not str:
+                if not isinstance(key, str):
+                    raise InvalidInputError(f"restore keys must be str, got {type(key).__name__}")
+            fk = tuple(fields)
+            fs = by_fields.get(fk)
+            if fs is None:
+                fs = tuple(sorted(set(fk)))
+                bad = [f for f in fs if f not in sch]
+                if bad:
+                    raise InvalidInputError(f"key {key!r}: fields {bad[:5]} are not in the restore's schema")
+                by_fields[fk] = fs
             g = keys.get(key)
             is_new = g is None
             if is_new:
-                check_key(pid, key)
+                if len(key) > 127 or not key.isascii() or "\0" in key:  # shorter ASCII keys always fit
+                    check_key(pid, key)
                 if free:
                     g = heapq.heappop(free)
                 else:
                     g, next_g = next_g, next_g + 1
                 reserved.append(g)
-            recs.append(R.RestoreRow(key, int(src), g, tag, fields, is_new))
+            recs.append(row(key, src if type(src) is int else int(src), g, tag, fs, is_new))
         rid = uuid.uuid4().hex
         tag_no = self.last_tag + 1
         n = c.num_units

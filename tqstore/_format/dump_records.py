@@ -274,15 +274,27 @@ def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
         schemas[f] = (_KIND_CODES[s["kind"]], _DTYPE_CODES[s["dtype"]])
     rows: Dict[str, Dict[str, Any]] = {}
     seen = set()
+    checked: Dict[tuple, Tuple[bool, bool]] = {}  # a field list -> (valid, distinct), checked once
     for r in rows_in:
-        if not isinstance(r, dict) or type(r.get("key")) is not str or type(r.get("gidx")) is not int \
-                or r["gidx"] < 0 or r["gidx"] >= 1 << 64 or type(r.get("fields")) is not list \
-                or not all(type(f) is str and f in schemas for f in r["fields"]) or "tag" not in r:
+        if type(r) is not dict:
             raise _bad(what, f"malformed row {str(r)[:80]}", path)
-        if r["key"] in rows or r["gidx"] in seen or len(set(r["fields"])) != len(r["fields"]):
-            raise _bad(what, f"key {r['key'][:40]!r}, its global index or a field appears twice", path)
-        seen.add(r["gidx"])
-        rows[r["key"]] = {"gidx": r["gidx"], "tag": r["tag"], "fields": list(r["fields"])}
+        key, g, fs = r.get("key"), r.get("gidx"), r.get("fields")
+        ok = type(key) is str and type(g) is int and 0 <= g < 1 << 64 and type(fs) is list and "tag" in r
+        if ok:
+            fk = tuple(fs)
+            try:
+                got = checked.get(fk)
+            except TypeError:  # an unhashable field name
+                got = (False, False)
+            if got is None:
+                got = checked[fk] = (all(type(f) is str and f in schemas for f in fs), len(set(fs)) == len(fs))
+            ok = got[0]
+        if not ok:
+            raise _bad(what, f"malformed row {str(r)[:80]}", path)
+        if key in rows or g in seen or not got[1]:
+            raise _bad(what, f"key {key[:40]!r}, its global index or a field appears twice", path)
+        seen.add(g)
+        rows[key] = {"gidx": g, "tag": r["tag"], "fields": list(fs)}
     return RowIndex(pid, nu, schemas, rows)
 
 
