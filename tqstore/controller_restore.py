@@ -76,15 +76,21 @@ def check_tags(tags: List[Any]) -> List[Any]:
     nothing to normalise or refuse there; a dict is copied); any other tag goes through
     ``check_value``.  Raises what ``check_value`` raises."""
     out = []
+    scalars = _SCALARS
     for t in tags:
         ty = type(t)
-        if ty in _SCALARS or (ty is str and t.isascii()):
+        if ty in scalars or (ty is str and t.isascii()):
             out.append(t)
-        elif ty is dict and all(type(k) is str and k.isascii() for k in t) \
-                and all(type(v) in _SCALARS or (type(v) is str and v.isascii()) for v in t.values()):
-            out.append(dict(t))
-        else:
-            out.append(check_value(t, 1))
+            continue
+        if ty is dict:
+            for k, v in t.items():
+                if type(k) is not str or not k.isascii() or not (type(v) in scalars or
+                                                                  (type(v) is str and v.isascii())):
+                    break
+            else:
+                out.append(dict(t))
+                continue
+        out.append(check_value(t, 1))
     return out
 
 

@@ -138,10 +138,15 @@ def read_dump(path) -> Dump:
     nu = man["num_units"]
     if rows.partition_id != man["partition_id"] or rows.num_units != nu:
         raise CorruptionError("dump row index names another partition or unit count than its manifest", path=str(rp))
-    want: Dict[int, Dict[int, List[str]]] = {}  # source unit -> gidx -> produced fields
+    code = {f: i for i, f in enumerate(rows.schemas)}  # every produced field has a schema (decode_row_index)
+    want: Dict[int, Tuple[List[int], List[int]]] = {}  # source unit -> the (gidx, field code) of its frames
     for r in rows.rows.values():
-        if r["fields"]:
-            want.setdefault(r["gidx"] % nu, {})[r["gidx"]] = r["fields"]
+        fs = r["fields"]
+        if fs:
+            g = r["gidx"]
+            wg, wf = want.setdefault(g % nu, ([], []))
+            wg.extend([g] * len(fs))
+            wf.extend([code[f] for f in fs])
     shards: List[Shard] = []
     listed = {s["unit"] for s in man["shards"]}
     lacking = sorted(set(want) - listed)
@@ -161,16 +166,29 @@ def read_dump(path) -> Dump:
                                   path=str(sp), offset=0)
         table = D.decode_shard_table(_read(sp, d, head.table_offset, head.table_len, what="dump shard"), head,
                                      path=str(sp))
-        mine = want.get(head.unit, {})
-        names = table.names
-        got: Dict[int, List[str]] = {}
-        for g, f in zip(table.entries["gidx"].tolist(), table.entries["field"].tolist()):
-            got.setdefault(g, []).append(names[f])
-        if {g: sorted(fs) for g, fs in got.items()} != {g: sorted(fs) for g, fs in mine.items()}:
+        if not _same_frames(want.get(head.unit, ([], [])), table, code):
             raise CorruptionError("dump shard's frames are not the produced fields of the row index's rows on its "
                                   "unit", path=str(sp), offset=head.table_offset)
         shards.append(Shard(head.unit, s["path"], size, head, table))
     return Dump(d, man, rows, shards)
+
+
+def _same_frames(want: Tuple[List[int], List[int]], table: D.ShardTable, code: Mapping[str, int]) -> bool:
+    """Whether the shard's table holds exactly the ``(gidx, field code)`` pairs ``want`` (each
+    pair at most once on either side: the row index and the table decoders refuse repeats)."""
+    e = table.entries
+    if len(e) != len(want[0]):
+        return False
+    if not len(e):
+        return True
+    names = np.array([code.get(n, -1) for n in table.names], np.int64)
+    gf = names[e["field"].astype(np.int64)]
+    if (gf < 0).any():  # a field the row index has no schema for
+        return False
+    gg = e["gidx"].astype(np.uint64)
+    wg, wf = np.asarray(want[0], np.uint64), np.asarray(want[1], np.int64)
+    a, b = np.lexsort((gf, gg)), np.lexsort((wf, wg))
+    return bool(np.array_equal(gg[a], wg[b]) and np.array_equal(gf[a], wf[b]))
 
 
 def plan_imports(dump: Dump, mapping: Mapping[int, int], num_units: int, *,
