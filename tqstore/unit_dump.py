@@ -10,6 +10,8 @@ again, and no payload leaves the unit: it answers a :class:`~tqstore.ports.Shard
 from __future__ import annotations
 
 import logging
+import mmap
+import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -52,7 +54,6 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     nbytes = int(locs["length"].astype(np.int64).sum())
     header = D.encode_shard_header(unit.unit_id, num_units, len(locs), nbytes, table)
     bufs: List = [header]
-    crc = _native.crc32c(header)
     for seg in np.unique(locs["seg"]).tolist():
         sel = locs["seg"] == seg
         ls, ggs = locs[sel], gs[sel]
@@ -61,19 +62,32 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
         res = check_run(m, ls, ggs)
         _raise_first(m, ls, res, ggs, path=path)
         mv = memoryview(m)
-        for a, b in _runs(ls):
-            v = mv[a:b]
-            crc = _native.crc32c(v, crc)
-            bufs.append(v)
+        bufs.extend(mv[a:b] for a, b in _runs(ls))
     bufs.append(table)
-    crc = _native.crc32c(table, crc)
     try:
-        size = files.write_buffers(dest, bufs, fsync=True)
+        size = files.write_buffers(dest, bufs, fsync=False)
     finally:
         del bufs
+    crc = _file_crc(dest, size)  # of the bytes written, in one call (the GIL released), read back from the cache
+    files.fsync_file(dest)
     rows = len(set(gs.tolist()))
     log.debug("unit %d: dumped %d frames of %d rows (%d bytes) into %s", unit.unit_id, len(locs), rows, nbytes, dest)
     return ShardInfo(unit.unit_id, str(dest), size, crc, len(locs), rows, nbytes)
+
+
+def _file_crc(path: Path, size: int) -> int:
+    """CRC32C of the file ``path`` of ``size`` bytes (mapped read-only)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        if os.fstat(fd).st_size != size:
+            raise CorruptionError(f"dump shard holds {os.fstat(fd).st_size} bytes right after {size} were written",
+                                  path=str(path))
+        if not size:
+            return _native.crc32c(b"")
+        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+            return _native.crc32c(m)
+    finally:
+        os.close(fd)
 
 
 def _resolve(unit, view, gidxs, fields, put_token: int):
