@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from .._gcpause import paused
 from .publish import lock_path, marker_path
 from .reader import DumpIndex, describe_dump, open_dump, read_index, row_index_dict, verify_dump
 from .writer import DumpHandle
@@ -63,7 +64,8 @@ class DumpMixin:
         """
         from .writer import dump
 
-        return dump(self, dump_dir, keys, partition_id, blocking=blocking)
+        with paused():  # thousands of small objects per call: no full collection in between
+            return dump(self, dump_dir, keys, partition_id, blocking=blocking)
 
     def load_data_by_key(self, dump_dir) -> Dict[str, Any]:
         """Merge the rows of the dump at ``dump_dir`` into the running store.
@@ -97,7 +99,8 @@ class DumpMixin:
         from . import restore
 
         self._check_open()
-        return restore.load(self, dump_dir)
+        with paused():
+            return restore.load(self, dump_dir)
 
     def recover_data_load(self, dump_dir, cancel: bool = False) -> bool:
         """Settle an unresolved restore from ``dump_dir`` (a load interrupted by an error it
@@ -116,7 +119,8 @@ class DumpMixin:
         from . import restore
 
         self._check_open()
-        return restore.recover(self, dump_dir, cancel=bool(cancel))
+        with paused():
+            return restore.recover(self, dump_dir, cancel=bool(cancel))
 
 
 

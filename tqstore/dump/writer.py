@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .. import _native
+from .._gcpause import paused
 from .._format import dump_records as D
 from .._format.names import check_key, check_name
 from .._io import files
@@ -166,6 +167,10 @@ class DumpJob:
         self.max_workers = max_workers
 
     def run(self) -> Dict[str, Any]:
+        with paused():  # (also in the background: the collector resumes when the dump ends)
+            return self._run()
+
+    def _run(self) -> Dict[str, Any]:
         t0 = time.perf_counter()
         try:
             with P.locked(self.final):
