@@ -17,6 +17,9 @@ with the reward).  Progress goes to stderr; the last line of stdout is one JSON 
   speedup is V1 time ÷ dump time;
 * ``full_save_s``, ``dump_vs_full_save``: a full copy-mode ``save_checkpoint`` of the same
   store; the ratio is dump time ÷ full save time;
+* ``raw_write_s``, ``dump_vs_raw_write``: a plain copy of the dump's files (read from the cache,
+  written and fsynced one after another; after each dump), the disk's floor for a dump; the
+  ratio is dump time ÷ that copy's;
 * ``raw_read_gib_s``: a plain read (cold cache) of the dump's files, the baseline of a load;
 * ``load_gib_s``: ``load_data_by_key`` of the dump into a new store of as many units (the
   dump's files cold), dump bytes / wall time; ``v1_load_speedup``: the V1 load (the V1 file
@@ -45,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import tqstore  # noqa: E402
-from bench_checkpoint import BATCH, GiB, drop_caches, fill, files_under, log, raw_read  # noqa: E402
+from bench_checkpoint import BATCH, GiB, drop_caches, fill, files_under, log, raw_read, raw_write  # noqa: E402
 
 
 def _buffers(batch: Any) -> List[memoryview]:
@@ -189,7 +192,7 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
         stalls.append(time.perf_counter() - t0)
         h.result()
         shutil.rmtree(base / f"stall{i}")
-    dumps, v1s, fulls = [], [], []
+    dumps, v1s, fulls, raws_w = [], [], [], []
     rep: Dict[str, Any] = {}
     for rnd in range(rounds):  # alternating: dump, V1, full save (the machine is shared and noisy)
         order = [0, 1, 2] if rnd % 2 == 0 else [2, 1, 0]
@@ -200,6 +203,9 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
                 rep = store.dump_data_by_key(base / f"dump{rnd}", pick, "train")
                 dumps.append(time.perf_counter() - t0)
                 log(f"  dump phases: " + ", ".join(f"{k} {v:.3f}" for k, v in rep["phases_s"].items()))
+                os.sync()
+                raws_w.append(raw_write(files_under(base / f"dump{rnd}"), base / f"raww{rnd}"))
+                shutil.rmtree(base / f"raww{rnd}")
             elif what == 1:
                 v1s.append(v1_dump(store, pick, base / f"v1-{rnd}.bin"))
             else:
@@ -207,7 +213,8 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
                 store.save_checkpoint(base / f"full{rnd}", copy_segments=True)
                 fulls.append(time.perf_counter() - t0)
                 shutil.rmtree(base / f"full{rnd}")
-        log(f"round {rnd}: dump {dumps[-1]:.3f} s, V1 {v1s[-1]:.3f} s, full save {fulls[-1]:.3f} s")
+        log(f"round {rnd}: dump {dumps[-1]:.3f} s, V1 {v1s[-1]:.3f} s, full save {fulls[-1]:.3f} s, "
+            f"raw copy of the dump's files {raws_w[-1]:.3f} s")
         if rnd < rounds - 1:
             shutil.rmtree(base / f"dump{rnd}")
             os.unlink(base / f"v1-{rnd}.bin")
@@ -246,6 +253,8 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
         full_save_rounds_s=[round(x, 3) for x in fulls], load_s=round(load_s, 3), v1_load_s=round(v1_load_s, 3),
         raw_read_s=round(raw_s, 3), load_rounds_s=[round(x, 3) for x in loads],
         v1_load_rounds_s=[round(x, 3) for x in v1_loads], raw_read_rounds_s=[round(x, 3) for x in raws],
+        raw_write_s=round(min(raws_w), 3), dump_vs_raw_write=round(dump_s / min(raws_w), 3),
+        raw_write_rounds_s=[round(x, 3) for x in raws_w],
         load_avg_1m=round(os.getloadavg()[0], 2))
     log(f"dump: stall {res['dump_stall_ms']} ms, {res['dump_gib_s']} GiB/s ({dump_bytes / GiB:.3f} GiB in "
         f"{dump_s:.3f} s); V1 {v1_s:.3f} s ({res['v1_dump_speedup']}x slower); full save {full_s:.3f} s "
