@@ -4,8 +4,11 @@ Owner-side I/O: the unit resolves the dumped rows' frames in its snapshot's inde
 each with the frame-check kernel where it lies (the mapped sealed segment: structure,
 exact extent, gidx, end magic, padding, CRC32C and the CRC its index recorded), and writes
 them byte for byte, in segment order, with vectored writes straight from the mapping into
-the new shard file, then the table; the file is fsynced.  No frame is decoded or encoded
-again, and no payload leaves the unit: it answers a :class:`~tqstore.ports.ShardInfo`.
+the new shard file, then the table; the shard's CRC32C is computed in one call over the
+file as written (the GIL released, so the units' shards are checksummed in parallel), then
+the file is fsynced.  The index keys of the asked frames are built per field and fetched
+with one ``getmulti``.  No frame is decoded or encoded again, and no payload leaves the
+unit: it answers a :class:`~tqstore.ports.ShardInfo`.
 """
 from __future__ import annotations
 

@@ -3,14 +3,18 @@ unit's shard in parallel, ``rows.json``, ``MANIFEST.json`` last, publication.
 
 Orchestration only (plan as data, then execute through the ports; shared/DESIGN.md §5):
 
-1. checks before anything is written: keys (str, valid, duplicates dropped, first wins),
-   the target (:func:`publish.check_target`), the restore marker;
+1. checks before anything is written: the partition id and the key list
+   (:func:`check_key_list`), the target (:func:`publish.check_target`), the restore marker;
 2. the cut, under the store's write lock: :meth:`Store.snapshot` (each unit seals and pins,
    the controller opens a read transaction) and, under the same lock, the keys are resolved
-   (:meth:`ControllerPort.resolve_keys`: an unknown partition or key raises here, the cut is
-   released, nothing was written) and the controller's ``put_token`` read; with
-   ``blocking=False`` the caller is released now (:class:`DumpHandle`);
-3. under the exclusive ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
+   as given, in one bulk lookup (:meth:`ControllerPort.resolve_keys`: an unknown partition
+   or key raises here, after :func:`check_keys` turned a key that is not a valid key into
+   InvalidInputError; the cut is released, nothing was written: every key a partition
+   holds is valid, so only a failed resolution checks keys one by one) and the
+   controller's ``put_token`` read; with ``blocking=False`` the caller is released now
+   (:class:`DumpHandle`); the stall is the cut plus one lookup per key;
+3. duplicate keys dropped (the first kept, :meth:`DumpCut.distinct`); under the exclusive
+   ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
    ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
    and produced fields at the cut; :func:`plan` groups the rows with data by owning unit;
    each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
