@@ -52,7 +52,7 @@ class BatchMeta:
     """
 
     __slots__ = ("global_indexes", "partition_ids", "_field_schema", "production_status", "extra_info",
-                 "custom_meta", "_custom_backend_meta", "keys", "_seqs", "_shape_source")
+                 "_custom_meta", "_backend_meta", "keys", "_seqs", "_shape_source", "_lazy_tags")
 
     def __init__(self, global_indexes: Sequence[int], partition_ids: Sequence[str],
                  field_schema: Optional[Dict[str, Dict[str, Any]]] = None, production_status: Any = None,
@@ -60,6 +60,7 @@ class BatchMeta:
                  keys: Optional[Sequence[Optional[str]]] = None, _seqs: Optional[Sequence[Optional[int]]] = None,
                  *, _custom_backend_meta: Optional[Sequence[Dict[str, Any]]] = None,
                  _shape_source: Optional[Callable[..., Dict[str, List[Any]]]] = None):
+        self._lazy_tags = None
         self.global_indexes = [int(g) for g in global_indexes]
         self.partition_ids = list(partition_ids)
         n = len(self.global_indexes)
@@ -95,7 +96,53 @@ class BatchMeta:
         if len(self._seqs) != n:
             raise InvalidInputError(f"BatchMeta: {len(self._seqs)} row ids for {n} rows")
 
+    @classmethod
+    def _of_rows(cls, global_indexes: List[int], pid: str, field_schema: Dict[str, Dict[str, Any]],
+                 production_status: np.ndarray, tags: List[Any], keys: List[Optional[str]],
+                 seqs: List[Optional[int]], shape_source: Optional[Callable[..., Dict[str, List[Any]]]] = None
+                 ) -> "BatchMeta":
+        """A meta of one partition's rows from a controller answer, without the constructor's
+        copies and checks: every argument is the caller's own fresh object, handed over (lists of
+        equal length, ints, an int8 array, schema entries with ``shape`` and ``is_nested`` keys,
+        tags already copies, None for no tag).  The data plane's hot path (get_meta, put)."""
+        self = cls.__new__(cls)
+        n = len(global_indexes)
+        self.global_indexes = global_indexes
+        self.partition_ids = [pid] * n
+        self._field_schema = field_schema
+        self._shape_source = shape_source
+        self.production_status = production_status
+        self.extra_info = {}
+        # per-row dicts made on first use (most metas go to get_data untouched): the tags as
+        # answered (None: no tag, {} when looked at); no backend meta yet
+        self._custom_meta, self._lazy_tags, self._backend_meta = None, tags, None
+        self.keys = keys
+        self._seqs = seqs
+        return self
+
     # ------------------------------------------------------------------ properties
+    @property
+    def custom_meta(self) -> List[Any]:
+        """Per-row user metadata (the row's tag, a dict; ``{}`` for a row without one)."""
+        if self._custom_meta is None:
+            tags, self._lazy_tags = self._lazy_tags, None
+            self._custom_meta = [{} if t is None else t for t in tags] if None in tags else tags
+        return self._custom_meta
+
+    @custom_meta.setter
+    def custom_meta(self, value: List[Any]) -> None:
+        self._custom_meta, self._lazy_tags = value, None
+
+    @property
+    def _custom_backend_meta(self) -> List[Dict[str, Any]]:
+        if self._backend_meta is None:
+            self._backend_meta = [{} for _ in range(len(self.global_indexes))]
+        return self._backend_meta
+
+    @_custom_backend_meta.setter
+    def _custom_backend_meta(self, value: List[Dict[str, Any]]) -> None:
+        self._backend_meta = value
+
     @property
     def field_schema(self) -> Dict[str, Dict[str, Any]]:
         """The field schema (class docstring); shapes of a ``get_meta`` answer are read on first access."""
