@@ -564,6 +564,16 @@ class KVBatchMeta:
                 raise InvalidInputError("KVBatchMeta: Got duplicated fields.")
         self.extra_info = copy.deepcopy(dict(self.extra_info or {}))
 
+    @classmethod
+    def _of_rows(cls, keys: List[str], tags: List[Any], partition_id: str, fields: List[str]) -> "KVBatchMeta":
+        """The meta of a put's or get's distinct ``keys`` from the controller's answer, without
+        ``__post_init__``'s copies and checks: ``keys`` and ``fields`` are the caller's fresh
+        lists, ``tags`` the answer's copies (None: no tag, given as ``{}``)."""
+        self = cls.__new__(cls)
+        self.keys, self.partition_id, self.fields, self.extra_info = keys, partition_id, fields, {}
+        self.tags = [{} if t is None else t for t in tags] if None in tags else list(tags)
+        return self
+
     @property
     def size(self) -> int:
         return len(self.keys)
