@@ -48,18 +48,30 @@ def call_store(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         return out
 
 
+def _get_meta_args(data_fields: Any = None, batch_size: Any = None, partition_id: Any = None, mode: str = "fetch",
+                   task_name: Any = None, sampling_config: Any = None, *, timeout_s: Any = None) -> Dict[str, Any]:
+    """The arguments of ``DataPlane.get_meta`` by name (a plain call binds them: no
+    ``inspect.Signature.bind`` per call; a bad call still raises the store's TypeError)."""
+    return {"data_fields": data_fields, "batch_size": batch_size, "partition_id": partition_id, "mode": mode,
+            "task_name": task_name}
+
+
 def _get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
     settings = _config.settings_for(store)
-    bound = inspect.signature(DataPlane.get_meta).bind(store, *args, **kwargs)
-    bound.apply_defaults()
-    if settings.polling_mode or bound.arguments["mode"] != "fetch" or "timeout_s" in kwargs:
+    if settings.polling_mode or "timeout_s" in kwargs:
+        return store.get_meta(*args, **kwargs)
+    try:
+        bound = _get_meta_args(*args, **kwargs)
+    except TypeError:
+        return store.get_meta(*args, **kwargs)  # raises the call's own TypeError
+    if bound["mode"] != "fetch":
         return store.get_meta(*args, **kwargs)
     # TransferQueue with polling_mode=False: wait for enough rows, then TimeoutError
     meta = store.get_meta(*args, **{**kwargs, "timeout_s": settings.get_meta_timeout_s})
     if meta.size == 0:
-        raise TimeoutError(f"Timeout while waiting for sufficient data for task {bound.arguments['task_name']!r}. "
-                           f"Required: {bound.arguments['batch_size']} rows with fields "
-                           f"{bound.arguments['data_fields']} in partition {bound.arguments['partition_id']!r} "
+        raise TimeoutError(f"Timeout while waiting for sufficient data for task {bound['task_name']!r}. "
+                           f"Required: {bound['batch_size']} rows with fields "
+                           f"{bound['data_fields']} in partition {bound['partition_id']!r} "
                            f"(waited {settings.get_meta_timeout_s} s; polling_mode=False)")
     return meta
 

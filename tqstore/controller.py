@@ -43,7 +43,7 @@ from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controll
 )
 from .controller_mirror import (
     GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, list_keys, partition_info,
-    production_status, row_batch, row_info,
+    production_status, row_batch, row_info, rows_of_slots,
 )
 from . import controller_put
 from .controller_restore import RestoreHost, install_restore_calls
@@ -215,8 +215,10 @@ class Controller:
         p = self.parts.get(pid)
         if p is None:
             return None
-        gs = p.gidxs()
-        return row_batch(p, gs if limit is None else gs[:max(0, limit)])
+        sl = p.live_slots()
+        if limit is not None:
+            sl = sl[:max(0, limit)]  # O(limit) Python objects, not O(rows)
+        return rows_of_slots(p, sl)
 
     @_locked
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
@@ -384,7 +386,9 @@ class Controller:
             with self.env.begin(write=True) as txn:
                 if gidxs:
                     prefix = R.cons_prefix(task, pid)  # as R.cons_key
-                    txn.cursor(self.db["cons"]).putmulti([(prefix + _g(g), b"") for g in gidxs])
+                    raw = np.asarray(gidxs, dtype=">u8").tobytes()  # the gidx keys in bulk (R.gidx_key)
+                    txn.cursor(self.db["cons"]).putmulti([(prefix + raw[i:i + 8], b"")
+                                                          for i in range(0, len(raw), 8)])
                 if sampler_state is not None:
                     txn.put(R.sampler_key(sampler_key or pid), R.encode_sampler(sampler_state), db=self.db["sampler"])
                 lmdb_commit_point("controller_commit")

@@ -350,6 +350,20 @@ def partition_info(p: Partition) -> PartitionInfo:
     return PartitionInfo(p.pid, dict(p.schema), p.live)
 
 
+def rows_of_slots(p: Partition, sl: np.ndarray, gidxs: Optional[np.ndarray] = None) -> RowBatch:
+    """The answer for the rows at slots ``sl`` of ``p`` (every one a live slot; ``gidxs``
+    their gidxs when known), one list per column."""
+    n = len(sl)
+    sll = sl.tolist()
+    fsets, sk, tags = p.fsets, p.s_key, p.tags
+    gl = (p.s_gidx[sl] if gidxs is None else gidxs).tolist()
+    ids = p.s_fs[sl].tolist()
+    fs_col = [fsets[ids[0]]] * n if n and ids.count(ids[0]) == n else [fsets[i] for i in ids]
+    return RowBatch(p.pid, dict(p.schema), gl, [sk[s] for s in sll] if p.keys else [None] * n,
+                    [copy_value(tags[g]) if g in tags else None for g in gl] if tags else [None] * n,
+                    fs_col, p.s_seq[sl].tolist())
+
+
 def row_batch(p: Partition, gidxs: Sequence[Optional[int]]) -> RowBatch:
     """The answer for ``gidxs`` of ``p`` (None, or a gidx that is not a row of ``p``: a
     missing row, ``seqs[i] is None``).  Row fields are the interned frozensets."""
@@ -361,12 +375,7 @@ def row_batch(p: Partition, gidxs: Sequence[Optional[int]]) -> RowBatch:
     sl = p.slots(arr)
     tags = p.tags
     if n and int(sl.min()) >= 0:  # every one is a row: one list per column
-        sll = sl.tolist()
-        fsets, sk = p.fsets, p.s_key
-        gl = arr.tolist()
-        return RowBatch(p.pid, dict(p.schema), gl, [sk[s] for s in sll],
-                        [copy_value(tags[g]) if g in tags else None for g in gl] if tags else [None] * n,
-                        [fsets[i] for i in p.s_fs[sl].tolist()], p.s_seq[sl].tolist())
+        return rows_of_slots(p, sl, arr)
     ok = sl >= 0
     sll = sl.tolist()
     some = n and bool(ok.any())  # (a partition reopened without rows has empty columns)
@@ -440,4 +449,4 @@ def check_mirror(parts: Dict[str, Partition], gmap: GidxMap, consumed) -> None:
 
 
 __all__ = ["Row", "GidxMap", "Partition", "RowsView", "PutPlan", "copy_value", "row_info", "partition_info",
-           "row_batch", "list_keys", "production_status", "consumption_status", "check_mirror"]
+           "row_batch", "rows_of_slots", "list_keys", "production_status", "consumption_status", "check_mirror"]

@@ -29,7 +29,7 @@ def check_keys(pid: str, keys: Sequence[Any]) -> None:
     Raises:
         InvalidInputError: the first bad key, as check_key says it.
     """
-    if not all(type(k) is str for k in keys):
+    if set(map(type, keys)) - {str}:  # (C speed for the usual batch of str keys)
         for k in keys:
             if not isinstance(k, str):
                 raise InvalidInputError(f"keys must be str, got {type(k).__name__} {k!r}")
@@ -59,8 +59,9 @@ def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, ta
                     dups.append(k)
                 seen.add(k)
             raise InvalidInputError(f"duplicate keys in one call: {dups[:5]!r}")
-        if not all(type(k) is str for k in keys):
-            bad = next(k for k in keys if not isinstance(k, str))
+        bad = [k for k in keys if not isinstance(k, str)] if set(map(type, keys)) - {str} else None
+        if bad:
+            bad = bad[0]
             raise InvalidInputError(f"keys must be str, got {type(bad).__name__} {bad!r}")
     elif gidxs is not None:
         n = len(gidxs)
@@ -88,16 +89,20 @@ def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, ta
     existing: List[int] = []
     new_keys: List[Optional[str]] = []
     if keys is not None:
-        found = list(map(p.keys.get, keys)) if p is not None else [None] * n
-        new_pos = [i for i, g in enumerate(found) if g is None]
+        found = list(map(p.keys.get, keys)) if p is not None and p.keys else [None] * n
+        n_missing = found.count(None)
+        new_pos = range(n) if n_missing == n else [i for i, g in enumerate(found) if g is None]
         if new_pos:
             if not create_keys:
                 raise KeyNotFoundError(f"key {keys[new_pos[0]]!r} not in partition {pid!r}")
             check_keys(pid, keys if len(new_pos) == n else [keys[i] for i in new_pos])
         existing = [g for g in found if g is not None] if len(new_pos) != n else []
         new_g, from_free = _alloc(c, len(new_pos))
-        for i, g in zip(new_pos, new_g):
-            found[i] = g
+        if n_missing == n:
+            found = list(new_g)
+        else:
+            for i, g in zip(new_pos, new_g):
+                found[i] = g
         out = found
         new_keys = keys if len(new_pos) == n else [keys[i] for i in new_pos]
     elif gidxs is not None:
@@ -199,8 +204,11 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
         txn.cursor(m["rows"]).putmulti(list(zip(R.gidx_keys(g_all), values)))
         if n_new:
             pre = R.keys_key(plan.pid, "")
-            keyed_new = [(pre + k.encode(), gk) for k, gk in zip(plan.new_keys, R.gidx_keys(
-                np.asarray(plan.new_gidxs, dtype=_I64))) if k is not None]
+            gks = R.gidx_keys(np.asarray(plan.new_gidxs, dtype=_I64))
+            if None not in plan.new_keys:  # every new row keyed (a KV put): C-level maps
+                keyed_new = list(zip(map(pre.__add__, map(str.encode, plan.new_keys)), gks))
+            else:
+                keyed_new = [(pre + k.encode(), gk) for k, gk in zip(plan.new_keys, gks) if k is not None]
             if keyed_new:
                 txn.cursor(m["keys"]).putmulti(keyed_new)
         for g in plan.new_gidxs[:plan.from_free]:
@@ -237,7 +245,10 @@ def _apply(c, p: Partition, plan: PutPlan, new_bits, F, is_new, old_pos, old_sl,
         ng = np.asarray(plan.new_gidxs, dtype=_I64)
         p.append(ng, np.arange(plan.seq0, plan.seq0 + len(ng), dtype=_I64), np.full(len(ng), fid, dtype=np.int32),
                  list(plan.new_keys))
-        if plan.new_keys[0] is not None or any(k is not None for k in plan.new_keys):
+        unkeyed = plan.new_keys.count(None)
+        if not unkeyed:
+            p.keys.update(zip(plan.new_keys, plan.new_gidxs))
+        elif unkeyed != len(plan.new_keys):
             p.keys.update((k, g) for k, g in zip(plan.new_keys, plan.new_gidxs) if k is not None)
     if plan.tags is not None:
         for g, t in zip(plan.gidxs, plan.tags):

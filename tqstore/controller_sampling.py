@@ -120,7 +120,10 @@ class SamplerHost:
             sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task, ready_seqs=seqs,
                                         **extra, **cfg)
             sampled, consumed = [int(g) for g in sampled], [int(g) for g in consumed]
-            bad = [g for g in sampled + consumed if not p.has(g)]
+            both = sampled + consumed
+            bad = []
+            if both and int(p.slots(both).min()) < 0:  # one vectorised lookup, not one per row
+                bad = [g for g in both if not p.has(g)]
             if bad or len(set(sampled)) != len(sampled):
                 raise InvalidInputError(f"sampler {sampler!r} returned rows that are not (unique) rows of partition "
                                         f"{pid!r}: {bad[:5] or sampled[:8]}")

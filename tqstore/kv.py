@@ -39,7 +39,7 @@ from .meta import KVBatchMeta
 from .ports import ControllerPort, RowBatch
 from .samplers import BaseSampler, make_sampler
 from .streaming import (
-    STREAMING_CALLS, Streaming, _check_pid, _field_list, _no_partition, _tag_out, check_produced, common_fields,
+    STREAMING_CALLS, Streaming, _check_pid, _field_list, _no_partition, check_produced, common_fields,
 )
 
 try:  # Python 3.8+: typing.Protocol
@@ -241,7 +241,7 @@ class DataPlane:
     def _kv_meta(self, pid: str, keys: List[str]) -> KVBatchMeta:
         rows = self._rows_for_keys(pid, keys)
         common = common_fields(rows.fields)
-        return KVBatchMeta(keys, [_tag_out(t) for t in rows.tags], pid, sorted(common))
+        return KVBatchMeta._of_rows(list(keys), rows.tags, pid, sorted(common))  # tags: the answer's copies
 
     def kv_batch_get(self, keys: Union[str, Sequence[str]], partition_id: str,
                      select_fields: Union[None, str, Sequence[str]] = None) -> Any:

@@ -12,23 +12,18 @@ from __future__ import annotations
 
 import copy
 import logging
-from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from .errors import InvalidInputError, KeyNotFoundError
+from .errors import InvalidInputError
 from .meta_schema import (
     batch_len_of as _batch_len_of, chunk_bounds as _chunk_bounds, extract_field_schema, merge_extra as _merge_extra,
     normalise_schema as _normalise_schema, plain as _plain, shapes_entry,
 )
 
 log = logging.getLogger("tqstore")
-
-
-class _KeysNotInBatchError(KeyNotFoundError, RuntimeError):
-    """``KVBatchMeta.select_keys`` with keys the batch does not hold (TransferQueue raises RuntimeError)."""
 
 
 class BatchMeta:
@@ -52,7 +47,7 @@ class BatchMeta:
     """
 
     __slots__ = ("global_indexes", "partition_ids", "_field_schema", "production_status", "extra_info",
-                 "custom_meta", "_custom_backend_meta", "keys", "_seqs", "_shape_source")
+                 "_custom_meta", "_backend_meta", "keys", "_seqs", "_shape_source", "_lazy_tags")
 
     def __init__(self, global_indexes: Sequence[int], partition_ids: Sequence[str],
                  field_schema: Optional[Dict[str, Dict[str, Any]]] = None, production_status: Any = None,
@@ -60,6 +55,7 @@ class BatchMeta:
                  keys: Optional[Sequence[Optional[str]]] = None, _seqs: Optional[Sequence[Optional[int]]] = None,
                  *, _custom_backend_meta: Optional[Sequence[Dict[str, Any]]] = None,
                  _shape_source: Optional[Callable[..., Dict[str, List[Any]]]] = None):
+        self._lazy_tags = None
         self.global_indexes = [int(g) for g in global_indexes]
         self.partition_ids = list(partition_ids)
         n = len(self.global_indexes)
@@ -95,7 +91,53 @@ class BatchMeta:
         if len(self._seqs) != n:
             raise InvalidInputError(f"BatchMeta: {len(self._seqs)} row ids for {n} rows")
 
+    @classmethod
+    def _of_rows(cls, global_indexes: List[int], pid: str, field_schema: Dict[str, Dict[str, Any]],
+                 production_status: np.ndarray, tags: List[Any], keys: List[Optional[str]],
+                 seqs: List[Optional[int]], shape_source: Optional[Callable[..., Dict[str, List[Any]]]] = None
+                 ) -> "BatchMeta":
+        """A meta of one partition's rows from a controller answer, without the constructor's
+        copies and checks: every argument is the caller's own fresh object, handed over (lists of
+        equal length, ints, an int8 array, schema entries with ``shape`` and ``is_nested`` keys,
+        tags already copies, None for no tag).  The data plane's hot path (get_meta, put)."""
+        self = cls.__new__(cls)
+        n = len(global_indexes)
+        self.global_indexes = global_indexes
+        self.partition_ids = [pid] * n
+        self._field_schema = field_schema
+        self._shape_source = shape_source
+        self.production_status = production_status
+        self.extra_info = {}
+        # per-row dicts made on first use (most metas go to get_data untouched): the tags as
+        # answered (None: no tag, {} when looked at); no backend meta yet
+        self._custom_meta, self._lazy_tags, self._backend_meta = None, tags, None
+        self.keys = keys
+        self._seqs = seqs
+        return self
+
     # ------------------------------------------------------------------ properties
+    @property
+    def custom_meta(self) -> List[Any]:
+        """Per-row user metadata (the row's tag, a dict; ``{}`` for a row without one)."""
+        if self._custom_meta is None:
+            tags, self._lazy_tags = self._lazy_tags, None
+            self._custom_meta = [{} if t is None else t for t in tags] if None in tags else tags
+        return self._custom_meta
+
+    @custom_meta.setter
+    def custom_meta(self, value: List[Any]) -> None:
+        self._custom_meta, self._lazy_tags = value, None
+
+    @property
+    def _custom_backend_meta(self) -> List[Dict[str, Any]]:
+        if self._backend_meta is None:
+            self._backend_meta = [{} for _ in range(len(self.global_indexes))]
+        return self._backend_meta
+
+    @_custom_backend_meta.setter
+    def _custom_backend_meta(self, value: List[Dict[str, Any]]) -> None:
+        self._backend_meta = value
+
     @property
     def field_schema(self) -> Dict[str, Dict[str, Any]]:
         """The field schema (class docstring); shapes of a ``get_meta`` answer are read on first access."""
@@ -488,88 +530,6 @@ class _SampleViewList:
         return (_SampleView(self._batch, i) for i in range(self._batch.size))
 
 
-@dataclass
-class KVBatchMeta:
-    """Metadata of a batch of rows addressed by user key.
-
-    ``fields`` is cumulative: after a put it lists every field all these keys have
-    produced so far (earlier puts included), sorted.  ``tags`` are the keys' current tags.
-    """
-
-    keys: List[str] = field(default_factory=list)
-    tags: List[Any] = field(default_factory=list)
-    partition_id: Optional[str] = None
-    fields: Optional[List[str]] = None
-    extra_info: Dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.keys = list(self.keys)
-        # a copy of each tag (an empty dict, the common tag, copied without deepcopy's bookkeeping)
-        self.tags = [{} if type(t) is dict and not t else t if t is None else copy.deepcopy(t) for t in self.tags]
-        if len(self.keys) != len(self.tags):
-            raise InvalidInputError(f"KVBatchMeta: keys and tags must have same length, but got {len(self.keys)} "
-                                    f"and {len(self.tags)}")
-        if len(set(self.keys)) != len(self.keys):
-            raise InvalidInputError("KVBatchMeta: Got duplicated keys.")
-        if self.fields is not None:
-            self.fields = list(self.fields)
-            if len(set(self.fields)) != len(self.fields):
-                raise InvalidInputError("KVBatchMeta: Got duplicated fields.")
-        self.extra_info = copy.deepcopy(dict(self.extra_info or {}))
-
-    @property
-    def size(self) -> int:
-        return len(self.keys)
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def select_keys(self, keys_to_select: Sequence[str]) -> "KVBatchMeta":
-        """A new KVBatchMeta with only ``keys_to_select`` (all must be in this batch)."""
-        ks = list(keys_to_select)
-        if len(set(ks)) != len(ks):
-            raise InvalidInputError("select_keys: Contain duplicate keys.")
-        pos = {k: i for i, k in enumerate(self.keys)}
-        missing = [k for k in ks if k not in pos]
-        if missing:
-            raise _KeysNotInBatchError(f"select_keys: keys {missing[:5]!r} not found in current batch")
-        return KVBatchMeta(ks, [self.tags[pos[k]] for k in ks], self.partition_id, self.fields, self.extra_info)
-
-    def reorder(self, indexes: Sequence[int]) -> None:
-        """Reorder keys and tags in place; ``indexes`` is a permutation of ``range(size)``."""
-        idx = [int(i) for i in indexes]
-        if len(idx) != self.size:
-            raise InvalidInputError(f"reorder: indexes length {len(idx)} does not match the batch size {self.size}")
-        if len(set(idx)) != len(idx):
-            raise InvalidInputError("reorder: Contain duplicate indexes.")
-        if sorted(idx) != list(range(self.size)):
-            raise InvalidInputError(f"reorder: indexes must be a permutation of range({self.size})")
-        self.keys = [self.keys[i] for i in idx]
-        self.tags = [self.tags[i] for i in idx]
-
-    def chunk(self, chunks: int) -> List["KVBatchMeta"]:
-        """Split into ``chunks`` parts of near-equal size (earlier parts one larger)."""
-        return [KVBatchMeta(self.keys[start:end], self.tags[start:end], self.partition_id, self.fields,
-                            self.extra_info) for start, end in _chunk_bounds(self.size, chunks)]
-
-    @classmethod
-    def concat(cls, data: Sequence["KVBatchMeta"]) -> "KVBatchMeta":
-        """Concatenate batches of one partition with the same fields (empty ones skipped)."""
-        data = [d for d in data if d is not None and d.size > 0]
-        if not data:
-            return cls()
-        base = data[0]
-        keys: List[str] = []
-        tags: List[Any] = []
-        for d in data:
-            if d.partition_id != base.partition_id:
-                raise InvalidInputError("KVBatchMeta.concat: Partition do not match for concatenation.")
-            if d.fields is not None and base.fields is not None and set(d.fields) != set(base.fields):
-                raise InvalidInputError("KVBatchMeta.concat: Field names do not match for concatenation.")
-            keys += d.keys
-            tags += d.tags
-        return cls(keys, tags, base.partition_id, base.fields,
-                   _merge_extra([d.extra_info for d in data], "KVBatchMeta.concat"))
-
+from .meta_kv import KVBatchMeta  # noqa: E402 - re-exported (its own module: meta.py stays one job)
 
 __all__ = ["BatchMeta", "KVBatchMeta", "extract_field_schema"]

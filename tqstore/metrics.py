@@ -56,7 +56,9 @@ class Metrics:
 
     def observe(self, op: str, seconds: float, *, rows: int = 0, error: bool = False) -> None:
         with self._lock:
-            st = self._ops.setdefault(op, OpStats())
+            st = self._ops.get(op)
+            if st is None:  # (not setdefault: an OpStats with its buckets made per call)
+                st = self._ops[op] = OpStats()
             st.calls += 1
             st.errors += int(error)
             st.rows += int(rows)

@@ -128,11 +128,15 @@ def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = Fa
             schema[f] = {"dtype": None, "kind": None, "is_non_tensor": None}
     if None in batch.seqs:
         raise KeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
+    for entry in schema.values():
+        entry.setdefault("shape", None)
+        entry.setdefault("is_nested", None)
     need = set(schema)
-    # BatchMeta makes a None tag {}; the tags are the answer's copies, not the controller's
-    return BatchMeta(batch.gidxs, [batch.pid] * len(batch), schema,
-                     np.array([need <= f for f in batch.fields], dtype=np.int8), None, batch.tags, batch.keys,
-                     batch.seqs, _shape_source=shape_source)
+    ready = {fs: need <= fs for fs in set(batch.fields)}  # rows share a few interned field sets
+    status = np.fromiter(map(ready.__getitem__, batch.fields), dtype=np.int8, count=len(batch))
+    # the answer's lists are its own (the tags copies, not the controller's): handed over
+    return BatchMeta._of_rows(list(batch.gidxs), batch.pid, schema, status, list(batch.tags), list(batch.keys),
+                              list(batch.seqs), shape_source)
 
 
 # ---------------------------------------------------------------------------- streaming

@@ -23,7 +23,7 @@ import lmdb
 import zstandard
 
 from . import _native
-from ._format.columns import Column
+from ._format.columns import Column, take_rows
 from ._format.frame import (
     decode_frame, encode_parts, encode_uniform,
 )
@@ -53,6 +53,7 @@ COMPACT_LIVE_RATIO = 0.5
 
 _seg_key = UR.seg_key
 _undo_key = UR.undo_key
+
 
 
 class UnitView:
@@ -258,8 +259,9 @@ class Unit(UnitReader):
                         if len(small_pos) == len(col.payloads):
                             pl, sh = col.payloads, col.shapes
                         else:
-                            pl = [col.payloads[p] for p in small_pos]
-                            sh = [col.shapes[p] for p in small_pos]
+                            pl = take_rows(col.payloads, small_pos)
+                            sh = ([col.uniform_shape] * len(small_pos) if col.uniform_shape is not None
+                                  else take_rows(col.shapes, small_pos))
                         blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0, None,
                                                           w.seg_id, off)
                         bufs.append(blob)

@@ -1,0 +1,107 @@
+"""The data plane's bulk paths (issues 9 and 12) keep what a user relies on: metas built from
+the controller's answer without copies are still independent values, the per-unit split of a
+put keeps every row where it belongs, and a sampler's bad answer is still refused."""
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+
+import tqstore as tq
+from tqstore import BaseSampler, InvalidInputError
+from tqstore._format.columns import take_rows
+from tqstore.meta import BatchMeta, KVBatchMeta
+
+
+def _store(tmp_path, **kw):
+    return tq.open(tmp_path / "s", num_units=kw.pop("num_units", 2), result_type="dict", **kw)
+
+
+def test_get_meta_custom_meta_is_a_fresh_dict_per_row_and_editing_it_changes_nothing_stored(tmp_path):
+    with _store(tmp_path) as s:
+        s.kv_batch_put(["a", "b", "c"], "p", {"x": np.arange(3)}, tags=[{"t": 1}, None, {"t": 3}])
+        m = s.get_meta(["x"], 3, "p", mode="force_fetch")
+        assert m.custom_meta == [{"t": 1}, {}, {"t": 3}]
+        m.custom_meta[1]["new"] = 1
+        m.custom_meta[0]["t"] = 99
+        assert m.custom_meta[2] is not m.custom_meta[1]
+        again = s.get_meta(["x"], 3, "p", mode="force_fetch")
+        assert again.custom_meta == [{"t": 1}, {}, {"t": 3}]
+        assert s.kv_list("p")["p"] == {"a": {"t": 1}, "b": {}, "c": {"t": 3}}
+
+
+def test_a_get_meta_answer_pickles_and_concatenates_with_its_lazy_per_row_metadata(tmp_path):
+    with _store(tmp_path) as s:
+        s.put({"x": np.arange(4)}, partition_id="p")
+        m = s.get_meta(["x"], 4, "p", mode="force_fetch")
+        back = pickle.loads(pickle.dumps(m))
+        assert back.custom_meta == [{}] * 4 and back.global_indexes == m.global_indexes
+        both = BatchMeta.concat([m, back])
+        assert both.size == 8 and both.custom_meta == [{}] * 8
+        assert np.array_equal(s.get_data(back)["x"], np.arange(4))
+        m.custom_meta[0]["k"] = "v"  # stored with set_custom_meta-like put of the meta
+        s.put({"y": np.arange(4)}, metadata=m)
+        assert s.kv_list("p") == {"p": {}}  # unkeyed rows are not listed
+        assert s.get_meta(["x", "y"], 4, "p", mode="force_fetch").custom_meta[0] == {"k": "v"}
+
+
+def test_force_fetch_answers_the_first_rows_in_insertion_order_after_clears(tmp_path):
+    with _store(tmp_path) as s:
+        for i in range(3):
+            s.put({"x": np.full((4, 2), i)}, partition_id="p")
+        first = s.get_meta(["x"], None, "p", mode="force_fetch")
+        s.clear_samples(first.select_samples([0, 5]))
+        m = s.get_meta(["x"], 3, "p", mode="force_fetch")
+        want = [g for j, g in enumerate(first.global_indexes) if j not in (0, 5)][:3]
+        assert m.global_indexes == want and list(m.production_status) == [1, 1, 1]
+        assert s.get_meta(["x"], 100, "p", mode="force_fetch").size == 10
+
+
+def test_kv_put_meta_holds_fresh_tags_and_the_common_fields(tmp_path):
+    with _store(tmp_path) as s:
+        s.kv_batch_put(["a", "b"], "p", {"x": np.arange(2)})
+        meta = s.kv_batch_put(["a", "b"], "p", {"y": np.arange(2)}, tags=[None, {"t": 2}])
+        assert isinstance(meta, KVBatchMeta) and meta.fields == ["x", "y"]
+        assert meta.tags == [{}, {"t": 2}] and meta.tags[0] is not meta.tags[1]
+        meta.tags[1]["t"] = 5
+        assert s.kv_list("p")["p"]["b"] == {"t": 2}
+        assert meta.select_keys(["b"]).keys == ["b"]
+
+
+@pytest.mark.parametrize("units", [1, 2, 3])
+def test_a_put_split_over_units_reads_back_every_row_of_every_shape(tmp_path, units):
+    rng = np.random.default_rng(1)
+    ids = rng.integers(0, 1000, (1000, 16))
+    lp = rng.random(1000, dtype=np.float32)
+    keys = [f"k{i}" for i in range(1000)]
+    with _store(tmp_path, num_units=units) as s:
+        s.kv_batch_put(keys[:10], "p", {"ids": ids[:10], "lp": lp[:10]})
+        s.kv_batch_put(keys, "p", {"ids": ids, "lp": lp})  # 10 overwritten, 990 new: mixed positions
+        order = list(rng.permutation(1000))
+        got = s.kv_batch_get([keys[i] for i in order], "p")
+        assert np.array_equal(got["ids"], ids[order]) and np.array_equal(got["lp"], lp[order])
+
+
+def test_take_rows_equals_a_plain_pick_for_any_positions():
+    items = list(range(100))
+    for pos in ([], [7], [0, 2, 4, 6], [1, 2, 3], [0, 2, 5], [9, 3, 1], list(range(1, 100, 3)), [4, 4]):
+        assert list(take_rows(items, pos)) == [items[p] for p in pos]
+    assert list(take_rows(items, np.array([3, 1]))) == [3, 1]
+
+
+class _Rogue(BaseSampler):
+    """Answers a row that is not one of the partition's."""
+
+    def sample(self, ready_indexes, batch_size, **kw):
+        return [10 ** 6], [10 ** 6]
+
+
+def test_a_sampler_answering_rows_outside_the_partition_is_refused_and_marks_nothing(tmp_path):
+    with _store(tmp_path) as s:
+        s.put({"x": np.arange(4)}, partition_id="p")
+        s.set_sampler(_Rogue())
+        with pytest.raises(InvalidInputError, match="not \\(unique\\) rows"):
+            s.get_meta(["x"], 2, "p", task_name="t")
+        s.set_sampler("sequential")
+        assert s.get_meta(["x"], 4, "p", task_name="t").size == 4
