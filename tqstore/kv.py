@@ -51,7 +51,14 @@ log = logging.getLogger("tqstore")
 
 
 class PayloadIO(Protocol):
-    """The store's payload side the data plane writes and reads rows through (``Store``)."""
+    """The store's payload side the data plane writes and reads rows through (``Store``).
+
+    ``removals`` is its :class:`~tqstore.read_guard.RemovalGuard`: every read of the data
+    plane (controller answer, then unit read) runs through it, so a clear racing a read never
+    yields a removed or reused row's payload.
+    """
+
+    removals: Any
 
     def write(self, partition_id: str, fields: Any, *, keys: Optional[Sequence[str]] = None,
               gidxs: Optional[Sequence[int]] = None, tags: Optional[Sequence[Any]] = None,
@@ -261,15 +268,20 @@ class DataPlane:
         keys = _key_list(keys)
         sel = _field_list(select_fields)
         self.check_open()
-        rows = self._rows_for_keys(partition_id, keys)  # the call's one controller query
-        if sel is None:
-            sel = sorted(common_fields(rows.fields))
-            if not sel:
-                raise FieldNotFoundError(f"the {len(keys)} key(s) of partition {partition_id!r} have no field "
-                                         f"produced in common; pass select_fields")
-        else:
-            check_produced(rows, range(len(rows)), sel)
-        return self.edge.result(self.io.read_rows(rows.gidxs, [(f, rows.schema[f][0]) for f in sel]), len(keys))
+
+        def attempt() -> Any:
+            rows = self._rows_for_keys(partition_id, keys)  # the call's one controller query
+            fields = sel
+            if fields is None:
+                fields = sorted(common_fields(rows.fields))
+                if not fields:
+                    raise FieldNotFoundError(f"the {len(keys)} key(s) of partition {partition_id!r} have no field "
+                                             f"produced in common; pass select_fields")
+            else:
+                check_produced(rows, range(len(rows)), fields)
+            return self.io.read_rows(rows.gidxs, [(f, rows.schema[f][0]) for f in fields])
+
+        return self.edge.result(self.io.removals.stable(attempt, self.write_lock), len(keys))
 
     def kv_batch_get_by_meta(self, meta: KVBatchMeta, select_fields: Union[None, str, Sequence[str]] = None
                              ) -> Any:

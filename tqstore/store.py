@@ -40,6 +40,7 @@ from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, open_parts
 from .ports import ControllerPort, SnapshotId, UnitPort
+from .read_guard import RemovalGuard
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
 from .streaming import _no_partition, check_produced, common_fields
 
@@ -172,6 +173,7 @@ class Store(CheckpointMixin, DumpMixin):
         # by itself).  Always take _write_lock before _meta_lock.
         self._write_lock = threading.RLock()
         self._meta_lock = threading.RLock()
+        self.removals = RemovalGuard()  # reads racing clears retry (tqstore.read_guard)
         self._data = DataPlane(self.controller, self, write_lock=self._write_lock, lock=self._meta_lock,
                                check_open=self._check_open, edge=self.edge)
         self._closed = False
@@ -433,23 +435,25 @@ class Store(CheckpointMixin, DumpMixin):
         """Remove rows (idempotent). Controller first, then the units' entries."""
         self._check_open()
         with self._write_lock:
-            with self._meta_lock:
-                held = self._capacity.holding(self.controller, partition_id, gidxs) if self._capacity else []
-                gone = self.controller.clear_rows(partition_id, gidxs)
-            if held:
-                self._capacity.cleared(held, gone)
-            self._delete_units(gone)
+            with self.removals.removing():
+                with self._meta_lock:
+                    held = self._capacity.holding(self.controller, partition_id, gidxs) if self._capacity else []
+                    gone = self.controller.clear_rows(partition_id, gidxs)
+                if held:
+                    self._capacity.cleared(held, gone)
+                self._delete_units(gone)
             return gone
 
     def drop_partition(self, partition_id: str) -> List[int]:
         """Remove a partition with all its rows (idempotent)."""
         self._check_open()
         with self._write_lock:
-            with self._meta_lock:
-                gone = self.controller.drop_partition(partition_id)
-            if gone and self._capacity:
-                self._capacity.forget()
-            self._delete_units(gone)
+            with self.removals.removing():
+                with self._meta_lock:
+                    gone = self.controller.drop_partition(partition_id)
+                if gone and self._capacity:
+                    self._capacity.forget()
+                self._delete_units(gone)
             return gone
 
     def _delete_units(self, gidxs: Sequence[int]) -> None:
@@ -475,21 +479,19 @@ class Store(CheckpointMixin, DumpMixin):
         """
         self._check_open()
         gidxs = [int(g) for g in gidxs]
-        rows = self.controller.row_batch(partition_id, gidxs)  # one controller answer for the rows
-        if rows is None:
-            raise _no_partition(partition_id, self.controller.partitions())
-        if None in rows.seqs:
-            g = gidxs[rows.seqs.index(None)]
-            raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
-        fields = sorted(common_fields(rows.fields)) if select_fields is None else list(select_fields)
-        check_produced(rows, range(len(rows)), fields)
-        try:
+
+        def attempt() -> Dict[str, Any]:
+            rows = self.controller.row_batch(partition_id, gidxs)  # one controller answer for the rows
+            if rows is None:
+                raise _no_partition(partition_id, self.controller.partitions())
+            if None in rows.seqs:
+                g = gidxs[rows.seqs.index(None)]
+                raise KeyNotFoundError(f"global index {g} is not a row of partition {partition_id!r}")
+            fields = sorted(common_fields(rows.fields)) if select_fields is None else list(select_fields)
+            check_produced(rows, range(len(rows)), fields)
             return self.read_rows(gidxs, [(f, rows.schema[f][0]) for f in fields], verify=verify)
-        except FieldNotFoundError:
-            now = self.controller.row_batch(partition_id, gidxs)
-            if now is None or now.seqs != rows.seqs:  # cleared (or cleared and reused) since the check above
-                raise KeyNotFoundError(f"rows of partition {partition_id!r} were cleared during the read") from None
-            raise
+
+        return self.removals.stable(attempt, self._write_lock)  # a clear racing the read: tried again
 
     def read_rows(self, gidxs: Sequence[int], fields: Sequence[Tuple[str, int]], *,
                   verify: Optional[bool] = None) -> Dict[str, Any]:

@@ -356,16 +356,18 @@ class Streaming:
         self._dp.check_open()
         io = self._dp.io
         fields = metadata.field_names
-        groups = self._live_rows(metadata, strict=True)  # the controller's one answer per partition
 
         def read(b: RowBatch, idx: Sequence[int]) -> Dict[str, Any]:
             check_produced(b, idx, fields)
             return io.read_rows(_pick(b.gidxs, idx), [(f, b.schema[f][0]) for f in fields])
 
+        def attempt() -> Tuple[Any, Dict[str, Any]]:
+            groups = self._live_rows(metadata, strict=True)  # the controller's one answer per partition
+            return groups, {pid: read(b, idx) for pid, (b, _, idx) in groups.items()}
+
+        groups, parts = io.removals.stable(attempt, self._dp.write_lock)  # a clear racing the read: tried again
         if len(groups) == 1:
-            pid, (b, _, idx) = next(iter(groups.items()))
-            return edge.result(read(b, idx), metadata.size)
-        parts = {pid: read(b, idx) for pid, (b, _, idx) in groups.items()}
+            return edge.result(next(iter(parts.values())), metadata.size)
         out: Dict[str, Any] = {}
         for f in fields:
             kinds = {b.schema[f] for b, _, _ in groups.values()}

@@ -1,0 +1,90 @@
+"""A read racing a clear never returns a removed row's payload, nor a new row's payload
+under the global index a cleared row gave up (tqstore.read_guard).
+
+A read asks the controller, then reads the units without the write lock.  Each test makes
+the race happen at the worst moment, deterministically: the store's unit read is wrapped so
+that, once, a clear (and a put that reuses the freed global index) runs between the
+controller's answer and the read of the payload.  Real store, real LMDB and segment files.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tqstore as tq
+from tqstore import KeyNotFoundError
+
+
+def _race_once(store, action):
+    """Run ``action()`` once, right before the first unit read after this call."""
+    orig = store.read_rows
+    state = {"done": False}
+
+    def read_rows(*a, **kw):
+        if not state["done"]:
+            state["done"] = True
+            action()
+        return orig(*a, **kw)
+
+    store.read_rows = read_rows
+    return state
+
+
+def _val(i):
+    return {"x": torch.full((1, 4), i, dtype=torch.int64)}
+
+
+def test_kv_get_racing_a_clear_and_a_reuse_of_the_index_raises_not_the_new_rows_payload(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put(["a"], "p", fields=_val(1))
+        g_a = s.controller.resolve_keys("p", ["a"])
+
+        def clear_and_reuse():
+            s.kv_clear(["a"], "p")
+            s.kv_batch_put(["b"], "p", fields=_val(2))  # takes the freed global index
+
+        state = _race_once(s, clear_and_reuse)
+        with pytest.raises(KeyNotFoundError):
+            s.kv_batch_get(["a"], "p")
+        assert state["done"]
+        assert s.kv_batch_get(["b"], "p")["x"].tolist() == [[2] * 4]
+        assert s.controller.resolve_keys("p", ["b"]) == g_a  # the race reused the index
+
+
+def test_get_data_racing_a_clear_and_a_reuse_raises_for_the_stale_meta(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        c = tq.get_client(s)
+        c.put(_val(1), partition_id="p")
+        meta = c.get_meta(["x"], 1, "p", task_name="t")
+        assert meta.size == 1
+
+        def clear_and_reuse():
+            c.clear_samples(meta)
+            c.put(_val(2), partition_id="p")  # a new row on the same global index
+
+        _race_once(s, clear_and_reuse)
+        with pytest.raises(KeyNotFoundError):
+            c.get_data(meta)
+        fresh = c.get_meta(["x"], 1, "p", task_name="t")
+        assert fresh.global_indexes == meta.global_indexes
+        assert c.get_data(fresh)["x"].tolist() == [[2] * 4]
+
+
+def test_store_read_racing_a_clear_raises_key_not_found_not_an_inconsistent_store(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        g = s.write("p", _val(1), new_rows=True)
+        _race_once(s, lambda: s.delete_rows("p", g))
+        with pytest.raises(KeyNotFoundError):
+            s.read("p", g)
+
+
+def test_a_clear_of_other_rows_during_a_read_still_returns_the_rows_own_payload(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        for i in range(6):
+            s.kv_batch_put([f"k{i}"], "p", fields=_val(i))
+        state = _race_once(s, lambda: s.kv_clear(["k5"], "p"))
+        got = s.kv_batch_get(["k0", "k1", "k2"], "p")["x"]
+        assert state["done"]
+        assert got.tolist() == [[0] * 4, [1] * 4, [2] * 4]
+        with pytest.raises(KeyNotFoundError):
+            s.kv_batch_get(["k5"], "p")

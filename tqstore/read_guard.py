@@ -1,0 +1,88 @@
+"""Reads that never return the payload of a row removed (or removed and reused) meanwhile.
+
+A read asks the controller which rows exist (one answer), then reads their payload from the
+units, without the store's write lock (reads do not wait for puts).  A clear removes the
+rows from the controller first and then their entries from the units, and the freed global
+indexes may go to new rows right after.  So a read racing a clear could find a payload
+gone (and report the store inconsistent) or, worse, read a new row's payload under an old
+row's global index.
+
+:class:`RemovalGuard` is a sequence lock around removals: the count is odd while a removal
+is between its controller step and its unit step, and each removal adds two.  A read runs
+its attempt (controller answer, then unit read) and keeps the result only if no removal
+began or was running meanwhile; otherwise it tries again (the controller now says what is
+gone: ``KeyNotFoundError``), and the last try holds the write lock, which removals need, so
+a read always ends.  A read's result is therefore the rows' payload as of a moment when the
+controller's answer held.
+
+Puts that overwrite fields are not removals: as documented (docs/FORMAT.md, "Undo
+records"), a read racing an overwriting put may see new values on some units and old ones
+on others.
+"""
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, ContextManager, Iterator, TypeVar
+
+from .errors import FieldNotFoundError
+
+T = TypeVar("T")
+
+ATTEMPTS_WITHOUT_LOCK = 3
+
+
+class RemovalGuard:
+    """The store's removal count (a sequence lock: odd while a removal runs).
+
+    Writers (``Store.delete_rows`` / ``drop_partition``) hold the store's write lock and wrap
+    the controller's removal and the units' with :meth:`removing`; readers call :meth:`stable`.
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._mutex = threading.Lock()
+
+    @property
+    def count(self) -> int:
+        """The number of removal steps begun or ended (odd while one runs)."""
+        return self._count
+
+    @contextmanager
+    def removing(self) -> Iterator[None]:
+        """Mark a removal (controller step, then unit step) as running for the ``with`` body."""
+        with self._mutex:
+            self._count += 1
+        try:
+            yield
+        finally:
+            with self._mutex:
+                self._count += 1
+
+    def stable(self, attempt: Callable[[], T], write_lock: ContextManager[Any]) -> T:
+        """``attempt()`` (a controller answer, then the unit read it allows), run until no
+        removal overlapped it; the last try under ``write_lock`` (removals take it).
+
+        Raises what ``attempt`` raises: ``KeyNotFoundError`` / ``PartitionNotFoundError`` when
+        the controller says the rows are gone; ``FieldNotFoundError`` for a missing payload
+        only if no removal overlapped the read (then the store is inconsistent).
+        """
+        for _ in range(ATTEMPTS_WITHOUT_LOCK):
+            before = self._count
+            if before & 1:  # a removal is between its two steps: try again after it
+                with write_lock:
+                    pass
+                continue
+            try:
+                out = attempt()
+            except FieldNotFoundError:
+                if self._count == before:
+                    raise
+                continue
+            if self._count == before:
+                return out
+        with write_lock:
+            return attempt()
+
+
+__all__ = ["RemovalGuard"]
