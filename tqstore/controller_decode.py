@@ -28,6 +28,7 @@ import numpy as np
 from ._format import controller_records as R
 from ._format.controller_records import CONTROLLER_DBS, CONTROLLER_FORMAT  # noqa: F401 - re-exported
 from ._format.records import RecordError
+from ._io.heap import trim_heap
 from .controller_mirror import GidxMap, Partition
 from .errors import CorruptionError, FormatVersionError
 
@@ -77,7 +78,10 @@ def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerStat
     collect = gc.isenabled()
     gc.disable()  # millions of short-lived tuples: no full collection of the heap per 700 of them
     try:
-        return _decode(txn, dbs, file, w)
+        st = _decode(txn, dbs, file, w)
+        del txn
+        trim_heap()  # the decode's temporaries (as large as the mirror) leave the process
+        return st
     except (CorruptionError, FormatVersionError):
         raise
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError, IndexError) as e:
@@ -396,7 +400,7 @@ def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where) -> int:
     if int(np.bincount(sl, minlength=p.n).max()) > 1:
         raise RecordError(f"a row of partition {p.pid[:40]!r} is claimed by two keys")
     order = np.argsort(sl, kind="stable")
-    keys = [got[i] for i in order.tolist()]  # in slot (insertion) order
+    keys = np.array(got, dtype=object)[order].tolist()  # in slot (insertion) order
     del got
     sl = sl[order]
     if n_keyed == p.n:  # every row keyed: the slots are 0 .. n-1

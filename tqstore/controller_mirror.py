@@ -33,6 +33,7 @@ from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Se
 
 import numpy as np
 
+from ._io.heap import trim_heap
 from .ports import PartitionInfo, RowBatch, RowInfo
 
 _MAX_VIEWS_PER_TASK = 8
@@ -161,6 +162,8 @@ class Partition:
             d = dict(zip(ks, self.s_gidx[sl].tolist()))
             d.pop(None, None)  # (unkeyed rows)
             self._keys = d
+            if len(d) > 1 << 16:
+                trim_heap()  # (its temporaries: a list of the gidxs)
         return d
 
     @keys.setter
