@@ -153,3 +153,18 @@ def test_a_checkpoint_load_and_a_temporary_store_never_carry_a_marker(tmp_path, 
     tmp_root = t.root
     t.close()
     assert not tmp_root.exists()
+
+
+def test_a_store_whose_open_failed_to_reconcile_records_no_marker(tmp_path, monkeypatch):
+    root = tmp_path / "s"
+    with tqstore.open(root, num_units=1) as s:
+        _put(s, ["a"])
+    boom = TqstoreError("reconcile failed")
+    monkeypatch.setattr(store_open, "full_reconcile", lambda s: (_ for _ in ()).throw(boom))
+    env = lmdb.open(str(L.controller_dir(root / L.read_current(root))), max_dbs=12)
+    with env.begin(write=True) as txn:  # no marker: the open must reconcile, and that fails
+        txn.delete(R.META_CLEAN, db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with pytest.raises(TqstoreError):
+        tqstore.open(root)
+    assert _marker(root) is None

@@ -249,8 +249,12 @@ class Store(CheckpointMixin, DumpMixin):
 
     def _reconcile(self) -> bool:
         """Settle what a crash left and reconcile the units with the controller, unless the
-        store was closed cleanly (:func:`tqstore.store_open.reconcile`); True when it ran."""
-        return store_open.reconcile(self)
+        store was closed cleanly (:func:`tqstore.store_open.reconcile`); True when it ran.
+        Until one has completed, a close records no clean-close marker."""
+        self._reconciled = False
+        ran = store_open.reconcile(self)
+        self._reconciled = True
+        return ran
 
     def _check_open(self) -> None:
         if self._closed:
@@ -264,7 +268,7 @@ class Store(CheckpointMixin, DumpMixin):
         with self._write_lock, self._meta_lock:
             self._closed = True
             self._pool.shutdown(wait=True)
-            if not self._temporary:
+            if not self._temporary and getattr(self, "_reconciled", False):
                 store_open.mark_clean(self)  # the next open may skip its reconciliation
             self._close_parts()
             self._release_lock()
