@@ -171,6 +171,12 @@ class Partition:
         """Install a key index (None: build it from ``s_key`` on first use)."""
         self._keys = d
 
+    def key_count(self) -> int:
+        """How many rows are keyed (without building the key index)."""
+        if self._keys is not None:
+            return len(self._keys)
+        return self.n - self.s_key.count(None)
+
     # ---------------------------------------------------------------- field sets
     def fs_id(self, fs: frozenset) -> int:
         """The id of field set ``fs`` (interned; every field must have a bit)."""
