@@ -120,8 +120,9 @@ def _child(n: int, work: Path, units: int) -> dict:
         assert np.array_equal(np.asarray(got["lp"]), batches[0][1]["lp"])
     finally:
         s.close()
-    subprocess.run([sys.executable, "-c", f"import os, tqstore; tqstore.open({str(path)!r}); os._exit(0)"],
-                   check=True, env=dict(os.environ))  # opened, then gone without a close
+    build = os.environ.get("PYTHONPATH", str(ROOT)).split(os.pathsep)[0]
+    subprocess.run([sys.executable, "-c", f"import os, sys; sys.path.insert(0, {build!r}); import tqstore; "
+                    f"tqstore.open({str(path)!r}); os._exit(0)"], check=True)  # this build opened it, then gone without a close
     t0 = time.perf_counter()
     s = tqstore.open(path, result_type="dict")
     out["open_crash_s"] = time.perf_counter() - t0
