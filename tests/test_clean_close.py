@@ -4,6 +4,7 @@ the store's back, a damaged marker) still reconciles, and the reopened store hol
 what was acknowledged."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -168,3 +169,24 @@ def test_a_store_whose_open_failed_to_reconcile_records_no_marker(tmp_path, monk
     with pytest.raises(TqstoreError):
         tqstore.open(root)
     assert _marker(root) is None
+
+
+def test_a_kill_after_a_unit_write_before_the_controller_commit_of_a_clean_open_is_reconciled(tmp_path, reconciles):
+    root = tmp_path / "s"
+    with tqstore.open(root, num_units=2) as s:
+        _put(s, ["a", "b"])
+    assert _marker(root) is not None  # closed cleanly: the next open may skip the scans
+    code = textwrap.dedent(f"""
+        import numpy as np, tqstore
+        s = tqstore.open({str(root)!r})
+        s.kv_batch_put(["c", "d", "e"], "p", {{"x": np.zeros((3, 3), np.int64)}})  # killed at its controller commit
+    """)
+    env = dict(os.environ, TQSTORE_FAILPOINTS="controller_commit=kill@1")
+    p = subprocess.run([sys.executable, "-c", code], env=env)
+    assert p.returncode == failpoints.KILL_EXIT_CODE
+    assert _marker(root) is None  # the clean open removed it before the unit writes
+    assert len(_held(root, 0)) + len(_held(root, 1)) == 5  # the units wrote c, d, e: orphans
+    reconciles.clear()
+    with tqstore.open(root, result_type="dict") as s:
+        assert reconciles == [root] and sorted(s.kv_list("p")["p"]) == ["a", "b"]
+    assert len(_held(root, 0)) + len(_held(root, 1)) == 2
