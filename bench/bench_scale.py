@@ -17,11 +17,17 @@ Figures (wall time; per-row cost = time / rows):
 * ``get``: ``kv_batch_get`` of all rows by key in batches of 8,192, rows/s;
 * ``kv_list``: ``kv_list("train")`` of the whole partition, seconds;
 * ``save``: blocking ``save_checkpoint`` to a new directory, seconds;
-* ``open``: reopening the closed store (controller and units, reconcile included), seconds;
+* ``open``: reopening the cleanly closed store (controller and units; a build with the
+  clean-close marker skips the reconciliation's scans), seconds;
+* ``open (crash)``: reopening it after a process opened it and exited without closing (as
+  a ``kill -9``: the full reconciliation runs), seconds;
 * ``load``: ``load_checkpoint`` of that checkpoint into the reopened store, seconds;
+* ``key``: the first ``kv_batch_get`` of one batch by key after the load (a build that
+  builds its key index on first use pays for it here), seconds;
 * ``rss``: the controller's share of memory: anonymous RSS (``RssAnon`` of
   ``/proc/self/status``) added by opening the store's ``Controller`` alone in a fresh
-  child process, bytes per row.
+  child process, bytes per row; ``rss keyed``: the same after one key lookup (with the
+  key index built).
 
 Baselines, same child, same row count:
 
@@ -108,10 +114,19 @@ def _child(n: int, work: Path, units: int) -> dict:
         t0 = time.perf_counter()
         s.load_checkpoint(ck)
         out["load_s"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
         got = s.kv_batch_get(batches[0][0], PID)
+        out["key_s"] = time.perf_counter() - t0
         assert np.array_equal(np.asarray(got["lp"]), batches[0][1]["lp"])
     finally:
         s.close()
+    build = os.environ.get("PYTHONPATH", str(ROOT)).split(os.pathsep)[0]
+    subprocess.run([sys.executable, "-c", f"import os, sys; sys.path.insert(0, {build!r}); import tqstore; "
+                    f"tqstore.open({str(path)!r}); os._exit(0)"], check=True)  # this build opened it, then gone without a close
+    t0 = time.perf_counter()
+    s = tqstore.open(path, result_type="dict")
+    out["open_crash_s"] = time.perf_counter() - t0
+    s.close()
     # baselines on the same row count
     t0 = time.perf_counter()
     for _, fields in batches:
@@ -146,8 +161,11 @@ def _child_rss(work: Path) -> dict:
     gc.collect()
     after = _rss_anon()
     rows = sum(c.partition_info(p).rows for p in c.partitions())
+    c.resolve_keys("train", ["k0"])
+    gc.collect()
+    keyed = _rss_anon()
     c.close()
-    return {"rss_bytes": after - before, "rss_rows": rows}
+    return {"rss_bytes": after - before, "rss_keyed_bytes": keyed - before, "rss_rows": rows}
 
 
 def _run_child(build: Path, n: int, units: int, work: Path) -> dict:
@@ -191,9 +209,13 @@ def _lines(build: str, r: dict, old: dict = None) -> list:
     L.append(f"  save    {_fmt_secs(n, r['save_s'])}{ratio('save_s')}")
     L.append(f"  open    {_fmt_secs(n, r['open_s'])}   lmdb scan {r['lmdb_scan_s']:.3f} s "
              f"(open / scan {r['open_s'] / r['lmdb_scan_s']:.1f}){ratio('open_s')}")
+    L.append(f"  open(-9){_fmt_secs(n, r['open_crash_s'])}{ratio('open_crash_s')}")
     L.append(f"  load    {_fmt_secs(n, r['load_s'])}{ratio('load_s')}")
+    L.append(f"  key     {_fmt_secs(n, r['key_s'])}   (first get by key after the load){ratio('key_s')}")
     L.append(f"  rss     {r['rss_bytes'] / max(1, r['rss_rows']):>12.1f} bytes/row (controller, {r['rss_bytes'] / 2**20:.1f} MiB)"
              f"{ratio('rss_bytes', inverse=True)}")
+    L.append(f"  rss+keys{r['rss_keyed_bytes'] / max(1, r['rss_rows']):>12.1f} bytes/row (after a key lookup, "
+             f"{r['rss_keyed_bytes'] / 2**20:.1f} MiB){ratio('rss_keyed_bytes', inverse=True)}")
     return L
 
 
@@ -240,7 +262,9 @@ def main(argv=None) -> None:
     for b, per in results.items():
         summary[b] = {str(n): {"put_rows_s": n / r["put_s"], "get_rows_s": n / r["get_s"], "open_s": r["open_s"],
                                "load_s": r["load_s"], "save_s": r["save_s"], "kv_list_s": r["kv_list_s"],
+                               "open_crash_s": r["open_crash_s"], "key_s": r["key_s"],
                                "rss_bytes_per_row": r["rss_bytes"] / max(1, r["rss_rows"]),
+                               "rss_keyed_bytes_per_row": r["rss_keyed_bytes"] / max(1, r["rss_rows"]),
                                "memcpy_rows_s": n / r["memcpy_s"], "lmdb_put_rows_s": n / r["lmdb_put_s"],
                                "lmdb_scan_s": r["lmdb_scan_s"]} for n, r in per.items()}
     print(json.dumps({"units": a.units, "batch": BATCH, "results": summary}))

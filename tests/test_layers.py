@@ -23,7 +23,8 @@ embedded       ``embedded`` (the embedded backend's entry: constructs the      e
                parts, reads their files of a checkpoint into values)           ports, io, format,
                                                                               native, base
 engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
-               ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``, ports, io (not
+               ``store_open``,                                                ports, io (not
+               ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,
                ``_gcpause``, ``_default``, ``capacity``, ``checkpoint/*``,    ``_io.lmdbenv`` nor
                ``dump/*`` (the engine over the ports; numpy and bytes, no     ``_io.segfile``), format,
                framework)                                                     native, base
@@ -83,8 +84,8 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                      "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling",
                      "controller_export", "controller_dump", "controller_restore")),
     ("embedded", ("embedded",)),
-    ("engine", ("store", "state_switch", "kv", "streaming", "reader", "read_guard", "meta", "meta_kv", "meta_schema",
-                "edge", "policy", "layout_dirs",
+    ("engine", ("store", "store_open", "state_switch", "kv", "streaming", "reader", "read_guard", "meta", "meta_kv",
+                "meta_schema", "edge", "policy", "layout_dirs",
                 "capacity", "_gcpause", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),

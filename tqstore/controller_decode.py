@@ -28,6 +28,7 @@ import numpy as np
 from ._format import controller_records as R
 from ._format.controller_records import CONTROLLER_DBS, CONTROLLER_FORMAT  # noqa: F401 - re-exported
 from ._format.records import RecordError
+from ._io.heap import trim_heap
 from .controller_mirror import GidxMap, Partition
 from .errors import CorruptionError, FormatVersionError
 
@@ -77,7 +78,10 @@ def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerStat
     collect = gc.isenabled()
     gc.disable()  # millions of short-lived tuples: no full collection of the heap per 700 of them
     try:
-        return _decode(txn, dbs, file, w)
+        st = _decode(txn, dbs, file, w)
+        del txn
+        trim_heap()  # the decode's temporaries (as large as the mirror) leave the process
+        return st
     except (CorruptionError, FormatVersionError):
         raise
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError, RecursionError, IndexError) as e:
@@ -182,12 +186,13 @@ def _part_of(gmap: GidxMap, gidxs) -> np.ndarray:
     return out
 
 
-def _gidx_keys(ks, w: _Where, next_gidx: int) -> np.ndarray:
+def _gidx_keys(ks, w: _Where, next_gidx: int, joined: Optional[bytes] = None) -> np.ndarray:
+    joined = b"".join(ks) if joined is None else joined
     if ks and set(map(len, ks)) != {8}:
         for k in ks:
             w.at = ("rows", k)
             R.decode_gidx_key(k)
-    g = np.frombuffer(b"".join(ks), dtype=">u8").astype(np.int64)
+    g = np.frombuffer(joined, dtype=">u8").astype(np.int64)
     if len(g) and int(g.max()) >= next_gidx:  # (a damaged file need not keep its keys sorted)
         w.at = ("rows", ks[int(np.argmax(g >= next_gidx))])
         raise RecordError(f"not a global index below next_gidx {next_gidx}")
@@ -213,26 +218,35 @@ def _distinct(a: np.ndarray) -> List[int]:
     return np.unique(a).tolist()
 
 
+def _chunks(txn, db):
+    """``(keys, values, joined keys, joined values)`` of the entries of ``db`` in chunks of
+    :data:`_CHUNK`: two cursors walk the same database in the same order (a keys-only and a
+    values-only walk make no per-entry tuple)."""
+    kit = txn.cursor(db).iternext(values=False)
+    vit = txn.cursor(db).iternext(keys=False)
+    while True:
+        ks = list(islice(kit, _CHUNK))
+        if not ks:
+            return
+        vs = list(islice(vit, len(ks)))
+        if len(vs) != len(ks):  # (one read transaction: cannot happen)
+            raise RecordError("entries changed during the walk")
+        yield ks, vs, b"".join(ks), b"".join(vs)
+
+
 def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) -> int:
-    it = txn.cursor(dbs["rows"]).iternext()
     cols: List[List[np.ndarray]] = [[], [], [], [], []]  # gidx, part, flags, seq, mask (0 for slow rows)
     slow: List[Tuple[int, Any]] = []  # (row position, Row2) of rows not decoded as the array
     base = 0
-    while True:
-        kv = list(islice(it, _CHUNK))
-        if not kv:
-            break
-        ks, vs = zip(*kv)
-        del kv
-        g = _gidx_keys(ks, w, next_gidx)
+    for ks, vs, kb, vb in _chunks(txn, dbs["rows"]):
+        g = _gidx_keys(ks, w, next_gidx, kb)
         m = len(vs)
-        lens = np.fromiter(map(len, vs), dtype=np.int64, count=m)
-        fast = lens == _FAST
+        fast = np.fromiter(map(len, vs), dtype=np.int64, count=m) == _FAST
+        allf = bool(fast.all())
         part, flags = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
         seq, mask = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.uint64)
         if fast.any():
-            allf = bool(fast.all())
-            a = np.frombuffer(b"".join(vs if allf else compress(vs, fast.tolist())), dtype=_ROW2)
+            a = np.frombuffer(vb if allf else b"".join(compress(vs, fast.tolist())), dtype=_ROW2)
             bad = ((a["flags"] & np.uint16(0xFFFF ^ R.ROW2_KEYED)) != 0) | (a["words"] != 1) | (a["seq"] >= 1 << 62)
             if bad.any():
                 i = int(np.flatnonzero(fast)[int(np.argmax(bad))])
@@ -294,7 +308,6 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
         fsid[i] = f
         if r.tag is not None:
             tags.append((r.part, int(g[i]), r.tag))
-    keycur = txn.cursor(dbs["keys"])
     n_keys = 0
     for num, p in by_num.items():
         sel = (part == num) if len(nums) > 1 or nums != [num] else slice(None)
@@ -302,7 +315,7 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
         pg = g[sel]
         _install(p, pg, seq[sel], fsid[sel], [None] * len(pg))
         keyed = p.slots(pg[(flags[sel] & R.ROW2_KEYED) != 0])
-        n_keys += _keys_v2(keycur, p, keyed, w)
+        n_keys += _keys_v2(txn, dbs["keys"], p, keyed, w)
     for num, gg, tag in tags:
         by_num[num].tags[gg] = tag
     w.at = "keys"
@@ -311,10 +324,34 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
     return n
 
 
-def _keys_v2(cur, p: Partition, keyed: np.ndarray, w: _Where) -> int:
+def _strip_prefix(ks: List[bytes], joined: bytes, prefix: bytes) -> Optional[List[str]]:
+    """The keys of ``keys`` entries ``ks`` (``joined``: their concatenation), each checked to
+    be ``prefix`` (the partition id and NUL) followed by UTF-8 without NUL, decoded in one
+    go (no string is made for the prefixes).  None when some entry does not start with
+    ``prefix``; raises UnicodeDecodeError / RecordError for a malformed key."""
+    m, plen = len(ks), len(prefix)
+    lens = np.fromiter(map(len, ks), dtype=np.int64, count=m)
+    if int(lens.min()) < plen:
+        return None
+    starts = np.cumsum(lens) - lens
+    arr = np.frombuffer(joined, dtype=np.uint8)
+    head = np.zeros(len(arr) + 1, dtype=np.int8)  # +1 where a prefix starts, -1 at its NUL (never the same byte)
+    head[starts] = 1
+    head[starts + plen - 1] -= 1
+    inhead = np.cumsum(head[:-1], dtype=np.int8) > 0  # the bytes of each prefix but its NUL
+    want = np.frombuffer(prefix[:-1], dtype=np.uint8)
+    if (arr[starts + plen - 1] != 0).any() or not (arr[inhead].reshape(m, plen - 1) == want).all():
+        return None
+    keys = arr[~inhead].tobytes().decode("utf-8").split("\0")  # "", key, key, ...
+    if len(keys) != m + 1:
+        raise RecordError("a keys key holds a NUL past its partition id")
+    return keys[1:]
+
+
+def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where) -> int:
     """Read the ``keys`` entries of ``p`` (contiguous: keys sort by partition id first, and no
     id is a prefix of another's ``id NUL``), check they name its keyed rows (slots ``keyed``)
-    one to one, and install them."""
+    one to one, and install them: ``s_key`` and ``keys`` (in slot order)."""
     n_keyed = len(keyed)
     is_keyed = np.zeros(p.n, dtype=bool)
     is_keyed[keyed] = True
@@ -322,18 +359,18 @@ def _keys_v2(cur, p: Partition, keyed: np.ndarray, w: _Where) -> int:
     w.at = ("keys", prefix)
     if not n_keyed:
         return 0
-    if not cur.set_range(prefix):
+    kc, vc = txn.cursor(db), txn.cursor(db)
+    if not kc.set_range(prefix) or not vc.set_range(prefix):
         raise RecordError(f"0 keys entries for {n_keyed} keyed rows of partition {p.pid[:40]!r}")
-    it = cur.iternext()
-    seen = np.zeros(p.n, dtype=np.int64)
+    kit, vit = kc.iternext(values=False), vc.iternext(keys=False)
+    got: List[str] = []
+    slots: List[np.ndarray] = []
     left = n_keyed
-    sk = p.s_key
     while left:
-        kv = list(islice(it, min(left, _CHUNK)))
-        if not kv:
+        ks = list(islice(kit, min(left, _CHUNK)))
+        if not ks:
             break
-        ks, vs = zip(*kv)
-        del kv
+        vs = list(islice(vit, len(ks)))
         if not ks[0].startswith(prefix) or not ks[-1].startswith(prefix):  # sorted: then all between do
             break
         left -= len(ks)
@@ -341,31 +378,38 @@ def _keys_v2(cur, p: Partition, keyed: np.ndarray, w: _Where) -> int:
             w.at = ("keys", next(k for k, v in zip(ks, vs) if len(v) != 8))
             raise RecordError("a keys value is not a gidx key (8 bytes)")
         try:
-            split = b"\0".join(ks).decode("utf-8").split("\0")
+            keys = _strip_prefix(ks, b"".join(ks), prefix)
         except UnicodeDecodeError:
             for k in ks:
                 w.at = ("keys", k)
                 R.decode_keys_key(k)
             raise
-        if len(split) != 2 * len(ks):
-            raise RecordError("a keys key holds a NUL past its partition id")
-        if split[0::2].count(p.pid) != len(ks):  # (a damaged file need not keep its keys sorted)
+        if keys is None:  # (a damaged file need not keep its keys sorted)
             raise RecordError(f"keys of partition {p.pid[:40]!r} are not contiguous")
-        keys = split[1::2]
-        del split
         gs = np.frombuffer(b"".join(vs), dtype=">u8").astype(np.int64)
         sl = p.slots(gs)
         if (sl < 0).any() or not is_keyed[np.maximum(sl, 0)].all():
             w.at = ("keys", ks[int(np.argmax((sl < 0) | ~is_keyed[np.maximum(sl, 0)]))])
             raise RecordError(f"key of partition {p.pid[:40]!r} names no keyed row of it")
-        seen += np.bincount(sl, minlength=p.n)
-        for s, k in zip(sl.tolist(), keys):
-            sk[s] = k
-        p.keys.update(zip(keys, gs.tolist()))
+        got.extend(keys)
+        slots.append(sl)
+        del ks, vs, keys
     if left:
         raise RecordError(f"{n_keyed - left} keys entries for {n_keyed} keyed rows of partition {p.pid[:40]!r}")
-    if int(seen.max()) > 1:
+    sl = np.concatenate(slots)
+    if int(np.bincount(sl, minlength=p.n).max()) > 1:
         raise RecordError(f"a row of partition {p.pid[:40]!r} is claimed by two keys")
+    order = np.argsort(sl, kind="stable")
+    keys = np.array(got, dtype=object)[order].tolist()  # in slot (insertion) order
+    del got
+    sl = sl[order]
+    if n_keyed == p.n:  # every row keyed: the slots are 0 .. n-1
+        p.s_key = keys
+    else:
+        sk = p.s_key
+        for s, k in zip(sl.tolist(), keys):
+            sk[s] = k
+    p.keys = None  # the key -> gidx index: built from s_key on first use (controller_mirror.Partition.keys)
     return n_keyed
 
 

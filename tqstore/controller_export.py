@@ -111,7 +111,7 @@ def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
     finally:
         env.close()
     return {"num_units": st.num_units, "next_gidx": st.next_gidx, "put_token": st.put_token, "rows": len(st.rows),
-            "partitions": {pid: {"rows": len(q.rows), "keys": len(q.keys)} for pid, q in sorted(st.parts.items())}}
+            "partitions": {pid: {"rows": len(q.rows), "keys": q.key_count()} for pid, q in sorted(st.parts.items())}}
 
 
 def read_controller_counts(ctrl_dir: Path) -> Dict[str, int]:

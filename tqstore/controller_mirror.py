@@ -13,8 +13,9 @@ Layout (a few machine words per row, no Python object per row but its key string
 * :class:`Partition` — per slot, in insertion (``seq``) order: ``s_gidx`` (``-1``: a
   cleared row, compacted away once they are many), ``s_seq``, ``s_fs`` (the id of the
   row's produced field set, interned per partition: rows share a handful of sets) and
-  ``s_key`` (a list of str / None); ``keys`` maps key -> gidx; ``tags`` holds only the
-  rows that have a tag (gidx -> tag).  Each field of the schema has a bit (``bits``), the
+  ``s_key`` (a list of str / None); ``keys`` maps key -> gidx (built on first use after an
+  open: a store that is only streamed never pays for it); ``tags`` holds only the rows
+  that have a tag (gidx -> tag).  Each field of the schema has a bit (``bits``), the
   bit of the row value's bitmap on disk (docs/FORMAT.md, "Controller index").
 * ``Partition.ready[task][need]`` — for each ``(task, requested field set)`` a fetch has
   asked about — the rows whose ``need`` fields are produced and that ``task`` has not
@@ -32,6 +33,7 @@ from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Se
 
 import numpy as np
 
+from ._io.heap import trim_heap
 from .ports import PartitionInfo, RowBatch, RowInfo
 
 _MAX_VIEWS_PER_TASK = 8
@@ -131,7 +133,7 @@ class Partition:
         self.meta: Dict[str, Any] = {} if meta is None else meta
         self.schema: Dict[str, Tuple[int, int]] = {}  # field -> (kind, dtype)
         self.bits: Dict[str, int] = {}  # field -> its bit in row bitmaps
-        self.keys: Dict[str, int] = {}
+        self._keys: Optional[Dict[str, int]] = {}  # key -> gidx; None: not built yet (see ``keys``)
         self.tags: Dict[int, Any] = {}
         self.s_gidx = np.zeros(0, dtype=_I64)
         self.s_seq = np.zeros(0, dtype=_I64)
@@ -145,6 +147,35 @@ class Partition:
         self._mask_id: Dict[int, int] = {}  # bitmap -> field-set id (a cache of fs_of_mask)
         # task -> frozenset(requested fields) -> rows ready and unconsumed (see the module docstring)
         self.ready: Dict[str, Dict[frozenset, _Ready]] = {}
+
+    # ---------------------------------------------------------------- keys
+    @property
+    def keys(self) -> Dict[str, int]:
+        """key -> gidx of the keyed rows.  A partition decoded on open starts without it
+        (``s_key`` holds the keys); it is built from ``s_key`` on first use, O(rows), under
+        the controller's lock like every use of the mirror."""
+        d = self._keys
+        if d is None:
+            sl = self.live_slots()
+            sk = self.s_key
+            ks = sk if len(sl) == self.n else [sk[s] for s in sl.tolist()]
+            d = dict(zip(ks, self.s_gidx[sl].tolist()))
+            d.pop(None, None)  # (unkeyed rows)
+            self._keys = d
+            if len(d) > 1 << 16:
+                trim_heap()  # (its temporaries: a list of the gidxs)
+        return d
+
+    @keys.setter
+    def keys(self, d: Optional[Dict[str, int]]) -> None:
+        """Install a key index (None: build it from ``s_key`` on first use)."""
+        self._keys = d
+
+    def key_count(self) -> int:
+        """How many rows are keyed (without building the key index)."""
+        if self._keys is not None:
+            return len(self._keys)
+        return self.n - self.s_key.count(None)
 
     # ---------------------------------------------------------------- field sets
     def fs_id(self, fs: frozenset) -> int:
@@ -226,10 +257,12 @@ class Partition:
         if not gidxs:
             return
         sl = self.slots(gidxs)
+        index = self._keys  # (not built yet: nothing to drop from it)
         for s in sl.tolist():
             k = self.s_key[s]
             if k is not None:
-                self.keys.pop(k, None)
+                if index is not None:
+                    index.pop(k, None)
                 self.s_key[s] = None
         for g in gidxs:
             self.tags.pop(g, None)

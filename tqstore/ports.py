@@ -375,6 +375,11 @@ class UnitPort(Protocol):
     def compact(self, *, live_ratio: float = 0.5) -> int:
         """Compact mostly dead sealed segments; returns segments compacted."""
 
+    def index_state(self, *, sync: bool = False) -> Tuple[int, int]:
+        """``(entries, commit)``: how many (row, field) entries the index holds, and a counter
+        that every committed change of the index advances (and nothing else does); ``sync``
+        makes the index durable first.  The store's clean-close marker records these."""
+
     def close(self) -> None:
         """Close (idempotent)."""
 
@@ -437,6 +442,17 @@ class ControllerPort(Protocol):
         """What :meth:`claims` says, by field: field -> sorted int64 array of the gidxs of the
         rows living on unit ``unit_id`` that have it produced (fields no such row has are
         absent).  O(rows) in array operations (the store's reconcile)."""
+
+    def claim_counts(self) -> List[int]:
+        """Per unit, how many (row, produced field) pairs the controller says it holds."""
+
+    def mark_clean(self, digest: int) -> None:
+        """Record the clean-close marker with the units' ``digest`` (an int in [0, 2**63)),
+        durably, as the last commit before the store closes (docs/FORMAT.md, "Clean close")."""
+
+    def take_clean(self) -> Optional[int]:
+        """Remove the clean-close marker durably; its digest if no other commit came after
+        it, else None (none, stale or malformed).  The store calls it first when it opens."""
 
     # clears -----------------------------------------------------------------
     def clear_rows(self, pid: str, gidxs: Sequence[int], *, drop_partition: bool = False) -> List[int]:

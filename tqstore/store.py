@@ -19,7 +19,7 @@ from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .dump import DumpMixin
-from .dump.restore import settle_at_open
+from . import store_open
 from .errors import (
     ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
@@ -249,36 +249,14 @@ class Store(CheckpointMixin, DumpMixin):
             L.controller_dir(state), [L.unit_dir(state, i) for i in range(self.num_units)], durability=self.durability,
             segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"], map_bytes=self._opts["map_bytes"])
 
-    def _reconcile(self) -> None:
-        """Drop unit entries no controller row claims; forget claims no unit can serve."""
-        self._settle_undo()
-        settle_at_open(self.controller, self.units)  # selective restores a crash left (before the unit entries)
-        missing: Dict[int, Set[str]] = defaultdict(set)
-
-        def one(u: UnitPort):  # per field, in sorted-array operations
-            claims = self.controller.claim_rows(u.unit_id)  # field -> gidxs of this unit's rows that have it
-            present = u.field_rows()  # field -> gidxs the unit holds
-            n_orphan = 0
-            for f, held in present.items():
-                orphan = np.setdiff1d(held, claims.get(f, held[:0]), assume_unique=True)
-                if len(orphan):
-                    n_orphan += len(orphan)
-                    u.delete(orphan.tolist(), [f])
-            lost: Dict[int, Set[str]] = defaultdict(set)
-            for f, want in claims.items():
-                for g in np.setdiff1d(want, present.get(f, want[:0]), assume_unique=True).tolist():
-                    lost[g].add(f)
-            return n_orphan, lost
-
-        for n_orphan, lost in self._pool.map(one, self.units):
-            if n_orphan:
-                log.info("reconcile: dropped %d unit entries of unacknowledged writes", n_orphan)
-            for g, fs in lost.items():
-                missing[g] |= fs
-        if missing:
-            log.warning("reconcile: %d rows lost fields their units no longer hold (power loss without "
-                        "durability='commit'?); those fields are marked not produced", len(missing))
-            self.controller.drop_fields(missing)
+    def _reconcile(self) -> bool:
+        """Settle what a crash left and reconcile the units with the controller, unless the
+        store was closed cleanly (:func:`tqstore.store_open.reconcile`); True when it ran.
+        Until one has completed, a close records no clean-close marker."""
+        self._reconciled = False
+        ran = store_open.reconcile(self)
+        self._reconciled = True
+        return ran
 
     def _check_open(self) -> None:
         if self._closed:
@@ -292,6 +270,8 @@ class Store(CheckpointMixin, DumpMixin):
         with self._write_lock, self._meta_lock:
             self._closed = True
             self._pool.shutdown(wait=True)
+            if not self._temporary and getattr(self, "_reconciled", False):
+                store_open.mark_clean(self)  # the next open may skip its reconciliation
             self._close_parts()
             self._release_lock()
         if self._temporary:

@@ -41,7 +41,7 @@ from .errors import CorruptionError, InvalidInputError
 
 from .unit_read import UnitReader
 from .unit_restore import has_entries as _restore_entries, install_restore_calls, open_restore_db
-from .unit_recover import check_index_format, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
+from .unit_recover import check_index_format, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
 log = logging.getLogger("tqstore")
 
@@ -568,6 +568,12 @@ class Unit(UnitReader):
             return len(victims)
 
     # ------------------------------------------------------------------ lifecycle
+    def index_state(self, *, sync: bool = False) -> Tuple[int, int]:
+        """``(entries, commit)`` of the index: its ``loc`` entries and its commit counter (see
+        :func:`tqstore.unit_recover.index_state`); ``sync`` flushes the index to disk first."""
+        with self._lock, wrap_errors(f"unit {self.unit_id} index state", self.path):
+            return _index_state(self, sync=sync)
+
     def close(self) -> None:
         """Close (idempotent); snapshots still held end with it."""
         with self._lock:

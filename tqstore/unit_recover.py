@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict
+from typing import TYPE_CHECKING, Dict, Tuple
 
 import lmdb
 
@@ -20,7 +20,7 @@ from ._format.layout import SEGMENT_HEADER_SIZE
 from ._format.segment import decode_segment_header, parse_segment_name, segment_name
 from ._format.unit_records import SegInfo, UNIT_INDEX_FORMAT
 from ._io import files
-from ._io.lmdbenv import wrap_errors
+from ._io.lmdbenv import sync_env, wrap_errors
 from ._io.segfile import SegmentWriter
 from .errors import CorruptionError, FormatVersionError
 from .unit_restore import drop_staged_past, live_entries
@@ -104,6 +104,18 @@ def recover(unit: "Unit") -> None:
         for s in active:
             if s != sid:
                 unit._set_seg(s, sealed=True)
+
+def index_state(unit: "Unit", *, sync: bool = False) -> Tuple[int, int]:
+    """``(entries, commit)``: the number of ``loc`` entries of the unit's index and its
+    commit counter (LMDB's last transaction id: every committed change advances it, an
+    empty transaction does not); with ``sync``, the index is flushed to disk (fsync) first,
+    so that the answer describes a durable state (the store's clean close)."""
+    if sync:
+        sync_env(unit.env)
+    with unit.env.begin() as txn:
+        entries = txn.stat(unit.db_loc)["entries"]
+    return int(entries), int(unit.env.info()["last_txnid"])
+
 
 def check_segment_headers(unit: "Unit", segs: Dict[int, SegInfo]) -> None:
     """Reject segments of an unknown format version by name (FormatVersionError).

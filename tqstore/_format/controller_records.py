@@ -59,6 +59,7 @@ META_NUM_UNITS = b"num_units"
 META_NEXT_GIDX = b"next_gidx"
 META_PUT_TOKEN = b"put_token"
 META_RESTORE_TAG = b"restore_tag"  # the last restore tag handed out (absent: none yet)
+META_CLEAN = b"clean"  # the clean-close marker (absent: the store was not closed cleanly; see encode_clean)
 
 GIDX_BYTES = 8
 
@@ -450,11 +451,44 @@ def decode_restore_rows(raw: Any) -> List[RestoreRow]:
     return out
 
 
+# ---------------------------------------------------------------------------- clean-close marker
+_CLEAN_MAX_DIGITS = 40  # (every meta value is at most 40 ASCII digits: docs/FORMAT.md, "LMDB walk")
+
+
+def units_digest(states: Sequence[Tuple[int, int]]) -> int:
+    """The 63-bit digest of the units' index states ``[(entries, commit), ...]`` (unit 0
+    first) that a clean-close marker records: BLAKE2b (8-byte digest) of their ASCII
+    decimals joined as ``e0,c0;e1,c1;...``, the top bit cleared."""
+    import hashlib
+
+    text = ";".join(f"{int(e)},{int(c)}" for e, c in states).encode("ascii")
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
+
+
+def encode_clean(digest: int, commit: int) -> bytes:
+    """``meta/clean``: ASCII decimal of ``digest * 2**64 + commit`` (``digest``: the units'
+    :func:`units_digest`; ``commit``: the controller index's commit counter just before the
+    marker's own transaction)."""
+    if not (0 <= digest < 1 << 63 and 0 <= commit < 1 << 64):
+        raise RecordError("clean marker: digest or commit counter out of range")
+    return encode_decimal((digest << 64) | commit)
+
+
+def decode_clean(raw: Any) -> Tuple[int, int]:
+    """``(digest, commit)`` of a ``meta/clean`` value. Raises RecordError (not at most 40
+    ASCII digits, or a digest of 64 bits or more)."""
+    b = bytes(raw) if raw is not None else b""
+    if not b.isdigit() or len(b) > _CLEAN_MAX_DIGITS or int(b) >> 127:
+        raise RecordError(f"clean marker {b[:40]!r} is not an ASCII decimal below 2**127")
+    n = int(b)
+    return n >> 64, n & ((1 << 64) - 1)
+
+
 __all__ = [
     "CONTROLLER_FORMAT", "CONTROLLER_FORMATS_READ", "CONTROLLER_DBS", "ROW2_HEAD", "ROW2_KEYED", "ROW2_TAGGED",
     "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag",
     "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
-    "META_RESTORE_TAG", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
+    "META_RESTORE_TAG", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
     "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows",
     "decode_restore_rows", "RESTORE_CHUNK_ROWS",
     "RecordError", "RowRecord",

@@ -25,6 +25,9 @@ The names (tests/test_io_boundary.py checks that no durable syscall of tqstore b
 ``rmtree``             (``ignore_errors=True``, whose failure is then swallowed)
 ``copy``               a file copy (``files.copy_file``) or an LMDB copy (``lmdbenv``:
                        a snapshot's index copies, a checkpoint's indexes at load)
+``lmdb_sync``          an LMDB environment flushed to disk (``lmdbenv.sync_env``: a unit
+                       index and the controller at a clean close, the controller when a
+                       store opens and removes the clean-close marker)
 ``lock_open``          opening (creating) a lock file: the store's ``LOCK``, a checkpoint
                        path's ``.lock``, a generation root's lock file
 ``unit_commit``,       right before an LMDB commit of a unit or the controller (LMDB

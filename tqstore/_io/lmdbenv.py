@@ -54,6 +54,16 @@ def lmdb_commit_point(name: str) -> None:
         fp.observe(name)
 
 
+def sync_env(env: lmdb.Environment) -> None:
+    """Flush the environment's committed transactions to disk (fsync), also when it was
+    opened with ``sync=False``.  Failpoint ``lmdb_sync`` (observed with the directory).
+    Raises ``lmdb.Error`` (the caller adds context)."""
+    if fp.active:
+        fp.hit("lmdb_sync")
+        fp.observe("lmdb_sync", str(env.path()))
+    env.sync(True)
+
+
 def copy_txn_compact(env: lmdb.Environment, dst: Path, txn: lmdb.Transaction) -> None:
     """Write a compacted copy of the open environment ``env`` as read transaction ``txn``
     sees it into the existing, empty directory ``dst`` (``dst/data.mdb``): a snapshot's

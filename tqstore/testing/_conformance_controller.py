@@ -439,5 +439,37 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
             with pytest.raises(TqstoreError):
                 c.export_snapshot(987654, str(tmp_path / "x"))
 
+    # the store's clean close ------------------------------------------------------
+    def test_claim_counts_count_the_produced_fields_of_each_units_rows(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "claim_counts")
+        assert c.claim_counts() == [0] * self.NUM_UNITS
+        g = self.put(c, "p", keys=["a", "b", "c"], fields=("x", "y"))
+        self.put(c, "q", n=2)
+        self.put(c, "p", keys=["e"], fields=())
+        c.clear_rows("p", g[:1])
+        want = [0] * self.NUM_UNITS
+        for u in range(self.NUM_UNITS):
+            want[u] = sum(len(f) for f in c.claims(u).values())
+        assert c.claim_counts() == want and sum(want) == 2 * 2 + 2
+
+    def test_a_clean_mark_is_taken_once_and_only_while_nothing_was_committed_after_it(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "mark_clean")
+        assert c.take_clean() is None
+        self.put(c, "p", keys=["a"])
+        c.mark_clean(12345)
+        c = self.reopen(c)
+        assert c.take_clean() == 12345
+        assert c.take_clean() is None  # taken: removed
+        c.mark_clean(7)
+        self.put(c, "p", keys=["b"])  # a commit after the mark: stale
+        assert c.take_clean() is None
+        c = self.reopen(c)
+        assert c.take_clean() is None and c.list_keys() == {"p": {"a": None, "b": None}}
+        for bad in (-1, 1 << 63, "1"):
+            with pytest.raises(TqstoreError):
+                c.mark_clean(bad)
+
 
 __all__ = ["ControllerPortTests"]

@@ -447,5 +447,23 @@ class UnitPortTests(UnitRestoreTests, _PortTests):
         u.settle(4, committed=False)
         assert self.payloads(u, g, "x") == [_raw(np.zeros(3, np.int64))]
 
+    # the store's clean close ------------------------------------------------------
+    def test_index_state_counts_entries_and_advances_only_on_a_change(self, tmp_path):
+        u = self.unit(tmp_path)
+        self._needs(u, "index_state")
+        e0, c0 = u.index_state()
+        g = self.g(0, 1, 2)
+        self.write(u, "a", np.zeros((3, 2), np.float32), g)
+        self.write(u, "b", np.ones((2, 5), np.int64), g[:2])
+        e1, c1 = u.index_state(sync=True)
+        assert (e0, e1) == (0, 5) and c1 > c0
+        u.keys(), u.field_rows(), self.payloads(u, g, "a")  # reads commit nothing
+        assert u.index_state() == (e1, c1)
+        u = self.reopen(u)
+        assert u.index_state() == (e1, c1)  # a reopen commits nothing either
+        u.delete(g[:1])
+        e2, c2 = u.index_state()
+        assert e2 == 3 and c2 > c1
+
 
 __all__ = ["UnitPortTests"]

@@ -331,6 +331,12 @@ class PowerLoss:
             n.durable = self._read_fd(fd)
             n.pending = []
 
+    def _ev_lmdb_sync(self, ev: Event, path: str) -> None:  # an LMDB environment flushed (env.sync)
+        n = self._node_at(os.path.join(path, "data.mdb"))
+        if n is not None and n.kind == "file":
+            n.durable = self._read_path(os.path.join(path, "data.mdb")) or b""
+            n.pending = []
+
     def _ev_fsync_dir(self, ev: Event, path: str) -> None:
         d = self._node_at(path)
         if d is None:
