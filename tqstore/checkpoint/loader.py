@@ -142,8 +142,10 @@ class Builder:
     def _controller_part(self, new_dir: Path) -> None:
         """The controller's file: CRC, walk, unit and row counts against the manifest (as a
         deep verify), then staged.  Its entries are decoded and checked once, by the store's
-        open of the staged copy (:meth:`Store.install_state` opens the new state before the
-        switch; the same checked decoder as a deep verify's): not a second time here."""
+        open of the staged copy (the same checked decoder as a deep verify's), not a second
+        time: with the install's ``early`` parts that open runs here, right after staging and
+        beside the units' staging and CRC checks, else :meth:`Store.install_state` runs it
+        after the build."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
         self._read(_check_file(self.src, ctrl))
         self._walked(ctrl)
