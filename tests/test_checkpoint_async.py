@@ -29,7 +29,7 @@ class Gate:
 
     def __call__(self, event, *args) -> None:
         name = threading.current_thread().name
-        if name.startswith("tqstore-ckpt") or name == "tqstore-checkpoint-save":
+        if name.startswith(("tqstore-ckpt", "tqstore-checkpoint-save")):  # the export threads, the kept save pool
             self.reached.set()
             assert self.open_.wait(30), "gate never opened"
 

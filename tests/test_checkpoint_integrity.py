@@ -302,3 +302,50 @@ def test_checkpoint_scans_check_exact_extents_padding_and_versions(pristine, liv
     with tqstore.open(tmp_path / "other", num_units=3) as s:  # the reshard loader
         with pytest.raises(cls, match=words):
             s.load_checkpoint(ckpt)
+
+
+def _open_files_under(root: Path):
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            out.append(target)
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_load_failing_after_the_staged_controller_opened_closes_it_and_the_next_load_succeeds(
+        pristine, live, tmp_path, monkeypatch):
+    # the staged controller opens while the units are still being staged; a unit failing
+    # after that (an I/O error injected once the controller is open) must close it with the
+    # abandoned state (no file of it stays open) and change nothing
+    import threading
+
+    from tqstore import state_switch
+
+    opened = threading.Event()
+    real_open = state_switch.EarlyParts.open_controller
+
+    def open_controller(self):
+        real_open(self)
+        opened.set()
+
+    def failing_stage(target_dir, plan):
+        assert opened.wait(30)
+        raise OSError(5, "injected I/O error while staging a unit")
+
+    monkeypatch.setattr(state_switch.EarlyParts, "open_controller", open_controller)
+    monkeypatch.setattr(live.units[1], "stage_import", failing_stage)
+    before, state_dir = state(live), live.state_dir
+    with pytest.raises(CheckpointError, match="injected"):
+        live.load_checkpoint(pristine[0])
+    assert opened.is_set()
+    assert state(live) == before and live.state_dir == state_dir
+    assert [p.name for p in live.root.glob("state-*")] == [state_dir.name]
+    assert not [p for p in _open_files_under(live.root) if state_dir.name not in p and not p.endswith("LOCK")]
+    monkeypatch.undo()
+    live.load_checkpoint(pristine[0])
+    assert state(live) == pristine[1]

@@ -21,16 +21,29 @@ from .unit import DEFAULT_SEGMENT_BYTES, Unit, check_index_format
 from .unit_import import read_unit_index
 
 
+def open_controller(controller_dir: Path, *, num_units: int, durability: str,
+                    map_bytes: Optional[int]) -> ControllerPort:
+    """Open (or create) the controller in ``controller_dir`` (every entry decoded and checked).
+
+    Raises CorruptionError / FormatVersionError for a damaged or foreign index; a failed open
+    leaves nothing open."""
+    return Controller(controller_dir, num_units=num_units, sync=durability == "commit", map_bytes=map_bytes)
+
+
 def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, segment_bytes: int, compress,
-               map_bytes: Optional[int]) -> Tuple[ControllerPort, List[UnitPort]]:
+               map_bytes: Optional[int], controller: Optional[ControllerPort] = None
+               ) -> Tuple[ControllerPort, List[UnitPort]]:
     """Open (or create) the controller in ``controller_dir`` and unit ``i`` in ``unit_dirs[i]``.
 
-    Raises ConfigError when the controller records another unit count; a failed open leaves
-    nothing open."""
+    ``controller``: one already opened on ``controller_dir`` (:func:`open_controller`), used
+    as it is; on a failure it stays open (its opener closes it).  Raises ConfigError when the
+    controller records another unit count; a failed open leaves nothing it opened open."""
     from .errors import ConfigError
 
-    controller = Controller(controller_dir, num_units=len(unit_dirs), sync=durability == "commit",
-                            map_bytes=map_bytes)
+    given = controller is not None
+    if controller is None:
+        controller = open_controller(controller_dir, num_units=len(unit_dirs), durability=durability,
+                                     map_bytes=map_bytes)
     units: List[Unit] = []
     try:
         if controller.num_units != len(unit_dirs):
@@ -42,7 +55,8 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
     except BaseException:
         for u in units:
             u.close()
-        controller.close()
+        if not given:
+            controller.close()
         raise
     return controller, list(units)
 
@@ -72,5 +86,5 @@ def controller_partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
     return partition_counts(ctrl_dir)
 
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "open_parts", "unit_index_entries", "controller_summary",
+__all__ = ["DEFAULT_SEGMENT_BYTES", "open_parts", "open_controller", "unit_index_entries", "controller_summary",
            "controller_counts", "controller_partition_counts"]

@@ -9,6 +9,7 @@ directory is removed).
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
@@ -22,8 +23,37 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("tqstore")
 
 
-def install_state(store: "Store", build: Callable[[Path], Any], *, reconcile: bool = True,
-                  before_switch: Optional[Callable[[], Any]] = None) -> Any:
+class EarlyParts:
+    """What ``install_state(..., early_open=True)`` hands its build: :meth:`open_controller`
+    opens the new state's controller as soon as the build has staged it, so the open (every
+    entry decoded and checked) runs beside the build's remaining work (the units' staging and
+    CRC checks) instead of after it.  The controller opened here is the one switched in; on any
+    failure before the switch it is closed with the new state."""
+
+    def __init__(self, store: "Store", new_dir: Path) -> None:
+        self._store = store
+        self._dir = new_dir
+        self._lock = threading.Lock()
+        self.controller: Any = None
+
+    def open_controller(self) -> None:
+        """Open the controller of the new state (once; any thread).  Call it only when the
+        build has finished writing the controller's directory.  Raises what the open raises
+        (CorruptionError naming the staged file for a damaged index)."""
+        with self._lock:
+            if self.controller is None:
+                self.controller = self._store._open_controller(self._dir)
+
+    def close(self) -> None:
+        """Close an opened controller (after a failure before the switch)."""
+        with self._lock:
+            c, self.controller = self.controller, None
+        if c is not None:
+            c.close()
+
+
+def install_state(store: "Store", build: Callable[..., Any], *, reconcile: bool = True,
+                  before_switch: Optional[Callable[[], Any]] = None, early_open: bool = False) -> Any:
     """See :meth:`Store.install_state` (its guarantees and arguments)."""
     store._check_open()
     with store._write_lock, store._meta_lock:
@@ -33,17 +63,19 @@ def install_state(store: "Store", build: Callable[[Path], Any], *, reconcile: bo
         new_dir = store.root / L.state_name(cur + 1)
         if new_dir.exists():
             files.rmtree(new_dir)
+        early = EarlyParts(store, new_dir) if early_open else None
         try:
             files.mkdir(new_dir)
-            result = build(new_dir)
+            result = build(new_dir, early) if early is not None else build(new_dir)
             files.fsync_tree(new_dir)
             files.fsync_dir(store.root)
             old = (store.controller, store.units, store.state_dir)
             try:
-                store._open_parts(new_dir)
+                store._open_parts(new_dir, controller=early.controller if early is not None else None)
             except BaseException:
                 store.controller, store.units, store.state_dir = old
                 raise
+            early = None  # the opened controller is part of ``new`` now
             new = (store.controller, store.units)
             store.controller, store.units = old[0], old[1]
             try:
@@ -56,6 +88,8 @@ def install_state(store: "Store", build: Callable[[Path], Any], *, reconcile: bo
                 new[0].close()
                 raise
         except BaseException:
+            if early is not None:
+                early.close()
             files.rmtree(new_dir, ignore_errors=True)
             raise
         store._close_parts()

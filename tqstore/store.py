@@ -38,7 +38,7 @@ from .edge import batch_len as _batch_len, default_edge, normalise_fields as _no
 from .capacity import RowCapacity
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
-from .embedded import DEFAULT_SEGMENT_BYTES, open_parts
+from .embedded import DEFAULT_SEGMENT_BYTES, open_controller, open_parts
 from .ports import ControllerPort, SnapshotId, UnitPort
 from .read_guard import RemovalGuard
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
@@ -244,10 +244,17 @@ class Store(CheckpointMixin, DumpMixin):
                                                                L.unit_dir(self.state_dir, i) / "index")]:
                 files.fsync_dir(p)
 
-    def _open_parts(self, state: Path) -> None:
+    def _open_parts(self, state: Path, controller: Optional[ControllerPort] = None) -> None:
+        """Open the parts of ``state`` (``controller``: already opened by :meth:`_open_controller`)."""
         self.controller, self.units = open_parts(
             L.controller_dir(state), [L.unit_dir(state, i) for i in range(self.num_units)], durability=self.durability,
-            segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"], map_bytes=self._opts["map_bytes"])
+            segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"], map_bytes=self._opts["map_bytes"],
+            controller=controller)
+
+    def _open_controller(self, state: Path) -> ControllerPort:
+        """The controller of ``state`` opened alone (a load's, while its units are staged)."""
+        return open_controller(L.controller_dir(state), num_units=self.num_units, durability=self.durability,
+                               map_bytes=self._opts["map_bytes"])
 
     def _reconcile(self) -> bool:
         """Settle what a crash left and reconcile the units with the controller, unless the
@@ -513,8 +520,8 @@ class Store(CheckpointMixin, DumpMixin):
                 raise
             return StoreSnapshot(cid, ids, self.num_units, self.state_dir, units, controller)
 
-    def install_state(self, build: Callable[[Path], Any], *, reconcile: bool = True,
-                      before_switch: Optional[Callable[[], Any]] = None) -> Any:
+    def install_state(self, build: Callable[..., Any], *, reconcile: bool = True,
+                      before_switch: Optional[Callable[[], Any]] = None, early_open: bool = False) -> Any:
         """Replace the whole live state transactionally.
 
         ``build(new_state_dir)`` fills a fresh state directory beside the live one (controller
@@ -527,11 +534,12 @@ class Store(CheckpointMixin, DumpMixin):
         construction (a checkpoint of one MVCC cut); the next open reconciles anyway.
         ``before_switch()``, if given, runs after the new parts opened and right before the
         switch (e.g. to finish a verification started by ``build``); if it raises, the new
-        state is discarded like any other failure.
+        state is discarded like any other failure.  ``early_open=True``: ``build(new_state_dir,
+        early)`` may call ``early.open_controller()`` (see :class:`tqstore.state_switch.EarlyParts`).
         """
         from .state_switch import install_state
 
-        return install_state(self, build, reconcile=reconcile, before_switch=before_switch)
+        return install_state(self, build, reconcile=reconcile, before_switch=before_switch, early_open=early_open)
 
     def compact(self, *, live_ratio: float = 0.5) -> int:
         """Compact mostly-dead segments of every unit; returns segments compacted."""

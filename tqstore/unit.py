@@ -61,11 +61,19 @@ class UnitView:
 
     Held by its unit under a snapshot id (:meth:`Unit.snapshot`); callers name the id."""
 
-    def __init__(self, unit: "Unit", txn: lmdb.Transaction, segs: Dict[int, SegInfo]) -> None:
+    def __init__(self, unit: "Unit", txn: lmdb.Transaction, seg_ids: List[int]) -> None:
         self.unit = unit
         self.txn = txn
-        self.segs = segs
+        self.seg_ids = seg_ids  # pinned at the cut; their records are decoded when first asked for
+        self._segs: Optional[Dict[int, SegInfo]] = None
         self._released = False
+
+    @property
+    def segs(self) -> Dict[int, SegInfo]:
+        """The cut's segment records, read on first use (the cut pins ids only); CorruptionError if malformed."""
+        if self._segs is None:
+            self._segs = self.unit._load_segs(self.txn)
+        return self._segs
 
     def release(self) -> None:
         if not self._released:
@@ -73,7 +81,7 @@ class UnitView:
             try:
                 self.txn.abort()
             finally:
-                self.unit._unpin(self.segs)
+                self.unit._unpin(self.seg_ids)
 
 
 class Unit(UnitReader):
@@ -120,19 +128,19 @@ class Unit(UnitReader):
             raise
 
     # ------------------------------------------------------------------ open / recovery
+    def _seg_id(self, k) -> int:
+        try:
+            return UR.decode_seg_key(k)
+        except UR.RecordError as e:
+            raise CorruptionError(f"unit index: malformed segs key {bytes(k)[:40]!r}: {e}",
+                                  path=str(self.path / "index" / "data.mdb")) from e
+
     def _load_segs(self, txn=None) -> Dict[int, SegInfo]:
         own = txn is None
         txn = txn or self.env.begin()
         try:
-            out = {}
-            for k, v in txn.cursor(self.db_segs):
-                try:
-                    seg_id = UR.decode_seg_key(k)
-                except UR.RecordError as e:
-                    raise CorruptionError(f"unit index: malformed segs key {bytes(k)[:40]!r}: {e}",
-                                          path=str(self.path / "index" / "data.mdb")) from e
-                out[seg_id] = _seg_info(v, seg_id, self.path)
-            return out
+            ids = ((self._seg_id(k), v) for k, v in txn.cursor(self.db_segs))
+            return {seg_id: _seg_info(v, seg_id, self.path) for seg_id, v in ids}
         finally:
             if own:
                 txn.abort()
@@ -455,12 +463,16 @@ class Unit(UnitReader):
         with self._lock:
             self.seal()
             txn = self.env.begin(buffers=False)
-            segs = self._load_segs(txn)
-            for s in segs:
+            try:
+                seg_ids = [self._seg_id(k) for k in txn.cursor(self.db_segs).iternext(values=False)]
+            except BaseException:  # a malformed key: the cut fails, nothing pinned
+                txn.abort()
+                raise
+            for s in seg_ids:
                 self._pins[s] += 1
             sid = self._next_snapshot
             self._next_snapshot += 1
-            self._views[sid] = UnitView(self, txn, segs)
+            self._views[sid] = UnitView(self, txn, seg_ids)
             return sid
 
     def release(self, snapshot: int) -> None:
@@ -508,7 +520,7 @@ class Unit(UnitReader):
 
         return verify_same(Path(target_dir), plan) if plan.mode == "same" else 0
 
-    def _unpin(self, segs: Dict[int, SegInfo]) -> None:
+    def _unpin(self, segs: Iterable[int]) -> None:
         with self._lock:
             for s in segs:
                 self._pins[s] -= 1

@@ -142,7 +142,7 @@ def _export(unit, view, dest: Path, *, link: bool, reuse: Mapping[str, Reusable]
     return out
 
 
-def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], List[Tuple[int, int, int]]], *,
+def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], np.ndarray], *,
                    copy_only: bool) -> Tuple[int, str, int]:
     """Place one segment; returns (its CRC32C, the method used, bytes read to checksum)."""
     s = w.source
@@ -228,11 +228,18 @@ class _SegmentFrames:
     def live_bytes(self, seg: int) -> int:
         return self._where[seg][2]
 
-    def frames(self, seg: int) -> Callable[[], List[Tuple[int, int, int]]]:
-        """A callable giving ``[(offset, length, crc), ...]`` of ``seg`` (built only if called)."""
+    def frames(self, seg: int) -> Callable[[], np.ndarray]:
+        """A callable giving the ``(n, 3)`` uint64 rows ``(offset, length, crc)`` of ``seg``
+        sorted by offset (built only if called; an array, not tuples: no per-frame Python
+        object, so a save's memory does not grow with the frames it checks)."""
         start, count, _ = self._where[seg]
         part = self._arr[start:start + count]
-        return lambda: list(zip(part["offset"].tolist(), part["length"].tolist(), part["crc"].tolist()))
+
+        def rows() -> np.ndarray:
+            out = np.empty((count, 3), np.uint64)
+            out[:, 0], out[:, 1], out[:, 2] = part["offset"], part["length"], part["crc"]
+            return out
+        return rows
 
 
 def _scan_or_raise(path: str, size: int, frames, *, what: str, source: Optional[str] = None) -> int:

@@ -120,6 +120,7 @@ class Builder:
         self._pending: List[Any] = []
         self._vpool: Optional[ThreadPoolExecutor] = None
         self.new_dir: Optional[Path] = None  # the state directory being built (set by __call__)
+        self._early: Any = None  # the install's EarlyParts (set by __call__)
 
     def _read(self, n: int) -> None:
         with self._count_lock:
@@ -141,8 +142,10 @@ class Builder:
     def _controller_part(self, new_dir: Path) -> None:
         """The controller's file: CRC, walk, unit and row counts against the manifest (as a
         deep verify), then staged.  Its entries are decoded and checked once, by the store's
-        open of the staged copy (:meth:`Store.install_state` opens the new state before the
-        switch; the same checked decoder as a deep verify's): not a second time here."""
+        open of the staged copy (the same checked decoder as a deep verify's), not a second
+        time: with the install's ``early`` parts that open runs here, right after staging and
+        beside the units' staging and CRC checks, else :meth:`Store.install_state` runs it
+        after the build."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
         self._read(_check_file(self.src, ctrl))
         self._walked(ctrl)
@@ -152,6 +155,8 @@ class Builder:
         self.controller.stage_import(str(new_dir / "controller"), str(self.src / "controller"),
                                      num_units=self.num_units if self.man.num_units != self.num_units else None,
                                      clear_produced=self.mode == "metadata")
+        if self._early is not None:  # its open (the checked decode) runs beside the units' staging and CRCs
+            self._early.open_controller()
 
     def _index_part(self, i: int) -> FrameTable:
         """Unit ``i``'s index file: CRC (stopping at the first bad block), walk, entries read
@@ -161,14 +166,16 @@ class Builder:
         self._walked(e)
         return self._unit_table(i)
 
-    def __call__(self, new_dir: Path) -> str:
+    def __call__(self, new_dir: Path, early: Any = None) -> str:
         """Every file's checks and staging as tasks that start at once: each unit index is
         read as soon as the walk has passed it (one child walks the unit indexes, another
         the controller, side by side), each unit stages right after and its segments' verification
         starts in the background, while the controller's entries are decoded and checked
-        beside them.  All tasks have ended (none still writes into ``new_dir``) when this
-        returns or raises."""
+        beside them (``early``: the :class:`~tqstore.state_switch.EarlyParts` of the install,
+        whose ``open_controller()`` opens the staged controller in the controller's task).
+        All tasks have ended (none still writes into ``new_dir``) when this returns or raises."""
         self.new_dir = Path(new_dir)
+        self._early = early
         n_src = self.man.num_units if self.mode != "metadata" else 0
         workers = max(1, min(self.max_workers, max(self.num_units, n_src)))
         link = False
@@ -290,7 +297,7 @@ def load(store, checkpoint_dir) -> LoadInfo:
                         walks={e.path: (w, k) for g, w in zip(groups, walks) for k, e in enumerate(g)})
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
-            mode = store.install_state(build, reconcile=False, before_switch=build.finish)
+            mode = store.install_state(build, reconcile=False, before_switch=build.finish, early_open=True)
         except CorruptionError as e:
             staged = build.new_dir / "controller" if build.new_dir is not None else None
             if staged is not None and e.path is not None and Path(e.path).parent == staged:

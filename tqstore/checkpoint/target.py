@@ -46,6 +46,7 @@ ROOT_LOCK_NAME = ".tqstore-checkpoints.lock"  # the lock file of a generation ro
 STEP_RE = re.compile(r"^step-(\d{10,})(\.old)?$")
 _ROOT_ENTRY = re.compile(r"^(step-\d{10,}(\.old|\.tmp-[0-9a-f]{8})?|\.deleting-step-\d{10,}(\.old)?-[0-9a-f]{8})$")
 _CKPT_ENTRY = re.compile(r"^(controller|unit-\d{3,})$")
+assert DR.MANIFEST_NAME == M.MANIFEST_NAME  # enclosing_owner looks for one name
 
 
 def is_checkpoint_dir(d: PathLike) -> bool:
@@ -158,16 +159,23 @@ def enclosing_owner(real: Path, *, skip_root_parent: bool = False) -> Optional[T
     checkpoint MANIFEST.json) or ``"the checkpoint generation root"`` (holds
     ``.tqstore-checkpoints.lock``).  ``skip_root_parent``: the immediate parent may be a
     generation root (``real`` is one of its generations)."""
-    for i, a in enumerate(real.parents):
-        if os.path.lexists(a / STORE_FILE):
-            return "the store", a
-        if os.path.lexists(a / M.MANIFEST_NAME) and is_checkpoint_dir(a):
-            return "the checkpoint", a
-        if os.path.lexists(a / M.MANIFEST_NAME) and is_dump_dir(a):
-            return "the dump", a
-        if os.path.lexists(a / ROOT_LOCK_NAME) and not (i == 0 and skip_root_parent):
-            return "the checkpoint generation root", a
-    return None
+    # plain strings and three lstat calls per ancestor: this runs in a non-blocking save's stall
+    join, lexists = os.path.join, os.path.lexists
+    a, i = os.path.dirname(os.fspath(real)), 0
+    while True:
+        if lexists(join(a, STORE_FILE)):
+            return "the store", Path(a)
+        if lexists(join(a, M.MANIFEST_NAME)):  # the checkpoint's and the dump's manifest name
+            if is_checkpoint_dir(a):
+                return "the checkpoint", Path(a)
+            if is_dump_dir(a):
+                return "the dump", Path(a)
+        if lexists(join(a, ROOT_LOCK_NAME)) and not (i == 0 and skip_root_parent):
+            return "the checkpoint generation root", Path(a)
+        up = os.path.dirname(a)
+        if up == a:
+            return None
+        a, i = up, i + 1
 
 
 def describe(p: Path) -> str:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 import threading
 import time
@@ -361,6 +362,7 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
     if final.name in ("", ".", "..") or final.name.endswith(".old") or ".tmp-" in final.name:
         raise CheckpointError(f"{final} is not a usable checkpoint directory name")
     state = state_of(store)
+    background_pool()
     with state.lock:
         settle(state)
         if before_cut is not None:
@@ -375,8 +377,36 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
                                    f"background checkpoint save to {final}", _start_thread)
 
 
+_POOL: Optional[ThreadPoolExecutor] = None
+_POOL_LOCK = threading.Lock()
+
+
+def background_pool() -> ThreadPoolExecutor:
+    """The threads background saves run on: kept between calls and started before the first
+    non-blocking save needs one (:func:`save` calls this first), so handing a save over costs
+    a queue put, not a thread start: ``Thread.start`` waits for the new thread, which then
+    runs the save holding the GIL, and the caller's stall became that thread's first
+    time slice.  Joined at interpreter exit like any executor's (a running save finishes
+    first, as the non-daemon thread it replaces did); made anew in a forked child."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tqstore-checkpoint-save")
+            _POOL.submit(lambda: None)  # its first thread starts now, not in a save's stall
+        return _POOL
+
+
+def _forget_pool() -> None:
+    global _POOL, _POOL_LOCK
+    _POOL, _POOL_LOCK = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
+
+
 def _start_thread(body: Callable[[], None]) -> None:
-    threading.Thread(target=body, name="tqstore-checkpoint-save", daemon=False).start()
+    background_pool().submit(body)
 
 
 def start_in_background(state: Any, cut: Any, handle: Any, run: Callable[[], Any], what: str,
