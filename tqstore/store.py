@@ -31,7 +31,7 @@ from .checkpoint.target import check_store_location
 from .dump import DumpMixin
 from . import store_open
 from .errors import (
-    ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
+    ConfigError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
 )
 from .edge import batch_len as _batch_len, default_edge, normalise_fields as _normalise_fields

@@ -39,7 +39,7 @@ from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
-from .unit_read import UnitReader
+from .unit_read import UnitReader, UnitView
 from .unit_restore import has_entries as _restore_entries, install_restore_calls, open_restore_db
 from .unit_recover import check_index_format, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
@@ -53,35 +53,6 @@ COMPACT_LIVE_RATIO = 0.5
 
 _seg_key = UR.seg_key
 _undo_key = UR.undo_key
-
-
-
-class UnitView:
-    """A read transaction of a unit pinned to the segments it references (an MVCC cut).
-
-    Held by its unit under a snapshot id (:meth:`Unit.snapshot`); callers name the id."""
-
-    def __init__(self, unit: "Unit", txn: lmdb.Transaction, seg_ids: List[int]) -> None:
-        self.unit = unit
-        self.txn = txn
-        self.seg_ids = seg_ids  # pinned at the cut; their records are decoded when first asked for
-        self._segs: Optional[Dict[int, SegInfo]] = None
-        self._released = False
-
-    @property
-    def segs(self) -> Dict[int, SegInfo]:
-        """The cut's segment records, read on first use (the cut pins ids only); CorruptionError if malformed."""
-        if self._segs is None:
-            self._segs = self.unit._load_segs(self.txn)
-        return self._segs
-
-    def release(self) -> None:
-        if not self._released:
-            self._released = True
-            try:
-                self.txn.abort()
-            finally:
-                self.unit._unpin(self.seg_ids)
 
 
 class Unit(UnitReader):

@@ -11,7 +11,7 @@ import logging
 import os
 from collections import defaultdict
 from itertools import islice
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import zstandard
@@ -29,6 +29,7 @@ from ._format.layout import (
 )
 from ._format.segment import decode_segment_header, segment_name
 from ._io import files
+from ._format.unit_records import SegInfo
 from .errors import CorruptionError
 
 log = logging.getLogger("tqstore")
@@ -472,3 +473,31 @@ class UnitReader:
         finally:
             if own:
                 txn.abort()
+
+
+class UnitView:
+    """A unit's LMDB read transaction pinned to the segments it references (an MVCC cut).
+
+    Held by its unit under a snapshot id (:meth:`Unit.snapshot`); callers name the id."""
+
+    def __init__(self, unit: Any, txn: Any, seg_ids: List[int]) -> None:
+        self.unit = unit
+        self.txn = txn
+        self.seg_ids = seg_ids  # pinned at the cut; their records are decoded when first asked for
+        self._segs: Optional[Dict[int, SegInfo]] = None
+        self._released = False
+
+    @property
+    def segs(self) -> Dict[int, SegInfo]:
+        """The cut's segment records, read on first use (the cut pins ids only); CorruptionError if malformed."""
+        if self._segs is None:
+            self._segs = self.unit._load_segs(self.txn)
+        return self._segs
+
+    def release(self) -> None:
+        if not self._released:
+            self._released = True
+            try:
+                self.txn.abort()
+            finally:
+                self.unit._unpin(self.seg_ids)
