@@ -17,9 +17,11 @@ claimed twice, a schema of an unknown kind or dtype — raises
 from __future__ import annotations
 
 import gc
+import json
+import json.scanner
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import compress, islice
+from itertools import compress, islice, repeat
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
@@ -34,6 +36,34 @@ from .errors import CorruptionError, FormatVersionError
 
 _ROW2 = R.ROW2_DTYPE
 _FAST = _ROW2.itemsize  # an untagged row of partitions with at most 64 fields
+_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # C: (value, end) of the JSON value at an index
+
+
+def _tagged_rows(vs: List[bytes]) -> Optional[Tuple[np.ndarray, List[Any]]]:
+    """Heads and tags of tagged one-word rows, checked in bulk: the heads as one array, each tag
+    parsed on its own by the C scanner (one value filling its bytes exactly, not null).  None
+    when any row is not of that shape or does not check: the caller then decodes each row with
+    :func:`R.decode_row2`, which accepts what it accepts and raises the precise error."""
+    m = len(vs)
+    heads = b"".join([v[:_FAST] for v in vs])
+    lens = np.fromiter(map(len, vs), dtype=np.int64, count=m) - _FAST
+    if len(heads) != m * _FAST or not (lens > 0).all():
+        return None
+    a = np.frombuffer(heads, dtype=_ROW2)
+    if ((a["flags"] & np.uint16(R.ROW2_KEYED)) | np.uint16(R.ROW2_TAGGED) != a["flags"]).any() \
+            or (a["words"] != 1).any() or (a["seq"] >= 1 << 62).any():
+        return None
+    try:
+        text = b"".join([v[_FAST:] for v in vs]).decode("ascii")
+        ends = np.cumsum(lens)
+        parsed = list(map(_SCAN, map(text.__getitem__, map(slice, (ends - lens).tolist(), ends.tolist())),
+                          repeat(0, m)))
+    except (StopIteration, ValueError, RecursionError):  # a tag not compact ASCII JSON: per row
+        return None
+    tags, stops = zip(*parsed) if parsed else ((), ())
+    if not np.array_equal(np.asarray(stops, dtype=np.int64), lens) or None in tags:
+        return None
+    return a, list(tags)
 
 
 @dataclass
@@ -237,6 +267,7 @@ def _chunks(txn, db):
 def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) -> int:
     cols: List[List[np.ndarray]] = [[], [], [], [], []]  # gidx, part, flags, seq, mask (0 for slow rows)
     slow: List[Tuple[int, Any]] = []  # (row position, Row2) of rows not decoded as the array
+    tagged: List[Tuple[np.ndarray, List[Any]]] = []  # (row positions, tags) of tagged rows decoded in bulk
     base = 0
     for ks, vs, kb, vb in _chunks(txn, dbs["rows"]):
         g = _gidx_keys(ks, w, next_gidx, kb)
@@ -255,7 +286,14 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
                 raise RecordError("row value: a 24-byte value must be one untagged bitmap word below seq 2**62")
             sel = slice(None) if allf else fast
             part[sel], flags[sel], seq[sel], mask[sel] = a["part"], a["flags"], a["seq"], a["mask"]
-        for i in np.flatnonzero(~fast).tolist():
+        others = np.flatnonzero(~fast)
+        bulk = _tagged_rows([vs[i] for i in others.tolist()]) if len(others) else None
+        if bulk is not None:  # tagged rows (the usual ones of RL buffers), checked in bulk
+            a, tg = bulk
+            part[others], flags[others], seq[others], mask[others] = a["part"], a["flags"], a["seq"], a["mask"]
+            tagged.append((base + others, tg))
+            others = others[:0]
+        for i in others.tolist():
             w.at = ("rows", ks[i])
             r = R.decode_row2(vs[i])
             if r.seq >= 1 << 62:
@@ -318,6 +356,9 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
         n_keys += _keys_v2(txn, dbs["keys"], p, keyed, w)
     for num, gg, tag in tags:
         by_num[num].tags[gg] = tag
+    for pos, tg in tagged:
+        for num, gg, tag in zip(part[pos].tolist(), g[pos].tolist(), tg):
+            by_num[num].tags[gg] = tag
     w.at = "keys"
     if n_keys != txn.stat(dbs["keys"])["entries"]:
         raise RecordError(f"{txn.stat(dbs['keys'])['entries'] - n_keys} keys entries of no partition")
