@@ -28,8 +28,6 @@ error nobody retrieved surfaces on the next save, load or dump).
 from __future__ import annotations
 
 import logging
-import os
-import threading
 import time
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -255,30 +253,6 @@ class DumpJob:
                          phases_s=phases)
 
 
-_POOL: Optional[ThreadPoolExecutor] = None
-_POOL_LOCK = threading.Lock()
-
-
-def _background() -> ThreadPoolExecutor:
-    """The threads background dumps run on: kept between calls, so handing a dump over costs
-    a queue put, not a thread start (the caller's stall); joined at interpreter exit like any
-    executor's, so a running dump finishes first; made anew in a forked child."""
-    global _POOL
-    with _POOL_LOCK:
-        if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tqstore-dump")
-        return _POOL
-
-
-def _forget_pool() -> None:
-    global _POOL, _POOL_LOCK
-    _POOL, _POOL_LOCK = None, threading.Lock()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
-
-
 def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool = True):
     """``Store.dump_data_by_key`` (see :class:`tqstore.dump.DumpMixin`)."""
     t0 = time.perf_counter()
@@ -294,4 +268,4 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
         if blocking:
             return job.run()
         return W.start_in_background(state, cut, DumpHandle(final, cut.stall_s), job.run,
-                                     f"background dump to {final}", lambda body: _background().submit(body))
+                                     f"background dump to {final}", lambda body: W.background_pool().submit(body))
