@@ -412,3 +412,13 @@ def test_read_row_reads_one_row_of_a_transaction_in_either_format(tmp_path):
                     read_row(txn, dbs, "q", 0, "a")
         finally:
             env.close()
+
+
+def test_loads_each_parses_each_value_alone_or_gives_none():
+    from tqstore._format.values import loads_each
+
+    assert loads_each([b'{"a":1}', b"2", b'"s"', b"[1,2]", b"NaN"])[:4] == [{"a": 1}, 2, "s", [1, 2]]
+    assert loads_each([]) == []
+    # misaligned values that join into valid JSON, trailing bytes, null, non-ASCII, not JSON
+    for bad in ([b"[1", b"2],3"], [b"1 "], [b"null"], [b'"\xc3\xa9"'], [b"{"], [b""]):
+        assert loads_each(bad) is None, bad

@@ -17,11 +17,9 @@ claimed twice, a schema of an unknown kind or dtype — raises
 from __future__ import annotations
 
 import gc
-import json
-import json.scanner
 from collections import defaultdict
 from dataclasses import dataclass
-from itertools import compress, islice, repeat
+from itertools import compress, islice
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
 
@@ -30,18 +28,16 @@ import numpy as np
 from ._format import controller_records as R
 from ._format.controller_records import CONTROLLER_DBS, CONTROLLER_FORMAT  # noqa: F401 - re-exported
 from ._format.records import RecordError
+from ._format.values import loads_each
 from ._io.heap import trim_heap
 from .controller_mirror import GidxMap, Partition
 from .errors import CorruptionError, FormatVersionError
 
 _ROW2 = R.ROW2_DTYPE
 _FAST = _ROW2.itemsize  # an untagged row of partitions with at most 64 fields
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # C: (value, end) of the JSON value at an index
-
-
 def _tagged_rows(vs: List[bytes]) -> Optional[Tuple[np.ndarray, List[Any]]]:
     """Heads and tags of tagged one-word rows, checked in bulk: the heads as one array, each tag
-    parsed on its own by the C scanner (one value filling its bytes exactly, not null).  None
+    parsed on its own (:func:`~tqstore._format.values.loads_each`).  None
     when any row is not of that shape or does not check: the caller then decodes each row with
     :func:`R.decode_row2`, which accepts what it accepts and raises the precise error."""
     m = len(vs)
@@ -53,17 +49,8 @@ def _tagged_rows(vs: List[bytes]) -> Optional[Tuple[np.ndarray, List[Any]]]:
     if ((a["flags"] & np.uint16(R.ROW2_KEYED)) | np.uint16(R.ROW2_TAGGED) != a["flags"]).any() \
             or (a["words"] != 1).any() or (a["seq"] >= 1 << 62).any():
         return None
-    try:
-        text = b"".join([v[_FAST:] for v in vs]).decode("ascii")
-        ends = np.cumsum(lens)
-        parsed = list(map(_SCAN, map(text.__getitem__, map(slice, (ends - lens).tolist(), ends.tolist())),
-                          repeat(0, m)))
-    except (StopIteration, ValueError, RecursionError):  # a tag not compact ASCII JSON: per row
-        return None
-    tags, stops = zip(*parsed) if parsed else ((), ())
-    if not np.array_equal(np.asarray(stops, dtype=np.int64), lens) or None in tags:
-        return None
-    return a, list(tags)
+    tags = loads_each([v[_FAST:] for v in vs])
+    return None if tags is None else (a, tags)
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ._format import controller_records as R
 from ._format.records import RecordError
-from ._format.values import loads as _loads_value
+from ._format.values import loads_each
 from .controller_decode import read_row, schema_entries
 from .errors import CorruptionError
 from .ports import RowBatch
@@ -101,7 +101,7 @@ def _bulk(txn, dbs, pid: str, keys: Sequence[str], graw: List[Optional[bytes]], 
             tagged.append(i)
             tag_raw.append(bytes(v[end:]))
     if tagged:
-        decoded = _tags(tag_raw)
+        decoded = loads_each(tag_raw)
         if decoded is None:  # one of them does not parse alone: the slow path names it
             slow.extend(tagged)
         else:
@@ -128,13 +128,3 @@ def _fields_of(mask: int, names: Dict[int, str], g: int) -> frozenset:
     return frozenset(out)
 
 
-def _tags(raw: List[bytes]) -> Optional[List[Any]]:
-    """The tags (compact JSON each) parsed with one JSON parse of them all; None when that does
-    not give exactly one non-null value per tag (then each is decoded on its own)."""
-    try:
-        out = _loads_value(b"[" + b",".join(raw) + b"]")
-    except (ValueError, RecursionError):
-        return None
-    if type(out) is not list or len(out) != len(raw) or any(t is None for t in out):
-        return None
-    return out
