@@ -13,6 +13,11 @@ alike.  On a shared machine the absolute figures move with the load: read the ra
 (``LABEL/first``; higher is better for throughputs, lower for the figures marked so).  ``--quick`` (the
 default) passes ``--quick`` to every bench.
 
+``--scripts-from LABEL`` makes every build run LABEL's bench scripts instead of its own (each from a
+scratch directory whose ``tqstore`` links to that build's package, still with the build's own
+interpreter), so that a method changed between the builds cannot pass for a change of speed: with
+``--scripts-from old`` both builds are measured the way the old one was.
+
 Figures taken: bench_engine's ``--json`` (medians of its repetitions: bulk put/get,
 memcpy and page-cache baselines, durability, zstd, small rows native and pure),
 bench_dataplane's printed lines, and bench_checkpoint's last JSON line (its numeric keys).
@@ -100,9 +105,24 @@ def parse_checkpoint(text: str) -> Dict[str, float]:
             and k not in ("units", "cpus", "rows", "payload_gib_target", "lmdb_walk_entries")}
 
 
-def run_one(label: str, tree: Path, bench: str, quick: bool, extra: List[str], work: Path) -> Dict[str, float]:
+def script_home(tree: Path, scripts_tree: Path, work: Path) -> Path:
+    """A directory whose ``bench/`` holds ``scripts_tree``'s bench scripts and whose ``tqstore``
+    links to ``tree``'s package: the scripts put their parent's parent first on ``sys.path``."""
+    if tree == scripts_tree:
+        return tree
+    home = work / f"scripts-{abs(hash((str(tree), str(scripts_tree))))}"
+    if not home.exists():
+        (home / "bench").mkdir(parents=True)
+        for f in (scripts_tree / "bench").glob("*.py"):
+            (home / "bench" / f.name).write_bytes(f.read_bytes())
+        (home / "tqstore").symlink_to(tree / "tqstore", target_is_directory=True)
+    return home
+
+
+def run_one(label: str, tree: Path, bench: str, quick: bool, extra: List[str], work: Path,
+            scripts_tree: Path = None) -> Dict[str, float]:
     py = tree / ".venv" / "bin" / "python"
-    script = tree / "bench" / f"bench_{bench}.py"
+    script = script_home(tree, scripts_tree or tree, work) / "bench" / f"bench_{bench}.py"
     cmd = [str(py), str(script)] + (["--quick"] if quick else []) + extra
     jpath = None
     if bench == "engine":
@@ -153,6 +173,8 @@ def main(argv=None) -> int:
                     help='extra arguments for one build\'s bench, e.g. new-dict:dataplane="--result-type dict"')
     ap.add_argument("--only", action="append", default=[], metavar="LABEL=BENCH[,BENCH]",
                     help="run only these benches for one build (e.g. new-dict=dataplane)")
+    ap.add_argument("--scripts-from", default=None, metavar="LABEL",
+                    help="every build runs this build's bench scripts (the same method for all)")
     ap.add_argument("--json", default=None, help="also write every round's figures to this file")
     ap.add_argument("--from-json", default=None, help="print the report of an earlier run's --json file")
     args = ap.parse_args(argv)
@@ -174,11 +196,18 @@ def main(argv=None) -> int:
         bench, _, xs = rest.partition("=")
         extra[(lb, bench)] = shlex.split(xs)
     benches = args.bench or list(BENCHES)
+    scripts_tree = None
+    if args.scripts_from:
+        homes = dict(trees)
+        if args.scripts_from not in homes:
+            ap.error(f"--scripts-from {args.scripts_from!r} is not one of the --tree labels")
+        scripts_tree = homes[args.scripts_from]
     only = {lb: set(bs.split(",")) for lb, _, bs in (o.partition("=") for o in args.only)}
     figs: Dict[str, Dict[str, Dict[str, List[float]]]] = {b: {lb: {} for lb, _ in trees} for b in benches}
     work = Path(tempfile.mkdtemp(prefix="tq-compare-"))
     print(f"compare: {', '.join(f'{lb}={d}' for lb, d in trees)}; {args.rounds} round(s), "
-          f"{'full' if args.full else '--quick'} sizes, builds alternating (order reversed every other round); "
+          f"{'full' if args.full else '--quick'} sizes, "
+          f"{'scripts of ' + args.scripts_from if args.scripts_from else 'each build its own scripts'}, builds alternating (order reversed every other round); "
           f"load average {os.getloadavg()[0]:.2f} at start", flush=True)
     for rnd in range(args.rounds):
         order = trees if rnd % 2 == 0 else trees[::-1]
@@ -186,7 +215,7 @@ def main(argv=None) -> int:
             for lb, d in order:
                 if lb in only and b not in only[lb]:
                     continue
-                got = run_one(lb, d, b, not args.full, extra.get((lb, b), []), work)
+                got = run_one(lb, d, b, not args.full, extra.get((lb, b), []), work, scripts_tree)
                 for k, v in got.items():
                     figs[b][lb].setdefault(k, []).append(v)
     report(figs, [lb for lb, _ in trees], benches, args.rounds)
