@@ -302,16 +302,15 @@ class SaveJob:
                                                 put_token=int(ctrl.summary["put_token"]),
                                                 index_block_bytes=M.INDEX_BLOCK_BYTES)
 
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-ckpt") as pool:
-                futs = [pool.submit(export, i) for i in range(len(ports))]
-                errors = []
-                for f in futs:
-                    try:
-                        results.append(f.result())
-                    except BaseException as e:  # noqa: BLE001 - the first is re-raised below
-                        errors.append(e)
-                if errors:
-                    raise errors[0]
+            futs = [export_pool(workers).submit(export, i) for i in range(len(ports))]
+            errors = []
+            for f in futs:
+                try:
+                    results.append(f.result())
+                except BaseException as e:  # noqa: BLE001 - the first is re-raised below
+                    errors.append(e)
+            if errors:
+                raise errors[0]
             for i, r in enumerate(results):
                 entries.extend(_entry(M.unit_dir_name(i), e, e["role"]) for e in r.files)
         snapshot.update({
@@ -379,6 +378,7 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
 
 _POOL: Optional[ThreadPoolExecutor] = None
 _POOL_LOCK = threading.Lock()
+_EXPORT_POOLS: Dict[int, ThreadPoolExecutor] = {}
 
 
 def background_pool() -> ThreadPoolExecutor:
@@ -396,9 +396,24 @@ def background_pool() -> ThreadPoolExecutor:
         return _POOL
 
 
+def export_pool(workers: int) -> ThreadPoolExecutor:
+    """The threads the units' exports of a save run on, ``workers`` of them (at most 8), kept
+    between saves: a save no longer starts (and joins) a thread per unit, a fixed cost of every
+    generation however little changed.  An export never waits for another task of this pool,
+    so saves running at the same time share it without deadlock (their exports queue)."""
+    workers = max(1, min(8, workers))
+    with _POOL_LOCK:
+        p = _EXPORT_POOLS.get(workers)
+        if p is None:
+            p = _EXPORT_POOLS[workers] = ThreadPoolExecutor(max_workers=workers,
+                                                            thread_name_prefix="tqstore-ckpt-export")
+        return p
+
+
 def _forget_pool() -> None:
     global _POOL, _POOL_LOCK
     _POOL, _POOL_LOCK = None, threading.Lock()
+    _EXPORT_POOLS.clear()
 
 
 if hasattr(os, "register_at_fork"):
