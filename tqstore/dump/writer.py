@@ -6,17 +6,19 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
 1. checks before anything is written: the partition id and the key list
    (:func:`check_key_list`), the target (:func:`publish.check_target`), the restore marker;
 2. the cut, under the store's write lock: :meth:`Store.snapshot` (each unit seals and pins,
-   the controller opens a read transaction) and, under the same lock, the keys are resolved
-   as given, in one bulk lookup (:meth:`ControllerPort.resolve_keys`: an unknown partition
-   or key raises here, after :func:`check_keys` turned a key that is not a valid key into
-   InvalidInputError; the cut is released, nothing was written: every key a partition
-   holds is valid, so only a failed resolution checks keys one by one) and the
-   controller's ``put_token`` read; with ``blocking=False`` the caller is released now
-   (:class:`DumpHandle`); the stall is the cut plus one lookup per key;
+   the controller opens a read transaction) and, under the same lock, the keys are checked
+   in one membership test (:meth:`ControllerPort.check_keys`, a set lookup that answers no
+   value per key: an unknown partition or key raises here, after :func:`check_keys` turned
+   a key that is not a valid key into InvalidInputError; the cut is released, nothing was
+   written: every key a partition holds is valid, so only a failed check looks at keys
+   one by one) and the controller's ``put_token`` read; with ``blocking=False`` the caller
+   is released now (:class:`DumpHandle`); the stall is the cut plus that test;
 3. duplicate keys dropped (the first kept, :meth:`DumpCut.distinct`); under the exclusive
    ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
    ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
-   and produced fields at the cut; :func:`plan` groups the rows with data by owning unit;
+   and produced fields at the cut (the keys are resolved there, in the snapshot: every one
+   was a row at the cut, so a key it lacks is a bug and nothing is published);
+   :func:`plan` groups the rows with data by owning unit;
    each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
    fsynced), in parallel, and ``rows.json`` is written and fsynced beside them; then
    ``MANIFEST.json`` is written and fsynced, the directory fsynced; :func:`publish.publish`.
@@ -72,30 +74,27 @@ def check_key_list(keys: Any, partition_id: Any) -> List[Any]:
 
 @dataclass
 class DumpCut:
-    """A dump's cut: the snapshot and the keys resolved at it (as given: duplicates are dropped
-    by :meth:`distinct`, after the caller is released)."""
+    """A dump's cut: the snapshot and the keys checked at it (as given: duplicates are dropped
+    by :meth:`distinct`, after the caller is released); ``distinct_keys`` their number."""
 
     snap: Any  # StoreSnapshot
     partition_id: str
     keys: List[str]
-    gidxs: List[int]
+    distinct_keys: int
     put_token: int
     num_units: int
     store_root: Path
     stall_s: float
 
     def distinct(self) -> None:
-        """Drop duplicate keys, the first kept (a key names one gidx of the partition, so the
-        gidxs follow)."""
-        if len(self.keys) > 1:
-            m = dict(zip(self.keys, self.gidxs))
-            if len(m) != len(self.keys):
-                self.keys, self.gidxs = list(m), list(m.values())
+        """Drop duplicate keys, the first kept."""
+        if len(self.keys) != self.distinct_keys:
+            self.keys = list(dict.fromkeys(self.keys))
 
 
 def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = None) -> DumpCut:
-    """The cut and the keys resolved at it, under the store's write lock (held for both only:
-    one snapshot and one bulk lookup of the keys).
+    """The cut and the keys checked at it, under the store's write lock (held for both only:
+    one snapshot and one membership test of the keys).
 
     Raises PartitionNotFoundError / KeyNotFoundError, InvalidInputError for a key that is not a
     valid key (checked only when some key does not resolve); the cut is released."""
@@ -105,7 +104,7 @@ def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = No
         try:
             _ports.check_no_restore(snap.controller, partition_id, f"a dump of partition {partition_id!r}")
             try:
-                gidxs = snap.controller.resolve_keys(partition_id, keys) if keys else []
+                n = snap.controller.check_keys(partition_id, keys) if keys else 0
             except (KeyNotFoundError, TypeError):
                 check_keys(keys, partition_id)  # an invalid key is bad input, not an unknown key
                 raise
@@ -115,7 +114,7 @@ def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = No
         except BaseException:
             snap.release()
             raise
-    return DumpCut(snap, partition_id, keys, gidxs, token, store.num_units, Path(store.root),
+    return DumpCut(snap, partition_id, keys, n, token, store.num_units, Path(store.root),
                    time.perf_counter() - t0)
 
 
@@ -206,8 +205,8 @@ class DumpJob:
         cut.distinct()
         rows = snap.controller.snapshot_rows(snap.controller_snap, cut.partition_id, cut.keys)
         t.append(time.perf_counter())
-        if rows is None or rows.missing() or list(rows.gidxs) != cut.gidxs:
-            raise CheckpointError(f"the controller's snapshot disagrees with the keys resolved at the cut of "
+        if rows is None or len(rows) != len(cut.keys) or rows.missing():
+            raise CheckpointError(f"the controller's snapshot lacks keys that were rows at the cut of "
                                   f"partition {cut.partition_id!r} (a bug); nothing was published")
         work = plan(rows, cut.num_units)
         shards: List[ShardInfo] = []
