@@ -15,12 +15,16 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
    is released now (:class:`DumpHandle`); the stall is the cut plus that test;
 3. duplicate keys dropped (the first kept, :meth:`DumpCut.distinct`); under the exclusive
    ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
-   ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
-   and produced fields at the cut (the keys are resolved there, in the snapshot: every one
-   was a row at the cut, so a key it lacks is a bug and nothing is published);
-   :func:`plan` groups the rows with data by owning unit;
-   each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
-   fsynced), in parallel, and ``rows.json`` is written and fsynced beside them; then
+   ``<dir>.tmp`` made; each unit's :meth:`UnitPort.export_rows` starts writing its shard
+   (owner-side, byte for byte, fsynced), in parallel, from a guess of its part
+   (:meth:`ControllerPort.row_fields`: the rows' gidxs and produced fields as they are now,
+   no tag), while :meth:`ControllerPort.snapshot_rows` reads the rows' key, gidx, tag and
+   produced fields at the cut (the keys are resolved there, in the snapshot: every one was
+   a row at the cut, so a key it lacks is a bug and nothing is published); those rows
+   define the dump: :func:`plan` groups the rows with data by owning unit, a unit whose
+   guess differs (its rows changed after the cut) writes its shard again from them, and a
+   right guess keeps its shard or raises its error (a failed write is never retried);
+   ``rows.json`` is written and fsynced beside the shards; then
    ``MANIFEST.json`` is written and fsynced, the directory fsynced; :func:`publish.publish`.
 
 A failure removes ``<dir>.tmp`` and leaves the previous dump at ``<dir>`` as it was.  The
@@ -243,7 +247,7 @@ class DumpJob:
                 try:
                     info = f.result()
                 except BaseException as e:  # noqa: BLE001 - re-raised below when the guess was right
-                    if right:
+                    if right or not isinstance(e, Exception):
                         errors.append(e)
                     info = None
                 if right:
