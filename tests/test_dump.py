@@ -3,6 +3,7 @@ how it is published (docs/FORMAT.md, "Dump directory")."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -215,6 +216,38 @@ def test_a_background_dump_holds_exactly_the_cut(store, tmp_path):
     assert {k: ri["rows"][k]["tag"] for k in keys[:6]} == {k: expect_tags[k] for k in keys[:6]}
     assert dump_frames(d) == expect_frames
     assert verify_dump(d) == []
+
+
+def test_a_background_dump_holds_the_cut_when_rows_gain_fields_after_it(store, tmp_path, caplog):
+    # no key is cleared: the shards are planned from the controller's rows as they are when the
+    # write starts (with the new fields) and must be redone from the cut's rows
+    keys = fill(store, "train", 9)
+    store.kv_put("bare", "train", tag={"b": 0})
+    pick = keys[:6] + ["bare"]
+    expect_frames = store_frames(store, "train", keys[:6])
+    expect_fields = {k: r["fields"] for k, r in _row_fields(store, pick).items()}
+    d = tmp_path / "d"
+    d.parent.mkdir(exist_ok=True)
+    caplog.set_level(logging.DEBUG, logger="tqstore")
+    with locks.flocked(lock_path(d)):
+        h = store.dump_data_by_key(d, pick, "train", blocking=False)
+        store.kv_batch_put(keys[:6], "train", fields={"extra": torch.ones(6, 4)})  # every unit's rows change
+        store.kv_put("bare", "train", fields={"text": "now produced"})
+    rep = h.result()
+    assert sum("written again" in r.getMessage() for r in caplog.records) == store.num_units
+    assert rep["keys"] == 7 and rep["rows_with_data"] == 6
+    ri = read_row_index(d)
+    assert {k: ri["rows"][k]["fields"] for k in pick} == expect_fields and ri["rows"]["bare"]["fields"] == []
+    assert dump_frames(d) == expect_frames
+    assert verify_dump(d) == []
+    after = tmp_path / "after"  # a dump now holds the new fields
+    store.dump_data_by_key(after, pick, "train")
+    assert read_row_index(after)["rows"]["bare"]["fields"] == ["text"]
+
+
+def _row_fields(store, keys):
+    rows = store.controller.rows_by_key("train", keys)
+    return {k: {"fields": sorted(f)} for k, f in zip(rows.keys, rows.fields)}
 
 
 def test_a_failed_background_dump_surfaces_on_the_handle_and_once_on_the_next_call(store, tmp_path):

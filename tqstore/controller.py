@@ -188,6 +188,22 @@ class Controller:
         return self.gidxs_for_keys(pid, keys)
 
     @_locked
+    def check_keys(self, pid: str, keys: Sequence[str]) -> int:
+        """See ControllerPort.  The keys are looked up as a set (in hash order: the key index
+        is walked nearly in order, not at random)."""
+        p, ks = self.partition(pid), set(keys)
+        if p.keys.keys() >= ks:
+            return len(ks)
+        missing = [k for k in keys if k not in p.keys]
+        raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {pid!r}: {missing[:5]!r}")
+
+    @_locked
+    def row_fields(self, pid: str, keys: Sequence[str]) -> Tuple[List[int], List[frozenset]]:
+        from .controller_dump import live_fields  # (see ControllerPort)
+
+        return live_fields(self.partition(pid), self.gidxs_for_keys(pid, keys))
+
+    @_locked
     def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
         """Row metadata (None for a gidx that is not a row of ``pid``)."""
         p = self.parts.get(pid)

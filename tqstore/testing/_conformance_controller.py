@@ -108,6 +108,36 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         with pytest.raises(PartitionNotFoundError):
             c.partition_info("q")
 
+    def test_check_keys_counts_distinct_known_keys_and_names_an_unknown_one(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "check_keys")
+        g = self.put(c, "p", keys=["a", "b", "c"])
+        assert c.check_keys("p", ["c", "a", "c"]) == 2 and c.check_keys("p", []) == 0
+        for exc in (KeyNotFoundError, KeyError, ValueError, TqstoreError):
+            with pytest.raises(exc, match="nope"):
+                c.check_keys("p", ["a", "nope", "b"])
+        c.clear_rows("p", g[1:2])
+        with pytest.raises(KeyNotFoundError, match="'b'"):
+            c.check_keys("p", ["a", "b"])
+        with pytest.raises(PartitionNotFoundError):
+            c.check_keys("q", ["a"])
+        with pytest.raises(PartitionNotFoundError):
+            c.check_keys("q", [])
+
+    def test_row_fields_answers_gidxs_and_produced_fields_of_keys_as_they_are_now(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "row_fields")
+        g = self.put(c, "p", keys=["a", "b"], fields=("x", "y"))
+        self.put(c, "p", keys=["e"], fields=())
+        assert c.row_fields("p", []) == ([], [])
+        gidxs, fields = c.row_fields("p", ["e", "b", "a"])
+        assert gidxs == [c.resolve_keys("p", ["e"])[0], g[1], g[0]]
+        assert [set(f) for f in fields] == [set(), {"x", "y"}, {"x", "y"}]
+        with pytest.raises(KeyNotFoundError):
+            c.row_fields("p", ["a", "nope"])
+        with pytest.raises(PartitionNotFoundError):
+            c.row_fields("q", ["a"])
+
     def test_row_queries_say_none_for_rows_and_partitions_that_do_not_exist(self, tmp_path):
         c = self.controller(tmp_path)
         g = self.put(c, "p", n=3)
