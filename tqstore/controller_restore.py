@@ -210,7 +210,7 @@ class RestoreHost:
             gidxs = tuple(r.gidx for r in rs)
             srcs = tuple(r.src for r in rs)
         return RestoreInfo(rid, rec.tag, rec.pid, rec.dump, rec.state, rec.units, rec.attempts, rec.rows,
-                           keys, gidxs, srcs)
+                           keys, gidxs, srcs, len(rec.reserved))
 
     def _chunk_keys(self, rid: str) -> List[bytes]:
         n = len(self.rows.get(rid, ()))
