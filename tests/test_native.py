@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 
 from tqstore._format import layout
 from tqstore._native import _pure as P
+from tqstore._native.layout import LOC_DTYPE
 
 F = pytest.importorskip("tqstore._native._frames", reason="C extension not built")
 
@@ -61,7 +62,7 @@ def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
     for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "check_frames",
-                 "gather_frames"):
+                 "gather_frames", "copy_ranges", "restamp_frames"):
         assert callable(getattr(F, name))
     c = F._LAYOUT
     assert c["FRAME_MAGIC"] == layout.FRAME_MAGIC
@@ -799,3 +800,73 @@ def test_gather_frames_large_releases_gil():
     for t in ts:
         t.join()
     assert not errors
+
+
+# ---- copy_ranges, restamp_frames ------------------------------------------------------
+
+
+def _frames_blob(n, seed, max_payload=20_000):
+    rng = np.random.default_rng(seed)
+    pls = [rng.integers(0, 256, int(m), dtype=np.uint8) for m in rng.integers(0, max_payload, n)]
+    gidxs = [int(g) for g in rng.integers(0, 1 << 62, n)]
+    blob, items = F.encode_frames(b"f" * int(rng.integers(1, 255)), 0, 2, gidxs, [(len(p),) for p in pls], pls, 0,
+                                  None, 0, 0)
+    offs, lens = index_offsets(items)
+    return blob, np.asarray(offs, "<i8"), np.asarray(lens, "<i8"), gidxs
+
+
+@given(st.integers(0, 40), st.integers(0, 2**32 - 1), st.data())
+def test_copy_ranges_matches(n, seed, data):
+    blob, offs, lens, _g = _frames_blob(n, seed, 3000)
+    sel = np.asarray(data.draw(st.lists(st.integers(0, max(n - 1, 0)), max_size=n)) if n else [], np.int64)
+    outs = [bytearray(int(lens[sel].sum()) + 7) for _ in range(2)]
+    assert run_both("copy_ranges", blob, offs[sel], lens[sel], outs[0]) == ("ok", int(lens[sel].sum()))
+    P.copy_ranges(blob, offs[sel], lens[sel], outs[1])
+    assert outs[0] == outs[1] == b"".join(blob[o:o + m] for o, m in zip(offs[sel], lens[sel])) + bytes(7)
+
+
+def test_copy_ranges_refuses_ranges_outside_and_short_destinations_before_copying():
+    src = bytes(range(256)) * 4
+    for offs, lens, dst in (([1000], [100], 200), ([-1], [4], 10), ([0, 10], [8, 2000], 4096), ([0], [64], 63)):
+        out = bytearray(dst)
+        assert run_both("copy_ranges", src, np.asarray(offs, "<i8"), np.asarray(lens, "<i8"), out) == \
+            ("err", ValueError)
+        assert out == bytearray(dst)
+    assert run_both("copy_ranges", src, np.zeros(1, "<i8"), np.zeros(2, "<i8"), bytearray(4)) == ("err", ValueError)
+    assert run_both("copy_ranges", src, np.zeros(1, "<i8"), np.ones(1, "<i8"), bytes(4)) == ("err", TypeError)
+
+
+@given(st.integers(1, 30), st.integers(0, 2**32 - 1))
+def test_restamp_frames_matches_and_the_frames_verify_under_their_new_gidx(n, seed):
+    blob, offs, lens, gidxs = _frames_blob(n, seed)
+    new = np.asarray([g + 1 + (i % 3) * (1 << 40) if i % 4 else g for i, g in enumerate(gidxs)], "<i8")
+    bufs = [bytearray(blob), bytearray(blob)]
+    crcs = run_both("restamp_frames", bufs[0], offs, lens, new)[1]
+    P.restamp_frames(bufs[1], offs, lens, new)
+    assert bufs[0] == bufs[1]
+    loc = np.zeros(n, LOC_DTYPE)
+    loc["offset"], loc["length"], loc["crc"] = offs, lens, np.frombuffer(crcs, "<u4")
+    status, computed, trailers = F.check_frames(bytes(bufs[0]), loc, new.astype("<u8"))
+    assert status == bytes(n) and computed == crcs == trailers
+    for o, m, g in zip(offs.tolist(), lens.tolist(), new.tolist()):  # only the gidx and the trailer CRC change
+        old, now = blob[o:o + m], bytes(bufs[0][o:o + m])
+        cover = layout.payload_offset(int.from_bytes(old[6:8], "little")) + int.from_bytes(old[8:16], "little")
+        assert now[24:32] == g.to_bytes(8, "little") and now[:24] == old[:24]
+        assert now[32:cover] == old[32:cover] and now[cover + 4:] == old[cover + 4:]
+
+
+def test_restamp_frames_keeps_a_damaged_frame_damaged_and_refuses_foreign_extents():
+    blob, offs, lens, gidxs = _frames_blob(3, 7)
+    buf = bytearray(blob)
+    buf[int(offs[1]) + 200] ^= 1  # a flipped payload byte: its CRC must not become valid
+    new = np.asarray([g + 5 for g in gidxs], "<i8")
+    crcs = np.frombuffer(run_both("restamp_frames", buf, offs, lens, new)[1], "<u4")
+    loc = np.zeros(3, LOC_DTYPE)
+    loc["offset"], loc["length"], loc["crc"] = offs, lens, crcs
+    assert list(F.check_frames(bytes(buf), loc, new.astype("<u8"))[0]) == [0, layout.FRAME_CRC, 0]
+    for o, m in (([len(blob)], [64]), ([0], [40]), ([0], [int(lens[0]) + 64 * 1000])):
+        b = bytearray(blob)
+        assert run_both("restamp_frames", b, np.asarray(o, "<i8"), np.asarray(m, "<i8"), np.ones(1, "<i8")) == \
+            ("err", ValueError)
+        assert b == bytearray(blob)
+    assert run_both("restamp_frames", bytes(blob), offs, lens, new) == ("err", TypeError)

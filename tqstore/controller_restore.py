@@ -25,7 +25,10 @@ import functools
 import heapq
 import time
 import uuid
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
 
 from ._format import controller_records as R
 from ._format.columns import KIND_NAMES
@@ -34,13 +37,15 @@ from ._format.names import check_key, check_name
 from ._format.records import RecordError
 from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point, wrap_errors
-from .controller_mirror import Partition, Row
-from .controller_put import mirror_rows, new_field_bits, write_rows
+from .controller_mirror import Partition
+from .controller_put import new_field_bits
 from .errors import CorruptionError, InvalidInputError, SchemaError
 from .ports import RestoreInfo
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller
+
+_GIDX, _FIELDS, _TAG = attrgetter("gidx"), attrgetter("fields"), attrgetter("tag")
 
 #: the ControllerPort methods of selective restores (Controller delegates them here, under its lock)
 RESTORE_CALLS = ("begin_restore", "claim_restore", "complete_restore", "finish_restore", "cancel_restore",
@@ -210,7 +215,7 @@ class RestoreHost:
             gidxs = tuple(r.gidx for r in rs)
             srcs = tuple(r.src for r in rs)
         return RestoreInfo(rid, rec.tag, rec.pid, rec.dump, rec.state, rec.units, rec.attempts, rec.rows,
-                           keys, gidxs, srcs)
+                           keys, gidxs, srcs, len(rec.reserved))
 
     def _chunk_keys(self, rid: str) -> List[bytes]:
         n = len(self.rows.get(rid, ()))
@@ -353,31 +358,69 @@ class RestoreHost:
         schema = {f: _merged(p.schema.get(f), kd, False) or kd for f, kd in rec.schema.items()}
         changed = {f: kd for f, kd in schema.items() if p.schema.get(f) != kd}
         new_bits = new_field_bits(p, changed)  # a field already in the partition keeps its bit
-        seq = p.next_seq
-        result: List[Row] = []
-        for r in self.rows.get(rid, ()):
-            old = p.row(r.gidx)
-            if old is None:
-                result.append(Row(r.gidx, rec.pid, r.key, r.tag, frozenset(r.fields), seq))
-                seq += 1
-            else:
-                result.append(Row(r.gidx, rec.pid, old.key, r.tag, old.fields | frozenset(r.fields), old.seq))
+        rows = self.rows.get(rid, ())
+        n = len(rows)
+        g = np.fromiter(map(_GIDX, rows), np.int64, n)
+        sl = p.slots(g) if n else np.zeros(0, np.int64)
+        new = sl < 0
+        old = np.flatnonzero(~new)
+        old_fs = np.full(n, -1, np.int64)
+        if len(old):
+            old_fs[old] = p.s_fs[sl[old]]
+        per_row = list(zip(old_fs.tolist(), map(_FIELDS, rows)))  # (old field set id or -1, restored fields)
+        ids = {k: i for i, k in enumerate(dict.fromkeys(per_row))}
+        aid = np.fromiter(map(ids.__getitem__, per_row), np.int64, n)
+        after = [frozenset(f) | (p.fsets[o] if o >= 0 else frozenset()) for o, f in ids]
+        bits = {**p.bits, **new_bits}
+        mk = [sum(1 << bits[f] for f in fs) for fs in after]
+        wide = max(mk, default=0) >= 1 << 64
+        masks = np.asarray(mk, dtype=object if wide else np.uint64)[aid]
+        seq0 = p.next_seq
+        n_new = int(new.sum())
+        seqs = np.zeros(n, np.int64)
+        seqs[new] = np.arange(seq0, seq0 + n_new, dtype=np.int64)  # new rows in dump order
+        keyed = np.ones(n, bool)
+        if len(old):
+            seqs[old] = p.s_seq[sl[old]]
+            keyed[old] = [p.s_key[x] is not None for x in sl[old].tolist()]
+        tags = list(map(_TAG, rows))
+        values = R.encode_rows2(p.num, keyed, seqs, masks.tolist() if wide else masks, R.encode_tags(tags))
+        new_pos = np.flatnonzero(new).tolist()
+        new_keys = [rows[i].key for i in new_pos]
+        g_new = g[new]
         with wrap_errors("finish restore", c.path), c.env.begin(write=True) as txn:
-            write_rows(txn, c, p, result, new_bits)
+            txn.cursor(m["rows"]).putmulti(list(zip(R.gidx_keys(g), values)))
+            if new_keys:
+                pre = R.keys_key(rec.pid, "")
+                txn.cursor(m["keys"]).putmulti(list(zip(map(pre.__add__, map(str.encode, new_keys)),
+                                                        R.gidx_keys(g_new))))
             for f, (kind, dt) in changed.items():
                 txn.put(R.schema_key(rec.pid, f), R.encode_schema(kind, dt, new_bits.get(f, p.bits.get(f))),
                         db=m["schema"])
-            txn.put(R.parts_key(rec.pid), R.encode_partition(seq, p.meta, p.num), db=m["parts"])
+            txn.put(R.parts_key(rec.pid), R.encode_partition(seq0 + n_new, p.meta, p.num), db=m["parts"])
             for k in self._chunk_keys(rid):
                 txn.delete(k, db=m["restores"])
             done = rec._replace(state="committed")
             txn.put(R.restore_key(rid), R.encode_restore(done), db=m["restores"])
             lmdb_commit_point("controller_commit")
         # committed: the mirror (schema first: every produced field needs its bit)
+        if p.pid not in c.parts:
+            c.add_partition(p)
         for f, (kind, dt) in changed.items():
             p.add_field(f, kind, dt, new_bits.get(f, p.bits.get(f)))
-        mirror_rows(c, p, result)  # (drops the ready views: rebuilt on the next fetch)
-        p.next_seq = seq
+        fid = np.asarray([p.fs_id(fs) for fs in after], np.int32)[aid] if n else np.zeros(0, np.int32)
+        if len(old):
+            p.s_fs[sl[old]] = fid[old]
+        for gi, t in zip(g.tolist(), tags):
+            if t is None:
+                p.tags.pop(gi, None)
+            else:
+                p.tags[gi] = t
+        if new_keys:
+            p.append(g_new, seqs[new], fid[new], new_keys)
+            p.keys.update(zip(new_keys, g_new.tolist()))
+        p.next_seq = seq0 + n_new
+        p.ready.clear()  # (rebuilt on the next fetch)
         self.active[rid] = done
         self.rows[rid] = []
 

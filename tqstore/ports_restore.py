@@ -16,7 +16,8 @@ class RestoreInfo:
     ``units[u]`` "pending", "claimed" or "complete", ``attempts[u]`` the unit's claim count.
     ``keys``/``gidxs``/``srcs`` (the key -> store gidx mapping, and each key's gidx in the
     dump) are filled by :meth:`ControllerPort.restore` and :meth:`ControllerPort.begin_restore`,
-    None in :meth:`ControllerPort.restores` summaries."""
+    None in :meth:`ControllerPort.restores` summaries; ``new_keys`` (the rows the restore
+    creates: as many as the indexes it reserved) always."""
 
     rid: str
     tag: int
@@ -29,6 +30,7 @@ class RestoreInfo:
     keys: Optional[Tuple[str, ...]] = None
     gidxs: Optional[Tuple[int, ...]] = None
     srcs: Optional[Tuple[int, ...]] = None
+    new_keys: Optional[int] = None
 
     def pending_error(self, refused: str) -> Any:
         """The :class:`~tqstore.errors.RestorePendingError` for a call this restore blocks:

@@ -29,13 +29,14 @@ import mmap
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import lmdb
 import numpy as np
 
+from . import _native
 from ._format import unit_records as UR
-from ._format.frame import check_run, first_fault, restamp_frames
+from ._format.frame import check_run, first_fault
 from ._format.index import LOC_DTYPE, Loc
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, wrap_errors
@@ -97,13 +98,115 @@ def _drop_range(txn, db, prefix: bytes) -> None:
             break
 
 
+def _drop_kinds(txn, db, tag: int, *kinds: int) -> None:
+    for kind in kinds:
+        _drop_range(txn, db, UR.restore_prefix(tag, kind))
+
+
+def _bad_entry(unit: "Unit", e: Exception) -> CorruptionError:
+    return CorruptionError(f"unit index: malformed restore entry: {e}", path=str(unit.path / "index" / "data.mdb"))
+
+
+def _batches(unit: "Unit", txn, db, tag: int, kind: int) -> List[Tuple[int, List[bytes], np.ndarray, np.ndarray]]:
+    """The batch entries of one kind of ``tag``: ``(batch number, keys, locs, present)``."""
+    out = []
+    try:
+        for no, v in _entries(txn, db, tag, kind):
+            out.append((int.from_bytes(no, "big"), *UR.decode_restore_batch(v)))
+    except UR.RecordError as e:
+        raise _bad_entry(unit, e) from e
+    return out
+
+
+def _loc_array(values: List[bytes]) -> np.ndarray:
+    return np.frombuffer(b"".join(values), LOC_DTYPE).copy() if values else np.zeros(0, LOC_DTYPE)
+
+
+def _staged(unit: "Unit", txn, db, tag: int) -> Tuple[List[bytes], np.ndarray]:
+    """Every staged frame of ``tag``: its index key and location, from the batch entries
+    (kind 2) and the per-frame ones (kind 0) a tqstore before batches wrote."""
+    keys: List[bytes] = []
+    locs: List[np.ndarray] = []
+    legacy = _entries(txn, db, tag, UR.RESTORE_STAGED)
+    if legacy:
+        if any(len(v) != LOC_DTYPE.itemsize for _k, v in legacy):
+            raise _bad_entry(unit, UR.RecordError("a staged entry is not a 20-byte location"))
+        keys.extend(k for k, _v in legacy)
+        locs.append(_loc_array([v for _k, v in legacy]))
+    for _no, ks, ls, _pr in _batches(unit, txn, db, tag, UR.RESTORE_STAGED_BATCH):
+        keys.extend(ks)
+        locs.append(ls)
+    return keys, (np.concatenate(locs) if locs else np.zeros(0, LOC_DTYPE))
+
+
+def _published(unit: "Unit", txn, db, tag: int) -> Tuple[List[bytes], np.ndarray, np.ndarray]:
+    """Every published entry of ``tag``: index key, the location it replaced and whether it
+    replaced one (batches, kind 3, and the per-frame kind 1 entries of older writers)."""
+    keys: List[bytes] = []
+    olds: List[np.ndarray] = []
+    present: List[np.ndarray] = []
+    legacy = _entries(txn, db, tag, UR.RESTORE_PUBLISHED)
+    if legacy:
+        if any(len(v) not in (0, LOC_DTYPE.itemsize) for _k, v in legacy):
+            raise _bad_entry(unit, UR.RecordError("a published entry is neither empty nor a 20-byte location"))
+        keys.extend(k for k, _v in legacy)
+        olds.append(_loc_array([v or bytes(LOC_DTYPE.itemsize) for _k, v in legacy]))
+        present.append(np.array([bool(v) for _k, v in legacy], bool))
+    for _no, ks, ls, pr in _batches(unit, txn, db, tag, UR.RESTORE_PUBLISHED_BATCH):
+        keys.extend(ks)
+        olds.append(ls)
+        present.append(pr)
+    if not keys:
+        return keys, np.zeros(0, LOC_DTYPE), np.zeros(0, bool)
+    return keys, np.concatenate(olds), np.concatenate(present)
+
+
+def _next_batch(txn, db, tag: int, kind: int) -> int:
+    """One more than the largest batch number of ``tag``'s entries of ``kind`` (0: none)."""
+    cur = txn.cursor(db)
+    last = -1
+    prefix = UR.restore_prefix(tag, kind)
+    if cur.set_range(prefix):
+        for k in cur.iternext(values=False):
+            k = bytes(k)
+            if not k.startswith(prefix):
+                break
+            last = max(last, int.from_bytes(k[len(prefix):], "big"))
+    return last + 1
+
+
+#: entries of one batch value the unit writes at most
+BATCH_ENTRIES = 8192
+
+
+def _put_batches(txn, db, tag: int, kind: int, keys: List[bytes], locs: np.ndarray, present=None) -> None:
+    """Write ``keys``/``locs`` (``present``) as batch entries of ``kind``, numbered after the existing ones."""
+    no = _next_batch(txn, db, tag, kind)
+    for i in range(0, len(keys), BATCH_ENTRIES):
+        txn.put(UR.restore_batch_key(tag, kind, no), UR.encode_restore_batch(
+            keys[i:i + BATCH_ENTRIES], locs[i:i + BATCH_ENTRIES], None if present is None else
+            present[i:i + BATCH_ENTRIES]), db=db)
+        no += 1
+
+
+def _values(locs: np.ndarray) -> List[bytes]:
+    """The packed 20-byte location values of a ``LOC_DTYPE`` array, one bytes object each."""
+    vb = np.ascontiguousarray(locs, LOC_DTYPE).tobytes()
+    size = LOC_DTYPE.itemsize
+    return [vb[x:x + size] for x in range(0, len(vb), size)]
+
+
+def _add_dead(dead: Dict[int, int], locs: np.ndarray) -> None:
+    seg, ln = locs["seg"], locs["length"].astype(np.int64)
+    for s in np.unique(seg).tolist():
+        dead[int(s)] += int(ln[seg == s].sum())
+
+
 def _drop_staged(unit: "Unit", txn, db, tag: int, dead: Dict[int, int]) -> int:
-    staged = _entries(txn, db, tag, UR.RESTORE_STAGED)
-    for _ik, v in staged:
-        loc = Loc.unpack(v)
-        dead[loc.seg] += loc.length
-    _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_STAGED))
-    return len(staged)
+    keys, locs = _staged(unit, txn, db, tag)
+    _add_dead(dead, locs)
+    _drop_kinds(txn, db, tag, UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH)
+    return len(keys)
 
 
 # ---------------------------------------------------------------------------- import
@@ -127,11 +230,15 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     crc = np.asarray(plan.crc, np.uint32)[order]
     sg = np.asarray(plan.src_gidx, np.uint64)[order]
     dg = np.asarray(plan.gidx, np.uint64)[order]
-    fields = [plan.fields[i] for i in order.tolist()]
+    fields = list(map(plan.fields.__getitem__, order.tolist()))
     cut = np.flatnonzero(fid[1:] != fid[:-1]) + 1
     bounds = [0, *cut.tolist(), n]
-    read = 0
     batch = max(1 << 16, int(plan.batch_bytes))
+    buf = bytearray(max(min(batch, int(ln.sum())), int(ln.max())))  # the one copy buffer of the import
+    ends = off + ln
+    cum = np.cumsum(ln)  # this unit's frame bytes up to the end of each frame
+    before = cum - ln
+    read = 0
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         f = int(fid[lo])
         rel = plan.files.get(f)
@@ -150,57 +257,60 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
             if want is not None and size != want:
                 raise CorruptionError(f"dump shard holds {size} bytes, its manifest says {want}", path=path,
                                       offset=min(size, want))
-            ends = off + ln
             past = np.flatnonzero((ends[lo:hi] > size) | (off[lo:hi] < 0))
             if len(past):
                 raise CorruptionError("dump shard is truncated: a frame lies past its end", path=path,
                                       offset=int(off[lo + int(past[0])]))
             i = lo
-            while i < hi:
+            while i < hi:  # a window: this unit's next frames of at most `batch` bytes (at least one frame)
                 wstart = int(off[i]) & ~(mmap.ALLOCATIONGRANULARITY - 1)
-                j = i + 1 + int(np.searchsorted(ends[i + 1:hi], wstart + batch, side="right"))
-                _window(unit, tag, fd, path, wstart, int(ends[j - 1]), off[i:j], ln[i:j], crc[i:j], sg[i:j],
+                j = max(i + 1, i + int(np.searchsorted(cum[i:hi], before[i] + batch, side="right")))
+                j = min(j, i + 1 + int(np.searchsorted(ends[i + 1:hi], wstart + _SPAN * batch, side="right")))
+                _window(unit, tag, fd, path, wstart, int(ends[j - 1]), buf, off[i:j], ln[i:j], crc[i:j], sg[i:j],
                         dg[i:j], fields[i:j])
-                read += int(ln[i:j].sum())
+                read += int(cum[j - 1] - before[i])
                 i = j
         finally:
             os.close(fd)
     return read
 
 
-def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, off, ln, crc, sg, dg,
-            fields: List[bytes]) -> None:
-    """Frames ``off``/``ln`` of the source lie in ``[wstart, wend)``: check them where they lie,
-    copy them into one buffer, re-stamp those whose gidx changes, append, stage."""
+#: a window's mapping spans at most this many times the import's batch of the source file
+_SPAN = 8
+
+
+def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, buf: bytearray, off, ln, crc, sg,
+            dg, fields: List[bytes]) -> None:
+    """Frames ``off``/``ln`` of the source lie in ``[wstart, wend)``: copy them back to back into
+    ``buf`` (the native copy, without the GIL), check the copies with the frame-check kernel
+    (against the CRC32C the dump recorded and the source gidx) and their field names, re-stamp
+    those whose gidx changes (the CRC32C updated for the 8 changed bytes), append, stage."""
+    rel = off - wstart
+    total = int(ln.sum())
     try:
         mm = mmap.mmap(fd, wend - wstart, prot=mmap.PROT_READ, offset=wstart)
     except (ValueError, OSError) as e:
         raise CorruptionError(f"dump shard cannot be mapped (truncated?): {e}", path=path, offset=wstart) from e
-    wmv = memoryview(mm)
     try:
-        loc = np.zeros(len(off), LOC_DTYPE)
-        loc["offset"], loc["length"], loc["crc"] = off, ln, crc
-        res = check_run(wmv, loc, sg, base=wstart)
-        got = first_fault(wmv, loc, res, sg, base=wstart)
-        if got is not None:
-            k, fault = got
-            raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
-        rel = off - wstart
-        _check_names(np.frombuffer(wmv, np.uint8), rel, fields, path, off)
-        lens = ln.tolist()
-        buf = bytearray().join([wmv[r:r + n] for r, n in zip(rel.tolist(), lens)])
+        _native.copy_ranges(mm, rel, ln, buf)
     finally:
-        try:
-            wmv.release()
-            mm.close()
-        except BufferError:  # a view still held by an exception's traceback: unmapped when collected
-            pass
+        mm.close()
+    view = memoryview(buf)[:total]
+    noff = np.cumsum(ln) - ln
+    loc = np.zeros(len(off), LOC_DTYPE)
+    loc["offset"], loc["length"], loc["crc"] = noff, ln, crc
+    res = check_run(view, loc, sg)
+    got = first_fault(view, loc, res, sg)
+    if got is not None:
+        k, fault = got
+        raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
+    _check_names(np.frombuffer(view, np.uint8), noff, fields, path, off)
     crcs = np.array(crc, np.uint32)
     moved = np.flatnonzero(sg != dg)
     if len(moved):
-        noff = np.cumsum(ln) - ln
-        crcs[moved] = restamp_frames(buf, noff[moved], ln[moved], dg[moved])
-    _append_staged(unit, tag, [buf], lens, crcs.tolist(), dg.tolist(), fields)
+        crcs[moved] = np.frombuffer(_native.restamp_frames(view, noff[moved], ln[moved],
+                                                           dg[moved].astype(np.int64)), "<u4")
+    _append_staged(unit, tag, [view], ln, crcs, dg, fields)
 
 
 def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str, off) -> None:
@@ -217,12 +327,13 @@ def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str
                                   path=path, offset=int(off[k]))
 
 
-def _append_staged(unit: "Unit", tag: int, bufs: List, lens: List[int], crcs: List[int], gidxs: List[int],
-                   fields: List[bytes]) -> None:
-    """Append the frames (``bufs``, back to back) to the active segment and stage them, in one
-    transaction that first checks the tag was not settled meanwhile."""
-    pre = UR.restore_prefix(tag, UR.RESTORE_STAGED)
-    keys = [pre + g.to_bytes(8, "big") + f for g, f in zip(gidxs, fields)]
+def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields: List[bytes]) -> None:
+    """Append the frames (``bufs``, back to back; ``lens``, ``crcs``, ``gidxs`` arrays) to the
+    active segment and stage them as one batch entry, in one transaction that first checks the
+    tag was not settled meanwhile."""
+    lens = np.asarray(lens, np.int64)
+    gb = np.asarray(gidxs, ">u8").tobytes()
+    keys = [gb[x:x + 8] + f for x, f in zip(range(0, len(gb), 8), fields)]
     with unit._lock, wrap_errors(f"unit {unit.unit_id} restore import", unit.path):
         db = restore_db(unit, create=True)
         txn = unit.env.begin(write=True)
@@ -234,15 +345,13 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens: List[int], crcs: Li
             start = w.append(bufs)
             if unit.sync:
                 w.fsync()
-            total = sum(lens)
+            total = int(lens.sum())
             vals = np.zeros(len(lens), LOC_DTYPE)
             vals["seg"] = w.seg_id
-            vals["offset"] = start + np.cumsum(lens) - np.asarray(lens)
+            vals["offset"] = start + np.cumsum(lens) - lens
             vals["length"] = lens
             vals["crc"] = crcs
-            vb = vals.tobytes()
-            size = LOC_DTYPE.itemsize
-            txn.cursor(db).putmulti(list(zip(keys, [vb[x:x + size] for x in range(0, len(vb), size)])))
+            _put_batches(txn, db, tag, UR.RESTORE_STAGED_BATCH, keys, vals)
             info = unit._get_seg(txn, w.seg_id)
             info.size += total
             info.live += total
@@ -263,33 +372,42 @@ def publish_restore(unit: "Unit", tag: int) -> int:
         if db is None:
             return 0
         with unit.env.begin(write=True) as txn:
-            staged = _entries(txn, db, tag, UR.RESTORE_STAGED)
-            if not staged:
+            keys, locs = _staged(unit, txn, db, tag)
+            if not keys:
                 return 0
             cur = txn.cursor(unit.db_loc)
-            olds = {bytes(k): bytes(v) for k, v in cur.getmulti([ik for ik, _ in staged])}  # what they replace
-            pub = UR.restore_prefix(tag, UR.RESTORE_PUBLISHED)
-            txn.cursor(db).putmulti([(pub + ik, olds.get(ik, b"")) for ik, _ in staged])
-            cur.putmulti(staged)
-            _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_STAGED))
+            olds = np.zeros(len(keys), LOC_DTYPE)  # what they replace
+            present = np.zeros(len(keys), bool)
+            found = cur.getmulti(keys)
+            if found:
+                pos = {k: i for i, k in enumerate(keys)}
+                for k, v in found:
+                    i = pos[bytes(k)]
+                    olds[i] = np.frombuffer(bytes(v), LOC_DTYPE)[0]
+                    present[i] = True
+            _put_batches(txn, db, tag, UR.RESTORE_PUBLISHED_BATCH, keys, olds, present)
+            cur.putmulti(list(zip(keys, _values(locs))))
+            _drop_kinds(txn, db, tag, UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH)
             lmdb_commit_point("unit_commit")
-        return len(staged)
+        return len(keys)
 
 
-def _unpublish(unit: "Unit", txn, db, tag: int, dead: Dict[int, int]) -> int:
-    pub = _entries(txn, db, tag, UR.RESTORE_PUBLISHED)
-    if not pub:
+def _unpublish(unit: "Unit", txn, db, tag: int) -> int:
+    """Put back what the published entries of ``tag`` replaced; the restore's frames still in
+    ``loc`` are staged again (one gone after a power loss is not)."""
+    keys, olds, present = _published(unit, txn, db, tag)
+    if not keys:
         return 0
     cur = txn.cursor(unit.db_loc)
-    now = {bytes(k): bytes(v) for k, v in cur.getmulti([ik for ik, _ in pub])}  # (gone only after a power loss)
-    staged = UR.restore_prefix(tag, UR.RESTORE_STAGED)
-    txn.cursor(db).putmulti([(staged + ik, now[ik]) for ik, _ in pub if ik in now])
-    cur.putmulti([(ik, old) for ik, old in pub if old])
-    for ik, old in pub:
-        if not old:
-            txn.delete(ik, db=unit.db_loc)
-    _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_PUBLISHED))
-    return len(pub)
+    now = {bytes(k): bytes(v) for k, v in cur.getmulti(keys)}
+    again = [k for k in keys if k in now]
+    _put_batches(txn, db, tag, UR.RESTORE_STAGED_BATCH, again, _loc_array([now[k] for k in again]))
+    back = np.flatnonzero(present)
+    cur.putmulti(list(zip([keys[i] for i in back.tolist()], _values(olds[back]))))
+    for i in np.flatnonzero(~present).tolist():
+        txn.delete(keys[i], db=unit.db_loc)
+    _drop_kinds(txn, db, tag, UR.RESTORE_PUBLISHED, UR.RESTORE_PUBLISHED_BATCH)
+    return len(keys)
 
 
 def unpublish_restore(unit: "Unit", tag: int) -> int:
@@ -298,7 +416,7 @@ def unpublish_restore(unit: "Unit", tag: int) -> int:
         if db is None:
             return 0
         with unit.env.begin(write=True) as txn:
-            n = _unpublish(unit, txn, db, tag, defaultdict(int))
+            n = _unpublish(unit, txn, db, tag)
             lmdb_commit_point("unit_commit")
         return n
 
@@ -312,14 +430,12 @@ def settle_restore(unit: "Unit", tag: int, *, committed: bool, close: bool = Tru
         with unit.env.begin(write=True) as txn:
             n = 0
             if committed:
-                for _ik, old in _entries(txn, db, tag, UR.RESTORE_PUBLISHED):
-                    if old:
-                        o = Loc.unpack(old)
-                        dead[o.seg] += o.length
-                    n += 1
-                _drop_range(txn, db, UR.restore_prefix(tag, UR.RESTORE_PUBLISHED))
+                keys, olds, present = _published(unit, txn, db, tag)
+                _add_dead(dead, olds[present])
+                n += len(keys)
+                _drop_kinds(txn, db, tag, UR.RESTORE_PUBLISHED, UR.RESTORE_PUBLISHED_BATCH)
             else:
-                _unpublish(unit, txn, db, tag, dead)
+                _unpublish(unit, txn, db, tag)
             n += _drop_staged(unit, txn, db, tag, dead)
             ck = UR.restore_entry_key(tag, _CLOSED)
             if close:
@@ -343,8 +459,7 @@ def restore_tags(unit: "Unit") -> List[int]:
                 for k in txn.cursor(db).iternext(values=False):
                     out.add(UR.decode_restore_entry_key(k)[0])
             except UR.RecordError as e:
-                raise CorruptionError(f"unit index: malformed restore entry: {e}",
-                                      path=str(unit.path / "index" / "data.mdb")) from e
+                raise _bad_entry(unit, e) from e
         return sorted(out)
 
 
@@ -362,23 +477,56 @@ def has_entries(unit: "Unit", txn=None) -> bool:
             txn.abort()
 
 
+def _decoded(unit: "Unit", k, v) -> Tuple[int, np.ndarray]:
+    """``(kind, the locations it keeps live)`` of a ``restore`` entry: staged frames, and what
+    published ones replaced."""
+    try:
+        _tag, kind, _rest = UR.decode_restore_entry_key(k)
+        if kind in UR.RESTORE_BATCH_KINDS:
+            _keys, locs, present = UR.decode_restore_batch(v)
+            return kind, (locs if kind == UR.RESTORE_STAGED_BATCH else locs[present])
+    except UR.RecordError as e:
+        raise _bad_entry(unit, e) from e
+    v = bytes(v)
+    return kind, (_loc_array([v]) if len(v) == LOC_DTYPE.itemsize and kind != _CLOSED else np.zeros(0, LOC_DTYPE))
+
+
 def live_entries(unit: "Unit", txn) -> List[Loc]:
     """Locations the restore entries keep live: staged frames and what published ones replaced."""
     db = unit.db_restore
     if db is None:
         return []
-    return [Loc.unpack(v) for v in txn.cursor(db).iternext(keys=False) if len(v) == LOC_DTYPE.itemsize]
+    out: List[Loc] = []
+    for k, v in txn.cursor(db):
+        out.extend(Loc._make(x) for x in _decoded(unit, k, v)[1].tolist())
+    return out
 
 
 def drop_staged_past(unit: "Unit", txn, short: Dict[int, int]) -> None:
-    """Recovery: drop staged entries naming bytes past the end of a (power-loss shortened) segment."""
+    """Recovery: drop staged frames naming bytes past the end of a (power-loss shortened) segment."""
     db = unit.db_restore
     if db is None:
         return
-    drop = [bytes(k) for k, v in txn.cursor(db) if bytes(k)[UR.TOKEN_BYTES] == UR.RESTORE_STAGED
-            and Loc.unpack(v).seg in short and Loc.unpack(v).offset + Loc.unpack(v).length > short[Loc.unpack(v).seg]]
+    drop, rewrite = [], []
+    for k, v in txn.cursor(db):
+        k = bytes(k)
+        kind, locs = _decoded(unit, k, v)
+        if kind not in (UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH) or not len(locs):
+            continue
+        end = np.array([short.get(int(s), -1) for s in locs["seg"].tolist()], np.int64)
+        past = (end >= 0) & (locs["offset"].astype(np.int64) + locs["length"] > end)
+        if not past.any():
+            continue
+        if kind == UR.RESTORE_STAGED or past.all():
+            drop.append(k)
+        else:
+            keys, _l, _p = UR.decode_restore_batch(v)
+            keep = np.flatnonzero(~past)
+            rewrite.append((k, UR.encode_restore_batch([keys[i] for i in keep.tolist()], locs[keep])))
     for k in drop:
         txn.delete(k, db=db)
+    for k, v in rewrite:
+        txn.put(k, v, db=db)
 
 
 UNIT_RESTORE_CALLS = {"import_restore": import_restore, "publish_restore": publish_restore,

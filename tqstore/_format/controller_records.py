@@ -43,7 +43,7 @@ from .records import (
     RecordError, decode_decimal, decode_json_object, decode_optional_decimal, decode_utf8, encode_decimal, is_uint,
     member,
 )
-from .values import dumps as _dumps_value, loads as _loads_value
+from .values import dumps as _dumps_value, dumps_each, loads as _loads_value
 
 #: the controller index format version this code writes (``meta/format``)
 CONTROLLER_FORMAT = 2
@@ -227,6 +227,12 @@ def gidx_keys(gidxs: np.ndarray) -> List[bytes]:
 def encode_tag(tag: Any) -> Optional[bytes]:
     """The tag part of a version-2 row value (None: no tag): compact ASCII JSON of a checked value."""
     return None if tag is None else _dumps_value(tag, ensure_ascii=True).encode()
+
+
+def encode_tags(tags: Sequence[Any]) -> List[Optional[bytes]]:
+    """:func:`encode_tag` of many tags (one C JSON encoder for them all)."""
+    texts = dumps_each(tags, ensure_ascii=True)
+    return [None if t is None else x.encode() for t, x in zip(tags, texts)]
 
 
 class Row2(NamedTuple):
@@ -487,6 +493,7 @@ def decode_clean(raw: Any) -> Tuple[int, int]:
 __all__ = [
     "CONTROLLER_FORMAT", "CONTROLLER_FORMATS_READ", "CONTROLLER_DBS", "ROW2_HEAD", "ROW2_KEYED", "ROW2_TAGGED",
     "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag",
+    "encode_tags",
     "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
     "META_RESTORE_TAG", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
     "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows",

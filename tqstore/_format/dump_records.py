@@ -195,8 +195,9 @@ def decode_shard_table(raw: Any, header: ShardHeader, *, path: Optional[str] = N
             raise _bad(what, "a field id past the names, or reserved bits set", path, at)
         if (e["gidx"] % np.uint64(header.num_units) != header.unit).any():
             raise _bad(what, f"a global index that does not live on unit {header.unit}", path, at)
-        pairs = np.stack([e["gidx"], e["field"].astype(np.uint64)])
-        if np.unique(pairs, axis=1).shape[1] != n:
+        o = np.lexsort((e["field"], e["gidx"]))  # (np.unique over pair columns sorts ~10x slower)
+        g, f = e["gidx"][o], e["field"][o]
+        if ((g[1:] == g[:-1]) & (f[1:] == f[:-1])).any():
             raise _bad(what, "a (global index, field) pair twice", path, at)
     return ShardTable(e, tuple(names))
 

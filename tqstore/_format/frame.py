@@ -430,31 +430,3 @@ def check_rows(heads, tails, *, template: Tuple[bytes, bytes], gidxs, crcs, offs
             raise CorruptionError("record frame padding is not zero (damaged)", path=path,
                                   offset=int(offsets[bad[0]]))
     return True
-
-
-def restamp_frames(buf, offsets, lengths, gidxs) -> np.ndarray:
-    """Re-stamp frames in the writable buffer ``buf``: the frames at ``offsets`` (multiples of
-    64) / ``lengths``, which passed the frame-check kernel, get the global indexes ``gidxs`` in
-    their headers (bytes 24–31) and, in their trailers, the CRC32C recomputed over their new
-    bytes ``[0, payload_start + P)`` (docs/FORMAT.md, "Selective restores"); every other byte
-    stays as it is.  Returns the new CRCs (uint32), computed by the frame-check kernel.
-
-    Raises:
-        ValueError: a frame fails another check than its (now stale) CRC: not a checked frame.
-    """
-    b8 = np.frombuffer(buf, np.uint8)
-    off = np.asarray(offsets, np.int64)
-    n = len(off)
-    if not n:
-        return np.zeros(0, np.uint32)
-    g = np.ascontiguousarray(gidxs, dtype="<u8")
-    b8[(off + PREFIX_SIZE)[:, None] + np.arange(8)] = g.view(np.uint8).reshape(n, 8)
-    hlen = b8[off + 6].astype(np.int64) | (b8[off + 7].astype(np.int64) << 8)
-    plen = np.ascontiguousarray(b8[(off + 8)[:, None] + np.arange(8)]).view("<u8").reshape(n).astype(np.int64)
-    end = off + ((PREFIX_SIZE + hlen + 63) & ~63) + plen
-    loc = _locs(off, np.asarray(lengths, np.int64))
-    status, crcs, _trailers = check_run(buf, loc, g, verify=True, index_crc=False)
-    if not np.isin(status, (FRAME_OK, FRAME_CRC)).all():
-        raise ValueError(f"restamp_frames: frame check {int(status[status != FRAME_CRC].max())}: not a checked frame")
-    b8[end[:, None] + np.arange(4)] = crcs.astype("<u4").view(np.uint8).reshape(n, 4)
-    return crcs.astype(np.uint32)

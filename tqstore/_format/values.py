@@ -134,6 +134,42 @@ def dumps(value: Any, *, ensure_ascii: bool = False) -> str:
         return _dumps_slow(value, ensure_ascii)
 
 
+def _no_default(o: Any) -> Any:
+    raise TypeError(f"not a checked value: {type(o).__name__}")
+
+
+def _bulk_encoder(ensure_ascii: bool) -> Optional[Callable[[Any, int], Any]]:
+    """One C encoder made once (``json.dumps`` makes one per call), or None when this Python's
+    ``c_make_encoder`` takes other arguments or writes other text than :func:`dumps`."""
+    make = getattr(json.encoder, "c_make_encoder", None)
+    if make is None:
+        return None
+    esc = json.encoder.encode_basestring_ascii if ensure_ascii else json.encoder.encode_basestring
+    try:
+        enc = make(None, _no_default, esc, None, ":", ",", False, False, True)
+        probe = [{"a": [1, -2.5, float("nan"), float("-inf"), None, True, "\u00e9\n"]}, "x", 3, {}]
+        ok = "".join(enc(probe, 0)) == dumps(probe, ensure_ascii=ensure_ascii)
+    except (TypeError, ValueError):
+        return None
+    return enc if ok else None
+
+
+_BULK = {False: _bulk_encoder(False), True: _bulk_encoder(True)}
+
+
+def dumps_each(values: Sequence[Any], *, ensure_ascii: bool = False) -> List[str]:
+    """:func:`dumps` of each of ``values`` (checked values), in bulk: one C encoder for them
+    all; any value it cannot write (an integer past the digit limit) sends every value through
+    :func:`dumps` instead, so the text is always :func:`dumps`'s."""
+    enc = _BULK[bool(ensure_ascii)]
+    if enc is not None:
+        try:
+            return list(map("".join, map(enc, values, repeat(0, len(values)))))
+        except (ValueError, TypeError, RecursionError):
+            pass
+    return [dumps(v, ensure_ascii=ensure_ascii) for v in values]
+
+
 def loads(data) -> Any:
     """Parse JSON text or UTF-8 bytes written by :func:`dumps` (integers of any size).
 

@@ -417,6 +417,27 @@ def check_regular(path: PathLike, *, under: Optional[PathLike] = None) -> os.sta
         os.close(fd)
 
 
+def prefetch(path: PathLike, ranges: Sequence, *, under: Optional[PathLike] = None) -> None:
+    """Ask the kernel to start reading the byte ``ranges`` (``(offset, length)`` pairs) of the
+    regular file ``path`` into the page cache (``posix_fadvise(WILLNEED)``), so that a later
+    read finds them there.  A hint: changes nothing durable, and any error (a missing file, a
+    platform without it) is ignored."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    try:
+        fd = open_regular(path, under=under)
+    except OSError:
+        return
+    try:
+        for off, n in ranges:
+            if n > 0:
+                os.posix_fadvise(fd, int(off), int(n), os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def _kind_of(mode: int) -> str:
     for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character "
                        "device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),

@@ -39,6 +39,8 @@ frame_tail = impl.frame_tail
 encode_frames = impl.encode_frames
 check_frames = impl.check_frames
 gather_frames = impl.gather_frames
+copy_ranges = impl.copy_ranges
+restamp_frames = impl.restamp_frames
 
 __all__ = [
     "IMPLEMENTATION",
@@ -49,5 +51,7 @@ __all__ = [
     "encode_frames",
     "check_frames",
     "gather_frames",
+    "copy_ranges",
+    "restamp_frames",
     "impl",
 ]

@@ -2,7 +2,8 @@
  * tqstore._native._frames: compiled record hot path.
  *
  * Same functions, arguments, results, exceptions and bytes as tqstore/_native/_pure.py
- * (crc32c, build_header, frame_head, frame_tail, encode_frames, check_frames, gather_frames)
+ * (crc32c, build_header, frame_head, frame_tail, encode_frames, check_frames, gather_frames,
+ * copy_ranges, restamp_frames)
  * (the reference).  Layout constants repeat tqstore/_native/layout.py and are exposed as
  * ``_LAYOUT`` so the tests can check them against it.
  *
@@ -230,8 +231,11 @@ typedef uint32_t (*crc_fn_t)(uint32_t, const uint8_t *, size_t);
 static crc_fn_t crc_impl = crc32c_table;
 static const char *crc_backend = "table";
 
+static void x2n_init(void);
+
 static void crc_init(void) {
     crc_table_init();
+    x2n_init();
 #ifdef TQ_X86_CRC
     __builtin_cpu_init();
     if (__builtin_cpu_supports("sse4.2")) {
@@ -241,6 +245,45 @@ static void crc_init(void) {
         crc_backend = "sse4.2";
     }
 #endif
+}
+
+/* Multiplication modulo the (reflected) polynomial and x^(n*2^k) mod P, for shifting a CRC
+ * register through n zero bytes in O(log n) (technique from zlib's crc32_combine). */
+static uint32_t x2n_table[32];
+
+static uint32_t multmodp(uint32_t a, uint32_t b) { /* branch-free: 32 steps, x^0 is bit 31 */
+    uint32_t p = 0;
+    for (int i = 31; i >= 0; i--) {
+        p ^= b & (0u - ((a >> i) & 1u));
+        b = (b >> 1) ^ (CRC32C_POLY & (0u - (b & 1u)));
+    }
+    return p;
+}
+
+static uint32_t x2nmodp(uint64_t n, unsigned k) {
+    uint32_t p = (uint32_t)1 << 31; /* x^0 */
+    while (n) {
+        if (n & 1) p = multmodp(x2n_table[k & 31], p);
+        n >>= 1;
+        k++;
+    }
+    return p;
+}
+
+static void x2n_init(void) {
+    uint32_t p = (uint32_t)1 << 30; /* x^1 */
+    x2n_table[0] = p;
+    for (int n = 1; n < 32; n++) x2n_table[n] = p = multmodp(p, p);
+}
+
+/* The CRC32C of a message of `cover` bytes whose bytes [at, at + 8) change by `delta` (xor),
+ * from the message's CRC32C `crc`: CRC32C is affine, so the change is the zero-initialised
+ * CRC of the delta advanced through the cover - at - 8 bytes after it. */
+static uint32_t crc_patch8(uint32_t crc, const uint8_t *delta, uint64_t at, uint64_t cover) {
+    uint32_t g = 0;
+    for (int i = 0; i < 8; i++) g = crc_table[0][(g ^ delta[i]) & 0xff] ^ (g >> 8);
+    if (!g) return crc;
+    return crc ^ multmodp(x2nmodp(cover - at - 8, 3), g);
 }
 
 /* ---- argument helpers -------------------------------------------------------------- */
@@ -1138,6 +1181,136 @@ done:
     return result;
 }
 
+/* ---- copy_ranges / restamp_frames -------------------------------------------------- */
+
+/* The n little-endian i64 values of an integer array argument (a buffer of 8n bytes). */
+static int get_i64s(PyObject *o, Py_buffer *view, const char *what, Py_ssize_t *n) {
+    if (get_contig(o, view, what, 0) < 0) return -1;
+    if (view->len % 8) {
+        PyBuffer_Release(view);
+        PyErr_Format(PyExc_ValueError, "%s must hold 8-byte integers", what);
+        return -1;
+    }
+    *n = view->len / 8;
+    return 0;
+}
+
+static PyObject *py_copy_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"src", "offsets", "lengths", "dst"};
+    PyObject *a[4];
+    if (parse_args("copy_ranges", args, nargs, kwnames, names, 4, 4, a) < 0) return NULL;
+    Py_buffer vs = {0}, vo = {0}, vl = {0}, vd = {0};
+    PyObject *result = NULL;
+    Py_ssize_t n = 0, nl = 0;
+    if (get_contig(a[0], &vs, "src", 0) < 0) goto done;
+    if (get_i64s(a[1], &vo, "offsets", &n) < 0) goto done;
+    if (get_i64s(a[2], &vl, "lengths", &nl) < 0) goto done;
+    if (get_contig(a[3], &vd, "dst", 1) < 0) goto done;
+    if (n != nl) {
+        PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
+        goto done;
+    }
+    const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf;
+    uint64_t total = 0, size = (uint64_t)vs.len;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t off = get_le64(po + 8 * i), len = get_le64(pl + 8 * i);
+        if ((int64_t)off < 0 || (int64_t)len < 0 || off > size || len > size - off) {
+            PyErr_Format(PyExc_ValueError, "range %zd ([%lld, +%lld)) is not inside src (%llu bytes)", i,
+                         (long long)off, (long long)len, (unsigned long long)size);
+            goto done;
+        }
+        total += len;
+    }
+    if (total > (uint64_t)vd.len) {
+        PyErr_Format(PyExc_ValueError, "dst holds %zd bytes, the ranges %llu", vd.len, (unsigned long long)total);
+        goto done;
+    }
+    {
+        const uint8_t *src = (const uint8_t *)vs.buf;
+        uint8_t *dst = (uint8_t *)vd.buf;
+        Py_BEGIN_ALLOW_THREADS
+        uint64_t pos = 0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t off = get_le64(po + 8 * i), len = get_le64(pl + 8 * i);
+            memcpy(dst + pos, src + off, (size_t)len);
+            pos += len;
+        }
+        Py_END_ALLOW_THREADS
+    }
+    result = PyLong_FromUnsignedLongLong(total);
+done:
+    if (vs.obj) PyBuffer_Release(&vs);
+    if (vo.obj) PyBuffer_Release(&vo);
+    if (vl.obj) PyBuffer_Release(&vl);
+    if (vd.obj) PyBuffer_Release(&vd);
+    return result;
+}
+
+static PyObject *py_restamp_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"buf", "offsets", "lengths", "gidxs"};
+    PyObject *a[4];
+    if (parse_args("restamp_frames", args, nargs, kwnames, names, 4, 4, a) < 0) return NULL;
+    Py_buffer vb = {0}, vo = {0}, vl = {0}, vg = {0};
+    PyObject *crcs = NULL, *result = NULL;
+    Py_ssize_t n = 0, nl = 0, ng = 0;
+    if (get_contig(a[0], &vb, "buf", 1) < 0) goto done;
+    if (get_i64s(a[1], &vo, "offsets", &n) < 0) goto done;
+    if (get_i64s(a[2], &vl, "lengths", &nl) < 0) goto done;
+    if (get_i64s(a[3], &vg, "gidxs", &ng) < 0) goto done;
+    if (n != nl || n != ng) {
+        PyErr_SetString(PyExc_ValueError, "offsets, lengths and gidxs must have the same length");
+        goto done;
+    }
+    const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf, *pg = (const uint8_t *)vg.buf;
+    uint8_t *buf = (uint8_t *)vb.buf;
+    uint64_t size = (uint64_t)vb.len, work = 0;
+    for (Py_ssize_t i = 0; i < n; i++) { /* every frame's extent first: nothing changes on an error */
+        uint64_t off = get_le64(po + 8 * i), len = get_le64(pl + 8 * i);
+        if ((int64_t)off < 0 || (int64_t)len < 0 || off > size || len > size - off ||
+            len < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE) {
+            PyErr_Format(PyExc_ValueError, "frame %zd ([%lld, +%lld)) is not inside buf (%llu bytes)", i,
+                         (long long)off, (long long)len, (unsigned long long)size);
+            goto done;
+        }
+        const uint8_t *f = buf + off;
+        uint64_t hlen = get_le16(f + 6), plen = get_le64(f + 8);
+        uint64_t pstart = align_up(PREFIX_SIZE + hlen);
+        if (hlen < HEADER_HEAD_SIZE || plen > len || pstart + plen + TRAILER_SIZE > len) {
+            PyErr_Format(PyExc_ValueError, "frame %zd: its lengths do not fit its extent (not a checked frame)", i);
+            goto done;
+        }
+        work += 64;
+    }
+    if (!(crcs = PyBytes_FromStringAndSize(NULL, 4 * n))) goto done;
+    {
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(crcs);
+        int nogil = work >= NOGIL_THRESHOLD;
+        PyThreadState *ts = nogil ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint8_t *f = buf + get_le64(po + 8 * i);
+            uint64_t cover = align_up(PREFIX_SIZE + get_le16(f + 6)) + get_le64(f + 8);
+            uint32_t crc = get_le32(f + cover);
+            uint8_t delta[8], g[8];
+            put_le64(g, get_le64(pg + 8 * i));
+            for (int k = 0; k < 8; k++) delta[k] = f[PREFIX_SIZE + k] ^ g[k];
+            crc = crc_patch8(crc, delta, PREFIX_SIZE, cover);
+            memcpy(f + PREFIX_SIZE, g, 8);
+            put_le32(f + cover, crc);
+            put_le32(out + 4 * i, crc);
+        }
+        if (ts) PyEval_RestoreThread(ts);
+    }
+    result = crcs;
+    crcs = NULL;
+done:
+    if (vb.obj) PyBuffer_Release(&vb);
+    if (vo.obj) PyBuffer_Release(&vo);
+    if (vl.obj) PyBuffer_Release(&vl);
+    if (vg.obj) PyBuffer_Release(&vg);
+    Py_XDECREF(crcs);
+    return result;
+}
+
 /* ---- module ------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1161,6 +1334,13 @@ static PyMethodDef methods[] = {
      "gather_frames(buf, locs, gidxs, template, payload_start, payload_len, out, rows, verify=True)\n--\n\n"
      "Check frames of one head template in ``buf`` and copy their payloads into ``out`` rows:\n"
      "(code, index, expected, actual)."},
+    {"copy_ranges", (PyCFunction)(void (*)(void))py_copy_ranges, METH_FASTCALL | METH_KEYWORDS,
+     "copy_ranges(src, offsets, lengths, dst)\n--\n\n"
+     "Copy the byte ranges of ``src`` (i64 offsets and lengths) back to back into ``dst``; returns the bytes."},
+    {"restamp_frames", (PyCFunction)(void (*)(void))py_restamp_frames, METH_FASTCALL | METH_KEYWORDS,
+     "restamp_frames(buf, offsets, lengths, gidxs)\n--\n\n"
+     "Give the frames at ``offsets`` of ``buf`` the global indexes ``gidxs`` (u64), their trailers' CRC32C\n"
+     "updated for the change; returns the new CRCs (u32 each)."},
     {"_crc32c_table", py_crc32c_table, METH_VARARGS, "Slice-by-8 CRC32C (the portable fallback)."},
     {NULL, NULL, 0, NULL},
 };

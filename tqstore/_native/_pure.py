@@ -433,3 +433,69 @@ def _copy_runs(seg, offs, dest, pstart: int, plen: int, flen: int, vo) -> None:
     for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), so.size]):
         src = as_strided(seg[int(so[a]) + pstart:], shape=(b - a, plen), strides=(flen, 1), writeable=False)
         dst[dest[order[a:b]]] = src
+
+
+def _i64s(o, what: str) -> list:
+    mv = _contig(o, what)
+    if mv.nbytes % 8:
+        raise ValueError(f"{what} must hold 8-byte integers")
+    return np.frombuffer(mv, "<i8").tolist() if mv.nbytes else []
+
+
+def copy_ranges(src, offsets, lengths, dst) -> int:
+    """Copy the byte ranges ``offsets[i], lengths[i]`` (little-endian i64) of ``src`` back to
+    back into the writable ``dst``; returns the bytes copied.  Raises ValueError for a range
+    outside ``src`` or more bytes than ``dst`` holds (before copying anything)."""
+    s = _contig(src, "src")
+    offs, lens = _i64s(offsets, "offsets"), _i64s(lengths, "lengths")
+    d = _contig(dst, "dst", writable=True)
+    if len(offs) != len(lens):
+        raise ValueError("offsets and lengths must have the same length")
+    size = s.nbytes
+    for i, (o, n) in enumerate(zip(offs, lens)):
+        if o < 0 or n < 0 or o > size or n > size - o:
+            raise ValueError(f"range {i} ([{o}, +{n})) is not inside src ({size} bytes)")
+    total = sum(lens)
+    if total > d.nbytes:
+        raise ValueError(f"dst holds {d.nbytes} bytes, the ranges {total}")
+    pos = 0
+    for o, n in zip(offs, lens):
+        d[pos:pos + n] = s[o:o + n]
+        pos += n
+    return total
+
+
+def restamp_frames(buf, offsets, lengths, gidxs) -> bytes:
+    """Give the frames at ``offsets``/``lengths`` of the writable ``buf`` the global indexes
+    ``gidxs`` (u64) in their headers (bytes 24-31) and update their trailers' CRC32C for the
+    change: the old trailer CRC xor the CRC32C of the old and of the new covered bytes (CRC32C
+    is affine), so a frame whose old CRC did not match keeps not matching.  Returns the new
+    CRCs (u32 each, little-endian).  Raises ValueError (before changing anything) for a frame
+    outside ``buf`` or whose lengths do not fit its extent."""
+    b = _contig(buf, "buf", writable=True)
+    offs, lens = _i64s(offsets, "offsets"), _i64s(lengths, "lengths")
+    gs = [g & ((1 << 64) - 1) for g in _i64s(gidxs, "gidxs")]
+    if not len(offs) == len(lens) == len(gs):
+        raise ValueError("offsets, lengths and gidxs must have the same length")
+    size = b.nbytes
+    covers = []
+    for i, (o, n) in enumerate(zip(offs, lens)):
+        if o < 0 or n < 0 or o > size or n > size - o or n < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE:
+            raise ValueError(f"frame {i} ([{o}, +{n})) is not inside buf ({size} bytes)")
+        hlen = int.from_bytes(b[o + 6:o + 8], "little")
+        plen = int.from_bytes(b[o + 8:o + 16], "little")
+        cover = payload_offset(hlen) + plen
+        if hlen < HEADER_HEAD_SIZE or plen > n or cover + TRAILER_SIZE > n:
+            raise ValueError(f"frame {i}: its lengths do not fit its extent (not a checked frame)")
+        covers.append(cover)
+    out = []
+    for o, cover, g in zip(offs, covers, gs):
+        old = bytes(b[o:o + cover])
+        crc = int.from_bytes(b[o + cover:o + cover + 4], "little")
+        new = g.to_bytes(8, "little")
+        if old[PREFIX_SIZE:PREFIX_SIZE + 8] != new:
+            crc ^= _crc.crc32c(old) ^ _crc.crc32c(old[:PREFIX_SIZE] + new + old[PREFIX_SIZE + 8:])
+            b[o + PREFIX_SIZE:o + PREFIX_SIZE + 8] = new
+            b[o + cover:o + cover + 4] = crc.to_bytes(4, "little")
+        out.append(crc.to_bytes(4, "little"))
+    return b"".join(out)

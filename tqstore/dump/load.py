@@ -27,7 +27,7 @@ from .. import _native
 from .._format import dump_records as D
 from .._io import files
 from ..errors import CheckpointNotFoundError, CorruptionError
-from ..ports import RestoreImport
+from ..ports import RestoreImport, RestoreInfo
 
 #: bytes of a source file a target unit reads, checks and appends at a time (x units in
 #: parallel, at most 8: the memory a load adds stays well under 256 MiB)
@@ -173,6 +173,15 @@ def read_dump(path) -> Dump:
     return Dump(d, man, rows, shards)
 
 
+def prefetch(dump: Dump) -> None:
+    """Start reading every shard's frames into the page cache (a hint, see
+    :func:`tqstore._io.files.prefetch`): the loader runs it beside the controller's begin, so
+    the target units find the bytes read or on their way.  Raises nothing."""
+    for s in dump.shards:
+        files.prefetch(dump.path / s.path, [(D.SHARD_HEADER_SIZE, s.header.table_offset - D.SHARD_HEADER_SIZE)],
+                       under=dump.path)
+
+
 def _same_frames(want: Tuple[List[int], List[int]], table: D.ShardTable, code: Mapping[str, int]) -> bool:
     """Whether the shard's table holds exactly the ``(gidx, field code)`` pairs ``want`` (each
     pair at most once on either side: the row index and the table decoders refuse repeats)."""
@@ -191,22 +200,32 @@ def _same_frames(want: Tuple[List[int], List[int]], table: D.ShardTable, code: M
     return bool(np.array_equal(gg[a], wg[b]) and np.array_equal(gf[a], wf[b]))
 
 
-def plan_imports(dump: Dump, mapping: Mapping[int, int], num_units: int, *,
+def plan_imports(dump: Dump, mapping: Tuple[np.ndarray, np.ndarray], num_units: int, *,
                  batch_bytes: int = BATCH_BYTES) -> List[RestoreImport]:
     """The frames each target unit ``0..num_units-1`` imports: a frame of source gidx ``g`` goes
-    to unit ``mapping[g] % num_units`` (``mapping``: source gidx -> the store's gidx).  Pure."""
+    to unit ``G % num_units``, ``G`` the store's gidx of ``g`` (``mapping``: the source gidxs,
+    sorted, and the store's gidxs in the same order, as :func:`mapping_of` gives them).  Pure.
+
+    Raises CorruptionError if a frame's source gidx is not in the mapping."""
     files_ = {s.unit: s.path for s in dump.shards}
     sizes = {s.unit: s.size for s in dump.shards}
+    msrc, mdst = mapping
     cols: List[Tuple[np.ndarray, ...]] = []
     fields: List[bytes] = []
     for s in dump.shards:
         e = s.table.entries
         src = e["gidx"].astype(np.uint64)
-        dst = np.fromiter((mapping[g] for g in src.tolist()), np.uint64, len(src))
+        dst = np.zeros(0, np.uint64)
+        if len(src):
+            at = np.searchsorted(msrc, src)
+            if (at >= len(msrc)).any() or not np.array_equal(msrc[at], src):
+                raise CorruptionError("dump shard holds a frame of a row the restore does not name",
+                                      path=str(dump.path / s.path))
+            dst = mdst[at]
         cols.append((np.full(len(e), s.unit, np.int64), e["offset"].astype(np.int64), e["length"].astype(np.int64),
                      e["crc"].astype(np.uint32), src, dst))
         names = [n.encode("utf-8") for n in s.table.names]
-        fields.extend(names[i] for i in e["field"].tolist())
+        fields.extend(map(names.__getitem__, e["field"].tolist()))
     if cols:
         fid, off, ln, crc, src, dst = (np.concatenate([c[i] for c in cols]) for i in range(6))
     else:
@@ -218,19 +237,26 @@ def plan_imports(dump: Dump, mapping: Mapping[int, int], num_units: int, *,
     for u in range(num_units):
         sel = np.flatnonzero(target == u)
         out.append(RestoreImport(str(dump.path), files_, sizes, fid[sel], off[sel], ln[sel], crc[sel], src[sel],
-                                 dst[sel], [fields[i] for i in sel.tolist()], batch_bytes))
+                                 dst[sel], list(map(fields.__getitem__, sel.tolist())), batch_bytes))
     return out
 
 
-def mapping_of(keys: Sequence[str], gidxs: Sequence[int], dump: Dump) -> Dict[int, int]:
-    """Source gidx -> the store's gidx, from a restore's ``keys``/``gidxs`` and the dump's rows.
+def mapping_of(info: RestoreInfo, dump: Dump) -> Tuple[np.ndarray, np.ndarray]:
+    """Source gidx -> the store's gidx of a restore (``info`` with its rows: keys, store gidxs
+    and source gidxs), as two arrays: the source gidxs sorted and the store's in that order.
 
-    Raises CorruptionError when the dump's keys are not the restore's (it changed since)."""
+    Raises CorruptionError when the dump's rows are not the restore's (it changed since)."""
     rows = dump.rows.rows
-    if set(keys) != set(rows):
+    keys, srcs = info.keys or (), info.srcs or ()
+    if len(keys) != len(rows) or any(rows.get(k, _NO_ROW)["gidx"] != g for k, g in zip(keys, srcs)):
         raise CorruptionError("the dump's keys are not those of the restore begun from it (was it replaced?)",
                               path=str(dump.path / D.ROW_INDEX_NAME))
-    return {rows[k]["gidx"]: g for k, g in zip(keys, gidxs)}
+    src = np.asarray(srcs, np.uint64)
+    order = np.argsort(src, kind="stable")
+    return src[order], np.asarray(info.gidxs or (), np.uint64)[order]
 
 
-__all__ = ["BATCH_BYTES", "Shard", "Dump", "read_dump", "plan_imports", "mapping_of"]
+_NO_ROW = {"gidx": None}
+
+
+__all__ = ["BATCH_BYTES", "Shard", "Dump", "read_dump", "prefetch", "plan_imports", "mapping_of"]

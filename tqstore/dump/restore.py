@@ -37,7 +37,7 @@ from .._io import files
 from ..errors import TqstoreError
 from . import publish as P
 from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
-from .load import Dump, mapping_of, plan_imports, read_dump
+from .load import Dump, mapping_of, plan_imports, prefetch, read_dump
 
 log = logging.getLogger("tqstore")
 
@@ -72,8 +72,7 @@ def _unmark(d: Path) -> None:
 def _run_units(store, info: RestoreInfo, dump: Dump, todo: Sequence[int]) -> int:
     """Claim, import and complete units ``todo`` in parallel; returns bytes read."""
     c: ControllerPort = store.controller
-    mapping = mapping_of(info.keys or (), info.gidxs or (), dump)
-    plans = plan_imports(dump, mapping, store.num_units)
+    plans = plan_imports(dump, mapping_of(info, dump), store.num_units)
 
     def one(u: int) -> int:
         attempt = c.claim_restore(info.rid, u)
@@ -155,12 +154,11 @@ def load(store, dump_dir) -> Dict[str, Any]:
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
         dump = read_dump(d)
+        store._pool.submit(prefetch, dump)  # the frames' reads start beside the controller's begin
         _mark(d, store.root)
         try:
             with store._write_lock:
                 store._check_open()
-                rb = store.controller.rows_by_key(dump.partition_id, list(dump.rows.rows))
-                new = len(dump.rows.rows) if rb is None else len(rb.missing())  # O(keys), not O(partition)
                 info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema(),
                                                       strict_dtypes=store.strict_schema)
         except BaseException:
@@ -180,6 +178,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
             raise
         _commit(store, info)
         _unmark(d)
+    new = info.new_keys
     log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows.rows), new,
              dump.partition_id, d, nbytes)
     return _report(info, dump, nbytes, t0, new)

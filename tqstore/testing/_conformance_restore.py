@@ -41,6 +41,7 @@ class ControllerRestoreTests:
         assert isinstance(info, RestoreInfo) and info.state == "running" and info.pid == "p"
         assert info.keys == ("a", "new", "bare") and info.srcs == (10, 11, 12) and info.gidxs[0] == g[0]
         assert len(set(info.gidxs)) == 3 and not set(info.gidxs[1:]) & set(g)
+        assert info.new_keys == 2 and c.restores()[0].new_keys == 2  # "new" and "bare" create rows
         assert info.units == ("pending",) * self.NUM_UNITS and info.dump == "/dumps/d1"
         assert self.put(c, "p", keys=["c"])[0] not in info.gidxs  # reserved: no put takes them
         assert c.list_keys("p") == {"p": {"a": None, "b": None, "c": None}}  # nothing visible yet
