@@ -53,11 +53,11 @@ def _mirror(root):
 def _canon(x):
     """Everything a controller state holds, as plain comparable values (tags as JSON: NaN)."""
     out = {"num_units": x.num_units, "next_gidx": x.next_gidx, "put_token": x.put_token, "free": sorted(x.free),
-           "consumed": {k: sorted(v) for k, v in x.consumed.items() if v}}
+           "consumed": {k: sorted(v) for k, v in x.consumed.items() if v}, "order": list(x.parts)}
     for pid, p in x.parts.items():
         sl = p.live_slots().tolist()
         out[("part", pid)] = {
-            "num": p.num, "next_seq": p.next_seq, "meta": p.meta, "schema": sorted(p.schema.items()),
+            "num": p.num, "next_seq": p.next_seq, "meta": p.meta, "schema": list(p.schema.items()),
             "bits": sorted(p.bits.items()), "live": p.live, "key_count": p.key_count(),
             "rows": [(int(p.s_gidx[s]), int(p.s_seq[s]), sorted(p.fsets[int(p.s_fs[s])]), p.s_key[s]) for s in sl],
             "tags": sorted((g, dumps(t)) for g, t in p.tags.items()), "keys": sorted(p.keys.items()),

@@ -37,6 +37,7 @@ from ._format.mirror_records import (
 )
 from ._format.records import RecordError
 from ._io import files
+from ._io.heap import trim_heap
 from .controller_decode import CONTROLLER_FORMAT, ControllerState
 from .controller_mirror import GidxMap, Partition
 from .errors import CorruptionError, TqstoreError
@@ -46,6 +47,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 log = logging.getLogger("tqstore")
 MAX_MIRROR_BYTES = 1 << 40
+
+
+def _utf8_first(kv: Tuple[str, Any]) -> bytes:
+    return kv[0].encode("utf-8")
 
 
 def mirror_path(c: "Controller") -> Path:
@@ -81,12 +86,17 @@ def image(c: "Controller") -> MirrorImage:
         p = c.parts[pid]
         sl = p.live_slots()
         keys = p.s_key if len(sl) == p.n else [p.s_key[s] for s in sl.tolist()]
-        schema = [(f, kind, dt, p.bits[f]) for f, (kind, dt) in p.schema.items()]
+        schema = [(f, kind, dt, p.bits[f]) for f, (kind, dt) in sorted(p.schema.items(), key=_utf8_first)]
         tg = np.fromiter(p.tags.keys(), dtype=np.int64, count=len(p.tags))
+        tags = list(p.tags.values())
+        order = np.argsort(tg, kind="stable")  # ascending, as a decode installs them
+        if len(tg) and not (order[1:] > order[:-1]).all():
+            tg, tags = tg[order], [tags[i] for i in order.tolist()]
         parts.append(PartImage(pid, p.num, p.next_seq, dict(p.meta), schema, [sorted(f) for f in p.fsets],
-                               p.s_gidx[sl], p.s_seq[sl], p.s_fs[sl], keys, tg, list(p.tags.values())))
-    consumed = [(pid, task, np.fromiter(g, dtype=np.int64, count=len(g)))
-                for (pid, task), g in c.consumed.items() if g and pid in c.parts]
+                               p.s_gidx[sl], p.s_seq[sl], p.s_fs[sl], keys, tg, tags))
+    consumed = [(pid, task, np.fromiter(g, dtype=np.int64, count=len(g)))  # in the order of the cons keys
+                for (pid, task), g in sorted(c.consumed.items(), key=lambda kv: (kv[0][1].encode(), kv[0][0].encode()))
+                if g and pid in c.parts]
     return MirrorImage(c.num_units, c.next_gidx, c.put_token, np.asarray(sorted(c.free), dtype=np.int64), parts,
                        consumed)
 
@@ -137,7 +147,10 @@ def _load(c: "Controller", path: Path) -> Tuple[Optional[ControllerState], Optio
     c.mirror_binding = (digest, h.units_digest)  # the marker vouches for the units' digest the mirror names
     img = decode_mirror(buf, h, path=str(path))
     del buf
-    return state(img, str(path)), None
+    st = state(img, str(path))
+    del img
+    trim_heap()  # the file's buffer and the arrays' copies leave the process
+    return st, None
 
 
 def state(img: MirrorImage, path: str) -> ControllerState:
