@@ -37,7 +37,7 @@ from ._format.columns import Column
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
 from ._io import files
-from ._io.lmdbenv import lmdb_commit_point, open_env, sync_env, wrap_errors
+from ._io.lmdbenv import lmdb_commit_point, open_env, sync_env, warm_file, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
@@ -101,6 +101,7 @@ class Controller:
     def _load(self) -> None:
         st = controller_persist.load(self)  # the mirror file, when the clean-close marker names it
         if st is None:
+            warm_file(self.path / "data.mdb")  # one sequential read, not one random read per page walked
             with self.env.begin() as txn:
                 st = decode_controller(txn, self.db, self.path)
         self.num_units, self.next_gidx, self.put_token = st.num_units, st.next_gidx, st.put_token
