@@ -10,8 +10,9 @@ in-memory mirror (:mod:`tqstore.controller_mirror`) is updated only after the co
 succeeds, so a failed call changes nothing.
 
 The mirror is columnar (:mod:`tqstore.controller_mirror`): a few machine words per row,
-built in bulk on open (:mod:`tqstore.controller_decode`); a put encodes its rows' values
-together (:mod:`tqstore.controller_put`).  An index of format version 1 is migrated to
+built in bulk on open (:mod:`tqstore.controller_decode`), or read from the mirror file a
+clean close wrote when the clean-close marker names it (:mod:`tqstore.controller_persist`);
+a put encodes its rows' values together (:mod:`tqstore.controller_put`).  An index of format version 1 is migrated to
 version 2 in one transaction when the controller opens it.
 
 The controller implements :class:`~tqstore.ports.ControllerPort`: every port method takes
