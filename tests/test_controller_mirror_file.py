@@ -318,3 +318,21 @@ def test_a_mirror_file_is_rejected_by_its_own_checks(tmp_path):
     with pytest.raises(tqstore.CorruptionError):
         M.decode_mirror(raw2, M.decode_header(raw2, file_size=s2))
     assert M.bound_digest(99, size, hcrc) != M.bound_digest(99, size, hcrc ^ 1) < 1 << 63
+
+
+def test_a_fresh_compacted_index_copy_is_read_once_in_order_before_its_decode(tmp_path, monkeypatch):
+    """The decode path first reads data.mdb front to back (a compacted LMDB copy bypasses the
+    page cache; a walk would then read it one 4 KiB page at a time), and still decodes it."""
+    from tqstore._io import lmdbenv
+    import tqstore.controller as C
+
+    root = tmp_path / "s"
+    _rich_store(root)
+    _mirror(root).unlink()
+    seen = []
+    real = lmdbenv.warm_file
+    monkeypatch.setattr(C, "warm_file", lambda p, **k: (seen.append(real(p, **k)), seen[-1])[1])
+    with tqstore.open(root, result_type="dict") as s:
+        assert seen == [(_ctrl_dir(root) / "data.mdb").stat().st_size] and "n0" in s.kv_list("p")["p"]
+    assert lmdbenv.warm_file(tmp_path / "missing") == 0
+    assert lmdbenv.warm_file(_mirror(root), chunk_bytes=4096) == _mirror(root).stat().st_size
