@@ -17,6 +17,8 @@ Figures (wall time; per-row cost = time / rows):
 * ``get``: ``kv_batch_get`` of all rows by key in batches of 8,192, rows/s;
 * ``kv_list``: ``kv_list("train")`` of the whole partition, seconds;
 * ``save``: blocking ``save_checkpoint`` to a new directory, seconds;
+* ``close``: closing the store after the save (a build with a persisted controller mirror
+  writes it here), seconds;
 * ``open``: reopening the cleanly closed store (controller and units; a build with the
   clean-close marker skips the reconciliation's scans), seconds;
 * ``open (crash)``: reopening it after a process opened it and exited without closing (as
@@ -106,7 +108,9 @@ def _child(n: int, work: Path, units: int) -> dict:
         s.save_checkpoint(ck)
         out["save_s"] = time.perf_counter() - t0
     finally:
+        t0 = time.perf_counter()
         s.close()
+        out["close_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     s = tqstore.open(path, result_type="dict")
     out["open_s"] = time.perf_counter() - t0
@@ -207,6 +211,8 @@ def _lines(build: str, r: dict, old: dict = None) -> list:
     L.append(f"  get     {_fmt_rate(n, r['get_s'])}   memcpy {n / r['memcpy_s']:,.0f} rows/s{ratio('get_s')}")
     L.append(f"  kv_list {_fmt_secs(n, r['kv_list_s'])}{ratio('kv_list_s')}")
     L.append(f"  save    {_fmt_secs(n, r['save_s'])}{ratio('save_s')}")
+    if "close_s" in r:
+        L.append(f"  close   {_fmt_secs(n, r['close_s'])}{ratio('close_s') if old and 'close_s' in old else ''}")
     L.append(f"  open    {_fmt_secs(n, r['open_s'])}   lmdb scan {r['lmdb_scan_s']:.3f} s "
              f"(open / scan {r['open_s'] / r['lmdb_scan_s']:.1f}){ratio('open_s')}")
     L.append(f"  open(-9){_fmt_secs(n, r['open_crash_s'])}{ratio('open_crash_s')}")
@@ -262,7 +268,7 @@ def main(argv=None) -> None:
     for b, per in results.items():
         summary[b] = {str(n): {"put_rows_s": n / r["put_s"], "get_rows_s": n / r["get_s"], "open_s": r["open_s"],
                                "load_s": r["load_s"], "save_s": r["save_s"], "kv_list_s": r["kv_list_s"],
-                               "open_crash_s": r["open_crash_s"], "key_s": r["key_s"],
+                               "open_crash_s": r["open_crash_s"], "key_s": r["key_s"], "close_s": r.get("close_s"),
                                "rss_bytes_per_row": r["rss_bytes"] / max(1, r["rss_rows"]),
                                "rss_keyed_bytes_per_row": r["rss_keyed_bytes"] / max(1, r["rss_rows"]),
                                "memcpy_rows_s": n / r["memcpy_s"], "lmdb_put_rows_s": n / r["lmdb_put_s"],

@@ -81,7 +81,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("ports", ("ports", "ports_restore")),
     ("policies", ("samplers", "seqlen_sampler")),
     ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "unit_restore",
-                     "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling",
+                     "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling", "controller_persist",
                      "controller_export", "controller_dump", "controller_restore")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "store_open", "state_switch", "kv", "streaming", "reader", "read_guard", "meta", "meta_kv",

@@ -10,8 +10,9 @@ in-memory mirror (:mod:`tqstore.controller_mirror`) is updated only after the co
 succeeds, so a failed call changes nothing.
 
 The mirror is columnar (:mod:`tqstore.controller_mirror`): a few machine words per row,
-built in bulk on open (:mod:`tqstore.controller_decode`); a put encodes its rows' values
-together (:mod:`tqstore.controller_put`).  An index of format version 1 is migrated to
+built in bulk on open (:mod:`tqstore.controller_decode`), or read from the mirror file a
+clean close wrote when the clean-close marker names it (:mod:`tqstore.controller_persist`);
+a put encodes its rows' values together (:mod:`tqstore.controller_put`).  An index of format version 1 is migrated to
 version 2 in one transaction when the controller opens it.
 
 The controller implements :class:`~tqstore.ports.ControllerPort`: every port method takes
@@ -37,7 +38,7 @@ from ._format.columns import Column
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
 from ._io import files
-from ._io.lmdbenv import lmdb_commit_point, open_env, sync_env, wrap_errors
+from ._io.lmdbenv import lmdb_commit_point, open_env, sync_env, warm_file, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
@@ -45,7 +46,7 @@ from .controller_mirror import (
     GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, list_keys, partition_info,
     production_status, row_batch, row_info, rows_of_slots,
 )
-from . import controller_put
+from . import controller_persist, controller_put
 from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
 from .errors import CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError  # noqa: F401
@@ -79,6 +80,7 @@ class Controller:
         self._restores = RestoreHost(self)  # selective restores: records, lifecycle, guards
         self._snapshots: Dict[int, Any] = {}  # snapshot id -> read transaction (the controller's side of a cut)
         self._next_snapshot = 1
+        self.mirror_binding: Optional[Tuple[int, int]] = None  # (marker digest, units' digest): controller_persist
         try:
             with wrap_errors("open controller", self.path):
                 self._init_meta(num_units)
@@ -98,8 +100,11 @@ class Controller:
             # an existing format is checked by decode_controller
 
     def _load(self) -> None:
-        with self.env.begin() as txn:
-            st = decode_controller(txn, self.db, self.path)
+        st = controller_persist.load(self)  # the mirror file, when the clean-close marker names it
+        if st is None:
+            warm_file(self.path / "data.mdb")  # one sequential read, not one random read per page walked
+            with self.env.begin() as txn:
+                st = decode_controller(txn, self.db, self.path)
         self.num_units, self.next_gidx, self.put_token = st.num_units, st.next_gidx, st.put_token
         self.parts, self.gmap, self.consumed, self.free = st.parts, st.gmap, st.consumed, st.free
         self._by_num = {p.num: p for p in self.parts.values()}
@@ -289,11 +294,13 @@ class Controller:
     def mark_clean(self, digest: int) -> None:
         """Record the clean-close marker ``meta/clean`` (``digest``: the units' digest,
         :func:`~tqstore._format.controller_records.units_digest`) and flush the index to disk
-        (docs/FORMAT.md, "Clean close").  Raises StorageIOError, InvalidInputError (digest)."""
+        (docs/FORMAT.md, "Clean close"), after writing the mirror file the marker then names
+        (:mod:`tqstore.controller_persist`).  Raises StorageIOError, InvalidInputError (digest)."""
         if not isinstance(digest, int) or not 0 <= digest < 1 << 63:
             raise InvalidInputError(f"mark_clean: digest must be an int in [0, 2**63), got {digest!r}")
         with wrap_errors("mark clean", self.path):
-            raw = R.encode_clean(digest, self.env.info()["last_txnid"])
+            commit = self.env.info()["last_txnid"]
+            raw = R.encode_clean(controller_persist.save(self, digest, commit), commit)
             with self.env.begin(write=True) as txn:
                 txn.put(R.META_CLEAN, raw, db=self.db["meta"])
             sync_env(self.env)
@@ -316,7 +323,7 @@ class Controller:
         except RecordError as e:
             log.warning("controller index %s: ignoring a malformed clean-close marker: %s", self.path, e)
             return None
-        return digest if commit + 1 == last else None
+        return controller_persist.unwrap(self, digest) if commit + 1 == last else None
 
     @_locked
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:

@@ -194,6 +194,41 @@ def write_file_atomic(path: PathLike, data: bytes, *, fsync: bool = True) -> Non
         fsync_dir(path.parent)
 
 
+def write_buffers_atomic(path: PathLike, buffers: Sequence, *, fsync: bool = True) -> int:
+    """Replace ``path`` with ``buffers`` written back to back, atomically: ``<name>.tmp``
+    (one a crash left is removed first), fsync, rename over ``path``, fsync of the
+    directory.  After a crash ``path`` holds the old or the new content, never a mix.
+    Returns bytes written.  Failpoints ``unlink``, ``create``, ``write``, ``fsync_file``,
+    ``rename``, ``fsync_dir``."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    unlink(tmp)
+    n = write_buffers(tmp, buffers, fsync=fsync)
+    rename(tmp, path)
+    if fsync:
+        fsync_dir(path.parent)
+    return n
+
+
+def read_regular(path: PathLike, *, max_bytes: int) -> Optional[bytearray]:
+    """The whole content of the regular file ``path`` read into one new buffer (no copy
+    after the read); None when it does not exist or holds more than ``max_bytes``.
+    Raises NotRegularFile (a symbolic link, a device, a FIFO), OSError."""
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size > max_bytes:
+            return None
+        buf = bytearray(size)
+        n = preadv_all(fd, [buf], 0)
+        return buf if n == size else buf[:n]
+    finally:
+        os.close(fd)
+
+
 def rename(src: PathLike, dst: PathLike) -> None:
     """Atomic rename (replaces ``dst`` if it is a file or empty dir). Failpoint ``rename``."""
     _fp("rename", str(src), str(dst))
