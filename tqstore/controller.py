@@ -203,12 +203,6 @@ class Controller:
         raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {pid!r}: {missing[:5]!r}")
 
     @_locked
-    def row_fields(self, pid: str, keys: Sequence[str]) -> Tuple[List[int], List[frozenset]]:
-        from .controller_dump import live_fields  # (see ControllerPort)
-
-        return live_fields(self.partition(pid), self.gidxs_for_keys(pid, keys))
-
-    @_locked
     def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
         """Row metadata (None for a gidx that is not a row of ``pid``)."""
         p = self.parts.get(pid)

@@ -1,8 +1,7 @@
 """The controller's side of a selective dump: the dumped rows' metadata at a snapshot
 (:meth:`Controller.snapshot_rows`), read from the snapshot's read transaction, never from
 the in-memory mirror (which has moved on since the cut).  Values out: a
-:class:`~tqstore.ports.RowBatch`.  (:func:`live_fields` answers the mirror's present fields
-of rows, :meth:`Controller.row_fields`: a guess the dump checks against its snapshot.)
+:class:`~tqstore.ports.RowBatch`.
 
 Bulk path: the keys' entries and then the rows' values are fetched with one
 ``getmulti`` each; version-2 row values are decoded column-wise (their tags with one JSON
@@ -25,15 +24,6 @@ from .ports import RowBatch
 
 _HEAD = R.ROW2_HEAD
 _HEAD_SIZE = R.ROW2_HEAD.size
-
-
-def live_fields(p, gidxs: List[int]) -> Tuple[List[int], List[frozenset]]:
-    """``(gidxs, fields)``: the produced fields (the interned sets) of rows ``gidxs`` of the
-    mirror's partition ``p`` (every one a row of it), as they are now: not at a snapshot."""
-    if not gidxs:
-        return [], []
-    fsets = p.fsets
-    return gidxs, [fsets[i] for i in p.s_fs[p.slots(gidxs)].tolist()]
 
 
 def rows_at(txn, dbs: Mapping[str, Any], pid: str, keys: Sequence[str], *, path: str) -> Optional[RowBatch]:

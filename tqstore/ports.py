@@ -423,11 +423,6 @@ class ControllerPort(Protocol):
         KeyNotFoundError (naming the first missing keys in the order given), TypeError (an
         unhashable key)."""
 
-    def row_fields(self, pid: str, keys: Sequence[str]) -> Tuple[List[int], List[frozenset]]:
-        """``(gidxs, fields)`` of ``keys`` now: each key's global index and produced fields, no
-        tag (cheaper than :meth:`rows_by_key`; a dump's guess of its plan, checked against its
-        snapshot later).  Raises PartitionNotFoundError / KeyNotFoundError."""
-
     def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
         """Row metadata (None for a gidx that is not a row of ``pid``).  (Not ``rows``: the
         embedded Controller's ``rows`` is its in-memory index, which no port exposes.)"""

@@ -15,16 +15,12 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
    is released now (:class:`DumpHandle`); the stall is the cut plus that test;
 3. duplicate keys dropped (the first kept, :meth:`DumpCut.distinct`); under the exclusive
    ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
-   ``<dir>.tmp`` made; each unit's :meth:`UnitPort.export_rows` starts writing its shard
-   (owner-side, byte for byte, fsynced), in parallel, from a guess of its part
-   (:meth:`ControllerPort.row_fields`: the rows' gidxs and produced fields as they are now,
-   no tag), while :meth:`ControllerPort.snapshot_rows` reads the rows' key, gidx, tag and
-   produced fields at the cut (the keys are resolved there, in the snapshot: every one was
-   a row at the cut, so a key it lacks is a bug and nothing is published); those rows
-   define the dump: :func:`plan` groups the rows with data by owning unit, a unit whose
-   guess differs (its rows changed after the cut) writes its shard again from them, and a
-   right guess keeps its shard or raises its error (a failed write is never retried);
-   ``rows.json`` is written and fsynced beside the shards; then
+   ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
+   and produced fields at the cut (the keys are resolved there, in the snapshot: every one
+   was a row at the cut, so a key it lacks is a bug and nothing is published);
+   :func:`plan` groups the rows with data by owning unit;
+   each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
+   fsynced), in parallel, and ``rows.json`` is written and fsynced beside them; then
    ``MANIFEST.json`` is written and fsynced, the directory fsynced; :func:`publish.publish`.
 
 A failure removes ``<dir>.tmp`` and leaves the previous dump at ``<dir>`` as it was.  The
@@ -134,22 +130,12 @@ class UnitWork:
 def plan(rows: RowBatch, num_units: int) -> List[UnitWork]:
     """Group the rows that have produced fields by owning unit (``gidx % num_units``), in
     dump order (pure)."""
-    return plan_of(rows.gidxs, rows.fields, num_units)
-
-
-def plan_of(gidxs: Sequence[int], fields: Sequence[Any], num_units: int) -> List[UnitWork]:
-    """:func:`plan` of rows ``gidxs`` with produced fields ``fields`` (pure)."""
     per: Dict[int, Tuple[List[int], List[List[str]]]] = defaultdict(lambda: ([], []))
-    by_set: Dict[Any, List[str]] = {}  # rows share a handful of field sets: each sorted once
-    for g, fs in zip(gidxs, fields):
+    for g, fs in zip(rows.gidxs, rows.fields):
         if fs:
             gs, fl = per[g % num_units]
             gs.append(g)
-            key = fs if isinstance(fs, frozenset) else frozenset(fs)
-            sl = by_set.get(key)
-            if sl is None:
-                sl = by_set[key] = sorted(fs)
-            fl.append(sl)
+            fl.append(sorted(fs))
     return [UnitWork(u, gs, fl) for u, (gs, fl) in sorted(per.items())]
 
 
@@ -217,60 +203,38 @@ class DumpJob:
         cut, snap = self.cut, self.cut.snap
         t = [time.perf_counter()]
         cut.distinct()
-        guess = self._guess()
+        rows = snap.controller.snapshot_rows(snap.controller_snap, cut.partition_id, cut.keys)
         t.append(time.perf_counter())
-        shards: Dict[int, ShardInfo] = {}
-        index_box: List[bytes] = []
-        errors: List[BaseException] = []
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, cut.num_units)) + 2,
+        if rows is None or len(rows) != len(cut.keys) or rows.missing():
+            raise CheckpointError(f"the controller's snapshot lacks keys that were rows at the cut of "
+                                  f"partition {cut.partition_id!r} (a bug); nothing was published")
+        work = plan(rows, cut.num_units)
+        shards: List[ShardInfo] = []
+
+        def write_index() -> bytes:  # beside the shards: its fsync overlaps theirs
+            data = D.encode_row_index(cut.partition_id, cut.num_units, rows.schema,
+                                      list(zip(rows.keys, rows.gidxs, rows.tags, rows.fields)))
+            files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True)
+            return data
+
+        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(work)) + 1),
                                 thread_name_prefix="tqstore-dump") as pool:
-            rows_fut = pool.submit(snap.controller.snapshot_rows, snap.controller_snap, cut.partition_id, cut.keys)
-            early = {w.unit: (w, pool.submit(self._export, w, tmp)) for w in guess}
-            rows = rows_fut.result()  # (an error: the with block waits for the early shards, the caller removes tmp)
-            t.append(time.perf_counter())
-            if rows is None or len(rows) != len(cut.keys) or rows.missing():
-                raise CheckpointError(f"the controller's snapshot lacks keys that were rows at the cut of "
-                                      f"partition {cut.partition_id!r} (a bug); nothing was published")
-
-            def write_index() -> None:  # beside the shards: its fsync overlaps theirs
-                data = D.encode_row_index(cut.partition_id, cut.num_units, rows.schema,
-                                          list(zip(rows.keys, rows.gidxs, rows.tags, rows.fields)))
-                files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True)
-                index_box.append(data)
-
+            futs = [pool.submit(snap.ports[w.unit].export_rows, snap.unit_snaps[w.unit], w.gidxs, w.fields,
+                                str(tmp / D.shard_name(w.unit)), num_units=cut.num_units,
+                                put_token=cut.put_token) for w in work]
             index_fut = pool.submit(write_index)
-            work = {w.unit: w for w in plan(rows, cut.num_units)}
-            late = []
-            for u, (g, f) in early.items():  # a right guess keeps its shard (or its error); a wrong one is redone
-                w = work.get(u)
-                right = w is not None and w.gidxs == g.gidxs and w.fields == g.fields
+            errors = []
+            for f in futs:
                 try:
-                    info = f.result()
-                except BaseException as e:  # noqa: BLE001 - re-raised below when the guess was right
-                    if right or not isinstance(e, Exception):
-                        errors.append(e)
-                    info = None
-                if right:
-                    if info is not None:
-                        shards[u] = info
-                    continue
-                log.debug("dump: unit %d's plan changed after the cut; its shard is written again", u)
-                files.unlink(tmp / D.shard_name(u))
-            if not errors:
-                late = [(u, pool.submit(self._export, w, tmp)) for u, w in work.items() if u not in shards]
-            for u, f in late:
-                try:
-                    shards[u] = f.result()
+                    shards.append(f.result())
                 except BaseException as e:  # noqa: BLE001 - the first is re-raised below
                     errors.append(e)
             try:
-                index_fut.result()
+                index = index_fut.result()
             except BaseException as e:  # noqa: BLE001
                 errors.append(e)
             if errors:
                 raise errors[0]
-        index = index_box[0]
-        shards = [shards[u] for u in sorted(shards)]
         t.append(time.perf_counter())
         summary = report_of(len(rows), shards, 0)
         manifest = D.encode_manifest(
@@ -283,27 +247,9 @@ class DumpJob:
         files.fsync_dir(tmp)
         t.append(time.perf_counter())
         total = sum(s.size for s in shards) + len(index) + len(manifest)
-        phases = {"guess_s": t[1] - t[0], "rows_s": t[2] - t[1], "shards_s": t[3] - t[2], "index_s": t[4] - t[3]}
+        phases = {"rows_s": t[1] - t[0], "shards_s": t[2] - t[1], "index_s": t[3] - t[2]}
         return report_of(len(rows), shards, total, path=str(self.final), partition_id=cut.partition_id,
                          phases_s=phases)
-
-
-    def _guess(self) -> List[UnitWork]:
-        """Each unit's part as the controller's rows say now (no tag read: one lookup per key),
-        so that the shards start while the snapshot's rows are read; checked against those
-        rows, which define the dump (a key gone or changed since the cut: no guess, or a
-        unit's guess redone)."""
-        cut = self.cut
-        try:
-            gidxs, fields = cut.snap.controller.row_fields(cut.partition_id, cut.keys)
-        except KeyNotFoundError:  # cleared after the cut: the snapshot's rows decide alone
-            return []
-        return plan_of(gidxs, fields, cut.num_units)
-
-    def _export(self, w: UnitWork, tmp: Path) -> ShardInfo:
-        snap = self.cut.snap
-        return snap.ports[w.unit].export_rows(snap.unit_snaps[w.unit], w.gidxs, w.fields, str(tmp / D.shard_name(w.unit)),
-                                              num_units=self.cut.num_units, put_token=self.cut.put_token)
 
 
 def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool = True):

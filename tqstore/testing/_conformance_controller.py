@@ -124,20 +124,6 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         with pytest.raises(PartitionNotFoundError):
             c.check_keys("q", [])
 
-    def test_row_fields_answers_gidxs_and_produced_fields_of_keys_as_they_are_now(self, tmp_path):
-        c = self.controller(tmp_path)
-        self._needs(c, "row_fields")
-        g = self.put(c, "p", keys=["a", "b"], fields=("x", "y"))
-        self.put(c, "p", keys=["e"], fields=())
-        assert c.row_fields("p", []) == ([], [])
-        gidxs, fields = c.row_fields("p", ["e", "b", "a"])
-        assert gidxs == [c.resolve_keys("p", ["e"])[0], g[1], g[0]]
-        assert [set(f) for f in fields] == [set(), {"x", "y"}, {"x", "y"}]
-        with pytest.raises(KeyNotFoundError):
-            c.row_fields("p", ["a", "nope"])
-        with pytest.raises(PartitionNotFoundError):
-            c.row_fields("q", ["a"])
-
     def test_row_queries_say_none_for_rows_and_partitions_that_do_not_exist(self, tmp_path):
         c = self.controller(tmp_path)
         g = self.put(c, "p", n=3)
