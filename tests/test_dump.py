@@ -3,7 +3,6 @@ how it is published (docs/FORMAT.md, "Dump directory")."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
