@@ -38,7 +38,7 @@ from ._format.columns import Column
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
 from ._io import files
-from ._io.lmdbenv import lmdb_commit_point, open_env, sync_env, warm_file, wrap_errors
+from ._io.lmdbenv import lmdb_commit_point, open_env, warm_file, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
@@ -290,34 +290,15 @@ class Controller:
         :func:`~tqstore._format.controller_records.units_digest`) and flush the index to disk
         (docs/FORMAT.md, "Clean close"), after writing the mirror file the marker then names
         (:mod:`tqstore.controller_persist`).  Raises StorageIOError, InvalidInputError (digest)."""
-        if not isinstance(digest, int) or not 0 <= digest < 1 << 63:
-            raise InvalidInputError(f"mark_clean: digest must be an int in [0, 2**63), got {digest!r}")
-        with wrap_errors("mark clean", self.path):
-            commit = self.env.info()["last_txnid"]
-            raw = R.encode_clean(controller_persist.save(self, digest, commit), commit)
-            with self.env.begin(write=True) as txn:
-                txn.put(R.META_CLEAN, raw, db=self.db["meta"])
-            sync_env(self.env)
+        controller_persist.mark_clean(self, digest)
 
     @_locked
     def take_clean(self) -> Optional[int]:
         """Remove the clean-close marker, durably (the index is flushed before this returns),
-        and return its digest if the index is unchanged since the marker was recorded (no
-        commit but the marker's own since); None when there is none or it is stale or
-        malformed.  Raises StorageIOError."""
-        with wrap_errors("take clean", self.path):
-            last = self.env.info()["last_txnid"]
-            with self.env.begin(write=True) as txn:
-                raw = txn.pop(R.META_CLEAN, db=self.db["meta"])
-            if raw is None:
-                return None
-            sync_env(self.env)
-        try:
-            digest, commit = R.decode_clean(raw)
-        except RecordError as e:
-            log.warning("controller index %s: ignoring a malformed clean-close marker: %s", self.path, e)
-            return None
-        return controller_persist.unwrap(self, digest) if commit + 1 == last else None
+        and return the units' digest it records if the index is unchanged since (no commit but
+        the marker's own); None when there is none or it is stale or malformed.  Raises
+        StorageIOError."""
+        return controller_persist.take_clean(self)
 
     @_locked
     def production_status(self, pid: str, fields: Sequence[str]) -> Optional[Tuple[np.ndarray, np.ndarray]]:

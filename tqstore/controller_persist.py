@@ -38,9 +38,10 @@ from ._format.mirror_records import (
 from ._format.records import RecordError
 from ._io import files
 from ._io.heap import trim_heap
+from ._io.lmdbenv import sync_env, wrap_errors
 from .controller_decode import CONTROLLER_FORMAT, ControllerState
 from .controller_mirror import GidxMap, Partition
-from .errors import CorruptionError, TqstoreError
+from .errors import CorruptionError, InvalidInputError, TqstoreError
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller
@@ -196,6 +197,39 @@ def state(img: MirrorImage, path: str) -> ControllerState:
                            CONTROLLER_FORMAT)
 
 
+def mark_clean(c: "Controller", digest: int) -> None:
+    """:meth:`Controller.mark_clean`: write the mirror, then commit ``meta/clean`` naming it
+    (or the units' ``digest`` alone when it could not be written) and flush the index.
+    Raises InvalidInputError (``digest`` not an int in [0, 2**63)), StorageIOError."""
+    if not isinstance(digest, int) or isinstance(digest, bool) or not 0 <= digest < 1 << 63:
+        raise InvalidInputError(f"mark_clean: digest must be an int in [0, 2**63), got {digest!r}")
+    with wrap_errors("mark clean", c.path):
+        commit = c.env.info()["last_txnid"]
+        raw = R.encode_clean(save(c, digest, commit), commit)
+        with c.env.begin(write=True) as txn:
+            txn.put(R.META_CLEAN, raw, db=c.db["meta"])
+        sync_env(c.env)
+
+
+def take_clean(c: "Controller") -> Optional[int]:
+    """:meth:`Controller.take_clean`: remove ``meta/clean`` durably; the units' digest it
+    vouches for (:func:`unwrap`) when no commit came after it, else None (none, stale,
+    malformed: logged).  Raises StorageIOError."""
+    with wrap_errors("take clean", c.path):
+        last = c.env.info()["last_txnid"]
+        with c.env.begin(write=True) as txn:
+            raw = txn.pop(R.META_CLEAN, db=c.db["meta"])
+        if raw is None:
+            return None
+        sync_env(c.env)
+    try:
+        digest, commit = R.decode_clean(raw)
+    except RecordError as e:
+        log.warning("controller index %s: ignoring a malformed clean-close marker: %s", c.path, e)
+        return None
+    return unwrap(c, digest) if commit + 1 == last else None
+
+
 def unwrap(c: "Controller", digest: int) -> int:
     """The units' digest a clean-close marker of ``digest`` vouches for: the one of the
     mirror it names (checked when the controller opened, or recorded at its close), else
@@ -204,4 +238,4 @@ def unwrap(c: "Controller", digest: int) -> int:
     return b[1] if b is not None and b[0] == digest else digest
 
 
-__all__ = ["save", "image", "load", "state", "unwrap", "mirror_path", "MAX_MIRROR_BYTES"]
+__all__ = ["save", "image", "load", "state", "mark_clean", "take_clean", "unwrap", "mirror_path", "MAX_MIRROR_BYTES"]
