@@ -10,7 +10,7 @@ import lmdb
 import numpy as np
 import pytest
 
-from tqstore import CorruptionError
+from tqstore import CorruptionError, FormatVersionError
 from tqstore._format import unit_records as UR
 from tqstore._format.index import LOC_DTYPE
 from tqstore.testing._conformance_restore import UnitRestoreTests
@@ -139,6 +139,44 @@ class TestUnitRestoreEntries:
         assert u.settle_restore(7, committed=True) == 4
         kinds, u = self._kinds(u)
         assert kinds == [UR.RESTORE_CLOSED] and u.verify() == []
+
+    def _format(self, u):
+        u.close()
+        env = lmdb.open(str(u.path / "index"), max_dbs=8, readonly=True, lock=False)
+        try:
+            with env.begin() as txn:
+                raw = txn.get(UR.META_FORMAT, db=env.open_db(b"meta", txn=txn, create=False))
+        finally:
+            env.close()
+        return UR.decode_format(raw), self.reopen(u)
+
+    @pytest.mark.parametrize("committed", [True, False])
+    def test_the_index_is_version_2_exactly_while_batch_entries_are_in_it(self, tmp_path, committed):
+        # a reader of version 1 knows only the per-frame kinds: it must reject the index by
+        # name while batches are pending, not miss them; once settled, version 1 reads it again
+        u = self.unit(tmp_path)
+        d, locs, src = self._source(tmp_path)
+        version, u = self._format(u)
+        assert version == UR.UNIT_INDEX_FORMAT
+        u.import_restore(7, self._plan(d, locs, src, self.g(0, 1, 2, 3)))
+        version, u = self._format(u)
+        assert version == UR.UNIT_INDEX_FORMAT_BATCHES
+        assert u.publish_restore(7) == 4
+        version, u = self._format(u)
+        assert version == UR.UNIT_INDEX_FORMAT_BATCHES
+        assert u.settle_restore(7, committed=committed) == 4
+        version, u = self._format(u)
+        assert version == UR.UNIT_INDEX_FORMAT and u.verify() == []
+
+    def test_an_unknown_unit_index_version_is_refused_by_name(self, tmp_path):
+        u = self.unit(tmp_path)
+        u.close()
+        env = lmdb.open(str(u.path / "index"), max_dbs=8)
+        with env.begin(write=True) as txn:
+            txn.put(UR.META_FORMAT, UR.encode_format(3), db=env.open_db(b"meta", txn=txn))
+        env.close()
+        with pytest.raises(FormatVersionError, match="reads 1, 2"):
+            Unit(u.path, self.UNIT_ID)
 
     def test_per_frame_entries_of_an_older_version_publish_unpublish_and_settle(self, tmp_path):
         u = self.unit(tmp_path)

@@ -18,7 +18,7 @@ from ._format import unit_records as UR
 from ._format.index import Loc
 from ._format.layout import SEGMENT_HEADER_SIZE
 from ._format.segment import decode_segment_header, parse_segment_name, segment_name
-from ._format.unit_records import SegInfo, UNIT_INDEX_FORMAT
+from ._format.unit_records import SegInfo
 from ._io import files
 from ._io.lmdbenv import sync_env, wrap_errors
 from ._io.segfile import SegmentWriter
@@ -35,7 +35,8 @@ def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> No
     """Check (or, when ``create`` and absent, record) the unit index format version.
 
     The version lives under key ``format`` of the ``meta`` database.  Raises
-    FormatVersionError for any version other than :data:`UNIT_INDEX_FORMAT`.
+    FormatVersionError for any version not in :data:`UNIT_INDEX_FORMATS` (1, and 2 while a
+    selective restore's batch entries are in the index).
     """
     with wrap_errors("open unit index", path):
         if create:
@@ -58,9 +59,9 @@ def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> No
         version = UR.decode_format(raw)
     except UR.RecordError:
         version = None
-    if version != UNIT_INDEX_FORMAT:
+    if version not in UR.UNIT_INDEX_FORMATS:
         raise FormatVersionError(f"unit index format {bytes(raw)[:16]!r} is not supported (reads "
-                                 f"{UNIT_INDEX_FORMAT})", path=str(path))
+                                 f"{', '.join(map(str, UR.UNIT_INDEX_FORMATS))})", path=str(path))
 
 
 def seg_info(raw, seg_id, path: Path) -> SegInfo:

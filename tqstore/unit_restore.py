@@ -29,7 +29,7 @@ import mmap
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import lmdb
 import numpy as np
@@ -101,6 +101,25 @@ def _drop_range(txn, db, prefix: bytes) -> None:
 def _drop_kinds(txn, db, tag: int, *kinds: int) -> None:
     for kind in kinds:
         _drop_range(txn, db, UR.restore_prefix(tag, kind))
+
+
+def _has_batches(txn, db) -> bool:
+    """Whether ``restore`` holds a batch entry (kind 2 or 3) of any restore."""
+    at = UR.TOKEN_BYTES
+    return any(len(k) > at and k[at] in UR.RESTORE_BATCH_KINDS for k in txn.cursor(db).iternext(values=False))
+
+
+def sync_format(unit: "Unit", txn, db) -> None:
+    """Record, in ``txn``, the unit index version its ``restore`` entries need (docs/FORMAT.md,
+    "Unit index"): 2 while a batch entry is there, so that a reader of version 1, which knows
+    only the per-frame kinds, rejects the index by name rather than miss the batches (and,
+    say, cancel a restore without putting back what it replaced); 1 once none is left."""
+    want = UR.UNIT_INDEX_FORMAT_BATCHES if db is not None and _has_batches(txn, db) else UR.UNIT_INDEX_FORMAT
+    meta = unit.env.open_db(b"meta", txn=txn)
+    raw = txn.get(UR.META_FORMAT, db=meta)
+    have = UR.decode_format(raw)
+    if have != want:
+        txn.put(UR.META_FORMAT, UR.encode_format(want), db=meta)
 
 
 def _bad_entry(unit: "Unit", e: Exception) -> CorruptionError:
@@ -352,6 +371,7 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields
             vals["length"] = lens
             vals["crc"] = crcs
             _put_batches(txn, db, tag, UR.RESTORE_STAGED_BATCH, keys, vals)
+            sync_format(unit, txn, db)
             info = unit._get_seg(txn, w.seg_id)
             info.size += total
             info.live += total
@@ -388,6 +408,7 @@ def publish_restore(unit: "Unit", tag: int) -> int:
             _put_batches(txn, db, tag, UR.RESTORE_PUBLISHED_BATCH, keys, olds, present)
             cur.putmulti(list(zip(keys, _values(locs))))
             _drop_kinds(txn, db, tag, UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH)
+            sync_format(unit, txn, db)
             lmdb_commit_point("unit_commit")
         return len(keys)
 
@@ -417,6 +438,7 @@ def unpublish_restore(unit: "Unit", tag: int) -> int:
             return 0
         with unit.env.begin(write=True) as txn:
             n = _unpublish(unit, txn, db, tag)
+            sync_format(unit, txn, db)
             lmdb_commit_point("unit_commit")
         return n
 
@@ -443,6 +465,7 @@ def settle_restore(unit: "Unit", tag: int, *, committed: bool, close: bool = Tru
             else:
                 txn.delete(ck, db=db)
             unit._apply_dead(txn, dead)
+            sync_format(unit, txn, db)
             lmdb_commit_point("unit_commit")
         unit._after_change()
         return n
@@ -527,6 +550,8 @@ def drop_staged_past(unit: "Unit", txn, short: Dict[int, int]) -> None:
         txn.delete(k, db=db)
     for k, v in rewrite:
         txn.put(k, v, db=db)
+    if drop:
+        sync_format(unit, txn, db)
 
 
 UNIT_RESTORE_CALLS = {"import_restore": import_restore, "publish_restore": publish_restore,

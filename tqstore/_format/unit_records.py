@@ -37,6 +37,12 @@ from .records import RecordError, decode_decimal, decode_json_object, encode_dec
 
 #: the unit index format version this code reads and writes (``meta/format``; absent: 1)
 UNIT_INDEX_FORMAT = 1
+#: the version while a selective restore's batch entries (``restore`` kinds 2 and 3) are in the
+#: index: a reader of version 1, which knows only the per-frame kinds, rejects it by name instead
+#: of missing the batches; the index is version 1 again once none is left (docs/FORMAT.md)
+UNIT_INDEX_FORMAT_BATCHES = 2
+#: every unit index version this tqstore reads
+UNIT_INDEX_FORMATS = (UNIT_INDEX_FORMAT, UNIT_INDEX_FORMAT_BATCHES)
 
 #: the named databases of a unit index
 UNIT_INDEX_DBS = ("loc", "segs", "undo", "meta")
@@ -218,7 +224,7 @@ def decode_restore_batch(raw: Any) -> Tuple[List[bytes], np.ndarray, np.ndarray]
     return [b[x:y] for x, y in zip(starts, ends)], locs, pr.astype(bool)
 
 
-__all__ = ["UNIT_INDEX_FORMAT", "UNIT_INDEX_DBS", "META_FORMAT", "RecordError", "SegInfo", "encode_seg_info",
+__all__ = ["UNIT_INDEX_FORMAT", "UNIT_INDEX_FORMAT_BATCHES", "UNIT_INDEX_FORMATS", "UNIT_INDEX_DBS", "META_FORMAT", "RecordError", "SegInfo", "encode_seg_info",
            "decode_seg_info", "seg_key", "decode_seg_key", "undo_prefix", "undo_key", "decode_undo_key",
            "encode_format", "decode_format", "RESTORE_STAGED", "RESTORE_PUBLISHED", "RESTORE_CLOSED",
            "RESTORE_KINDS", "RESTORE_STAGED_BATCH", "RESTORE_PUBLISHED_BATCH", "RESTORE_BATCH_KINDS",
