@@ -239,6 +239,7 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
             dead: Dict[int, int] = defaultdict(int)
             _drop_staged(unit, txn, db, tag, dead)  # a retried claim starts over
             unit._apply_dead(txn, dead)
+            sync_format(unit, txn, db)
     n = len(plan)
     if not n:
         return 0
