@@ -39,3 +39,14 @@ def record_path(request, monkeypatch):
     monkeypatch.setattr(_native, "impl", mod)
     monkeypatch.setattr(_native, "IMPLEMENTATION", mod.IMPLEMENTATION)
     return request.param
+
+
+@pytest.fixture
+def reconciles(monkeypatch):
+    """A list that gets one entry (the store's root) per full reconciliation of an open."""
+    from tqstore import store_open
+
+    calls = []
+    real = store_open.full_reconcile
+    monkeypatch.setattr(store_open, "full_reconcile", lambda s: (calls.append(s.root), real(s))[1])
+    return calls

@@ -22,15 +22,6 @@ from tqstore.errors import TqstoreError
 from tqstore.unit import Unit
 
 
-@pytest.fixture
-def reconciles(monkeypatch):
-    """A list that gets one entry per full reconciliation."""
-    calls = []
-    real = store_open.full_reconcile
-    monkeypatch.setattr(store_open, "full_reconcile", lambda s: (calls.append(s.root), real(s))[1])
-    return calls
-
-
 def _put(s, keys, value=1):
     s.kv_batch_put(keys, "p", {"x": np.full((len(keys), 3), value, np.int64)})
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tqstore
-from tqstore import controller_persist, store_open
+from tqstore import controller_persist
 from tqstore import layout_dirs as L
 from tqstore._format import mirror_records as M
 from tqstore._format.values import dumps
@@ -31,14 +31,6 @@ def decodes(monkeypatch):
 
     real = C.decode_controller
     monkeypatch.setattr(C, "decode_controller", lambda *a, **k: (calls.append(1), real(*a, **k))[1])
-    return calls
-
-
-@pytest.fixture
-def reconciles(monkeypatch):
-    calls = []
-    real = store_open.full_reconcile
-    monkeypatch.setattr(store_open, "full_reconcile", lambda s: (calls.append(s.root), real(s))[1])
     return calls
 
 
@@ -290,7 +282,7 @@ def test_a_controller_opened_alone_reads_the_mirror_without_taking_the_marker(tm
         assert decodes == [] and _canon(c) == _decoded(c)
     finally:
         c.close()
-    with tqstore.open(root, result_type="dict") as s:  # the marker is still there: read again
+    with tqstore.open(root, result_type="dict"):  # the marker is still there: read again
         assert decodes == []
 
 

@@ -36,10 +36,10 @@ import os
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .._io import files, locks
 from ..errors import CheckpointError, TqstoreError
@@ -302,15 +302,7 @@ class SaveJob:
                                                 put_token=int(ctrl.summary["put_token"]),
                                                 index_block_bytes=M.INDEX_BLOCK_BYTES)
 
-            futs = [export_pool(workers).submit(export, i) for i in range(len(ports))]
-            errors = []
-            for f in futs:
-                try:
-                    results.append(f.result())
-                except BaseException as e:  # noqa: BLE001 - the first is re-raised below
-                    errors.append(e)
-            if errors:
-                raise errors[0]
+            results = gather([export_pool(workers).submit(export, i) for i in range(len(ports))])
             for i, r in enumerate(results):
                 entries.extend(_entry(M.unit_dir_name(i), e, e["role"]) for e in r.files)
         snapshot.update({
@@ -394,6 +386,20 @@ def background_pool() -> ThreadPoolExecutor:
             _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tqstore-checkpoint-save")
             _POOL.submit(lambda: None)  # its first thread starts now, not in a save's stall
         return _POOL
+
+
+def gather(futures: Sequence[Future]) -> List[Any]:
+    """The results of ``futures`` in order, once every one has ended (none still runs when this
+    returns or raises); the first error among them, in that order, is raised."""
+    results, errors = [], []
+    for f in futures:
+        try:
+            results.append(f.result())
+        except BaseException as e:  # noqa: BLE001 - the first is re-raised below
+            errors.append(e)
+    if errors:
+        raise errors[0]
+    return results
 
 
 def export_pool(workers: int) -> ThreadPoolExecutor:

@@ -222,19 +222,8 @@ class DumpJob:
             futs = [pool.submit(snap.ports[w.unit].export_rows, snap.unit_snaps[w.unit], w.gidxs, w.fields,
                                 str(tmp / D.shard_name(w.unit)), num_units=cut.num_units,
                                 put_token=cut.put_token) for w in work]
-            index_fut = pool.submit(write_index)
-            errors = []
-            for f in futs:
-                try:
-                    shards.append(f.result())
-                except BaseException as e:  # noqa: BLE001 - the first is re-raised below
-                    errors.append(e)
-            try:
-                index = index_fut.result()
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-            if errors:
-                raise errors[0]
+            *done, index = W.gather(futs + [pool.submit(write_index)])
+            shards.extend(done)
         t.append(time.perf_counter())
         summary = report_of(len(rows), shards, 0)
         manifest = D.encode_manifest(
