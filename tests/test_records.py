@@ -277,7 +277,7 @@ def test_a_malformed_segment_record_is_a_corruption_error_naming_the_unit_index(
     assert ei.value.path == str(index / "data.mdb") and "segs" in str(ei.value)
 
 
-@pytest.mark.parametrize("value", [b"2", b"01", b"v1"])
+@pytest.mark.parametrize("value", [b"3", b"0", b"01", b"v1"])  # 1 and 2 are read (docs/FORMAT.md)
 def test_an_unknown_unit_index_format_marker_is_a_format_version_error(tmp_path, value):
     root = tmp_path / "s"
     with tqstore.open(root, num_units=1) as s:
