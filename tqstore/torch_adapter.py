@@ -27,7 +27,6 @@ import numpy as np
 import torch
 # imported with tqstore, as TransferQueue does: its import takes seconds on a loaded machine, which
 # would otherwise land in the first get of a trainer (and of every benchmark's first timed get)
-from tensordict import NonTensorStack, TensorDict
 
 from . import edge as _edge
 from ._format import dtypes
@@ -239,8 +238,13 @@ def to_tensordict(data: Any, batch_size: Optional[int] = None) -> Any:
     """A mapping of field → batched value as a ``TensorDict`` of ``batch_size`` rows (a TensorDict
     unchanged): tensors and nested tensors as they are, numeric numpy arrays as tensors over the
     same memory, anything else (lists of values, text, bytes, lists of arrays) as a ``NonTensorStack``."""
-    if isinstance(data, TensorDict):
+    if _is_tensordict(data):
         return data
+    # imported here, not at module level: tensordict pulls in about a thousand modules
+    # (torch.distributed, sympy, ...), seconds of ``import tqstore`` and some 140,000 objects
+    # that every full garbage collection of the user's process would walk, for users who
+    # never build a TensorDict (``result_type="dict"``, the engine API).
+    from tensordict import NonTensorStack, TensorDict
     out = {}
     n = batch_size
     for name, value in dict(data).items():
