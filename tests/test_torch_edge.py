@@ -91,3 +91,22 @@ def test_status_arrays_are_tensors_and_a_put_across_partitions_and_get_over_them
     assert out["x"].flatten().tolist() == [10, 20, 30] and out["s"] == ["a", "b", "c"]
     g, produced = store.get_production_status(["x"], "p1")
     assert isinstance(g, torch.Tensor) and produced.dtype == torch.int8
+
+
+def test_tensordict_is_imported_by_a_store_that_returns_tensordicts_not_by_import_tqstore(tmp_path):
+    """``import tqstore`` and a ``result_type="dict"`` store leave tensordict (about a thousand
+    modules) unimported; a default store imports it when it opens, so no read pays for it."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, tqstore\n"
+        "n = lambda: any(m == 'tensordict' for m in sys.modules)\n"
+        "assert not n(), 'import tqstore imported tensordict'\n"
+        f"s = tqstore.open({str(tmp_path / 'd')!r}, result_type='dict'); s.kv_batch_put(['a'], 'p', {{'x': [1]}})\n"
+        "s.kv_batch_get(['a'], 'p'); s.close()\n"
+        "assert not n(), 'a dict store imported tensordict'\n"
+        f"s = tqstore.open({str(tmp_path / 't')!r})\n"
+        "assert n(), 'a tensordict store did not import tensordict at open'\n"
+        "s.close()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -243,7 +243,8 @@ def to_tensordict(data: Any, batch_size: Optional[int] = None) -> Any:
     # imported here, not at module level: tensordict pulls in about a thousand modules
     # (torch.distributed, sympy, ...), seconds of ``import tqstore`` and some 140,000 objects
     # that every full garbage collection of the user's process would walk, for users who
-    # never build a TensorDict (``result_type="dict"``, the engine API).
+    # never build a TensorDict (``result_type="dict"``).  A store whose result type is
+    # "tensordict" (the default) imports it when it opens (TorchEdge), so no read pays it.
     from tensordict import NonTensorStack, TensorDict
     out = {}
     n = batch_size
@@ -274,6 +275,8 @@ class TorchEdge:
         if result_type not in _edge.RESULT_TYPES:
             raise ConfigError(f"result_type must be one of {_edge.RESULT_TYPES}, got {result_type!r}")
         self.result_type = result_type
+        if result_type == "tensordict":
+            import tensordict  # noqa: F401  (here, at open, not on the store's first read; see to_tensordict)
 
     # ---------------------------------------------------------------- inputs
     def items(self, data: Any) -> List[Tuple[Any, Any]]:
