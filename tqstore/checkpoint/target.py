@@ -150,7 +150,10 @@ DUMP = TargetKind("dump", "a tqstore dump", is_dump_dir, is_torn=_is_torn_dump)
 
 
 def _within(inner: Path, outer: Path) -> bool:
-    return inner == outer or outer in inner.parents
+    """``inner`` is ``outer`` or below it (both resolved, absolute).  Strings, not
+    ``Path.parents``: this runs in a non-blocking save's stall."""
+    i, o = os.fspath(inner), os.fspath(outer)
+    return i == o or i.startswith(o if o.endswith(os.sep) else o + os.sep)
 
 
 def enclosing_owner(real: Path, *, skip_root_parent: bool = False) -> Optional[Tuple[str, Path]]:
@@ -247,8 +250,9 @@ def check_target(path: PathLike, kind: TargetKind = CHECKPOINT, *, live_store: O
             raise _refuse(path, kind, f"the store being saved lives at {sroot}")
     _check_one(path, real, kind)
     if kind.published:
-        old = real.with_name(real.name + ".old")
+        old = os.fspath(real) + ".old"
         if os.path.lexists(old):
+            old = Path(old)
             _check_one(old, old, kind, what="the leftover of an interrupted replacement ", torn_ok=True)
     return real
 
