@@ -16,10 +16,12 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from itertools import chain
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import lmdb
+import numpy as np
 import zstandard
 
 from . import _native
@@ -53,6 +55,19 @@ COMPACT_LIVE_RATIO = 0.5
 
 _seg_key = UR.seg_key
 _undo_key = UR.undo_key
+
+
+def _key_order(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]], n: int
+               ) -> Optional[List[Tuple[bytes, bytes]]]:
+    """The ``n`` index items of a write in ascending key order (gidx big-endian, then field name),
+    or None.  Ordered when every item came from bulk encodes (``(field, gidxs, items)``) of
+    distinct fields over one strictly ascending list of gidxs: interleaved row by row."""
+    gidxs = bulk[0][1] if bulk else None
+    if not bulk or sum(len(b[2]) for b in bulk) != n or any(b[1] != gidxs for b in bulk) \
+            or len({b[0] for b in bulk}) != len(bulk) or not bool((np.diff(np.asarray(gidxs)) > 0).all()):
+        return None
+    cols = [its for _f, _g, its in sorted(bulk, key=lambda b: b[0])]
+    return cols[0] if len(cols) == 1 else list(chain.from_iterable(zip(*cols)))
 
 
 class Unit(UnitReader):
@@ -191,6 +206,7 @@ class Unit(UnitReader):
                 start = w.size
                 bufs: List = []
                 items: List[Tuple[bytes, bytes]] = []
+                bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]] = []  # (field, gidxs, items)
                 off = start
                 for col, positions, gidxs in columns:
                     fbytes = col.field.encode()
@@ -245,11 +261,13 @@ class Unit(UnitReader):
                                                           w.seg_id, off)
                         bufs.append(blob)
                         items.extend(its)
+                        bulk.append((fbytes, small_gidx, its))
                         off += len(blob)
                 w.append(bufs)
                 if self.sync:
                     w.fsync()
-                self._index(txn, items, w.seg_id, off - start, fresh, token)
+                ordered = _key_order(bulk, len(items)) if fresh else None
+                self._index(txn, ordered or items, w.seg_id, off - start, fresh, token, ordered=bool(ordered))
                 lmdb_commit_point("unit_commit")
                 txn.commit()
             except BaseException:
@@ -280,10 +298,15 @@ class Unit(UnitReader):
         except Exception:  # noqa: BLE001 - best effort; reopen repairs the same things
             log.exception("unit %d: cleanup after a failed write did not finish", self.unit_id)
 
-    def _index(self, txn, items, seg_id: int, added: int, fresh: bool, token: Optional[int] = None) -> None:
+    def _index(self, txn, items, seg_id: int, added: int, fresh: bool, token: Optional[int] = None, *,
+               ordered: bool = False) -> None:
+        """Index a write's ``items``; ``ordered`` (ascending keys) ones above the index's last key are appended."""
         dead: Dict[int, int] = defaultdict(int)
         if fresh:
-            txn.cursor(self.db_loc).putmulti(items)
+            cur = txn.cursor(self.db_loc)
+            if not (ordered and items and (not cur.last() or cur.key() < items[0][0])
+                    and cur.putmulti(items, append=True)[1] == len(items)):
+                cur.putmulti(items)  # (after a partial append: the appended entries are put again, unchanged)
         else:
             for k, v in items:
                 old = txn.replace(k, v, db=self.db_loc)
