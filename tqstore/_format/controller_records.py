@@ -209,9 +209,7 @@ def encode_rows2(part: int, keyed: np.ndarray, seqs: np.ndarray, masks: Sequence
         a = np.empty(n, dtype=ROW2_DTYPE)
         a["part"], a["flags"], a["words"] = part, np.where(keyed, ROW2_KEYED, 0), 1
         a["seq"], a["mask"] = seqs, np.asarray(masks, dtype=np.uint64)
-        buf = a.tobytes()
-        w = ROW2_DTYPE.itemsize
-        return [buf[i:i + w] for i in range(0, n * w, w)]
+        return a.view(f"V{ROW2_DTYPE.itemsize}").tolist()  # bytes per row, made at C speed
     tj = tag_json if tag_json is not None else [None] * n
     ml = masks.tolist() if isinstance(masks, np.ndarray) else masks
     return [encode_row2(part, bool(k), int(q), int(m), t)
@@ -220,8 +218,8 @@ def encode_rows2(part: int, keyed: np.ndarray, seqs: np.ndarray, masks: Sequence
 
 def gidx_keys(gidxs: np.ndarray) -> List[bytes]:
     """:func:`gidx_key` of many global indexes."""
-    buf = np.asarray(gidxs, dtype=">u8").tobytes()
-    return [buf[i:i + GIDX_BYTES] for i in range(0, len(buf), GIDX_BYTES)]
+    # (a void dtype: .tolist() gives each element's bytes, trailing NULs kept, at C speed)
+    return np.ascontiguousarray(gidxs, dtype=">u8").view(f"V{GIDX_BYTES}").reshape(-1).tolist()
 
 
 def encode_tag(tag: Any) -> Optional[bytes]:
