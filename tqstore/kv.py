@@ -239,14 +239,18 @@ class DataPlane:
             if tags is not None:
                 old = self.controller.rows_by_key(partition_id, keys)
                 merged = [_merge_tag(o, t) for o, t in zip(old.tags if old is not None else [None] * len(keys), tags)]
-            self.io.write(partition_id, fields if fields is not None else {}, keys=keys, tags=merged)
+            gidxs = self.io.write(partition_id, fields if fields is not None else {}, keys=keys, tags=merged)
             self.notify()
-            meta = self._kv_meta(partition_id, keys)
+            meta = self._kv_meta(partition_id, keys, gidxs)
         log.debug("kv_batch_put %d keys into %r (fields %s)", len(keys), partition_id, meta.fields)
         return meta
 
-    def _kv_meta(self, pid: str, keys: List[str]) -> KVBatchMeta:
-        rows = self._rows_for_keys(pid, keys)
+    def _kv_meta(self, pid: str, keys: List[str], gidxs: Sequence[int]) -> KVBatchMeta:
+        """The meta of a put's ``keys``, written to rows ``gidxs`` (the write lock still held: the
+        rows are those keys; asked by global index, no key lookup)."""
+        rows = self.controller.row_batch(pid, gidxs)
+        if rows is None or (None in rows.seqs and len(gidxs)):
+            rows = self._rows_for_keys(pid, keys)  # (not expected: the error the key lookup gives)
         common = common_fields(rows.fields)
         return KVBatchMeta._of_rows(list(keys), rows.tags, pid, sorted(common))  # tags: the answer's copies
 
