@@ -33,6 +33,7 @@ from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Se
 
 import numpy as np
 
+from ._format.columns import take_rows
 from ._io.heap import trim_heap
 from .ports import PartitionInfo, RowBatch, RowInfo
 
@@ -392,7 +393,7 @@ def rows_of_slots(p: Partition, sl: np.ndarray, gidxs: Optional[np.ndarray] = No
     gl = (p.s_gidx[sl] if gidxs is None else gidxs).tolist()
     ids = p.s_fs[sl].tolist()
     fs_col = [fsets[ids[0]]] * n if n and ids.count(ids[0]) == n else [fsets[i] for i in ids]
-    return RowBatch(p.pid, dict(p.schema), gl, [sk[s] for s in sll] if p.keys else [None] * n,
+    return RowBatch(p.pid, dict(p.schema), gl, take_rows(sk, sll) if p.keys else [None] * n,
                     [copy_value(tags[g]) if g in tags else None for g in gl] if tags else [None] * n,
                     fs_col, p.s_seq[sl].tolist())
 
