@@ -33,6 +33,7 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+from ._gcpause import pausing
 from .edge import NumpyEdge
 from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError
 from .meta import KVBatchMeta
@@ -203,6 +204,7 @@ class DataPlane:
         return self.kv_batch_put([key], partition_id, None if fields is None else _single_row(self.edge, fields),
                                  None if tag is None else [tag])
 
+    @pausing  # the whole call, the returned meta's per-key tags included (see tqstore._gcpause)
     def kv_batch_put(self, keys: Sequence[str], partition_id: str, fields: Any = None,
                      tags: Optional[Sequence[Any]] = None) -> KVBatchMeta:
         """Put a batch of rows by key; missing keys are created.
