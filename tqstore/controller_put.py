@@ -16,7 +16,7 @@ from ._format import controller_records as R
 from ._format.columns import Column, schema_changes
 from ._format.names import check_key, check_name, max_key_bytes
 from ._format.values import check_value
-from ._io.lmdbenv import lmdb_commit_point
+from ._io.lmdbenv import lmdb_commit_point, put_items
 from .controller_mirror import Partition, PutPlan
 from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError
 
@@ -201,7 +201,8 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
     next_after = max(c.next_gidx, max(plan.new_gidxs) + 1) if n_new else c.next_gidx
     next_seq = plan.seq0 + n_new if n_new else p.next_seq
     with c.env.begin(write=True) as txn:
-        _put_rows(txn.cursor(m["rows"]), list(zip(R.gidx_keys(g_all), values)), n_new == n)
+        # a put of only new rows: fresh gidxs from next_gidx, ascending, appended at the table's end
+        put_items(txn.cursor(m["rows"]), list(zip(R.gidx_keys(g_all), values)), ascending=n_new == n)
         if n_new:
             pre = R.keys_key(plan.pid, "")
             gks = R.gidx_keys(np.asarray(plan.new_gidxs, dtype=_I64))
@@ -222,15 +223,6 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
         lmdb_commit_point("controller_commit")
     # committed: update the mirror
     _apply(c, p, plan, new_bits, F, is_new, old_pos, old_sl, old_fs, after, seqs, next_seq, next_after, token)
-
-
-def _put_rows(cur, items: List[Tuple[bytes, bytes]], fresh: bool) -> None:
-    """Put ``rows`` entries; new rows whose keys ascend above the last one (fresh gidxs from
-    ``next_gidx``) are appended at the end of the table (no search per row)."""
-    if fresh and items and (not cur.last() or cur.key() < items[0][0]) \
-            and cur.putmulti(items, append=True)[1] == len(items):
-        return
-    cur.putmulti(items)  # (after a partial append, the rows appended are put again, unchanged)
 
 
 def _apply(c, p: Partition, plan: PutPlan, new_bits, F, is_new, old_pos, old_sl, old_fs, after, seqs, next_seq,

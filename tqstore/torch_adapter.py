@@ -25,8 +25,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
-# imported with tqstore, as TransferQueue does: its import takes seconds on a loaded machine, which
-# would otherwise land in the first get of a trainer (and of every benchmark's first timed get)
+# tensordict is imported when a store that returns TensorDicts opens (TorchEdge), not here: its
+# import takes seconds on a loaded machine, which then lands neither in ``import tqstore`` nor in
+# the first get of a trainer (see to_tensordict)
 
 from . import edge as _edge
 from ._format import dtypes

@@ -37,7 +37,7 @@ from ._format.segment import parse_segment_name, segment_name
 from ._format import unit_records as UR
 from ._format.unit_records import SegInfo, UNIT_INDEX_FORMAT  # noqa: F401 - re-exported (checkpoint code)
 from ._io import files
-from ._io.lmdbenv import lmdb_commit_point, open_env, wrap_errors
+from ._io.lmdbenv import lmdb_commit_point, open_env, put_items, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
@@ -303,10 +303,7 @@ class Unit(UnitReader):
         """Index a write's ``items``; ``ordered`` (ascending keys) ones above the index's last key are appended."""
         dead: Dict[int, int] = defaultdict(int)
         if fresh:
-            cur = txn.cursor(self.db_loc)
-            if not (ordered and items and (not cur.last() or cur.key() < items[0][0])
-                    and cur.putmulti(items, append=True)[1] == len(items)):
-                cur.putmulti(items)  # (after a partial append: the appended entries are put again, unchanged)
+            put_items(txn.cursor(self.db_loc), items, ascending=ordered)
         else:
             for k, v in items:
                 old = txn.replace(k, v, db=self.db_loc)

@@ -55,6 +55,18 @@ def lmdb_commit_point(name: str) -> None:
         fp.observe(name)
 
 
+def put_items(cur, items, *, ascending: bool = False) -> None:
+    """Put ``items`` (``(key, value)`` pairs) through cursor ``cur``; the database ends up the
+    same either way.  ``ascending``: the keys are expected to ascend, so when the first lies
+    above the database's last key they are appended (MDB_APPEND: no search per entry).  LMDB
+    refuses an appended key that is not above the last one; then the plain put runs over all
+    of ``items`` (the entries already appended are put again, unchanged)."""
+    if ascending and items and (not cur.last() or cur.key() < items[0][0]) \
+            and cur.putmulti(items, append=True)[1] == len(items):
+        return
+    cur.putmulti(items)
+
+
 def sync_env(env: lmdb.Environment) -> None:
     """Flush the environment's committed transactions to disk (fsync), also when it was
     opened with ``sync=False``.  Failpoint ``lmdb_sync`` (observed with the directory).
