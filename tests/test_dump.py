@@ -191,6 +191,37 @@ def test_a_foreign_tmp_directory_is_never_removed(store, tmp_path):
     assert (tmp_path / "d.tmp" / "thesis.tex").read_text() == "mine"
 
 
+@pytest.mark.parametrize("race", ["clear", "clear_and_put_again", "drop_partition"])
+def test_a_key_removed_between_the_key_check_and_the_cut_fails_the_dump(store, tmp_path, race, monkeypatch):
+    """The keys are checked before the cut, outside the write lock; a removal in between is
+    caught at the cut (nothing written), also when the key is put again with a new index."""
+    from tqstore.dump import writer
+
+    keys = fill(store, "train", 6)
+    real = writer.precheck
+
+    def precheck_then_race(st, pid, ks):
+        got = real(st, pid, ks)
+        if race == "drop_partition":
+            st.clear_partition("train")
+        else:
+            st.kv_clear([keys[2]], "train")
+            if race == "clear_and_put_again":
+                st.kv_put(keys[2], "train", fields={"input_ids": torch.ones(16, dtype=torch.int64)})
+        return got
+
+    monkeypatch.setattr(writer, "precheck", precheck_then_race)
+    d = tmp_path / "d"
+    if race == "clear_and_put_again":  # the key is a row again at the cut: the dump holds its new state
+        rep = store.dump_data_by_key(d, keys, "train")
+        assert rep["keys"] == 6 and verify_dump(d) == []
+        assert dump_frames(d) == store_frames(store, "train", keys)
+        return
+    with pytest.raises(PartitionNotFoundError if race == "drop_partition" else KeyNotFoundError):
+        store.dump_data_by_key(d, keys, "train")
+    assert _siblings(d) == [n for n in _siblings(d) if n.endswith(".lock")]
+
+
 def test_a_background_dump_holds_exactly_the_cut(store, tmp_path):
     keys = fill(store, "train", 9)
     store.kv_put("bare", "train", tag={"b": 0})

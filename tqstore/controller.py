@@ -28,6 +28,7 @@ import contextlib
 import functools
 import heapq
 import logging
+import os
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
@@ -80,6 +81,9 @@ class Controller:
         self._restores = RestoreHost(self)  # selective restores: records, lifecycle, guards
         self._snapshots: Dict[int, Any] = {}  # snapshot id -> read transaction (the controller's side of a cut)
         self._next_snapshot = 1
+        # changes with every removal of rows or partitions (removal_epoch); a random start, so
+        # that two controller instances (a store reopened, a checkpoint loaded) never agree
+        self._removals = int.from_bytes(os.urandom(8), "big") >> 2
         self.mirror_binding: Optional[Tuple[int, int]] = None  # (marker digest, units' digest): controller_persist
         try:
             with wrap_errors("open controller", self.path):
@@ -201,6 +205,11 @@ class Controller:
             return len(ks)
         missing = [k for k in keys if k not in p.keys]
         raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {pid!r}: {missing[:5]!r}")
+
+    @_locked
+    def removal_epoch(self) -> int:
+        """See ControllerPort (bumped by :meth:`clear_rows`, which every removal goes through)."""
+        return self._removals
 
     @_locked
     def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
@@ -398,6 +407,8 @@ class Controller:
                     txn.delete(R.sampler_key(pid), db=m["sampler"])
                 lmdb_commit_point("controller_commit")
             all_views = [v for vs in p.ready.values() for v in vs.values()]
+            if gone or drop_partition:
+                self._removals += 1  # (before the mirror changes: an epoch read after this call sees it)
             p.remove(gone)
             for g in gone:
                 for v in all_views:

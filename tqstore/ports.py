@@ -423,6 +423,13 @@ class ControllerPort(Protocol):
         KeyNotFoundError (naming the first missing keys in the order given), TypeError (an
         unhashable key)."""
 
+    def removal_epoch(self) -> int:
+        """A value that changes whenever rows or a partition are removed (clears, drops).  Two
+        equal answers of one controller mean that no key of any partition was removed between
+        them, so a :meth:`check_keys` made between them still holds (a selective dump checks
+        its keys before its cut and only compares epochs at the cut).  Another controller
+        instance (a reopened store, a loaded checkpoint) answers another value."""
+
     def row_infos(self, pid: str, gidxs: Sequence[int]) -> List[Optional[RowInfo]]:
         """Row metadata (None for a gidx that is not a row of ``pid``).  (Not ``rows``: the
         embedded Controller's ``rows`` is its in-memory index, which no port exposes.)"""

@@ -5,14 +5,17 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
 
 1. checks before anything is written: the partition id and the key list
    (:func:`check_key_list`), the target (:func:`publish.check_target`), the restore marker;
-2. the cut, under the store's write lock: :meth:`Store.snapshot` (each unit seals and pins,
-   the controller opens a read transaction) and, under the same lock, the keys are checked
-   in one membership test (:meth:`ControllerPort.check_keys`, a set lookup that answers no
-   value per key: an unknown partition or key raises here, after :func:`check_keys` turned
-   a key that is not a valid key into InvalidInputError; the cut is released, nothing was
-   written: every key a partition holds is valid, so only a failed check looks at keys
-   one by one) and the controller's ``put_token`` read; with ``blocking=False`` the caller
-   is released now (:class:`DumpHandle`); the stall is the cut plus that test;
+2. the keys checked before the cut, outside the store's write lock (:func:`precheck`: one
+   membership test, :meth:`ControllerPort.check_keys`, a set lookup that answers no value
+   per key; an unknown partition or key raises here, after :func:`check_keys` turned a key
+   that is not a valid key into InvalidInputError; nothing was written: every key a
+   partition holds is valid, so only a failed check looks at keys one by one), with the
+   controller's removal epoch read before it; then the cut, under the store's write lock:
+   :meth:`Store.snapshot` (each unit seals and pins, the controller opens a read
+   transaction), the epoch compared (unchanged: no row was removed since the check, which
+   still holds; else the keys are checked again, under the lock) and the controller's
+   ``put_token`` read; with ``blocking=False`` the caller is released now
+   (:class:`DumpHandle`); the stall is the cut;
 3. duplicate keys dropped (the first kept, :meth:`DumpCut.distinct`); under the exclusive
    ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
    ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
@@ -92,9 +95,34 @@ class DumpCut:
             self.keys = list(dict.fromkeys(self.keys))
 
 
-def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = None) -> DumpCut:
-    """The cut and the keys checked at it, under the store's write lock (held for both only:
-    one snapshot and one membership test of the keys).
+def precheck(store, partition_id: str, keys: List[Any]) -> Tuple[int, int]:
+    """Check the keys before the cut, outside the store's write lock: ``(distinct keys,
+    the controller's removal epoch read before the check)``.  At the cut an unchanged epoch
+    means no key was removed since, so the check still holds and the cut need not repeat it.
+
+    Raises PartitionNotFoundError / KeyNotFoundError, InvalidInputError (a key that is not a
+    valid key; checked only when some key does not resolve)."""
+    controller = store.controller
+    epoch = controller.removal_epoch()
+    return _check(controller, partition_id, keys), epoch
+
+
+def _check(controller, partition_id: str, keys: List[Any]) -> int:
+    try:
+        n = controller.check_keys(partition_id, keys) if keys else 0
+    except (KeyNotFoundError, TypeError):
+        check_keys(keys, partition_id)  # an invalid key is bad input, not an unknown key
+        raise
+    if not keys:
+        controller.partition_info(partition_id)  # an unknown partition raises, also for no keys
+    return n
+
+
+def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = None,
+             checked: Optional[Tuple[int, int]] = None) -> DumpCut:
+    """The cut, under the store's write lock (held for it only: one snapshot; the keys are
+    checked again there only when rows were removed since ``checked``, the answer of
+    :func:`precheck`, or when there is none).
 
     Raises PartitionNotFoundError / KeyNotFoundError, InvalidInputError for a key that is not a
     valid key (checked only when some key does not resolve); the cut is released."""
@@ -103,13 +131,10 @@ def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = No
         snap = store.snapshot()
         try:
             _ports.check_no_restore(snap.controller, partition_id, f"a dump of partition {partition_id!r}")
-            try:
-                n = snap.controller.check_keys(partition_id, keys) if keys else 0
-            except (KeyNotFoundError, TypeError):
-                check_keys(keys, partition_id)  # an invalid key is bad input, not an unknown key
-                raise
-            if not keys:
-                snap.controller.partition_info(partition_id)  # an unknown partition raises, also for no keys
+            if checked is not None and snap.controller.removal_epoch() == checked[1]:
+                n = checked[0]  # no row was removed since the check: every key is still a row
+            else:
+                n = _check(snap.controller, partition_id, keys)
             token = int(snap.controller.put_token)
         except BaseException:
             snap.release()
@@ -248,10 +273,11 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
     keys = check_key_list(keys, partition_id)
     final = P.check_target(dump_dir, live_store=store.root)
     P.refuse_if_restoring(final)
+    checked = precheck(store, partition_id, keys)
     state = W.state_of(store)
     with state.lock:
         W.settle(state)
-        cut = take_cut(store, partition_id, keys, t0)
+        cut = take_cut(store, partition_id, keys, t0, checked)
         job = DumpJob(cut, final, max_workers=max(1, min(8, store.num_units)))
         if blocking:
             return job.run()

@@ -124,6 +124,23 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         with pytest.raises(PartitionNotFoundError):
             c.check_keys("q", [])
 
+    def test_the_removal_epoch_changes_with_every_removal_and_only_then(self, tmp_path):
+        c = self.controller(tmp_path)
+        self._needs(c, "removal_epoch")
+        g = self.put(c, "p", keys=["a", "b", "c"])
+        e0 = c.removal_epoch()
+        self.put(c, "p", keys=["d"])  # adding rows, fields or tags removes nothing
+        self.put(c, "p", keys=["a"], fields=["y"], tags=[{"v": 1}])
+        self.put(c, "q", n=2)
+        assert c.removal_epoch() == e0
+        c.clear_rows("p", [])  # removing nothing
+        assert c.removal_epoch() == e0
+        c.clear_rows("p", g[:1])
+        e1 = c.removal_epoch()
+        assert e1 != e0
+        c.drop_partition("q")
+        assert c.removal_epoch() not in (e0, e1)
+
     def test_row_queries_say_none_for_rows_and_partitions_that_do_not_exist(self, tmp_path):
         c = self.controller(tmp_path)
         g = self.put(c, "p", n=3)
