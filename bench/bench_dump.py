@@ -8,8 +8,8 @@ Usage: python bench/bench_dump.py [--quick] [--gib N] [--units 4] [--frac 0.1] [
 (int64 token ids and float32 logprobs of 512..2047 tokens, jagged; response text; a tag
 with the reward).  Progress goes to stderr; the last line of stdout is one JSON object:
 
-* ``dump_stall_ms``: what ``dump_data_by_key(blocking=False)`` blocks the caller (the cut and
-  the keys resolved at it; median of 5);
+* ``dump_stall_ms``: what ``dump_data_by_key(blocking=False)`` blocks the caller (the cut; the
+  keys are checked after it, in the cut's snapshot, by the background job; median of 5);
 * ``dump_s`` / ``dump_gib_s``: a blocking dump (durable: every shard fsynced, published),
   best of the rounds, dump bytes / wall time;
 * ``v1_dump_s``, ``v1_dump_speedup``: ``kv_batch_get`` of the same keys (batches of 256) and

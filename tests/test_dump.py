@@ -100,9 +100,12 @@ def test_bad_keys_or_partitions_raise_before_anything_is_written(store, tmp_path
     if err is not InvalidInputError:
         assert isinstance(ei.value, NotFoundError) and isinstance(ei.value, ValueError)
     assert not any(n.startswith("d") for n in os.listdir(tmp_path)), os.listdir(tmp_path)
-    with pytest.raises(err):
-        store.dump_data_by_key(tmp_path / "d", keys, pid, blocking=False)
+    with pytest.raises(err):  # blocking=False: a bad partition or key list now, a bad key from the handle
+        h = store.dump_data_by_key(tmp_path / "d", keys, pid, blocking=False)
+        assert err is not PartitionNotFoundError and keys != "k0", "raised by the call itself"
+        h.result()
     assert not any(n.startswith("d") for n in os.listdir(tmp_path))
+    store.save_checkpoint(tmp_path / "ck")  # the failure was retrieved from the handle: not raised again
     assert store.dump_data_by_key(tmp_path / "ok", ["k1"], "train")["keys"] == 1  # the store is fine
 
 
@@ -220,6 +223,25 @@ def test_a_key_removed_between_the_key_check_and_the_cut_fails_the_dump(store, t
     with pytest.raises(PartitionNotFoundError if race == "drop_partition" else KeyNotFoundError):
         store.dump_data_by_key(d, keys, "train")
     assert _siblings(d) == [n for n in _siblings(d) if n.endswith(".lock")]
+
+
+def test_a_background_dump_checks_its_keys_at_the_cut_not_after(store, tmp_path):
+    """blocking=False waits for the cut alone; its keys are checked in the cut's snapshot: a
+    key put after the cut is unknown to the dump (the handle raises, nothing is written), a
+    key cleared after the cut is dumped as it was."""
+    keys = fill(store, "train", 4)
+    d = tmp_path / "d"
+    with locks.flocked(lock_path(d)):
+        h = store.dump_data_by_key(d, keys + ["later"], "train", blocking=False)
+        store.kv_put("later", "train", fields={"input_ids": torch.ones(16, dtype=torch.int64)})
+    with pytest.raises(KeyNotFoundError, match="later"):
+        h.result()
+    assert not d.exists() and not (tmp_path / "d.tmp").exists()
+    expect = store_frames(store, "train", keys)
+    with locks.flocked(lock_path(d)):
+        h = store.dump_data_by_key(d, keys, "train", blocking=False)
+        store.kv_clear(keys[:2], "train")
+    assert h.result()["keys"] == 4 and dump_frames(d) == expect
 
 
 def test_a_background_dump_holds_exactly_the_cut(store, tmp_path):

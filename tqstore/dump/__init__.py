@@ -46,6 +46,9 @@ class DumpMixin:
             partition_id: the partition (it must exist, also for an empty key list).
             blocking: False returns a :class:`DumpHandle` right after the cut (``stall_s``);
                 the write runs in a background thread (one save or dump in flight per store).
+                The keys are then checked in the cut's snapshot by that thread: a key that is
+                unknown or not a valid key raises from ``result()`` (nothing written); an
+                unknown partition or a keys argument that is not a list still raises at once.
 
         Returns:
             The report mapping: ``keys`` (rows dumped), ``rows_with_data``, ``shards``,
@@ -55,7 +58,8 @@ class DumpMixin:
         Raises:
             InvalidInputError: ``keys`` is not a list of valid str keys (nothing written).
             PartitionNotFoundError, KeyNotFoundError: an unknown partition or key (nothing
-                written, no directory left).
+                written, no directory left; with ``blocking=False`` a key's error is raised by
+                the handle's ``result()``).
             RestorePendingError: ``<dir>.restore`` exists (a load may still read the dump;
                 call ``recover_data_load(dump_dir)``).
             CheckpointError: the target is a file, a user's directory, a store, a checkpoint,

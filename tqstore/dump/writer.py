@@ -5,22 +5,23 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
 
 1. checks before anything is written: the partition id and the key list
    (:func:`check_key_list`), the target (:func:`publish.check_target`), the restore marker;
-2. the keys checked before the cut, outside the store's write lock (:func:`precheck`: one
-   membership test, :meth:`ControllerPort.check_keys`, a set lookup that answers no value
-   per key; an unknown partition or key raises here, after :func:`check_keys` turned a key
-   that is not a valid key into InvalidInputError; nothing was written: every key a
-   partition holds is valid, so only a failed check looks at keys one by one), with the
-   controller's removal epoch read before it; then the cut, under the store's write lock:
-   :meth:`Store.snapshot` (each unit seals and pins, the controller opens a read
-   transaction), the epoch compared (unchanged: no row was removed since the check, which
-   still holds; else the keys are checked again, under the lock) and the controller's
-   ``put_token`` read; with ``blocking=False`` the caller is released now
-   (:class:`DumpHandle`); the stall is the cut;
-3. duplicate keys dropped (the first kept, :meth:`DumpCut.distinct`); under the exclusive
-   ``<dir>.lock``: the marker checked again, :func:`publish.repair`,
-   ``<dir>.tmp`` made; :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag
-   and produced fields at the cut (the keys are resolved there, in the snapshot: every one
-   was a row at the cut, so a key it lacks is a bug and nothing is published);
+2. a blocking dump checks the keys before the cut, outside the store's write lock
+   (:func:`precheck`: one membership test, :meth:`ControllerPort.check_keys`, a set lookup
+   that answers no value per key; an unknown partition or key raises here, after
+   :func:`check_keys` turned a key that is not a valid key into InvalidInputError; nothing
+   was written: every key a partition holds is valid, so only a failed check looks at keys
+   one by one), with the controller's removal epoch read before it; then the cut, under
+   the store's write lock: :meth:`Store.snapshot` (each unit seals and pins, the
+   controller opens a read transaction), the epoch compared (unchanged: no row was removed
+   since the check, which still holds; else the keys are checked again, under the lock)
+   and the controller's ``put_token`` read.  With ``blocking=False`` the cut checks only the
+   partition and the caller is released (:class:`DumpHandle`; the stall is the cut); the
+   job checks the keys in the snapshot (:meth:`DumpJob.rows`) before it takes any lock;
+3. duplicate keys dropped (the first kept, :meth:`DumpCut.distinct`);
+   :meth:`ControllerPort.snapshot_rows` gives the rows' key, gidx, tag and produced fields
+   at the cut (the keys are resolved there, in the snapshot; a key the cut checked and the
+   snapshot lacks is a bug and nothing is published); under the exclusive ``<dir>.lock``:
+   the marker checked again, :func:`publish.repair`, ``<dir>.tmp`` made;
    :func:`plan` groups the rows with data by owning unit;
    each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
    fsynced), in parallel, and ``rows.json`` is written and fsynced beside them; then
@@ -77,13 +78,14 @@ def check_key_list(keys: Any, partition_id: Any) -> List[Any]:
 
 @dataclass
 class DumpCut:
-    """A dump's cut: the snapshot and the keys checked at it (as given: duplicates are dropped
-    by :meth:`distinct`, after the caller is released); ``distinct_keys`` their number."""
+    """A dump's cut: the snapshot and the keys (as given: duplicates are dropped by
+    :meth:`distinct`, after the caller is released); ``distinct_keys`` their number when they
+    were checked by the cut, None when the job checks them in the snapshot (``blocking=False``)."""
 
     snap: Any  # StoreSnapshot
     partition_id: str
-    keys: List[str]
-    distinct_keys: int
+    keys: List[Any]
+    distinct_keys: Optional[int]
     put_token: int
     num_units: int
     store_root: Path
@@ -91,7 +93,9 @@ class DumpCut:
 
     def distinct(self) -> None:
         """Drop duplicate keys, the first kept."""
-        if len(self.keys) != self.distinct_keys:
+        if self.distinct_keys is None:
+            self.keys = check_keys(self.keys, self.partition_id)  # (InvalidInputError for a key that is no key)
+        elif len(self.keys) != self.distinct_keys:
             self.keys = list(dict.fromkeys(self.keys))
 
 
@@ -119,10 +123,11 @@ def _check(controller, partition_id: str, keys: List[Any]) -> int:
 
 
 def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = None,
-             checked: Optional[Tuple[int, int]] = None) -> DumpCut:
+             checked: Optional[Tuple[int, int]] = None, *, defer: bool = False) -> DumpCut:
     """The cut, under the store's write lock (held for it only: one snapshot; the keys are
     checked again there only when rows were removed since ``checked``, the answer of
-    :func:`precheck`, or when there is none).
+    :func:`precheck`, or when there is none).  ``defer``: only the partition is checked here;
+    the keys are checked by the job, in the snapshot (:meth:`DumpJob.rows`).
 
     Raises PartitionNotFoundError / KeyNotFoundError, InvalidInputError for a key that is not a
     valid key (checked only when some key does not resolve); the cut is released."""
@@ -131,7 +136,11 @@ def take_cut(store, partition_id: str, keys: List[Any], t0: Optional[float] = No
         snap = store.snapshot()
         try:
             _ports.check_no_restore(snap.controller, partition_id, f"a dump of partition {partition_id!r}")
-            if checked is not None and snap.controller.removal_epoch() == checked[1]:
+            n: Optional[int]
+            if defer:
+                n = None
+                snap.controller.partition_info(partition_id)  # an unknown partition raises now
+            elif checked is not None and snap.controller.removal_epoch() == checked[1]:
                 n = checked[0]  # no row was removed since the check: every key is still a row
             else:
                 n = _check(snap.controller, partition_id, keys)
@@ -196,16 +205,39 @@ class DumpJob:
         with paused():  # (also in the background: the collector resumes when the dump ends)
             return self._run()
 
+    def rows(self) -> RowBatch:
+        """The dumped rows, read from the controller's snapshot: duplicates dropped, then every
+        key resolved there.  Raises KeyNotFoundError / InvalidInputError for keys the cut did
+        not check (``blocking=False``: they are checked here, in the snapshot, so nothing
+        after the cut counts)."""
+        cut, snap = self.cut, self.cut.snap
+        checked = cut.distinct_keys is not None
+        cut.distinct()
+        rows = snap.controller.snapshot_rows(snap.controller_snap, cut.partition_id, cut.keys)
+        if rows is not None and len(rows) == len(cut.keys):
+            miss = rows.missing()
+            if not miss:
+                return rows
+            if not checked:
+                missing = [cut.keys[i] for i in miss]
+                raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {cut.partition_id!r} at the "
+                                       f"dump's cut: {missing[:5]!r}")
+        raise CheckpointError(f"the controller's snapshot lacks keys that were rows at the cut of "
+                              f"partition {cut.partition_id!r} (a bug); nothing was published")
+
     def _run(self) -> Dict[str, Any]:
         t0 = time.perf_counter()
         try:
+            rows = self.rows()  # before the lock: a bad key leaves nothing behind, not even the lock file
+            rows_s = time.perf_counter() - t0
             with P.locked(self.final):
                 P.refuse_if_restoring(self.final)
                 P.check_target(self.final, live_store=self.cut.store_root)  # still ours to replace?
                 P.repair(self.final)
                 tmp = P.fresh_tmp(self.final)
                 try:
-                    out = self._write(tmp)
+                    out = self._write(tmp, rows)
+                    out["phases_s"]["rows_s"] = rows_s
                     t1 = time.perf_counter()
                     P.publish(tmp, self.final)
                     out["phases_s"]["publish_s"] = time.perf_counter() - t1
@@ -224,15 +256,9 @@ class DumpJob:
                  out["write_s"])
         return out
 
-    def _write(self, tmp: Path) -> Dict[str, Any]:
+    def _write(self, tmp: Path, rows: RowBatch) -> Dict[str, Any]:
         cut, snap = self.cut, self.cut.snap
         t = [time.perf_counter()]
-        cut.distinct()
-        rows = snap.controller.snapshot_rows(snap.controller_snap, cut.partition_id, cut.keys)
-        t.append(time.perf_counter())
-        if rows is None or len(rows) != len(cut.keys) or rows.missing():
-            raise CheckpointError(f"the controller's snapshot lacks keys that were rows at the cut of "
-                                  f"partition {cut.partition_id!r} (a bug); nothing was published")
         work = plan(rows, cut.num_units)
         shards: List[ShardInfo] = []
 
@@ -261,7 +287,7 @@ class DumpJob:
         files.fsync_dir(tmp)
         t.append(time.perf_counter())
         total = sum(s.size for s in shards) + len(index) + len(manifest)
-        phases = {"rows_s": t[1] - t[0], "shards_s": t[2] - t[1], "index_s": t[3] - t[2]}
+        phases = {"shards_s": t[1] - t[0], "index_s": t[2] - t[1]}
         return report_of(len(rows), shards, total, path=str(self.final), partition_id=cut.partition_id,
                          phases_s=phases)
 
@@ -273,11 +299,13 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
     keys = check_key_list(keys, partition_id)
     final = P.check_target(dump_dir, live_store=store.root)
     P.refuse_if_restoring(final)
-    checked = precheck(store, partition_id, keys)
+    # blocking: the keys checked now, outside the write lock (the cut compares epochs); else by
+    # the job, in the snapshot, so that the caller waits for the cut alone
+    checked = precheck(store, partition_id, keys) if blocking else None
     state = W.state_of(store)
     with state.lock:
         W.settle(state)
-        cut = take_cut(store, partition_id, keys, t0, checked)
+        cut = take_cut(store, partition_id, keys, t0, checked, defer=not blocking)
         job = DumpJob(cut, final, max_workers=max(1, min(8, store.num_units)))
         if blocking:
             return job.run()
