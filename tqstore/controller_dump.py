@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
+import numpy as np
+
 from ._format import controller_records as R
 from ._format.records import RecordError
 from ._format.values import loads_each
@@ -39,10 +41,9 @@ def rows_at(txn, dbs: Mapping[str, Any], pid: str, keys: Sequence[str], *, path:
         schema: Dict[str, Tuple[int, int]] = {f: R.decode_schema(v) for f, v in entries}
         pre = pid.encode() + b"\0"
         kk = [pre + k.encode() for k in keys]
-        found = dict(txn.cursor(db=dbs["keys"]).getmulti(kk)) if kk else {}
-        graw = [found.get(k) for k in kk]
-        gkeys = [g for g in graw if g is not None]
-        vals = dict(txn.cursor(db=dbs["rows"]).getmulti(gkeys)) if gkeys else {}
+        graw = _get_each(txn.cursor(db=dbs["keys"]), kk)
+        gkeys = [bytes(g) for g in graw if g is not None]
+        vals = _get_each(txn.cursor(db=dbs["rows"]), gkeys)
         cache: Dict[str, Any] = {}
         cols = _bulk(txn, dbs, pid, keys, graw, vals, praw, entries, cache)
     except (RecordError, UnicodeDecodeError) as e:
@@ -50,63 +51,80 @@ def rows_at(txn, dbs: Mapping[str, Any], pid: str, keys: Sequence[str], *, path:
     return RowBatch(pid, schema, *cols)
 
 
-def _bulk(txn, dbs, pid: str, keys: Sequence[str], graw: List[Optional[bytes]], vals: Dict[bytes, bytes],
+def _get_each(cur, keys: List[bytes]) -> List[Optional[bytes]]:
+    """The value of each of ``keys`` (distinct), None where missing: one ``getmulti``."""
+    if not keys:
+        return []
+    got = cur.getmulti(keys)  # (key, value) of every key found, in the order asked
+    if len(got) == len(keys):
+        return [v for _k, v in got]
+    found = dict(got)
+    return [found.get(k) for k in keys]
+
+
+def _bulk(txn, dbs, pid: str, keys: Sequence[str], graw: List[Optional[bytes]], vals: List[Optional[bytes]],
           praw: bytes, entries: List[Tuple[str, bytes]], cache: Dict[str, Any]) -> List[List[Any]]:
-    """The five RowBatch columns (gidx, key, tag, fields, seq) of ``keys``."""
+    """The five RowBatch columns (gidx, key, tag, fields, seq) of ``keys`` (``graw``: each
+    key's entry, None for none; ``vals``: the row value of each entry, in order): the
+    version-2 values' heads parsed as one array, the rest (a version-1 value, anything that
+    does not check) by :func:`read_row`."""
     n = len(keys)
-    gidxs: List[Optional[int]] = [None] * n
-    out_keys: List[Optional[str]] = list(keys)
     tags: List[Any] = [None] * n
     fields: List[Optional[frozenset]] = [None] * n
     seqs: List[Optional[int]] = [None] * n
-    num: Optional[int] = None
-    names: Optional[Dict[int, str]] = None
-    by_mask: Dict[int, frozenset] = {}
-    tagged: List[int] = []
-    tag_raw: List[bytes] = []
-    slow: List[int] = []
-    from_bytes = int.from_bytes
-    unpack = _HEAD.unpack_from
-    for i, (key, gr) in enumerate(zip(keys, graw)):
-        if gr is None:
-            continue
+    pos = [i for i, gr in enumerate(graw) if gr is not None]
+    grs = [graw[i] for i in pos]
+    gidxs: List[Optional[int]] = [None] * n
+    for gr in grs:
         if len(gr) != R.GIDX_BYTES:
             R.decode_gidx_key(gr)  # raises the RecordError
-        g = from_bytes(gr, "big")
+    if not pos:
+        return [gidxs, list(keys), tags, fields, seqs]
+    gl = np.frombuffer(b"".join(grs), ">u8").tolist()
+    for i, g in zip(pos, gl):
         gidxs[i] = g
-        v = vals.get(bytes(gr))
-        if v is None:
-            raise RecordError(f"key {key[:40]!r} names global index {g}, which is no row")
-        if v[:1] == b"{" or len(v) < _HEAD_SIZE + 8:
-            slow.append(i)
-            continue
-        part, flags, words, seq = unpack(v)
-        end = _HEAD_SIZE + 8 * words
-        if flags & ~R.ROW2_FLAGS or not flags & R.ROW2_KEYED or words != 1 or len(v) < end \
-                or (not flags & R.ROW2_TAGGED and len(v) != end):
-            slow.append(i)  # read_row decodes it or raises the precise error
-            continue
-        if num is None:
-            num = R.decode_partition2(praw)[2]
-            names = {R.decode_schema2(sv)[2]: f for f, sv in entries}
-        if part != num:
-            raise RecordError(f"key {key[:40]!r} names a row of another key or partition")
-        mask = from_bytes(v[_HEAD_SIZE:end], "little")
-        fs = by_mask.get(mask)
-        if fs is None:
-            fs = by_mask[mask] = _fields_of(mask, names, g)
-        fields[i] = fs
-        seqs[i] = seq
-        if flags & R.ROW2_TAGGED:
-            tagged.append(i)
-            tag_raw.append(bytes(v[end:]))
-    if tagged:
-        decoded = loads_each(tag_raw)
-        if decoded is None:  # one of them does not parse alone: the slow path names it
-            slow.extend(tagged)
-        else:
-            for i, t in zip(tagged, decoded):
-                tags[i] = t
+    vs = vals
+    if None in vs:
+        j = vs.index(None)
+        raise RecordError(f"key {keys[pos[j]][:40]!r} names global index {gl[j]}, which is no row")
+    m = len(vs)
+    lens = np.fromiter(map(len, vs), dtype=np.int64, count=m)
+    blob = np.frombuffer(b"".join(vs), dtype=np.uint8)
+    starts = np.cumsum(lens) - lens
+    head = np.zeros(m, dtype=R.ROW2_DTYPE)  # (zeros: a row too short for a head stays flags 0, slow)
+    long = np.flatnonzero(lens >= _HEAD_SIZE + 8)
+    if len(long):
+        grab = blob[starts[long, None] + np.arange(R.ROW2_DTYPE.itemsize)]
+        head[long] = np.ascontiguousarray(grab).view(R.ROW2_DTYPE).reshape(-1)
+    flags = head["flags"].astype(np.int64)
+    tagged = (flags & R.ROW2_TAGGED) != 0
+    fast = ((lens >= _HEAD_SIZE + 8) & ((flags & ~R.ROW2_FLAGS) == 0) & ((flags & R.ROW2_KEYED) != 0)
+            & (head["words"] == 1) & (tagged | (lens == R.ROW2_DTYPE.itemsize)))
+    if len(long):
+        fast[long] &= blob[starts[long]] != ord("{")  # a version-1 value (JSON): read_row decodes it
+    slow = [pos[j] for j in np.flatnonzero(~fast).tolist()]
+    f_idx = np.flatnonzero(fast)
+    if len(f_idx):
+        num = R.decode_partition2(praw)[2]
+        names = {R.decode_schema2(sv)[2]: f for f, sv in entries}
+        other = f_idx[head["part"][f_idx] != num]
+        if len(other):
+            raise RecordError(f"key {keys[pos[int(other[0])]][:40]!r} names a row of another key or partition")
+        masks, first, inverse = np.unique(head["mask"][f_idx], return_index=True, return_inverse=True)
+        sets = [_fields_of(mk, names, gl[int(f_idx[j])]) for mk, j in zip(masks.tolist(), first.tolist())]
+        for j, q, k in zip(f_idx.tolist(), head["seq"][f_idx].tolist(), inverse.reshape(-1).tolist()):
+            i = pos[j]
+            fields[i] = sets[k]
+            seqs[i] = q
+        t_idx = f_idx[tagged[f_idx]].tolist()
+        if t_idx:
+            cut = R.ROW2_DTYPE.itemsize
+            decoded = loads_each([vs[j][cut:] for j in t_idx])
+            if decoded is None:  # one of them does not parse alone: the slow path names it
+                slow.extend(pos[j] for j in t_idx)
+            else:
+                for j, t in zip(t_idx, decoded):
+                    tags[pos[j]] = t
     for i in sorted(set(slow)):
         key, g = keys[i], gidxs[i]
         row = read_row(txn, dbs, pid, g, key, cache=cache)  # either format
@@ -115,7 +133,7 @@ def _bulk(txn, dbs, pid: str, keys: Sequence[str], graw: List[Optional[bytes]], 
         if row.pid != pid or row.key != key:
             raise RecordError(f"key {key[:40]!r} names a row of another key or partition")
         tags[i], fields[i], seqs[i] = row.tag, row.fields, row.seq
-    return [gidxs, out_keys, tags, fields, seqs]
+    return [gidxs, list(keys), tags, fields, seqs]
 
 
 def _fields_of(mask: int, names: Dict[int, str], g: int) -> frozenset:
