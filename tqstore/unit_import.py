@@ -52,9 +52,10 @@ INDEX_BATCH = 20000
 
 
 # ---------------------------------------------------------------------------- reading an index copy
-def read_unit_index(env_dir: Path, *, check_format) -> Tuple[List[bytes], bytes, Dict[int, int]]:
+def read_unit_index(env_dir: Path, *, check_format, loc: bool = True) -> Tuple[List[bytes], bytes, Dict[int, int]]:
     """The entries of a checkpoint's unit index copy (already walked out of process):
-    ``(keys, concatenated LOC values, {segment: recorded size})``.  Read only.
+    ``(keys, concatenated LOC values, {segment: recorded size})``.  Read only.  ``loc=False``:
+    the entries are not read (the walk handed them over), ``keys`` and ``values`` are empty.
     ``check_format`` is the unit index's format check (``check_index_format`` of
     :mod:`tqstore.unit`, handed in: this module sits below it); the records decode through
     :mod:`tqstore._format.unit_records`.
@@ -68,12 +69,15 @@ def read_unit_index(env_dir: Path, *, check_format) -> Tuple[List[bytes], bytes,
     try:
         check_format(env, env_dir, create=False)
         with env.begin() as txn:
+            keys: List[bytes] = []
+            values = b""
             try:
-                db = env.open_db(b"loc", txn=txn, create=False)
-                keys = list(txn.cursor(db).iternext(values=False))
-                values = b"".join(txn.cursor(db).iternext(keys=False))
+                if loc:
+                    db = env.open_db(b"loc", txn=txn, create=False)
+                    keys = list(txn.cursor(db).iternext(values=False))
+                    values = b"".join(txn.cursor(db).iternext(keys=False))
             except lmdb.NotFoundError:
-                keys, values = [], b""  # a unit that never held a row
+                pass  # a unit that never held a row
             recorded: Dict[int, int] = {}
             try:
                 sdb = env.open_db(b"segs", txn=txn, create=False)

@@ -14,7 +14,7 @@ Both are pure functions of their arguments and are tested without a disk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, NamedTuple, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -41,16 +41,39 @@ class FrameTable:
     """The entries of one source unit's index as parallel arrays (a store holds millions of
     frames: no Python object per frame but the key)."""
 
-    def __init__(self, keys: Sequence[bytes], gidx, seg, offset, length, crc) -> None:
-        self.keys = list(keys)
+    def __init__(self, keys: Optional[Sequence[bytes]], gidx, seg, offset, length, crc, *,
+                 packed_keys: Optional[Tuple[np.ndarray, Any]] = None) -> None:
+        # keys as a list, or packed (``packed_keys``: each key's start in ``joined``, and
+        # ``joined``): a list of a million keys is made only when asked for (a reshard)
+        self._keys = list(keys) if keys is not None else None
+        self._packed = packed_keys
         self.gidx = np.asarray(gidx, np.uint64)
         self.seg = np.asarray(seg, np.int64)
         self.offset = np.asarray(offset, np.int64)
         self.length = np.asarray(length, np.int64)
         self.crc = np.asarray(crc, np.uint32)
-        n = len(self.keys)
-        if not all(len(a) == n for a in (self.gidx, self.seg, self.offset, self.length, self.crc)):
+        n = len(self.gidx)
+        if (self._keys is None) == (packed_keys is None) or \
+                (len(self._keys) if self._keys is not None else len(packed_keys[0]) - 1) != n or \
+                not all(len(a) == n for a in (self.seg, self.offset, self.length, self.crc)):
             raise ValueError("FrameTable columns differ in length")
+
+    @property
+    def keys(self) -> List[bytes]:
+        """Each entry's unit index key (gidx u64 big-endian + field UTF-8)."""
+        if self._keys is None:
+            assert self._packed is not None
+            starts, joined = self._packed
+            b = bytes(joined)
+            se = starts.tolist()
+            self._keys = [b[x:y] for x, y in zip(se[:-1], se[1:])]
+            self._packed = None
+        return self._keys
+
+    def take(self, idx: np.ndarray) -> "FrameTable":
+        """The entries at positions ``idx`` (ascending)."""
+        return FrameTable([self.keys[i] for i in idx.tolist()], self.gidx[idx], self.seg[idx], self.offset[idx],
+                          self.length[idx], self.crc[idx])
 
     @classmethod
     def from_refs(cls, refs: Iterable[Sequence]) -> "FrameTable":
@@ -66,8 +89,34 @@ class FrameTable:
         gidx = np.frombuffer(b"".join(k[:8] for k in keys), ">u8") if keys else np.zeros(0, np.uint64)
         return cls(keys, gidx, v["seg"], v["offset"], v["length"], v["crc"])
 
+    @classmethod
+    def from_columns(cls, lens: Any, joined: Any, values: Any) -> "FrameTable":
+        """From the columns of a unit index's entries (:meth:`LmdbWalk.loc_columns
+        <tqstore._io.lmdbwalk.LmdbWalk.loc_columns>`): each key's length (native u32), the
+        keys back to back, their ``<IQII`` values back to back.  No Python object per entry.
+
+        Raises:
+            ValueError: the columns do not add up, or a key is shorter than 9 bytes.
+        """
+        ln = np.frombuffer(lens, np.uint32).astype(np.int64)
+        n = len(ln)
+        starts = np.zeros(n + 1, np.int64)
+        np.cumsum(ln, out=starts[1:])
+        if int(starts[-1]) != len(joined) or len(values) != n * LOC_DTYPE.itemsize:
+            raise ValueError("unit index columns do not add up")
+        if n and int(ln.min()) < 9:
+            raise ValueError("a unit index key is shorter than a global index and a field name")
+        kb = np.frombuffer(joined, np.uint8)
+        gidx = np.empty(n, np.uint64)
+        step = 1 << 18  # bounds the gather's index array
+        for a in range(0, n, step):
+            idx = starts[a:min(n, a + step), None] + np.arange(8)
+            gidx[a:a + len(idx)] = np.ascontiguousarray(kb[idx]).view(">u8").reshape(-1)
+        v = np.frombuffer(values, LOC_DTYPE)
+        return cls(None, gidx, v["seg"], v["offset"], v["length"], v["crc"], packed_keys=(starts, joined))
+
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.gidx)
 
 
 class RangeFrame(NamedTuple):
