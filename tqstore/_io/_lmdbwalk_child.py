@@ -33,17 +33,24 @@ def _json_object(v: bytes, what: str) -> dict:
     return d
 
 
+def _entries(txn, db, what: str):
+    """Every key and every value of ``db``, each list made by one C-level walk (no tuple per
+    entry); the same read transaction: the same entries, in the same order."""
+    keys = list(txn.cursor(db).iternext(values=False))
+    vals = list(txn.cursor(db).iternext(keys=False))
+    if len(vals) != len(keys):
+        raise _Bad(f"{what}: entries changed during the walk")
+    return keys, vals
+
+
 def _check_db(txn, db, name: str, kind: str, out_fd: Optional[int] = None) -> int:
     """Iterate every entry of one database (values copied out: every page touched).
     ``out_fd`` (``loc`` only): write the entries there as columns (:func:`_write_columns`)."""
     what = f"database {name}"
     n = 0
-    if kind == "loc":  # millions of entries: checked in bulk, keys and values each in one C-level walk
-        keys = list(txn.cursor(db).iternext(values=False))
-        vals = list(txn.cursor(db).iternext(keys=False))  # (same read transaction: the same entries)
+    if kind == "loc":  # millions of entries: checked in bulk
+        keys, vals = _entries(txn, db, what)
         n = len(keys)
-        if len(vals) != n:
-            raise _Bad(f"{what}: entries changed during the walk")
         if n:
             if min(map(len, keys)) < 9:
                 raise _Bad(f"{what}: a key is shorter than a global index and a field name")
@@ -57,15 +64,16 @@ def _check_db(txn, db, name: str, kind: str, out_fd: Optional[int] = None) -> in
         if out_fd is not None:
             _write_columns(out_fd, keys, vals)
         return n
-    if kind == "rows":  # millions of entries: checked in bulk (controller format 2: binary, >= 24 bytes; 1: JSON)
-        keys, vals = [], []
-        for k, v in txn.cursor(db):
-            keys.append(k)
-            vals.append(v)
+    if kind in ("rows", "gidx_value"):  # millions of entries: checked in bulk
+        keys, vals = _entries(txn, db, what)
         n = len(keys)
+        if kind == "gidx_value":
+            if n and set(map(len, vals)) != {8}:
+                raise _Bad(f"{what}: value is not a global index")
+            return n
         if n and set(map(len, keys)) != {8}:
             raise _Bad(f"{what}: key is not a global index")
-        if n and min(map(len, vals)) < 24:
+        if n and min(map(len, vals)) < 24:  # (controller format 2: binary, >= 24 bytes; 1: JSON)
             for v in vals:
                 if len(v) < 24:
                     _json_object(v, what)  # version 1 rows are JSON objects
@@ -88,9 +96,6 @@ def _check_db(txn, db, name: str, kind: str, out_fd: Optional[int] = None) -> in
         elif kind == "gidx_empty":
             if len(k) != 8 or v:
                 raise _Bad(f"{what}: entry is not a free global index")
-        elif kind == "gidx_value":
-            if len(v) != 8:
-                raise _Bad(f"{what}: value is not a global index")
         elif kind == "cons":
             if v or len(k) < 10 or k[:-8].count(b"\0") < 2:
                 raise _Bad(f"{what}: entry is not a consumption mark")

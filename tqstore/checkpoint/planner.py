@@ -106,12 +106,11 @@ class FrameTable:
             raise ValueError("unit index columns do not add up")
         if n and int(ln.min()) < 9:
             raise ValueError("a unit index key is shorter than a global index and a field name")
-        kb = np.frombuffer(joined, np.uint8)
-        gidx = np.empty(n, np.uint64)
-        step = 1 << 18  # bounds the gather's index array
-        for a in range(0, n, step):
-            idx = starts[a:min(n, a + step), None] + np.arange(8)
-            gidx[a:a + len(idx)] = np.ascontiguousarray(kb[idx]).view(">u8").reshape(-1)
+        kb, first = np.frombuffer(joined, np.uint8), starts[:-1]
+        gidx = np.zeros(n, np.uint64)
+        for j in range(8):  # each key's first 8 bytes, big-endian: one gather per byte
+            gidx <<= np.uint64(8)
+            gidx |= kb[first + j]
         v = np.frombuffer(values, LOC_DTYPE)
         return cls(None, gidx, v["seg"], v["offset"], v["length"], v["crc"], packed_keys=(starts, joined))
 
