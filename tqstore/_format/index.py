@@ -55,36 +55,57 @@ def index_key(gidx: int, field: str) -> bytes:
 
 
 def decode_index_keys(keys: List[bytes]) -> Dict[str, "np.ndarray"]:
-    """Index keys in bulk: field -> the global indexes holding it (int64, in key order).
+    """Index keys in bulk: field -> the global indexes holding it (int64, ascending).
 
-    Keys of one length are decoded together as one byte matrix (a store has few field names).
+    No Python work per key: the keys are joined once, each key's global index is gathered
+    from its first 8 bytes, and the field names of one length are compared as integers (up
+    to 8 bytes) or byte strings (longer), then decoded once per distinct name (a store has
+    few field names).
 
     Raises:
         RecordError: as :func:`decode_index_key`, for any of them.
     """
     import numpy as np
 
-    out: Dict[str, list] = {}
     if not keys:
         return {}
     lens = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
     head = INDEX_KEY_HEAD.size
     if int(lens.min()) < head + 1:
         decode_index_key(keys[int(np.argmin(lens))])
+    kb = np.frombuffer(b"".join(keys), dtype=np.uint8)
+    starts = np.cumsum(lens) - lens
+    g = np.zeros(len(keys), dtype=np.uint64)
+    for j in range(head):  # big-endian u64 of each key's first 8 bytes
+        g <<= np.uint64(8)
+        g |= kb[starts + j]
+    g = g.astype(np.int64)
+    out: Dict[str, list] = {}
     for n in np.unique(lens).tolist():
-        sel = lens == n
-        mat = np.frombuffer(b"".join(compress(keys, sel.tolist())), dtype=np.uint8).reshape(-1, n)
-        g = np.ascontiguousarray(mat[:, :head]).view(">u8").reshape(-1).astype(np.int64)
-        names = np.ascontiguousarray(mat[:, head:]).view(f"V{n - head}").reshape(-1)
-        uniq, inv = np.unique(names, return_inverse=True)
-        inv = inv.reshape(-1)
-        for i, raw in enumerate(uniq.tolist()):
+        at = np.flatnonzero(lens == n) if int(lens[0]) != n or not (lens == n).all() else None
+        first = starts if at is None else starts[at]
+        width = n - head
+        if width <= 8:  # the name as an integer: one gather per byte
+            code = np.zeros(len(first), dtype=np.uint64)
+            for j in range(width):
+                code <<= np.uint64(8)
+                code |= kb[first + head + j]
+        else:
+            code = np.ascontiguousarray(kb[first[:, None] + np.arange(head, n)]).view(f"V{width}").reshape(-1)
+        gg = g if at is None else g[at]
+        uniq, inv = (code[:1], None) if (code == code[0]).all() else np.unique(code, return_inverse=True)
+        for i in range(len(uniq)):
+            k = int(first[0] if inv is None else first[int(np.argmax(inv.reshape(-1) == i))])
             try:
-                f = bytes(raw).decode("utf-8")
+                f = kb[k + head:k + n].tobytes().decode("utf-8")
             except UnicodeDecodeError as e:
                 raise RecordError(f"index key: field name is not UTF-8 ({e.reason})") from None
-            out.setdefault(f, []).append(g[inv == i])
-    return {f: np.sort(np.concatenate(parts)) for f, parts in out.items()}
+            out.setdefault(f, []).append(gg if inv is None else gg[inv.reshape(-1) == i])
+    res = {}
+    for f, parts in out.items():
+        a = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        res[f] = a if len(parts) == 1 and (len(a) < 2 or bool((a[1:] > a[:-1]).all())) else np.sort(a)
+    return res
 
 
 def decode_index_key(raw) -> Tuple[int, str]:
