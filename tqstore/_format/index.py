@@ -13,13 +13,13 @@ imports the location value from here and nowhere else.
 """
 from __future__ import annotations
 
-from itertools import compress
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple, Tuple
 
 # the key, the value's struct and its numpy record are defined beside the other byte
 # constants, at the bottom of the record path (_native needs them and imports nothing
 # from _format); everything above names them here
 from .._native.layout import INDEX_KEY_HEAD, INDEX_VALUE, LOC_DTYPE
+from .lmdb_pages import Packed
 from .records import RecordError
 
 #: frames up to this many bytes are read through the segment mmap, larger ones with
@@ -54,8 +54,9 @@ def index_key(gidx: int, field: str) -> bytes:
     return INDEX_KEY_HEAD.pack(gidx) + field.encode()
 
 
-def decode_index_keys(keys: List[bytes]) -> Dict[str, "np.ndarray"]:
-    """Index keys in bulk: field -> the global indexes holding it (int64, ascending).
+def decode_index_keys(keys: Any) -> Dict[str, "np.ndarray"]:
+    """Index keys in bulk (a list of bytes, or a :class:`~tqstore._format.lmdb_pages.Packed`):
+    field -> the global indexes holding it (int64, ascending).
 
     No Python work per key: the keys are joined once, each key's global index is gathered
     from its first 8 bytes, and the field names of one length are compared as integers (up
@@ -67,13 +68,14 @@ def decode_index_keys(keys: List[bytes]) -> Dict[str, "np.ndarray"]:
     """
     import numpy as np
 
-    if not keys:
+    if not len(keys):
         return {}
-    lens = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    packed = isinstance(keys, Packed)
+    lens = keys.lens if packed else np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
     head = INDEX_KEY_HEAD.size
     if int(lens.min()) < head + 1:
         decode_index_key(keys[int(np.argmin(lens))])
-    kb = np.frombuffer(b"".join(keys), dtype=np.uint8)
+    kb = np.frombuffer(keys.buf if packed else b"".join(keys), dtype=np.uint8)
     starts = np.cumsum(lens) - lens
     g = np.zeros(len(keys), dtype=np.uint64)
     for j in range(head):  # big-endian u64 of each key's first 8 bytes
@@ -81,7 +83,7 @@ def decode_index_keys(keys: List[bytes]) -> Dict[str, "np.ndarray"]:
         g |= kb[starts + j]
     g = g.astype(np.int64)
     out: Dict[str, list] = {}
-    for n in np.unique(lens).tolist():
+    for n in np.flatnonzero(np.bincount(lens)).tolist():  # the key lengths there are (a few)
         at = np.flatnonzero(lens == n) if int(lens[0]) != n or not (lens == n).all() else None
         first = starts if at is None else starts[at]
         width = n - head
