@@ -29,6 +29,7 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -309,11 +310,14 @@ def load(store, checkpoint_dir) -> LoadInfo:
             prob = file_problem(src, e)
             if prob is not None:
                 raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
-        # two children side by side: the unit indexes (their segments' verification is the long
-        # part) and the controller (its checked decode is); they run while the lock is taken
+        # children side by side, while the lock is taken: the unit indexes (their segments'
+        # verification is the long part), one child per core, and the controller (its checked
+        # decode is)
         groups = [man.by_role(M.ROLE_CONTROLLER)]
         if plan_load_mode(man.num_units, store.num_units, man.include_storage) != "metadata":
-            groups.insert(0, [man.find(M.unit_index_file(i)) for i in range(man.num_units)])
+            idx = [man.find(M.unit_index_file(i)) for i in range(man.num_units)]
+            k = max(1, min(len(idx), (os.cpu_count() or 1)))  # children for the unit indexes: one per core
+            groups[:0] = [idx[j::k] for j in range(k)]
         walks = [lmdb_walk(src, g, first_only=True, columns=True) for g in groups]
         build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)),
                         walks={e.path: (w, k) for g, w in zip(groups, walks) for k, e in enumerate(g)})
