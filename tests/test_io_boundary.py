@@ -52,8 +52,6 @@ FAILPOINT_CALLS = {"_fp", "hit", "lmdb_commit_point", "_open_lock_file"}
 #: functions of _io that make such a call without a failpoint of their own, and why
 EXEMPT: Dict[Tuple[str, str], str] = {
     ("_io/_lmdbwalk_child.py", "_child_main"): "writes its report to the pipe of its parent (stdout)",
-    ("_io/_lmdbwalk_child.py", "_write_columns"): "writes the entries it walked to an anonymous file of its parent",
-    ("_io/lmdbwalk.py", "_scratch_file"): "an anonymous file (memfd, or an unlinked temporary file): nothing outlives it",
     ("_io/locks.py", "hold_dir"): "an flock on a directory: an in-use mark that vanishes with the process",
     ("_io/locks.py", "dir_in_use"): "tries (and drops) the flock of hold_dir: changes nothing",
 }

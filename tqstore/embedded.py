@@ -61,12 +61,12 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
     return controller, list(units)
 
 
-def unit_index_entries(env_dir: Path, *, loc: bool = True) -> Tuple[List[bytes], bytes, Dict[int, int]]:
+def unit_index_entries(env_dir: Path) -> Tuple[Any, bytes, Dict[int, int]]:
     """A checkpoint's unit index copy (walked out of process first): ``(keys, concatenated
-    LOC values, {segment: recorded size})`` (``loc=False``: no entries, the rest checked and
-    read).  Raises FormatVersionError, or a TqstoreError / ValueError / KeyError / TypeError
-    when it cannot be read (see :func:`tqstore.unit_import.read_unit_index`)."""
-    return read_unit_index(env_dir, check_format=check_index_format, loc=loc)
+    LOC values, {segment: recorded size})``.  Raises FormatVersionError, or a TqstoreError /
+    ValueError / KeyError / TypeError when it cannot be read (see
+    :func:`tqstore.unit_import.read_unit_index`)."""
+    return read_unit_index(env_dir, check_format=check_index_format)
 
 
 def controller_summary(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:

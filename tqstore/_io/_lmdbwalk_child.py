@@ -4,7 +4,7 @@ argument and writes one JSON line per step to stdout.  See lmdbwalk for the prot
 from __future__ import annotations
 
 import json
-from typing import List, Optional
+from typing import List
 import os
 import sys
 
@@ -43,9 +43,8 @@ def _entries(txn, db, what: str):
     return keys, vals
 
 
-def _check_db(txn, db, name: str, kind: str, out_fd: Optional[int] = None) -> int:
-    """Iterate every entry of one database (values copied out: every page touched).
-    ``out_fd`` (``loc`` only): write the entries there as columns (:func:`_write_columns`)."""
+def _check_db(txn, db, name: str, kind: str) -> int:
+    """Iterate every entry of one database (values copied out: every page touched)."""
     what = f"database {name}"
     n = 0
     if kind == "loc":  # millions of entries: checked in bulk
@@ -61,8 +60,6 @@ def _check_db(txn, db, name: str, kind: str, out_fd: Optional[int] = None) -> in
                     f.decode("utf-8")
                 except UnicodeDecodeError:
                     raise _Bad(f"{what}: a field name is not UTF-8") from None
-        if out_fd is not None:
-            _write_columns(out_fd, keys, vals)
         return n
     if kind in ("rows", "gidx_value"):  # millions of entries: checked in bulk
         keys, vals = _entries(txn, db, what)
@@ -104,29 +101,9 @@ def _check_db(txn, db, name: str, kind: str, out_fd: Optional[int] = None) -> in
     return n
 
 
-#: the columns file: entries (u64), bytes of the keys (u64), then each key's length (u32),
-#: the keys and the values back to back (all little-endian; private to parent and child)
-COLUMNS_HEAD = 16
-
-
-def _write_columns(fd: int, keys: List[bytes], vals: List[bytes]) -> None:
-    """Write the ``loc`` entries to ``fd`` (an unlinked temporary file of the parent's) as
-    columns, from its start: what the parent reads instead of walking the file itself."""
-    import array
-
-    lens = array.array("I", map(len, keys))
-    kb = b"".join(keys)
-    for buf in (len(keys).to_bytes(8, "little") + len(kb).to_bytes(8, "little"), lens.tobytes(), kb,
-                b"".join(vals)):
-        view = memoryview(buf)
-        while view:
-            view = view[os.write(fd, view):]
-
-
-def walk_env(env_dir: str, schema: str, out_fd: Optional[int] = None) -> int:
+def walk_env(env_dir: str, schema: str) -> int:
     """Walk one LMDB environment directory in *this* process (the child); returns the
-    entries seen.  ``out_fd``: where the ``loc`` entries go as columns (unit indexes).
-    Raises ``_Bad`` or ``lmdb.Error`` for a problem."""
+    entries seen.  Raises ``_Bad`` or ``lmdb.Error`` for a problem."""
     import lmdb
 
     dbs = SCHEMAS[schema]
@@ -143,7 +120,7 @@ def walk_env(env_dir: str, schema: str, out_fd: Optional[int] = None) -> int:
                 if kind is None:
                     raise _Bad(f"unexpected entry {name[:40]!r} in the main database")
                 db = env.open_db(name, txn=txn, create=False)
-                seen = _check_db(txn, db, name.decode(), kind, out_fd if kind == "loc" else None)
+                seen = _check_db(txn, db, name.decode(), kind)
                 if seen != txn.stat(db)["entries"]:
                     raise _Bad(f"database {name.decode()} holds {seen} entries, its record says "
                                f"{txn.stat(db)['entries']}")
@@ -165,10 +142,10 @@ def _child_main(argv: List[str]) -> int:
         sys.set_int_max_str_digits(0)  # values hold integers of any size (docs/FORMAT.md, "Values")
     targets = json.loads(argv[1])
     out = sys.stdout.fileno()
-    for i, (env_dir, schema, col_fd) in enumerate(targets):
+    for i, (env_dir, schema) in enumerate(targets):
         os.write(out, (json.dumps({"start": i}) + "\n").encode())
         try:
-            n = walk_env(env_dir, schema, col_fd)
+            n = walk_env(env_dir, schema)
             rec = {"done": i, "entries": n}
         except Exception as e:  # noqa: BLE001 - every problem is reported
             msg = str(e) if isinstance(e, _Bad) else f"{type(e).__name__}: {e}"

@@ -32,7 +32,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import lmdb
 
-from ._lmdbwalk_child import COLUMNS_HEAD as _COLUMNS_HEAD, SCHEMAS
+from ._lmdbwalk_child import SCHEMAS
 
 _CHILD = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_lmdbwalk_child.py")
 _LMDB_PATH = os.path.dirname(os.path.dirname(os.path.abspath(lmdb.__file__)))
@@ -52,28 +52,6 @@ class WalkProblem:
 
 
 # ---------------------------------------------------------------------------- parent side
-def _scratch_file():
-    """An anonymous file for the child's columns: in memory (``memfd_create``) where the
-    system has it, else an unlinked temporary file."""
-    if hasattr(os, "memfd_create"):
-        try:
-            return open(os.memfd_create("tqstore-walk", os.MFD_CLOEXEC), "r+b", buffering=0)
-        except OSError:
-            pass
-    return tempfile.TemporaryFile()
-
-
-def _pread_all(fd: int, chunk: int = 8 << 20) -> bytes:
-    """Everything in the file ``fd`` holds now, read with ``pread`` (its offset untouched)."""
-    chunks, off = [], 0
-    while True:
-        b = os.pread(fd, chunk, off)
-        if not b:
-            return b"".join(chunks)
-        chunks.append(b)
-        off += len(b)
-
-
 def _signal_name(rc: int) -> str:
     try:
         return signal.Signals(-rc).name
@@ -92,14 +70,11 @@ class LmdbWalk:
     """
 
     def __init__(self, targets: Sequence[Tuple[str, str]], *, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 first_only: bool = False, columns: bool = False) -> None:
+                 first_only: bool = False) -> None:
         self.targets = [(os.fspath(d), s) for d, s in targets]
         for _d, s in self.targets:
             if s not in SCHEMAS:
                 raise ValueError(f"unknown LMDB schema {s!r}")
-        # columns: each unit index's ``loc`` entries, handed over through an unlinked temporary
-        # file per target (see :meth:`loc_columns`), so that the parent need not walk them again
-        self._cols = [_scratch_file() if columns and s == "unit_index" else None for _d, s in self.targets]
         self.timeout_s = timeout_s
         self.first_only = first_only
         self.t0 = time.monotonic()
@@ -117,19 +92,25 @@ class LmdbWalk:
     def _spawn(self, base: int) -> None:
         self._base = base
         self._out = tempfile.TemporaryFile()
-        fds = [c.fileno() if c is not None else None for c in self._cols[base:]]
-        args = [[d, s, fd] for (d, s), fd in zip(self.targets[base:], fds)]
-        self._proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD, json.dumps(args), _LMDB_PATH],
-                                      stdin=subprocess.DEVNULL, stdout=self._out, stderr=subprocess.DEVNULL,
-                                      close_fds=True, pass_fds=[fd for fd in fds if fd is not None])
+        self._proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD, json.dumps(self.targets[base:]),
+                                       _LMDB_PATH], stdin=subprocess.DEVNULL,
+                                      stdout=self._out, stderr=subprocess.DEVNULL, close_fds=True)
 
     def _records(self) -> List[dict]:
         """The child's records so far.  Read with ``pread`` (no seek): the child writes
         through the same open file description, so moving its offset while the child
         runs would make it overwrite earlier records."""
         assert self._out is not None
+        fd = self._out.fileno()
+        chunks, off = [], 0
+        while True:
+            b = os.pread(fd, 1 << 16, off)
+            if not b:
+                break
+            chunks.append(b)
+            off += len(b)
         out = []
-        for line in _pread_all(self._out.fileno(), 1 << 16).splitlines():
+        for line in b"".join(chunks).splitlines():
             try:
                 out.append(json.loads(line))
             except ValueError:
@@ -168,30 +149,6 @@ class LmdbWalk:
                         time.monotonic() - self.t0 >= self.timeout_s:
                     return self._result_locked()
             time.sleep(poll_s)
-
-    def loc_columns(self, index: int) -> Optional[Tuple[memoryview, memoryview, memoryview]]:
-        """The ``loc`` entries of unit index target ``index`` as the child read them:
-        ``(key lengths as native u32, keys back to back, 20-byte values back to back)``, or
-        None when this walk was not asked for columns.  Call it only once
-        :meth:`wait_clean` returned no problem for ``index``.  Reads only.
-
-        Raises:
-            ValueError: the columns do not add up (what the child wrote is not whole).
-        """
-        f = self._cols[index]
-        if f is None:
-            return None
-        buf = _pread_all(f.fileno())
-        if not buf:
-            return b"", b"", b""  # no ``loc`` database: a unit that never held a row
-        if len(buf) < _COLUMNS_HEAD:
-            raise ValueError("the walk's columns are truncated")
-        n, kbytes = int.from_bytes(buf[:8], "little"), int.from_bytes(buf[8:16], "little")
-        a, b = _COLUMNS_HEAD + 4 * n, _COLUMNS_HEAD + 4 * n + kbytes
-        if len(buf) != b + 20 * n:
-            raise ValueError(f"the walk's columns hold {len(buf)} bytes, not {b + 20 * n}")
-        view = memoryview(buf)
-        return view[_COLUMNS_HEAD:a], view[a:b], view[b:]
 
     def result(self) -> List[WalkProblem]:
         """Wait for the walk; the problems found (empty: every file walked cleanly)."""
@@ -267,9 +224,6 @@ class LmdbWalk:
         if self._out is not None:
             self._out.close()
             self._out = None
-        for c in self._cols:
-            if c is not None:
-                c.close()
         self._proc = None
         if self._done is None:
             self._done = []

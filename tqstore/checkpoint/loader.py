@@ -265,12 +265,7 @@ class Builder:
         """Unit ``i``'s index entries, with the checks of a deep verify (shared code): the
         format version, every entry inside a listed segment, the segment records' sizes
         and the frame counts MANIFEST.json records."""
-        walk, k = self.walks.get(M.unit_index_file(i), (None, 0))
-        try:
-            cols = walk.loc_columns(k) if walk is not None else None
-        except ValueError as e:
-            raise CorruptionError(f"unit index cannot be read: {e}", path=str(self.src / M.unit_index_file(i))) from e
-        table, probs = unit_frames(self.src, self.man, i, columns=cols)
+        table, probs = unit_frames(self.src, self.man, i)
         if not probs and table is not None:
             segs, counts = np.unique(table.seg, return_counts=True)
             have = dict(zip(segs.tolist(), counts.tolist()))
@@ -318,7 +313,7 @@ def load(store, checkpoint_dir) -> LoadInfo:
             idx = [man.find(M.unit_index_file(i)) for i in range(man.num_units)]
             k = max(1, min(len(idx), (os.cpu_count() or 1)))  # children for the unit indexes: one per core
             groups[:0] = [idx[j::k] for j in range(k)]
-        walks = [lmdb_walk(src, g, first_only=True, columns=True) for g in groups]
+        walks = [lmdb_walk(src, g, first_only=True) for g in groups]
         build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)),
                         walks={e.path: (w, k) for g, w in zip(groups, walks) for k, e in enumerate(g)})
         try:

@@ -19,6 +19,7 @@ from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
 import numpy as np
 
 from .._format.index import LOC_DTYPE
+from .._format.lmdb_pages import Packed
 from ..errors import CorruptionError
 # the save's plan of every segment is made by the exporting unit, with the rule and values of the port
 from ..ports import COPY, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes  # noqa: F401
@@ -83,22 +84,24 @@ class FrameTable:
         return cls(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
 
     @classmethod
-    def from_index(cls, keys: Sequence[bytes], values: bytes) -> "FrameTable":
-        """From unit index keys and their concatenated ``<IQII`` values."""
+    def from_index(cls, keys: Any, values: Any) -> "FrameTable":
+        """From unit index keys (a list of bytes, or a
+        :class:`~tqstore._format.lmdb_pages.Packed`) and their concatenated ``<IQII`` values."""
+        if isinstance(keys, Packed):
+            return cls.from_columns(keys.lens, keys.buf, values)
         v = np.frombuffer(values, LOC_DTYPE)
         gidx = np.frombuffer(b"".join(k[:8] for k in keys), ">u8") if keys else np.zeros(0, np.uint64)
         return cls(keys, gidx, v["seg"], v["offset"], v["length"], v["crc"])
 
     @classmethod
     def from_columns(cls, lens: Any, joined: Any, values: Any) -> "FrameTable":
-        """From the columns of a unit index's entries (:meth:`LmdbWalk.loc_columns
-        <tqstore._io.lmdbwalk.LmdbWalk.loc_columns>`): each key's length (native u32), the
-        keys back to back, their ``<IQII`` values back to back.  No Python object per entry.
+        """From the columns of a unit index's entries: each key's length (int64), the keys
+        back to back, their ``<IQII`` values back to back.  No Python object per entry.
 
         Raises:
             ValueError: the columns do not add up, or a key is shorter than 9 bytes.
         """
-        ln = np.frombuffer(lens, np.uint32).astype(np.int64)
+        ln = np.asarray(lens, np.int64)
         n = len(ln)
         starts = np.zeros(n + 1, np.int64)
         np.cumsum(ln, out=starts[1:])

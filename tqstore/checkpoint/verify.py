@@ -91,14 +91,13 @@ def file_problem(src: Path, e: M.FileEntry) -> Optional[Problem]:
     return None if prob is None else Problem(*prob)
 
 
-def lmdb_walk(src: Path, entries: List[M.FileEntry], *, first_only: bool, columns: bool = False) -> LmdbWalk:
+def lmdb_walk(src: Path, entries: List[M.FileEntry], *, first_only: bool) -> LmdbWalk:
     """Start the structural walk (in a child process, see :mod:`tqstore._io.lmdbwalk`) of
-    the controller and unit index files ``entries``, which :func:`file_problem` passed
-    (``columns``: the unit indexes' entries handed over, see :func:`unit_frames`)."""
+    the controller and unit index files ``entries``, which :func:`file_problem` passed."""
     schema = {M.ROLE_CONTROLLER: "controller", M.ROLE_UNIT_INDEX: "unit_index"}
     timeout_s = DEFAULT_TIMEOUT_S + sum(e.size for e in entries) / WALK_BYTES_PER_S  # a slow disk is not damage
     return LmdbWalk([(str((src / e.path).parent), schema[e.role]) for e in entries], first_only=first_only,
-                    timeout_s=timeout_s, columns=columns)
+                    timeout_s=timeout_s)
 
 
 def walk_problems(walk: LmdbWalk) -> List[Problem]:
@@ -343,8 +342,8 @@ def controller_partitions(ckpt: Path) -> Optional[List[Dict[str, Any]]]:
     return None if counts is None else [{"partition": q, "rows": n} for q, n in sorted(counts.items())]
 
 
-def unit_frames(src: Path, man: M.Manifest, u: int, bad_segments: Optional[set] = None,
-                columns: Optional[Tuple[Any, Any, Any]] = None) -> Tuple[Optional[FrameTable], List[Problem]]:
+def unit_frames(src: Path, man: M.Manifest, u: int,
+                bad_segments: Optional[set] = None) -> Tuple[Optional[FrameTable], List[Problem]]:
     """Read unit ``u``'s index of the checkpoint (already walked, see :func:`lmdb_walk`)
     and check it against the manifest: its format version; every ``loc`` entry names bytes
     ``[offset, offset + length)`` with ``offset >= 64`` inside a listed segment of the unit;
@@ -352,16 +351,14 @@ def unit_frames(src: Path, man: M.Manifest, u: int, bad_segments: Optional[set] 
 
     Returns the entries that name bytes the checkpoint holds (None if the index cannot be
     read) and the problems found; the ids of segments whose size disagrees are added to
-    ``bad_segments`` (not worth reading).  ``columns``: the ``loc`` entries as the walk
-    handed them over (:meth:`~tqstore._io.lmdbwalk.LmdbWalk.loc_columns`), read instead of
-    the database.  Shared by :func:`verify_checkpoint` and the loader.
+    ``bad_segments`` (not worth reading).  Shared by :func:`verify_checkpoint` and the loader.
     """
     p = src / M.unit_index_file(u)
     segs = man.segments(u)
     out: List[Problem] = []
     try:
-        keys, values, recorded = embedded.unit_index_entries(p.parent, loc=columns is None)
-        table = FrameTable.from_index(keys, values) if columns is None else FrameTable.from_columns(*columns)
+        keys, values, recorded = embedded.unit_index_entries(p.parent)
+        table = FrameTable.from_index(keys, values)
     except FormatVersionError as e:
         return None, [Problem(str(p), str(e))]
     except StorageIOError as e:
