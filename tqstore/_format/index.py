@@ -54,35 +54,27 @@ def index_key(gidx: int, field: str) -> bytes:
     return INDEX_KEY_HEAD.pack(gidx) + field.encode()
 
 
-def decode_index_keys(keys: Any) -> Dict[str, "np.ndarray"]:
-    """Index keys in bulk (a list of bytes, or a :class:`~tqstore._format.lmdb_pages.Packed`):
-    field -> the global indexes holding it (int64, ascending).
-
-    No Python work per key: the keys are joined once, each key's global index is gathered
-    from its first 8 bytes, and the field names of one length are compared as integers (up
-    to 8 bytes) or byte strings (longer), then decoded once per distinct name (a store has
-    few field names).
-
-    Raises:
-        RecordError: as :func:`decode_index_key`, for any of them.
-    """
+def _joined(keys: Any):
+    """``(bytes as uint8, lengths, starts)`` of index keys (a list of bytes or a Packed),
+    each checked to be longer than a global index."""
     import numpy as np
 
-    if not len(keys):
-        return {}
     packed = isinstance(keys, Packed)
     lens = keys.lens if packed else np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-    head = INDEX_KEY_HEAD.size
-    if int(lens.min()) < head + 1:
+    if int(lens.min()) < INDEX_KEY_HEAD.size + 1:
         decode_index_key(keys[int(np.argmin(lens))])
     kb = np.frombuffer(keys.buf if packed else b"".join(keys), dtype=np.uint8)
-    starts = np.cumsum(lens) - lens
-    g = np.zeros(len(keys), dtype=np.uint64)
-    for j in range(head):  # big-endian u64 of each key's first 8 bytes
-        g <<= np.uint64(8)
-        g |= kb[starts + j]
-    g = g.astype(np.int64)
-    out: Dict[str, list] = {}
+    return kb, lens, np.cumsum(lens) - lens
+
+
+def _field_groups(kb, lens, starts):
+    """``(field, positions)`` per distinct field name of the keys (positions: an index array,
+    or None for all of them).  The names of one length are compared as integers (up to 8
+    bytes) or byte strings (longer), and each distinct one decoded once.  Raises RecordError
+    (a name that is not UTF-8)."""
+    import numpy as np
+
+    head = INDEX_KEY_HEAD.size
     for n in np.flatnonzero(np.bincount(lens)).tolist():  # the key lengths there are (a few)
         at = np.flatnonzero(lens == n) if int(lens[0]) != n or not (lens == n).all() else None
         first = starts if at is None else starts[at]
@@ -94,15 +86,50 @@ def decode_index_keys(keys: Any) -> Dict[str, "np.ndarray"]:
                 code |= kb[first + head + j]
         else:
             code = np.ascontiguousarray(kb[first[:, None] + np.arange(head, n)]).view(f"V{width}").reshape(-1)
-        gg = g if at is None else g[at]
         uniq, inv = (code[:1], None) if (code == code[0]).all() else np.unique(code, return_inverse=True)
         for i in range(len(uniq)):
-            k = int(first[0] if inv is None else first[int(np.argmax(inv.reshape(-1) == i))])
+            sel = None if inv is None else np.flatnonzero(inv.reshape(-1) == i)
+            k = int(first[0] if sel is None else first[sel[0]])
             try:
                 f = kb[k + head:k + n].tobytes().decode("utf-8")
             except UnicodeDecodeError as e:
                 raise RecordError(f"index key: field name is not UTF-8 ({e.reason})") from None
-            out.setdefault(f, []).append(gg if inv is None else gg[inv.reshape(-1) == i])
+            yield f, (at if sel is None else (sel if at is None else at[sel]))
+
+
+def check_index_keys(keys: Any) -> List[str]:
+    """The distinct field names of index keys (a list of bytes, or a
+    :class:`~tqstore._format.lmdb_pages.Packed`), every key checked as :func:`decode_index_key`
+    checks it, in bulk.  Raises RecordError."""
+    if not len(keys):
+        return []
+    return sorted({f for f, _ in _field_groups(*_joined(keys))})
+
+
+def decode_index_keys(keys: Any) -> Dict[str, "np.ndarray"]:
+    """Index keys in bulk (a list of bytes, or a :class:`~tqstore._format.lmdb_pages.Packed`):
+    field -> the global indexes holding it (int64, ascending).
+
+    No Python work per key: the keys are joined once, each key's global index is gathered
+    from its first 8 bytes, and the field names are found by :func:`_field_groups` (a store
+    has few field names).
+
+    Raises:
+        RecordError: as :func:`decode_index_key`, for any of them.
+    """
+    import numpy as np
+
+    if not len(keys):
+        return {}
+    kb, lens, starts = _joined(keys)
+    g = np.zeros(len(lens), dtype=np.uint64)
+    for j in range(INDEX_KEY_HEAD.size):  # big-endian u64 of each key's first 8 bytes
+        g <<= np.uint64(8)
+        g |= kb[starts + j]
+    g = g.astype(np.int64)
+    out: Dict[str, list] = {}
+    for f, pos in _field_groups(kb, lens, starts):
+        out.setdefault(f, []).append(g if pos is None else g[pos])
     res = {}
     for f, parts in out.items():
         a = parts[0] if len(parts) == 1 else np.concatenate(parts)

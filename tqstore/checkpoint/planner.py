@@ -18,7 +18,7 @@ from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Sequence,
 
 import numpy as np
 
-from .._format.index import LOC_DTYPE
+from .._format.index import LOC_DTYPE, check_index_keys
 from .._format.lmdb_pages import Packed
 from ..errors import CorruptionError
 # the save's plan of every segment is made by the exporting unit, with the rule and values of the port
@@ -86,9 +86,11 @@ class FrameTable:
     @classmethod
     def from_index(cls, keys: Any, values: Any) -> "FrameTable":
         """From unit index keys (a list of bytes, or a
-        :class:`~tqstore._format.lmdb_pages.Packed`) and their concatenated ``<IQII`` values."""
+        :class:`~tqstore._format.lmdb_pages.Packed`) and their concatenated ``<IQII`` values.
+        Raises ValueError (RecordError) for a key that is not a gidx and a UTF-8 field name."""
         if isinstance(keys, Packed):
             return cls.from_columns(keys.lens, keys.buf, values)
+        check_index_keys(keys)
         v = np.frombuffer(values, LOC_DTYPE)
         gidx = np.frombuffer(b"".join(k[:8] for k in keys), ">u8") if keys else np.zeros(0, np.uint64)
         return cls(keys, gidx, v["seg"], v["offset"], v["length"], v["crc"])
@@ -109,6 +111,7 @@ class FrameTable:
             raise ValueError("unit index columns do not add up")
         if n and int(ln.min()) < 9:
             raise ValueError("a unit index key is shorter than a global index and a field name")
+        check_index_keys(Packed(joined, ln))  # (field names: UTF-8)
         kb, first = np.frombuffer(joined, np.uint8), starts[:-1]
         gidx = np.zeros(n, np.uint64)
         for j in range(8):  # each key's first 8 bytes, big-endian: one gather per byte
