@@ -289,7 +289,8 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int, co
             sel = slice(None) if allf else fast
             part[sel], flags[sel], seq[sel], mask[sel] = a["part"], a["flags"], a["seq"], a["mask"]
         others = np.flatnonzero(~fast)
-        bulk = _tagged_rows([vs[i] for i in others.tolist()]) if len(others) else None
+        bulk = _tagged_rows(vs.take(others) if isinstance(vs, Packed) else [vs[i] for i in others.tolist()]) \
+            if len(others) else None
         if bulk is not None:  # tagged rows (the usual ones of RL buffers), checked in bulk
             a, tg = bulk
             part[others], flags[others], seq[others], mask[others] = a["part"], a["flags"], a["seq"], a["mask"]

@@ -315,7 +315,14 @@ class Packed:
         return bytes(self.buf[a:a + int(self.lens[i])])
 
     def __iter__(self):
-        return (self[i] for i in range(len(self)))
+        return iter(self.take(np.arange(len(self))))
+
+    def take(self, idx: Any) -> List[bytes]:
+        """The entries at positions ``idx`` (an int array), as a list of bytes."""
+        if self._starts is None:
+            self._starts = np.cumsum(self.lens) - self.lens
+        buf = self.buf if isinstance(self.buf, bytes) else bytes(self.buf)
+        return [buf[a:a + n] for a, n in zip(self._starts[idx].tolist(), self.lens[idx].tolist())]
 
 
 def packed_chunks(c: Columns, size: int, start: int = 0, stop: Optional[int] = None):
