@@ -87,13 +87,25 @@ class Columns:
         return np.cumsum(self.value_lens) - self.value_lens
 
 
-def _u16(b: np.ndarray, at: np.ndarray, width: int = 1) -> np.ndarray:
+def _u16(b: np.ndarray, at: np.ndarray) -> np.ndarray:
     """The little-endian u16 at each offset ``at`` of ``b`` (even: page and node offsets
-    are), or the ``width`` of them from there (one row per offset), as int64."""
+    are), as int64."""
     b16 = (b[:-1] if len(b) % 2 else b).view("<u2")
-    if width == 1:
-        return b16[at >> 1].astype(np.int64)
-    return b16[(at >> 1)[:, None] + np.arange(width)].astype(np.int64)
+    return b16[at >> 1].astype(np.int64)
+
+
+def _words(b: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The 8 bytes at each even offset ``at`` of ``b`` (each ``at + 8 <= len(b)``), as
+    little-endian uint64: one gather per residue of ``at`` modulo 8, from ``b`` viewed as
+    words starting there."""
+    out = np.empty(len(at), dtype=np.uint64)
+    res = at & 7
+    for r in (0, 2, 4, 6):
+        sel = np.flatnonzero(res == r)
+        if len(sel):
+            words = b[r:r + (len(b) - r) // 8 * 8].view("<u8")
+            out[sel] = words[(at[sel] - r) >> 3]
+    return out
 
 
 def _u64(b: np.ndarray, at: np.ndarray) -> np.ndarray:
@@ -241,8 +253,7 @@ class PageFile:
             if (n < 1).any():
                 raise LmdbPageError("an empty branch page")
             node = self._nodes(off, n)
-            head = _u16(self.b, node, 3)
-            child = head[:, 0] | (head[:, 1] << 16) | (head[:, 2] << 32)
+            child = (_words(self.b, node) & np.uint64((1 << 48) - 1)).astype(np.int64)  # lo, hi, flags: the page
             level = child
         if branch != db.branch_pages or len(level) != db.leaf_pages or len(np.unique(level)) != len(level):
             raise LmdbPageError("the tree's pages do not match its record")
@@ -250,9 +261,10 @@ class PageFile:
         node = self._nodes(off, n)
         if len(node) != db.entries:
             raise LmdbPageError(f"{len(node)} entries, the record says {db.entries}")
-        head = _u16(self.b, node, 4)  # lo, hi, flags, key size
-        dsize = head[:, 0] | (head[:, 1] << 16)
-        nflags, ksize = head[:, 2], head[:, 3]
+        head = _words(self.b, node)  # lo u16, hi u16, flags u16, key size u16
+        dsize = (head & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        nflags = ((head >> np.uint64(32)) & np.uint64(0xFFFF)).astype(np.int64)
+        ksize = (head >> np.uint64(48)).astype(np.int64)
         del head
         page_end = np.repeat(off, n) + self.psize
         kstart = node + 8
