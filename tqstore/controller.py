@@ -39,7 +39,7 @@ from ._format.columns import Column
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
 from ._io import files
-from ._io.lmdbenv import lmdb_commit_point, open_env, warm_file, wrap_errors
+from ._io.lmdbenv import lmdb_commit_point, open_env, read_columns, warm_file, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
@@ -57,6 +57,11 @@ from .ports import PartitionInfo, RowBatch, RowInfo
 log = logging.getLogger("tqstore")
 _g = R.gidx_key
 _pk = R.keys_key
+
+
+def _sorted(a: np.ndarray) -> np.ndarray:
+    """``a`` ascending (as it usually is already: rows in insertion order)."""
+    return a if len(a) < 2 or bool((a[1:] >= a[:-1]).all()) else np.sort(a)
 
 
 def _locked(method):
@@ -107,8 +112,8 @@ class Controller:
         st = controller_persist.load(self)  # the mirror file, when the clean-close marker names it
         if st is None:
             warm_file(self.path / "data.mdb")  # one sequential read, not one random read per page walked
-            with self.env.begin() as txn:
-                st = decode_controller(txn, self.db, self.path)
+            with self.env.begin() as txn:  # rows and keys read in bulk from the pages when the file allows
+                st = decode_controller(txn, self.db, self.path, read_columns(self.env, txn, [b"rows", b"keys"]))
         self.num_units, self.next_gidx, self.put_token = st.num_units, st.next_gidx, st.put_token
         self.parts, self.gmap, self.consumed, self.free = st.parts, st.gmap, st.consumed, st.free
         self._by_num = {p.num: p for p in self.parts.values()}
@@ -278,7 +283,7 @@ class Controller:
                     if len(hit):
                         for f in fset:
                             parts.setdefault(f, []).append(hit)
-        return {f: np.sort(np.concatenate(v)) for f, v in parts.items()}
+        return {f: _sorted(np.concatenate(v)) for f, v in parts.items()}
 
     @_locked
     def claim_counts(self) -> List[int]:

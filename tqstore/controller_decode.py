@@ -19,6 +19,7 @@ from __future__ import annotations
 import gc
 from collections import defaultdict
 from dataclasses import dataclass
+from bisect import bisect_left
 from itertools import compress, islice
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Set, Tuple
@@ -27,6 +28,7 @@ import numpy as np
 
 from ._format import controller_records as R
 from ._format.controller_records import CONTROLLER_DBS, CONTROLLER_FORMAT  # noqa: F401 - re-exported
+from ._format.lmdb_pages import Packed, packed_chunks
 from ._format.records import RecordError
 from ._format.values import loads_each
 from ._io.heap import trim_heap
@@ -80,11 +82,13 @@ class _Where:
         self.at: Any = "meta/format"
 
 
-def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerState:
+def decode_controller(txn, dbs: Mapping[str, Any], path: Path, cols: Optional[Mapping[bytes, Any]] = None
+                      ) -> ControllerState:
     """Decode and check every entry of the controller index at ``path`` in read transaction
     ``txn`` (``dbs``: its named databases, see :data:`CONTROLLER_DBS`; ``restores`` is not
     read, nor ``keys`` in version 1).  The one decoder of the store's open and of checkpoint
-    verification.
+    verification.  ``cols``: the ``rows`` and ``keys`` entries as ``txn`` sees them, read in
+    bulk (:func:`tqstore._io.lmdbenv.read_columns`), used instead of walking them.
 
     Raises:
         FormatVersionError: ``meta/format`` names a version this code does not read.
@@ -95,7 +99,7 @@ def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerStat
     collect = gc.isenabled()
     gc.disable()  # millions of short-lived tuples: no full collection of the heap per 700 of them
     try:
-        st = _decode(txn, dbs, file, w)
+        st = _decode(txn, dbs, file, w, cols or {})
         del txn
         trim_heap()  # the decode's temporaries (as large as the mirror) leave the process
         return st
@@ -112,7 +116,7 @@ def decode_controller(txn, dbs: Mapping[str, Any], path: Path) -> ControllerStat
             gc.enable()
 
 
-def _decode(txn, dbs, file: str, w: _Where) -> ControllerState:
+def _decode(txn, dbs, file: str, w: _Where, cols: Mapping[bytes, Any]) -> ControllerState:
     meta = dbs["meta"]
     fmt = R.decode_decimal(txn.get(R.META_FORMAT, db=meta))
     if fmt not in R.CONTROLLER_FORMATS_READ:
@@ -177,7 +181,8 @@ def _decode(txn, dbs, file: str, w: _Where) -> ControllerState:
     if dbs.get("restores") is not None:
         st = txn.stat(dbs["restores"])
         slack = (st["leaf_pages"] + st["overflow_pages"] + st["branch_pages"]) * st["psize"]
-    n_rows = (_rows_v1 if fmt == 1 else _rows_v2)(txn, dbs, parts, by_num, next_gidx, w, len(free) + slack)
+    n_rows = _rows_v1(txn, dbs, parts, by_num, next_gidx, w, len(free) + slack) if fmt == 1 else \
+        _rows_v2(txn, dbs, parts, by_num, next_gidx, w, len(free) + slack, cols)
     w.at = "free"
     if free and (_part_of(gmap, free) >= 0).any():
         raise RecordError("a global index is both free and a row")
@@ -203,9 +208,14 @@ def _part_of(gmap: GidxMap, gidxs) -> np.ndarray:
     return out
 
 
+def _lens(x) -> np.ndarray:
+    """Each entry's length (``x``: a list of bytes, or :class:`Packed`)."""
+    return x.lens if isinstance(x, Packed) else np.fromiter(map(len, x), dtype=np.int64, count=len(x))
+
+
 def _gidx_keys(ks, w: _Where, next_gidx: int, joined: Optional[bytes] = None) -> np.ndarray:
     joined = b"".join(ks) if joined is None else joined
-    if ks and set(map(len, ks)) != {8}:
+    if len(ks) and (_lens(ks) != 8).any():
         for k in ks:
             w.at = ("rows", k)
             R.decode_gidx_key(k)
@@ -235,10 +245,15 @@ def _distinct(a: np.ndarray) -> List[int]:
     return np.unique(a).tolist()
 
 
-def _chunks(txn, db):
+def _chunks(txn, db, cols=None):
     """``(keys, values, joined keys, joined values)`` of the entries of ``db`` in chunks of
-    :data:`_CHUNK`: two cursors walk the same database in the same order (a keys-only and a
-    values-only walk make no per-entry tuple)."""
+    :data:`_CHUNK`: from ``cols`` (its entries read in bulk: :class:`Packed` chunks), or two
+    cursors walk the same database in the same order (a keys-only and a values-only walk
+    make no per-entry tuple)."""
+    if cols is not None:
+        for ks, vs in packed_chunks(cols, _CHUNK):
+            yield ks, vs, ks.buf, vs.buf
+        return
     kit = txn.cursor(db).iternext(values=False)
     vit = txn.cursor(db).iternext(keys=False)
     while True:
@@ -251,15 +266,15 @@ def _chunks(txn, db):
         yield ks, vs, b"".join(ks), b"".join(vs)
 
 
-def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) -> int:
+def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int, cols_of: Mapping[bytes, Any]) -> int:
     cols: List[List[np.ndarray]] = [[], [], [], [], []]  # gidx, part, flags, seq, mask (0 for slow rows)
     slow: List[Tuple[int, Any]] = []  # (row position, Row2) of rows not decoded as the array
     tagged: List[Tuple[np.ndarray, List[Any]]] = []  # (row positions, tags) of tagged rows decoded in bulk
     base = 0
-    for ks, vs, kb, vb in _chunks(txn, dbs["rows"]):
+    for ks, vs, kb, vb in _chunks(txn, dbs["rows"], cols_of.get(b"rows")):
         g = _gidx_keys(ks, w, next_gidx, kb)
         m = len(vs)
-        fast = np.fromiter(map(len, vs), dtype=np.int64, count=m) == _FAST
+        fast = _lens(vs) == _FAST
         allf = bool(fast.all())
         part, flags = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.int64)
         seq, mask = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.uint64)
@@ -274,7 +289,8 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
             sel = slice(None) if allf else fast
             part[sel], flags[sel], seq[sel], mask[sel] = a["part"], a["flags"], a["seq"], a["mask"]
         others = np.flatnonzero(~fast)
-        bulk = _tagged_rows([vs[i] for i in others.tolist()]) if len(others) else None
+        bulk = _tagged_rows(vs.take(others) if isinstance(vs, Packed) else [vs[i] for i in others.tolist()]) \
+            if len(others) else None
         if bulk is not None:  # tagged rows (the usual ones of RL buffers), checked in bulk
             a, tg = bulk
             part[others], flags[others], seq[others], mask[others] = a["part"], a["flags"], a["seq"], a["mask"]
@@ -340,7 +356,7 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int) ->
         pg = g[sel]
         _install(p, pg, seq[sel], fsid[sel], [None] * len(pg))
         keyed = p.slots(pg[(flags[sel] & R.ROW2_KEYED) != 0])
-        n_keys += _keys_v2(txn, dbs["keys"], p, keyed, w)
+        n_keys += _keys_v2(txn, dbs["keys"], p, keyed, w, cols_of.get(b"keys"))
     for num, gg, tag in tags:
         by_num[num].tags[gg] = tag
     for pos, tg in tagged:
@@ -358,7 +374,7 @@ def _strip_prefix(ks: List[bytes], joined: bytes, prefix: bytes) -> Optional[Lis
     go (no string is made for the prefixes).  None when some entry does not start with
     ``prefix``; raises UnicodeDecodeError / RecordError for a malformed key."""
     m, plen = len(ks), len(prefix)
-    lens = np.fromiter(map(len, ks), dtype=np.int64, count=m)
+    lens = _lens(ks)
     if int(lens.min()) < plen:
         return None
     starts = np.cumsum(lens) - lens
@@ -376,7 +392,27 @@ def _strip_prefix(ks: List[bytes], joined: bytes, prefix: bytes) -> Optional[Lis
     return keys[1:]
 
 
-def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where) -> int:
+def _key_chunks(txn, db, prefix: bytes, n: int, cols=None):
+    """``(keys, values)`` chunks of at most :data:`_CHUNK` of up to ``n`` entries of ``db``
+    from the first key at or after ``prefix``: from ``cols`` (its entries read in bulk), or
+    two cursors."""
+    if cols is not None:
+        lo = bisect_left(Packed(cols.keys, cols.key_lens), prefix)
+        yield from packed_chunks(cols, _CHUNK, lo, lo + n)
+        return
+    kc, vc = txn.cursor(db), txn.cursor(db)
+    if not kc.set_range(prefix) or not vc.set_range(prefix):
+        return
+    kit, vit = kc.iternext(values=False), vc.iternext(keys=False)
+    while n:
+        ks = list(islice(kit, min(n, _CHUNK)))
+        if not ks:
+            return
+        n -= len(ks)
+        yield ks, list(islice(vit, len(ks)))
+
+
+def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where, cols=None) -> int:
     """Read the ``keys`` entries of ``p`` (contiguous: keys sort by partition id first, and no
     id is a prefix of another's ``id NUL``), check they name its keyed rows (slots ``keyed``)
     one to one, and install them: ``s_key`` and ``keys`` (in slot order)."""
@@ -387,26 +423,18 @@ def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where) -> int:
     w.at = ("keys", prefix)
     if not n_keyed:
         return 0
-    kc, vc = txn.cursor(db), txn.cursor(db)
-    if not kc.set_range(prefix) or not vc.set_range(prefix):
-        raise RecordError(f"0 keys entries for {n_keyed} keyed rows of partition {p.pid[:40]!r}")
-    kit, vit = kc.iternext(values=False), vc.iternext(keys=False)
     got: List[str] = []
     slots: List[np.ndarray] = []
     left = n_keyed
-    while left:
-        ks = list(islice(kit, min(left, _CHUNK)))
-        if not ks:
-            break
-        vs = list(islice(vit, len(ks)))
+    for ks, vs in _key_chunks(txn, db, prefix, n_keyed, cols):
         if not ks[0].startswith(prefix) or not ks[-1].startswith(prefix):  # sorted: then all between do
             break
         left -= len(ks)
-        if set(map(len, vs)) != {8}:
+        if (_lens(vs) != 8).any():
             w.at = ("keys", next(k for k, v in zip(ks, vs) if len(v) != 8))
             raise RecordError("a keys value is not a gidx key (8 bytes)")
         try:
-            keys = _strip_prefix(ks, b"".join(ks), prefix)
+            keys = _strip_prefix(ks, ks.buf if isinstance(ks, Packed) else b"".join(ks), prefix)
         except UnicodeDecodeError:
             for k in ks:
                 w.at = ("keys", k)
@@ -414,7 +442,7 @@ def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where) -> int:
             raise
         if keys is None:  # (a damaged file need not keep its keys sorted)
             raise RecordError(f"keys of partition {p.pid[:40]!r} are not contiguous")
-        gs = np.frombuffer(b"".join(vs), dtype=">u8").astype(np.int64)
+        gs = np.frombuffer(vs.buf if isinstance(vs, Packed) else b"".join(vs), dtype=">u8").astype(np.int64)
         sl = p.slots(gs)
         if (sl < 0).any() or not is_keyed[np.maximum(sl, 0)].all():
             w.at = ("keys", ks[int(np.argmax((sl < 0) | ~is_keyed[np.maximum(sl, 0)]))])

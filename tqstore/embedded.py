@@ -61,7 +61,7 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
     return controller, list(units)
 
 
-def unit_index_entries(env_dir: Path) -> Tuple[List[bytes], bytes, Dict[int, int]]:
+def unit_index_entries(env_dir: Path) -> Tuple[Any, bytes, Dict[int, int]]:
     """A checkpoint's unit index copy (walked out of process first): ``(keys, concatenated
     LOC values, {segment: recorded size})``.  Raises FormatVersionError, or a TqstoreError /
     ValueError / KeyError / TypeError when it cannot be read (see

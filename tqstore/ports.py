@@ -338,7 +338,9 @@ class UnitPort(Protocol):
     def verify_import(self, target_dir: str, plan: UnitImport) -> int:
         """After :meth:`stage_import` of a "same" plan: check every staged segment (its
         CRC32C and every indexed frame) and return bytes read; 0 for a "reshard" plan
-        (checked as it was staged).  May run while the caller opens the new state."""
+        (checked as it was staged).  May run while the caller opens the new state.  A
+        linked plan (``plan.link``) reads only the checkpoint's files: it may also run
+        before or beside :meth:`stage_import`."""
 
     # selective restores -------------------------------------------------------
     # A restore's frames are tagged with its ``tag`` (never reused): written as *staged*

@@ -26,11 +26,12 @@ import numpy as np
 
 from ._format import unit_records as UR
 from ._format.frame import check_run, first_fault
+from ._format.lmdb_pages import Packed
 from ._format.index import LOC_DTYPE
 from ._format.layout import SEGMENT_HEADER_SIZE
 from ._format.segment import segment_name
 from ._io import files
-from ._io.lmdbenv import copy_env_compact, open_env
+from ._io.lmdbenv import copy_env_compact, open_env, read_columns
 from ._io.scan import listed_file_problem, scan_file
 from ._io.segfile import SegmentWriter
 from .errors import CorruptionError, FormatVersionError, StorageIOError, TqstoreError
@@ -52,9 +53,11 @@ INDEX_BATCH = 20000
 
 
 # ---------------------------------------------------------------------------- reading an index copy
-def read_unit_index(env_dir: Path, *, check_format) -> Tuple[List[bytes], bytes, Dict[int, int]]:
+def read_unit_index(env_dir: Path, *, check_format) -> Tuple[Any, bytes, Dict[int, int]]:
     """The entries of a checkpoint's unit index copy (already walked out of process):
-    ``(keys, concatenated LOC values, {segment: recorded size})``.  Read only.
+    ``(keys, concatenated LOC values, {segment: recorded size})``, ``keys`` a list of bytes
+    or, read in bulk from the file's pages (:func:`tqstore._io.lmdbenv.read_columns`), a
+    :class:`~tqstore._format.lmdb_pages.Packed`.  Read only.
     ``check_format`` is the unit index's format check (``check_index_format`` of
     :mod:`tqstore.unit`, handed in: this module sits below it); the records decode through
     :mod:`tqstore._format.unit_records`.
@@ -68,12 +71,22 @@ def read_unit_index(env_dir: Path, *, check_format) -> Tuple[List[bytes], bytes,
     try:
         check_format(env, env_dir, create=False)
         with env.begin() as txn:
-            try:
-                db = env.open_db(b"loc", txn=txn, create=False)
-                keys = list(txn.cursor(db).iternext(values=False))
-                values = b"".join(txn.cursor(db).iternext(keys=False))
-            except lmdb.NotFoundError:
-                keys, values = [], b""  # a unit that never held a row
+            keys: Any = []
+            values = b""
+            cols = read_columns(env, txn, [b"loc"])
+            if cols is not None:
+                c = cols.get(b"loc")
+                if c is not None:
+                    keys, values = Packed(c.keys, c.key_lens), c.values
+                    if len(c) and (c.value_lens != LOC_DTYPE.itemsize).any():
+                        raise ValueError("a loc value is not 20 bytes")
+            else:
+                try:
+                    db = env.open_db(b"loc", txn=txn, create=False)
+                    keys = list(txn.cursor(db).iternext(values=False))
+                    values = b"".join(txn.cursor(db).iternext(keys=False))
+                except lmdb.NotFoundError:
+                    pass  # a unit that never held a row
             recorded: Dict[int, int] = {}
             try:
                 sdb = env.open_db(b"segs", txn=txn, create=False)

@@ -22,6 +22,7 @@ from ._format.frame import (
     parse_head,
 )
 from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, MMAP_READ_BYTES, Loc, decode_index_key, decode_index_keys
+from ._format.lmdb_pages import Packed
 from ._format.records import RecordError
 from ._format.layout import (
     CODEC_MASK, CODEC_ZSTD, PREFIX_SIZE, SEGMENT_HEADER_SIZE, TRAILER,
@@ -29,6 +30,7 @@ from ._format.layout import (
 )
 from ._format.segment import decode_segment_header, segment_name
 from ._io import files
+from ._io.lmdbenv import read_columns
 from ._format.unit_records import SegInfo
 from .errors import CorruptionError
 
@@ -458,14 +460,19 @@ class UnitReader:
         return self._loc_keys(snapshot, lambda ks: [decode_index_key(k) for k in ks])
 
     def field_rows(self, *, snapshot: Optional[int] = None) -> dict:
-        """field -> sorted int64 gidxs holding it (at ``snapshot``, or now); decoded in bulk."""
-        return self._loc_keys(snapshot, decode_index_keys)
+        """field -> sorted int64 gidxs holding it (at ``snapshot``, or now); decoded in bulk,
+        the keys read in bulk from the index's pages when the file allows."""
+        return self._loc_keys(snapshot, decode_index_keys, bulk=True)
 
-    def _loc_keys(self, snapshot, decode):
+    def _loc_keys(self, snapshot, decode, bulk: bool = False):
         own = snapshot is None
         txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
             try:
+                cols = read_columns(self.env, txn, [b"loc"]) if bulk else None
+                if cols is not None:
+                    c = cols.get(b"loc")
+                    return decode(Packed(c.keys, c.key_lens)) if c is not None else {}
                 return decode(list(txn.cursor(self.db_loc).iternext(values=False)))
             except RecordError as e:
                 raise CorruptionError(f"unit index: malformed loc entry: {e}",

@@ -13,13 +13,13 @@ imports the location value from here and nowhere else.
 """
 from __future__ import annotations
 
-from itertools import compress
-from typing import Dict, List, NamedTuple, Tuple
+from typing import Any, Dict, List, NamedTuple, Tuple
 
 # the key, the value's struct and its numpy record are defined beside the other byte
 # constants, at the bottom of the record path (_native needs them and imports nothing
 # from _format); everything above names them here
 from .._native.layout import INDEX_KEY_HEAD, INDEX_VALUE, LOC_DTYPE
+from .lmdb_pages import Packed
 from .records import RecordError
 
 #: frames up to this many bytes are read through the segment mmap, larger ones with
@@ -54,37 +54,87 @@ def index_key(gidx: int, field: str) -> bytes:
     return INDEX_KEY_HEAD.pack(gidx) + field.encode()
 
 
-def decode_index_keys(keys: List[bytes]) -> Dict[str, "np.ndarray"]:
-    """Index keys in bulk: field -> the global indexes holding it (int64, in key order).
+def _joined(keys: Any):
+    """``(bytes as uint8, lengths, starts)`` of index keys (a list of bytes or a Packed),
+    each checked to be longer than a global index."""
+    import numpy as np
 
-    Keys of one length are decoded together as one byte matrix (a store has few field names).
+    packed = isinstance(keys, Packed)
+    lens = keys.lens if packed else np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
+    if int(lens.min()) < INDEX_KEY_HEAD.size + 1:
+        decode_index_key(keys[int(np.argmin(lens))])
+    kb = np.frombuffer(keys.buf if packed else b"".join(keys), dtype=np.uint8)
+    return kb, lens, np.cumsum(lens) - lens
+
+
+def _field_groups(kb, lens, starts):
+    """``(field, positions)`` per distinct field name of the keys (positions: an index array,
+    or None for all of them).  The names of one length are compared as integers (up to 8
+    bytes) or byte strings (longer), and each distinct one decoded once.  Raises RecordError
+    (a name that is not UTF-8)."""
+    import numpy as np
+
+    head = INDEX_KEY_HEAD.size
+    for n in np.flatnonzero(np.bincount(lens)).tolist():  # the key lengths there are (a few)
+        at = np.flatnonzero(lens == n) if int(lens[0]) != n or not (lens == n).all() else None
+        first = starts if at is None else starts[at]
+        width = n - head
+        if width <= 8:  # the name as an integer: one gather per byte
+            code = np.zeros(len(first), dtype=np.uint64)
+            for j in range(width):
+                code <<= np.uint64(8)
+                code |= kb[first + head + j]
+        else:
+            code = np.ascontiguousarray(kb[first[:, None] + np.arange(head, n)]).view(f"V{width}").reshape(-1)
+        uniq, inv = (code[:1], None) if (code == code[0]).all() else np.unique(code, return_inverse=True)
+        for i in range(len(uniq)):
+            sel = None if inv is None else np.flatnonzero(inv.reshape(-1) == i)
+            k = int(first[0] if sel is None else first[sel[0]])
+            try:
+                f = kb[k + head:k + n].tobytes().decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise RecordError(f"index key: field name is not UTF-8 ({e.reason})") from None
+            yield f, (at if sel is None else (sel if at is None else at[sel]))
+
+
+def check_index_keys(keys: Any) -> List[str]:
+    """The distinct field names of index keys (a list of bytes, or a
+    :class:`~tqstore._format.lmdb_pages.Packed`), every key checked as :func:`decode_index_key`
+    checks it, in bulk.  Raises RecordError."""
+    if not len(keys):
+        return []
+    return sorted({f for f, _ in _field_groups(*_joined(keys))})
+
+
+def decode_index_keys(keys: Any) -> Dict[str, "np.ndarray"]:
+    """Index keys in bulk (a list of bytes, or a :class:`~tqstore._format.lmdb_pages.Packed`):
+    field -> the global indexes holding it (int64, ascending).
+
+    No Python work per key: the keys are joined once, each key's global index is gathered
+    from its first 8 bytes, and the field names are found by :func:`_field_groups` (a store
+    has few field names).
 
     Raises:
         RecordError: as :func:`decode_index_key`, for any of them.
     """
     import numpy as np
 
-    out: Dict[str, list] = {}
-    if not keys:
+    if not len(keys):
         return {}
-    lens = np.fromiter(map(len, keys), dtype=np.int64, count=len(keys))
-    head = INDEX_KEY_HEAD.size
-    if int(lens.min()) < head + 1:
-        decode_index_key(keys[int(np.argmin(lens))])
-    for n in np.unique(lens).tolist():
-        sel = lens == n
-        mat = np.frombuffer(b"".join(compress(keys, sel.tolist())), dtype=np.uint8).reshape(-1, n)
-        g = np.ascontiguousarray(mat[:, :head]).view(">u8").reshape(-1).astype(np.int64)
-        names = np.ascontiguousarray(mat[:, head:]).view(f"V{n - head}").reshape(-1)
-        uniq, inv = np.unique(names, return_inverse=True)
-        inv = inv.reshape(-1)
-        for i, raw in enumerate(uniq.tolist()):
-            try:
-                f = bytes(raw).decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise RecordError(f"index key: field name is not UTF-8 ({e.reason})") from None
-            out.setdefault(f, []).append(g[inv == i])
-    return {f: np.sort(np.concatenate(parts)) for f, parts in out.items()}
+    kb, lens, starts = _joined(keys)
+    g = np.zeros(len(lens), dtype=np.uint64)
+    for j in range(INDEX_KEY_HEAD.size):  # big-endian u64 of each key's first 8 bytes
+        g <<= np.uint64(8)
+        g |= kb[starts + j]
+    g = g.astype(np.int64)
+    out: Dict[str, list] = {}
+    for f, pos in _field_groups(kb, lens, starts):
+        out.setdefault(f, []).append(g if pos is None else g[pos])
+    res = {}
+    for f, parts in out.items():
+        a = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        res[f] = a if len(parts) == 1 and (len(a) < 2 or bool((a[1:] > a[:-1]).all())) else np.sort(a)
+    return res
 
 
 def decode_index_key(raw) -> Tuple[int, str]:

@@ -2,14 +2,20 @@
 from __future__ import annotations
 
 import contextlib
+import logging
+import mmap
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 import lmdb
 
+from .. import _native
+from .._format.lmdb_pages import LmdbPageError, read_databases
 from ..errors import CapacityError, StorageIOError, TqstoreError
 from . import failpoints as fp
+
+log = logging.getLogger("tqstore")
 
 DEFAULT_MAP_BYTES = 1 << 36  # 64 GiB of address space; the file grows only as used
 
@@ -75,6 +81,33 @@ def sync_env(env: lmdb.Environment) -> None:
         fp.hit("lmdb_sync")
         fp.observe("lmdb_sync", str(env.path()))
     env.sync(True)
+
+
+def read_columns(env: lmdb.Environment, txn: lmdb.Transaction, names: Sequence[bytes]) -> Optional[Dict[bytes, Any]]:
+    """The entries of the named databases ``names`` as read transaction ``txn`` sees them,
+    read in bulk from the data file's pages (:mod:`tqstore._format.lmdb_pages`; ``txn``
+    keeps its pages from being reused meanwhile): ``{name: Columns}``, a missing database
+    left out.  None when the file does not read that way (another layout, a later commit
+    overwrote the transaction's meta page, the pure-Python build): the caller then iterates
+    through lmdb.  Reads only."""
+    if _native.IMPLEMENTATION != "native":
+        return None
+    path = os.path.join(env.path(), "data.mdb")
+    try:
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    try:
+        return read_databases(mm, list(names), txnid=txn.id())
+    except LmdbPageError as e:
+        log.debug("%s: read through lmdb (%s)", path, e)
+        return None
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # (a view still held by a traceback: closed when collected)
+            pass
 
 
 def copy_txn_compact(env: lmdb.Environment, dst: Path, txn: lmdb.Transaction) -> None:

@@ -14,11 +14,12 @@ Both are pure functions of their arguments and are tested without a disk.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, List, Mapping, NamedTuple, Sequence, Tuple, Union
+from typing import Any, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from .._format.index import LOC_DTYPE
+from .._format.index import LOC_DTYPE, check_index_keys
+from .._format.lmdb_pages import Packed
 from ..errors import CorruptionError
 # the save's plan of every segment is made by the exporting unit, with the rule and values of the port
 from ..ports import COPY, LINK, REUSE, Reusable, SegmentSource, SegmentWrite, plan_segment_writes  # noqa: F401
@@ -41,16 +42,39 @@ class FrameTable:
     """The entries of one source unit's index as parallel arrays (a store holds millions of
     frames: no Python object per frame but the key)."""
 
-    def __init__(self, keys: Sequence[bytes], gidx, seg, offset, length, crc) -> None:
-        self.keys = list(keys)
+    def __init__(self, keys: Optional[Sequence[bytes]], gidx, seg, offset, length, crc, *,
+                 packed_keys: Optional[Tuple[np.ndarray, Any]] = None) -> None:
+        # keys as a list, or packed (``packed_keys``: each key's start in ``joined``, and
+        # ``joined``): a list of a million keys is made only when asked for (a reshard)
+        self._keys = list(keys) if keys is not None else None
+        self._packed = packed_keys
         self.gidx = np.asarray(gidx, np.uint64)
         self.seg = np.asarray(seg, np.int64)
         self.offset = np.asarray(offset, np.int64)
         self.length = np.asarray(length, np.int64)
         self.crc = np.asarray(crc, np.uint32)
-        n = len(self.keys)
-        if not all(len(a) == n for a in (self.gidx, self.seg, self.offset, self.length, self.crc)):
+        n = len(self.gidx)
+        if (self._keys is None) == (packed_keys is None) or \
+                (len(self._keys) if self._keys is not None else len(packed_keys[0]) - 1) != n or \
+                not all(len(a) == n for a in (self.seg, self.offset, self.length, self.crc)):
             raise ValueError("FrameTable columns differ in length")
+
+    @property
+    def keys(self) -> List[bytes]:
+        """Each entry's unit index key (gidx u64 big-endian + field UTF-8)."""
+        if self._keys is None:
+            assert self._packed is not None
+            starts, joined = self._packed
+            b = bytes(joined)
+            se = starts.tolist()
+            self._keys = [b[x:y] for x, y in zip(se[:-1], se[1:])]
+            self._packed = None
+        return self._keys
+
+    def take(self, idx: np.ndarray) -> "FrameTable":
+        """The entries at positions ``idx`` (ascending)."""
+        return FrameTable([self.keys[i] for i in idx.tolist()], self.gidx[idx], self.seg[idx], self.offset[idx],
+                          self.length[idx], self.crc[idx])
 
     @classmethod
     def from_refs(cls, refs: Iterable[Sequence]) -> "FrameTable":
@@ -60,14 +84,44 @@ class FrameTable:
         return cls(cols[0], cols[1], cols[2], cols[3], cols[4], cols[5])
 
     @classmethod
-    def from_index(cls, keys: Sequence[bytes], values: bytes) -> "FrameTable":
-        """From unit index keys and their concatenated ``<IQII`` values."""
+    def from_index(cls, keys: Any, values: Any) -> "FrameTable":
+        """From unit index keys (a list of bytes, or a
+        :class:`~tqstore._format.lmdb_pages.Packed`) and their concatenated ``<IQII`` values.
+        Raises ValueError (RecordError) for a key that is not a gidx and a UTF-8 field name."""
+        if isinstance(keys, Packed):
+            return cls.from_columns(keys.lens, keys.buf, values)
+        check_index_keys(keys)
         v = np.frombuffer(values, LOC_DTYPE)
         gidx = np.frombuffer(b"".join(k[:8] for k in keys), ">u8") if keys else np.zeros(0, np.uint64)
         return cls(keys, gidx, v["seg"], v["offset"], v["length"], v["crc"])
 
+    @classmethod
+    def from_columns(cls, lens: Any, joined: Any, values: Any) -> "FrameTable":
+        """From the columns of a unit index's entries: each key's length (int64), the keys
+        back to back, their ``<IQII`` values back to back.  No Python object per entry.
+
+        Raises:
+            ValueError: the columns do not add up, or a key is shorter than 9 bytes.
+        """
+        ln = np.asarray(lens, np.int64)
+        n = len(ln)
+        starts = np.zeros(n + 1, np.int64)
+        np.cumsum(ln, out=starts[1:])
+        if int(starts[-1]) != len(joined) or len(values) != n * LOC_DTYPE.itemsize:
+            raise ValueError("unit index columns do not add up")
+        if n and int(ln.min()) < 9:
+            raise ValueError("a unit index key is shorter than a global index and a field name")
+        check_index_keys(Packed(joined, ln))  # (field names: UTF-8)
+        kb, first = np.frombuffer(joined, np.uint8), starts[:-1]
+        gidx = np.zeros(n, np.uint64)
+        for j in range(8):  # each key's first 8 bytes, big-endian: one gather per byte
+            gidx <<= np.uint64(8)
+            gidx |= kb[first + j]
+        v = np.frombuffer(values, LOC_DTYPE)
+        return cls(None, gidx, v["seg"], v["offset"], v["length"], v["crc"], packed_keys=(starts, joined))
+
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.gidx)
 
 
 class RangeFrame(NamedTuple):

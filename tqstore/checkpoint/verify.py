@@ -358,7 +358,7 @@ def unit_frames(src: Path, man: M.Manifest, u: int,
     out: List[Problem] = []
     try:
         keys, values, recorded = embedded.unit_index_entries(p.parent)
-        table = FrameTable.from_index(keys, values)
+        table = FrameTable.from_index(keys, values)  # (each key checked: a gidx and a UTF-8 field name)
     except FormatVersionError as e:
         return None, [Problem(str(p), str(e))]
     except StorageIOError as e:
@@ -387,8 +387,7 @@ def unit_frames(src: Path, man: M.Manifest, u: int,
         out.append(Problem(str(p), f"{nbad - 5} more entries name bytes the checkpoint does not hold"))
     if nbad:
         keep = np.flatnonzero(~bad)
-        table = FrameTable([table.keys[i] for i in keep.tolist()], table.gidx[keep], table.seg[keep],
-                           table.offset[keep], table.length[keep], table.crc[keep])
+        table = table.take(keep)
     return table, out
 
 

@@ -1,0 +1,369 @@
+"""The entries of LMDB databases read in bulk from the data file's pages, as columns.
+
+Reading millions of entries through the ``lmdb`` binding makes two Python objects per
+entry; a store's open and a checkpoint's load need every entry of a few large databases
+(the controller's ``rows`` and ``keys``, a unit's ``loc`` keys) and nothing else of them.
+This module decodes the B+tree pages of an LMDB data file (LMDB 0.9, data format version
+1, 64-bit) with array operations: a database's leaf pages in tree order, every node of
+them at once, keys and values gathered into one buffer each with their lengths.
+
+Bytes in, columns out: ``buf`` is the file's bytes (a read-only map or a bytes object).
+Only files whose structure LMDB wrote (a store's own index, the compacted copy of a
+walked checkpoint index) are read this way; still, every page number, node offset and
+length is checked against the page and the file, the traversal must see each page once,
+and the totals must match the database's record (depth, branch, leaf and overflow pages,
+entries): anything else raises :class:`LmdbPageError`, and the caller reads the database
+through ``lmdb`` instead.  The order of the entries is the tree's, which is LMDB's cursor
+order.
+
+Layout (``lmdb/libraries/liblmdb/mdb.c``): a page starts with a 16-byte header (page
+number u64, pad u16, flags u16, lower u16, upper u16; an overflow page's lower/upper are its
+page count u32), then ``(lower - 16) / 2`` node offsets (u16).  A node is lo u16, hi u16,
+flags u16, key size u16, the key, then (leaf) the value of ``lo | hi << 16`` bytes or
+(F_BIGDATA) the page number u64 of the overflow pages holding it; a branch node's child page
+number is ``lo | hi << 16 | flags << 32``.  Pages 0 and 1 are meta pages: after the header,
+magic u32, version u32, address u64, map size u64, two database records (free list and
+main; 48 bytes each: pad u32 (the page size, in the free list's), flags u16, depth u16,
+branch, leaf, overflow pages, entries, root page, u64 each), last page u64, txnid u64; the
+one with the larger txnid is current.  A named database is a main-database entry of flags
+F_SUBDATA whose value is its 48-byte record.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from .. import _native
+
+PAGEHDRSZ = 16
+P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2 = 0x01, 0x02, 0x04, 0x08, 0x20
+F_BIGDATA, F_SUBDATA, F_DUPDATA = 0x01, 0x02, 0x04
+MDB_MAGIC = 0xBEEFC0DE
+MDB_DATA_VERSION = 1
+P_INVALID = (1 << 64) - 1
+DB_RECORD = struct.Struct("<IHHQQQQQ")  # pad, flags, depth, branch, leaf, overflow, entries, root
+META = struct.Struct("<IIQQ")  # magic, version, address, map size (the records follow)
+MDB_DUPSORT = 0x04
+_GATHER = 1 << 20  # bytes gathered at a time (bounds the index arrays)
+
+
+class LmdbPageError(ValueError):
+    """The file's pages do not read as this module expects (the caller uses ``lmdb``)."""
+
+
+@dataclass(frozen=True)
+class DbRecord:
+    flags: int
+    depth: int
+    branch_pages: int
+    leaf_pages: int
+    overflow_pages: int
+    entries: int
+    root: int
+
+
+@dataclass
+class Columns:
+    """A database's entries in cursor order: ``keys`` and ``values`` back to back (uint8
+    arrays), ``key_lens`` and ``value_lens`` (int64), ``key_starts``/``value_starts``."""
+
+    keys: np.ndarray
+    key_lens: np.ndarray
+    values: np.ndarray
+    value_lens: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.key_lens)
+
+    @property
+    def key_starts(self) -> np.ndarray:
+        return np.cumsum(self.key_lens) - self.key_lens
+
+    @property
+    def value_starts(self) -> np.ndarray:
+        return np.cumsum(self.value_lens) - self.value_lens
+
+
+def _u16(b: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The little-endian u16 at each offset ``at`` of ``b`` (even: page and node offsets
+    are), as int64."""
+    b16 = (b[:-1] if len(b) % 2 else b).view("<u2")
+    return b16[at >> 1].astype(np.int64)
+
+
+def _words(b: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """The 8 bytes at each even offset ``at`` of ``b`` (each ``at + 8 <= len(b)``), as
+    little-endian uint64: one gather per residue of ``at`` modulo 8, from ``b`` viewed as
+    words starting there."""
+    out = np.empty(len(at), dtype=np.uint64)
+    res = at & 7
+    for r in (0, 2, 4, 6):
+        sel = np.flatnonzero(res == r)
+        if len(sel):
+            words = b[r:r + (len(b) - r) // 8 * 8].view("<u8")
+            out[sel] = words[(at[sel] - r) >> 3]
+    return out
+
+
+def _u64(b: np.ndarray, at: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(at), dtype=np.uint64)
+    for j in range(7, -1, -1):
+        out <<= np.uint64(8)
+        out |= b[at + j].astype(np.uint64)
+    return out
+
+
+def _gather(b: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
+    """``b[starts[i]:starts[i] + lens[i]]`` of every ``i``, back to back."""
+    total = int(lens.sum())
+    out = np.empty(total, dtype=np.uint8)
+    if not total:
+        return out
+    if _native.IMPLEMENTATION == "native":  # one C loop over the ranges, each checked inside b
+        try:
+            _native.copy_ranges(b, starts.astype("<i8"), lens.astype("<i8"), out)
+        except ValueError as e:
+            raise IndexError(str(e)) from None
+        return out
+    width = int(lens.max())
+    if width <= 64:  # short (keys, small records): a 2-D gather of the widest, the rest masked off
+        same = bool((lens == width).all())
+        step = max(1, _GATHER // width)
+        cols = np.arange(width)
+        pos = 0
+        for a in range(0, len(starts), step):
+            s, ln = starts[a:a + step], lens[a:a + step]
+            idx = s[:, None] + cols
+            if not same:  # (bytes past a shorter entry are dropped: never past the file)
+                np.minimum(idx, len(b) - 1, out=idx)
+            rows = b[idx]
+            m = rows.reshape(-1) if same else rows[cols < ln[:, None]]
+            out[pos:pos + len(m)] = m
+            pos += len(m)
+        return out
+    ends = np.cumsum(lens)
+    pos = 0
+    i = 0
+    while i < len(starts):  # chunks of about _GATHER bytes
+        j = int(np.searchsorted(ends, (ends[i - 1] if i else 0) + _GATHER, side="right"))
+        j = max(j, i + 1)
+        s, ln = starts[i:j], lens[i:j]
+        m = int(ln.sum())
+        rel = np.arange(m) - np.repeat(np.cumsum(ln) - ln, ln)
+        out[pos:pos + m] = b[np.repeat(s, ln) + rel]
+        pos += m
+        i = j
+    return out
+
+
+class PageFile:
+    """An LMDB data file's bytes (``buf``: anything numpy can view as bytes), as of the
+    transaction ``txnid`` (its meta page must still be in the file: a reader that holds
+    that transaction open keeps its pages from being reused), or of the newest one."""
+
+    def __init__(self, buf: Any, txnid: Optional[int] = None) -> None:
+        self.b = np.frombuffer(buf, dtype=np.uint8)
+        if len(self.b) < 2 * PAGEHDRSZ + META.size + 2 * DB_RECORD.size + 16:
+            raise LmdbPageError("shorter than a meta page")
+        head = bytes(self.b[:PAGEHDRSZ + META.size + DB_RECORD.size])
+        psize = DB_RECORD.unpack_from(head, PAGEHDRSZ + META.size)[0]
+        if psize < 512 or psize & (psize - 1) or len(self.b) < 2 * psize:
+            raise LmdbPageError(f"page size {psize}")
+        self.psize = psize
+        self.npages = len(self.b) // psize
+        best = None
+        for pg in (0, 1):
+            raw = bytes(self.b[pg * psize:pg * psize + PAGEHDRSZ + META.size + 2 * DB_RECORD.size + 16])
+            flags = struct.unpack_from("<H", raw, 10)[0]
+            magic, version, _addr, _size = META.unpack_from(raw, PAGEHDRSZ)
+            if not flags & P_META or magic != MDB_MAGIC or version != MDB_DATA_VERSION:
+                raise LmdbPageError("not an LMDB meta page")
+            at = PAGEHDRSZ + META.size + 2 * DB_RECORD.size
+            last_pg, tid = struct.unpack_from("<QQ", raw, at)
+            if (tid == txnid if txnid is not None else best is None or tid > best[0]):
+                best = (tid, _record(raw, PAGEHDRSZ + META.size + DB_RECORD.size), last_pg)
+        if best is None:
+            raise LmdbPageError(f"no meta page of transaction {txnid}")
+        self.txnid, self.main, last_pg = best
+        if last_pg >= self.npages:
+            raise LmdbPageError(f"last page {last_pg} past the file's {self.npages}")
+
+    def databases(self) -> Dict[bytes, DbRecord]:
+        """The named databases (the main database's F_SUBDATA entries)."""
+        cols, flags = self._entries(self.main, want_flags=True)
+        out = {}
+        ks, vs = cols.key_starts, cols.value_starts
+        for i in range(len(cols)):
+            if not flags[i] & F_SUBDATA or int(cols.value_lens[i]) != DB_RECORD.size:
+                raise LmdbPageError("a main database entry is not a database record")
+            name = cols.keys[ks[i]:ks[i] + cols.key_lens[i]].tobytes()
+            out[name] = _record(cols.values[vs[i]:vs[i] + DB_RECORD.size].tobytes(), 0)
+        return out
+
+    def columns(self, db: DbRecord) -> Columns:
+        """Every entry of the database ``db`` (a record from :meth:`databases`)."""
+        if db.flags & MDB_DUPSORT:
+            raise LmdbPageError("a database with sorted duplicates")
+        return self._entries(db)[0]
+
+    # ------------------------------------------------------------------ the tree
+    def _pages(self, pgnos: np.ndarray, want: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Checked headers of ``pgnos``: (page offsets, node counts)."""
+        if len(pgnos) and (int(pgnos.max()) >= self.npages or int(pgnos.min()) < 2):
+            raise LmdbPageError("a page number outside the file")
+        off = pgnos.astype(np.int64) * self.psize
+        flags = _u16(self.b, off + 10)
+        if ((flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) != want).any():
+            raise LmdbPageError("a page of another kind than the tree's level")
+        if (_u64(self.b, off) != pgnos.astype(np.uint64)).any():
+            raise LmdbPageError("a page that is not the page its number names")
+        lower, upper = _u16(self.b, off + 12), _u16(self.b, off + 14)
+        if ((lower < PAGEHDRSZ) | (lower & 1 != 0) | (upper > self.psize) | (lower > upper)).any():
+            raise LmdbPageError("a page's node area is malformed")
+        return off, (lower - PAGEHDRSZ) >> 1
+
+    def _nodes(self, off: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """Absolute offsets of the nodes of pages at ``off`` with ``n`` nodes each, in order."""
+        total = int(n.sum())
+        page = np.repeat(off, n)
+        k = np.arange(total) - np.repeat(np.cumsum(n) - n, n)
+        at = _u16(self.b, page + PAGEHDRSZ + 2 * k)
+        if ((at < PAGEHDRSZ) | (at + 8 > self.psize) | (at & 1 != 0)).any():
+            raise LmdbPageError("a node offset outside its page")
+        return page + at
+
+    def _entries(self, db: DbRecord, want_flags: bool = False) -> Tuple[Columns, Optional[np.ndarray]]:
+        empty = Columns(np.zeros(0, np.uint8), np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64))
+        if db.root == P_INVALID:
+            if db.entries or db.depth or db.leaf_pages or db.branch_pages:
+                raise LmdbPageError("an empty tree whose record counts entries")
+            return empty, np.zeros(0, np.int64)
+        if not 1 <= db.depth <= 64 or db.branch_pages + db.leaf_pages + db.overflow_pages > self.npages:
+            raise LmdbPageError("a database record larger than the file")
+        level = np.array([db.root], dtype=np.int64)
+        branch = 0
+        for _ in range(db.depth - 1):  # branch levels: each page's children, in order
+            if len(level) > self.npages or len(np.unique(level)) != len(level):
+                raise LmdbPageError("a page named twice in the tree")
+            off, n = self._pages(level, P_BRANCH)
+            branch += len(level)
+            if (n < 1).any():
+                raise LmdbPageError("an empty branch page")
+            node = self._nodes(off, n)
+            child = (_words(self.b, node) & np.uint64((1 << 48) - 1)).astype(np.int64)  # lo, hi, flags: the page
+            level = child
+        if branch != db.branch_pages or len(level) != db.leaf_pages or len(np.unique(level)) != len(level):
+            raise LmdbPageError("the tree's pages do not match its record")
+        off, n = self._pages(level, P_LEAF)
+        node = self._nodes(off, n)
+        if len(node) != db.entries:
+            raise LmdbPageError(f"{len(node)} entries, the record says {db.entries}")
+        head = _words(self.b, node)  # lo u16, hi u16, flags u16, key size u16
+        dsize = (head & np.uint64(0xFFFFFFFF)).astype(np.int64)
+        nflags = ((head >> np.uint64(32)) & np.uint64(0xFFFF)).astype(np.int64)
+        ksize = (head >> np.uint64(48)).astype(np.int64)
+        del head
+        page_end = np.repeat(off, n) + self.psize
+        kstart = node + 8
+        if (nflags & ~(F_BIGDATA | F_SUBDATA) != 0).any() or (not want_flags and (nflags & F_SUBDATA).any()):
+            raise LmdbPageError("a node of unexpected flags")
+        big = (nflags & F_BIGDATA) != 0
+        dstart = kstart + ksize
+        inline = np.where(big, 8, dsize)
+        if (dstart + inline > page_end).any():
+            raise LmdbPageError("a node past the end of its page")
+        n_over = 0
+        if big.any():
+            dstart = dstart.copy()
+            over = np.flatnonzero(big)
+            ov = _u64(self.b, dstart[over]).astype(np.int64)
+            ooff, count = self._overflow(ov, dsize[over])
+            dstart[over] = ooff + PAGEHDRSZ
+            n_over = int(count.sum())
+            if len(np.unique(ov)) != len(ov):
+                raise LmdbPageError("an overflow page named twice")
+        if n_over != db.overflow_pages:
+            raise LmdbPageError(f"{n_over} overflow pages, the record says {db.overflow_pages}")
+        cols = Columns(_gather(self.b, kstart, ksize), ksize, _gather(self.b, dstart, dsize), dsize)
+        return cols, (nflags if want_flags else None)
+
+    def _overflow(self, pgnos: np.ndarray, sizes: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        if len(pgnos) and (int(pgnos.max()) >= self.npages or int(pgnos.min()) < 2):
+            raise LmdbPageError("an overflow page number outside the file")
+        off = pgnos * self.psize
+        flags = _u16(self.b, off + 10)
+        count = _u16(self.b, off + 12) | (_u16(self.b, off + 14) << 16)
+        if ((flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) != P_OVERFLOW).any() or \
+                (pgnos + count > self.npages).any() or (PAGEHDRSZ + sizes > count * self.psize).any():
+            raise LmdbPageError("a malformed overflow run")
+        return off, count
+
+
+class Packed:
+    """Entries back to back in ``buf`` (bytes, or a uint8 array) with their ``lens``, indexed
+    like a list of bytes (an entry's bytes are made when asked for)."""
+
+    __slots__ = ("buf", "lens", "_starts")
+
+    def __init__(self, buf: Any, lens: np.ndarray) -> None:
+        self.buf, self.lens = buf, lens
+        self._starts: Optional[np.ndarray] = None
+
+    def __len__(self) -> int:
+        return len(self.lens)
+
+    def __getitem__(self, i: int) -> bytes:
+        if self._starts is None:
+            self._starts = np.cumsum(self.lens) - self.lens
+        n = len(self.lens)
+        if i < 0:
+            i += n
+        if not 0 <= i < n:
+            raise IndexError(i)
+        a = int(self._starts[i])
+        return bytes(self.buf[a:a + int(self.lens[i])])
+
+    def __iter__(self):
+        return iter(self.take(np.arange(len(self))))
+
+    def take(self, idx: Any) -> List[bytes]:
+        """The entries at positions ``idx`` (an int array), as a list of bytes."""
+        if self._starts is None:
+            self._starts = np.cumsum(self.lens) - self.lens
+        buf = self.buf if isinstance(self.buf, bytes) else bytes(self.buf)
+        return [buf[a:a + n] for a, n in zip(self._starts[idx].tolist(), self.lens[idx].tolist())]
+
+
+def packed_chunks(c: Columns, size: int, start: int = 0, stop: Optional[int] = None):
+    """``(keys, values)`` as :class:`Packed` bytes of entries ``start:stop`` of ``c``, in
+    chunks of at most ``size``."""
+    stop = len(c) if stop is None else min(stop, len(c))
+    ks, vs = c.key_starts, c.value_starts
+    for a in range(start, stop, size):
+        b = min(stop, a + size)
+        k0, k1 = int(ks[a]), int(ks[b - 1] + c.key_lens[b - 1])
+        v0, v1 = int(vs[a]), int(vs[b - 1] + c.value_lens[b - 1])
+        yield Packed(c.keys[k0:k1].tobytes(), c.key_lens[a:b]), Packed(c.values[v0:v1].tobytes(), c.value_lens[a:b])
+
+
+def _record(raw: bytes, at: int) -> DbRecord:
+    _pad, flags, depth, branch, leaf, over, entries, root = DB_RECORD.unpack_from(raw, at)
+    return DbRecord(flags, depth, branch, leaf, over, entries, root)
+
+
+def read_databases(buf: Any, names: List[bytes], txnid: Optional[int] = None) -> Dict[bytes, Columns]:
+    """The columns of the named databases ``names`` of the data file ``buf`` as of
+    transaction ``txnid`` (see :class:`PageFile`; a missing database is absent from the
+    result).  Raises LmdbPageError (the caller reads through lmdb)."""
+    try:
+        f = PageFile(buf, txnid)
+        dbs = f.databases()
+        return {n: f.columns(dbs[n]) for n in names if n in dbs}
+    except IndexError as e:  # a gather past the end of the file
+        raise LmdbPageError(f"an offset past the end of the file ({e})") from None
+
+
+__all__ = ["Columns", "DbRecord", "LmdbPageError", "PageFile", "Packed", "packed_chunks", "read_databases"]
