@@ -7,7 +7,7 @@ import mmap
 import os
 import threading
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 from .._format.layout import SEGMENT_HEADER_SIZE
 from .._format.segment import encode_segment_header, segment_name
@@ -75,15 +75,16 @@ BLOCK = 4096  # direct I/O unit: buffer address, file offset and length are mult
 
 
 class StagedSegmentWriter:
-    """A new segment written front to back through one aligned buffer that the caller fills
+    """A new segment written front to back through two aligned buffers that the caller fills
     in place (a load staging a unit beside the live one): :meth:`space` is where the next
     bytes go (e.g. frames read from a checkpoint and checked there), :meth:`commit` appends
-    them.  Whole 4 KiB blocks are written at once with direct I/O when the file system takes
-    it (no copy into the page cache: the bytes go from the buffer to the disk), else through
-    the page cache with their writeback started at once; the last partial block is written
-    by :meth:`finish`, which also fsyncs.  ``size`` is the logical end (header included).
-    Not thread-safe.  Failpoints ``segment_create`` (before the file exists), ``write``,
-    ``fsync_file``.
+    them.  Whole 4 KiB blocks are written by a background thread while the caller fills the
+    other buffer, with direct I/O when the file system takes it (no copy into the page cache:
+    the bytes go from the buffer to the disk), else through the page cache with their
+    writeback started at once; the last partial block is written by :meth:`finish`, which
+    waits for the writes and fsyncs (a failed write raises there or at the next commit).
+    ``size`` is the logical end (header included).  Not thread-safe.  Failpoints
+    ``segment_create`` (before the file exists), ``write``, ``fsync_file``.
     """
 
     def __init__(self, directory: Path, unit_id: int, seg_id: int, *, capacity: int) -> None:
@@ -102,8 +103,11 @@ class StagedSegmentWriter:
         self.direct = self.fd >= 0
         if not self.direct:
             self.fd = os.open(self.path, flags, 0o644)
-        self._mem = mmap.mmap(-1, self._round(capacity) + BLOCK)  # page-aligned
-        self._buf = memoryview(self._mem)
+        size = self._round(capacity) + BLOCK
+        self._mems = [mmap.mmap(-1, size), mmap.mmap(-1, size)]  # page-aligned
+        self._buf = memoryview(self._mems[0])
+        self._inflight: Optional[threading.Thread] = None
+        self._error: Optional[BaseException] = None
         head = encode_segment_header(unit_id, seg_id)
         self._buf[:len(head)] = head
         self._pending = len(head)  # bytes in the buffer not yet written, from file offset _done
@@ -116,11 +120,14 @@ class StagedSegmentWriter:
 
     def space(self, nbytes: int) -> memoryview:
         """The writable view where the next ``nbytes`` go (valid until the next call)."""
-        if self._pending + nbytes > len(self._mem):  # a frame larger than the buffer: grow it
+        if self._pending + nbytes > self._buf.nbytes:  # a frame larger than the buffer: grow it
             mem = mmap.mmap(-1, self._round(self._pending + nbytes) + BLOCK)
             mem[:self._pending] = self._buf[:self._pending]
-            self._release()
-            self._mem, self._buf = mem, memoryview(mem)
+            i = self._mems.index(self._buf.obj)
+            self._buf.release()
+            old, self._mems[i] = self._mems[i], mem
+            self._buf = memoryview(mem)
+            _close_map(old)
         return self._buf[self._pending:self._pending + nbytes]
 
     def commit(self, nbytes: int) -> int:
@@ -130,17 +137,47 @@ class StagedSegmentWriter:
         self.size += nbytes
         n = self._pending // BLOCK * BLOCK if self.direct else self._pending
         if n:
-            files.pwrite_all(self.fd, [self._buf[:n]], self._done)
-            if not self.direct:
-                files.start_writeback(self.fd, self._done, n)
+            self._wait()  # the other buffer's write is done: it takes the tail
+            full, offset = self._buf, self._done
+            other = self._mems[1] if full.obj is self._mems[0] else self._mems[0]
             rest = self._pending - n
-            self._buf[:rest] = self._buf[n:self._pending]
+            nxt = memoryview(other)
+            if nxt.nbytes < rest + BLOCK:  # the other buffer is smaller than a grown one
+                nxt.release()
+                i = self._mems.index(other)
+                _close_map(other)
+                self._mems[i] = other = mmap.mmap(-1, full.nbytes)
+                nxt = memoryview(other)
+            nxt[:rest] = full[n:self._pending]
+            self._buf = nxt
             self._done += n
             self._pending = rest
+            self._inflight = threading.Thread(target=self._write, args=(full, n, offset), daemon=True,
+                                              name="tqstore-segwrite")
+            self._inflight.start()
         return at
 
+    def _write(self, buf: memoryview, n: int, offset: int) -> None:
+        try:
+            files.pwrite_all(self.fd, [buf[:n]], offset)
+            if not self.direct:
+                files.start_writeback(self.fd, offset, n)
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread by _wait
+            self._error = e
+        finally:
+            buf.release()
+
+    def _wait(self) -> None:
+        t, self._inflight = self._inflight, None
+        if t is not None:
+            t.join()
+        if self._error is not None:
+            raise self._error
+
     def finish(self) -> None:
-        """Write what is left (the last partial block, through the page cache) and fsync."""
+        """Wait for the writes, write what is left (the last partial block, through the page
+        cache) and fsync."""
+        self._wait()
         if self._pending:
             if self.direct:
                 fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
@@ -150,18 +187,24 @@ class StagedSegmentWriter:
             self._pending = 0
         files.fsync_fd(self.fd, str(self.path))
 
-    def _release(self) -> None:
-        try:
-            self._buf.release()
-            self._mem.close()
-        except BufferError:  # a view still held (an exception's traceback): unmapped when collected
-            pass
-
     def close(self) -> None:
+        """Close the file (after any write in flight) and free the buffers; idempotent."""
+        t, self._inflight = self._inflight, None
+        if t is not None:
+            t.join()
         if self.fd >= 0:
             os.close(self.fd)
             self.fd = -1
-        self._release()
+        self._buf.release()
+        for m in self._mems:
+            _close_map(m)
+
+
+def _close_map(m: mmap.mmap) -> None:
+    try:
+        m.close()
+    except BufferError:  # a view still held (an exception's traceback): unmapped when collected
+        pass
 
 
 class MmapCache:

@@ -38,6 +38,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._gcpause import pausing
 from .._io import files
 from .._io.lmdbwalk import LmdbWalk
 from .._io.scan import BadFrame, scan_file
@@ -166,6 +167,7 @@ class Builder:
         self._walked(e)
         return self._unit_table(i)
 
+    @pausing  # tens of thousands of small objects per source unit: no full collection of the heap meanwhile
     def __call__(self, new_dir: Path, early: Any = None) -> str:
         """Every file's checks and staging as tasks that start at once: each unit index is
         read as soon as the walk has passed it (one child walks the unit indexes, another
