@@ -17,19 +17,19 @@ Frames named by staged and published entries count as live bytes of their segmen
 replaced ones too, until settled), so no segment they use is unlinked; compaction waits
 while any restore entry exists.  Every step is one LMDB transaction under the unit's lock.
 
-Imports are read in windows of at most ``plan.batch_bytes`` of a source file (mapped
-read-only), each frame checked by the frame-check kernel against the CRC32C the dump
+Imports are read in batches of at most ``plan.batch_bytes`` of a unit's frames (only
+their byte ranges, one native ``pread`` per run of adjacent frames, into one reused buffer),
+each frame checked by the frame-check kernel against the CRC32C the dump
 recorded and its gidx, re-stamped when the store's gidx differs (CRC recomputed), appended
-to the active segment with one vectored write and indexed in one transaction: the memory a
-unit adds is one window.
+to the active segment with one write and indexed in one transaction: the memory a
+unit adds is one batch.
 """
 from __future__ import annotations
 
-import mmap
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import lmdb
 import numpy as np
@@ -243,7 +243,11 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     n = len(plan)
     if not n:
         return 0
-    order = np.lexsort((np.asarray(plan.offset, np.int64), np.asarray(plan.file, np.int64)))
+    # file after file, front to back, each unit starting at another file (parallel streams)
+    files_ = np.asarray(plan.file, np.int64)
+    ids = np.unique(files_)
+    turn = (np.searchsorted(ids, files_) - unit.unit_id) % max(1, len(ids))
+    order = np.lexsort((np.asarray(plan.offset, np.int64), turn))
     fid = np.asarray(plan.file, np.int64)[order]
     off = np.asarray(plan.offset, np.int64)[order]
     ln = np.asarray(plan.length, np.int64)[order]
@@ -259,6 +263,7 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     cum = np.cumsum(ln)  # this unit's frame bytes up to the end of each frame
     before = cum - ln
     read = 0
+    written: List[int] = []  # the last append (see _append_staged)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         f = int(fid[lo])
         rel = plan.files.get(f)
@@ -282,12 +287,10 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
                 raise CorruptionError("dump shard is truncated: a frame lies past its end", path=path,
                                       offset=int(off[lo + int(past[0])]))
             i = lo
-            while i < hi:  # a window: this unit's next frames of at most `batch` bytes (at least one frame)
-                wstart = int(off[i]) & ~(mmap.ALLOCATIONGRANULARITY - 1)
+            while i < hi:  # a batch: this unit's next frames of at most `batch` bytes (at least one frame)
                 j = max(i + 1, i + int(np.searchsorted(cum[i:hi], before[i] + batch, side="right")))
-                j = min(j, i + 1 + int(np.searchsorted(ends[i + 1:hi], wstart + _SPAN * batch, side="right")))
-                _window(unit, tag, fd, path, wstart, int(ends[j - 1]), buf, off[i:j], ln[i:j], crc[i:j], sg[i:j],
-                        dg[i:j], fields[i:j])
+                _import_batch(unit, tag, fd, path, buf, off[i:j], ln[i:j], crc[i:j], sg[i:j], dg[i:j], fields[i:j],
+                              written)
                 read += int(cum[j - 1] - before[i])
                 i = j
         finally:
@@ -295,34 +298,27 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     return read
 
 
-#: a window's mapping spans at most this many times the import's batch of the source file
-_SPAN = 8
-
-
-def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, buf: bytearray, off, ln, crc, sg,
-            dg, fields: List[bytes]) -> None:
-    """Frames ``off``/``ln`` of the source lie in ``[wstart, wend)``: copy them back to back into
-    ``buf`` (the native copy, without the GIL), check the copies with the frame-check kernel
-    (against the CRC32C the dump recorded and the source gidx) and their field names, re-stamp
-    those whose gidx changes (the CRC32C updated for the 8 changed bytes), append, stage."""
-    rel = off - wstart
+def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, off, ln, crc, sg, dg,
+                  fields: List[bytes], written: List[int]) -> None:
+    """Frames ``off``/``ln`` of the source file ``fd``: read back to back into ``buf`` (one
+    ``pread`` per run of adjacent frames, without the GIL: nothing between them is read),
+    check them with the frame-check kernel (against the CRC32C the dump recorded and the
+    source gidx) and their field names, re-stamp those whose gidx changes (the CRC32C updated
+    for the 8 changed bytes), append, stage."""
     total = int(ln.sum())
-    try:
-        mm = mmap.mmap(fd, wend - wstart, prot=mmap.PROT_READ, offset=wstart)
-    except (ValueError, OSError) as e:
-        raise CorruptionError(f"dump shard cannot be mapped (truncated?): {e}", path=path, offset=wstart) from e
-    try:
-        _native.copy_ranges(mm, rel, ln, buf)
-    finally:
-        mm.close()
     view = memoryview(buf)[:total]
-    noff = np.cumsum(ln) - ln
+    noff = np.cumsum(ln) - ln  # where each frame lies in buf
+    runs = np.flatnonzero(np.r_[True, off[1:] != off[:-1] + ln[:-1]])
+    got = files.read_ranges(fd, off[runs], np.add.reduceat(ln, runs), view)
+    if got != total:
+        k = int(np.searchsorted(noff + ln, got, side="right"))
+        raise CorruptionError("dump shard is truncated: a frame lies past its end", path=path, offset=int(off[k]))
     loc = np.zeros(len(off), LOC_DTYPE)
     loc["offset"], loc["length"], loc["crc"] = noff, ln, crc
     res = check_run(view, loc, sg)
-    got = first_fault(view, loc, res, sg)
-    if got is not None:
-        k, fault = got
+    bad = first_fault(view, loc, res, sg)
+    if bad is not None:
+        k, fault = bad
         raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
     _check_names(np.frombuffer(view, np.uint8), noff, fields, path, off)
     crcs = np.array(crc, np.uint32)
@@ -330,7 +326,7 @@ def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, 
     if len(moved):
         crcs[moved] = np.frombuffer(_native.restamp_frames(view, noff[moved], ln[moved],
                                                            dg[moved].astype(np.int64)), "<u4")
-    _append_staged(unit, tag, [view], ln, crcs, dg, fields)
+    _append_staged(unit, tag, [view], ln, crcs, dg, fields, written)
 
 
 def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str, off) -> None:
@@ -347,10 +343,15 @@ def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str
                                   path=path, offset=int(off[k]))
 
 
-def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields: List[bytes]) -> None:
+def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields: List[bytes],
+                   written: Optional[List[int]] = None) -> None:
     """Append the frames (``bufs``, back to back; ``lens``, ``crcs``, ``gidxs`` arrays) to the
     active segment and stage them as one batch entry, in one transaction that first checks the
-    tag was not settled meanwhile."""
+    tag was not settled meanwhile.  ``written`` (``[segment, offset, bytes]`` of the import's
+    previous append, updated): the writeback of the new bytes starts at once, and the pages of
+    the previous append that are on disk by now leave the page cache, so that an import of
+    any size reuses the same few pages instead of allocating new ones for every batch (the
+    loaded rows are read back from disk)."""
     lens = np.asarray(lens, np.int64)
     gb = np.asarray(gidxs, ">u8").tobytes()
     keys = [gb[x:x + 8] + f for x, f in zip(range(0, len(gb), 8), fields)]
@@ -366,6 +367,11 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields
             if unit.sync:
                 w.fsync()
             total = int(lens.sum())
+            if written is not None:
+                files.start_writeback(w.fd, start, total)
+                if written and written[0] == w.seg_id:
+                    files.start_writeback(w.fd, written[1], written[2])
+                written[:] = [w.seg_id, start, total]
             vals = np.zeros(len(lens), LOC_DTYPE)
             vals["seg"] = w.seg_id
             vals["offset"] = start + np.cumsum(lens) - lens

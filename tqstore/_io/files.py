@@ -474,6 +474,9 @@ def check_regular(path: PathLike, *, under: Optional[PathLike] = None) -> os.sta
         os.close(fd)
 
 
+PREFETCH_CHUNK = 128 << 10  # bytes asked for per posix_fadvise(WILLNEED) call
+
+
 def prefetch(path: PathLike, ranges: Sequence, *, under: Optional[PathLike] = None) -> None:
     """Ask the kernel to start reading the byte ``ranges`` (``(offset, length)`` pairs) of the
     regular file ``path`` into the page cache (``posix_fadvise(WILLNEED)``), so that a later
@@ -487,8 +490,9 @@ def prefetch(path: PathLike, ranges: Sequence, *, under: Optional[PathLike] = No
         return
     try:
         for off, n in ranges:
-            if n > 0:
-                os.posix_fadvise(fd, int(off), int(n), os.POSIX_FADV_WILLNEED)
+            # the kernel reads at most its readahead window (often 128 KiB) per call
+            for at in range(int(off), int(off) + int(n), PREFETCH_CHUNK):
+                os.posix_fadvise(fd, at, min(PREFETCH_CHUNK, int(off) + int(n) - at), os.POSIX_FADV_WILLNEED)
     except OSError:
         pass
     finally:

@@ -31,7 +31,9 @@ from ..ports import RestoreImport, RestoreInfo
 
 #: bytes of a source file a target unit reads, checks and appends at a time (x units in
 #: parallel, at most 8: the memory a load adds stays well under 256 MiB)
-BATCH_BYTES = 16 << 20
+BATCH_BYTES = 4 << 20
+#: bytes of a dump's shards the loader asks the kernel to read ahead at the start of a load
+PREFETCH_BYTES = 1 << 30
 
 
 @dataclass
@@ -173,13 +175,16 @@ def read_dump(path) -> Dump:
     return Dump(d, man, rows, shards)
 
 
-def prefetch(dump: Dump) -> None:
-    """Start reading every shard's frames into the page cache (a hint, see
-    :func:`tqstore._io.files.prefetch`): the loader runs it beside the controller's begin, so
-    the target units find the bytes read or on their way.  Raises nothing."""
+def prefetch(dump: Dump, *, max_bytes: int = PREFETCH_BYTES) -> None:
+    """Start reading the shards' frames into the page cache (a hint, see
+    :func:`tqstore._io.files.prefetch`), at most ``max_bytes`` of them (the first part of each
+    shard): the loader runs it beside the controller's begin, so the target units find the
+    bytes read or on their way (every frame of a dump is loaded by some unit).  Raises nothing."""
+    total = sum(s.header.table_offset - D.SHARD_HEADER_SIZE for s in dump.shards)
+    share = min(1.0, max_bytes / total) if total else 0.0
     for s in dump.shards:
-        files.prefetch(dump.path / s.path, [(D.SHARD_HEADER_SIZE, s.header.table_offset - D.SHARD_HEADER_SIZE)],
-                       under=dump.path)
+        n = int((s.header.table_offset - D.SHARD_HEADER_SIZE) * share)
+        files.prefetch(dump.path / s.path, [(D.SHARD_HEADER_SIZE, n)], under=dump.path)
 
 
 def _same_frames(want: Tuple[List[int], List[int]], table: D.ShardTable, code: Mapping[str, int]) -> bool:

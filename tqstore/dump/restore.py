@@ -153,9 +153,19 @@ def load(store, dump_dir) -> Dict[str, Any]:
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
-        dump = read_dump(d)
-        store._pool.submit(prefetch, dump)  # the frames' reads start beside the controller's begin
-        _mark(d, store.root)
+        # the marker's fsyncs run beside the checks of the dump; the frames' reads start once
+        # it is durable (beside the controller's begin), not in front of its writes
+        marked = store._pool.submit(_mark, d, store.root)
+        try:
+            dump = read_dump(d)
+        except BaseException:
+            try:
+                marked.result()
+            finally:
+                _unmark(d)
+            raise
+        marked.result()
+        store._pool.submit(prefetch, dump)
         try:
             with store._write_lock:
                 store._check_open()
