@@ -474,7 +474,8 @@ def check_regular(path: PathLike, *, under: Optional[PathLike] = None) -> os.sta
         os.close(fd)
 
 
-PREFETCH_CHUNK = 128 << 10  # bytes asked for per posix_fadvise(WILLNEED) call
+PREFETCH_CHUNK = 2 << 20  # bytes asked for per posix_fadvise(WILLNEED) call (the kernel reads at most its
+#: readahead window or its largest request per call: a smaller window reads only part of each chunk)
 
 
 def prefetch(path: PathLike, ranges: Sequence, *, under: Optional[PathLike] = None) -> None:
@@ -490,7 +491,7 @@ def prefetch(path: PathLike, ranges: Sequence, *, under: Optional[PathLike] = No
         return
     try:
         for off, n in ranges:
-            # the kernel reads at most its readahead window (often 128 KiB) per call
+            # one call per chunk: the kernel reads at most its readahead window per call
             for at in range(int(off), int(off) + int(n), PREFETCH_CHUNK):
                 os.posix_fadvise(fd, at, min(PREFETCH_CHUNK, int(off) + int(n) - at), os.POSIX_FADV_WILLNEED)
     except OSError:

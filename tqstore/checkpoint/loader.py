@@ -164,6 +164,9 @@ class Builder:
         and checked against the manifest."""
         e = self.man.find(M.unit_index_file(i))
         self._read(_check_file(self.src, e))
+        if self.mode == "reshard":  # its segments' reads start now (a hint), while the index is walked and planned
+            threading.Thread(target=prefetch_segments, daemon=True, name="tqstore-prefetch",
+                             args=(self.src, self.man, i, PREFETCH_BYTES // self.man.num_units)).start()
         self._walked(e)
         return self._unit_table(i)
 
@@ -261,6 +264,24 @@ class Builder:
             raise probs[0].to_error()
         assert table is not None
         return table
+
+
+#: bytes of a checkpoint's segments a reshard load asks the kernel to read ahead at its start (all sources)
+PREFETCH_BYTES = 1 << 30
+
+
+def prefetch_segments(src: Path, man: M.Manifest, unit: int, max_bytes: int) -> None:
+    """Start reading source unit ``unit``'s segments of a checkpoint into the page cache, at
+    most ``max_bytes`` (a hint, see :func:`tqstore._io.files.prefetch`): a reshard load runs
+    it once the unit's index file is read, while the indexes are walked and planned, so the
+    targets, which read every live frame segment after segment, find the bytes read or on
+    their way.  Raises nothing."""
+    left = max_bytes
+    for _seg, e in sorted(man.segments(unit).items()):
+        if left <= 0:
+            return
+        files.prefetch(src / e.path, [(0, min(e.size, left))], under=src)
+        left -= e.size
 
 
 def _first_error(futs: Sequence[Future]) -> None:
