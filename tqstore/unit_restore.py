@@ -210,9 +210,7 @@ def _put_batches(txn, db, tag: int, kind: int, keys: List[bytes], locs: np.ndarr
 
 def _values(locs: np.ndarray) -> List[bytes]:
     """The packed 20-byte location values of a ``LOC_DTYPE`` array, one bytes object each."""
-    vb = np.ascontiguousarray(locs, LOC_DTYPE).tobytes()
-    size = LOC_DTYPE.itemsize
-    return [vb[x:x + size] for x in range(0, len(vb), size)]
+    return np.ascontiguousarray(locs, LOC_DTYPE).view(np.dtype((np.void, LOC_DTYPE.itemsize))).tolist()
 
 
 def _add_dead(dead: Dict[int, int], locs: np.ndarray) -> None:

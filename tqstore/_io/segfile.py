@@ -159,7 +159,13 @@ class StagedSegmentWriter:
 
     def _write(self, buf: memoryview, n: int, offset: int) -> None:
         try:
-            files.pwrite_all(self.fd, [buf[:n]], offset)
+            try:
+                files.pwrite_all(self.fd, [buf[:n]], offset)
+            except OSError as e:
+                if not (self.direct and e.errno == errno.EINVAL):
+                    raise
+                self._buffered()  # a file system that opens with direct I/O but refuses its writes
+                files.pwrite_all(self.fd, [buf[:n]], offset)
             if not self.direct:
                 files.start_writeback(self.fd, offset, n)
         except BaseException as e:  # noqa: BLE001 - raised in the caller's thread by _wait
@@ -179,13 +185,18 @@ class StagedSegmentWriter:
         cache) and fsync."""
         self._wait()
         if self._pending:
-            if self.direct:
-                fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
-                self.direct = False
+            self._buffered()
             files.pwrite_all(self.fd, [self._buf[:self._pending]], self._done)
             self._done += self._pending
             self._pending = 0
         files.fsync_fd(self.fd, str(self.path))
+
+    def _buffered(self) -> None:
+        """Write through the page cache from now on (the last partial block, or a file system
+        that takes no direct I/O after all)."""
+        if self.direct:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, fcntl.fcntl(self.fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+            self.direct = False
 
     def close(self) -> None:
         """Close the file (after any write in flight) and free the buffers; idempotent."""

@@ -159,10 +159,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
         try:
             dump = read_dump(d)
         except BaseException:
-            try:
+            with contextlib.suppress(BaseException):  # the dump's error is the one to raise
                 marked.result()
-            finally:
-                _unmark(d)
+            _unmark(d)
             raise
         marked.result()
         store._pool.submit(prefetch, dump)
