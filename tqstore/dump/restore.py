@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
@@ -164,7 +165,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
             _unmark(d)
             raise
         marked.result()
-        store._pool.submit(prefetch, dump)
+        threading.Thread(target=prefetch, args=(dump,), daemon=True, name="tqstore-prefetch").start()  # a hint
         try:
             with store._write_lock:
                 store._check_open()
