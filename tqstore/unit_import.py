@@ -9,10 +9,11 @@ from files of the checkpoint it can reach, as the loader's plan (a
   checked by the loader first) is copied compacted; segments are hard-linked (same file
   system) or copied at once and fsynced; :func:`verify_same` then checks every segment's
   CRC32C and every indexed frame (the caller runs it while it opens the new state);
-* "reshard": read this unit's frames of each source segment in batches into one reused
-  buffer (only their byte ranges), check each frame's structure, padding, row and CRC32C
-  against the source index, append the frames byte for byte to new segments (writeback
-  started as they go) and index them in key order at the end.
+* "reshard": read this unit's frames of each source segment in batches (only their byte
+  ranges) straight into the buffer of the new segment they go to, check each frame's
+  structure, padding, row and CRC32C against the source index there, append the frames
+  byte for byte (whole blocks with direct I/O, in the background, while the next batch is
+  read) and index them in key order at the end.
 """
 from __future__ import annotations
 

@@ -22,7 +22,9 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 * another unit count: the controller is copied with its unit count updated; every frame
   is routed to unit ``gidx % M`` (:func:`planner.plan_reshard`) and each target unit, in
   parallel, reads only its frames' byte ranges, checks each frame (the frame-check kernel) and appends
-  the frames byte for byte to new segment files, indexing them as it goes;
+  the frames byte for byte to new segment files, indexing them in key order at the end; the
+  loader asks the kernel to read each source unit's segments ahead (a hint, capped) as soon as
+  its index file is read, so the disk works while the indexes are walked and planned;
 * a checkpoint saved with ``include_storage=False``: the controller only; every row keeps
   its key, tag and consumption but no field is produced (no payload was saved).
 """
