@@ -29,7 +29,7 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Tuple
 
 import lmdb
 import numpy as np
@@ -261,7 +261,6 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     cum = np.cumsum(ln)  # this unit's frame bytes up to the end of each frame
     before = cum - ln
     read = 0
-    written: List[int] = []  # the last append (see _append_staged)
     for lo, hi in zip(bounds[:-1], bounds[1:]):
         f = int(fid[lo])
         rel = plan.files.get(f)
@@ -287,8 +286,7 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
             i = lo
             while i < hi:  # a batch: this unit's next frames of at most `batch` bytes (at least one frame)
                 j = max(i + 1, i + int(np.searchsorted(cum[i:hi], before[i] + batch, side="right")))
-                _import_batch(unit, tag, fd, path, buf, off[i:j], ln[i:j], crc[i:j], sg[i:j], dg[i:j], fields[i:j],
-                              written)
+                _import_batch(unit, tag, fd, path, buf, off[i:j], ln[i:j], crc[i:j], sg[i:j], dg[i:j], fields[i:j])
                 read += int(cum[j - 1] - before[i])
                 i = j
         finally:
@@ -297,7 +295,7 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
 
 
 def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, off, ln, crc, sg, dg,
-                  fields: List[bytes], written: List[int]) -> None:
+                  fields: List[bytes]) -> None:
     """Frames ``off``/``ln`` of the source file ``fd``: read back to back into ``buf`` (one
     ``pread`` per run of adjacent frames, without the GIL: nothing between them is read),
     check them with the frame-check kernel (against the CRC32C the dump recorded and the
@@ -324,7 +322,7 @@ def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, of
     if len(moved):
         crcs[moved] = np.frombuffer(_native.restamp_frames(view, noff[moved], ln[moved],
                                                            dg[moved].astype(np.int64)), "<u4")
-    _append_staged(unit, tag, [view], ln, crcs, dg, fields, written)
+    _append_staged(unit, tag, [view], ln, crcs, dg, fields)
 
 
 def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str, off) -> None:
@@ -341,15 +339,10 @@ def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str
                                   path=path, offset=int(off[k]))
 
 
-def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields: List[bytes],
-                   written: Optional[List[int]] = None) -> None:
+def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields: List[bytes]) -> None:
     """Append the frames (``bufs``, back to back; ``lens``, ``crcs``, ``gidxs`` arrays) to the
     active segment and stage them as one batch entry, in one transaction that first checks the
-    tag was not settled meanwhile.  ``written`` (``[segment, offset, bytes]`` of the import's
-    previous append, updated): the writeback of the new bytes starts at once, and the pages of
-    the previous append that are on disk by now leave the page cache, so that an import of
-    any size reuses the same few pages instead of allocating new ones for every batch (the
-    loaded rows are read back from disk)."""
+    tag was not settled meanwhile."""
     lens = np.asarray(lens, np.int64)
     gb = np.asarray(gidxs, ">u8").tobytes()
     keys = [gb[x:x + 8] + f for x, f in zip(range(0, len(gb), 8), fields)]
@@ -365,11 +358,6 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields
             if unit.sync:
                 w.fsync()
             total = int(lens.sum())
-            if written is not None:
-                files.start_writeback(w.fd, start, total)
-                if written and written[0] == w.seg_id:
-                    files.start_writeback(w.fd, written[1], written[2])
-                written[:] = [w.seg_id, start, total]
             vals = np.zeros(len(lens), LOC_DTYPE)
             vals["seg"] = w.seg_id
             vals["offset"] = start + np.cumsum(lens) - lens

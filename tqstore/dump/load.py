@@ -189,16 +189,24 @@ def _frames_wanted(by_fields: Mapping[tuple, List[int]], code: Mapping[str, int]
     return {int(u): (g[unit == u], c[unit == u]) for u in np.unique(unit).tolist()}
 
 
-def prefetch(dump: Dump, *, max_bytes: int = PREFETCH_BYTES) -> None:
-    """Start reading the shards' frames into the page cache (a hint, see
-    :func:`tqstore._io.files.prefetch`), at most ``max_bytes`` of them (the first part of each
-    shard): the loader runs it beside the controller's begin, so the target units find the
-    bytes read or on their way (every frame of a dump is loaded by some unit).  Raises nothing."""
-    total = sum(s.header.table_offset - D.SHARD_HEADER_SIZE for s in dump.shards)
+def prefetch(path, *, max_bytes: int = PREFETCH_BYTES) -> None:
+    """Start reading the shard files of the dump at ``path`` into the page cache (a hint, see
+    :func:`tqstore._io.files.prefetch`), at most ``max_bytes`` of them (the same share of each,
+    from its start): the loader runs it as a load starts, beside the checks of the dump and
+    the controller's begin, so the target units find the bytes read or on their way (every
+    frame of a dump is loaded by some unit).  Nothing is checked here (the units check what
+    they read); raises nothing."""
+    d = Path(path)
+    try:
+        names = [n for n in files.listdir(d) if n.startswith("shard-") and n.endswith(".tqd") and
+                 n[6:-4].isdigit() and D.shard_name(int(n[6:-4])) == n]
+        sizes = [files.check_regular(d / n, under=d).st_size for n in names]
+    except (OSError, ValueError):
+        return
+    total = sum(sizes)
     share = min(1.0, max_bytes / total) if total else 0.0
-    for s in dump.shards:
-        n = int((s.header.table_offset - D.SHARD_HEADER_SIZE) * share)
-        files.prefetch(dump.path / s.path, [(D.SHARD_HEADER_SIZE, n)], under=dump.path)
+    for n, size in zip(names, sizes):
+        files.prefetch(d / n, [(0, int(size * share))], under=d)
 
 
 def _same_frames(want: Tuple[np.ndarray, np.ndarray], table: D.ShardTable, code: Mapping[str, int]) -> bool:

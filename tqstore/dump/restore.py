@@ -154,8 +154,8 @@ def load(store, dump_dir) -> Dict[str, Any]:
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
-        # the marker's fsyncs run beside the checks of the dump; the frames' reads start once
-        # it is durable (beside the controller's begin), not in front of its writes
+        # the marker's fsyncs run beside the checks of the dump (whose small reads go first),
+        # then the frames' reads start (a hint) beside the controller's begin
         marked = store._pool.submit(_mark, d, store.root)
         try:
             dump = read_dump(d)
@@ -164,8 +164,8 @@ def load(store, dump_dir) -> Dict[str, Any]:
                 marked.result()
             _unmark(d)
             raise
+        threading.Thread(target=prefetch, args=(d,), daemon=True, name="tqstore-prefetch").start()
         marked.result()
-        threading.Thread(target=prefetch, args=(dump,), daemon=True, name="tqstore-prefetch").start()  # a hint
         try:
             with store._write_lock:
                 store._check_open()
