@@ -6,7 +6,10 @@ copied byte for byte (compressed frames stay compressed).
 """
 from __future__ import annotations
 
+import pickle
+
 import pytest
+import torch
 
 import tqstore
 from tqstore import CorruptionError
@@ -57,6 +60,43 @@ def test_restore_onto_another_unit_count_routes_rows_by_global_index(two_unit_ch
         assert s.num_units == target_units
         rows = state(s)["rows"]
         assert {k: v for k, v in rows.items() if k in want["rows"]} == want["rows"]
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_reshard_load_gives_the_same_store_with_or_without_direct_io_and_frames_larger_than_a_batch(
+        tmp_path, monkeypatch, direct):
+    """Targets read their frames in small batches here (frames larger than a batch included)
+    and write new segments with direct I/O or through the page cache: the same store."""
+    from tqstore import unit_import
+    from tqstore._io import segfile
+
+    monkeypatch.setattr(segfile, "DIRECT_IO", direct)
+    monkeypatch.setattr(unit_import, "BATCH_BYTES", 1 << 16)
+    with tqstore.open(tmp_path / "src", num_units=2, segment_bytes=1 << 18) as s:
+        fill(s, "train", 30)
+        g = torch.Generator().manual_seed(3)
+        s.kv_batch_put([f"big{i}" for i in range(5)], "train",
+                       {"blob": [torch.randint(0, 1 << 30, (30_000 + 977 * i,), generator=g) for i in range(5)]})
+        want = state(s)
+        s.save_checkpoint(tmp_path / "ck")
+    with tqstore.open(tmp_path / "dst", num_units=3, segment_bytes=1 << 18) as s:
+        assert s.load_checkpoint(tmp_path / "ck").mode == "reshard"
+        assert state(s) == want and not s.verify()
+    with tqstore.open(tmp_path / "dst") as s:
+        assert state(s) == want
+
+
+def test_a_target_plan_crosses_a_process_boundary_with_its_own_keys_only():
+    """A target's keys are picked from all sources lazily; pickled (an actor call), the plan
+    carries exactly its own keys."""
+    refs = _refs(2, 40)
+    plan = plan_reshard(refs, 3)
+    for t in plan.targets:
+        back = pickle.loads(pickle.dumps(t))
+        mine = sorted(r.key for rs in refs.values() for r in rs if r.gidx % 3 == t.unit)
+        assert sorted(back.keys) == sorted(t.keys) == mine
+        assert isinstance(back.keys, list) and len(back.keys) == len(t.offset)
+        assert [r.frames for r in back.ranges] == [r.frames for r in t.ranges]
 
 
 def test_reshard_round_trip_back_to_the_original_count(two_unit_checkpoint, tmp_path):

@@ -63,6 +63,12 @@ def _flag_names(node: ast.AST) -> Set[str]:
         {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
+def _is_minus_one(node: ast.AST) -> bool:
+    """The literal ``-1`` (an anonymous mapping's file descriptor: memory, no file)."""
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
+        isinstance(node.operand, ast.Constant) and node.operand.value == 1
+
+
 def _open_mode(call: ast.Call) -> Optional[str]:
     mode = call.args[1] if len(call.args) > 1 else next((k.value for k in call.keywords if k.arg == "mode"), None)
     if mode is None:
@@ -121,7 +127,7 @@ class _Scan(ast.NodeVisitor):
                 what = target
             elif target == "os.open" and len(node.args) > 1 and _flag_names(node.args[1]) & CREATING_FLAGS:
                 what = "os.open creating or truncating"
-            elif target == "mmap.mmap":
+            elif target == "mmap.mmap" and not (node.args and _is_minus_one(node.args[0])):  # fd -1: memory
                 kw = {k.arg: k.value for k in node.keywords}
                 prot, access = kw.get("prot"), kw.get("access")
                 if not ((prot is not None and _flag_names(prot) == {"mmap", "PROT_READ"}) or
@@ -203,6 +209,7 @@ def test_the_scan_sees_what_it_must(tmp_path):
         "    p.write_bytes(b'')\n"
         "    'a'.replace('a', 'b')\n"               # fine: not a path method
         "    mmap.mmap(fd, 10, prot=mmap.PROT_READ)\n"  # fine
+        "    mmap.mmap(-1, 4096)\n"  # fine: anonymous memory
         "    mmap.mmap(fd, 10)\n"
         "    tempfile.mkdtemp()\n"
         "    tempfile.TemporaryFile()\n")         # fine: anonymous

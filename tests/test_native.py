@@ -62,8 +62,8 @@ def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
     for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "check_frames",
-                 "gather_frames", "copy_ranges", "restamp_frames"):
-        assert callable(getattr(F, name))
+                 "gather_frames", "copy_ranges", "restamp_frames", "pread_ranges"):
+        assert callable(getattr(F, name)) and callable(getattr(P, name))
     c = F._LAYOUT
     assert c["FRAME_MAGIC"] == layout.FRAME_MAGIC
     assert c["FRAME_END_MAGIC"] == layout.FRAME_END_MAGIC
@@ -870,3 +870,48 @@ def test_restamp_frames_keeps_a_damaged_frame_damaged_and_refuses_foreign_extent
             ("err", ValueError)
         assert b == bytearray(blob)
     assert run_both("restamp_frames", bytes(blob), offs, lens, new) == ("err", TypeError)
+
+
+# ---- pread_ranges -------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.data())
+def test_pread_ranges_reads_the_ranges_back_to_back_and_stops_at_the_end_of_the_file(tmp_path_factory, seed, data):
+    rng = np.random.default_rng(seed)
+    blob = rng.integers(0, 256, int(rng.integers(0, 300_000)), dtype=np.uint8).tobytes()
+    path = tmp_path_factory.mktemp("pread") / "f"
+    path.write_bytes(blob)
+    n = data.draw(st.integers(0, 30))
+    offs = np.asarray([data.draw(st.integers(0, len(blob) + 100)) for _ in range(n)], "<i8")
+    lens = np.asarray([data.draw(st.integers(0, 70_000)) for _ in range(n)], "<i8")
+    want = b""
+    for o, m in zip(offs.tolist(), lens.tolist()):  # up to the first range the file does not hold whole
+        want += blob[o:o + m]
+        if o + m > len(blob):
+            break
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        outs = [bytearray(int(lens.sum()) + 3) for _ in range(2)]
+        assert run_both("pread_ranges", fd, offs, lens, outs[0]) == ("ok", len(want))
+        P.pread_ranges(fd, offs, lens, outs[1])
+    finally:
+        os.close(fd)
+    assert outs[0][:len(want)] == outs[1][:len(want)] == want
+
+
+def test_pread_ranges_refuses_bad_arguments_before_reading(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(bytes(range(256)) * 16)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offs, lens, dst in (([-1], [4], 10), ([0], [-4], 10), ([0, 10], [8, 20], 27)):
+            out = bytearray(dst)
+            assert run_both("pread_ranges", fd, np.asarray(offs, "<i8"), np.asarray(lens, "<i8"), out) == \
+                ("err", ValueError)
+            assert out == bytearray(dst)
+        assert run_both("pread_ranges", fd, np.zeros(1, "<i8"), np.zeros(2, "<i8"), bytearray(4)) == ("err", ValueError)
+        assert run_both("pread_ranges", fd, np.zeros(1, "<i8"), np.ones(1, "<i8"), bytes(4)) == ("err", TypeError)
+    finally:
+        os.close(fd)
+    assert run_both("pread_ranges", fd, np.zeros(1, "<i8"), np.ones(1, "<i8"), bytearray(4)) == ("err", OSError)

@@ -9,14 +9,15 @@ from files of the checkpoint it can reach, as the loader's plan (a
   checked by the loader first) is copied compacted; segments are hard-linked (same file
   system) or copied at once and fsynced; :func:`verify_same` then checks every segment's
   CRC32C and every indexed frame (the caller runs it while it opens the new state);
-* "reshard": map a window of each source segment at a time, touch only this unit's frames
-  in it, check each frame's structure, padding and CRC32C against the source index, append
-  the frames byte for byte to new segments and index them as it goes.
+* "reshard": read this unit's frames of each source segment in batches (only their byte
+  ranges) straight into the buffer of the new segment they go to, check each frame's
+  structure, padding, row and CRC32C against the source index there, append the frames
+  byte for byte (whole blocks with direct I/O, in the background, while the next batch is
+  read) and index them in key order at the end.
 """
 from __future__ import annotations
 
 import functools
-import mmap
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -31,9 +32,9 @@ from ._format.index import LOC_DTYPE
 from ._format.layout import SEGMENT_HEADER_SIZE
 from ._format.segment import segment_name
 from ._io import files
-from ._io.lmdbenv import copy_env_compact, open_env, read_columns
+from ._io.lmdbenv import copy_env_compact, open_env, put_items, read_columns
 from ._io.scan import listed_file_problem, scan_file
-from ._io.segfile import SegmentWriter
+from ._io.segfile import StagedSegmentWriter
 from .errors import CorruptionError, FormatVersionError, StorageIOError, TqstoreError
 from .ports import UnitImport
 
@@ -48,8 +49,8 @@ def _lmdb_errors(fn):
     return wrapped
 
 
-WINDOW_BYTES = 16 << 20  # of a source segment mapped at a time by one target
-INDEX_BATCH = 20000
+BATCH_BYTES = 8 << 20  # of a target's frames read, checked and appended at a time
+INDEX_BATCH = 65536  # index entries built and put at a time
 
 
 # ---------------------------------------------------------------------------- reading an index copy
@@ -177,20 +178,25 @@ def _pinpoint(p: Path, size: int, frames) -> Optional[CorruptionError]:
 @_lmdb_errors
 def stage_reshard(target: Path, plan: UnitImport, unit_id: int, segment_bytes: int) -> int:
     """Build the unit directory ``target`` from the frames of ``plan.target`` (a TargetPlan):
-    map a window of each source segment at a time, touch only this unit's frames in it, check
-    each frame (the frame-check kernel: structure, exact extent, padding, CRC32C, the CRC the
-    source index recorded), append the frames byte for byte to new segments and index them.
+    read this unit's frames of each source segment, a batch of at most ``BATCH_BYTES`` at a
+    time, straight into the buffer of the new segment they go to (one ``pread`` per run of
+    adjacent frames, without the GIL: nothing between them is read), check each frame there
+    (the frame-check kernel: structure, exact extent, padding, CRC32C, the CRC the source
+    index recorded, the row its key names), append the batch byte for byte (direct I/O where
+    the file system takes it: no second copy), and index the frames in key order at the end.
     Returns bytes read."""
     SegInfo = UR.SegInfo
     t = plan.target
     src = Path(plan.src_dir)
+    n = len(t.offset)
     files.mkdir(target)
     env = open_env(target / "index", max_dbs=4)
     infos: Dict[int, Any] = {}
-    items: List[tuple] = []
-    w: List[Optional[SegmentWriter]] = [None]
-    window = max(1 << 16, min(WINDOW_BYTES, segment_bytes))
-    ends = t.offset + t.length
+    w: List[Optional[StagedSegmentWriter]] = [None]
+    batch = max(1 << 16, min(BATCH_BYTES, segment_bytes))
+    new_seg = np.zeros(n, np.uint32)
+    new_off = np.zeros(n, np.uint64)
+    gidx = t.gidx if t.gidx is not None else _key_gidxs(t.keys)
     read = 0
     try:
         db_loc = env.open_db(b"loc")
@@ -199,18 +205,19 @@ def stage_reshard(target: Path, plan: UnitImport, unit_id: int, segment_bytes: i
         def close_writer() -> None:
             cur = w[0]
             if cur is not None:
-                cur.fsync()
+                cur.finish()
                 infos[cur.seg_id] = SegInfo(cur.size, cur.size - SEGMENT_HEADER_SIZE, True)
                 cur.close()
                 w[0] = None
 
-        def append(iov: List[memoryview], nbytes: int) -> Tuple[int, int]:
+        def writer_for(nbytes: int) -> StagedSegmentWriter:
+            """The segment the next ``nbytes`` go to (a new one past ``segment_bytes``)."""
             cur = w[0]
             if cur is None or (cur.size > SEGMENT_HEADER_SIZE and cur.size + nbytes > segment_bytes):
                 seg_id = (cur.seg_id + 1) if cur is not None else 1
                 close_writer()
-                cur = w[0] = SegmentWriter(target, unit_id, seg_id, create=True)
-            return cur.seg_id, cur.append(iov)
+                cur = w[0] = StagedSegmentWriter(target, unit_id, seg_id, capacity=batch)
+            return cur
 
         for src_unit, seg, lo, hi in t.groups():
             path = str(src / plan.seg_paths[(src_unit, seg)])
@@ -221,23 +228,27 @@ def stage_reshard(target: Path, plan: UnitImport, unit_id: int, segment_bytes: i
             except files.NotRegularFile as e:
                 raise CorruptionError(f"checkpoint segment: {e.strerror}", path=str(e.filename or path)) from e
             try:
+                cum = np.cumsum(t.length[lo:hi])
                 i = lo
-                while i < hi:
-                    wstart = int(t.offset[i]) & ~(mmap.ALLOCATIONGRANULARITY - 1)
-                    j = i + 1 + int(np.searchsorted(ends[i + 1:hi], wstart + window, side="right"))
-                    _copy_window(fd, path, wstart, int(ends[j - 1]), t, i, j, append, items)
-                    read += int(t.length[i:j].sum())
-                    if len(items) >= INDEX_BATCH:
-                        with env.begin(write=True) as txn:
-                            txn.cursor(db_loc).putmulti(items)
-                        items.clear()
+                while i < hi:  # a batch: the next frames of at most `batch` bytes (at least one frame)
+                    done = int(cum[i - lo - 1]) if i > lo else 0
+                    j = max(i + 1, lo + int(np.searchsorted(cum, done + batch, side="right")))
+                    read += _copy_batch(fd, path, t, gidx, i, j, writer_for, new_seg, new_off)
                     i = j
             finally:
                 os.close(fd)
         close_writer()
+        vals = np.zeros(n, LOC_DTYPE)
+        vals["seg"], vals["offset"], vals["length"], vals["crc"] = new_seg, new_off, t.length, t.crc
+        order = _key_order(t, gidx)
+        take = getattr(t.keys, "take", None)  # a planner KeyList: the keys picked at once
         with env.begin(write=True) as txn:
-            if items:
-                txn.cursor(db_loc).putmulti(items)
+            cur = txn.cursor(db_loc)
+            vtype = np.dtype((np.void, LOC_DTYPE.itemsize))
+            for a in range(0, n, INDEX_BATCH):  # in key order: appended, no search per entry
+                sel = order[a:a + INDEX_BATCH]
+                keys = take(sel) if take is not None else [t.keys[k] for k in sel.tolist()]
+                put_items(cur, list(zip(keys, vals[sel].view(vtype).tolist())), ascending=True)
             for s, info in infos.items():
                 txn.put(UR.seg_key(s), info.pack(), db=db_segs)
         env.sync(True)
@@ -248,45 +259,49 @@ def stage_reshard(target: Path, plan: UnitImport, unit_id: int, segment_bytes: i
     return read
 
 
-def _copy_window(fd: int, path: str, wstart: int, wend: int, t, i: int, j: int, append, items: List[tuple]) -> None:
-    """Frames ``i:j`` of ``t`` lie in ``[wstart, wend)`` of the source: verify, append, index."""
+def _key_gidxs(keys: Sequence[bytes]) -> np.ndarray:
+    """The rows (u64) the index keys ``keys`` name (their first 8 bytes, big-endian)."""
+    return np.frombuffer(b"".join(k[:8] for k in keys), ">u8").astype(np.uint64) if len(keys) \
+        else np.zeros(0, np.uint64)
+
+
+def _key_order(t, gidx: np.ndarray) -> np.ndarray:
+    """Positions of ``t``'s frames in the order of their index keys."""
+    if t.key_rank is not None:  # a row's frames come from one source, whose keys ascend: (gidx, rank)
+        return np.lexsort((np.asarray(t.key_rank, np.int64), gidx))
+    keys = list(t.keys)
+    return np.asarray(sorted(range(len(keys)), key=keys.__getitem__), np.int64)
+
+
+def _copy_batch(fd: int, path: str, t, gidx: np.ndarray, i: int, j: int, writer_for,
+                new_seg: np.ndarray, new_off: np.ndarray) -> int:
+    """Frames ``i:j`` of ``t`` (one source segment, ``fd``): read back to back into the space of
+    the segment they go to, verify, append; their new locations go to ``new_seg``/``new_off``.
+    Returns bytes read."""
+    off = t.offset[i:j]
+    ln = t.length[i:j]
+    total = int(ln.sum())
+    rel = np.cumsum(ln) - ln  # where each frame lies in the batch
+    runs = np.flatnonzero(np.r_[True, off[1:] != off[:-1] + ln[:-1]])  # adjacent frames: one read
+    w = writer_for(total)
+    view = w.space(total)
     try:
-        mm = mmap.mmap(fd, wend - wstart, prot=mmap.PROT_READ, offset=wstart)
-    except (ValueError, OSError) as e:
-        raise CorruptionError(f"checkpoint segment cannot be mapped (truncated?): {e}", path=path,
-                              offset=wstart) from e
-    wmv = memoryview(mm)
-    iov: List[memoryview] = []
-    try:
+        got = files.read_ranges(fd, off[runs], np.add.reduceat(ln, runs), view)
+        if got != total:
+            k = int(np.searchsorted(rel + ln, got, side="right"))
+            raise CorruptionError("checkpoint segment is truncated: a frame lies past its end", path=path,
+                                  offset=int(off[k]))
         loc = np.zeros(j - i, LOC_DTYPE)
-        loc["offset"], loc["length"], loc["crc"] = t.offset[i:j], t.length[i:j], t.crc[i:j]
-        res = check_run(wmv, loc, base=wstart)  # every check of a reader; readers refuse what fails
-        got = first_fault(wmv, loc, res, base=wstart)
-        if got is not None:
-            k, fault = got
-            raise fault.error(path=path, offset=int(t.offset[i + k]), prefix="checkpoint segment: ")
-        # adjacent frames go out as one slice of the mapping
-        r = t.offset[i:j] - wstart
-        ln = t.length[i:j]
-        starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1] + ln[:-1]])
-        a = r[starts].tolist()
-        b = np.r_[r[starts[1:] - 1] + ln[starts[1:] - 1], r[-1] + ln[-1]].tolist()
-        iov = [wmv[x:y] for x, y in zip(a, b)]
-        total = int(ln.sum())
-        sid, base = append(iov, total)
-        iov.clear()
-        vals = np.empty(j - i, LOC_DTYPE)
-        vals["seg"] = sid
-        vals["offset"] = base + np.cumsum(ln) - ln
-        vals["length"] = ln
-        vals["crc"] = t.crc[i:j]
-        vb = vals.tobytes()
-        size = LOC_DTYPE.itemsize
-        items.extend(zip(t.keys[i:j], [vb[x:x + size] for x in range(0, len(vb), size)]))
+        loc["offset"], loc["length"], loc["crc"] = rel, ln, t.crc[i:j]
+        want = np.ascontiguousarray(gidx[i:j], np.uint64)
+        res = check_run(view, loc, want)  # every check of a reader; readers refuse what fails
+        bad = first_fault(view, loc, res, want)
+        if bad is not None:
+            k, fault = bad
+            raise fault.error(path=path, offset=int(off[k]), prefix="checkpoint segment: ")
     finally:
-        iov.clear()
-        try:
-            wmv.release()
-            mm.close()
-        except BufferError:  # a view still held by an exception's traceback: unmapped when collected
-            pass
+        view.release()
+    at = w.commit(total)
+    new_seg[i:j] = w.seg_id
+    new_off[i:j] = at + rel
+    return total

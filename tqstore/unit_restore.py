@@ -17,15 +17,15 @@ Frames named by staged and published entries count as live bytes of their segmen
 replaced ones too, until settled), so no segment they use is unlinked; compaction waits
 while any restore entry exists.  Every step is one LMDB transaction under the unit's lock.
 
-Imports are read in windows of at most ``plan.batch_bytes`` of a source file (mapped
-read-only), each frame checked by the frame-check kernel against the CRC32C the dump
+Imports are read in batches of at most ``plan.batch_bytes`` of a unit's frames (only
+their byte ranges, one native ``pread`` per run of adjacent frames, into one reused buffer),
+each frame checked by the frame-check kernel against the CRC32C the dump
 recorded and its gidx, re-stamped when the store's gidx differs (CRC recomputed), appended
-to the active segment with one vectored write and indexed in one transaction: the memory a
-unit adds is one window.
+to the active segment with one write and indexed in one transaction: the memory a
+unit adds is one batch.
 """
 from __future__ import annotations
 
-import mmap
 import os
 from collections import defaultdict
 from pathlib import Path
@@ -210,9 +210,7 @@ def _put_batches(txn, db, tag: int, kind: int, keys: List[bytes], locs: np.ndarr
 
 def _values(locs: np.ndarray) -> List[bytes]:
     """The packed 20-byte location values of a ``LOC_DTYPE`` array, one bytes object each."""
-    vb = np.ascontiguousarray(locs, LOC_DTYPE).tobytes()
-    size = LOC_DTYPE.itemsize
-    return [vb[x:x + size] for x in range(0, len(vb), size)]
+    return np.ascontiguousarray(locs, LOC_DTYPE).view(np.dtype((np.void, LOC_DTYPE.itemsize))).tolist()
 
 
 def _add_dead(dead: Dict[int, int], locs: np.ndarray) -> None:
@@ -243,7 +241,11 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     n = len(plan)
     if not n:
         return 0
-    order = np.lexsort((np.asarray(plan.offset, np.int64), np.asarray(plan.file, np.int64)))
+    # file after file, front to back, each unit starting at another file (parallel streams)
+    files_ = np.asarray(plan.file, np.int64)
+    ids = np.unique(files_)
+    turn = (np.searchsorted(ids, files_) - unit.unit_id) % max(1, len(ids))
+    order = np.lexsort((np.asarray(plan.offset, np.int64), turn))
     fid = np.asarray(plan.file, np.int64)[order]
     off = np.asarray(plan.offset, np.int64)[order]
     ln = np.asarray(plan.length, np.int64)[order]
@@ -282,12 +284,9 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
                 raise CorruptionError("dump shard is truncated: a frame lies past its end", path=path,
                                       offset=int(off[lo + int(past[0])]))
             i = lo
-            while i < hi:  # a window: this unit's next frames of at most `batch` bytes (at least one frame)
-                wstart = int(off[i]) & ~(mmap.ALLOCATIONGRANULARITY - 1)
+            while i < hi:  # a batch: this unit's next frames of at most `batch` bytes (at least one frame)
                 j = max(i + 1, i + int(np.searchsorted(cum[i:hi], before[i] + batch, side="right")))
-                j = min(j, i + 1 + int(np.searchsorted(ends[i + 1:hi], wstart + _SPAN * batch, side="right")))
-                _window(unit, tag, fd, path, wstart, int(ends[j - 1]), buf, off[i:j], ln[i:j], crc[i:j], sg[i:j],
-                        dg[i:j], fields[i:j])
+                _import_batch(unit, tag, fd, path, buf, off[i:j], ln[i:j], crc[i:j], sg[i:j], dg[i:j], fields[i:j])
                 read += int(cum[j - 1] - before[i])
                 i = j
         finally:
@@ -295,34 +294,27 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     return read
 
 
-#: a window's mapping spans at most this many times the import's batch of the source file
-_SPAN = 8
-
-
-def _window(unit: "Unit", tag: int, fd: int, path: str, wstart: int, wend: int, buf: bytearray, off, ln, crc, sg,
-            dg, fields: List[bytes]) -> None:
-    """Frames ``off``/``ln`` of the source lie in ``[wstart, wend)``: copy them back to back into
-    ``buf`` (the native copy, without the GIL), check the copies with the frame-check kernel
-    (against the CRC32C the dump recorded and the source gidx) and their field names, re-stamp
-    those whose gidx changes (the CRC32C updated for the 8 changed bytes), append, stage."""
-    rel = off - wstart
+def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, off, ln, crc, sg, dg,
+                  fields: List[bytes]) -> None:
+    """Frames ``off``/``ln`` of the source file ``fd``: read back to back into ``buf`` (one
+    ``pread`` per run of adjacent frames, without the GIL: nothing between them is read),
+    check them with the frame-check kernel (against the CRC32C the dump recorded and the
+    source gidx) and their field names, re-stamp those whose gidx changes (the CRC32C updated
+    for the 8 changed bytes), append, stage."""
     total = int(ln.sum())
-    try:
-        mm = mmap.mmap(fd, wend - wstart, prot=mmap.PROT_READ, offset=wstart)
-    except (ValueError, OSError) as e:
-        raise CorruptionError(f"dump shard cannot be mapped (truncated?): {e}", path=path, offset=wstart) from e
-    try:
-        _native.copy_ranges(mm, rel, ln, buf)
-    finally:
-        mm.close()
     view = memoryview(buf)[:total]
-    noff = np.cumsum(ln) - ln
+    noff = np.cumsum(ln) - ln  # where each frame lies in buf
+    runs = np.flatnonzero(np.r_[True, off[1:] != off[:-1] + ln[:-1]])
+    got = files.read_ranges(fd, off[runs], np.add.reduceat(ln, runs), view)
+    if got != total:
+        k = int(np.searchsorted(noff + ln, got, side="right"))
+        raise CorruptionError("dump shard is truncated: a frame lies past its end", path=path, offset=int(off[k]))
     loc = np.zeros(len(off), LOC_DTYPE)
     loc["offset"], loc["length"], loc["crc"] = noff, ln, crc
     res = check_run(view, loc, sg)
-    got = first_fault(view, loc, res, sg)
-    if got is not None:
-        k, fault = got
+    bad = first_fault(view, loc, res, sg)
+    if bad is not None:
+        k, fault = bad
         raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
     _check_names(np.frombuffer(view, np.uint8), noff, fields, path, off)
     crcs = np.array(crc, np.uint32)

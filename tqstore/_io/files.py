@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import List, Optional, Sequence, Union
 
+from .. import _native
 from . import failpoints as fp
 
 PathLike = Union[str, "os.PathLike[str]"]
@@ -90,6 +91,27 @@ def preadv_all(fd: int, buffers: Sequence, offset: int) -> int:
         done += n
         i = _advance(views, i, n)
     return done
+
+
+def read_ranges(fd: int, offsets, lengths, buf) -> int:
+    """Read the byte ranges ``offsets[i], lengths[i]`` (i64 arrays) of the open file ``fd``
+    back to back into ``buf`` (one ``pread`` per range, in native code without the GIL:
+    ``_native.pread_ranges``).  Returns bytes read: less than the ranges hold only when the
+    file ends first.  Reads only."""
+    return _native.pread_ranges(fd, offsets, lengths, buf)
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Ask the kernel to start writing the dirty pages of ``[offset, offset + nbytes)`` of
+    ``fd`` to disk now (``posix_fadvise(DONTNEED)`` starts the writeback without waiting for
+    it and drops what is already clean), so that a later fsync finds little left to write.
+    A hint: durability still comes from the fsync; changes nothing a crash could observe;
+    errors are ignored."""
+    if nbytes > 0 and hasattr(os, "posix_fadvise"):
+        try:
+            os.posix_fadvise(fd, int(offset), int(nbytes), os.POSIX_FADV_DONTNEED)
+        except OSError:
+            pass
 
 
 # (st_dev, st_ino) of files whose fsync failed in this process: their dirty pages may be
@@ -452,6 +474,10 @@ def check_regular(path: PathLike, *, under: Optional[PathLike] = None) -> os.sta
         os.close(fd)
 
 
+PREFETCH_CHUNK = 2 << 20  # bytes asked for per posix_fadvise(WILLNEED) call (the kernel reads at most its
+#: readahead window or its largest request per call: a smaller window reads only part of each chunk)
+
+
 def prefetch(path: PathLike, ranges: Sequence, *, under: Optional[PathLike] = None) -> None:
     """Ask the kernel to start reading the byte ``ranges`` (``(offset, length)`` pairs) of the
     regular file ``path`` into the page cache (``posix_fadvise(WILLNEED)``), so that a later
@@ -465,8 +491,9 @@ def prefetch(path: PathLike, ranges: Sequence, *, under: Optional[PathLike] = No
         return
     try:
         for off, n in ranges:
-            if n > 0:
-                os.posix_fadvise(fd, int(off), int(n), os.POSIX_FADV_WILLNEED)
+            # one call per chunk: the kernel reads at most its readahead window per call
+            for at in range(int(off), int(off) + int(n), PREFETCH_CHUNK):
+                os.posix_fadvise(fd, at, min(PREFETCH_CHUNK, int(off) + int(n) - at), os.POSIX_FADV_WILLNEED)
     except OSError:
         pass
     finally:

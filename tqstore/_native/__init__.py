@@ -5,7 +5,8 @@ is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functi
 ``crc32c``, ``build_header``, ``frame_head``, ``frame_tail``, ``encode_frames``,
 ``check_frames`` (the frame-check kernel: per-frame ``FRAME_*`` status codes, in
 ``layout``), ``gather_frames`` (the same checks against a head template, copying the
-payloads; the same codes), and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they implement
+payloads; the same codes), ``copy_ranges``, ``restamp_frames``, ``pread_ranges`` (byte
+ranges of an open file read into one buffer without the GIL: reads only), and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they implement
 is in ``layout``.  This package is the bottom of the record path: it imports nothing from
 the rest of tqstore (``_format`` builds on it; tests/test_layers.py).
 """
@@ -41,6 +42,7 @@ check_frames = impl.check_frames
 gather_frames = impl.gather_frames
 copy_ranges = impl.copy_ranges
 restamp_frames = impl.restamp_frames
+pread_ranges = impl.pread_ranges
 
 __all__ = [
     "IMPLEMENTATION",
@@ -53,5 +55,6 @@ __all__ = [
     "gather_frames",
     "copy_ranges",
     "restamp_frames",
+    "pread_ranges",
     "impl",
 ]

@@ -3,7 +3,7 @@
  *
  * Same functions, arguments, results, exceptions and bytes as tqstore/_native/_pure.py
  * (crc32c, build_header, frame_head, frame_tail, encode_frames, check_frames, gather_frames,
- * copy_ranges, restamp_frames)
+ * copy_ranges, restamp_frames, pread_ranges)
  * (the reference).  Layout constants repeat tqstore/_native/layout.py and are exposed as
  * ``_LAYOUT`` so the tests can check them against it.
  *
@@ -17,9 +17,11 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <errno.h>
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
+#include <unistd.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(TQSTORE_NO_SSE42)
 #define TQ_X86_CRC 1
@@ -1311,6 +1313,76 @@ done:
     return result;
 }
 
+/* pread_ranges: the byte ranges (i64 offsets, lengths) of the open file `fd` read back to back
+ * into `dst`, one pread(2) per range (repeated on a short read), without the GIL: a reader of
+ * many small ranges (a unit's frames interleaved with other units' in a source file) pays a
+ * system call per range, not a Python call.  Reads only.  Returns the bytes read: fewer than
+ * the ranges hold only when the file ends first (the caller names the truncated range). */
+static PyObject *py_pread_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"fd", "offsets", "lengths", "dst"};
+    PyObject *a[4];
+    if (parse_args("pread_ranges", args, nargs, kwnames, names, 4, 4, a) < 0) return NULL;
+    Py_buffer vo = {0}, vl = {0}, vd = {0};
+    PyObject *result = NULL;
+    Py_ssize_t n = 0, nl = 0;
+    int fd = PyObject_AsFileDescriptor(a[0]);
+    if (fd < 0) return NULL;
+    if (get_i64s(a[1], &vo, "offsets", &n) < 0) goto done;
+    if (get_i64s(a[2], &vl, "lengths", &nl) < 0) goto done;
+    if (get_contig(a[3], &vd, "dst", 1) < 0) goto done;
+    if (n != nl) {
+        PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
+        goto done;
+    }
+    const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf;
+    uint64_t total = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t off = (int64_t)get_le64(po + 8 * i), len = (int64_t)get_le64(pl + 8 * i);
+        if (off < 0 || len < 0 || (uint64_t)len > (uint64_t)vd.len - total) {
+            PyErr_Format(PyExc_ValueError, "range %zd ([%lld, +%lld)) is negative or past dst (%zd bytes)", i,
+                         (long long)off, (long long)len, vd.len);
+            goto done;
+        }
+        total += (uint64_t)len;
+    }
+    {
+        uint8_t *dst = (uint8_t *)vd.buf;
+        uint64_t pos = 0;
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !err; i++) {
+            uint64_t off = get_le64(po + 8 * i), left = get_le64(pl + 8 * i);
+            while (left) {
+                ssize_t r = pread(fd, dst + pos, (size_t)left, (off_t)off);
+                if (r < 0) {
+                    if (errno == EINTR) continue;
+                    err = errno;
+                    break;
+                }
+                if (r == 0) { /* end of file: stop, the caller sees fewer bytes */
+                    i = n;
+                    break;
+                }
+                pos += (uint64_t)r;
+                off += (uint64_t)r;
+                left -= (uint64_t)r;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (err) {
+            errno = err;
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        result = PyLong_FromUnsignedLongLong(pos);
+    }
+done:
+    if (vo.obj) PyBuffer_Release(&vo);
+    if (vl.obj) PyBuffer_Release(&vl);
+    if (vd.obj) PyBuffer_Release(&vd);
+    return result;
+}
+
 /* ---- module ------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1341,6 +1413,10 @@ static PyMethodDef methods[] = {
      "restamp_frames(buf, offsets, lengths, gidxs)\n--\n\n"
      "Give the frames at ``offsets`` of ``buf`` the global indexes ``gidxs`` (u64), their trailers' CRC32C\n"
      "updated for the change; returns the new CRCs (u32 each)."},
+    {"pread_ranges", (PyCFunction)(void (*)(void))py_pread_ranges, METH_FASTCALL | METH_KEYWORDS,
+     "pread_ranges(fd, offsets, lengths, dst)\n--\n\n"
+     "Read the byte ranges (i64 offsets, lengths) of the open file ``fd`` back to back into ``dst``,\n"
+     "without the GIL; returns the bytes read (fewer only when the file ends first)."},
     {"_crc32c_table", py_crc32c_table, METH_VARARGS, "Slice-by-8 CRC32C (the portable fallback)."},
     {NULL, NULL, 0, NULL},
 };

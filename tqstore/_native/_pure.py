@@ -6,6 +6,7 @@ extension is missing or ``TQSTORE_PURE=1``.  Holds no state.
 from __future__ import annotations
 
 import math
+import os
 import operator
 from typing import Optional, Sequence
 
@@ -499,3 +500,31 @@ def restamp_frames(buf, offsets, lengths, gidxs) -> bytes:
             b[o + cover:o + cover + 4] = crc.to_bytes(4, "little")
         out.append(crc.to_bytes(4, "little"))
     return b"".join(out)
+
+
+def pread_ranges(fd, offsets, lengths, dst) -> int:
+    """Read the byte ranges ``offsets[i], lengths[i]`` (little-endian i64) of the open file
+    ``fd`` back to back into the writable ``dst`` (one ``preadv`` per range, repeated on a
+    short read); returns the bytes read, fewer than the ranges hold only when the file ends
+    first.  Reads only.  Raises ValueError (before reading) for a negative range or more
+    bytes than ``dst`` holds, OSError for a failed read."""
+    fd = fd if isinstance(fd, int) else fd.fileno()
+    offs, lens = _i64s(offsets, "offsets"), _i64s(lengths, "lengths")
+    d = _contig(dst, "dst", writable=True)
+    if len(offs) != len(lens):
+        raise ValueError("offsets and lengths must have the same length")
+    total = 0
+    for i, (o, n) in enumerate(zip(offs, lens)):
+        if o < 0 or n < 0 or n > d.nbytes - total:
+            raise ValueError(f"range {i} ([{o}, +{n})) is negative or past dst ({d.nbytes} bytes)")
+        total += n
+    pos = 0
+    for o, n in zip(offs, lens):
+        end = pos + n
+        while pos < end:
+            got = os.preadv(fd, [d[pos:end]], o)
+            if not got:
+                return pos
+            pos += got
+            o += got
+    return pos

@@ -22,7 +22,9 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 * another unit count: the controller is copied with its unit count updated; every frame
   is routed to unit ``gidx % M`` (:func:`planner.plan_reshard`) and each target unit, in
   parallel, reads only its frames' byte ranges, checks each frame (the frame-check kernel) and appends
-  the frames byte for byte to new segment files, indexing them as it goes;
+  the frames byte for byte to new segment files, indexing them in key order at the end; the
+  loader asks the kernel to read each source unit's segments ahead (a hint, capped) as soon as
+  its index file is read, so the disk works while the indexes are walked and planned;
 * a checkpoint saved with ``include_storage=False``: the controller only; every row keeps
   its key, tag and consumption but no field is produced (no payload was saved).
 """
@@ -39,6 +41,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from .._gcpause import pausing
 from .._io import files
 from .._io.lmdbwalk import LmdbWalk
 from .._io.scan import BadFrame, scan_file
@@ -167,9 +170,13 @@ class Builder:
         and checked against the manifest."""
         e = self.man.find(M.unit_index_file(i))
         self._read(_check_file(self.src, e))
+        if self.mode == "reshard":  # its segments' reads start now (a hint), while the index is walked and planned
+            threading.Thread(target=prefetch_segments, daemon=True, name="tqstore-prefetch",
+                             args=(self.src, self.man, i, PREFETCH_BYTES // self.man.num_units)).start()
         self._walked(e)
         return self._unit_table(i)
 
+    @pausing  # tens of thousands of small objects per source unit: no full collection of the heap meanwhile
     def __call__(self, new_dir: Path, early: Any = None) -> str:
         """Every file's checks and staging as tasks that start at once: each unit index is
         read as soon as the walk has passed it (one child walks the unit indexes, another
@@ -277,6 +284,24 @@ class Builder:
             raise probs[0].to_error()
         assert table is not None
         return table
+
+
+#: bytes of a checkpoint's segments a reshard load asks the kernel to read ahead at its start (all sources)
+PREFETCH_BYTES = 1 << 30
+
+
+def prefetch_segments(src: Path, man: M.Manifest, unit: int, max_bytes: int) -> None:
+    """Start reading source unit ``unit``'s segments of a checkpoint into the page cache, at
+    most ``max_bytes`` (a hint, see :func:`tqstore._io.files.prefetch`): a reshard load runs
+    it once the unit's index file is read, while the indexes are walked and planned, so the
+    targets, which read every live frame segment after segment, find the bytes read or on
+    their way.  Raises nothing."""
+    left = max_bytes
+    for _seg, e in sorted(man.segments(unit).items()):
+        if left <= 0:
+            return
+        files.prefetch(src / e.path, [(0, min(e.size, left))], under=src)
+        left -= e.size
 
 
 def _first_error(futs: Sequence[Future]) -> None:

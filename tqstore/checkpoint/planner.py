@@ -145,10 +145,40 @@ class ReadRange:
     frames: Tuple[Tuple[bytes, int, int, int], ...]
 
 
+class KeyList(Sequence):
+    """The index keys of one target's frames, picked lazily from the keys of all sources
+    (``base[idx[i]]``): planning makes no Python object per frame.  Pickles as a plain list."""
+
+    def __init__(self, base: Sequence[bytes], idx: np.ndarray) -> None:
+        self.base = base
+        self.idx = np.asarray(idx, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return self.take(self.idx[i], absolute=True)
+        return self.base[int(self.idx[i])]
+
+    def __iter__(self):
+        return iter(self.take(self.idx, absolute=True))
+
+    def take(self, positions, *, absolute: bool = False) -> List[bytes]:
+        """The keys at ``positions`` (of this list; ``absolute``: of ``base``)."""
+        at = np.asarray(positions, np.int64) if absolute else self.idx[np.asarray(positions, np.int64)]
+        return list(map(self.base.__getitem__, at.tolist()))
+
+    def __reduce__(self):
+        return (list, (list(self),))
+
+
 @dataclass(frozen=True, eq=False)
 class TargetPlan:
     """The frames target unit ``unit`` reads, as arrays sorted by (source unit, segment,
-    offset): sequential reads, one source segment after the other."""
+    offset): sequential reads, one source segment after the other.  ``gidx`` and
+    ``key_rank`` (when given) let the target check each frame's row and index the frames
+    in key order without comparing keys."""
 
     unit: int
     src_unit: np.ndarray
@@ -156,8 +186,11 @@ class TargetPlan:
     offset: np.ndarray
     length: np.ndarray
     crc: np.ndarray
-    keys: List[bytes]
+    keys: Sequence[bytes]  # a list, or a KeyList
     max_range_bytes: int = DEFAULT_RANGE_BYTES
+    gidx: Optional[np.ndarray] = None  # u64: each frame's row (its key's first 8 bytes)
+    #: i64 ranks that sort the frames as their keys sort (None: sort the keys themselves)
+    key_rank: Optional[np.ndarray] = None
 
     @property
     def nbytes(self) -> int:
@@ -220,31 +253,34 @@ def plan_reshard(sources: Mapping[int, Union[FrameTable, Iterable[Sequence]]], n
     if num_targets < 1:
         raise ValueError(f"num_targets must be >= 1, got {num_targets}")
     tables = {u: (t if isinstance(t, FrameTable) else FrameTable.from_refs(t)) for u, t in sources.items()}
+    units = sorted(tables)
     keys: List[bytes] = []
-    for u in sorted(tables):
+    for u in units:
         keys.extend(tables[u].keys)
-    cat = (lambda name, dt: np.concatenate([getattr(tables[u], name) for u in sorted(tables)]).astype(dt)
+    cat = (lambda name, dt: np.concatenate([np.asarray(getattr(tables[u], name), dt) for u in units])
            if tables else np.zeros(0, dt))
-    src = np.concatenate([np.full(len(tables[u]), u, np.int64) for u in sorted(tables)]) if tables \
+    src = np.repeat(np.asarray(units, np.int64), [len(tables[u]) for u in units]) if tables \
         else np.zeros(0, np.int64)
     gidx, seg, off, ln, crc = (cat("gidx", np.uint64), cat("seg", np.int64), cat("offset", np.int64),
                                cat("length", np.int64), cat("crc", np.uint32))
     # overlap check over each whole source segment (entries routed anywhere)
     order = np.lexsort((off, seg, src))
-    same = (src[order][1:] == src[order][:-1]) & (seg[order][1:] == seg[order][:-1])
-    bad = np.flatnonzero(same & (off[order][1:] < off[order][:-1] + ln[order][:-1]))
+    so, sg, sf, sl = src[order], seg[order], off[order], ln[order]
+    bad = np.flatnonzero((so[1:] == so[:-1]) & (sg[1:] == sg[:-1]) & (sf[1:] < sf[:-1] + sl[:-1]))
     if len(bad):
         i = order[bad[0] + 1]
         raise CorruptionError(f"index entries of unit {int(src[i])} overlap in segment {int(seg[i])}",
                               offset=int(off[i]))
+    # a row lives on one source unit, whose keys ascend in its table: (gidx, position) sorts
+    # the frames of any target as their keys sort
     target = (gidx % np.uint64(num_targets)).astype(np.int64)
-    order = np.lexsort((off, seg, src, target))
+    order = order[np.argsort(target[order], kind="stable")]  # by target, then (source, segment, offset)
     bounds = np.searchsorted(target[order], np.arange(num_targets + 1), side="left")
     targets = []
     for t in range(num_targets):
         sel = order[bounds[t]:bounds[t + 1]]
-        targets.append(TargetPlan(t, src[sel], seg[sel], off[sel], ln[sel], crc[sel],
-                                  [keys[i] for i in sel.tolist()], max_range_bytes))
+        targets.append(TargetPlan(t, src[sel], seg[sel], off[sel], ln[sel], crc[sel], KeyList(keys, sel),
+                                  max_range_bytes, gidx=gidx[sel], key_rank=sel))
     return ReshardPlan(len(tables), num_targets, tuple(targets))
 
 

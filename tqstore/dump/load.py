@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -31,7 +31,9 @@ from ..ports import RestoreImport, RestoreInfo
 
 #: bytes of a source file a target unit reads, checks and appends at a time (x units in
 #: parallel, at most 8: the memory a load adds stays well under 256 MiB)
-BATCH_BYTES = 16 << 20
+BATCH_BYTES = 4 << 20
+#: bytes of a dump's shards the loader asks the kernel to read ahead at the start of a load
+PREFETCH_BYTES = 1 << 30
 
 
 @dataclass
@@ -53,6 +55,7 @@ class Dump:
     manifest: Dict
     rows: D.RowIndex
     shards: List[Shard]
+    used: Optional[frozenset] = None  # the fields some dumped row produced (None: not known yet)
 
     @property
     def partition_id(self) -> str:
@@ -72,7 +75,7 @@ class Dump:
 
     def schema(self) -> Dict[str, Tuple[int, int]]:
         """The schemas of the fields some dumped row produced (the only ones a load merges)."""
-        used = {f for r in self.rows.rows.values() for f in r["fields"]}
+        used = self.used if self.used is not None else {f for r in self.rows.rows.values() for f in r["fields"]}
         return {f: kd for f, kd in self.rows.schemas.items() if f in used}
 
 
@@ -139,14 +142,12 @@ def read_dump(path) -> Dump:
     if rows.partition_id != man["partition_id"] or rows.num_units != nu:
         raise CorruptionError("dump row index names another partition or unit count than its manifest", path=str(rp))
     code = {f: i for i, f in enumerate(rows.schemas)}  # every produced field has a schema (decode_row_index)
-    want: Dict[int, Tuple[List[int], List[int]]] = {}  # source unit -> the (gidx, field code) of its frames
+    by_fields: Dict[tuple, List[int]] = {}  # a row's produced fields -> the rows (gidx) that have them
     for r in rows.rows.values():
         fs = r["fields"]
         if fs:
-            g = r["gidx"]
-            wg, wf = want.setdefault(g % nu, ([], []))
-            wg.extend([g] * len(fs))
-            wf.extend([code[f] for f in fs])
+            by_fields.setdefault(tuple(fs), []).append(r["gidx"])
+    want = _frames_wanted(by_fields, code, nu)  # source unit -> the (gidx, field code) of its frames
     shards: List[Shard] = []
     listed = {s["unit"] for s in man["shards"]}
     lacking = sorted(set(want) - listed)
@@ -170,19 +171,45 @@ def read_dump(path) -> Dump:
             raise CorruptionError("dump shard's frames are not the produced fields of the row index's rows on its "
                                   "unit", path=str(sp), offset=head.table_offset)
         shards.append(Shard(head.unit, s["path"], size, head, table))
-    return Dump(d, man, rows, shards)
+    return Dump(d, man, rows, shards, frozenset(f for fs in by_fields for f in fs))
 
 
-def prefetch(dump: Dump) -> None:
-    """Start reading every shard's frames into the page cache (a hint, see
-    :func:`tqstore._io.files.prefetch`): the loader runs it beside the controller's begin, so
-    the target units find the bytes read or on their way.  Raises nothing."""
-    for s in dump.shards:
-        files.prefetch(dump.path / s.path, [(D.SHARD_HEADER_SIZE, s.header.table_offset - D.SHARD_HEADER_SIZE)],
-                       under=dump.path)
+def _frames_wanted(by_fields: Mapping[tuple, List[int]], code: Mapping[str, int],
+                   nu: int) -> Dict[int, Tuple[np.ndarray, np.ndarray]]:
+    """Per source unit (``gidx % nu``), the ``(gidx, field code)`` pairs of the frames the row
+    index says its shard holds, as two arrays (in no particular order)."""
+    gs, cs = [np.zeros(0, np.uint64)], [np.zeros(0, np.int64)]
+    for fs, rows_ in by_fields.items():
+        g = np.asarray(rows_, np.uint64)
+        c = np.asarray([code[f] for f in fs], np.int64)
+        gs.append(np.repeat(g, len(c)))
+        cs.append(np.tile(c, len(g)))
+    g, c = np.concatenate(gs), np.concatenate(cs)
+    unit = (g % np.uint64(nu)).astype(np.int64)
+    return {int(u): (g[unit == u], c[unit == u]) for u in np.unique(unit).tolist()}
 
 
-def _same_frames(want: Tuple[List[int], List[int]], table: D.ShardTable, code: Mapping[str, int]) -> bool:
+def prefetch(path, *, max_bytes: int = PREFETCH_BYTES) -> None:
+    """Start reading the shard files of the dump at ``path`` into the page cache (a hint, see
+    :func:`tqstore._io.files.prefetch`), at most ``max_bytes`` of them (the same share of each,
+    from its start): the loader runs it as a load starts, beside the checks of the dump and
+    the controller's begin, so the target units find the bytes read or on their way (every
+    frame of a dump is loaded by some unit).  Nothing is checked here (the units check what
+    they read); raises nothing."""
+    d = Path(path)
+    try:
+        names = [n for n in files.listdir(d) if n.startswith("shard-") and n.endswith(".tqd") and
+                 n[6:-4].isdigit() and D.shard_name(int(n[6:-4])) == n]
+        sizes = [files.check_regular(d / n, under=d).st_size for n in names]
+    except (OSError, ValueError):
+        return
+    total = sum(sizes)
+    share = min(1.0, max_bytes / total) if total else 0.0
+    for n, size in zip(names, sizes):
+        files.prefetch(d / n, [(0, int(size * share))], under=d)
+
+
+def _same_frames(want: Tuple[np.ndarray, np.ndarray], table: D.ShardTable, code: Mapping[str, int]) -> bool:
     """Whether the shard's table holds exactly the ``(gidx, field code)`` pairs ``want`` (each
     pair at most once on either side: the row index and the table decoders refuse repeats)."""
     e = table.entries

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
@@ -153,9 +154,18 @@ def load(store, dump_dir) -> Dict[str, Any]:
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
-        dump = read_dump(d)
-        store._pool.submit(prefetch, dump)  # the frames' reads start beside the controller's begin
-        _mark(d, store.root)
+        # the marker's fsyncs run beside the checks of the dump (whose small reads go first),
+        # then the frames' reads start (a hint) beside the controller's begin
+        marked = store._pool.submit(_mark, d, store.root)
+        try:
+            dump = read_dump(d)
+        except BaseException:
+            with contextlib.suppress(BaseException):  # the dump's error is the one to raise
+                marked.result()
+            _unmark(d)
+            raise
+        threading.Thread(target=prefetch, args=(d,), daemon=True, name="tqstore-prefetch").start()
+        marked.result()
         try:
             with store._write_lock:
                 store._check_open()
