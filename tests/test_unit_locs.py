@@ -61,6 +61,13 @@ def rows(n, seed):
     return torch.full((n, 4), seed, dtype=torch.int64) + torch.arange(n).reshape(-1, 1)
 
 
+def test_jagged_values_and_large_rows_are_held_where_the_index_says(unit):
+    jag = [torch.arange(i + 1, dtype=torch.int64) for i in range(12)]
+    put(unit, range(12), {"j": jag, "v": [{"i": i} for i in range(12)], "big": torch.randn(12, 3000)})
+    assert_in_step(unit, range(12), ["j", "v", "big"])
+    assert torch.equal(value(unit, 7, "j"), jag[7]) and value(unit, 3, "v") == {"i": 3}
+
+
 def test_lookups_follow_writes_overwrites_and_deletes(unit):
     put(unit, range(40), {"x": rows(40, 0), "y": rows(40, 100)})
     assert unit.lookup(list(range(40)), ["x"])["x"] is not None

@@ -26,9 +26,7 @@ import zstandard
 
 from . import _native
 from ._format.columns import Column, take_rows
-from ._format.frame import (
-    encode_parts, encode_uniform,
-)
+from ._format.frame import encode_parts, encode_uniform, run_locs
 from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
 from ._format.layout import (
     CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
@@ -41,7 +39,7 @@ from ._io.lmdbenv import lmdb_commit_point, open_env, put_items, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
-from .unit_locs import LocCache, write_sets
+from .unit_locs import GidxArrays, LocCache, write_sets
 from .unit_read import UnitReader, UnitView
 from .unit_restore import install_restore_calls, open_restore_db
 from .unit_recover import check_index_format, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
@@ -58,17 +56,26 @@ _seg_key = UR.seg_key
 _undo_key = UR.undo_key
 
 
-def _key_order(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]]
-               ) -> Optional[List[Tuple[bytes, bytes]]]:
-    """The index items of a write made only of bulk encodes (``(field, gidxs, items)``), in
+def _as_list(xs: Sequence[int]) -> List[int]:
+    return xs if type(xs) is list else list(xs)
+
+
+def _key_order(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]], Optional[np.ndarray]]],
+               arrays: GidxArrays) -> Optional[List[Tuple[bytes, bytes]]]:
+    """The index items of a write made only of bulk encodes (``(field, gidxs, items, ...)``), in
     ascending key order (gidx big-endian, then field name), or None.  Ordered when the encodes
     are of distinct fields over one strictly ascending list of gidxs: interleaved row by row."""
     gidxs = bulk[0][1] if bulk else None
-    if not bulk or any(b[1] != gidxs for b in bulk) \
-            or len({b[0] for b in bulk}) != len(bulk) or not bool((np.diff(np.asarray(gidxs)) > 0).all()):
+    if not bulk or any(b[1] is not gidxs and b[1] != gidxs for b in bulk) \
+            or len({b[0] for b in bulk}) != len(bulk) or not bool((np.diff(arrays.of(gidxs)) > 0).all()):
         return None
-    cols = [its for _f, _g, its in sorted(bulk, key=lambda b: b[0])]
-    return cols[0] if len(cols) == 1 else list(chain.from_iterable(zip(*cols)))
+    cols = [b[2] for b in sorted(bulk, key=lambda b: b[0])]
+    if len(cols) == 1:
+        return cols[0]
+    out: List = [None] * (len(cols) * len(gidxs))
+    for i, c in enumerate(cols):  # row by row: slice assignments at C speed
+        out[i::len(cols)] = c
+    return out
 
 
 class Unit(UnitReader):
@@ -209,7 +216,8 @@ class Unit(UnitReader):
                 start = w.size
                 bufs: List = []
                 others: List[Tuple[bytes, bytes]] = []  # index items not from bulk encodes
-                bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]] = []  # (field, gidxs, items)
+                bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]], Optional[np.ndarray]]] = []
+                # (field, gidxs, items, their LOC_DTYPE locations when computed in bulk)
                 off = start
                 for col, positions, gidxs in columns:
                     fbytes = col.field.encode()
@@ -218,8 +226,8 @@ class Unit(UnitReader):
                     rows = zip(positions, gidxs)
                     if not comp and col.uniform_shape is not None and col.kind != KIND_VALUE and len(positions):
                         # rows of one shape and dtype have one size: sort them once, not row by row
-                        if memoryview(col.payloads[positions[0]]).nbytes < BULK_FRAME_BYTES:
-                            small_pos, small_gidx = list(positions), list(gidxs)
+                        if memoryview(col.payloads[positions[0]]).nbytes < BULK_FRAME_BYTES:  # (lists shared by columns)
+                            small_pos, small_gidx = _as_list(positions), _as_list(gidxs)
                         else:
                             large_pos, large_gidx = list(positions), list(gidxs)
                         rows = ()
@@ -263,12 +271,13 @@ class Unit(UnitReader):
                         blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0, None,
                                                           w.seg_id, off)
                         bufs.append(blob)
-                        bulk.append((fbytes, small_gidx, its))
+                        bulk.append((fbytes, small_gidx, its, run_locs(blob, len(small_gidx), w.seg_id, off)))
                         off += len(blob)
                 w.append(bufs)
                 if self.sync:
                     w.fsync()
-                ordered = _key_order(bulk) if fresh and not others else None
+                arrays = GidxArrays()
+                ordered = _key_order(bulk, arrays) if fresh and not others else None
                 items = ordered or list(chain(others, *(b[2] for b in bulk)))
                 self._index(txn, items, w.seg_id, off - start, fresh, token, ordered=bool(ordered))
                 lmdb_commit_point("unit_commit")
@@ -278,7 +287,7 @@ class Unit(UnitReader):
                 txn.abort()
                 self._after_failure()
                 raise
-            self.locs.committed(wid, write_sets(bulk, others))
+            self.locs.committed(wid, write_sets(bulk, others, arrays))
             self._after_change()
             return off - start
 

@@ -110,8 +110,12 @@ class LocCache:
                 if last != wid:
                     self.txnid = -1
                     return
+            seen: Dict[int, tuple] = {}
             for field, gidxs, locs in sets:
-                self._put(field, gidxs, locs)
+                got = seen.get(id(gidxs))
+                if got is None:
+                    got = seen[id(gidxs)] = (gidxs, self._positions(gidxs))
+                self._put(field, gidxs, locs, got[1])
             self.txnid = wid
 
     def populate(self, rid: int, gidxs: Sequence[int], found: Dict[str, Optional[np.ndarray]]) -> None:
@@ -138,8 +142,8 @@ class LocCache:
             return sum(a.nbytes for a in self._arrays.values())
 
     # ---------------------------------------------------------------- arrays (lock held)
-    def _put(self, field: str, gidxs: Sequence[int], locs: np.ndarray) -> None:
-        pos, top, which = self._positions(gidxs)
+    def _put(self, field: str, gidxs: Sequence[int], locs: np.ndarray, positions=None) -> None:
+        pos, top, which = self._positions(gidxs) if positions is None else positions
         if which is not None:  # (rows it cannot hold stay unknown)
             locs = np.asarray(locs)[which]
         if top < 0:
@@ -154,7 +158,7 @@ class LocCache:
             if want > size:
                 b = np.zeros(want, LOC_DTYPE)
                 if a is not None:
-                    b[:size] = a
+                    b.view(_RAW)[:size] = a.view(_RAW)
                 a = self._arrays[field] = b
                 size = want
         if a is None:
@@ -175,11 +179,29 @@ class LocCache:
                 a["length"][pos[pos < len(a)]] = 0
 
 
-def write_sets(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]],
-               others: List[Tuple[bytes, bytes]]) -> List[Tuple[str, List[int], np.ndarray]]:
-    """The ``sets`` of a unit write (:meth:`LocCache.committed`): its bulk-encoded items
-    (``(field bytes, gidxs, items)``, values joined at C speed) and the rest one by one."""
-    out = [(f.decode(), g, np.frombuffer(b"".join(map(_value, its)), LOC_DTYPE)) for f, g, its in bulk]
+class GidxArrays:
+    """Lists of gidxs as int64 arrays, each list converted once (by identity: the columns of one
+    write share their list)."""
+
+    def __init__(self) -> None:
+        self._of: Dict[int, Tuple[Sequence[int], np.ndarray]] = {}
+
+    def of(self, g: Sequence[int]) -> np.ndarray:
+        got = self._of.get(id(g))
+        if got is None:
+            got = self._of[id(g)] = (g, np.fromiter(g, np.int64, len(g)))  # (g kept: its id stays its own)
+        return got[1]
+
+
+def write_sets(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]], Optional[np.ndarray]]],
+               others: List[Tuple[bytes, bytes]], arrays: Optional[GidxArrays] = None
+               ) -> List[Tuple[str, np.ndarray, np.ndarray]]:
+    """The ``sets`` of a unit write (:meth:`LocCache.committed`): its bulk encodes (``(field bytes,
+    gidxs, items, locations or None)``: the locations computed in bulk, else the items' values
+    joined) and the other items one by one; each list of gidxs becomes one array."""
+    arr = (arrays or GidxArrays()).of
+    out = [(f.decode(), arr(g), locs if locs is not None else np.frombuffer(b"".join(map(_value, its)), LOC_DTYPE))
+           for f, g, its, locs in bulk]
     if others:
         by: Dict[bytes, Tuple[List[int], List[bytes]]] = {}
         head = INDEX_KEY_HEAD.size
@@ -187,8 +209,8 @@ def write_sets(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]],
             g, vs = by.setdefault(k[head:], ([], []))
             g.append(INDEX_KEY_HEAD.unpack_from(k)[0])
             vs.append(v)
-        out += [(f.decode(), g, np.frombuffer(b"".join(vs), LOC_DTYPE)) for f, (g, vs) in by.items()]
+        out += [(f.decode(), arr(g), np.frombuffer(b"".join(vs), LOC_DTYPE)) for f, (g, vs) in by.items()]
     return out
 
 
-__all__ = ["LocCache", "LOC_CACHE_MAX_BYTES", "write_sets"]
+__all__ = ["GidxArrays", "LocCache", "LOC_CACHE_MAX_BYTES", "write_sets"]

@@ -352,6 +352,31 @@ def _with_gidx(h: FrameHead, gidx: int) -> FrameHead:
     return c
 
 
+def run_locs(blob, n: int, seg: int, offset: int) -> Optional[np.ndarray]:
+    """The :data:`LOC_DTYPE` locations of ``n`` frames laid end to end in ``blob`` (as
+    ``encode_frames`` lays them out) when it is written at ``offset`` of segment ``seg``, or None
+    unless they are all one length with one prefix (the frames of one uniform column).
+
+    Each frame's prefix, read where a run of equal frames puts it, must equal the first one,
+    whose lengths must add up to that extent: then every frame lies there.  CRCs are read from
+    the trailers (not computed: the caller encoded them)."""
+    size = memoryview(blob).nbytes
+    if n <= 0 or size % n:
+        return None
+    flen = size // n
+    mat = np.frombuffer(blob, np.uint8).reshape(n, flen)
+    _magic, _version, _flags, hlen, plen, _raw = PREFIX.unpack_from(blob, 0)
+    start = payload_offset(hlen)
+    if flen < PREFIX_SIZE or frame_extent(start, plen) != flen or not (mat[:, :PREFIX_SIZE] == mat[0, :PREFIX_SIZE]).all():
+        return None
+    out = np.empty(n, LOC_DTYPE)
+    out["seg"] = seg
+    out["offset"] = np.arange(offset, offset + n * flen, flen, dtype=np.uint64)
+    out["length"] = flen
+    out["crc"] = np.ascontiguousarray(mat[:, start + plen:start + plen + 4]).view("<u4").reshape(-1)
+    return out
+
+
 def head_template(head) -> Tuple[bytes, bytes]:
     """The parts of a frame head that frames of one field and shape share: all but the gidx.
 
