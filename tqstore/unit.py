@@ -25,7 +25,7 @@ import numpy as np
 import zstandard
 
 from . import _native
-from ._format.columns import Column, take_rows
+from ._format.columns import Column, FlatRows, take_rows
 from ._format.frame import encode_parts, encode_uniform, run_locs
 from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
 from ._format.layout import (
@@ -262,14 +262,19 @@ class Unit(UnitReader):
                             others.append((key(g) + fbytes, val(seg, off, flen, c)))
                             off += flen
                     if small_pos:
-                        if len(small_pos) == len(col.payloads):
-                            pl, sh = col.payloads, col.shapes
+                        fl = col.payloads
+                        if type(fl) is FlatRows and col.uniform_shape is not None:  # framed from the batch's memory
+                            blob, its = _native.encode_rows(fbytes, col.kind, col.dtype, small_gidx, col.uniform_shape,
+                                                            fl.flat, fl.row_bytes, small_pos, w.seg_id, off)
                         else:
-                            pl = take_rows(col.payloads, small_pos)
-                            sh = ([col.uniform_shape] * len(small_pos) if col.uniform_shape is not None
-                                  else take_rows(col.shapes, small_pos))
-                        blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0, None,
-                                                          w.seg_id, off)
+                            if len(small_pos) == len(fl):
+                                pl, sh = fl, col.shapes
+                            else:
+                                pl = take_rows(fl, small_pos)
+                                sh = ([col.uniform_shape] * len(small_pos) if col.uniform_shape is not None
+                                      else take_rows(col.shapes, small_pos))
+                            blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0,
+                                                              None, w.seg_id, off)
                         bufs.append(blob)
                         bulk.append((fbytes, small_gidx, its, run_locs(blob, len(small_gidx), w.seg_id, off)))
                         off += len(blob)
