@@ -259,12 +259,9 @@ class Controller:
     def key_list(self, pid: str) -> Optional[Tuple[List[Optional[str]], Dict[str, Any]]]:
         """See ControllerPort: the key column copied whole (None for unkeyed and removed rows)."""
         p = self.parts.get(pid)
-        if p is None:
-            return None
-        sk, slot = p.s_key, p.gmap.slot
-        tags = {sk[int(slot[g])]: copy_value(t) for g, t in p.tags.items()}
+        tags = {} if p is None else {p.s_key[int(p.gmap.slot[g])]: copy_value(t) for g, t in p.tags.items()}
         tags.pop(None, None)
-        return list(sk), tags
+        return None if p is None else (list(p.s_key), tags)
 
     @_locked
     def claims(self, unit_id: int) -> Dict[int, frozenset]:
