@@ -218,8 +218,9 @@ def test_run_locs_names_each_frame_of_a_uniform_run_as_its_index_value(shape, it
     per = itemsize * math.prod(shape)
     gidxs = [5, 9, 1 << 33, 2]
     payloads = [bytes([i]) * per for i in range(4)]
-    blob, items = _native.encode_frames(b"ids", KIND_TENSOR, 1, gidxs, [shape] * 4, payloads, 0, None, 3, (1 << 32) + 64)
-    got = run_locs(blob, 4, 3, (1 << 32) + 64)
+    base = (1 << 32) + 64
+    blob, items = _native.encode_frames(b"ids", KIND_TENSOR, 1, gidxs, [shape] * 4, payloads, 0, None, 3, base)
+    got = run_locs(blob, 4, 3, base)
     assert got is not None and got.tobytes() == b"".join(v for _k, v in items) and got.dtype == LOC_DTYPE
 
 

@@ -61,6 +61,19 @@ def rows(n, seed):
     return torch.full((n, 4), seed, dtype=torch.int64) + torch.arange(n).reshape(-1, 1)
 
 
+def test_a_long_batch_of_uniform_rows_is_held_where_the_index_says(tmp_path):
+    u = Unit(tmp_path / "u", 1, segment_bytes=1 << 22, stride=2)
+    try:
+        g = list(range(1, 2 * 1500, 2))  # at least RUN_LOCS_MIN rows: locations computed from the run
+        x = torch.arange(1500 * 16, dtype=torch.int64).reshape(1500, 16)
+        put(u, g, {"ids": x, "lp": torch.rand(1500)})
+        put(u, g[100:1300], {"ids": x[:1200] + 1}, fresh=False)
+        assert_in_step(u, g, ["ids", "lp"])
+        assert torch.equal(value(u, g[200], "ids"), x[100] + 1) and torch.equal(value(u, g[1400], "ids"), x[1400])
+    finally:
+        u.close()
+
+
 def test_jagged_values_and_large_rows_are_held_where_the_index_says(unit):
     jag = [torch.arange(i + 1, dtype=torch.int64) for i in range(12)]
     put(unit, range(12), {"j": jag, "v": [{"i": i} for i in range(12)], "big": torch.randn(12, 3000)})

@@ -49,6 +49,7 @@ log = logging.getLogger("tqstore")
 BULK_FRAME_BYTES = 4 << 10  # payloads below this are framed in bulk (one native call, copied into one buffer);
 # larger ones are framed in place and written from the caller's memory (no copy)
 DEFAULT_SEGMENT_BYTES = 256 << 20
+RUN_LOCS_MIN = 1024  # a bulk encode of at least this many frames gives the location cache its locations in bulk
 COMPACT_LIVE_RATIO = 0.5
 
 
@@ -226,7 +227,7 @@ class Unit(UnitReader):
                     rows = zip(positions, gidxs)
                     if not comp and col.uniform_shape is not None and col.kind != KIND_VALUE and len(positions):
                         # rows of one shape and dtype have one size: sort them once, not row by row
-                        if memoryview(col.payloads[positions[0]]).nbytes < BULK_FRAME_BYTES:  # (lists shared by columns)
+                        if memoryview(col.payloads[positions[0]]).nbytes < BULK_FRAME_BYTES:  # (lists: the columns')
                             small_pos, small_gidx = _as_list(positions), _as_list(gidxs)
                         else:
                             large_pos, large_gidx = list(positions), list(gidxs)
@@ -276,7 +277,9 @@ class Unit(UnitReader):
                             blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0,
                                                               None, w.seg_id, off)
                         bufs.append(blob)
-                        bulk.append((fbytes, small_gidx, its, run_locs(blob, len(small_gidx), w.seg_id, off)))
+                        m = len(small_gidx)  # (a short run's locations: its items' values, joined)
+                        locs = run_locs(blob, m, w.seg_id, off) if m >= RUN_LOCS_MIN else None
+                        bulk.append((fbytes, small_gidx, its, locs))
                         off += len(blob)
                 w.append(bufs)
                 if self.sync:
