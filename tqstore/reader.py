@@ -53,6 +53,7 @@ from .ports import SnapshotId, UnitPort, fill_or_copy
 _ITEMSIZE = dict(dtypes.ITEMSIZE)
 
 
+SPLIT_SCAN_UNITS = 8  # up to this many units, rows are split by one pass per unit (else by one sort)
 PARALLEL_MIN_BYTES = 4 << 20  # below this a read runs on the calling thread: handing work to the pool costs more
 
 
@@ -76,6 +77,9 @@ class _Split:
         self.all = ga
         if nu == 1:
             self.per_unit = {0: np.arange(ga.size, dtype=np.int64)} if ga.size else {}
+        elif nu <= SPLIT_SCAN_UNITS:  # one pass per unit beats a sort of the rows
+            u_of = ga % nu
+            self.per_unit = {u: ps for u, ps in ((u, np.flatnonzero(u_of == u)) for u in range(nu)) if ps.size}
         else:
             u_of = ga % nu
             order = np.argsort(u_of, kind="stable")
