@@ -221,3 +221,19 @@ def test_random_operations_keep_lookups_equal_to_the_index(unit):
     assert unit.verify() == []
     for g in sorted(live)[:20]:
         assert value(unit, g, "x").shape == (4,)
+
+
+def test_a_failure_of_the_cache_after_a_commit_empties_it_and_the_write_stands(unit, monkeypatch):
+    import tqstore.unit as unit_mod
+
+    put(unit, range(4), {"x": rows(4, 0)})
+    unit.lookup(list(range(4)), ["x"])
+
+    def fail(*_args):
+        raise MemoryError("no room for the cache")
+
+    monkeypatch.setattr(unit_mod, "write_sets", fail)
+    put(unit, range(4), {"x": rows(4, 9)}, fresh=False)  # committed: the call succeeds
+    assert unit.locs.nbytes() == 0
+    assert torch.equal(value(unit, 2, "x"), rows(4, 9)[2])
+    assert_in_step(unit, range(4), ["x"])

@@ -295,7 +295,7 @@ class Unit(UnitReader):
                 txn.abort()
                 self._after_failure()
                 raise
-            self.locs.committed(wid, write_sets(bulk, others, arrays))
+            self.locs.committed(wid, lambda: write_sets(bulk, others, arrays))
             self._after_change()
             return off - start
 

@@ -22,6 +22,7 @@ grown by doubling, at most ``max_bytes`` per unit: rows beyond it are simply not
 """
 from __future__ import annotations
 
+import logging
 import threading
 from operator import itemgetter
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -33,6 +34,7 @@ from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE
 #: the most memory one unit's cache takes (its arrays); rows beyond it are read from the index
 LOC_CACHE_MAX_BYTES = 256 << 20
 
+log = logging.getLogger("tqstore")
 _value = itemgetter(1)
 _RAW = np.dtype(f"V{LOC_DTYPE.itemsize}")  # a location as one opaque record: copied in bulk (no per-member work)
 
@@ -92,12 +94,20 @@ class LocCache:
         return g, (int(g.max()) if g.size else -1), which
 
     # ---------------------------------------------------------------- the unit's commits
-    def committed(self, wid: int, sets: Iterable[Tuple[str, Sequence[int], np.ndarray]] = (),
+    def committed(self, wid: int, sets: Callable[[], Iterable[Tuple[str, Sequence[int], np.ndarray]]] = tuple,
                   drops: Optional[Tuple[Sequence[int], Optional[Sequence[str]]]] = None) -> None:
-        """After the unit's write transaction ``wid`` (its ``txn.id()``) committed: ``sets`` are
-        ``(field, gidxs, LOC_DTYPE locations)`` it put, ``drops`` ``(gidxs, fields or None for
-        all)`` whose entries it deleted or replaced by values not given.  Call before the
-        unit's call returns, under the unit's lock."""
+        """After the unit's write transaction ``wid`` (its ``txn.id()``) committed: ``sets()``
+        gives the ``(field, gidxs, LOC_DTYPE locations)`` it put, ``drops`` ``(gidxs, fields or
+        None for all)`` whose entries it deleted or replaced by values not given.  Call before
+        the unit's call returns, under the unit's lock.  Never raises: the commit is done, so a
+        failure here (out of memory) only empties the cache."""
+        try:
+            self._committed(wid, sets, drops)
+        except Exception:  # noqa: BLE001 - see the docstring
+            log.exception("location cache: dropped after a failure")
+            self.clear()
+
+    def _committed(self, wid: int, sets, drops) -> None:
         with self._lock:
             if drops is not None:
                 self._forget(*drops)
@@ -111,7 +121,7 @@ class LocCache:
                     self.txnid = -1
                     return
             seen: Dict[int, tuple] = {}
-            for field, gidxs, locs in sets:
+            for field, gidxs, locs in sets():
                 got = seen.get(id(gidxs))
                 if got is None:
                     got = seen[id(gidxs)] = (gidxs, self._positions(gidxs))
@@ -121,16 +131,20 @@ class LocCache:
     def populate(self, rid: int, gidxs: Sequence[int], found: Dict[str, Optional[np.ndarray]]) -> None:
         """Hold what a lookup read from the index in read transaction ``rid`` (``txn.id()``): kept
         when ``rid`` is the state the cache is exact for, or a newer one that is the index's
-        last commit (the cache then starts again from it)."""
-        with self._lock:
-            if rid != self.txnid:
-                if rid < self.txnid or rid != self._last():
-                    return
-                self._arrays.clear()
-                self.txnid = rid
-            for f, locs in found.items():
-                if locs is not None:
-                    self._put(f, gidxs, locs)
+        last commit (the cache then starts again from it).  Never raises (a failure empties it)."""
+        try:
+            with self._lock:
+                if rid != self.txnid:
+                    if rid < self.txnid or rid != self._last():
+                        return
+                    self._arrays.clear()
+                    self.txnid = rid
+                for f, locs in found.items():
+                    if locs is not None:
+                        self._put(f, gidxs, locs)
+        except Exception:  # noqa: BLE001 - the lookup has its answer; the cache is only dropped
+            log.exception("location cache: dropped after a failure")
+            self.clear()
 
     def clear(self) -> None:
         with self._lock:
