@@ -44,7 +44,7 @@ from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controll
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
 from .controller_mirror import (
-    GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, copy_value, list_keys,
+    GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, key_list, list_keys,
     partition_info, production_status, row_batch, row_info, rows_of_slots,
 )
 from . import controller_persist, controller_put
@@ -257,11 +257,8 @@ class Controller:
 
     @_locked
     def key_list(self, pid: str) -> Optional[Tuple[List[Optional[str]], Dict[str, Any]]]:
-        """See ControllerPort: the key column copied whole (None for unkeyed and removed rows)."""
-        p = self.parts.get(pid)
-        tags = {} if p is None else {p.s_key[int(p.gmap.slot[g])]: copy_value(t) for g, t in p.tags.items()}
-        tags.pop(None, None)
-        return None if p is None else (list(p.s_key), tags)
+        """See ControllerPort (:func:`tqstore.controller_mirror.key_list`)."""
+        return key_list(self.parts.get(pid))
 
     @_locked
     def claims(self, unit_id: int) -> Dict[int, frozenset]:
