@@ -16,7 +16,8 @@ import pytest
 from tqstore import _native
 from tqstore._native import _pure
 
-_FUNCS = ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "check_frames", "gather_frames")
+_FUNCS = ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows", "check_frames",
+          "gather_frames")
 
 
 def _native_module():

@@ -208,3 +208,20 @@ def test_tensordict_batches_are_accepted_when_tensordict_is_installed(store):
     assert torch.equal(store.kv_batch_get(["a", "b"], "p")["x"], td["x"])
     meta = store.put(td, partition_id="s")
     assert torch.equal(store.get_data(meta)["x"], td["x"])
+
+
+@pytest.mark.parametrize("width", [3, 64, 100])  # rows of 12, 256 and 400 bytes: copies below 256, views above
+def test_a_contiguous_batchs_rows_read_like_a_list_of_its_rows(width):
+    from tqstore._format.columns import to_column
+
+    a = np.arange(10 * width, dtype=np.int32).reshape(10, width)
+    col = to_column("x", a, 10)
+    rows = [a[i].tobytes() for i in range(10)]
+    got = col.payloads
+    assert len(got) == 10 and [bytes(memoryview(r)) for r in got] == rows
+    assert bytes(memoryview(got[-1])) == rows[-1] and bytes(memoryview(got[3])) == rows[3]
+    assert [bytes(memoryview(r)) for r in got[1:9:3]] == rows[1:9:3]
+    assert [bytes(memoryview(r)) for r in col.take([7, 2, 7]).payloads] == [rows[7], rows[2], rows[7]]
+    with pytest.raises(IndexError):
+        got[10]
+    assert col.nbytes == a.nbytes

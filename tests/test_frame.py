@@ -208,3 +208,27 @@ def test_payload_is_a_view_not_a_copy():
     buf[start] = ord("Q")
     assert bytes(fr.payload[:1]) == b"Q"
     assert PREFIX_SIZE < start
+
+
+@pytest.mark.parametrize("shape, itemsize", [((16,), 8), ((), 4), ((3,), 1), ((0,), 8)])
+def test_run_locs_names_each_frame_of_a_uniform_run_as_its_index_value(shape, itemsize):
+    from tqstore._format.frame import run_locs
+    from tqstore._format.index import LOC_DTYPE
+
+    per = itemsize * math.prod(shape)
+    gidxs = [5, 9, 1 << 33, 2]
+    payloads = [bytes([i]) * per for i in range(4)]
+    base = (1 << 32) + 64
+    blob, items = _native.encode_frames(b"ids", KIND_TENSOR, 1, gidxs, [shape] * 4, payloads, 0, None, 3, base)
+    got = run_locs(blob, 4, 3, base)
+    assert got is not None and got.tobytes() == b"".join(v for _k, v in items) and got.dtype == LOC_DTYPE
+
+
+def test_run_locs_refuses_frames_of_different_lengths():
+    from tqstore._format.frame import run_locs
+
+    blob, _ = _native.encode_frames(b"x", KIND_TENSOR, 1, [1, 2], [(3,), (67,)], [bytes(3), bytes(67)], 0, None, 1, 0)
+    assert run_locs(blob, 2, 1, 0) is None
+    blob, _ = _native.encode_frames(b"x", KIND_TENSOR, 1, [1, 2], [(3,), (4,)], [bytes(3), bytes(4)], 0, None, 1, 0)
+    assert run_locs(blob, 2, 1, 0) is None  # one length, other prefixes
+    assert run_locs(b"", 0, 1, 0) is None

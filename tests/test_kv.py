@@ -136,6 +136,18 @@ def test_kv_list_lists_every_partition_in_insertion_order_and_nothing_for_an_unk
     assert store.kv_list("nope") == {}
 
 
+def test_kv_list_skips_unkeyed_and_cleared_rows_and_its_empty_tags_are_the_callers_own(store):
+    store.kv_batch_put(["a", "b", "c", "d"], "p", {"x": torch.ones(4, 1)}, tags=[None, {"t": [1]}, None, None])
+    store.put({"x": torch.ones(2, 1)}, partition_id="p")  # streamed rows: no key
+    store.kv_clear(["c"], "p")
+    store.kv_batch_put(["e", "c"], "p", {"x": torch.ones(2, 1)})
+    got = store.kv_list("p")["p"]
+    assert list(got.items()) == [("a", {}), ("b", {"t": [1]}), ("d", {}), ("e", {}), ("c", {})]
+    got["a"]["mine"] = 1
+    got["b"]["t"].append(2)
+    assert got["d"] == {} and store.kv_list() == {"p": {"a": {}, "b": {"t": [1]}, "d": {}, "e": {}, "c": {}}}
+
+
 # ---------------------------------------------------------------------------------- bad input: nothing written
 
 def test_batch_size_different_from_number_of_keys_is_rejected_before_any_write(store):

@@ -81,6 +81,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("ports", ("ports", "ports_restore")),
     ("policies", ("samplers", "seqlen_sampler")),
     ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "unit_restore",
+                     "unit_locs", "unit_compact",
                      "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling", "controller_persist",
                      "controller_export", "controller_dump", "controller_restore")),
     ("embedded", ("embedded",)),

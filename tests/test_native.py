@@ -61,8 +61,8 @@ def index_offsets(items, base_offset=0):
 def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
-    for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "check_frames",
-                 "gather_frames", "copy_ranges", "restamp_frames", "pread_ranges"):
+    for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows",
+                 "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "pread_ranges"):
         assert callable(getattr(F, name)) and callable(getattr(P, name))
     c = F._LAYOUT
     assert c["FRAME_MAGIC"] == layout.FRAME_MAGIC
@@ -329,6 +329,59 @@ def test_encode_frames_errors_match():
                                         "base_offset": 2**64 - 64})[0] == "ok"
     with pytest.raises(TypeError):
         F.encode_frames(b"f", 0, 0, [], [], [], 0, None, 0)
+
+
+@st.composite
+def rows_args(draw):
+    ndim = draw(st.integers(0, 3))
+    shape = tuple(draw(st.lists(st.integers(0, 5), min_size=ndim, max_size=ndim)))
+    row_bytes = int(np.prod(shape, dtype=np.int64)) * draw(st.sampled_from([1, 2, 4, 8]))
+    m = draw(st.integers(1, 20))
+    n = draw(st.integers(0, 30))
+    data = np.frombuffer(draw(st.binary(min_size=m * row_bytes, max_size=m * row_bytes)), np.uint8)
+    rows = draw(st.none() | st.lists(st.integers(0, m - 1), min_size=n, max_size=n))
+    if rows is None:
+        n = min(n, m)
+    return dict(field=draw(st.binary(max_size=12)), kind=draw(st.integers(0, 2)), dtype=draw(st.integers(0, 20)),
+                gidxs=draw(st.lists(st.integers(0, 2**64 - 1), min_size=n, max_size=n)), shape=shape, data=data,
+                row_bytes=row_bytes, rows=rows, seg_id=draw(st.integers(0, 2**32 - 1)),
+                base_offset=draw(st.integers(0, 2**62)))
+
+
+@given(args=rows_args())
+def test_encode_rows_matches_encode_frames_of_the_same_rows(args):
+    r = run_both("encode_rows", **args)
+    assert r[0] == "ok"
+    per, n = args["row_bytes"], len(args["gidxs"])
+    rows = range(n) if args["rows"] is None else args["rows"]
+    payloads = [args["data"][i * per:(i + 1) * per].tobytes() for i in rows]
+    want = P.encode_frames(args["field"], args["kind"], args["dtype"], args["gidxs"], [args["shape"]] * n, payloads,
+                           0, None, args["seg_id"], args["base_offset"])
+    assert r[1] == want
+
+
+def test_encode_rows_errors_match():
+    data = np.arange(24, dtype=np.uint8)
+    ok = dict(field=b"f", kind=1, dtype=3, gidxs=[1, 2], shape=(2,), data=data, row_bytes=8, rows=[0, 2],
+              seg_id=0, base_offset=0)
+    cases = [
+        ({"rows": [0]}, ValueError),  # length mismatch
+        ({"rows": [0, 3]}, IndexError),  # outside the data
+        ({"rows": [0, -1]}, OverflowError),
+        ({"rows": 5}, TypeError),
+        ({"data": data.reshape(4, 6)[:, :4]}, BufferError),
+        ({"data": "text"}, TypeError),
+        ({"row_bytes": -1}, OverflowError),
+        ({"gidxs": [1, -1]}, OverflowError),
+        ({"field": b"x" * 256}, ValueError),
+        ({"shape": (1,) * 33}, ValueError),
+        ({"seg_id": 2**32}, OverflowError),
+        ({"base_offset": 2**64 - 64}, OverflowError),  # the second frame's offset passes 2**64
+    ]
+    for change, exc in cases:
+        assert run_both("encode_rows", **{**ok, **change}) == ("err", exc), change
+    big = np.zeros(300_000, np.uint8)  # the released-GIL path
+    assert run_both("encode_rows", b"x", 1, 1, list(range(3)), (100_000,), big, 100_000, [2, 0, 1], 1, 64)[0] == "ok"
 
 
 def test_encode_frames_threads():

@@ -83,7 +83,7 @@ def test_the_data_plane_works_through_a_copying_port_alone(tmp_path):
         assert s.get_meta(None, None, "p", mode="force_fetch").size == 4
         s.clear_partition("p")
         assert s.get_partition_list() == ["kv"]
-        assert {"fetch", "row_batch", "rows_by_key", "first_rows", "list_keys"} <= set(port.calls)
+        assert {"fetch", "row_batch", "rows_by_key", "first_rows", "key_list"} <= set(port.calls)
 
 
 def test_answers_are_copies_editing_them_changes_nothing(tmp_path):

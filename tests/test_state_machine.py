@@ -257,7 +257,8 @@ class StoreMachine(RuleBasedStateMachine):
         rows = self.model.rows.get(pid)
         if rows is None or any(k not in rows for k in keys):
             with pytest.raises(PartitionNotFoundError if rows is None else KeyNotFoundError):
-                self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+                h = self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
+                h.result()  # (blocking=False: the job checks the keys in the cut's snapshot)
             return
         keys = list(dict.fromkeys(keys))  # duplicates dropped, the first kept
         cut = (pid, keys, {k: (rows[k]["tag"], sorted(rows[k]["fields"])) for k in keys},

@@ -44,8 +44,8 @@ from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controll
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
 )
 from .controller_mirror import (
-    GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, list_keys, partition_info,
-    production_status, row_batch, row_info, rows_of_slots,
+    GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, key_list, list_keys,
+    partition_info, production_status, row_batch, row_info, rows_of_slots,
 )
 from . import controller_persist, controller_put
 from .controller_restore import RestoreHost, install_restore_calls
@@ -254,6 +254,11 @@ class Controller:
         """``{partition: {key: tag}}`` (keys in insertion order, tags as stored) for one
         partition (empty when unknown) or all."""
         return list_keys(self.parts, pid)
+
+    @_locked
+    def key_list(self, pid: str) -> Optional[Tuple[List[Optional[str]], Dict[str, Any]]]:
+        """See ControllerPort (:func:`tqstore.controller_mirror.key_list`)."""
+        return key_list(self.parts.get(pid))
 
     @_locked
     def claims(self, unit_id: int) -> Dict[int, frozenset]:

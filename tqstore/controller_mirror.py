@@ -443,6 +443,17 @@ def list_keys(parts: Dict[str, Partition], pid: Optional[str]) -> Dict[str, Dict
     return out
 
 
+def key_list(p: Optional[Partition]) -> Optional[Tuple[List[Optional[str]], Dict[str, Any]]]:
+    """``(keys, tags)`` of ``p`` (None: no partition): the key column copied whole, in insertion
+    order (None for unkeyed and removed rows), and copies of the keyed rows' tags by key."""
+    if p is None:
+        return None
+    sk, slot = p.s_key, p.gmap.slot
+    tags = {sk[int(slot[g])]: copy_value(t) for g, t in p.tags.items()}
+    tags.pop(None, None)
+    return list(sk), tags
+
+
 def production_status(p: Partition, fields: Sequence[str]) -> Tuple[np.ndarray, np.ndarray]:
     """``(sorted gidxs, int8 matrix rows x fields: 1 produced)``."""
     sl = p.live_slots()
@@ -483,4 +494,4 @@ def check_mirror(parts: Dict[str, Partition], gmap: GidxMap, consumed) -> None:
 
 
 __all__ = ["Row", "GidxMap", "Partition", "RowsView", "PutPlan", "copy_value", "row_info", "partition_info",
-           "row_batch", "rows_of_slots", "list_keys", "production_status", "consumption_status", "check_mirror"]
+           "row_batch", "rows_of_slots", "list_keys", "key_list", "production_status", "consumption_status", "check_mirror"]

@@ -51,7 +51,7 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
                               f"STORE.json says {len(unit_dirs)}")
         for i, d in enumerate(unit_dirs):
             units.append(Unit(d, i, durability=durability, segment_bytes=segment_bytes, compress=compress,
-                              map_bytes=map_bytes))
+                              map_bytes=map_bytes, stride=len(unit_dirs)))
     except BaseException:
         for u in units:
             u.close()

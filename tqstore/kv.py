@@ -313,12 +313,21 @@ class DataPlane:
     def kv_list(self, partition_id: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
         """``{partition: {key: tag}}`` for one partition (empty dict if unknown) or all.
 
-        Keys are in insertion order; a key without a tag maps to ``{}``.
+        Keys are in insertion order; a key without a tag maps to ``{}``.  One dict is built per
+        partition, from the controller's key column (no per-key work but the entry and its ``{}``).
         """
         self.check_open()
         with self.lock:
-            listed = self.controller.list_keys(partition_id)
-        return {pid: {k: {} if t is None else t for k, t in keys.items()} for pid, keys in listed.items()}
+            pids = self.controller.partitions() if partition_id is None else [partition_id]
+            listed = [(pid, self.controller.key_list(pid)) for pid in pids]
+        out: Dict[str, Dict[str, Any]] = {}
+        for pid, got in listed:
+            if got is not None:
+                keys, tags = got
+                d = out[pid] = {k: {} for k in keys}
+                d.pop(None, None)  # (rows without a key)
+                d.update(tags)
+        return out
 
     def kv_clear(self, keys: Union[str, Sequence[str]], partition_id: str) -> None:
         """Remove keys with their data (idempotent: unknown keys or partition are ignored)."""

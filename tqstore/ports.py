@@ -450,6 +450,11 @@ class ControllerPort(Protocol):
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
         """``{partition: {key: tag}}`` in insertion order (tags as stored, None for none).  O(partition)."""
 
+    def key_list(self, pid: str) -> Optional[Tuple[List[Optional[str]], Dict[str, Any]]]:
+        """``(keys, tags)``: the keys of ``pid`` in insertion order (a list copied whole, so
+        None may stand among them: rows without a key), and ``{key: tag}`` of the keys that
+        have a tag; None for an unknown partition.  O(partition) at C speed, O(tagged rows) else."""
+
     def claims(self, unit_id: int) -> Dict[int, frozenset]:
         """Every row living on unit ``unit_id`` (``gidx % num_units``) with its produced
         fields, for the store's reconcile.  O(rows)."""

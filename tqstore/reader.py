@@ -53,6 +53,7 @@ from .ports import SnapshotId, UnitPort, fill_or_copy
 _ITEMSIZE = dict(dtypes.ITEMSIZE)
 
 
+SPLIT_SCAN_UNITS = 8  # up to this many units, rows are split by one pass per unit (else by one sort)
 PARALLEL_MIN_BYTES = 4 << 20  # below this a read runs on the calling thread: handing work to the pool costs more
 
 
@@ -70,12 +71,16 @@ class _Split:
     read order), ``gidxs[u]`` their global indexes (uint64)."""
 
     def __init__(self, gidxs: Sequence[int], nu: int) -> None:
-        ga = np.asarray(gidxs, dtype=np.int64).reshape(-1)
+        ga = (np.fromiter(gidxs, np.int64, len(gidxs)) if type(gidxs) is list  # (a list of ints: faster)
+              else np.asarray(gidxs, dtype=np.int64).reshape(-1))
         if ga.size and int(ga.min()) < 0:
             raise KeyNotFoundError(f"global index {int(ga.min())} is negative")
         self.all = ga
         if nu == 1:
             self.per_unit = {0: np.arange(ga.size, dtype=np.int64)} if ga.size else {}
+        elif nu <= SPLIT_SCAN_UNITS:  # one pass per unit beats a sort of the rows
+            u_of = ga % nu
+            self.per_unit = {u: ps for u, ps in ((u, np.flatnonzero(u_of == u)) for u in range(nu)) if ps.size}
         else:
             u_of = ga % nu
             order = np.argsort(u_of, kind="stable")

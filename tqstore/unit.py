@@ -25,10 +25,8 @@ import numpy as np
 import zstandard
 
 from . import _native
-from ._format.columns import Column, take_rows
-from ._format.frame import (
-    decode_frame, encode_parts, encode_uniform,
-)
+from ._format.columns import Column, FlatRows, take_rows
+from ._format.frame import encode_parts, encode_uniform, run_locs
 from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
 from ._format.layout import (
     CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
@@ -41,8 +39,9 @@ from ._io.lmdbenv import lmdb_commit_point, open_env, put_items, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
+from .unit_locs import GidxArrays, LocCache, write_sets
 from .unit_read import UnitReader, UnitView
-from .unit_restore import has_entries as _restore_entries, install_restore_calls, open_restore_db
+from .unit_restore import install_restore_calls, open_restore_db
 from .unit_recover import check_index_format, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
 log = logging.getLogger("tqstore")
@@ -50,6 +49,7 @@ log = logging.getLogger("tqstore")
 BULK_FRAME_BYTES = 4 << 10  # payloads below this are framed in bulk (one native call, copied into one buffer);
 # larger ones are framed in place and written from the caller's memory (no copy)
 DEFAULT_SEGMENT_BYTES = 256 << 20
+RUN_LOCS_MIN = 1024  # a bulk encode of at least this many frames gives the location cache its locations in bulk
 COMPACT_LIVE_RATIO = 0.5
 
 
@@ -57,17 +57,26 @@ _seg_key = UR.seg_key
 _undo_key = UR.undo_key
 
 
-def _key_order(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]], n: int
-               ) -> Optional[List[Tuple[bytes, bytes]]]:
-    """The ``n`` index items of a write in ascending key order (gidx big-endian, then field name),
-    or None.  Ordered when every item came from bulk encodes (``(field, gidxs, items)``) of
-    distinct fields over one strictly ascending list of gidxs: interleaved row by row."""
+def _as_list(xs: Sequence[int]) -> List[int]:
+    return xs if type(xs) is list else list(xs)
+
+
+def _key_order(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]], Optional[np.ndarray]]],
+               arrays: GidxArrays) -> Optional[List[Tuple[bytes, bytes]]]:
+    """The index items of a write made only of bulk encodes (``(field, gidxs, items, ...)``), in
+    ascending key order (gidx big-endian, then field name), or None.  Ordered when the encodes
+    are of distinct fields over one strictly ascending list of gidxs: interleaved row by row."""
     gidxs = bulk[0][1] if bulk else None
-    if not bulk or sum(len(b[2]) for b in bulk) != n or any(b[1] != gidxs for b in bulk) \
-            or len({b[0] for b in bulk}) != len(bulk) or not bool((np.diff(np.asarray(gidxs)) > 0).all()):
+    if not bulk or any(b[1] is not gidxs and b[1] != gidxs for b in bulk) \
+            or len({b[0] for b in bulk}) != len(bulk) or not bool((np.diff(arrays.of(gidxs)) > 0).all()):
         return None
-    cols = [its for _f, _g, its in sorted(bulk, key=lambda b: b[0])]
-    return cols[0] if len(cols) == 1 else list(chain.from_iterable(zip(*cols)))
+    cols = [b[2] for b in sorted(bulk, key=lambda b: b[0])]
+    if len(cols) == 1:
+        return cols[0]
+    out: List = [None] * (len(cols) * len(gidxs))
+    for i, c in enumerate(cols):  # row by row: slice assignments at C speed
+        out[i::len(cols)] = c
+    return out
 
 
 class Unit(UnitReader):
@@ -78,7 +87,7 @@ class Unit(UnitReader):
 
     def __init__(self, path: Path, unit_id: int, *, durability: str = "checkpoint",
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
-                 map_bytes: Optional[int] = None) -> None:
+                 map_bytes: Optional[int] = None, stride: int = 1) -> None:
         self.path = Path(path)
         self.unit_id = unit_id
         self.sync = durability == "commit"
@@ -104,6 +113,8 @@ class Unit(UnitReader):
         # snapshots (MVCC cuts) by id: resolved by keys/lookup/locate(snapshot=id), ended by release(id)
         self._views: Dict[int, UnitView] = {}
         self._next_snapshot = 1
+        # the index's locations in memory (tqstore.unit_locs); this unit's rows are gidx ≡ unit_id mod ``stride``
+        self.locs = LocCache(lambda: self.env.info()["last_txnid"], stride=stride, residue=unit_id)
         try:
             with wrap_errors(f"open unit {unit_id}", self.path):
                 recover(self)
@@ -205,8 +216,9 @@ class Unit(UnitReader):
                 w = self._active(txn)
                 start = w.size
                 bufs: List = []
-                items: List[Tuple[bytes, bytes]] = []
-                bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]]]] = []  # (field, gidxs, items)
+                others: List[Tuple[bytes, bytes]] = []  # index items not from bulk encodes
+                bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]], Optional[np.ndarray]]] = []
+                # (field, gidxs, items, their LOC_DTYPE locations when computed in bulk)
                 off = start
                 for col, positions, gidxs in columns:
                     fbytes = col.field.encode()
@@ -215,8 +227,8 @@ class Unit(UnitReader):
                     rows = zip(positions, gidxs)
                     if not comp and col.uniform_shape is not None and col.kind != KIND_VALUE and len(positions):
                         # rows of one shape and dtype have one size: sort them once, not row by row
-                        if memoryview(col.payloads[positions[0]]).nbytes < BULK_FRAME_BYTES:
-                            small_pos, small_gidx = list(positions), list(gidxs)
+                        if memoryview(col.payloads[positions[0]]).nbytes < BULK_FRAME_BYTES:  # (lists: the columns')
+                            small_pos, small_gidx = _as_list(positions), _as_list(gidxs)
                         else:
                             large_pos, large_gidx = list(positions), list(gidxs)
                         rows = ()
@@ -228,7 +240,7 @@ class Unit(UnitReader):
                             head, tail, crc, flen = encode_parts(fbytes, col.kind, col.dtype, g, col.shapes[pos], z,
                                                                  CODEC_ZSTD, raw.nbytes)
                             bufs += [head, z, tail]
-                            items.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
+                            others.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
                             off += flen
                         elif memoryview(payload).nbytes < BULK_FRAME_BYTES:
                             small_pos.append(pos)
@@ -240,7 +252,7 @@ class Unit(UnitReader):
                             head, tail, crc, flen = encode_parts(fbytes, col.kind, col.dtype, g, col.shapes[pos],
                                                                  payload)
                             bufs += [head, payload, tail]
-                            items.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
+                            others.append((INDEX_KEY_HEAD.pack(g) + fbytes, INDEX_VALUE.pack(w.seg_id, off, flen, crc)))
                             off += flen
                     if large_pos:  # rows of one shape: the head is built once
                         parts, crcs, flen = encode_uniform(fbytes, col.kind, col.dtype, col.uniform_shape, large_gidx,
@@ -248,32 +260,42 @@ class Unit(UnitReader):
                         bufs += parts
                         key, val, seg = INDEX_KEY_HEAD.pack, INDEX_VALUE.pack, w.seg_id
                         for g, c in zip(large_gidx, crcs):
-                            items.append((key(g) + fbytes, val(seg, off, flen, c)))
+                            others.append((key(g) + fbytes, val(seg, off, flen, c)))
                             off += flen
                     if small_pos:
-                        if len(small_pos) == len(col.payloads):
-                            pl, sh = col.payloads, col.shapes
+                        fl = col.payloads
+                        if type(fl) is FlatRows and col.uniform_shape is not None:  # framed from the batch's memory
+                            blob, its = _native.encode_rows(fbytes, col.kind, col.dtype, small_gidx, col.uniform_shape,
+                                                            fl.flat, fl.row_bytes, small_pos, w.seg_id, off)
                         else:
-                            pl = take_rows(col.payloads, small_pos)
-                            sh = ([col.uniform_shape] * len(small_pos) if col.uniform_shape is not None
-                                  else take_rows(col.shapes, small_pos))
-                        blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0, None,
-                                                          w.seg_id, off)
+                            if len(small_pos) == len(fl):
+                                pl, sh = fl, col.shapes
+                            else:
+                                pl = take_rows(fl, small_pos)
+                                sh = ([col.uniform_shape] * len(small_pos) if col.uniform_shape is not None
+                                      else take_rows(col.shapes, small_pos))
+                            blob, its = _native.encode_frames(fbytes, col.kind, col.dtype, small_gidx, sh, pl, 0,
+                                                              None, w.seg_id, off)
                         bufs.append(blob)
-                        items.extend(its)
-                        bulk.append((fbytes, small_gidx, its))
+                        m = len(small_gidx)  # (a short run's locations: its items' values, joined)
+                        locs = run_locs(blob, m, w.seg_id, off) if m >= RUN_LOCS_MIN else None
+                        bulk.append((fbytes, small_gidx, its, locs))
                         off += len(blob)
                 w.append(bufs)
                 if self.sync:
                     w.fsync()
-                ordered = _key_order(bulk, len(items)) if fresh else None
-                self._index(txn, ordered or items, w.seg_id, off - start, fresh, token, ordered=bool(ordered))
+                arrays = GidxArrays()
+                ordered = _key_order(bulk, arrays) if fresh and not others else None
+                items = ordered or list(chain(others, *(b[2] for b in bulk)))
+                self._index(txn, items, w.seg_id, off - start, fresh, token, ordered=bool(ordered))
                 lmdb_commit_point("unit_commit")
+                wid = txn.id()
                 txn.commit()
             except BaseException:
                 txn.abort()
                 self._after_failure()
                 raise
+            self.locs.committed(wid, lambda: write_sets(bulk, others, arrays))
             self._after_change()
             return off - start
 
@@ -367,6 +389,8 @@ class Unit(UnitReader):
                     txn.delete(k, db=self.db_undo)
                 self._apply_dead(txn, dead)
                 lmdb_commit_point("unit_commit")
+                wid = txn.id()
+            self.locs.committed(wid) if committed else self.locs.clear()  # (entries put back: forget all)
             self._after_change()
             return len(recs)
 
@@ -375,9 +399,12 @@ class Unit(UnitReader):
         with self._lock, wrap_errors(f"unit {self.unit_id} delete", self.path):
             dropped = 0
             dead: Dict[int, int] = defaultdict(int)
+            gidxs = sorted(set(gidxs))
+            fields = None if fields is None else list(fields)
             with self.env.begin(write=True) as txn:
+                wid = txn.id()
                 cur = txn.cursor(self.db_loc)
-                for g in sorted(set(gidxs)):
+                for g in gidxs:
                     head = INDEX_KEY_HEAD.pack(g)
                     if fields is not None:
                         keys = [head + f.encode() for f in fields]
@@ -397,6 +424,7 @@ class Unit(UnitReader):
                             break
                 self._apply_dead(txn, dead)
                 lmdb_commit_point("unit_commit")
+            self.locs.committed(wid, drops=(gidxs, fields))
             self._after_change()
             return dropped
 
@@ -428,6 +456,8 @@ class Unit(UnitReader):
             with self.env.begin(write=True) as txn:
                 for s in seg_ids:
                     txn.delete(_seg_key(s), db=self.db_segs)
+                wid = txn.id()
+            self.locs.committed(wid)  # (no location changed)
             for s in seg_ids:
                 self.maps.drop(s)
                 files.unlink(self.path / segment_name(s))
@@ -443,6 +473,8 @@ class Unit(UnitReader):
                 return None
             with self.env.begin(write=True) as txn:
                 self._seal_writer(txn)
+                wid = txn.id()
+            self.locs.committed(wid)  # (no location changed)
             return w.seg_id
 
     def snapshot(self) -> int:
@@ -529,46 +561,10 @@ class Unit(UnitReader):
     def compact(self, *, live_ratio: float = COMPACT_LIVE_RATIO) -> int:
         """Rewrite the live frames of sealed, unpinned segments whose live/size ratio is
         below ``live_ratio`` into the active segment (byte copies, CRC-checked), then unlink
-        them. Returns the number of segments compacted."""
-        with self._lock, wrap_errors(f"unit {self.unit_id} compact", self.path):
-            if self.undo_tokens() or _restore_entries(self):
-                return 0  # an unsettled overwriting put or restore may still put frames back
-            segs = self._load_segs()
-            victims = [s for s, i in segs.items() if i.sealed and not self._pins.get(s) and i.size > SEGMENT_HEADER_SIZE
-                       and i.live < live_ratio * (i.size - SEGMENT_HEADER_SIZE)]
-            if not victims:
-                return 0
-            vset = set(victims)
-            with self.env.begin(write=True) as txn:
-                moving = [(bytes(k), Loc.unpack(v)) for k, v in txn.cursor(self.db_loc) if Loc.unpack(v).seg in vset]
-                w = self._active(txn)
-                start = w.size
-                off = start
-                bufs, items = [], []
-                for k, loc in moving:
-                    m = self.maps.get(loc.seg, loc.offset + loc.length)
-                    fr = decode_frame(m, loc.offset, loc.length, path=str(self.path / segment_name(loc.seg)),
-                                      expected_crc=loc.crc)
-                    bufs.append(memoryview(m)[loc.offset:loc.offset + loc.length])
-                    items.append((k, INDEX_VALUE.pack(w.seg_id, off, loc.length, fr.crc)))
-                    off += loc.length
-                w.append(bufs)
-                if self.sync:
-                    w.fsync()
-                txn.cursor(self.db_loc).putmulti(items)
-                info = self._get_seg(txn, w.seg_id)
-                info.size += off - start
-                info.live += off - start
-                self._put_seg(txn, w.seg_id, info)
-                for s in victims:
-                    i = self._get_seg(txn, s)
-                    i.live = 0
-                    self._put_seg(txn, s, i)
-                lmdb_commit_point("unit_commit")
-            del bufs
-            self._after_change()
-            log.info("unit %d: compacted %d segments (%d frames moved)", self.unit_id, len(victims), len(items))
-            return len(victims)
+        them. Returns the number of segments compacted (:func:`tqstore.unit_compact.compact`)."""
+        from .unit_compact import compact
+
+        return compact(self, live_ratio)
 
     # ------------------------------------------------------------------ lifecycle
     def index_state(self, *, sync: bool = False) -> Tuple[int, int]:
@@ -591,6 +587,7 @@ class Unit(UnitReader):
                 self._writer.close()
                 self._writer = None
             self.maps.clear()
+            self.locs.clear()
             self.env.close()
 
 

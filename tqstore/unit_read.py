@@ -99,7 +99,7 @@ def _scan_lookup(cur, gidxs: Sequence[int], fields: Sequence[str]) -> Optional[D
 
 
 class UnitReader:
-    """The read methods of a unit (needs ``path``, ``env``, ``db_loc``, ``maps`` of the Unit)."""
+    """The read methods of a unit (needs ``path``, ``env``, ``db_loc``, ``maps``, ``locs`` of the Unit)."""
 
     # The index is read through a transaction of its own or through a snapshot's (``snapshot``:
     # an id from :meth:`Unit.snapshot`, resolved by ``_snapshot_txn``).
@@ -131,9 +131,14 @@ class UnitReader:
 
         Rows that lie side by side in the index with one set of fields (a batch put together)
         are read by one cursor scan, checked against the keys they must have; any other set
-        by one native multi-get per field."""
+        by one native multi-get per field.  The latest state is first looked for in the unit's
+        location cache (:mod:`tqstore.unit_locs`), and what the index gives is kept there."""
         out: Optional[Dict[str, Optional[np.ndarray]]] = None
         own = snapshot is None
+        if own:
+            out = self.locs.get(gidxs, fields)
+            if out is not None:
+                return out
         txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
             cur = txn.cursor(self.db_loc)
@@ -149,6 +154,8 @@ class UnitReader:
                     pairs = cur.getmulti(keys)
                     out[field] = (np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE)
                                   if len(pairs) == len(keys) else None)
+            if own and len(gidxs):
+                self.locs.populate(txn.id(), gidxs, out)
         finally:
             if own:
                 txn.abort()

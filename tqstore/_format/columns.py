@@ -17,8 +17,9 @@ memory, so the single copy into the final object stays).
 from __future__ import annotations
 
 import operator
+from collections import abc
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -57,7 +58,8 @@ class Column:
     """One field of a batch, split into rows.
 
     ``payloads[i]`` is row ``i`` as a bytes-like object (a view, or ``bytes`` for small rows of a
-    contiguous batch: :func:`flat_column`); ``shapes[i]`` its shape.
+    contiguous batch: :func:`flat_column`, whose payloads are a :class:`FlatRows`); ``shapes[i]``
+    its shape.
     ``uniform_shape`` is set when every row has the same shape.
     """
 
@@ -84,14 +86,51 @@ class Column:
 COPY_ROW_BYTES = 256
 
 
+class FlatRows(abc.Sequence):
+    """The rows of a contiguous batch as a sequence, each made when asked for: row ``i`` is
+    ``flat[i * row_bytes:(i + 1) * row_bytes]``, a ``bytes`` copy below :data:`COPY_ROW_BYTES`,
+    else a view.  ``flat`` (1-D C-contiguous uint8) and ``row_bytes`` let a bulk encoder read the
+    rows with no object per row (``_native.encode_rows``)."""
+
+    __slots__ = ("flat", "row_bytes", "_n")
+
+    def __init__(self, flat: np.ndarray, row_bytes: int, n: int) -> None:
+        self.flat, self.row_bytes, self._n = flat, row_bytes, n
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return self._rows(*i.indices(self._n))
+        i = operator.index(i)
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError("row index out of range")
+        p = self.row_bytes
+        row = self.flat[i * p:(i + 1) * p]
+        return row.tobytes() if p < COPY_ROW_BYTES else row
+
+    def _rows(self, start: int, stop: int, step: int) -> List[Any]:
+        p = self.row_bytes
+        m = self.flat.reshape(self._n, p)[start:stop:step]
+        if p < COPY_ROW_BYTES:  # (a void element's .tolist() is its bytes)
+            return np.ascontiguousarray(m).view(f"V{p}").reshape(-1).tolist()
+        return list(m)  # row views, made at C speed
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._rows(0, self._n, 1))
+
+
 def flat_column(field: str, kind: int, code: int, raw: np.ndarray, n: int, row_shape: Tuple[int, ...],
                 keepalive: Any) -> Column:
     """A Column of ``n`` rows of ``row_shape`` over ``raw``, the flat uint8 view of a contiguous
-    batch (row ``i`` is the ``i``-th equal slice): ``bytes`` rows below :data:`COPY_ROW_BYTES`,
-    else views."""
+    batch (row ``i`` is the ``i``-th equal slice): :class:`FlatRows` (``bytes`` rows below
+    :data:`COPY_ROW_BYTES`, else views, each made when asked for)."""
     per = raw.nbytes // n if n else 0
-    if 0 < per < COPY_ROW_BYTES and raw.ndim == 1 and raw.flags.c_contiguous:
-        payloads = raw[:n * per].view(f"V{per}").tolist()  # (a void element's .tolist() is its bytes)
+    if per > 0 and raw.ndim == 1 and raw.flags.c_contiguous:
+        payloads: Sequence[Any] = FlatRows(raw[:n * per], per, n)
     else:
         payloads = list(raw[:n * per].reshape(n, per)) if n else []  # row views, made at C speed
     return Column(field, kind, code, [row_shape] * n, payloads, row_shape, keepalive)

@@ -352,6 +352,41 @@ def _with_gidx(h: FrameHead, gidx: int) -> FrameHead:
     return c
 
 
+def run_locs(blob, n: int, seg: int, offset: int) -> Optional[np.ndarray]:
+    """The :data:`LOC_DTYPE` locations of ``n`` frames laid end to end in ``blob`` (as
+    ``encode_frames`` lays them out) when it is written at ``offset`` of segment ``seg``, or None
+    unless they are all one length with one prefix (the frames of one uniform column).
+
+    Each frame's prefix, read where a run of equal frames puts it, must equal the first one,
+    whose lengths must add up to that extent: then every frame lies there.  CRCs are read from
+    the trailers (not computed: the caller encoded them)."""
+    size = memoryview(blob).nbytes
+    if n <= 0 or size % n or (size // n) % 8:
+        return None
+    flen = size // n
+    _magic, _version, _flags, hlen, plen, _raw = PREFIX.unpack_from(blob, 0)
+    start = payload_offset(hlen)
+    if flen < PREFIX_SIZE or frame_extent(start, plen) != flen:
+        return None
+    prefix = np.frombuffer(blob, "<u8").reshape(n, flen // 8)[:, :PREFIX_SIZE // 8]  # (frames are 64-byte aligned)
+    if not all(bool((prefix[:, j] == prefix[0, j]).all()) for j in range(PREFIX_SIZE // 8)):
+        return None
+    words = np.frombuffer(blob, "<u4").reshape(n, flen // 4)
+    at = start + plen
+    if at % 4:
+        crcs = np.ascontiguousarray(words.view(np.uint8)[:, at:at + 4]).view("<u4").reshape(-1)
+    else:
+        crcs = words[:, at // 4]
+    out = np.empty((n, 5), "<u4")  # the LOC_DTYPE record as words: seg, offset (lo, hi), length, crc
+    offs = np.arange(offset, offset + n * flen, flen, dtype=np.uint64)
+    out[:, 0] = seg
+    out[:, 1] = offs & 0xFFFFFFFF
+    out[:, 2] = offs >> 32
+    out[:, 3] = flen
+    out[:, 4] = crcs
+    return out.view(LOC_DTYPE).reshape(-1)
+
+
 def head_template(head) -> Tuple[bytes, bytes]:
     """The parts of a frame head that frames of one field and shape share: all but the gidx.
 

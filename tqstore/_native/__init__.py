@@ -2,7 +2,8 @@
 
 The choice is made once at import: the extension when it imports and ``TQSTORE_PURE``
 is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functions:
-``crc32c``, ``build_header``, ``frame_head``, ``frame_tail``, ``encode_frames``,
+``crc32c``, ``build_header``, ``frame_head``, ``frame_tail``, ``encode_frames``, ``encode_rows``
+(``encode_frames`` of rows of one contiguous batch),
 ``check_frames`` (the frame-check kernel: per-frame ``FRAME_*`` status codes, in
 ``layout``), ``gather_frames`` (the same checks against a head template, copying the
 payloads; the same codes), ``copy_ranges``, ``restamp_frames``, ``pread_ranges`` (byte
@@ -38,6 +39,7 @@ build_header = impl.build_header
 frame_head = impl.frame_head
 frame_tail = impl.frame_tail
 encode_frames = impl.encode_frames
+encode_rows = impl.encode_rows
 check_frames = impl.check_frames
 gather_frames = impl.gather_frames
 copy_ranges = impl.copy_ranges
@@ -51,6 +53,7 @@ __all__ = [
     "frame_head",
     "frame_tail",
     "encode_frames",
+    "encode_rows",
     "check_frames",
     "gather_frames",
     "copy_ranges",

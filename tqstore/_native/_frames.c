@@ -783,6 +783,162 @@ done:
     return result;
 }
 
+/* ---- encode_rows: the frames of rows of one contiguous batch -------------------------- */
+
+static PyObject *py_encode_rows(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"field", "kind", "dtype", "gidxs", "shape", "data",
+                                        "row_bytes", "rows", "seg_id", "base_offset"};
+    PyObject *a[10];
+    if (parse_args("encode_rows", args, nargs, kwnames, names, 10, 10, a) < 0) return NULL;
+
+    PyObject *field = NULL, *s_gidx = NULL, *s_rows = NULL, *blob = NULL, *list = NULL, *result = NULL;
+    uint64_t *gid = NULL, *rowi = NULL;
+    uint32_t *crcs = NULL;
+    Py_buffer view;
+    int have_view = 0;
+    uint64_t kind, dtype, seg_id, base_offset, row_bytes, dims[MAX_NDIM];
+    int ndim;
+    Py_ssize_t n = 0;
+
+    if (as_uint(a[6], 64, "row_bytes", &row_bytes) < 0) goto done;
+    if (PyObject_GetBuffer(a[5], &view, PyBUF_FULL_RO) < 0) goto done;
+    have_view = 1;
+    if (!PyBuffer_IsContiguous(&view, 'C')) {
+        PyErr_SetString(PyExc_BufferError, "data is not C-contiguous");
+        goto done;
+    }
+    if (!(s_gidx = PySequence_Fast(a[3], "gidxs must be iterable"))) goto done;
+    n = PySequence_Fast_GET_SIZE(s_gidx);
+    if (a[7] != Py_None) {
+        if (!(s_rows = PySequence_Fast(a[7], "rows must be iterable"))) goto done;
+        if (PySequence_Fast_GET_SIZE(s_rows) != n) {
+            PyErr_SetString(PyExc_ValueError, "gidxs and rows must have the same length");
+            goto done;
+        }
+    }
+    size_t nalloc = n ? (size_t)n : 1;
+    gid = PyMem_Malloc(nalloc * sizeof(uint64_t));
+    rowi = PyMem_Malloc(nalloc * sizeof(uint64_t));
+    crcs = PyMem_Malloc(nalloc * sizeof(uint32_t));
+    if (!gid || !rowi || !crcs) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    {
+        uint64_t avail = row_bytes ? (uint64_t)view.len / row_bytes : UINT64_MAX;
+        PyObject **rl = s_rows ? PySequence_Fast_ITEMS(s_rows) : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t r = (uint64_t)i;
+            if (rl && as_uint(rl[i], 64, "row", &r) < 0) goto done;
+            if (row_bytes && r >= avail) {
+                PyErr_Format(PyExc_IndexError, "row %llu of %llu bytes lies outside the %zd-byte data",
+                             (unsigned long long)r, (unsigned long long)row_bytes, view.len);
+                goto done;
+            }
+            rowi[i] = r;
+        }
+    }
+    if (!(field = field_bytes(a[0]))) goto done;
+    if (as_uint(a[1], 8, "kind", &kind) < 0 || as_uint(a[2], 8, "dtype", &dtype) < 0 ||
+        as_uint(a[8], 32, "seg_id", &seg_id) < 0 || as_uint(a[9], 64, "base_offset", &base_offset) < 0)
+        goto done;
+    {
+        PyObject **g = PySequence_Fast_ITEMS(s_gidx);
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (as_uint(g[i], 64, "gidx", &gid[i]) < 0) goto done;
+    }
+    if ((ndim = get_dims(a[4], dims)) < 0) goto done;
+
+    size_t flen = (size_t)PyBytes_GET_SIZE(field);
+    size_t hlen = header_len(flen, ndim);
+    uint64_t pstart = align_up(PREFIX_SIZE + (uint64_t)hlen);
+    if (row_bytes > UINT64_MAX - pstart - 2 * ALIGN) {
+        PyErr_SetString(PyExc_OverflowError, "frame too long for the index");
+        goto done;
+    }
+    uint64_t frame_len = align_up(pstart + row_bytes + TRAILER_SIZE);
+    if (frame_len > 0xFFFFFFFFull) {
+        PyErr_Format(PyExc_OverflowError, "frame of %llu bytes is too long for the index",
+                     (unsigned long long)frame_len);
+        goto done;
+    }
+    if (n && (uint64_t)n > (uint64_t)PY_SSIZE_T_MAX / frame_len) {
+        PyErr_SetString(PyExc_OverflowError, "encoded frames too long");
+        goto done;
+    }
+    size_t total = (size_t)n * (size_t)frame_len;
+    if (n && base_offset > UINT64_MAX - (total - frame_len)) {
+        PyErr_SetString(PyExc_OverflowError, "frame offset exceeds 2**64");
+        goto done;
+    }
+    if (!(blob = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)total))) goto done;
+    {
+        uint8_t *out = (uint8_t *)PyBytes_AS_STRING(blob);
+        const uint8_t *fp = (const uint8_t *)PyBytes_AS_STRING(field);
+        const uint8_t *src = (const uint8_t *)view.buf;
+        size_t end = (size_t)(pstart + row_bytes);
+        PyThreadState *ts = total >= NOGIL_THRESHOLD ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint8_t *p = out + (size_t)i * (size_t)frame_len;
+            write_prefix(p, 0, (uint16_t)hlen, row_bytes, row_bytes);
+            write_header(p + PREFIX_SIZE, fp, flen, (uint8_t)kind, (uint8_t)dtype, gid[i], dims, ndim);
+            memset(p + PREFIX_SIZE + hlen, 0, (size_t)pstart - PREFIX_SIZE - hlen);
+            uint32_t crc = crc_impl(0, p, (size_t)pstart);
+            crc = copy_crc(crc, p + pstart, src + rowi[i] * row_bytes, (size_t)row_bytes);
+            put_le32(p + end, crc);
+            memcpy(p + end + 4, FRAME_END_MAGIC, 4);
+            memset(p + end + TRAILER_SIZE, 0, (size_t)frame_len - end - TRAILER_SIZE);
+            crcs[i] = crc;
+        }
+        if (ts) PyEval_RestoreThread(ts);
+    }
+    PyBuffer_Release(&view);
+    have_view = 0;
+    if (!(list = PyList_New(n))) goto done;
+    {
+        const char *fp = PyBytes_AS_STRING(field);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *key = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(INDEX_KEY_HEAD_SIZE + flen));
+            if (!key) goto done;
+            uint8_t *kp = (uint8_t *)PyBytes_AS_STRING(key);
+            put_be64(kp, gid[i]);
+            if (flen) memcpy(kp + INDEX_KEY_HEAD_SIZE, fp, flen);
+            PyObject *val = PyBytes_FromStringAndSize(NULL, INDEX_VALUE_SIZE);
+            if (!val) {
+                Py_DECREF(key);
+                goto done;
+            }
+            uint8_t *vp = (uint8_t *)PyBytes_AS_STRING(val);
+            put_le32(vp, (uint32_t)seg_id);
+            put_le64(vp + 4, base_offset + (uint64_t)i * frame_len);
+            put_le32(vp + 12, (uint32_t)frame_len);
+            put_le32(vp + 16, crcs[i]);
+            PyObject *t = PyTuple_New(2);
+            if (!t) {
+                Py_DECREF(key);
+                Py_DECREF(val);
+                goto done;
+            }
+            PyTuple_SET_ITEM(t, 0, key);
+            PyTuple_SET_ITEM(t, 1, val);
+            PyList_SET_ITEM(list, i, t);
+        }
+    }
+    result = PyTuple_Pack(2, blob, list);
+
+done:
+    if (have_view) PyBuffer_Release(&view);
+    PyMem_Free(gid);
+    PyMem_Free(rowi);
+    PyMem_Free(crcs);
+    Py_XDECREF(field);
+    Py_XDECREF(s_gidx);
+    Py_XDECREF(s_rows);
+    Py_XDECREF(blob);
+    Py_XDECREF(list);
+    return result;
+}
+
 /* ---- the frame-check kernel -------------------------------------------------------- */
 
 /* Per-frame status codes (same as _pure.FRAME_*; docs/FORMAT.md, "Record frame"): the
@@ -1398,6 +1554,9 @@ static PyMethodDef methods[] = {
     {"encode_frames", (PyCFunction)(void (*)(void))py_encode_frames, METH_FASTCALL | METH_KEYWORDS,
      "encode_frames(field, kind, dtype, gidxs, shapes, payloads, flags, raw_lens, seg_id, base_offset)\n--\n\n"
      "Encode one frame per payload, concatenated; returns (blob, [(key, value), ...])."},
+    {"encode_rows", (PyCFunction)(void (*)(void))py_encode_rows, METH_FASTCALL | METH_KEYWORDS,
+     "encode_rows(field, kind, dtype, gidxs, shape, data, row_bytes, rows, seg_id, base_offset)\n--\n\n"
+     "encode_frames of rows of one contiguous batch (row ``rows[i]`` of ``data`` for ``gidxs[i]``)."},
     {"check_frames", (PyCFunction)(void (*)(void))py_check_frames, METH_FASTCALL | METH_KEYWORDS,
      "check_frames(buf, locs, gidxs=None, verify=True, index_crc=True, base=0)\n--\n\n"
      "Check every frame the index values ``locs`` name in ``buf`` (offsets minus ``base``):\n"

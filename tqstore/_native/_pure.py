@@ -194,6 +194,43 @@ def encode_frames(
     return b"".join(parts), items
 
 
+def encode_rows(
+    field: bytes,
+    kind: int,
+    dtype: int,
+    gidxs: Sequence[int],
+    shape: Sequence[int],
+    data,
+    row_bytes: int,
+    rows: Optional[Sequence[int]],
+    seg_id: int,
+    base_offset: int,
+):
+    """:func:`encode_frames` of rows of one contiguous batch: payload ``i`` is row ``rows[i]``
+    (``i`` when ``rows`` is None) of ``data``, a C-contiguous buffer of rows of ``row_bytes``
+    bytes each, every frame of shape ``shape`` and raw.  The same bytes and items as
+    ``encode_frames`` of those payloads.  ``rows`` must have as many entries as ``gidxs``
+    (ValueError); a row outside ``data`` raises IndexError."""
+    row_bytes = _uint(row_bytes, 64, "row_bytes")
+    mv = memoryview(data)
+    if not mv.c_contiguous:
+        raise BufferError("data is not C-contiguous")
+    mv = mv.cast("B")
+    gidxs = tuple(gidxs)
+    n = len(gidxs)
+    rows = range(n) if rows is None else tuple(rows)
+    if len(rows) != n:
+        raise ValueError("gidxs and rows must have the same length")
+    payloads = []
+    for r in rows:
+        r = _uint(r, 64, "row")
+        if (r + 1) * row_bytes > mv.nbytes:
+            raise IndexError(f"row {r} of {row_bytes} bytes lies outside the {mv.nbytes}-byte data")
+        payloads.append(mv[r * row_bytes:(r + 1) * row_bytes])
+    shape = tuple(shape)
+    return encode_frames(field, kind, dtype, gidxs, [shape] * n, payloads, 0, None, seg_id, base_offset)
+
+
 def _head_code(mv, f: int, ln: int):
     """Head checks of the frame at ``mv[f:f + ln]`` (inside ``mv``), in the order of the
     ``FRAME_*`` codes up to ``FRAME_SIZE``: ``(code, trailer offset from f)``."""

@@ -162,6 +162,8 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         before = self.state(c)
         c.list_keys("p")["p"]["a"]["n"].append(3)
         c.list_keys()["p"].pop("b")
+        c.key_list("p")[1]["a"]["n"].append(5)
+        c.key_list("p")[0].clear()
         c.row_infos("p", g)[0].tag["n"].append(4)
         b = c.row_batch("p", g)
         b.tags[1]["m"]["k"] = 2
@@ -184,6 +186,9 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         self.put(c, "p", keys=["c", "a"], tags=[None, {"t": 1}])
         assert list(c.list_keys("p")["p"].items()) == [("b", None), ("a", {"t": 1}), ("c", None)]
         assert list(c.list_keys()) == ["p", "q"] and c.list_keys("q") == {"q": {"z": None}}
+        keys, tags = c.key_list("p")
+        assert [k for k in keys if k is not None] == ["b", "a", "c"] and tags == {"a": {"t": 1}}
+        assert c.key_list("nope") is None
         assert c.first_rows("p", 2).keys == ["b", "a"] and len(c.first_rows("p")) == 3
 
     def test_claims_name_each_units_rows_with_their_produced_fields(self, tmp_path):
@@ -227,6 +232,7 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         assert c.fetch("p", "t", ["x"], 2).gidxs == g
         c.clear_rows("p", g[:1])
         assert c.list_keys("p") == {"p": {"b": None}}
+        assert [k for k in c.key_list("p")[0] if k is not None] == ["b"]
         with pytest.raises(KeyNotFoundError):
             c.resolve_keys("p", ["a"])
         assert _pairs(c.consumption_status("p", "t")) == ([g[1]], [1])
