@@ -55,10 +55,6 @@ from .verify import (
 )
 
 log = logging.getLogger("tqstore")
-#: bytes of each unit's segments the kernel is asked to read ahead while the unit's index is
-#: walked and checked (before the verification, which needs the index, starts reading them)
-PREFETCH_BYTES = 64 << 20
-
 @dataclass(frozen=True)
 class LoadInfo:
     """Summary of a completed load."""
@@ -198,7 +194,6 @@ class Builder:
             self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
 
         def same(i: int) -> None:  # plan (the index read and checked), stage, verify in the background
-            self._prefetch(i)  # the disk starts on the unit's segments while its index is walked and read
             plan = self._same_plan(i, link, self._index_part(i))
             target = str(new_dir / M.unit_dir_name(i))
             assert self._vpool is not None
@@ -250,16 +245,6 @@ class Builder:
             self._vpool.shutdown(wait=True)
             self._vpool = None
         self._pending = []
-
-    def _prefetch(self, i: int) -> None:
-        """Ask the kernel to start reading the first :data:`PREFETCH_BYTES` of unit ``i``'s
-        segments (a hint; their verification reads them again from the page cache)."""
-        left = PREFETCH_BYTES
-        for _seg, e in sorted(self.man.segments(i).items()):
-            if left <= 0:
-                return
-            files.prefetch(self.src / e.path, [(0, min(e.size, left))], under=self.src)
-            left -= e.size
 
     def _same_plan(self, i: int, link: bool, table: FrameTable) -> UnitImport:
         """Unit ``i``'s part: its (verified, walked) index, its segments, the frames to check."""
@@ -330,14 +315,13 @@ def load(store, checkpoint_dir) -> LoadInfo:
             prob = file_problem(src, e)
             if prob is not None:
                 raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
-        # children side by side, while the lock is taken: the unit indexes (their segments'
-        # verification is the long part), one child per core, and the controller (its checked
-        # decode is)
+        # two children side by side, while the lock is taken: one walks the unit indexes (their
+        # segments' verification is the long part), the other the controller (its checked decode
+        # is).  (More children, and a read-ahead of the segments while they walk, were measured
+        # slower on a quiet 2-core machine, at 256 MiB and at 2 GiB.)
         groups = [man.by_role(M.ROLE_CONTROLLER)]
         if plan_load_mode(man.num_units, store.num_units, man.include_storage) != "metadata":
-            idx = [man.find(M.unit_index_file(i)) for i in range(man.num_units)]
-            k = max(1, min(len(idx), (os.cpu_count() or 1)))  # children for the unit indexes: one per core
-            groups[:0] = [idx[j::k] for j in range(k)]
+            groups[:0] = [[man.find(M.unit_index_file(i)) for i in range(man.num_units)]]
         walks = [lmdb_walk(src, g, first_only=True) for g in groups]
         build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)),
                         walks={e.path: (w, k) for g, w in zip(groups, walks) for k, e in enumerate(g)})
