@@ -23,7 +23,7 @@ from .._format.index import LOC_DTYPE
 from .._format.layout import FRAME_TRUNCATED, FRAME_VERSION_UNKNOWN
 from ..errors import CorruptionError, FormatVersionError, StorageIOError
 
-CHUNK_BYTES = 8 << 20
+CHUNK_BYTES = 2 << 20  # per concurrent scan (a load verifies its units' segments side by side)
 TAIL_BYTES = 4096
 
 Progress = Optional[Callable[[int], None]]
