@@ -60,6 +60,35 @@ static inline void put_le64(uint8_t *p, uint64_t v) {
 static inline void put_be64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++) p[i] = (uint8_t)(v >> (56 - 8 * i));
 }
+/* One unit-index (key, value) pair as a new tuple, or NULL with an exception set: key =
+ * >Q gidx + field name, value = <IQII segment id, offset, frame length, CRC32C (FORMAT.md). */
+static PyObject *index_pair(const char *field, size_t flen, uint64_t gidx, uint32_t seg_id, uint64_t off,
+                            uint32_t frame_len, uint32_t crc) {
+    PyObject *key = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(INDEX_KEY_HEAD_SIZE + flen));
+    if (!key) return NULL;
+    uint8_t *kp = (uint8_t *)PyBytes_AS_STRING(key);
+    put_be64(kp, gidx);
+    if (flen) memcpy(kp + INDEX_KEY_HEAD_SIZE, field, flen);
+    PyObject *val = PyBytes_FromStringAndSize(NULL, INDEX_VALUE_SIZE);
+    if (!val) {
+        Py_DECREF(key);
+        return NULL;
+    }
+    uint8_t *vp = (uint8_t *)PyBytes_AS_STRING(val);
+    put_le32(vp, seg_id);
+    put_le64(vp + 4, off);
+    put_le32(vp + 12, frame_len);
+    put_le32(vp + 16, crc);
+    PyObject *t = PyTuple_New(2);
+    if (!t) {
+        Py_DECREF(key);
+        Py_DECREF(val);
+        return NULL;
+    }
+    PyTuple_SET_ITEM(t, 0, key);
+    PyTuple_SET_ITEM(t, 1, val);
+    return t;
+}
 static inline uint16_t get_le16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
 static inline uint32_t get_le32(const uint8_t *p) {
     return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
@@ -739,29 +768,8 @@ static PyObject *py_encode_frames(PyObject *self, PyObject *const *args, Py_ssiz
         const char *fp = PyBytes_AS_STRING(field);
         for (Py_ssize_t i = 0; i < n; i++) {
             const enc_item *it = &items[i];
-            PyObject *key = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(INDEX_KEY_HEAD_SIZE + flen));
-            if (!key) goto done;
-            uint8_t *kp = (uint8_t *)PyBytes_AS_STRING(key);
-            put_be64(kp, it->gidx);
-            if (flen) memcpy(kp + INDEX_KEY_HEAD_SIZE, fp, flen);
-            PyObject *val = PyBytes_FromStringAndSize(NULL, INDEX_VALUE_SIZE);
-            if (!val) {
-                Py_DECREF(key);
-                goto done;
-            }
-            uint8_t *vp = (uint8_t *)PyBytes_AS_STRING(val);
-            put_le32(vp, (uint32_t)seg_id);
-            put_le64(vp + 4, it->off);
-            put_le32(vp + 12, it->frame_len);
-            put_le32(vp + 16, crcs[i]);
-            PyObject *t = PyTuple_New(2);
-            if (!t) {
-                Py_DECREF(key);
-                Py_DECREF(val);
-                goto done;
-            }
-            PyTuple_SET_ITEM(t, 0, key);
-            PyTuple_SET_ITEM(t, 1, val);
+            PyObject *t = index_pair(fp, flen, it->gidx, (uint32_t)seg_id, it->off, it->frame_len, crcs[i]);
+            if (!t) goto done;
             PyList_SET_ITEM(list, i, t);
         }
     }
@@ -898,29 +906,9 @@ static PyObject *py_encode_rows(PyObject *self, PyObject *const *args, Py_ssize_
     {
         const char *fp = PyBytes_AS_STRING(field);
         for (Py_ssize_t i = 0; i < n; i++) {
-            PyObject *key = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(INDEX_KEY_HEAD_SIZE + flen));
-            if (!key) goto done;
-            uint8_t *kp = (uint8_t *)PyBytes_AS_STRING(key);
-            put_be64(kp, gid[i]);
-            if (flen) memcpy(kp + INDEX_KEY_HEAD_SIZE, fp, flen);
-            PyObject *val = PyBytes_FromStringAndSize(NULL, INDEX_VALUE_SIZE);
-            if (!val) {
-                Py_DECREF(key);
-                goto done;
-            }
-            uint8_t *vp = (uint8_t *)PyBytes_AS_STRING(val);
-            put_le32(vp, (uint32_t)seg_id);
-            put_le64(vp + 4, base_offset + (uint64_t)i * frame_len);
-            put_le32(vp + 12, (uint32_t)frame_len);
-            put_le32(vp + 16, crcs[i]);
-            PyObject *t = PyTuple_New(2);
-            if (!t) {
-                Py_DECREF(key);
-                Py_DECREF(val);
-                goto done;
-            }
-            PyTuple_SET_ITEM(t, 0, key);
-            PyTuple_SET_ITEM(t, 1, val);
+            PyObject *t = index_pair(fp, flen, (uint64_t)gid[i], (uint32_t)seg_id,
+                                     base_offset + (uint64_t)i * frame_len, (uint32_t)frame_len, crcs[i]);
+            if (!t) goto done;
             PyList_SET_ITEM(list, i, t);
         }
     }
