@@ -1341,21 +1341,30 @@ static int get_i64s(PyObject *o, Py_buffer *view, const char *what, Py_ssize_t *
     return 0;
 }
 
+/* The (offsets, lengths, dst) arguments of copy_ranges and pread_ranges: two int64 arrays of one
+ * length n and a writable contiguous buffer.  On failure an exception is set and the views
+ * taken so far stay for the caller to release (their .obj is set). */
+static int get_ranges(PyObject *const *a, Py_buffer *vo, Py_buffer *vl, Py_buffer *vd, Py_ssize_t *n) {
+    Py_ssize_t nl = 0;
+    if (get_i64s(a[0], vo, "offsets", n) < 0) return -1;
+    if (get_i64s(a[1], vl, "lengths", &nl) < 0) return -1;
+    if (get_contig(a[2], vd, "dst", 1) < 0) return -1;
+    if (*n != nl) {
+        PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *py_copy_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     static const char *const names[] = {"src", "offsets", "lengths", "dst"};
     PyObject *a[4];
     if (parse_args("copy_ranges", args, nargs, kwnames, names, 4, 4, a) < 0) return NULL;
     Py_buffer vs = {0}, vo = {0}, vl = {0}, vd = {0};
     PyObject *result = NULL;
-    Py_ssize_t n = 0, nl = 0;
+    Py_ssize_t n = 0;
     if (get_contig(a[0], &vs, "src", 0) < 0) goto done;
-    if (get_i64s(a[1], &vo, "offsets", &n) < 0) goto done;
-    if (get_i64s(a[2], &vl, "lengths", &nl) < 0) goto done;
-    if (get_contig(a[3], &vd, "dst", 1) < 0) goto done;
-    if (n != nl) {
-        PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
-        goto done;
-    }
+    if (get_ranges(a + 1, &vo, &vl, &vd, &n) < 0) goto done;
     const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf;
     uint64_t total = 0, size = (uint64_t)vs.len;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -1468,16 +1477,10 @@ static PyObject *py_pread_ranges(PyObject *self, PyObject *const *args, Py_ssize
     if (parse_args("pread_ranges", args, nargs, kwnames, names, 4, 4, a) < 0) return NULL;
     Py_buffer vo = {0}, vl = {0}, vd = {0};
     PyObject *result = NULL;
-    Py_ssize_t n = 0, nl = 0;
+    Py_ssize_t n = 0;
     int fd = PyObject_AsFileDescriptor(a[0]);
     if (fd < 0) return NULL;
-    if (get_i64s(a[1], &vo, "offsets", &n) < 0) goto done;
-    if (get_i64s(a[2], &vl, "lengths", &nl) < 0) goto done;
-    if (get_contig(a[3], &vd, "dst", 1) < 0) goto done;
-    if (n != nl) {
-        PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
-        goto done;
-    }
+    if (get_ranges(a + 1, &vo, &vl, &vd, &n) < 0) goto done;
     const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf;
     uint64_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
