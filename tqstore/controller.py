@@ -566,10 +566,13 @@ class Controller:
         return rows_at(self._txn_of(snapshot), self.db, pid, list(keys), path=str(self.path / "data.mdb"))
 
     def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
-                     clear_produced: bool = False) -> None:
+                     clear_produced: bool = False, walked: bool = True) -> bool:
         from .controller_export import stage_controller
 
-        stage_controller(Path(target_dir), Path(src_dir), num_units=num_units)
+        if not walked and clear_produced:
+            return False
+        if not stage_controller(Path(target_dir), Path(src_dir), num_units=num_units, walked=walked):
+            return False
         if clear_produced:  # a checkpoint saved without storage: its rows keep no produced field
             c = Controller(Path(target_dir), num_units=num_units or 1)  # (an existing index keeps its count)
             try:
@@ -579,6 +582,7 @@ class Controller:
                     files.fsync_tree(target_dir)
             finally:
                 c.close()
+        return True
 
     def claims_all(self) -> Dict[int, frozenset]:
         """Every row with its produced fields (rows without any left out)."""

@@ -16,7 +16,7 @@ import lmdb
 from ._format import controller_records as CR
 from ._format.records import RecordError
 from ._io import files
-from ._io.lmdbenv import copy_env_compact, copy_txn_compact, open_env
+from ._io.lmdbenv import copy_env, copy_env_file, copy_txn_compact, open_env
 from ._io.scan import seal_index_file
 from .controller_decode import CONTROLLER_DBS, decode_controller
 from .errors import CorruptionError, StorageIOError, TqstoreError
@@ -49,19 +49,33 @@ def export_controller(env, txn, dbs: Mapping[str, Any], dest: Path, *, index_blo
     return ControllerExport([entry], summary)
 
 
-def stage_controller(target: Path, src: Path, *, num_units: Optional[int]) -> None:
-    """Fill the new controller directory ``target`` with a compact copy of the (walked,
-    checked) controller index ``src``, its unit count set to ``num_units`` (None keeps it);
-    fsynced.  (Clearing the produced fields is the controller's: :meth:`Controller.stage_import`.)"""
+def stage_controller(target: Path, src: Path, *, num_units: Optional[int], walked: bool = True) -> bool:
+    """Fill the new controller directory ``target`` with a copy of the (checked) controller
+    index ``src`` that has no free page, its unit count set to ``num_units`` (None keeps it);
+    fsynced.  Answers True when staged.
+
+    ``walked=False``: the out-of-process walk of ``src`` has not ended, so LMDB must not map it
+    nor the copy: only a byte copy of a file with an empty free list (every checkpoint's) and
+    ``num_units`` None is staged (:func:`copy_env_file`); otherwise nothing is written (the
+    directory is not created) and the answer is False.  (Clearing the produced fields is the
+    controller's: :meth:`Controller.stage_import`.)"""
     try:
-        _stage(target, src, num_units)
+        return _stage(target, src, num_units, walked)
     except lmdb.Error as e:
         raise StorageIOError(f"staging {target} from a checkpoint failed: {e}") from e
 
 
-def _stage(target: Path, src: Path, num_units: Optional[int]) -> None:
-    files.mkdir(target)
-    copy_env_compact(src, target)
+def _stage(target: Path, src: Path, num_units: Optional[int], walked: bool) -> bool:
+    if not walked:
+        if num_units is not None:
+            return False
+        files.mkdir(target)
+        if not copy_env_file(src, target):
+            files.rmtree(target)
+            return False
+    else:
+        files.mkdir(target)
+        copy_env(src, target)
     if num_units is not None:
         env = open_env(target, max_dbs=12)
         try:
@@ -72,6 +86,7 @@ def _stage(target: Path, src: Path, num_units: Optional[int]) -> None:
         finally:
             env.close()
     files.fsync_tree(target)
+    return True
 
 
 # ---------------------------------------------------------------------------- readers (values out)

@@ -526,11 +526,15 @@ class ControllerPort(Protocol):
         or released id is a TqstoreError."""
 
     def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
-                     clear_produced: bool = False) -> None:
-        """Fill the new controller directory ``target_dir`` (created) with a compact copy of
-        the checkpoint's controller index ``src_dir`` (already walked and checked by the
-        caller), with its unit count set to ``num_units`` (None keeps it) and, with
-        ``clear_produced``, no field produced (a checkpoint saved without storage).  Never
+                     clear_produced: bool = False, walked: bool = True) -> bool:
+        """Fill the new controller directory ``target_dir`` (created) with a copy of the
+        checkpoint's controller index ``src_dir`` (its CRC checked by the caller) that has no
+        free page, with its unit count set to ``num_units`` (None keeps it) and, with
+        ``clear_produced``, no field produced (a checkpoint saved without storage); answers
+        True when staged.  ``walked=False``: the out-of-process walk of ``src_dir`` has not
+        ended, so nothing may map it nor the copy: only a byte copy is staged, when that is all
+        it takes (neither ``num_units`` nor ``clear_produced``, an empty free list); else
+        nothing is written and the answer is False (call again once the walk ended).  Never
         touches the live controller."""
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------

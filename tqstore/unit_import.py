@@ -6,7 +6,8 @@ from files of the checkpoint it can reach, as the loader's plan (a
 :class:`~tqstore.ports.UnitImport`) says; its live directory is never touched.
 
 * "same" (as many units as the checkpoint): the index copy (walked out of process and
-  checked by the loader first) is copied compacted; segments are hard-linked (same file
+  checked by the loader first) is copied byte for byte (it is a compacted copy: no free
+  page; else it is compacted again); segments are hard-linked (same file
   system) or copied at once and fsynced; :func:`verify_same` then checks every segment's
   CRC32C and every indexed frame (the caller runs it while it opens the new state);
 * "reshard": read this unit's frames of each source segment in batches (only their byte
@@ -32,7 +33,7 @@ from ._format.index import LOC_DTYPE
 from ._format.layout import SEGMENT_HEADER_SIZE
 from ._format.segment import segment_name
 from ._io import files
-from ._io.lmdbenv import copy_env_compact, open_env, put_items, read_columns
+from ._io.lmdbenv import copy_env, open_env, put_items, read_columns
 from ._io.scan import listed_file_problem, scan_file
 from ._io.segfile import StagedSegmentWriter
 from .errors import CorruptionError, FormatVersionError, StorageIOError, TqstoreError
@@ -111,7 +112,7 @@ def stage_same(target: Path, plan: UnitImport) -> int:
     src = Path(plan.src_dir)
     files.mkdir(target)
     files.mkdir(target / "index")
-    copy_env_compact(src / plan.index_dir, target / "index")
+    copy_env(src / plan.index_dir, target / "index")  # (its bytes: a checkpoint's index has no free page)
     for seg, rel, size, _crc in sorted(plan.segments):
         dst = target / segment_name(seg)
         if plan.link:

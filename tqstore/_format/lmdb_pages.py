@@ -162,7 +162,9 @@ def _gather(b: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
 class PageFile:
     """An LMDB data file's bytes (``buf``: anything numpy can view as bytes), as of the
     transaction ``txnid`` (its meta page must still be in the file: a reader that holds
-    that transaction open keeps its pages from being reused), or of the newest one."""
+    that transaction open keeps its pages from being reused), or of the newest one.
+    ``main`` and ``free_list`` are that meta page's database records.  Only the two meta
+    pages are read until a database's entries are asked for."""
 
     def __init__(self, buf: Any, txnid: Optional[int] = None) -> None:
         self.b = np.frombuffer(buf, dtype=np.uint8)
@@ -184,12 +186,20 @@ class PageFile:
             at = PAGEHDRSZ + META.size + 2 * DB_RECORD.size
             last_pg, tid = struct.unpack_from("<QQ", raw, at)
             if (tid == txnid if txnid is not None else best is None or tid > best[0]):
-                best = (tid, _record(raw, PAGEHDRSZ + META.size + DB_RECORD.size), last_pg)
+                best = (tid, _record(raw, PAGEHDRSZ + META.size + DB_RECORD.size), last_pg,
+                        _record(raw, PAGEHDRSZ + META.size))
         if best is None:
             raise LmdbPageError(f"no meta page of transaction {txnid}")
-        self.txnid, self.main, last_pg = best
+        self.txnid, self.main, last_pg, self.free_list = best
         if last_pg >= self.npages:
             raise LmdbPageError(f"last page {last_pg} past the file's {self.npages}")
+
+    @property
+    def free_list_empty(self) -> bool:
+        """The current meta page records an empty free list (no page of the file is free): so
+        does every compacted copy."""
+        f = self.free_list
+        return f.root == P_INVALID and not (f.entries or f.depth or f.branch_pages or f.leaf_pages or f.overflow_pages)
 
     def databases(self) -> Dict[bytes, DbRecord]:
         """The named databases (the main database's F_SUBDATA entries)."""

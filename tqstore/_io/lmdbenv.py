@@ -11,9 +11,10 @@ from typing import Any, Dict, Iterator, Optional, Sequence
 import lmdb
 
 from .. import _native
-from .._format.lmdb_pages import LmdbPageError, read_databases
+from .._format.lmdb_pages import LmdbPageError, PageFile, read_databases
 from ..errors import CapacityError, StorageIOError, TqstoreError
 from . import failpoints as fp
+from . import files
 
 log = logging.getLogger("tqstore")
 
@@ -138,6 +139,47 @@ def copy_env_compact(src: Path, dst: Path, *, max_dbs: int = 16) -> None:
         env.copy(str(dst), compact=True)
     finally:
         env.close()
+
+
+def copy_env_file(src: Path, dst: Path) -> bool:
+    """Copy the data file of the LMDB environment ``src`` into the existing, empty directory
+    ``dst`` byte for byte (kernel-side, not fsynced) when its current meta page records an
+    empty free list, and answer True; else copy nothing and answer False.
+
+    Every compacted copy has an empty free list, so every index file a checkpoint holds
+    copies this way, as it would by :func:`copy_env_compact` but without walking and rewriting
+    it: the copy has no free page either.  Only the file's two meta pages are read (a read-only
+    map of this process, never LMDB's), so this may run before an out-of-process walk of
+    ``src`` has ended.  Failpoint ``copy`` (in :func:`files.copy_file`).  Raises OSError."""
+    path = os.path.join(src, "data.mdb")
+    with open(path, "rb") as f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file: not an environment this copies
+            return False
+    try:
+        empty = PageFile(mm).free_list_empty
+    except LmdbPageError as e:
+        log.debug("%s: copied through LMDB (%s)", path, e)
+        return False
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # (a view still held by a traceback: closed when collected)
+            pass
+    if not empty:
+        return False
+    files.copy_file(path, os.path.join(dst, "data.mdb"), fsync=False)
+    return True
+
+
+def copy_env(src: Path, dst: Path) -> None:
+    """A copy of the LMDB environment ``src`` with no free page in the existing, empty
+    directory ``dst``: its bytes (:func:`copy_env_file`) or, when its free list is not empty,
+    a compacted copy (:func:`copy_env_compact`: ``src`` must have been walked).  Not fsynced.
+    Raises OSError, ``lmdb.Error``."""
+    if not copy_env_file(src, dst):
+        copy_env_compact(src, dst)
 
 
 def warm_file(path: Path, *, chunk_bytes: int = 8 << 20) -> int:

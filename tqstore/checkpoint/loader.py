@@ -10,7 +10,8 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 * every file is first checked to be a regular file (no symbolic link, FIFO or device) of
   the size MANIFEST.json records; every LMDB file is walked in a child process
   (:mod:`tqstore._io.lmdbwalk`: one for the unit indexes, one for the controller, side by
-  side) before this process maps it, and is then copied compacted (no free pages);
+  side) before this process maps it; its copy has no free page (the file's bytes, a
+  compacted copy, are copied without a map, the controller's while its walk runs);
 * every file is its own task, all started at once: its CRC32C, then (once its walk is
   clean) its reading and staging, so the segments of one unit are verified while other
   indexes are still walked and the controller's entries are decoded and checked;
@@ -143,21 +144,26 @@ class Builder:
             raise probs[0].to_error()
 
     def _controller_part(self, new_dir: Path) -> None:
-        """The controller's file: CRC, walk, unit and row counts against the manifest (as a
-        deep verify), then staged.  Its entries are decoded and checked once, by the store's
-        open of the staged copy (the same checked decoder as a deep verify's), not a second
-        time: with the install's ``early`` parts that open runs here, right after staging and
-        beside the units' staging and CRC checks, else :meth:`Store.install_state` runs it
-        after the build."""
+        """The controller's file: CRC, then staged -- its bytes copied while the walk still
+        runs when the staging needs no LMDB map (same unit count, storage included) --, walk,
+        unit and row counts against the manifest (as a deep verify), else staged now.  Its
+        entries are decoded and checked once, by the store's open of the staged copy (the
+        same checked decoder as a deep verify's), not a second time: with the install's
+        ``early`` parts that open runs here, right after staging and beside the units'
+        staging and CRC checks, else :meth:`Store.install_state` runs it after the build.
+        Nothing maps the staged copy before the walk of the checkpoint's file returned clean."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
         self._read(_check_file(self.src, ctrl))
+        target, src = str(new_dir / "controller"), str(self.src / "controller")
+        num_units = self.num_units if self.man.num_units != self.num_units else None
+        clear = self.mode == "metadata"
+        staged = num_units is None and not clear and self.controller.stage_import(target, src, walked=False)
         self._walked(ctrl)
         probs = check_controller_counts(self.src, self.man)
         if probs:
             raise probs[0].to_error()
-        self.controller.stage_import(str(new_dir / "controller"), str(self.src / "controller"),
-                                     num_units=self.num_units if self.man.num_units != self.num_units else None,
-                                     clear_produced=self.mode == "metadata")
+        if not staged:
+            self.controller.stage_import(target, src, num_units=num_units, clear_produced=clear)
         if self._early is not None:  # its open (the checked decode) runs beside the units' staging and CRCs
             self._early.open_controller()
 
