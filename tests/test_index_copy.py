@@ -3,7 +3,8 @@ copy_env; ControllerPort.stage_import): a checkpoint's index is a compacted copy
 are copied as they are, without LMDB mapping it (the controller's copy runs while the
 out-of-process walk of the file is still going); a file with free pages is compacted instead,
 so a staged copy never holds a free page; and a staging that would need LMDB before the walk
-ended writes nothing."""
+ended writes nothing, as does one whose copy does not read checked page by page (LMDB may
+open a staged copy before the walk of its source ended only when every page of it did)."""
 from __future__ import annotations
 
 import mmap
@@ -111,6 +112,15 @@ def test_the_controller_stages_before_the_walk_only_what_needs_no_map(checkpoint
         freed = _env_with_free_pages(tmp_path / "freed")
         assert c.stage_import(str(tmp_path / "refused-free"), str(freed), walked=False) is False
         assert not (tmp_path / "refused-free").exists()
+        damaged = tmp_path / "damaged"
+        damaged.mkdir()
+        raw = bytearray((src / "data.mdb").read_bytes())
+        page = 4096
+        assert len(raw) >= 4 * page
+        raw[3 * page + 12:3 * page + 16] = b"\xff\xff\x00\x00"  # a page's node area past the page
+        (damaged / "data.mdb").write_bytes(bytes(raw))
+        assert c.stage_import(str(tmp_path / "refused-damaged"), str(damaged), walked=False) is False
+        assert not (tmp_path / "refused-damaged").exists()
         assert c.stage_import(str(tmp_path / "early"), str(src), walked=False) is True
         assert (tmp_path / "early" / "data.mdb").read_bytes() == (src / "data.mdb").read_bytes()
         assert c.stage_import(str(tmp_path / "resharded"), str(src), num_units=3) is True

@@ -7,21 +7,25 @@ nothing above the ports opens its LMDB files.
 """
 from __future__ import annotations
 
+import logging
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import lmdb
 
 from ._format import controller_records as CR
+from ._format.lmdb_pages import LmdbPageError
 from ._format.records import RecordError
 from ._io import files
-from ._io.lmdbenv import copy_env, copy_env_file, copy_txn_compact, open_env
+from ._io.lmdbenv import check_env_pages, copy_env, copy_env_file, copy_txn_compact, open_env
 from ._io.scan import seal_index_file
 from .controller_decode import CONTROLLER_DBS, decode_controller
 from .errors import CorruptionError, StorageIOError, TqstoreError
 from .ports import ControllerExport
 
+log = logging.getLogger("tqstore")
 ROLE_CONTROLLER = "controller"  # the manifest's role (docs/FORMAT.md, "MANIFEST.json")
 INDEX_FILE = "data.mdb"
 
@@ -54,28 +58,21 @@ def stage_controller(target: Path, src: Path, *, num_units: Optional[int], walke
     index ``src`` that has no free page, its unit count set to ``num_units`` (None keeps it);
     fsynced.  Answers True when staged.
 
-    ``walked=False``: the out-of-process walk of ``src`` has not ended, so LMDB must not map it
-    nor the copy: only a byte copy of a file with an empty free list (every checkpoint's) and
-    ``num_units`` None is staged (:func:`copy_env_file`); otherwise nothing is written (the
-    directory is not created) and the answer is False.  (Clearing the produced fields is the
-    controller's: :meth:`Controller.stage_import`.)"""
+    ``walked=False``: the out-of-process walk of ``src`` has not ended, so LMDB must not map it.
+    Only a byte copy (:func:`copy_env_file`: a file with an empty free list, every
+    checkpoint's) with ``num_units`` None is staged, and only when every page of the copy reads
+    checked (:func:`check_env_pages`, beside its fsync): then LMDB may open the copy before
+    the walk ended.  Otherwise nothing is left (the directory is removed) and the answer is
+    False.  (Clearing the produced fields is the controller's: :meth:`Controller.stage_import`.)"""
     try:
-        return _stage(target, src, num_units, walked)
+        return _stage(target, src, num_units) if walked else _stage_unwalked(target, src, num_units)
     except lmdb.Error as e:
         raise StorageIOError(f"staging {target} from a checkpoint failed: {e}") from e
 
 
-def _stage(target: Path, src: Path, num_units: Optional[int], walked: bool) -> bool:
-    if not walked:
-        if num_units is not None:
-            return False
-        files.mkdir(target)
-        if not copy_env_file(src, target):
-            files.rmtree(target)
-            return False
-    else:
-        files.mkdir(target)
-        copy_env(src, target)
+def _stage(target: Path, src: Path, num_units: Optional[int]) -> bool:
+    files.mkdir(target)
+    copy_env(src, target)
     if num_units is not None:
         env = open_env(target, max_dbs=12)
         try:
@@ -86,6 +83,30 @@ def _stage(target: Path, src: Path, num_units: Optional[int], walked: bool) -> b
         finally:
             env.close()
     files.fsync_tree(target)
+    return True
+
+
+def _stage_unwalked(target: Path, src: Path, num_units: Optional[int]) -> bool:
+    if num_units is not None:
+        return False
+    files.mkdir(target)
+    try:
+        if not copy_env_file(src, target):
+            files.rmtree(target)
+            return False
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
+            synced = pool.submit(files.fsync_tree, target)  # (beside the check: both read what the copy wrote)
+            try:
+                check_env_pages(target)
+            except LmdbPageError as e:
+                synced.result()
+                log.info("controller copy %s: its pages do not all read checked (%s); opened after its walk", target, e)
+                files.rmtree(target)
+                return False
+            synced.result()
+    except BaseException:
+        files.rmtree(target)
+        raise
     return True
 
 

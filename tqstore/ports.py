@@ -532,9 +532,10 @@ class ControllerPort(Protocol):
         free page, with its unit count set to ``num_units`` (None keeps it) and, with
         ``clear_produced``, no field produced (a checkpoint saved without storage); answers
         True when staged.  ``walked=False``: the out-of-process walk of ``src_dir`` has not
-        ended, so nothing may map it nor the copy: only a byte copy is staged, when that is all
-        it takes (neither ``num_units`` nor ``clear_produced``, an empty free list); else
-        nothing is written and the answer is False (call again once the walk ended).  Never
+        ended, so nothing may map it: only a byte copy is staged, when that is all it takes
+        (neither ``num_units`` nor ``clear_produced``, an empty free list), and only when every
+        page of the copy reads checked, so that it may be opened before the walk ended; else
+        nothing is left and the answer is False (call again once the walk ended).  Never
         touches the live controller."""
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------

@@ -173,6 +173,36 @@ def copy_env_file(src: Path, dst: Path) -> bool:
     return True
 
 
+def check_env_pages(env_dir: Path) -> None:
+    """Read every page LMDB can reach in the data file of ``env_dir`` with the checked page
+    reader (:mod:`tqstore._format.lmdb_pages`; this process's own read-only map, never
+    LMDB's): the current meta page, an empty free list, the main database and every named
+    database, each page once, every node and overflow page inside the file.  A file that
+    passes can be opened by LMDB in this process without an out-of-process walk first: LMDB
+    reads no page that was not checked (writes take new pages past the last one, the free
+    list being empty).  Raises LmdbPageError (a database with sorted duplicates included:
+    this reader does not read those), OSError."""
+    with open(os.path.join(env_dir, "data.mdb"), "rb") as f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError as e:  # an empty file
+            raise LmdbPageError(f"no page ({e})") from None
+    try:
+        pf = PageFile(mm)
+        if not pf.free_list_empty:
+            raise LmdbPageError("the free list is not empty")
+        try:
+            for db in pf.databases().values():
+                pf.columns(db)
+        except IndexError as e:  # a gather past the end of the file
+            raise LmdbPageError(f"an offset past the end of the file ({e})") from None
+    finally:
+        try:
+            mm.close()
+        except BufferError:  # (a view still held by a traceback: closed when collected)
+            pass
+
+
 def copy_env(src: Path, dst: Path) -> None:
     """A copy of the LMDB environment ``src`` with no free page in the existing, empty
     directory ``dst``: its bytes (:func:`copy_env_file`) or, when its free list is not empty,

@@ -10,8 +10,11 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 * every file is first checked to be a regular file (no symbolic link, FIFO or device) of
   the size MANIFEST.json records; every LMDB file is walked in a child process
   (:mod:`tqstore._io.lmdbwalk`: one for the unit indexes, one for the controller, side by
-  side) before this process maps it; its copy has no free page (the file's bytes, a
-  compacted copy, are copied without a map, the controller's while its walk runs);
+  side) before this process maps it, but for the controller's copy (same unit count): its
+  bytes are copied and every page of the copy read by the checked page reader
+  (:mod:`tqstore._format.lmdb_pages`) while the walk runs, and then opened beside it; nothing
+  is switched in before every walk returned clean.  Copies have no free page (a save's
+  files are compacted copies, copied byte for byte);
 * every file is its own task, all started at once: its CRC32C, then (once its walk is
   clean) its reading and staging, so the segments of one unit are verified while other
   indexes are still walked and the controller's entries are decoded and checked;
@@ -144,27 +147,33 @@ class Builder:
             raise probs[0].to_error()
 
     def _controller_part(self, new_dir: Path) -> None:
-        """The controller's file: CRC, then staged -- its bytes copied while the walk still
-        runs when the staging needs no LMDB map (same unit count, storage included) --, walk,
-        unit and row counts against the manifest (as a deep verify), else staged now.  Its
-        entries are decoded and checked once, by the store's open of the staged copy (the
-        same checked decoder as a deep verify's), not a second time: with the install's
-        ``early`` parts that open runs here, right after staging and beside the units'
-        staging and CRC checks, else :meth:`Store.install_state` runs it after the build.
-        Nothing maps the staged copy before the walk of the checkpoint's file returned clean."""
+        """The controller's file: CRC, staging, walk, unit and row counts against the manifest
+        (as a deep verify).  Its entries are decoded and checked once, by the store's open of
+        the staged copy (the same checked decoder as a deep verify's), not a second time: with
+        the install's ``early`` parts that open runs here, beside the units' staging and CRC
+        checks, else :meth:`Store.install_state` runs it after the build.
+
+        Same unit count and storage included: the file's bytes are staged while its walk still
+        runs, with every page of the copy read by the checked page reader
+        (``ControllerPort.stage_import(walked=False)``), and then the open of the copy runs
+        beside the walk too.  Otherwise, or when the copy's pages do not all read checked, the
+        copy is staged and opened after the walk.  Either way this returns only once the walk
+        of the checkpoint's file returned clean, so nothing is switched in before."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
         self._read(_check_file(self.src, ctrl))
         target, src = str(new_dir / "controller"), str(self.src / "controller")
         num_units = self.num_units if self.man.num_units != self.num_units else None
         clear = self.mode == "metadata"
-        staged = num_units is None and not clear and self.controller.stage_import(target, src, walked=False)
+        early = num_units is None and not clear and self.controller.stage_import(target, src, walked=False)
+        if early and self._early is not None:  # a checked copy: its open runs beside the walk
+            self._early.open_controller()
         self._walked(ctrl)
         probs = check_controller_counts(self.src, self.man)
         if probs:
             raise probs[0].to_error()
-        if not staged:
+        if not early:
             self.controller.stage_import(target, src, num_units=num_units, clear_produced=clear)
-        if self._early is not None:  # its open (the checked decode) runs beside the units' staging and CRCs
+        if self._early is not None:  # (no-op when opened above) the checked decode, beside the units' work
             self._early.open_controller()
 
     def _index_part(self, i: int) -> FrameTable:
