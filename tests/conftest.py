@@ -17,7 +17,7 @@ from tqstore import _native
 from tqstore._native import _pure
 
 _FUNCS = ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows", "check_frames",
-          "gather_frames")
+          "gather_frames", "leaf_room", "leaf_columns")
 
 
 def _native_module():

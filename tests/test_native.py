@@ -4,10 +4,13 @@ Every function is run on both implementations with the same arguments; results m
 equal, and failures must raise the same exception type.  The frame-check kernel
 (check_frames) and gather_frames are also fed garbage, bit flips, truncations and hostile
 offsets/lengths/header fields: they must never crash and must agree with the pure version.
+The LMDB leaf kernel (leaf_room, leaf_columns) runs on data files written by py-lmdb, whole
+and damaged each way it checks: the same outputs, or the same ValueError and message.
 """
 from __future__ import annotations
 
 import os
+import random
 import struct
 import subprocess
 import sys
@@ -21,8 +24,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from tqstore._format import layout
+from tqstore._format.lmdb_pages import P_INVALID, PageFile
 from tqstore._native import _pure as P
 from tqstore._native.layout import LOC_DTYPE
+
+import lmdb_helpers
 
 F = pytest.importorskip("tqstore._native._frames", reason="C extension not built")
 
@@ -62,7 +68,8 @@ def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
     for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows",
-                 "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "pread_ranges"):
+                 "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "pread_ranges", "leaf_room",
+                 "leaf_columns"):
         assert callable(getattr(F, name)) and callable(getattr(P, name))
     c = F._LAYOUT
     assert c["FRAME_MAGIC"] == layout.FRAME_MAGIC
@@ -941,7 +948,7 @@ def test_pread_ranges_reads_the_ranges_back_to_back_and_stops_at_the_end_of_the_
     want = b""
     for o, m in zip(offs.tolist(), lens.tolist()):  # up to the first range the file does not hold whole
         want += blob[o:o + m]
-        if o + m > len(blob):
+        if m and o + m > len(blob):  # (an empty range reads nothing, so never meets the end)
             break
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -968,3 +975,174 @@ def test_pread_ranges_refuses_bad_arguments_before_reading(tmp_path):
     finally:
         os.close(fd)
     assert run_both("pread_ranges", fd, np.zeros(1, "<i8"), np.ones(1, "<i8"), bytearray(4)) == ("err", OSError)
+
+
+# ---- leaf_room, leaf_columns (LMDB leaf pages) --------------------------------------
+
+
+def leaf_run(mod, buf, pgnos, psize, allowed, room=None):
+    """leaf_room then leaf_columns of ``mod`` into fresh outputs (sized by ``room``, (nodes,
+    room), when given: leaf_columns then runs even where leaf_room fails); ``("ok", sizes,
+    outputs...)`` or ``("err", type, message)`` of the first that raises."""
+    try:
+        sized = mod.leaf_room(buf, pgnos, psize)
+    except Exception as e:  # noqa: BLE001 - compared by the caller
+        if room is None:
+            return ("err", type(e), str(e))
+        sized = ("err", type(e), str(e))
+    nodes, size = room if room is not None else sized
+    outs = [np.zeros(size, np.uint8), np.zeros(nodes, "<i8"), np.zeros(size, np.uint8), np.zeros(nodes, "<i8"),
+            np.zeros(nodes, "<u2")]
+    try:
+        nk, nv, big = mod.leaf_columns(buf, pgnos, psize, allowed, *outs)
+    except Exception as e:  # noqa: BLE001
+        return ("err", type(e), str(e))
+    return ("ok", sized, nk, nv, big, outs[0][:nk].tobytes(), outs[1].tobytes(), outs[2][:nv].tobytes(),
+            outs[3].tobytes(), outs[4].tobytes())
+
+
+def leaf_both(buf, pgnos, psize=lmdb_helpers.PSIZE, allowed=1, room=None):
+    got = [leaf_run(mod, buf, np.asarray(pgnos, "<i8"), psize, allowed, room) for mod in (F, P)]
+    assert got[0] == got[1], f"native {str(got[0])[:300]} != pure {str(got[1])[:300]}"
+    return got[0]
+
+
+@pytest.fixture(scope="module")
+def lmdb_file(tmp_path_factory):
+    """A data file written by py-lmdb (tests/lmdb_helpers.fill_env): its bytes, its database
+    names and their entries through lmdb."""
+    path = tmp_path_factory.mktemp("leaf")
+    names = lmdb_helpers.fill_env(path, random.Random(5))
+    return (path / "data.mdb").read_bytes(), names, lmdb_helpers.through_lmdb(path, names)
+
+
+def test_leaf_columns_of_real_files_match_and_read_what_lmdb_reads(lmdb_file):
+    raw, names, want = lmdb_file
+    pf = PageFile(raw)
+    assert pf.psize == lmdb_helpers.PSIZE
+    dbs = pf.databases()
+    for name in names:
+        if dbs[name].root == P_INVALID:
+            assert not want[name]
+            continue
+        lv = pf.leaf_pages(dbs[name])
+        ok, (nodes, room), nk, nv, big, keys, klens, values, vlens, flags = leaf_both(raw, lv)
+        assert ok == "ok" and nodes == len(want[name]) and nk <= room and nv <= room
+        klens, vlens = np.frombuffer(klens, "<i8"), np.frombuffer(vlens, "<i8")
+        assert np.array_equal(klens, [len(k) for k, _ in want[name]])
+        assert np.array_equal(vlens, [len(v) for _, v in want[name]])
+        assert keys == b"".join(k for k, _ in want[name])
+        rows = np.frombuffer(big, "<i8").reshape(-1, 3)
+        is_big = (np.frombuffer(flags, "<u2") & 1) != 0
+        assert np.array_equal(rows[:, 0], np.flatnonzero(is_big))
+        assert values == b"".join(v for (_, v), b in zip(want[name], is_big) if not b)
+        if name in (b"big", b"mixed"):  # values on overflow pages, where the inline ones leave off
+            mv = memoryview(raw)
+            assert len(rows) and all(mv[pg * pf.psize + 16:pg * pf.psize + 16 + n] == want[name][i][1]
+                                     for i, pg, n in zip(rows[:, 0], rows[:, 2], vlens[rows[:, 0]]))
+            inline_before = np.cumsum(np.where(is_big, 0, vlens)) - np.where(is_big, 0, vlens)
+            assert np.array_equal(rows[:, 1], inline_before[rows[:, 0]])
+    main = pf.leaf_pages(pf.main)  # named databases: F_SUBDATA nodes, allowed or not
+    ok = leaf_both(raw, main, allowed=3)
+    assert ok[0] == "ok" and set(np.frombuffer(ok[9], "<u2").tolist()) == {2}
+    assert leaf_both(raw, main, allowed=1) == ("err", ValueError,
+                                               f"leaf 0 (page {main[0]}) node 0: a node of unexpected flags")
+
+
+@pytest.mark.parametrize("kind", sorted(lmdb_helpers.DAMAGE))
+def test_leaf_columns_both_reject_each_damaged_page(lmdb_file, kind):
+    raw, _names, _want = lmdb_file
+    buf, pg = lmdb_helpers.damage(raw, b"small", kind)
+    _pf, lv = lmdb_helpers.leaves(raw, b"small")  # (the page numbers of the whole file)
+    i = int(np.flatnonzero(lv == pg)[0])
+    for room in (None, (len(raw) // 8, len(raw))):  # leaf_columns checks alone what leaf_room does
+        err = leaf_both(buf, lv, room=room)
+        assert err[:2] == ("err", ValueError), err
+        assert err[2].startswith(f"leaf {i} (page {pg})") and err[2].endswith(lmdb_helpers.DAMAGE[kind]), err
+
+
+def test_leaf_columns_both_reject_bad_page_numbers_and_truncated_files(lmdb_file):
+    raw, _names, _want = lmdb_file
+    _pf, lv = lmdb_helpers.leaves(raw, b"small")
+    npages = len(raw) // lmdb_helpers.PSIZE
+    outside = "a page number outside the file"
+    for bad in (npages, npages + 5, 1, 0, -1, -(1 << 63), (1 << 62)):
+        pgnos = lv.copy()
+        pgnos[3] = bad
+        assert leaf_both(raw, pgnos) == ("err", ValueError, f"leaf 3 (page {bad}): {outside}")
+    pgnos = lv.copy()
+    pgnos[7] = pgnos[2]
+    assert leaf_both(raw, pgnos) == ("err", ValueError, f"leaf 7 (page {lv[2]}): a page named twice in the tree")
+    last = int(np.argmax(lv))  # the file cut inside the last leaf page, or at its start
+    for cut in (int(lv[last]) * lmdb_helpers.PSIZE + 100, int(lv[last]) * lmdb_helpers.PSIZE):
+        assert leaf_both(raw[:cut], lv) == ("err", ValueError, f"leaf {last} (page {lv[last]}): {outside}")
+    assert leaf_both(b"", lv)[:2] == ("err", ValueError)
+    assert leaf_both(raw, lv[:0])[:2] == ("ok", (0, 0))
+    room = leaf_both(raw, lv)[1]  # the first failure in order: the headers before any node
+    buf, pg = lmdb_helpers.damage(raw, b"small", "flags")
+    buf = bytearray(buf)
+    struct.pack_into("<Q", buf, int(lv[-1]) * lmdb_helpers.PSIZE, 7)
+    assert leaf_both(bytes(buf), lv, room=room)[2].endswith("a page that is not the page its number names")
+
+
+def test_leaf_columns_bit_flips_both_agree_never_crash(tmp_path):
+    rng = random.Random(11)
+    lmdb_helpers.fill_env(tmp_path, rng, scale=20)
+    raw = (tmp_path / "data.mdb").read_bytes()
+    pf = PageFile(raw)
+    dbs = pf.databases()
+    trees = [pf.leaf_pages(dbs[n]) for n in (b"small", b"mixed", b"wide", b"big")]
+    for trial in range(300):
+        lv = trees[trial % len(trees)]
+        buf = bytearray(raw)
+        for _ in range(rng.randrange(1, 6)):
+            pg = int(lv[rng.randrange(len(lv))])
+            at = pg * lmdb_helpers.PSIZE + rng.choice((0, 10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                                      rng.randrange(lmdb_helpers.PSIZE)))
+            buf[at] ^= 1 << rng.randrange(8)
+        leaf_both(bytes(buf), lv, allowed=rng.choice((1, 3)))
+        leaf_both(bytes(buf), lv, room=(rng.randrange(0, 400), rng.randrange(0, 1 << 16)))  # outputs of any size
+
+
+def test_leaf_columns_argument_errors_match(lmdb_file):
+    raw, _names, _want = lmdb_file
+    _pf, lv = lmdb_helpers.leaves(raw, b"small")
+    nodes, room = F.leaf_room(raw, lv, lmdb_helpers.PSIZE)
+    outs = [bytearray(room), np.zeros(nodes, "<i8"), bytearray(room), np.zeros(nodes, "<i8"), np.zeros(nodes, "<u2")]
+    for psize in (0, 511, 4095, 3 << 12, 1 << 32):
+        assert leaf_both(raw, lv, psize=psize)[:2] == ("err", ValueError)
+    assert run_both("leaf_room", raw, lv, -1) == ("err", OverflowError)
+    assert run_both("leaf_room", raw, lv, 4096.0) == ("err", TypeError)
+    assert run_both("leaf_room", raw, lv.tobytes()[:-1], 4096) == ("err", ValueError)
+    assert run_both("leaf_room", np.frombuffer(raw, np.uint8)[::2], lv, 4096) == ("err", BufferError)
+    assert run_both("leaf_room", raw, lv) == ("err", TypeError)
+    assert run_both("leaf_columns", raw, lv, 4096, 1 << 16, *outs) == ("err", OverflowError)
+    assert run_both("leaf_columns", raw, lv, 4096, 1, bytes(room), *outs[1:]) == ("err", TypeError)
+    assert run_both("leaf_columns", raw, lv, 4096, 1, *outs[:4]) == ("err", TypeError)
+    for i, short in enumerate((bytearray(room - 1), np.zeros(nodes - 1, "<i8"), bytearray(room - 1),
+                               np.zeros(nodes - 1, "<i8"), np.zeros(nodes - 1, "<u2"))):
+        args = outs[:i] + [short] + outs[i + 1:]
+        assert run_both("leaf_columns", raw, lv, 4096, 1, *args) == ("err", ValueError)
+    assert run_both("leaf_columns", buf=raw, pgnos=lv, page_size=4096, allowed_flags=1, keys=outs[0], key_lens=outs[1],
+                    values=outs[2], value_lens=outs[3], flags=outs[4])[0] == "ok"
+
+
+def test_leaf_columns_in_threads(lmdb_file):
+    raw, _names, _want = lmdb_file
+    _pf, lv = lmdb_helpers.leaves(raw, b"small")
+    want = leaf_run(F, raw, lv, lmdb_helpers.PSIZE, 1)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(10):
+                assert leaf_run(F, raw, lv, lmdb_helpers.PSIZE, 1) == want
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    ts = [threading.Thread(target=work) for _ in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert not errors and want[0] == "ok"

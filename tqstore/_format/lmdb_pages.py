@@ -4,21 +4,28 @@ Reading millions of entries through the ``lmdb`` binding makes two Python object
 entry; a store's open and a checkpoint's load need every entry of a few large databases
 (the controller's ``rows`` and ``keys``, a unit's ``loc`` keys) and nothing else of them.
 This module decodes the B+tree pages of an LMDB data file (LMDB 0.9, data format version
-1, 64-bit) with array operations: a database's leaf pages in tree order, every node of
-them at once, keys and values gathered into one buffer each with their lengths.
+1, 64-bit): the branch levels with array operations (few pages), giving a database's leaf
+pages in tree order; then the leaf level, nearly all of the work, by the native kernel
+(:func:`tqstore._native.leaf_room` sizes the outputs, :func:`~tqstore._native.leaf_columns`
+fills them: C without the GIL, or its numpy twin in the pure-Python build), which checks
+every leaf page and node and copies the keys and the inline values into one buffer each
+with their lengths; a value on overflow pages (F_BIGDATA, rare) is read here and put in
+its place.
 
 Bytes in, columns out: ``buf`` is the file's bytes (a read-only map or a bytes object).
 Only files whose structure LMDB wrote (a store's own index, the compacted copy of a
 walked checkpoint index) are read this way; still, every page number, node offset and
-length is checked against the page and the file, the traversal must see each page once,
-and the totals must match the database's record (depth, branch, leaf and overflow pages,
-entries): anything else raises :class:`LmdbPageError`, and the caller reads the database
-through ``lmdb`` instead.  The order of the entries is the tree's, which is LMDB's cursor
-order.
+length is checked against the page and the file, a page's nodes must fit its node area,
+the traversal must see each page once, and the totals must match the database's record
+(depth, branch, leaf and overflow pages, entries): anything else raises
+:class:`LmdbPageError` (naming the leaf, page and node of a leaf's failure), and the caller
+reads the database through ``lmdb`` instead.  The order of the entries is the tree's, which
+is LMDB's cursor order.
 
 Layout (``lmdb/libraries/liblmdb/mdb.c``): a page starts with a 16-byte header (page
 number u64, pad u16, flags u16, lower u16, upper u16; an overflow page's lower/upper are its
-page count u32), then ``(lower - 16) / 2`` node offsets (u16).  A node is lo u16, hi u16,
+page count u32), then ``(lower - 16) / 2`` node offsets (u16); the nodes lie side by side
+from ``upper`` to the page's end (its node area).  A node is lo u16, hi u16,
 flags u16, key size u16, the key, then (leaf) the value of ``lo | hi << 16`` bytes or
 (F_BIGDATA) the page number u64 of the overflow pages holding it; a branch node's child page
 number is ``lo | hi << 16 | flags << 32``.  Pages 0 and 1 are meta pages: after the header,
@@ -47,7 +54,6 @@ P_INVALID = (1 << 64) - 1
 DB_RECORD = struct.Struct("<IHHQQQQQ")  # pad, flags, depth, branch, leaf, overflow, entries, root
 META = struct.Struct("<IIQQ")  # magic, version, address, map size (the records follow)
 MDB_DUPSORT = 0x04
-_GATHER = 1 << 20  # bytes gathered at a time (bounds the index arrays)
 
 
 class LmdbPageError(ValueError):
@@ -113,49 +119,6 @@ def _u64(b: np.ndarray, at: np.ndarray) -> np.ndarray:
     for j in range(7, -1, -1):
         out <<= np.uint64(8)
         out |= b[at + j].astype(np.uint64)
-    return out
-
-
-def _gather(b: np.ndarray, starts: np.ndarray, lens: np.ndarray) -> np.ndarray:
-    """``b[starts[i]:starts[i] + lens[i]]`` of every ``i``, back to back."""
-    total = int(lens.sum())
-    out = np.empty(total, dtype=np.uint8)
-    if not total:
-        return out
-    if _native.IMPLEMENTATION == "native":  # one C loop over the ranges, each checked inside b
-        try:
-            _native.copy_ranges(b, starts.astype("<i8"), lens.astype("<i8"), out)
-        except ValueError as e:
-            raise IndexError(str(e)) from None
-        return out
-    width = int(lens.max())
-    if width <= 64:  # short (keys, small records): a 2-D gather of the widest, the rest masked off
-        same = bool((lens == width).all())
-        step = max(1, _GATHER // width)
-        cols = np.arange(width)
-        pos = 0
-        for a in range(0, len(starts), step):
-            s, ln = starts[a:a + step], lens[a:a + step]
-            idx = s[:, None] + cols
-            if not same:  # (bytes past a shorter entry are dropped: never past the file)
-                np.minimum(idx, len(b) - 1, out=idx)
-            rows = b[idx]
-            m = rows.reshape(-1) if same else rows[cols < ln[:, None]]
-            out[pos:pos + len(m)] = m
-            pos += len(m)
-        return out
-    ends = np.cumsum(lens)
-    pos = 0
-    i = 0
-    while i < len(starts):  # chunks of about _GATHER bytes
-        j = int(np.searchsorted(ends, (ends[i - 1] if i else 0) + _GATHER, side="right"))
-        j = max(j, i + 1)
-        s, ln = starts[i:j], lens[i:j]
-        m = int(ln.sum())
-        rel = np.arange(m) - np.repeat(np.cumsum(ln) - ln, ln)
-        out[pos:pos + m] = b[np.repeat(s, ln) + rel]
-        pos += m
-        i = j
     return out
 
 
@@ -245,14 +208,14 @@ class PageFile:
             raise LmdbPageError("a node offset outside its page")
         return page + at
 
-    def _entries(self, db: DbRecord, want_flags: bool = False) -> Tuple[Columns, Optional[np.ndarray]]:
-        empty = Columns(np.zeros(0, np.uint8), np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64))
-        if db.root == P_INVALID:
-            if db.entries or db.depth or db.leaf_pages or db.branch_pages:
-                raise LmdbPageError("an empty tree whose record counts entries")
-            return empty, np.zeros(0, np.int64)
+    def leaf_pages(self, db: DbRecord) -> np.ndarray:
+        """The leaf page numbers of the non-empty database ``db`` in tree order (int64): its
+        branch levels walked and checked here, the page counts matched against its record.
+        The leaves themselves are checked by :func:`tqstore._native.leaf_columns`."""
         if not 1 <= db.depth <= 64 or db.branch_pages + db.leaf_pages + db.overflow_pages > self.npages:
             raise LmdbPageError("a database record larger than the file")
+        if db.root >= self.npages:  # (before it becomes an int64)
+            raise LmdbPageError("a page number outside the file")
         level = np.array([db.root], dtype=np.int64)
         branch = 0
         for _ in range(db.depth - 1):  # branch levels: each page's children, in order
@@ -265,40 +228,67 @@ class PageFile:
             node = self._nodes(off, n)
             child = (_words(self.b, node) & np.uint64((1 << 48) - 1)).astype(np.int64)  # lo, hi, flags: the page
             level = child
-        if branch != db.branch_pages or len(level) != db.leaf_pages or len(np.unique(level)) != len(level):
+        if branch != db.branch_pages or len(level) != db.leaf_pages:
             raise LmdbPageError("the tree's pages do not match its record")
-        off, n = self._pages(level, P_LEAF)
-        node = self._nodes(off, n)
-        if len(node) != db.entries:
-            raise LmdbPageError(f"{len(node)} entries, the record says {db.entries}")
-        head = _words(self.b, node)  # lo u16, hi u16, flags u16, key size u16
-        dsize = (head & np.uint64(0xFFFFFFFF)).astype(np.int64)
-        nflags = ((head >> np.uint64(32)) & np.uint64(0xFFFF)).astype(np.int64)
-        ksize = (head >> np.uint64(48)).astype(np.int64)
-        del head
-        page_end = np.repeat(off, n) + self.psize
-        kstart = node + 8
-        if (nflags & ~(F_BIGDATA | F_SUBDATA) != 0).any() or (not want_flags and (nflags & F_SUBDATA).any()):
-            raise LmdbPageError("a node of unexpected flags")
-        big = (nflags & F_BIGDATA) != 0
-        dstart = kstart + ksize
-        inline = np.where(big, 8, dsize)
-        if (dstart + inline > page_end).any():
-            raise LmdbPageError("a node past the end of its page")
+        return level
+
+    def _entries(self, db: DbRecord, want_flags: bool = False) -> Tuple[Columns, Optional[np.ndarray]]:
+        empty = Columns(np.zeros(0, np.uint8), np.zeros(0, np.int64), np.zeros(0, np.uint8), np.zeros(0, np.int64))
+        if db.root == P_INVALID:
+            if db.entries or db.depth or db.leaf_pages or db.branch_pages:
+                raise LmdbPageError("an empty tree whose record counts entries")
+            return empty, np.zeros(0, np.uint16)
+        leaves = self.leaf_pages(db)
+        allowed = F_BIGDATA | (F_SUBDATA if want_flags else 0)  # (a named database's record: the main's only)
+        try:
+            keys, key_lens, values, value_lens, flags, big = self._leaf_columns(leaves, allowed)
+        except ValueError as e:  # the kernel's message names the leaf, its page and node
+            raise LmdbPageError(str(e)) from None
+        if len(key_lens) != db.entries:
+            raise LmdbPageError(f"{len(key_lens)} entries, the record says {db.entries}")
+        values = self._with_big_values(db, values, value_lens, big)
+        return Columns(keys, key_lens, values, value_lens), (flags if want_flags else None)
+
+    def _leaf_columns(self, leaves: np.ndarray, allowed: int) -> Tuple[np.ndarray, ...]:
+        """The kernel over the leaf pages ``leaves``: keys, key lengths, inline values, value
+        lengths, node flags and the F_BIGDATA rows (node, position in the values, overflow
+        page).  The outputs are sized by the page headers (each leaf page once, its nodes'
+        headers within its node area: at most the file's size) before any node is read, and
+        allocated by numpy, which gives large arrays huge pages (fresh memory faulted in 4 KiB
+        at a time costs more than the copy into it); keys and values are views of the bytes
+        filled."""
+        nodes, room = _native.leaf_room(self.b, leaves, self.psize)
+        keys, values = np.empty(room, np.uint8), np.empty(room, np.uint8)
+        key_lens, value_lens, flags = np.empty(nodes, np.int64), np.empty(nodes, np.int64), np.empty(nodes, np.uint16)
+        n_keys, n_values, big = _native.leaf_columns(self.b, leaves, self.psize, allowed, keys, key_lens, values,
+                                                     value_lens, flags)
+        big = np.frombuffer(big, "<i8").reshape(-1, 3)
+        return keys[:n_keys], key_lens, values[:n_values], value_lens, flags, big
+
+    def _with_big_values(self, db: DbRecord, inline: np.ndarray, value_lens: np.ndarray,
+                         big: np.ndarray) -> np.ndarray:
+        """Every value back to back: the inline ones (``inline``, from the kernel) with the
+        value of each F_BIGDATA node (``big`` rows: node index, its position in ``inline``,
+        its first overflow page) read from its overflow pages in its place.  The overflow
+        runs are checked, and their pages counted against the record, before anything is
+        allocated."""
         n_over = 0
-        if big.any():
-            dstart = dstart.copy()
-            over = np.flatnonzero(big)
-            ov = _u64(self.b, dstart[over]).astype(np.int64)
-            ooff, count = self._overflow(ov, dsize[over])
-            dstart[over] = ooff + PAGEHDRSZ
-            n_over = int(count.sum())
-            if len(np.unique(ov)) != len(ov):
+        if len(big):
+            pgnos, sizes = big[:, 2], value_lens[big[:, 0]]
+            off, count = self._overflow(pgnos, sizes)
+            if len(np.unique(pgnos)) != len(pgnos):
                 raise LmdbPageError("an overflow page named twice")
+            n_over = int(count.sum())
         if n_over != db.overflow_pages:
             raise LmdbPageError(f"{n_over} overflow pages, the record says {db.overflow_pages}")
-        cols = Columns(_gather(self.b, kstart, ksize), ksize, _gather(self.b, dstart, dsize), dsize)
-        return cols, (nflags if want_flags else None)
+        if not len(big):
+            return inline
+        pieces, prev = [], 0
+        for at, start, size in zip(big[:, 1].tolist(), (off + PAGEHDRSZ).tolist(), sizes.tolist()):
+            pieces += (inline[prev:at], self.b[start:start + size])
+            prev = at
+        pieces.append(inline[prev:])
+        return np.concatenate(pieces)
 
     def _overflow(self, pgnos: np.ndarray, sizes: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         if len(pgnos) and (int(pgnos.max()) >= self.npages or int(pgnos.min()) < 2):
@@ -372,7 +362,7 @@ def read_databases(buf: Any, names: List[bytes], txnid: Optional[int] = None) ->
         f = PageFile(buf, txnid)
         dbs = f.databases()
         return {n: f.columns(dbs[n]) for n in names if n in dbs}
-    except IndexError as e:  # a gather past the end of the file
+    except IndexError as e:  # (numpy's own bounds check: never expected, the offsets are checked)
         raise LmdbPageError(f"an offset past the end of the file ({e})") from None
 
 

@@ -7,9 +7,14 @@ is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functi
 ``check_frames`` (the frame-check kernel: per-frame ``FRAME_*`` status codes, in
 ``layout``), ``gather_frames`` (the same checks against a head template, copying the
 payloads; the same codes), ``copy_ranges``, ``restamp_frames``, ``pread_ranges`` (byte
-ranges of an open file read into one buffer without the GIL: reads only), and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they implement
-is in ``layout``.  This package is the bottom of the record path: it imports nothing from
-the rest of tqstore (``_format`` builds on it; tests/test_layers.py).
+ranges of an open file read into one buffer without the GIL: reads only), ``leaf_room``
+and ``leaf_columns`` (the entries of an LMDB database's leaf pages, every page and node
+checked, keys and inline values copied into the caller's arrays without the GIL;
+``leaf_room`` sizes them; ``_format.lmdb_pages`` walks the branch levels to the leaves),
+and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they
+implement is in ``layout`` (that of LMDB's pages in ``_format.lmdb_pages``).  This package
+is the bottom of the record path: it imports nothing from the rest of tqstore (``_format``
+builds on it; tests/test_layers.py).
 """
 from __future__ import annotations
 
@@ -45,6 +50,8 @@ gather_frames = impl.gather_frames
 copy_ranges = impl.copy_ranges
 restamp_frames = impl.restamp_frames
 pread_ranges = impl.pread_ranges
+leaf_room = impl.leaf_room
+leaf_columns = impl.leaf_columns
 
 __all__ = [
     "IMPLEMENTATION",
@@ -59,5 +66,7 @@ __all__ = [
     "copy_ranges",
     "restamp_frames",
     "pread_ranges",
+    "leaf_room",
+    "leaf_columns",
     "impl",
 ]

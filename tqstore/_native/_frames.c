@@ -3,7 +3,7 @@
  *
  * Same functions, arguments, results, exceptions and bytes as tqstore/_native/_pure.py
  * (crc32c, build_header, frame_head, frame_tail, encode_frames, check_frames, gather_frames,
- * copy_ranges, restamp_frames, pread_ranges)
+ * copy_ranges, restamp_frames, pread_ranges, leaf_room, leaf_columns)
  * (the reference).  Layout constants repeat tqstore/_native/layout.py and are exposed as
  * ``_LAYOUT`` so the tests can check them against it.
  *
@@ -11,8 +11,9 @@
  * tables, chosen at import by CPU detection; slice-by-8 tables otherwise.
  *
  * The GIL is released around work on >= 64 KiB (CRC of a large buffer, framing and
- * verification of many frames); all Python objects are converted and all buffers
- * acquired before, and all results created after, with the GIL held.
+ * verification of many frames, the leaf pages of an LMDB database); all Python objects are
+ * converted and all buffers acquired before, and all results created after, with the GIL
+ * held.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -1530,6 +1531,388 @@ done:
     return result;
 }
 
+/* ---- leaf_columns: the leaf level of an LMDB B+tree ---------------------------------- */
+
+/* LMDB 0.9, 64-bit (lmdb/libraries/liblmdb/mdb.c; tqstore/_format/lmdb_pages.py): a page
+ * starts with pgno u64, pad u16, flags u16, lower u16, upper u16, then (lower - 16) / 2 node
+ * offsets u16; a node is lo u16, hi u16 (data size lo | hi << 16), flags u16, key size u16,
+ * the key, then the data inline or (F_BIGDATA) the u64 number of its first overflow page. */
+#define MDB_PAGEHDRSZ 16
+#define MDB_NODESZ 8
+#define MDB_P_LEAF 0x02
+#define MDB_P_KINDS 0x2f /* P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2 */
+#define MDB_F_BIGDATA 0x01
+#define LEAF_AHEAD 4
+#define LEAF_BIG_ROW 24 /* a `big` row: node index, position in values, overflow page (i64 each) */
+
+/* The failures (the _pure twin's codes and messages are the same). */
+enum {
+    LEAF_OK,
+    LEAF_OUTSIDE, /* a page's header, */
+    LEAF_TWICE,
+    LEAF_KIND,
+    LEAF_NUMBER,
+    LEAF_AREA,
+    LEAF_NODE_OFFSET, /* a node, */
+    LEAF_NODE_FLAGS,
+    LEAF_NODE_END,
+    LEAF_NODES_SIZE, /* a page's nodes together */
+    LEAF_CHANGED,    /* the buffer, between the two passes */
+    LEAF_NOMEM,
+};
+static const char *const leaf_what[] = {
+    "",
+    "a page number outside the file",
+    "a page named twice in the tree",
+    "a page of another kind than the tree's level",
+    "a page that is not the page its number names",
+    "a page's node area is malformed",
+    "a node offset outside its page",
+    "a node of unexpected flags",
+    "a node past the end of its page",
+    "nodes of more bytes than the page's node area",
+    "the pages changed while they were read",
+    "",
+};
+
+typedef struct {
+    const uint8_t *buf;
+    uint64_t psize, npages;
+    const uint8_t *pgnos; /* nleaf little-endian i64: the leaf pages in tree order */
+    Py_ssize_t nleaf;
+    unsigned allowed; /* the flags a node may have */
+    uint8_t *seen;    /* one bit per page of the buffer: a page named twice */
+    /* the headers' pass: the nodes, and a bound on their key (or inline value) bytes */
+    uint64_t nodes, room;
+    /* the nodes' pass: the caller's outputs (keys and values of key_cap and value_cap >= room
+     * bytes, the arrays of `nodes` entries), the big rows (grown as met), how far each is filled */
+    uint8_t *keys, *key_lens, *values, *value_lens, *flags, *big;
+    uint64_t key_cap, value_cap, big_cap, at_node, at_key, at_value, at_big;
+    /* the first failure: its LEAF_* code, leaf (index into pgnos) and node (-1: the page) */
+    int err;
+    Py_ssize_t err_leaf;
+    long long err_node;
+} leaf_job;
+
+static inline int64_t leaf_pgno(const leaf_job *j, Py_ssize_t i) {
+    return (int64_t)get_le64(j->pgnos + 8 * (uint64_t)i);
+}
+
+static inline void leaf_fail(leaf_job *j, int err, Py_ssize_t leaf, long long node) {
+    j->err = err;
+    j->err_leaf = leaf;
+    j->err_node = node;
+}
+
+/* A page's node offsets end at lower, its nodes lie side by side from upper to the page's end:
+ * 16 <= lower (even) <= upper <= the page size, and the node area holds the nodes' 8-byte
+ * headers at least (which bounds the node count by the area, before any node is read), else
+ * the area is malformed (0). */
+static inline int leaf_area_ok(unsigned lower, unsigned upper, uint64_t psize) {
+    return lower >= MDB_PAGEHDRSZ && !(lower & 1) && upper <= psize && lower <= upper &&
+           (uint64_t)(lower - MDB_PAGEHDRSZ) / 2 * MDB_NODESZ <= psize - upper;
+}
+
+/* The header checks of leaf page `pg` (as lmdb_pages' _pages, and each page once): LEAF_OK
+ * and the page's lower and upper bounds, or the failure. */
+static int leaf_header(leaf_job *j, int64_t pg, unsigned *lower, unsigned *upper) {
+    if (pg < 2 || (uint64_t)pg >= j->npages) return LEAF_OUTSIDE;
+    uint8_t bit = (uint8_t)(1u << (pg & 7));
+    if (j->seen[pg >> 3] & bit) return LEAF_TWICE;
+    j->seen[pg >> 3] |= bit;
+    const uint8_t *p = j->buf + (uint64_t)pg * j->psize;
+    if ((get_le16(p + 10) & MDB_P_KINDS) != MDB_P_LEAF) return LEAF_KIND;
+    if (get_le64(p) != (uint64_t)pg) return LEAF_NUMBER;
+    *lower = get_le16(p + 12);
+    *upper = get_le16(p + 14);
+    return leaf_area_ok(*lower, *upper, j->psize) ? LEAF_OK : LEAF_AREA;
+}
+
+/* First pass, over the page headers only: each checked, the nodes counted and the bytes of
+ * their keys (or of their inline values) bounded by the pages' node areas less the nodes'
+ * 8-byte headers (the second pass checks that the nodes fit), so that the outputs can be
+ * allocated before the single pass over the nodes.  Each page counts once: the node count is
+ * at most a tenth of the buffer's size, the room at most its size.  (Run again by
+ * leaf_columns: it trusts nothing of leaf_room's.) */
+static void leaf_headers(leaf_job *j) {
+    for (Py_ssize_t i = 0; i < j->nleaf; i++) {
+        unsigned lower = 0, upper = 0;
+        int e = leaf_header(j, leaf_pgno(j, i), &lower, &upper);
+        if (e != LEAF_OK) {
+            leaf_fail(j, e, i, -1);
+            return;
+        }
+        uint64_t n = (lower - MDB_PAGEHDRSZ) / 2;
+        j->nodes += n;
+        j->room += j->psize - upper - MDB_NODESZ * n; /* (>= 0: the area is checked) */
+    }
+}
+
+/* n bytes from src (src_room bytes to the end of its buffer) to dst (dst_room bytes to the
+ * end of its): one fixed 32-byte copy when n <= 32 and both sides have the 32 bytes (most
+ * keys and values: a few moves instead of a memcpy call); the bytes past n are overwritten
+ * by the next entry or lie past the output's final size. */
+static inline void copy_short(uint8_t *dst, uint64_t dst_room, const uint8_t *src, uint64_t src_room, uint64_t n) {
+    if (n <= 32 && dst_room >= 32 && src_room >= 32)
+        memcpy(dst, src, 32);
+    else
+        memcpy(dst, src, (size_t)n);
+}
+
+/* Node `i`'s row of the big output (node index, position in values, first overflow page),
+ * the rows grown as met (F_BIGDATA nodes are rare); 0 when out of memory. */
+static int leaf_big_row(leaf_job *j, uint64_t i, uint64_t at_value, uint64_t over) {
+    if (j->at_big == j->big_cap) {
+        uint64_t cap = 2 * j->big_cap + 64;
+        uint8_t *grown = PyMem_RawRealloc(j->big, (size_t)(cap * LEAF_BIG_ROW));
+        if (!grown) return 0;
+        j->big = grown;
+        j->big_cap = cap;
+    }
+    uint8_t *row = j->big + LEAF_BIG_ROW * j->at_big++;
+    put_le64(row, i);
+    put_le64(row + 8, at_value);
+    put_le64(row + 16, over);
+    return 1;
+}
+
+/* The nodes of leaf page `p` (its area checked) in order, each checked (as lmdb_pages'
+ * _nodes and _entries: offset, flags, extent) and copied out, then their bytes against the
+ * page's node area.  LEAF_OK, or the failure and its node in *k (-1: the page's).  The
+ * cursors are locals while the page is walked (the byte stores could alias the job), and
+ * the nodes a few ahead are prefetched: the walk waits on memory, not on arithmetic. */
+static int leaf_nodes(leaf_job *j, const uint8_t *p, unsigned lower, unsigned upper, long long *k) {
+    const uint8_t *end = j->buf + j->npages * j->psize;
+    uint8_t *keys = j->keys, *values = j->values, *key_lens = j->key_lens, *value_lens = j->value_lens,
+            *flag_out = j->flags;
+    uint64_t n = (lower - MDB_PAGEHDRSZ) / 2, psize = j->psize, span = 0, nodes = j->nodes;
+    uint64_t key_cap = j->key_cap, value_cap = j->value_cap;
+    uint64_t at_node = j->at_node, at_key = j->at_key, at_value = j->at_value;
+    unsigned allowed = j->allowed;
+    int e = LEAF_OK, fits = 1;
+    uint64_t i;
+    for (i = 0; i < n; i++) {
+        uint64_t at = get_le16(p + MDB_PAGEHDRSZ + 2 * i);
+        if (i + LEAF_AHEAD < n) /* (the offset read lies before lower; a prefetch may point anywhere) */
+            __builtin_prefetch(p + get_le16(p + MDB_PAGEHDRSZ + 2 * (i + LEAF_AHEAD)));
+        if (at < MDB_PAGEHDRSZ || at + MDB_NODESZ > psize || (at & 1)) {
+            e = LEAF_NODE_OFFSET;
+            break;
+        }
+        const uint8_t *node = p + at, *key = node + MDB_NODESZ;
+        uint64_t dsize = get_le32(node), ksize = get_le16(node + 6);
+        unsigned flags = get_le16(node + 4);
+        if (flags & ~allowed) {
+            e = LEAF_NODE_FLAGS;
+            break;
+        }
+        int big = flags & MDB_F_BIGDATA;
+        uint64_t size = MDB_NODESZ + ksize + (big ? 8 : dsize), inl = big ? 0 : dsize; /* < 2**33 */
+        if (size > psize - at) {
+            e = LEAF_NODE_END;
+            break;
+        }
+        span += size;
+        /* past the room (more bytes than the node area: the page fails below) the checks go on */
+        fits = fits && at_node < nodes && ksize <= key_cap - at_key && inl <= value_cap - at_value;
+        if (fits) {
+            copy_short(keys + at_key, key_cap - at_key, key, (uint64_t)(end - key), ksize);
+            copy_short(values + at_value, value_cap - at_value, key + ksize, (uint64_t)(end - key - ksize), inl);
+            put_le64(key_lens + 8 * at_node, ksize);
+            put_le64(value_lens + 8 * at_node, dsize);
+            put_le16(flag_out + 2 * at_node, (uint16_t)flags);
+            if (big && !leaf_big_row(j, at_node, at_value, get_le64(key + ksize))) {
+                e = LEAF_NOMEM;
+                break;
+            }
+        }
+        at_node++;
+        at_key += ksize;
+        at_value += inl;
+    }
+    j->at_node = at_node;
+    j->at_key = at_key;
+    j->at_value = at_value;
+    *k = (long long)i;
+    if (e != LEAF_OK) return e;
+    /* LMDB lays a page's nodes side by side from upper to the page's end: more bytes than
+     * that is corruption (nodes overlapping), and the bound the outputs were sized by. */
+    *k = -1;
+    if (span > psize - upper) return LEAF_NODES_SIZE;
+    return fits ? LEAF_OK : LEAF_CHANGED;
+}
+
+/* The header lines and the end (where the nodes start) of page `pg`, if in the buffer. */
+static inline void leaf_prefetch_page(const leaf_job *j, int64_t pg) {
+    if (pg < 2 || (uint64_t)pg >= j->npages) return;
+    const uint8_t *q = j->buf + (uint64_t)pg * j->psize;
+    __builtin_prefetch(q);
+    __builtin_prefetch(q + 64);
+    __builtin_prefetch(q + j->psize - 64);
+    __builtin_prefetch(q + j->psize - 128);
+}
+
+/* Second pass: every page's nodes, checked and copied out.  Its header is read again and
+ * checked as far as the reads depend on it: the buffer may have changed since the first
+ * pass (another thread, a shared map of a file written to), which only raises. */
+static void leaf_pages_nodes(leaf_job *j) {
+    for (Py_ssize_t i = 0; i < j->nleaf; i++) {
+        int64_t pg = leaf_pgno(j, i);
+        long long k = -1;
+        if (i + 1 < j->nleaf) leaf_prefetch_page(j, leaf_pgno(j, i + 1));
+        if (pg < 2 || (uint64_t)pg >= j->npages) {
+            leaf_fail(j, LEAF_CHANGED, i, -1);
+            return;
+        }
+        const uint8_t *p = j->buf + (uint64_t)pg * j->psize;
+        unsigned lower = get_le16(p + 12), upper = get_le16(p + 14);
+        if (!leaf_area_ok(lower, upper, j->psize)) {
+            leaf_fail(j, LEAF_CHANGED, i, -1);
+            return;
+        }
+        int e = leaf_nodes(j, p, lower, upper, &k);
+        if (e != LEAF_OK) {
+            leaf_fail(j, e, i, k);
+            return;
+        }
+    }
+    if (j->at_node != j->nodes) leaf_fail(j, LEAF_CHANGED, 0, -1);
+}
+
+static void leaf_raise(const leaf_job *j) {
+    const char *what = leaf_what[j->err];
+    if (j->err == LEAF_NOMEM) {
+        PyErr_NoMemory();
+    } else if (j->err == LEAF_CHANGED) {
+        PyErr_SetString(PyExc_ValueError, what);
+    } else if (j->err_node < 0) {
+        PyErr_Format(PyExc_ValueError, "leaf %zd (page %lld): %s", j->err_leaf, (long long)leaf_pgno(j, j->err_leaf),
+                     what);
+    } else {
+        PyErr_Format(PyExc_ValueError, "leaf %zd (page %lld) node %lld: %s", j->err_leaf,
+                     (long long)leaf_pgno(j, j->err_leaf), j->err_node, what);
+    }
+}
+
+/* One pass, without the GIL when the pages hold >= NOGIL_THRESHOLD bytes. */
+static void leaf_pass(leaf_job *j, void (*pass)(leaf_job *)) {
+    if ((uint64_t)j->nleaf >= NOGIL_THRESHOLD / j->psize) {
+        Py_BEGIN_ALLOW_THREADS pass(j);
+        Py_END_ALLOW_THREADS
+    } else {
+        pass(j);
+    }
+}
+
+/* The (buf, pgnos, page_size) arguments into `j`, the headers' pass run; 0 with an exception
+ * set.  The views are the caller's to release (their .obj is set). */
+static int leaf_begin(PyObject *const *a, Py_buffer *vb, Py_buffer *vp, leaf_job *j) {
+    uint64_t psize = 0;
+    if (get_contig(a[0], vb, "buf", 0) < 0) return 0;
+    if (get_i64s(a[1], vp, "pgnos", &j->nleaf) < 0) return 0;
+    if (as_uint(a[2], 64, "page_size", &psize) < 0) return 0;
+    if (psize < 512 || psize > ((uint64_t)1 << 31) || (psize & (psize - 1))) {
+        PyErr_Format(PyExc_ValueError, "page_size must be a power of two in [512, 2**31], got %llu",
+                     (unsigned long long)psize);
+        return 0;
+    }
+    j->buf = (const uint8_t *)vb->buf;
+    j->psize = psize;
+    j->npages = (uint64_t)vb->len / psize;
+    j->pgnos = (const uint8_t *)vp->buf;
+    return 1;
+}
+
+/* The headers' pass over the pages of `j`; 0 with an exception set. */
+static int leaf_check_headers(leaf_job *j) {
+    if (!(j->seen = PyMem_RawCalloc((size_t)(j->npages / 8 + 1), 1))) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    leaf_pass(j, leaf_headers);
+    if (j->err) leaf_raise(j);
+    return !j->err;
+}
+
+/* leaf_room(buf, pgnos, page_size): (nodes, room) of the leaf pages `pgnos` (their headers
+ * checked as leaf_columns checks them): the sizes of leaf_columns' outputs. */
+static PyObject *py_leaf_room(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"buf", "pgnos", "page_size"};
+    PyObject *a[3], *result = NULL;
+    if (parse_args("leaf_room", args, nargs, kwnames, names, 3, 3, a) < 0) return NULL;
+    Py_buffer vb = {0}, vp = {0};
+    leaf_job j;
+    memset(&j, 0, sizeof(j));
+    if (leaf_begin(a, &vb, &vp, &j) && leaf_check_headers(&j))
+        result = Py_BuildValue("(KK)", (unsigned long long)j.nodes, (unsigned long long)j.room);
+    if (vb.obj) PyBuffer_Release(&vb);
+    if (vp.obj) PyBuffer_Release(&vp);
+    PyMem_RawFree(j.seen);
+    return result;
+}
+
+/* The outputs (views vo[0..4]: keys, key_lens, values, value_lens, flags) against the sizes of
+ * the headers' pass, in argument order; 0 with ValueError set. */
+static int leaf_outputs(leaf_job *j, Py_buffer *vo) {
+    static const char *const what[5] = {"keys", "key_lens", "values", "value_lens", "flags"};
+    uint64_t need[5] = {j->room, 8 * j->nodes, j->room, 8 * j->nodes, 2 * j->nodes}; /* <= the buffer's size */
+    for (int i = 0; i < 5; i++) {
+        if ((uint64_t)vo[i].len < need[i]) {
+            PyErr_Format(PyExc_ValueError, "%s holds %zd bytes, the pages need %llu", what[i], vo[i].len,
+                         (unsigned long long)need[i]);
+            return 0;
+        }
+    }
+    j->keys = (uint8_t *)vo[0].buf;
+    j->key_lens = (uint8_t *)vo[1].buf;
+    j->values = (uint8_t *)vo[2].buf;
+    j->value_lens = (uint8_t *)vo[3].buf;
+    j->flags = (uint8_t *)vo[4].buf;
+    j->key_cap = (uint64_t)vo[0].len;
+    j->value_cap = (uint64_t)vo[2].len;
+    return 1;
+}
+
+/* leaf_columns(buf, pgnos, page_size, allowed_flags, keys, key_lens, values, value_lens, flags):
+ * the entries of an LMDB database's leaf pages `pgnos` (i64, in tree order) of the data file
+ * `buf` into the caller's outputs (sized by leaf_room), every page and node checked (see
+ * _pure.leaf_columns, the reference), in two passes without the GIL (on more than a few
+ * pages): the page headers (checks, counts), then the nodes (checks, copies).  Returns
+ * (key bytes, value bytes, big rows). */
+static PyObject *py_leaf_columns(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"buf",  "pgnos",    "page_size",  "allowed_flags", "keys",
+                                        "key_lens", "values", "value_lens", "flags"};
+    static const char *const out_names[] = {"keys", "key_lens", "values", "value_lens", "flags"};
+    PyObject *a[9], *result = NULL;
+    if (parse_args("leaf_columns", args, nargs, kwnames, names, 9, 9, a) < 0) return NULL;
+    Py_buffer vb = {0}, vp = {0}, vo[5] = {{0}};
+    leaf_job j;
+    memset(&j, 0, sizeof(j));
+    uint64_t allowed = 0;
+    if (!leaf_begin(a, &vb, &vp, &j)) goto done;
+    if (as_uint(a[3], 16, "allowed_flags", &allowed) < 0) goto done;
+    j.allowed = (unsigned)allowed;
+    for (int i = 0; i < 5; i++)
+        if (get_contig(a[4 + i], &vo[i], out_names[i], 1) < 0) goto done;
+    if (!leaf_check_headers(&j) || !leaf_outputs(&j, vo)) goto done;
+    leaf_pass(&j, leaf_pages_nodes);
+    if (j.err) {
+        leaf_raise(&j);
+        goto done;
+    }
+    PyObject *big = j.at_big ? PyBytes_FromStringAndSize((const char *)j.big, (Py_ssize_t)(LEAF_BIG_ROW * j.at_big))
+                             : PyBytes_FromStringAndSize(NULL, 0);
+    if (big) result = Py_BuildValue("(KKN)", (unsigned long long)j.at_key, (unsigned long long)j.at_value, big);
+done:
+    if (vb.obj) PyBuffer_Release(&vb);
+    if (vp.obj) PyBuffer_Release(&vp);
+    for (int i = 0; i < 5; i++)
+        if (vo[i].obj) PyBuffer_Release(&vo[i]);
+    PyMem_RawFree(j.seen);
+    PyMem_RawFree(j.big);
+    return result;
+}
+
 /* ---- module ------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1567,6 +1950,13 @@ static PyMethodDef methods[] = {
      "pread_ranges(fd, offsets, lengths, dst)\n--\n\n"
      "Read the byte ranges (i64 offsets, lengths) of the open file ``fd`` back to back into ``dst``,\n"
      "without the GIL; returns the bytes read (fewer only when the file ends first)."},
+    {"leaf_room", (PyCFunction)(void (*)(void))py_leaf_room, METH_FASTCALL | METH_KEYWORDS,
+     "leaf_room(buf, pgnos, page_size)\n--\n\n"
+     "(nodes, room) of the LMDB leaf pages ``pgnos`` of ``buf``, their headers checked: leaf_columns' output sizes."},
+    {"leaf_columns", (PyCFunction)(void (*)(void))py_leaf_columns, METH_FASTCALL | METH_KEYWORDS,
+     "leaf_columns(buf, pgnos, page_size, allowed_flags, keys, key_lens, values, value_lens, flags)\n--\n\n"
+     "The entries of the LMDB leaf pages ``pgnos`` (i64, tree order) of the data file ``buf`` into the outputs,\n"
+     "every page and node checked, without the GIL: (key bytes, value bytes, big rows)."},
     {"_crc32c_table", py_crc32c_table, METH_VARARGS, "Slice-by-8 CRC32C (the portable fallback)."},
     {NULL, NULL, 0, NULL},
 };
