@@ -44,6 +44,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _native
+from .._native._pure import _le16 as _u16, _le64_any as _u64, _le64_even as _words  # (the pure twin's byte readers)
 
 PAGEHDRSZ = 16
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2 = 0x01, 0x02, 0x04, 0x08, 0x20
@@ -91,35 +92,6 @@ class Columns:
     @property
     def value_starts(self) -> np.ndarray:
         return np.cumsum(self.value_lens) - self.value_lens
-
-
-def _u16(b: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The little-endian u16 at each offset ``at`` of ``b`` (even: page and node offsets
-    are), as int64."""
-    b16 = (b[:-1] if len(b) % 2 else b).view("<u2")
-    return b16[at >> 1].astype(np.int64)
-
-
-def _words(b: np.ndarray, at: np.ndarray) -> np.ndarray:
-    """The 8 bytes at each even offset ``at`` of ``b`` (each ``at + 8 <= len(b)``), as
-    little-endian uint64: one gather per residue of ``at`` modulo 8, from ``b`` viewed as
-    words starting there."""
-    out = np.empty(len(at), dtype=np.uint64)
-    res = at & 7
-    for r in (0, 2, 4, 6):
-        sel = np.flatnonzero(res == r)
-        if len(sel):
-            words = b[r:r + (len(b) - r) // 8 * 8].view("<u8")
-            out[sel] = words[(at[sel] - r) >> 3]
-    return out
-
-
-def _u64(b: np.ndarray, at: np.ndarray) -> np.ndarray:
-    out = np.zeros(len(at), dtype=np.uint64)
-    for j in range(7, -1, -1):
-        out <<= np.uint64(8)
-        out |= b[at + j].astype(np.uint64)
-    return out
 
 
 class PageFile:

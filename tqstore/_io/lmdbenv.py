@@ -84,6 +84,25 @@ def sync_env(env: lmdb.Environment) -> None:
     env.sync(True)
 
 
+@contextlib.contextmanager
+def _mapped(path: str) -> Iterator[Optional[mmap.mmap]]:
+    """A read-only map of this process of the file ``path`` (None when it is empty), closed
+    after.  Raises OSError."""
+    with open(path, "rb") as f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file
+            mm = None
+    try:
+        yield mm
+    finally:
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:  # (a view still held by a traceback: closed when collected)
+                pass
+
+
 def read_columns(env: lmdb.Environment, txn: lmdb.Transaction, names: Sequence[bytes]) -> Optional[Dict[bytes, Any]]:
     """The entries of the named databases ``names`` as read transaction ``txn`` sees them,
     read in bulk from the data file's pages (:mod:`tqstore._format.lmdb_pages`; ``txn``
@@ -95,20 +114,13 @@ def read_columns(env: lmdb.Environment, txn: lmdb.Transaction, names: Sequence[b
         return None
     path = os.path.join(env.path(), "data.mdb")
     try:
-        with open(path, "rb") as f:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    except (OSError, ValueError):
+        with _mapped(path) as mm:
+            return None if mm is None else read_databases(mm, list(names), txnid=txn.id())
+    except OSError:
         return None
-    try:
-        return read_databases(mm, list(names), txnid=txn.id())
     except LmdbPageError as e:
         log.debug("%s: read through lmdb (%s)", path, e)
         return None
-    finally:
-        try:
-            mm.close()
-        except BufferError:  # (a view still held by a traceback: closed when collected)
-            pass
 
 
 def copy_txn_compact(env: lmdb.Environment, dst: Path, txn: lmdb.Transaction) -> None:
@@ -152,21 +164,12 @@ def copy_env_file(src: Path, dst: Path) -> bool:
     map of this process, never LMDB's), so this may run before an out-of-process walk of
     ``src`` has ended.  Failpoint ``copy`` (in :func:`files.copy_file`).  Raises OSError."""
     path = os.path.join(src, "data.mdb")
-    with open(path, "rb") as f:
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError:  # an empty file: not an environment this copies
-            return False
     try:
-        empty = PageFile(mm).free_list_empty
+        with _mapped(path) as mm:
+            empty = mm is not None and PageFile(mm).free_list_empty
     except LmdbPageError as e:
         log.debug("%s: copied through LMDB (%s)", path, e)
         return False
-    finally:
-        try:
-            mm.close()
-        except BufferError:  # (a view still held by a traceback: closed when collected)
-            pass
     if not empty:
         return False
     files.copy_file(path, os.path.join(dst, "data.mdb"), fsync=False)
@@ -182,12 +185,9 @@ def check_env_pages(env_dir: Path) -> None:
     reads no page that was not checked (writes take new pages past the last one, the free
     list being empty).  Raises LmdbPageError (a database with sorted duplicates included:
     this reader does not read those), OSError."""
-    with open(os.path.join(env_dir, "data.mdb"), "rb") as f:
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as e:  # an empty file
-            raise LmdbPageError(f"no page ({e})") from None
-    try:
+    with _mapped(os.path.join(env_dir, "data.mdb")) as mm:
+        if mm is None:
+            raise LmdbPageError("an empty file")
         pf = PageFile(mm)
         if not pf.free_list_empty:
             raise LmdbPageError("the free list is not empty")
@@ -196,11 +196,6 @@ def check_env_pages(env_dir: Path) -> None:
                 pf.columns(db)
         except IndexError as e:  # a gather past the end of the file
             raise LmdbPageError(f"an offset past the end of the file ({e})") from None
-    finally:
-        try:
-            mm.close()
-        except BufferError:  # (a view still held by a traceback: closed when collected)
-            pass
 
 
 def copy_env(src: Path, dst: Path) -> None:
