@@ -1,13 +1,14 @@
 """Copies of LMDB index files a checkpoint load stages (tqstore/_io/lmdbenv.copy_env_file,
 copy_env; ControllerPort.stage_import): a checkpoint's index is a compacted copy, so its bytes
-are copied as they are, without LMDB mapping it (the controller's copy runs while the
-out-of-process walk of the file is still going); a file with free pages is compacted instead,
-so a staged copy never holds a free page; and a staging that would need LMDB before the walk
-ended writes nothing, as does one whose copy does not read checked page by page (LMDB may
-open a staged copy before the walk of its source ended only when every page of it did)."""
+are copied as they are, without LMDB mapping it (the controller's copy is made before its
+source is checked); a file with free pages is compacted instead, so a staged copy never holds
+a free page; and a staging that would need LMDB on the unchecked source writes nothing, as
+does one whose copy does not read checked page by page and entry by entry (LMDB opens a
+staged copy of an unchecked source only when every page and entry of the copy did)."""
 from __future__ import annotations
 
 import mmap
+import shutil
 from pathlib import Path
 
 import lmdb
@@ -100,17 +101,17 @@ def test_a_file_that_is_not_an_lmdb_environment_is_left_to_lmdb(tmp_path):
     assert list(dst.iterdir()) == []
 
 
-def test_the_controller_stages_before_the_walk_only_what_needs_no_map(checkpoint, tmp_path):
+def test_the_controller_stages_from_an_unchecked_source_only_what_needs_no_map(checkpoint, tmp_path):
     ck, _ = checkpoint
     src = ck / "controller"
     c = Controller(tmp_path / "live", num_units=2)
     try:
         for kwargs in ({"num_units": 3}, {"clear_produced": True}):
             target = tmp_path / f"refused-{sorted(kwargs)[0]}"
-            assert c.stage_import(str(target), str(src), walked=False, **kwargs) is False
+            assert c.stage_import(str(target), str(src), src_checked=False, **kwargs) is False
             assert not target.exists()
         freed = _env_with_free_pages(tmp_path / "freed")
-        assert c.stage_import(str(tmp_path / "refused-free"), str(freed), walked=False) is False
+        assert c.stage_import(str(tmp_path / "refused-free"), str(freed), src_checked=False) is False
         assert not (tmp_path / "refused-free").exists()
         damaged = tmp_path / "damaged"
         damaged.mkdir()
@@ -119,9 +120,20 @@ def test_the_controller_stages_before_the_walk_only_what_needs_no_map(checkpoint
         assert len(raw) >= 4 * page
         raw[3 * page + 12:3 * page + 16] = b"\xff\xff\x00\x00"  # a page's node area past the page
         (damaged / "data.mdb").write_bytes(bytes(raw))
-        assert c.stage_import(str(tmp_path / "refused-damaged"), str(damaged), walked=False) is False
+        assert c.stage_import(str(tmp_path / "refused-damaged"), str(damaged), src_checked=False) is False
         assert not (tmp_path / "refused-damaged").exists()
-        assert c.stage_import(str(tmp_path / "early"), str(src), walked=False) is True
+        lie = tmp_path / "lie"  # well-formed pages, an entry of the wrong shape: a free gidx with a value
+        (tmp_path / "lie-raw").mkdir()
+        shutil.copy(src / "data.mdb", tmp_path / "lie-raw" / "data.mdb")
+        raw_env = lmdb.open(str(tmp_path / "lie-raw"), map_size=1 << 28, max_dbs=16)
+        with raw_env.begin(write=True) as txn:
+            txn.put((7).to_bytes(8, "big"), b"not empty", db=raw_env.open_db(b"free", txn=txn))
+        lie.mkdir()
+        raw_env.copy(str(lie), compact=True)
+        raw_env.close()
+        assert c.stage_import(str(tmp_path / "refused-lie"), str(lie), src_checked=False) is False
+        assert not (tmp_path / "refused-lie").exists()
+        assert c.stage_import(str(tmp_path / "early"), str(src), src_checked=False) is True
         assert (tmp_path / "early" / "data.mdb").read_bytes() == (src / "data.mdb").read_bytes()
         assert c.stage_import(str(tmp_path / "resharded"), str(src), num_units=3) is True
     finally:

@@ -127,15 +127,15 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
 # ---------------------------------------------------------------------------- inspect
 def _checkpoint_doc(path: Path) -> Dict[str, Any]:
     from .checkpoint.manifest import ROLE_CONTROLLER, ROLE_SEGMENT
-    from .checkpoint.verify import (controller_partitions, file_problem, lmdb_walk, read_manifest,
-                                    resolve_checkpoint_dir, walk_problems)
+    from .checkpoint.verify import controller_partitions, file_problem, lmdb_problems, read_manifest, \
+        resolve_checkpoint_dir
 
     src = resolve_checkpoint_dir(path)
     man = read_manifest(src)
     segs = man.by_role(ROLE_SEGMENT)
     ctrl = man.by_role(ROLE_CONTROLLER)[0]
-    # the controller copy is only mapped once it is a regular file that walks cleanly out of process
-    readable = file_problem(src, ctrl) is None and not walk_problems(lmdb_walk(src, [ctrl], first_only=True))
+    # the controller copy is only mapped once it is a regular file that reads checked (in process, else walked)
+    readable = file_problem(src, ctrl) is None and not lmdb_problems(src, [ctrl], first_only=True)
     return {
         "kind": "checkpoint", "path": str(src), "format_version": man.version,
         "tqstore_version": man.tqstore_version, "created_unix": man.created_unix,

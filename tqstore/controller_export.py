@@ -53,19 +53,19 @@ def export_controller(env, txn, dbs: Mapping[str, Any], dest: Path, *, index_blo
     return ControllerExport([entry], summary)
 
 
-def stage_controller(target: Path, src: Path, *, num_units: Optional[int], walked: bool = True) -> bool:
+def stage_controller(target: Path, src: Path, *, num_units: Optional[int], src_checked: bool = True) -> bool:
     """Fill the new controller directory ``target`` with a copy of the (checked) controller
     index ``src`` that has no free page, its unit count set to ``num_units`` (None keeps it);
     fsynced.  Answers True when staged.
 
-    ``walked=False``: the out-of-process walk of ``src`` has not ended, so LMDB must not map it.
-    Only a byte copy (:func:`copy_env_file`: a file with an empty free list, every
-    checkpoint's) with ``num_units`` None is staged, and only when every page of the copy reads
-    checked (:func:`check_env_pages`, beside its fsync): then LMDB may open the copy before
-    the walk ended.  Otherwise nothing is left (the directory is removed) and the answer is
-    False.  (Clearing the produced fields is the controller's: :meth:`Controller.stage_import`.)"""
+    ``src_checked=False``: ``src`` has not been checked (in process or by a walk), so LMDB
+    must not map it.  Only a byte copy (:func:`copy_env_file`: a file with an empty free
+    list, every checkpoint's) with ``num_units`` None is staged, and only when every page and
+    entry of the copy reads checked (:func:`check_env_pages` with the controller's schema,
+    beside its fsync): then LMDB may open the copy, ``src`` never mapped.  Otherwise nothing
+    is left (the directory is removed) and the answer is False.  (Clearing the produced fields is the controller's: :meth:`Controller.stage_import`.)"""
     try:
-        return _stage(target, src, num_units) if walked else _stage_unwalked(target, src, num_units)
+        return _stage(target, src, num_units) if src_checked else _stage_unchecked(target, src, num_units)
     except lmdb.Error as e:
         raise StorageIOError(f"staging {target} from a checkpoint failed: {e}") from e
 
@@ -86,7 +86,7 @@ def _stage(target: Path, src: Path, num_units: Optional[int]) -> bool:
     return True
 
 
-def _stage_unwalked(target: Path, src: Path, num_units: Optional[int]) -> bool:
+def _stage_unchecked(target: Path, src: Path, num_units: Optional[int]) -> bool:
     if num_units is not None:
         return False
     files.mkdir(target)
@@ -97,10 +97,11 @@ def _stage_unwalked(target: Path, src: Path, num_units: Optional[int]) -> bool:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
             synced = pool.submit(files.fsync_tree, target)  # (beside the check: both read what the copy wrote)
             try:
-                check_env_pages(target)
+                check_env_pages(target, "controller")
             except LmdbPageError as e:
                 synced.result()
-                log.info("controller copy %s: its pages do not all read checked (%s); opened after its walk", target, e)
+                log.info("controller copy %s: its pages or entries do not all read checked (%s); staged again once "
+                         "its source is checked", target, e)
                 files.rmtree(target)
                 return False
             synced.result()
@@ -152,7 +153,7 @@ def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
 
 def read_controller_counts(ctrl_dir: Path) -> Dict[str, int]:
     """The unit count (``meta/num_units``) and the row count (entries of ``rows``) of the
-    controller index in ``ctrl_dir`` (walked out of process first), read only and without
+    controller index in ``ctrl_dir`` (checked first, see :func:`check_env_pages`), read only and without
     decoding the entries: a checkpoint load compares them with MANIFEST.json, and the
     store's open of the staged copy decodes and checks every entry (the checked decoder of
     :func:`read_controller`), before the switch.  ``meta/format`` must be present.

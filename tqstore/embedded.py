@@ -14,6 +14,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
+from ._format.lmdb_pages import LmdbPageError
+from ._io.lmdbenv import check_env_pages
 from .controller import Controller
 from .controller_export import partition_counts, read_controller, read_controller_counts
 from .ports import ControllerPort, UnitPort
@@ -61,8 +63,22 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
     return controller, list(units)
 
 
+def index_unchecked(env_dir: Path, schema: str) -> Optional[str]:
+    """Why the LMDB file of ``env_dir`` (a checkpoint's controller or unit index, ``schema``
+    ``"controller"`` or ``"unit_index"``) may not be mapped yet, or None when every page LMDB
+    can reach in it read checked and every entry has the shape its schema requires
+    (:func:`tqstore._io.lmdbenv.check_env_pages`: this process's own read-only map, never
+    LMDB's), so that this process may open it.  A reason means: walk it out of process first
+    (another layout, a free list that is not empty, damage).  Raises nothing."""
+    try:
+        check_env_pages(env_dir, schema)
+    except (LmdbPageError, OSError) as e:
+        return str(e) or type(e).__name__
+    return None
+
+
 def unit_index_entries(env_dir: Path) -> Tuple[Any, bytes, Dict[int, int]]:
-    """A checkpoint's unit index copy (walked out of process first): ``(keys, concatenated
+    """A checkpoint's unit index copy (checked first, in process or by a walk): ``(keys, concatenated
     LOC values, {segment: recorded size})``.  Raises FormatVersionError, or a TqstoreError /
     ValueError / KeyError / TypeError when it cannot be read (see
     :func:`tqstore.unit_import.read_unit_index`)."""
@@ -86,5 +102,5 @@ def controller_partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
     return partition_counts(ctrl_dir)
 
 
-__all__ = ["DEFAULT_SEGMENT_BYTES", "open_parts", "open_controller", "unit_index_entries", "controller_summary",
-           "controller_counts", "controller_partition_counts"]
+__all__ = ["DEFAULT_SEGMENT_BYTES", "open_parts", "open_controller", "index_unchecked", "unit_index_entries",
+           "controller_summary", "controller_counts", "controller_partition_counts"]

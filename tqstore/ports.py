@@ -526,16 +526,17 @@ class ControllerPort(Protocol):
         or released id is a TqstoreError."""
 
     def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
-                     clear_produced: bool = False, walked: bool = True) -> bool:
+                     clear_produced: bool = False, src_checked: bool = True) -> bool:
         """Fill the new controller directory ``target_dir`` (created) with a copy of the
         checkpoint's controller index ``src_dir`` (its CRC checked by the caller) that has no
         free page, with its unit count set to ``num_units`` (None keeps it) and, with
         ``clear_produced``, no field produced (a checkpoint saved without storage); answers
-        True when staged.  ``walked=False``: the out-of-process walk of ``src_dir`` has not
-        ended, so nothing may map it: only a byte copy is staged, when that is all it takes
-        (neither ``num_units`` nor ``clear_produced``, an empty free list), and only when every
-        page of the copy reads checked, so that it may be opened before the walk ended; else
-        nothing is left and the answer is False (call again once the walk ended).  Never
+        True when staged.  ``src_checked=False``: ``src_dir`` has not been checked (the loader's
+        LMDB check, in process or by a walk), so nothing may map it: only a byte copy is
+        staged, when that is all it takes (neither ``num_units`` nor ``clear_produced``, an
+        empty free list), and only when every page and entry of the copy reads checked, so that
+        the copy may be opened; else nothing is left and the answer is False (call again once
+        ``src_dir`` is checked).  Never
         touches the live controller."""
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------

@@ -4,7 +4,8 @@ The new state is built in ``state-N+1/`` beside the live one, fsynced, opened (w
 validates it), and switched in with one atomic rename of the ``CURRENT`` pointer.  Any
 failure before the switch removes the new directory and leaves the live store exactly
 as it was; a crash in between is settled on the next open (an abandoned ``state-N``
-directory is removed).
+directory is removed).  The replaced state is removed in the background once the switch
+is done (:func:`retire_state`): nothing refers to it any more.
 """
 from __future__ import annotations
 
@@ -95,10 +96,31 @@ def install_state(store: "Store", build: Callable[..., Any], *, reconcile: bool 
         store._close_parts()
         store.controller, store.units, store.state_dir = new[0], new[1], new_dir
         store._data.rebind(store.controller)
-        try:
-            files.rmtree(old[2])
-        except OSError:
-            log.warning("could not remove the replaced state %s (removed on next open)", old[2])
+        retire_state(store, old[2])
         if reconcile:
             store._reconcile()
         return result
+
+
+def retire_state(store: "Store", old_dir: Path) -> None:
+    """Remove ``old_dir``, a state the store no longer refers to (``CURRENT`` names another),
+    in a background thread: freeing its files' blocks (copies of hundreds of MiB) is not the
+    caller's wait.  ``Store.close`` joins these threads before it releases the store's lock;
+    a directory a crash or an exit left behind is removed by the next open (it is not the
+    ``CURRENT`` state).  Raises nothing (a failure is logged)."""
+    def run() -> None:
+        try:
+            files.rmtree(old_dir)
+        except OSError as e:
+            log.warning("could not remove the replaced state %s (removed on next open): %s", old_dir, e)
+
+    t = threading.Thread(target=run, name="tqstore-retire", daemon=True)
+    store._retiring = [r for r in store._retiring if r.is_alive()] + [t]
+    t.start()
+
+
+def join_retired(store: "Store") -> None:
+    """Wait until every replaced state of ``store`` is removed (before its lock is released)."""
+    for t in store._retiring:
+        t.join()
+    store._retiring = []

@@ -41,6 +41,7 @@ from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, open_controller, open_parts
 from .ports import ControllerPort, SnapshotId, UnitPort
 from .read_guard import RemovalGuard
+from .state_switch import join_retired
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
 from .streaming import _no_partition, check_produced, common_fields
 
@@ -173,6 +174,7 @@ class Store(CheckpointMixin, DumpMixin):
         # by itself).  Always take _write_lock before _meta_lock.
         self._write_lock = threading.RLock()
         self._meta_lock = threading.RLock()
+        self._retiring: List[threading.Thread] = []  # removals of replaced states (state_switch.retire_state)
         self.removals = RemovalGuard()  # reads racing clears retry (tqstore.read_guard)
         self._data = DataPlane(self.controller, self, write_lock=self._write_lock, lock=self._meta_lock,
                                check_open=self._check_open, edge=self.edge)
@@ -280,6 +282,7 @@ class Store(CheckpointMixin, DumpMixin):
             if not self._temporary and getattr(self, "_reconciled", False):
                 store_open.mark_clean(self)  # the next open may skip its reconciliation
             self._close_parts()
+            join_retired(self)  # (another process's open would remove the same directories)
             self._release_lock()
         if self._temporary:
             files.rmtree(self.root, ignore_errors=True)

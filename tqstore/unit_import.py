@@ -5,7 +5,7 @@ Owner-side I/O: the unit builds a new unit directory of the state the store will
 from files of the checkpoint it can reach, as the loader's plan (a
 :class:`~tqstore.ports.UnitImport`) says; its live directory is never touched.
 
-* "same" (as many units as the checkpoint): the index copy (walked out of process and
+* "same" (as many units as the checkpoint): the index copy (its pages and entries
   checked by the loader first) is copied byte for byte (it is a compacted copy: no free
   page; else it is compacted again); segments are hard-linked (same file
   system) or copied at once and fsynced; :func:`verify_same` then checks every segment's
@@ -56,7 +56,7 @@ INDEX_BATCH = 65536  # index entries built and put at a time
 
 # ---------------------------------------------------------------------------- reading an index copy
 def read_unit_index(env_dir: Path, *, check_format) -> Tuple[Any, bytes, Dict[int, int]]:
-    """The entries of a checkpoint's unit index copy (already walked out of process):
+    """The entries of a checkpoint's unit index (already checked, in process or by a walk):
     ``(keys, concatenated LOC values, {segment: recorded size})``, ``keys`` a list of bytes
     or, read in bulk from the file's pages (:func:`tqstore._io.lmdbenv.read_columns`), a
     :class:`~tqstore._format.lmdb_pages.Packed`.  Read only.

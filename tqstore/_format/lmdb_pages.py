@@ -13,8 +13,9 @@ with their lengths; a value on overflow pages (F_BIGDATA, rare) is read here and
 its place.
 
 Bytes in, columns out: ``buf`` is the file's bytes (a read-only map or a bytes object).
-Only files whose structure LMDB wrote (a store's own index, the compacted copy of a
-walked checkpoint index) are read this way; still, every page number, node offset and
+Entries are decoded this way from files whose structure LMDB wrote (a store's own index)
+or that passed a checkpoint's LMDB check, which is this reader run over an untrusted file
+(:func:`tqstore._io.lmdbenv.check_env_pages`); so every page number, node offset and
 length is checked against the page and the file, a page's nodes must fit its node area,
 the traversal must see each page once, and the totals must match the database's record
 (depth, branch, leaf and overflow pages, entries): anything else raises
@@ -160,8 +161,7 @@ class PageFile:
         if len(pgnos) and (int(pgnos.max()) >= self.npages or int(pgnos.min()) < 2):
             raise LmdbPageError("a page number outside the file")
         off = pgnos.astype(np.int64) * self.psize
-        flags = _u16(self.b, off + 10)
-        if ((flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) != want).any():
+        if (_u16(self.b, off + 10) != want).any():  # exactly (LMDB refuses a tree page with P_DIRTY too)
             raise LmdbPageError("a page of another kind than the tree's level")
         if (_u64(self.b, off) != pgnos.astype(np.uint64)).any():
             raise LmdbPageError("a page that is not the page its number names")
@@ -268,7 +268,7 @@ class PageFile:
         off = pgnos * self.psize
         flags = _u16(self.b, off + 10)
         count = _u16(self.b, off + 12) | (_u16(self.b, off + 14) << 16)
-        if ((flags & (P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2)) != P_OVERFLOW).any() or \
+        if (flags != P_OVERFLOW).any() or \
                 (pgnos + count > self.npages).any() or (PAGEHDRSZ + sizes > count * self.psize).any():
             raise LmdbPageError("a malformed overflow run")
         return off, count

@@ -19,17 +19,17 @@ SCHEMAS: dict = {
 _MAP_BYTES = 1 << 36  # as tqstore's own readers map it (tqstore._io.lmdbenv.DEFAULT_MAP_BYTES)
 
 
-class _Bad(Exception):
+class EntryProblem(Exception):
     pass
 
 
-def _json_object(v: bytes, what: str) -> dict:
+def json_object(v: bytes, what: str) -> dict:
     try:
         d = json.loads(v.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
-        raise _Bad(f"{what}: value is not UTF-8 JSON ({e})") from None
+        raise EntryProblem(f"{what}: value is not UTF-8 JSON ({e})") from None
     if not isinstance(d, dict):
-        raise _Bad(f"{what}: value is not a JSON object")
+        raise EntryProblem(f"{what}: value is not a JSON object")
     return d
 
 
@@ -52,46 +52,55 @@ def _check_db(txn, db, name: str, kind: str) -> int:
         n = len(vals)
         if kind == "loc":
             if n and set(map(len, vals)) != {20}:
-                raise _Bad(f"{what}: a value is not 20 bytes")
+                raise EntryProblem(f"{what}: a value is not 20 bytes")
             return n
         if kind == "gidx_value":
             if n and set(map(len, vals)) != {8}:
-                raise _Bad(f"{what}: value is not a global index")
+                raise EntryProblem(f"{what}: value is not a global index")
             return n
         if n and min(map(len, vals)) < 24:  # (controller format 2: binary, >= 24 bytes; 1: JSON)
             for v in vals:
                 if len(v) < 24:
-                    _json_object(v, what)  # version 1 rows are JSON objects
+                    json_object(v, what)  # version 1 rows are JSON objects
         return n
     for k, v in txn.cursor(db):
         n += 1
-        if kind == "any":
-            continue
-        if kind == "segs":
-            d = _json_object(v, what)
-            if len(k) != 4 or not all(isinstance(d.get(x), int) and not isinstance(d.get(x), bool) and d[x] >= 0
-                                      for x in ("size", "live")) or not isinstance(d.get("sealed"), bool):
-                raise _Bad(f"{what}: entry is not a segment record")
-        elif kind == "undo":
-            if len(k) < 17 or len(v) != 20:
-                raise _Bad(f"{what}: entry is not an undo record")
-        elif kind in ("meta_format", "meta_decimal"):
-            if not v or len(v) > 40 or not v.isdigit():
-                raise _Bad(f"{what}: value of {k[:40]!r} is not a decimal number")
-        elif kind == "gidx_empty":
-            if len(k) != 8 or v:
-                raise _Bad(f"{what}: entry is not a free global index")
-        elif kind == "cons":
-            if v or len(k) < 10 or k[:-8].count(b"\0") < 2:
-                raise _Bad(f"{what}: entry is not a consumption mark")
-        elif kind == "json_object":
-            _json_object(v, what)
+        check_entry(kind, k, v, what)
     return n
+
+
+def check_entry(kind: str, k: bytes, v: bytes, what: str) -> None:
+    """Check one entry of a database of ``kind`` (a checker name of :data:`SCHEMAS`, not one
+    of the three large kinds, which are checked in bulk); raise ``EntryProblem``.  Shared with the
+    in-process check (:mod:`tqstore._io.lmdbschema`)."""
+    if kind == "any":
+        return
+    if kind == "segs":
+        d = json_object(v, what)
+        if len(k) != 4 or not all(isinstance(d.get(x), int) and not isinstance(d.get(x), bool) and d[x] >= 0
+                                  for x in ("size", "live")) or not isinstance(d.get("sealed"), bool):
+            raise EntryProblem(f"{what}: entry is not a segment record")
+    elif kind == "undo":
+        if len(k) < 17 or len(v) != 20:
+            raise EntryProblem(f"{what}: entry is not an undo record")
+    elif kind in ("meta_format", "meta_decimal"):
+        if not v or len(v) > 40 or not v.isdigit():
+            raise EntryProblem(f"{what}: value of {k[:40]!r} is not a decimal number")
+    elif kind == "gidx_empty":
+        if len(k) != 8 or v:
+            raise EntryProblem(f"{what}: entry is not a free global index")
+    elif kind == "cons":
+        if v or len(k) < 10 or k[:-8].count(b"\0") < 2:
+            raise EntryProblem(f"{what}: entry is not a consumption mark")
+    elif kind == "json_object":
+        json_object(v, what)
+    else:
+        raise EntryProblem(f"{what}: no entry check for kind {kind!r}")
 
 
 def walk_env(env_dir: str, schema: str) -> int:
     """Walk one LMDB environment directory in *this* process (the child); returns the
-    entries seen.  Raises ``_Bad`` or ``lmdb.Error`` for a problem."""
+    entries seen.  Raises ``EntryProblem`` or ``lmdb.Error`` for a problem."""
     import lmdb
 
     dbs = SCHEMAS[schema]
@@ -106,11 +115,11 @@ def walk_env(env_dir: str, schema: str) -> int:
             for name in names:
                 kind = dbs.get(name)
                 if kind is None:
-                    raise _Bad(f"unexpected entry {name[:40]!r} in the main database")
+                    raise EntryProblem(f"unexpected entry {name[:40]!r} in the main database")
                 db = env.open_db(name, txn=txn, create=False)
                 seen = _check_db(txn, db, name.decode(), kind)
                 if seen != txn.stat(db)["entries"]:
-                    raise _Bad(f"database {name.decode()} holds {seen} entries, its record says "
+                    raise EntryProblem(f"database {name.decode()} holds {seen} entries, its record says "
                                f"{txn.stat(db)['entries']}")
                 total += seen
         return total
@@ -136,7 +145,7 @@ def _child_main(argv: List[str]) -> int:
             n = walk_env(env_dir, schema)
             rec = {"done": i, "entries": n}
         except Exception as e:  # noqa: BLE001 - every problem is reported
-            msg = str(e) if isinstance(e, _Bad) else f"{type(e).__name__}: {e}"
+            msg = str(e) if isinstance(e, EntryProblem) else f"{type(e).__name__}: {e}"
             rec = {"done": i, "error": f"{schema} index: {msg}"[:500]}
         os.write(out, (json.dumps(rec) + "\n").encode())
     return 0

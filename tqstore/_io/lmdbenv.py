@@ -15,6 +15,7 @@ from .._format.lmdb_pages import LmdbPageError, PageFile, read_databases
 from ..errors import CapacityError, StorageIOError, TqstoreError
 from . import failpoints as fp
 from . import files
+from .lmdbschema import check_schema
 
 log = logging.getLogger("tqstore")
 
@@ -176,15 +177,18 @@ def copy_env_file(src: Path, dst: Path) -> bool:
     return True
 
 
-def check_env_pages(env_dir: Path) -> None:
+def check_env_pages(env_dir: Path, schema: Optional[str] = None) -> int:
     """Read every page LMDB can reach in the data file of ``env_dir`` with the checked page
     reader (:mod:`tqstore._format.lmdb_pages`; this process's own read-only map, never
     LMDB's): the current meta page, an empty free list, the main database and every named
-    database, each page once, every node and overflow page inside the file.  A file that
-    passes can be opened by LMDB in this process without an out-of-process walk first: LMDB
-    reads no page that was not checked (writes take new pages past the last one, the free
-    list being empty).  Raises LmdbPageError (a database with sorted duplicates included:
-    this reader does not read those), OSError."""
+    database, each page once, every node and overflow page inside the file.  With
+    ``schema`` (``"unit_index"`` or ``"controller"``), every entry is also checked as the
+    out-of-process walk checks it (:mod:`tqstore._io.lmdbschema`).  A file that passes can
+    be opened by LMDB in this process without an out-of-process walk first: LMDB reads no
+    page that was not checked (writes take new pages past the last one, the free list being
+    empty).  Returns the entries of the named databases.  Raises LmdbPageError (a database
+    with sorted duplicates included: this reader does not read those; SchemaMismatch, its
+    subclass, for an entry the schema does not allow), OSError."""
     with _mapped(os.path.join(env_dir, "data.mdb")) as mm:
         if mm is None:
             raise LmdbPageError("an empty file")
@@ -192,8 +196,10 @@ def check_env_pages(env_dir: Path) -> None:
         if not pf.free_list_empty:
             raise LmdbPageError("the free list is not empty")
         try:
-            for db in pf.databases().values():
-                pf.columns(db)
+            dbs = pf.databases()
+            if schema is not None:
+                return check_schema(pf, dbs, schema)
+            return sum(len(pf.columns(db)) for db in dbs.values())
         except IndexError as e:  # a gather past the end of the file
             raise LmdbPageError(f"an offset past the end of the file ({e})") from None
 

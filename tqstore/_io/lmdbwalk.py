@@ -3,7 +3,9 @@
 LMDB maps its file and follows the page numbers it finds there: a damaged page (a branch
 pointing past the end of the file, an overflow run longer than the file) makes the
 *process* die of SIGBUS or SIGSEGV, which no ``try`` catches.  A checkpoint comes from
-anywhere, so before a process maps one of its LMDB files, :class:`LmdbWalk` has a child
+anywhere, so before a process maps one of its LMDB files, that file is checked: in process
+when it reads so (every page by the checked page reader, every entry by the same schema
+checks: :mod:`tqstore._io.lmdbschema`), else here: :class:`LmdbWalk` has a child
 process open each file read-only, iterate every named database and every entry (which
 touches every branch, leaf and overflow page reachable from the main database, the pages
 any reader of the file can reach) and check the size and encoding of every key and

@@ -1540,7 +1540,6 @@ done:
 #define MDB_PAGEHDRSZ 16
 #define MDB_NODESZ 8
 #define MDB_P_LEAF 0x02
-#define MDB_P_KINDS 0x2f /* P_BRANCH | P_LEAF | P_OVERFLOW | P_META | P_LEAF2 */
 #define MDB_F_BIGDATA 0x01
 #define LEAF_AHEAD 4
 #define LEAF_BIG_ROW 24 /* a `big` row: node index, position in values, overflow page (i64 each) */
@@ -1621,7 +1620,7 @@ static int leaf_header(leaf_job *j, int64_t pg, unsigned *lower, unsigned *upper
     if (j->seen[pg >> 3] & bit) return LEAF_TWICE;
     j->seen[pg >> 3] |= bit;
     const uint8_t *p = j->buf + (uint64_t)pg * j->psize;
-    if ((get_le16(p + 10) & MDB_P_KINDS) != MDB_P_LEAF) return LEAF_KIND;
+    if (get_le16(p + 10) != MDB_P_LEAF) return LEAF_KIND; /* exactly: LMDB refuses a leaf with P_DIRTY too */
     if (get_le64(p) != (uint64_t)pg) return LEAF_NUMBER;
     *lower = get_le16(p + 12);
     *upper = get_le16(p + 14);

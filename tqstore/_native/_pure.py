@@ -574,7 +574,6 @@ def pread_ranges(fd, offsets, lengths, dst) -> int:
 _MDB_PAGEHDRSZ = 16
 _MDB_NODESZ = 8
 _MDB_P_LEAF = 0x02
-_MDB_P_KINDS = 0x01 | 0x02 | 0x04 | 0x08 | 0x20  # P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2
 _MDB_F_BIGDATA = 0x01
 # The failures, in the order each page is checked (as the C kernel's LEAF_* codes).
 (_LEAF_OK, _LEAF_OUTSIDE, _LEAF_TWICE, _LEAF_KIND, _LEAF_NUMBER, _LEAF_AREA, _LEAF_NODE_OFFSET,
@@ -676,7 +675,7 @@ def _leaf_headers(b: np.ndarray, pg: np.ndarray, psize: int) -> np.ndarray:
         ((lower < _MDB_PAGEHDRSZ) | (lower & 1 != 0) | (upper > psize) | (lower > upper)
          | ((lower - _MDB_PAGEHDRSZ) // 2 * _MDB_NODESZ > psize - upper), _LEAF_AREA),
         (_le64_even(b, off) != pg[ok].astype(np.uint64), _LEAF_NUMBER),
-        ((_le16(b, off + 10) & _MDB_P_KINDS) != _MDB_P_LEAF, _LEAF_KIND),
+        (_le16(b, off + 10) != _MDB_P_LEAF, _LEAF_KIND),  # exactly (LMDB refuses a leaf with P_DIRTY too)
     )
     sub = np.zeros(len(ok), np.int8)
     for bad, c in checks:
@@ -774,7 +773,7 @@ def leaf_columns(buf, pgnos, page_size: int, allowed_flags: int, keys, key_lens,
     may have (F_BIGDATA 0x01, F_SUBDATA 0x02, ...).
 
     First every page's header is checked, in order: its number inside the file and not named
-    before, its kind P_LEAF (flags & 0x2f), its first 8 bytes its own number, 16 <= lower
+    before, its flags exactly P_LEAF (0x02), its first 8 bytes its own number, 16 <= lower
     (even) <= upper <= page size and a node area (``page size - upper``) of at least 8 bytes
     per node (``(lower - 16) / 2`` of them).  Then the outputs against :func:`leaf_room`'s ``(nodes,
     room)``, in argument order: ``keys`` and ``values`` at least ``room`` bytes, ``key_lens``

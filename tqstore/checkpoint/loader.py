@@ -8,16 +8,17 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 :class:`~tqstore.ports.UnitImport` plan; the unit side is :mod:`tqstore.unit_import`).
 
 * every file is first checked to be a regular file (no symbolic link, FIFO or device) of
-  the size MANIFEST.json records; every LMDB file is walked in a child process
-  (:mod:`tqstore._io.lmdbwalk`: one for the unit indexes, one for the controller, side by
-  side) before this process maps it, but for the controller's copy (same unit count): its
-  bytes are copied and every page of the copy read by the checked page reader
-  (:mod:`tqstore._format.lmdb_pages`) while the walk runs, and then opened beside it; nothing
-  is switched in before every walk returned clean.  Copies have no free page (a save's
-  files are compacted copies, copied byte for byte);
-* every file is its own task, all started at once: its CRC32C, then (once its walk is
-  clean) its reading and staging, so the segments of one unit are verified while other
-  indexes are still walked and the controller's entries are decoded and checked;
+  the size MANIFEST.json records; no LMDB file is mapped by LMDB in this process before
+  every page LMDB can reach in it read checked and every entry has the shape its schema
+  requires (:func:`~tqstore.checkpoint.verify.lmdb_problems`: the checked page reader of
+  :mod:`tqstore._format.lmdb_pages` in this process, tens of milliseconds for a million
+  entries; a file that does not read so is walked in a child process,
+  :mod:`tqstore._io.lmdbwalk`, which decides).  The controller's copy (same unit count) is
+  checked as the copy, the bytes LMDB will map.  Copies have no free page (a save's files
+  are compacted copies, copied byte for byte);
+* every file is its own task, all started at once: its CRC32C, then its check, reading
+  and staging, so the segments of one unit are verified while other indexes are still read
+  and the controller's entries are decoded and checked;
 * same unit count: the controller and index files are checked and copied; every index
   entry must name bytes inside a listed segment (the checks of a deep
   :func:`verify_checkpoint`, same code); segments are hard-linked (same file system) or
@@ -28,7 +29,7 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
   parallel, reads only its frames' byte ranges, checks each frame (the frame-check kernel) and appends
   the frames byte for byte to new segment files, indexing them in key order at the end; the
   loader asks the kernel to read each source unit's segments ahead (a hint, capped) as soon as
-  its index file is read, so the disk works while the indexes are walked and planned;
+  its index file is read, so the disk works while the indexes are checked and planned;
 * a checkpoint saved with ``include_storage=False``: the controller only; every row keeps
   its key, tag and consumption but no field is produced (no payload was saved).
 """
@@ -47,15 +48,14 @@ import numpy as np
 
 from .._gcpause import pausing
 from .._io import files
-from .._io.lmdbwalk import LmdbWalk
 from .._io.scan import BadFrame, scan_file
 from ..errors import CheckpointError, CorruptionError, TqstoreError
 from ..ports import ControllerPort, UnitImport, UnitPort
 from . import manifest as M
 from .planner import FrameTable, plan_load_mode, plan_reshard
 from .verify import (
-    Problem, bad_block, check_controller_counts, file_problem, frames_of, lmdb_walk, read_manifest, resolve_checkpoint_dir,
-    unit_frames,
+    Problem, bad_block, check_controller_counts, file_problem, frames_of, lmdb_problems, read_manifest,
+    resolve_checkpoint_dir, unit_frames,
 )
 
 log = logging.getLogger("tqstore")
@@ -72,7 +72,7 @@ class LoadInfo:
     read_bytes: int  # bytes read and verified
     elapsed_s: float
     metadata: Dict[str, Any] = field(default_factory=dict)
-    lmdb_walk_s: float = 0.0  # the out-of-process walk of the LMDB files (runs beside the CRC checks)
+    lmdb_check_s: float = 0.0  # the longest check of one LMDB file (in process, or a walk; beside the others)
 
 
 def _check_file(src: Path, e: M.FileEntry, *, frames=()) -> int:
@@ -113,9 +113,9 @@ class Builder:
     """
 
     def __init__(self, src: Path, man: M.Manifest, controller: ControllerPort, units: Sequence[UnitPort],
-                 max_workers: int, walks: Optional[Dict[str, Tuple[LmdbWalk, int]]] = None) -> None:
+                 max_workers: int) -> None:
         self.src = src
-        self.walks = dict(walks or {})  # manifest path of an LMDB file -> (the walk that has it, its target)
+        self.lmdb_check_s = 0.0  # the longest check of one LMDB file
         self.man = man
         self.controller = controller
         self.units = list(units)
@@ -133,67 +133,63 @@ class Builder:
         with self._count_lock:
             self.read_bytes += n
 
-    def _walked(self, e: M.FileEntry) -> None:
-        """Wait until the out-of-process walk finished ``e`` (an LMDB file) cleanly; raise
-        what it found.  Nothing in this process maps a checkpoint's LMDB file before its
-        walk returned clean (the walk goes on with the next files meanwhile)."""
-        if e.path not in self.walks:
-            raise CheckpointError(f"internal: {e.path} of {self.src} was not walked")
+    def _checked(self, e: M.FileEntry) -> None:
+        """Check ``e`` (an LMDB file of the checkpoint) before this process maps it: in
+        process, else walked in a child process (:func:`lmdb_problems`); raise what was found."""
         t0 = time.perf_counter()
-        walk, i = self.walks[e.path]
-        probs = [Problem(w.path, w.message) for w in walk.wait_clean(i)]
-        log.debug("LMDB walk of %s up to %s: waited %.3f s", self.src, e.path, time.perf_counter() - t0)
+        probs = lmdb_problems(self.src, [e], first_only=True)
+        dt = time.perf_counter() - t0
+        with self._count_lock:
+            self.lmdb_check_s = max(self.lmdb_check_s, dt)
+        log.debug("LMDB check of %s: %.3f s", self.src / e.path, dt)
         if probs:
             raise probs[0].to_error()
 
     def _controller_part(self, new_dir: Path) -> None:
-        """The controller's file: CRC, staging, walk, unit and row counts against the manifest
-        (as a deep verify).  Its entries are decoded and checked once, by the store's open of
-        the staged copy (the same checked decoder as a deep verify's), not a second time: with
-        the install's ``early`` parts that open runs here, beside the units' staging and CRC
-        checks, else :meth:`Store.install_state` runs it after the build.
+        """The controller's file: CRC, check, staging, unit and row counts against the
+        manifest (as a deep verify).  Its entries are decoded and checked once, by the store's
+        open of the staged copy (the same checked decoder as a deep verify's), not a second
+        time: with the install's ``early`` parts that open runs here, beside the units' staging
+        and CRC checks, else :meth:`Store.install_state` runs it after the build.
 
-        Same unit count and storage included: the file's bytes are staged while its walk still
-        runs, with every page of the copy read by the checked page reader
-        (``ControllerPort.stage_import(walked=False)``), and then the open of the copy runs
-        beside the walk too.  Otherwise, or when the copy's pages do not all read checked, the
-        copy is staged and opened after the walk.  Either way this returns only once the walk
-        of the checkpoint's file returned clean, so nothing is switched in before."""
+        Same unit count and storage included: the file's bytes are staged first and the copy
+        checked, every page and entry (``ControllerPort.stage_import(src_checked=False)``): the
+        checkpoint's file is never mapped, the copy is what LMDB opens.  Otherwise, or when
+        the copy does not read checked, the checkpoint's file is checked (:meth:`_checked`:
+        in process, else walked) before it is staged."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
         self._read(_check_file(self.src, ctrl))
         target, src = str(new_dir / "controller"), str(self.src / "controller")
         num_units = self.num_units if self.man.num_units != self.num_units else None
         clear = self.mode == "metadata"
-        early = num_units is None and not clear and self.controller.stage_import(target, src, walked=False)
-        if early and self._early is not None:  # a checked copy: its open runs beside the walk
-            self._early.open_controller()
-        self._walked(ctrl)
-        probs = check_controller_counts(self.src, self.man)
+        early = num_units is None and not clear and self.controller.stage_import(target, src, src_checked=False)
+        if not early:
+            self._checked(ctrl)
+        probs = check_controller_counts(self.src, self.man, read_from=Path(target) if early else None)
         if probs:
             raise probs[0].to_error()
         if not early:
             self.controller.stage_import(target, src, num_units=num_units, clear_produced=clear)
-        if self._early is not None:  # (no-op when opened above) the checked decode, beside the units' work
+        if self._early is not None:  # the checked decode, beside the units' work
             self._early.open_controller()
 
     def _index_part(self, i: int) -> FrameTable:
-        """Unit ``i``'s index file: CRC (stopping at the first bad block), walk, entries read
-        and checked against the manifest."""
+        """Unit ``i``'s index file: CRC (stopping at the first bad block), check (in process,
+        else walked), entries read and checked against the manifest."""
         e = self.man.find(M.unit_index_file(i))
         self._read(_check_file(self.src, e))
-        if self.mode == "reshard":  # its segments' reads start now (a hint), while the index is walked and planned
+        if self.mode == "reshard":  # its segments' reads start now (a hint), while the index is checked and planned
             threading.Thread(target=prefetch_segments, daemon=True, name="tqstore-prefetch",
                              args=(self.src, self.man, i, PREFETCH_BYTES // self.man.num_units)).start()
-        self._walked(e)
+        self._checked(e)
         return self._unit_table(i)
 
     @pausing  # tens of thousands of small objects per source unit: no full collection of the heap meanwhile
     def __call__(self, new_dir: Path, early: Any = None) -> str:
         """Every file's checks and staging as tasks that start at once: each unit index is
-        read as soon as the walk has passed it (one child walks the unit indexes, another
-        the controller, side by side), each unit stages right after and its segments' verification
-        starts in the background, while the controller's entries are decoded and checked
-        beside them (``early``: the :class:`~tqstore.state_switch.EarlyParts` of the install,
+        checked and read in its own task, each unit stages right after and its segments'
+        verification starts in the background, while the controller's entries are decoded
+        and checked beside them (``early``: the :class:`~tqstore.state_switch.EarlyParts` of the install,
         whose ``open_controller()`` opens the staged controller in the controller's task).
         All tasks have ended (none still writes into ``new_dir``) when this returns or raises."""
         self.new_dir = Path(new_dir)
@@ -262,7 +258,7 @@ class Builder:
         self._pending = []
 
     def _same_plan(self, i: int, link: bool, table: FrameTable) -> UnitImport:
-        """Unit ``i``'s part: its (verified, walked) index, its segments, the frames to check."""
+        """Unit ``i``'s part: its (verified, checked) index, its segments, the frames to check."""
         segs = sorted(self.man.segments(i).items())
         return UnitImport("same", str(self.src), index_dir=f"{M.unit_dir_name(i)}/index",
                           segments=[(seg, e.path, e.size, e.crc32c) for seg, e in segs],
@@ -293,7 +289,7 @@ PREFETCH_BYTES = 1 << 30
 def prefetch_segments(src: Path, man: M.Manifest, unit: int, max_bytes: int) -> None:
     """Start reading source unit ``unit``'s segments of a checkpoint into the page cache, at
     most ``max_bytes`` (a hint, see :func:`tqstore._io.files.prefetch`): a reshard load runs
-    it once the unit's index file is read, while the indexes are walked and planned, so the
+    it once the unit's index file is read, while the indexes are checked and planned, so the
     targets, which read every live frame segment after segment, find the bytes read or on
     their way.  Raises nothing."""
     left = max_bytes
@@ -330,16 +326,7 @@ def load(store, checkpoint_dir) -> LoadInfo:
             prob = file_problem(src, e)
             if prob is not None:
                 raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
-        # two children side by side, while the lock is taken: one walks the unit indexes (their
-        # segments' verification is the long part), the other the controller (its checked decode
-        # is).  (More children, and a read-ahead of the segments while they walk, were measured
-        # slower on a quiet 2-core machine, at 256 MiB and at 2 GiB.)
-        groups = [man.by_role(M.ROLE_CONTROLLER)]
-        if plan_load_mode(man.num_units, store.num_units, man.include_storage) != "metadata":
-            groups[:0] = [[man.find(M.unit_index_file(i)) for i in range(man.num_units)]]
-        walks = [lmdb_walk(src, g, first_only=True) for g in groups]
-        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)),
-                        walks={e.path: (w, k) for g, w in zip(groups, walks) for k, e in enumerate(g)})
+        build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)))
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass
             mode = store.install_state(build, reconcile=False, before_switch=build.finish, early_open=True)
@@ -360,10 +347,8 @@ def load(store, checkpoint_dir) -> LoadInfo:
                                   f"is unchanged", path=str(src)) from e
         finally:
             build.abandon()
-            for w in walks:
-                w.cancel()
     info = LoadInfo(src, man.num_units, store.num_units, mode, man.rows, man.total_bytes, build.read_bytes,
-                    time.perf_counter() - t0, dict(man.metadata), max(w.elapsed_s for w in walks))
+                    time.perf_counter() - t0, dict(man.metadata), build.lmdb_check_s)
     log.info("loaded checkpoint %s (%s, %d -> %d units, %d rows) in %.3f s", src, mode, man.num_units,
              store.num_units, man.rows, info.elapsed_s)
     return info

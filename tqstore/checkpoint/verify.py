@@ -91,18 +91,38 @@ def file_problem(src: Path, e: M.FileEntry) -> Optional[Problem]:
     return None if prob is None else Problem(*prob)
 
 
+_SCHEMA = {M.ROLE_CONTROLLER: "controller", M.ROLE_UNIT_INDEX: "unit_index"}
+
+
 def lmdb_walk(src: Path, entries: List[M.FileEntry], *, first_only: bool) -> LmdbWalk:
     """Start the structural walk (in a child process, see :mod:`tqstore._io.lmdbwalk`) of
     the controller and unit index files ``entries``, which :func:`file_problem` passed."""
-    schema = {M.ROLE_CONTROLLER: "controller", M.ROLE_UNIT_INDEX: "unit_index"}
     timeout_s = DEFAULT_TIMEOUT_S + sum(e.size for e in entries) / WALK_BYTES_PER_S  # a slow disk is not damage
-    return LmdbWalk([(str((src / e.path).parent), schema[e.role]) for e in entries], first_only=first_only,
+    return LmdbWalk([(str((src / e.path).parent), _SCHEMA[e.role]) for e in entries], first_only=first_only,
                     timeout_s=timeout_s)
 
 
 def walk_problems(walk: LmdbWalk) -> List[Problem]:
     """The walk's findings as problems (waits for it)."""
     return [Problem(w.path, w.message) for w in walk.result()]
+
+
+def lmdb_problems(src: Path, entries: List[M.FileEntry], *, first_only: bool) -> List[Problem]:
+    """Check the controller and unit index files ``entries`` (which :func:`file_problem`
+    passed) before this process maps them: each in this process first, every page LMDB can
+    reach read by the checked page reader and every entry checked against its schema as the
+    walk checks it (:func:`tqstore.embedded.index_unchecked`, a read-only map of this
+    process, never LMDB's); the files that do not all read so (another layout, a free list
+    that is not empty, damage, an entry of the wrong shape) are walked in a child process
+    (:func:`lmdb_walk`), which decides and names what is wrong.  Returns the problems found
+    (empty: every file may be mapped).  Raises nothing for a damaged file."""
+    walk = []
+    for e in entries:
+        why = embedded.index_unchecked((src / e.path).parent, _SCHEMA[e.role])
+        if why is not None:
+            log.debug("%s does not read checked in process (%s): walked out of process", src / e.path, why)
+            walk.append(e)
+    return walk_problems(lmdb_walk(src, walk, first_only=first_only)) if walk else []
 
 
 @dataclass(frozen=True)
@@ -255,9 +275,8 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
     frames_by_seg: Dict[Tuple[int, int], Any] = defaultdict(list)  # (unit, seg) -> frames_of rows
     skip: set = set()
     if deep and good_index:
-        # every LMDB file is walked in a child process before this one maps it
-        walked = [e for e in man.files if e.path in good_index]
-        for prob in walk_problems(lmdb_walk(src, walked, first_only=False)):
+        # every LMDB file is checked (in process, else walked in a child process) before this one maps it
+        for prob in lmdb_problems(src, [e for e in man.files if e.path in good_index], first_only=False):
             problems.append(prob)
             good_index.pop(os.path.relpath(prob.path, src).replace(os.sep, "/"), None)
         if M.CONTROLLER_FILE in good_index:
@@ -299,17 +318,19 @@ def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
     return _count_problems(p, man, st)
 
 
-def check_controller_counts(src: Path, man: M.Manifest) -> List[Problem]:
+def check_controller_counts(src: Path, man: M.Manifest, *, read_from: Optional[Path] = None) -> List[Problem]:
     """The controller's unit and row counts against MANIFEST.json, its entries not decoded
     (a load: the store's open of the staged copy decodes and checks every entry, with the
-    decoder :func:`_check_controller` uses)."""
+    decoder :func:`_check_controller` uses).  ``read_from``: a byte copy of the checkpoint's
+    controller directory to read instead (the load's checked copy); problems still name
+    the checkpoint's file."""
     p = src / "controller"
     try:
-        st = embedded.controller_counts(p)
+        st = embedded.controller_counts(read_from if read_from is not None else p)
     except StorageIOError as e:
         return [Problem(str(p / "data.mdb"), f"controller index cannot be opened: {e}")]
     except CorruptionError as e:
-        return [Problem(e.path or str(p / "data.mdb"), e.message)]
+        return [Problem(str(p / "data.mdb") if read_from is not None else e.path or str(p / "data.mdb"), e.message)]
     return _count_problems(p, man, st)
 
 
