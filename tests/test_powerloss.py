@@ -260,3 +260,29 @@ def test_crash_point_stops_the_operation_and_images_the_disk_before_the_event(ba
     # b was already opened (O_CREAT) when its create event fired, but never written
     assert img.get("b", b"") == b""
     assert len(sim.events) == 4 and sim.crashed
+
+
+def test_a_tree_another_thread_removes_while_the_image_is_made_comes_from_the_model(base, monkeypatch):
+    """A store removes a replaced state in a background thread: the power may be cut while
+    that removal runs, so the image is made while directories vanish under its walk.  What
+    vanished after its removal was observed is imaged from the model (DROP_ALL: the unsynced
+    removal is undone, the files come back with their content)."""
+    gen = base / "root" / "gen-1"
+    (gen / "sub").mkdir(parents=True)
+    (gen / "sub" / "m").write_bytes(b"manifest")
+    real_walk = os.walk
+
+    def racing_walk(top, *args, **kwargs):
+        for dirpath, dirnames, filenames in real_walk(top, *args, **kwargs):
+            if dirpath == str(gen / "sub"):
+                shutil.rmtree(gen)  # the other thread's removal catches up with the walk
+            yield dirpath, dirnames, filenames
+
+    sim = PowerLoss(base / "root", base / "img", seed=DROP_ALL)
+    with sim:
+        fp.observe("rmtree", str(gen))  # files.rmtree's event, observed before the removal runs
+        monkeypatch.setattr(os, "walk", racing_walk)
+        sim.crash_now()
+    monkeypatch.undo()
+    assert sim.errors == []
+    assert image_tree(base / "img")["gen-1/sub/m"] == b"manifest"

@@ -461,6 +461,8 @@ class PowerLoss:
         current_paths: Dict[int, str] = {}
         for dirpath, dirnames, filenames in os.walk(self.base):
             d = self._node_at(dirpath)
+            if d is None:  # removed since the walk listed it (another thread's rmtree): the model has it
+                continue
             current_paths[d.uid] = dirpath
             self._reconcile(d, dirpath, len(self.events) + 1)
             for name in filenames:
