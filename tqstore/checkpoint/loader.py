@@ -36,13 +36,12 @@ state (``ControllerPort.stage_import``, ``UnitPort.stage_import`` / ``verify_imp
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -54,8 +53,8 @@ from ..ports import ControllerPort, UnitImport, UnitPort
 from . import manifest as M
 from .planner import FrameTable, plan_load_mode, plan_reshard
 from .verify import (
-    Problem, bad_block, check_controller_counts, file_problem, frames_of, lmdb_problems, read_manifest,
-    resolve_checkpoint_dir, unit_frames,
+    bad_block, check_controller_counts, file_problem, frames_of, lmdb_problems, read_manifest, resolve_checkpoint_dir,
+    unit_frames,
 )
 
 log = logging.getLogger("tqstore")
@@ -162,13 +161,14 @@ class Builder:
         target, src = str(new_dir / "controller"), str(self.src / "controller")
         num_units = self.num_units if self.man.num_units != self.num_units else None
         clear = self.mode == "metadata"
-        early = num_units is None and not clear and self.controller.stage_import(target, src, src_checked=False)
-        if not early:
+        copy_checked = num_units is None and not clear and self.controller.stage_import(target, src,
+                                                                                         src_checked=False)
+        if not copy_checked:
             self._checked(ctrl)
-        probs = check_controller_counts(self.src, self.man, read_from=Path(target) if early else None)
+        probs = check_controller_counts(self.src, self.man, read_from=Path(target) if copy_checked else None)
         if probs:
             raise probs[0].to_error()
-        if not early:
+        if not copy_checked:
             self.controller.stage_import(target, src, num_units=num_units, clear_produced=clear)
         if self._early is not None:  # the checked decode, beside the units' work
             self._early.open_controller()
