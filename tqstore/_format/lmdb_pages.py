@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from .. import _native
-from .._native._pure import _le16 as _u16, _le64_any as _u64, _le64_even as _words  # (the pure twin's byte readers)
+from .._native._pure_lmdb import _le16 as _u16, _le64_any as _u64, _le64_even as _words  # (the pure twin's byte readers)
 
 PAGEHDRSZ = 16
 P_BRANCH, P_LEAF, P_OVERFLOW, P_META, P_LEAF2 = 0x01, 0x02, 0x04, 0x08, 0x20
