@@ -63,7 +63,8 @@ def stage_controller(target: Path, src: Path, *, num_units: Optional[int], src_c
     list, every checkpoint's) with ``num_units`` None is staged, and only when every page and
     entry of the copy reads checked (:func:`check_env_pages` with the controller's schema,
     beside its fsync): then LMDB may open the copy, ``src`` never mapped.  Otherwise nothing
-    is left (the directory is removed) and the answer is False.  (Clearing the produced fields is the controller's: :meth:`Controller.stage_import`.)"""
+    is left (the directory is removed) and the answer is False.  (Clearing the produced
+    fields is the controller's: :meth:`Controller.stage_import`.)"""
     try:
         return _stage(target, src, num_units) if src_checked else _stage_unchecked(target, src, num_units)
     except lmdb.Error as e:
@@ -153,8 +154,8 @@ def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
 
 def read_controller_counts(ctrl_dir: Path) -> Dict[str, int]:
     """The unit count (``meta/num_units``) and the row count (entries of ``rows``) of the
-    controller index in ``ctrl_dir`` (checked first, see :func:`check_env_pages`), read only and without
-    decoding the entries: a checkpoint load compares them with MANIFEST.json, and the
+    controller index in ``ctrl_dir`` (checked first, see :func:`check_env_pages`), read only
+    and without decoding the entries: a checkpoint load compares them with MANIFEST.json, and the
     store's open of the staged copy decodes and checks every entry (the checked decoder of
     :func:`read_controller`), before the switch.  ``meta/format`` must be present.
 

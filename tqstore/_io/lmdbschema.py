@@ -79,7 +79,7 @@ def check_columns(kind: str, c: Columns, what: str) -> None:
     elif kind == "cons":  # no value; a key of at least 10 bytes with two NULs before its last 8
         if (vl != 0).any() or (kl < 10).any():
             raise EntryProblem(f"{what}: entry is not a consumption mark")
-        starts = np.cumsum(kl) - kl
+        starts = c.key_starts
         nul = (c.keys[:int(kl.sum())] == 0).view(np.uint8)
         whole = np.add.reduceat(nul, starts, dtype=np.int64)
         tail = nul[(starts + kl - 8)[:, None] + np.arange(8)].sum(axis=1, dtype=np.int64)
