@@ -36,12 +36,12 @@ class Pickled:
     def __init__(self, real, proto) -> None:
         self._real = real
         self._allowed = _methods(proto)
+        self._attrs = set(getattr(proto, "__annotations__", {}))  # the port's attributes, read live
         self.calls = []
-        for attr in ("unit_id", "num_units"):
-            if hasattr(real, attr):
-                setattr(self, attr, getattr(real, attr))
 
     def __getattr__(self, name):
+        if name in self.__dict__.get("_attrs", ()):
+            return pickle.loads(pickle.dumps(getattr(self._real, name)))
         if name not in self._allowed:
             raise AttributeError(f"{name!r} is not a port method")
         method = getattr(self._real, name)

@@ -6,10 +6,11 @@ Steps (docs/FORMAT.md, "Checkpoints"):
 
 1. the cut (:meth:`Store.snapshot` under the store's write lock): every unit seals its
    active segment and pins a snapshot, the controller opens one; the cut is a set of ids;
-2. into ``<dir>.tmp-XXXXXXXX`` beside the target: ``controller.export_snapshot`` writes a
-   compact LMDB copy of the controller at the cut into ``controller/`` and answers the
-   cut's summary (rows, partitions, next global index, put token); then each unit's
-   ``export_snapshot``, in parallel, writes into ``unit-NNN/``: its index copy and each referenced
+2. into ``<dir>.tmp-XXXXXXXX`` beside the target, all in parallel:
+   ``controller.export_snapshot`` writes a compact LMDB copy of the controller at the cut
+   into ``controller/`` and answers the cut's summary (rows, partitions, next global
+   index, put token: the one the cut read, else nothing is published); each unit's
+   ``export_snapshot`` writes into ``unit-NNN/``: its index copy and each referenced
    segment hard-linked (same file system), linked from an earlier generation holding the
    same bytes, or copied with copy_file_range and verified frame by frame against the
    index CRCs (:mod:`tqstore.unit_export`); every file fsynced, then every directory; the
@@ -36,7 +37,7 @@ import os
 import secrets
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
@@ -206,15 +207,17 @@ class Cut:
     num_units: int
     store_root: Path
     stall_s: float
+    put_token: int = 0  # the controller's last committed overwriting put at the cut
 
 
 def take_cut(store) -> Cut:
-    """The MVCC cut, under the store's write lock (held only for the cut)."""
+    """The MVCC cut, under the store's write lock (held only for the cut): no put commits
+    meanwhile, so the controller's ``put_token`` read here is the one its snapshot holds."""
     t0 = time.perf_counter()
     with store._write_lock:
         check_no_restore(store.controller, None, "a full checkpoint save")  # a cut never holds half a restore
         snap = store.snapshot()
-        cut = Cut(snap, store.num_units, Path(store.root), 0.0)
+        cut = Cut(snap, store.num_units, Path(store.root), 0.0, int(snap.controller.put_token))
     cut.stall_s = time.perf_counter() - t0
     return cut
 
@@ -283,15 +286,10 @@ class SaveJob:
         return info
 
     def _write(self, tmp: Path, t0: float) -> CheckpointInfo:
-        """cut (ids) -> the controller's export -> every unit's export, in parallel -> MANIFEST.json."""
+        """cut (ids) -> the controller's export beside every unit's export, in parallel -> MANIFEST.json."""
         cut = self.cut
         snap = cut.snap
-        ctrl: ControllerExport = snap.controller.export_snapshot(snap.controller_snap, str(tmp / "controller"),
-                                                                 index_block_bytes=M.INDEX_BLOCK_BYTES)
-        entries = [_entry("controller", e, M.ROLE_CONTROLLER) for e in ctrl.files]
-        snapshot = {k: ctrl.summary[k] for k in ("rows", "partitions", "next_gidx")}
-        snapshot["store"] = str(cut.store_root)
-        results: List[UnitExport] = []
+        futures: List[Future] = []
         if self.include_storage:
             ports = snap.ports
             workers = max(1, min(self.max_workers, len(ports)))
@@ -299,12 +297,26 @@ class SaveJob:
             def export(i: int) -> UnitExport:
                 return ports[i].export_snapshot(snap.unit_snaps[i], str(tmp / M.unit_dir_name(i)),
                                                 link=not self.copy_segments, reuse=self.reuse,
-                                                put_token=int(ctrl.summary["put_token"]),
-                                                index_block_bytes=M.INDEX_BLOCK_BYTES)
+                                                put_token=cut.put_token, index_block_bytes=M.INDEX_BLOCK_BYTES)
 
-            results = gather([export_pool(workers).submit(export, i) for i in range(len(ports))])
-            for i, r in enumerate(results):
-                entries.extend(_entry(M.unit_dir_name(i), e, e["role"]) for e in r.files)
+            # the units start first: none waits for the controller's copy (a fixed cost of
+            # every generation), the put token they need was read at the cut
+            futures = [export_pool(workers).submit(export, i) for i in range(len(ports))]
+        try:
+            ctrl: ControllerExport = snap.controller.export_snapshot(snap.controller_snap, str(tmp / "controller"),
+                                                                     index_block_bytes=M.INDEX_BLOCK_BYTES)
+        except BaseException:
+            wait(futures)  # none still writes into the directory the caller removes next
+            raise
+        results: List[UnitExport] = gather(futures)
+        if int(ctrl.summary["put_token"]) != cut.put_token:
+            raise CheckpointError(f"the controller's snapshot holds put token {ctrl.summary['put_token']}, the cut "
+                                  f"read {cut.put_token}; nothing was published (report this as a bug)")
+        entries = [_entry("controller", e, M.ROLE_CONTROLLER) for e in ctrl.files]
+        snapshot = {k: ctrl.summary[k] for k in ("rows", "partitions", "next_gidx")}
+        snapshot["store"] = str(cut.store_root)
+        for i, r in enumerate(results):
+            entries.extend(_entry(M.unit_dir_name(i), e, e["role"]) for e in r.files)
         snapshot.update({
             "frames": sum(r.frames for r in results),
             "payload_bytes": sum(r.live_bytes for r in results),
