@@ -250,3 +250,26 @@ def test_round_trip_of_long_values_of_different_lengths(store, tmp_path):
     store.load_checkpoint(tmp_path / "ckpt")
     out = store.kv_batch_get(["a", "b", "c", "d"], "p")
     assert out["text"] == texts and [len(o["k"]) for o in out["obj"]] == [9000, 5, 12000, 0]
+
+
+def test_a_save_whose_controller_snapshot_disagrees_with_the_cut_publishes_nothing(store, tmp_path, monkeypatch):
+    """The units export beside the controller with the put token read at the cut; should the
+    controller's snapshot hold another one, the save fails and the previous checkpoint stays."""
+    from tqstore import CheckpointError
+
+    fill(store, "train", 6)
+    store.save_checkpoint(tmp_path / "ckpt", metadata={"v": 1})
+    real = type(store.controller).export_snapshot
+
+    def skewed(self, *a, **k):
+        out = real(self, *a, **k)
+        out.summary["put_token"] += 1
+        return out
+
+    monkeypatch.setattr(type(store.controller), "export_snapshot", skewed)
+    fill(store, "train", 6, start=6)
+    with pytest.raises(CheckpointError, match="put token"):
+        store.save_checkpoint(tmp_path / "ckpt", metadata={"v": 2})
+    assert sorted(os.listdir(tmp_path)) == [".ckpt.lock", "ckpt", "store"]
+    assert read_manifest(tmp_path / "ckpt").metadata == {"v": 1}
+    verify_checkpoint(tmp_path / "ckpt")

@@ -393,3 +393,28 @@ def test_compressed_unit_round_trips_and_stores_fewer_bytes(tmp_path):
             assert get(u, i, "v") == "abc" * 50
     finally:
         u.close()
+
+
+# ---------------------------------------------------------------------------- a snapshot's export
+def test_an_export_reads_the_snapshots_locations_in_bulk_or_by_cursor_alike(unit):
+    """A checkpoint's unit export reads every location value of its snapshot: in bulk from the
+    index file's pages while the snapshot's meta page is in the file, through a cursor once
+    later commits overwrote it; both give the snapshot's values, never later ones."""
+    from tqstore._io.lmdbenv import read_columns
+    from tqstore._native import IMPLEMENTATION
+    from tqstore.unit_export import _loc_values
+
+    put(unit, range(0, 300), {"a": rows(300), "b": rows(300, seed=1, width=3)})
+    sid = unit.snapshot()
+    try:
+        txn = unit._snapshot_txn(sid)
+        want = b"".join(txn.cursor(db=unit.db_loc).iternext(keys=False, values=True))
+        assert len(want) == 600 * 20
+        assert (read_columns(unit.env, txn, [b"loc"]) is not None) == (IMPLEMENTATION == "native")
+        assert bytes(_loc_values(unit, txn)) == want
+        for i in range(3):  # later commits: overwrites and new rows; the meta page of the snapshot is reused
+            put(unit, range(i * 50, i * 50 + 80), {"a": rows(80, seed=10 + i)}, fresh=False)
+        assert read_columns(unit.env, txn, [b"loc"]) is None
+        assert bytes(_loc_values(unit, txn)) == want
+    finally:
+        unit.release(sid)
