@@ -349,3 +349,39 @@ def test_a_load_failing_after_the_staged_controller_opened_closes_it_and_the_nex
     monkeypatch.undo()
     live.load_checkpoint(pristine[0])
     assert state(live) == pristine[1]
+
+
+def test_a_load_whose_staged_controller_cannot_be_synced_fails_and_changes_nothing(pristine, live, monkeypatch):
+    # the staged controller copy is opened (decoded) while its fsync runs; a failed fsync must
+    # fail the load after that open, close the opened controller and leave the store as it was
+    import threading
+
+    from tqstore import state_switch
+
+    opened = threading.Event()
+    real_open = state_switch.EarlyParts.open_controller
+    real_sync = type(live.controller).sync_staged
+    synced = []
+
+    def open_controller(self):
+        real_open(self)
+        opened.set()
+
+    def failing_sync(self, target_dir):
+        assert opened.wait(30)  # the open did not wait for the sync
+        real_sync(self, target_dir)
+        synced.append(target_dir)
+        raise OSError(5, "injected fsync failure of the staged controller")
+
+    monkeypatch.setattr(state_switch.EarlyParts, "open_controller", open_controller)
+    monkeypatch.setattr(type(live.controller), "sync_staged", failing_sync)
+    before, state_dir = state(live), live.state_dir
+    with pytest.raises(CheckpointError, match="injected fsync"):
+        live.load_checkpoint(pristine[0])
+    assert synced and opened.is_set()
+    assert state(live) == before and live.state_dir == state_dir
+    assert [p.name for p in live.root.glob("state-*")] == [state_dir.name]
+    assert not [p for p in _open_files_under(live.root) if state_dir.name not in p and not p.endswith("LOCK")]
+    monkeypatch.undo()
+    live.load_checkpoint(pristine[0])
+    assert state(live) == pristine[1]

@@ -69,7 +69,7 @@ def test_surface_and_layout_constants():
     assert P.IMPLEMENTATION == "pure"
     for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows",
                  "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "pread_ranges", "leaf_room",
-                 "leaf_columns"):
+                 "leaf_columns", "place_keys"):
         assert callable(getattr(F, name)) and callable(getattr(P, name))
     c = F._LAYOUT
     assert c["FRAME_MAGIC"] == layout.FRAME_MAGIC
@@ -1146,3 +1146,66 @@ def test_leaf_columns_in_threads(lmdb_file):
     for t in ts:
         t.join()
     assert not errors and want[0] == "ok"
+
+
+# ---- place_keys -------------------------------------------------------------------------
+
+_KEY_PARTS = st.lists(st.one_of(st.text(max_size=6), st.binary(max_size=6)), min_size=0, max_size=12)
+
+
+def _place(mod, entries, prefix, slots, out):
+    buf = b"".join(entries)
+    lens = np.array([len(e) for e in entries], dtype=np.int64)
+    return mod.place_keys(buf, lens, prefix, np.asarray(slots, dtype=np.int64), out)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(parts=_KEY_PARTS, pid=st.sampled_from(["p", "train", "\u00e9"]), data=st.data())
+def test_place_keys_agrees_with_the_pure_path_and_with_a_plain_decode(parts, pid, data):
+    """Every entry that is the prefix + UTF-8 without NUL lands decoded in its slot; the first
+    that is not stops the run with its reason and index, in both implementations alike."""
+    prefix = pid.encode() + b"\0"
+    entries = [prefix + (p.encode() if isinstance(p, str) else p) if data.draw(st.booleans()) or not p
+               else (p if isinstance(p, bytes) else p.encode()) for p in parts]
+    n = len(entries)
+    room = n + data.draw(st.integers(0, 3))
+    slots = data.draw(st.permutations(list(range(room))))[:n] if room else []
+    if n and data.draw(st.booleans()):  # a slot named twice, or out of range
+        slots[data.draw(st.integers(0, n - 1))] = data.draw(st.sampled_from([slots[0], room, -1]))
+    outs = []
+    for mod in (F, P):
+        out = [None] * room
+        outs.append((_place(mod, entries, prefix, slots, out), out))
+    assert outs[0] == outs[1]
+    (status, i), out = outs[0]
+    want = [None] * room
+    for j, e in enumerate(entries):  # the rules, one entry at a time
+        k = e[len(prefix):]
+        if not e.startswith(prefix):
+            code = 1
+        elif b"\0" in k:
+            code = 2
+        elif not 0 <= slots[j] < room or want[slots[j]] is not None:
+            code = 3
+        else:
+            try:
+                want[slots[j]] = k.decode("utf-8")
+                continue
+            except UnicodeDecodeError:
+                code = 4
+        assert (status, i) == (code, j)
+        break
+    else:
+        assert (status, i) == (0, n)
+    assert out == want
+
+
+def test_place_keys_refuses_bad_arguments_before_placing():
+    ok = (b"p\0ab", np.array([4], np.int64), b"p\0", np.array([0], np.int64))
+    for mod in (F, P):  # (a fresh list each: the call fills it)
+        out = [None]
+        assert mod.place_keys(*ok, out) == (0, 1) and out == ["ab"]
+    assert run_both("place_keys", b"p\0a", *ok[1:], [None]) == ("err", ValueError)  # lens run past buf
+    assert run_both("place_keys", ok[0], ok[1], ok[2], np.array([0, 1], np.int64), [None]) == ("err", ValueError)
+    assert run_both("place_keys", *ok, (None,)) == ("err", TypeError)
+    assert run_both("place_keys", ok[0], np.array([4], np.int32), *ok[2:], [None]) == ("err", ValueError)

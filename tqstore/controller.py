@@ -566,12 +566,13 @@ class Controller:
         return rows_at(self._txn_of(snapshot), self.db, pid, list(keys), path=str(self.path / "data.mdb"))
 
     def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
-                     clear_produced: bool = False, src_checked: bool = True) -> bool:
+                     clear_produced: bool = False, src_checked: bool = True, sync: bool = True) -> bool:
         from .controller_export import stage_controller
 
         if not src_checked and clear_produced:
             return False
-        if not stage_controller(Path(target_dir), Path(src_dir), num_units=num_units, src_checked=src_checked):
+        if not stage_controller(Path(target_dir), Path(src_dir), num_units=num_units, src_checked=src_checked,
+                                sync=sync or src_checked):
             return False
         if clear_produced:  # a checkpoint saved without storage: its rows keep no produced field
             c = Controller(Path(target_dir), num_units=num_units or 1)  # (an existing index keeps its count)
@@ -583,6 +584,10 @@ class Controller:
             finally:
                 c.close()
         return True
+
+    def sync_staged(self, target_dir) -> None:
+        with wrap_errors("sync the staged controller", target_dir):
+            files.fsync_tree(Path(target_dir))
 
     def claims_all(self) -> Dict[int, frozenset]:
         """Every row with its produced fields (rows without any left out)."""

@@ -3,7 +3,8 @@ store's open and for checkpoint verification (docs/FORMAT.md, "Controller index"
 
 Version 2 row values are fixed-width binary (a head and a bitmap; a tag only on tagged
 rows): the untagged ones are decoded together as one numpy structured array, their keys
-from the ``keys`` database in one UTF-8 decode per partition, and the cross-entry rules
+from the ``keys`` database by the native ``place_keys`` straight into their rows' slots
+(each checked: its partition's prefix, UTF-8 without NUL, one key per row), and the cross-entry rules
 (a row's partition exists, a bit names a field of its schema, each key names one keyed row
 of its partition and each keyed row has one key, an index below the allocator and never
 both free and a row) are checked with array operations.  Version 1 (JSON rows) is decoded
@@ -32,6 +33,7 @@ from ._format.lmdb_pages import Packed, packed_chunks
 from ._format.records import RecordError
 from ._format.values import loads_each
 from ._io.heap import trim_heap
+from ._native import place_keys
 from .controller_mirror import GidxMap, Partition
 from .errors import CorruptionError, FormatVersionError
 
@@ -368,30 +370,6 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int, co
     return n
 
 
-def _strip_prefix(ks: List[bytes], joined: bytes, prefix: bytes) -> Optional[List[str]]:
-    """The keys of ``keys`` entries ``ks`` (``joined``: their concatenation), each checked to
-    be ``prefix`` (the partition id and NUL) followed by UTF-8 without NUL, decoded in one
-    go (no string is made for the prefixes).  None when some entry does not start with
-    ``prefix``; raises UnicodeDecodeError / RecordError for a malformed key."""
-    m, plen = len(ks), len(prefix)
-    lens = _lens(ks)
-    if int(lens.min()) < plen:
-        return None
-    starts = np.cumsum(lens) - lens
-    arr = np.frombuffer(joined, dtype=np.uint8)
-    head = np.zeros(len(arr) + 1, dtype=np.int8)  # +1 where a prefix starts, -1 at its NUL (never the same byte)
-    head[starts] = 1
-    head[starts + plen - 1] -= 1
-    inhead = np.cumsum(head[:-1], dtype=np.int8) > 0  # the bytes of each prefix but its NUL
-    want = np.frombuffer(prefix[:-1], dtype=np.uint8)
-    if (arr[starts + plen - 1] != 0).any() or not (arr[inhead].reshape(m, plen - 1) == want).all():
-        return None
-    keys = arr[~inhead].tobytes().decode("utf-8").split("\0")  # "", key, key, ...
-    if len(keys) != m + 1:
-        raise RecordError("a keys key holds a NUL past its partition id")
-    return keys[1:]
-
-
 def _key_chunks(txn, db, prefix: bytes, n: int, cols=None):
     """``(keys, values)`` chunks of at most :data:`_CHUNK` of up to ``n`` entries of ``db``
     from the first key at or after ``prefix``: from ``cols`` (its entries read in bulk), or
@@ -415,7 +393,8 @@ def _key_chunks(txn, db, prefix: bytes, n: int, cols=None):
 def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where, cols=None) -> int:
     """Read the ``keys`` entries of ``p`` (contiguous: keys sort by partition id first, and no
     id is a prefix of another's ``id NUL``), check they name its keyed rows (slots ``keyed``)
-    one to one, and install them: ``s_key`` and ``keys`` (in slot order)."""
+    one to one, and install them: ``s_key`` (each key decoded straight into its slot by the
+    native ``place_keys``) and ``keys`` (built on first use)."""
     n_keyed = len(keyed)
     is_keyed = np.zeros(p.n, dtype=bool)
     is_keyed[keyed] = True
@@ -423,8 +402,6 @@ def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where, cols=None) -> 
     w.at = ("keys", prefix)
     if not n_keyed:
         return 0
-    got: List[str] = []
-    slots: List[np.ndarray] = []
     left = n_keyed
     for ks, vs in _key_chunks(txn, db, prefix, n_keyed, cols):
         if not ks[0].startswith(prefix) or not ks[-1].startswith(prefix):  # sorted: then all between do
@@ -433,38 +410,25 @@ def _keys_v2(txn, db, p: Partition, keyed: np.ndarray, w: _Where, cols=None) -> 
         if (_lens(vs) != 8).any():
             w.at = ("keys", next(k for k, v in zip(ks, vs) if len(v) != 8))
             raise RecordError("a keys value is not a gidx key (8 bytes)")
-        try:
-            keys = _strip_prefix(ks, ks.buf if isinstance(ks, Packed) else b"".join(ks), prefix)
-        except UnicodeDecodeError:
-            for k in ks:
-                w.at = ("keys", k)
-                R.decode_keys_key(k)
-            raise
-        if keys is None:  # (a damaged file need not keep its keys sorted)
-            raise RecordError(f"keys of partition {p.pid[:40]!r} are not contiguous")
         gs = np.frombuffer(vs.buf if isinstance(vs, Packed) else b"".join(vs), dtype=">u8").astype(np.int64)
         sl = p.slots(gs)
         if (sl < 0).any() or not is_keyed[np.maximum(sl, 0)].all():
             w.at = ("keys", ks[int(np.argmax((sl < 0) | ~is_keyed[np.maximum(sl, 0)]))])
             raise RecordError(f"key of partition {p.pid[:40]!r} names no keyed row of it")
-        got.extend(keys)
-        slots.append(sl)
-        del ks, vs, keys
+        status, i = place_keys(ks.buf if isinstance(ks, Packed) else b"".join(ks), _lens(ks), prefix, sl, p.s_key)
+        if status:
+            w.at = ("keys", ks[i])
+            if status == 1:  # (a damaged file need not keep its keys sorted)
+                raise RecordError(f"keys of partition {p.pid[:40]!r} are not contiguous")
+            if status == 2:
+                raise RecordError("a keys key holds a NUL past its partition id")
+            if status == 3:
+                raise RecordError(f"a row of partition {p.pid[:40]!r} is claimed by two keys")
+            R.decode_keys_key(ks[i])  # status 4: raises the record's own UTF-8 error
+            raise RecordError("a keys key is not UTF-8")
+        del ks, vs
     if left:
         raise RecordError(f"{n_keyed - left} keys entries for {n_keyed} keyed rows of partition {p.pid[:40]!r}")
-    sl = np.concatenate(slots)
-    if int(np.bincount(sl, minlength=p.n).max()) > 1:
-        raise RecordError(f"a row of partition {p.pid[:40]!r} is claimed by two keys")
-    order = np.argsort(sl, kind="stable")
-    keys = np.array(got, dtype=object)[order].tolist()  # in slot (insertion) order
-    del got
-    sl = sl[order]
-    if n_keyed == p.n:  # every row keyed: the slots are 0 .. n-1
-        p.s_key = keys
-    else:
-        sk = p.s_key
-        for s, k in zip(sl.tolist(), keys):
-            sk[s] = k
     p.keys = None  # the key -> gidx index: built from s_key on first use (controller_mirror.Partition.keys)
     return n_keyed
 

@@ -53,10 +53,13 @@ def export_controller(env, txn, dbs: Mapping[str, Any], dest: Path, *, index_blo
     return ControllerExport([entry], summary)
 
 
-def stage_controller(target: Path, src: Path, *, num_units: Optional[int], src_checked: bool = True) -> bool:
+def stage_controller(target: Path, src: Path, *, num_units: Optional[int], src_checked: bool = True,
+                     sync: bool = True) -> bool:
     """Fill the new controller directory ``target`` with a copy of the (checked) controller
     index ``src`` that has no free page, its unit count set to ``num_units`` (None keeps it);
-    fsynced.  Answers True when staged.
+    fsynced, unless ``sync=False`` and the byte copy of ``src_checked=False`` was staged: then
+    the caller fsyncs ``target`` (:func:`tqstore._io.files.fsync_tree`) before it relies on it,
+    and may open it meanwhile.  Answers True when staged.
 
     ``src_checked=False``: ``src`` has not been checked (in process or by a walk), so LMDB
     must not map it.  Only a byte copy (:func:`copy_env_file`: a file with an empty free
@@ -66,7 +69,7 @@ def stage_controller(target: Path, src: Path, *, num_units: Optional[int], src_c
     is left (the directory is removed) and the answer is False.  (Clearing the produced
     fields is the controller's: :meth:`Controller.stage_import`.)"""
     try:
-        return _stage(target, src, num_units) if src_checked else _stage_unchecked(target, src, num_units)
+        return _stage(target, src, num_units) if src_checked else _stage_unchecked(target, src, num_units, sync)
     except lmdb.Error as e:
         raise StorageIOError(f"staging {target} from a checkpoint failed: {e}") from e
 
@@ -87,7 +90,7 @@ def _stage(target: Path, src: Path, num_units: Optional[int]) -> bool:
     return True
 
 
-def _stage_unchecked(target: Path, src: Path, num_units: Optional[int]) -> bool:
+def _stage_unchecked(target: Path, src: Path, num_units: Optional[int], sync: bool) -> bool:
     if num_units is not None:
         return False
     files.mkdir(target)
@@ -95,6 +98,15 @@ def _stage_unchecked(target: Path, src: Path, num_units: Optional[int]) -> bool:
         if not copy_env_file(src, target):
             files.rmtree(target)
             return False
+        if not sync:  # the caller's fsync overlaps its open (the decode) of the copy
+            try:
+                check_env_pages(target, "controller")
+            except LmdbPageError as e:
+                log.info("controller copy %s: its pages or entries do not all read checked (%s); staged again once "
+                         "its source is checked", target, e)
+                files.rmtree(target)
+                return False
+            return True
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
             synced = pool.submit(files.fsync_tree, target)  # (beside the check: both read what the copy wrote)
             try:

@@ -526,7 +526,7 @@ class ControllerPort(Protocol):
         or released id is a TqstoreError."""
 
     def stage_import(self, target_dir: str, src_dir: str, *, num_units: Optional[int] = None,
-                     clear_produced: bool = False, src_checked: bool = True) -> bool:
+                     clear_produced: bool = False, src_checked: bool = True, sync: bool = True) -> bool:
         """Fill the new controller directory ``target_dir`` (created) with a copy of the
         checkpoint's controller index ``src_dir`` (its CRC checked by the caller) that has no
         free page, with its unit count set to ``num_units`` (None keeps it) and, with
@@ -536,8 +536,14 @@ class ControllerPort(Protocol):
         staged, when that is all it takes (neither ``num_units`` nor ``clear_produced``, an
         empty free list), and only when every page and entry of the copy reads checked, so that
         the copy may be opened; else nothing is left and the answer is False (call again once
-        ``src_dir`` is checked).  Never
+        ``src_dir`` is checked).  The staged copy is durable when this returns, except with
+        ``sync=False`` and ``src_checked=False``: then it may be opened at once, and the caller
+        calls :meth:`sync_staged` before the new state is switched in.  Never
         touches the live controller."""
+
+    def sync_staged(self, target_dir: str) -> None:
+        """Make the directory ``target_dir`` staged by :meth:`stage_import` durable (every
+        file and the directory fsynced).  Raises StorageIOError when a sync fails."""
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
     def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],

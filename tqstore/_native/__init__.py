@@ -11,6 +11,7 @@ ranges of an open file read into one buffer without the GIL: reads only), ``leaf
 and ``leaf_columns`` (the entries of an LMDB database's leaf pages, every page and node
 checked, keys and inline values copied into the caller's arrays without the GIL;
 ``leaf_room`` sizes them; ``_format.lmdb_pages`` walks the branch levels to the leaves),
+``place_keys`` (the keys of a controller index's ``keys`` entries decoded into a list),
 and the name ``IMPLEMENTATION`` (``"native"`` or ``"pure"``).  The byte layout they
 implement is in ``layout`` (that of LMDB's pages in ``_format.lmdb_pages``).  This package
 is the bottom of the record path: it imports nothing from the rest of tqstore (``_format``
@@ -52,6 +53,7 @@ restamp_frames = impl.restamp_frames
 pread_ranges = impl.pread_ranges
 leaf_room = impl.leaf_room
 leaf_columns = impl.leaf_columns
+place_keys = impl.place_keys
 
 __all__ = [
     "IMPLEMENTATION",
@@ -68,5 +70,6 @@ __all__ = [
     "pread_ranges",
     "leaf_room",
     "leaf_columns",
+    "place_keys",
     "impl",
 ]

@@ -1912,6 +1912,75 @@ done:
     return result;
 }
 
+/* ---- place_keys: the keys of a controller index's ``keys`` entries, decoded in bulk ---- */
+
+/* place_keys(buf, lens, prefix, slots, out) -> (status, i).  The entries of ``buf`` lie back to
+ * back (i64 ``lens``); each must be ``prefix`` followed by UTF-8 without NUL, and its text (the
+ * prefix cut off) goes to ``out[slots[i]]`` (a list), which must hold None.  Status 0: all
+ * placed (i = their number); else entry i is the first that fails and the entries before it are
+ * placed: 1 it does not start with ``prefix``, 2 it holds a NUL past it, 3 its slot is out of
+ * range or already holds a key, 4 it is not UTF-8.  Raises ValueError when ``lens`` run past
+ * ``buf`` or ``slots`` is another length, TypeError when ``out`` is not a list. */
+static PyObject *py_place_keys(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"buf", "lens", "prefix", "slots", "out"};
+    PyObject *a[5];
+    if (parse_args("place_keys", args, nargs, kwnames, names, 5, 5, a) < 0) return NULL;
+    Py_buffer vb = {0}, vl = {0}, vp = {0}, vs = {0};
+    PyObject *result = NULL;
+    Py_ssize_t n = 0, ns = 0, i = 0;
+    int status = 0;
+    if (get_contig(a[0], &vb, "buf", 0) < 0) goto done;
+    if (get_i64s(a[1], &vl, "lens", &n) < 0) goto done;
+    if (get_contig(a[2], &vp, "prefix", 0) < 0) goto done;
+    if (get_i64s(a[3], &vs, "slots", &ns) < 0) goto done;
+    if (!PyList_Check(a[4])) {
+        PyErr_SetString(PyExc_TypeError, "out must be a list");
+        goto done;
+    }
+    if (n != ns) {
+        PyErr_SetString(PyExc_ValueError, "lens and slots must have the same length");
+        goto done;
+    }
+    {
+        const uint8_t *buf = (const uint8_t *)vb.buf, *pl = (const uint8_t *)vl.buf, *ps = (const uint8_t *)vs.buf;
+        const uint8_t *prefix = (const uint8_t *)vp.buf;
+        uint64_t size = (uint64_t)vb.len, plen = (uint64_t)vp.len, pos = 0;
+        PyObject *out = a[4];
+        for (i = 0; i < n; i++) {
+            uint64_t len = get_le64(pl + 8 * i), slot = get_le64(ps + 8 * i);
+            if ((int64_t)len < 0 || len > size - pos) {
+                PyErr_Format(PyExc_ValueError, "entry %zd runs past buf (%llu bytes)", i, (unsigned long long)size);
+                goto done;
+            }
+            const uint8_t *e = buf + pos;
+            pos += len;
+            if (len < plen || memcmp(e, prefix, (size_t)plen) != 0) { status = 1; break; }
+            const char *k = (const char *)e + plen;
+            Py_ssize_t klen = (Py_ssize_t)(len - plen);
+            if (klen && memchr(k, 0, (size_t)klen)) { status = 2; break; }
+            if ((int64_t)slot < 0 || slot >= (uint64_t)PyList_GET_SIZE(out) || PyList_GET_ITEM(out, (Py_ssize_t)slot) != Py_None) {
+                status = 3;
+                break;
+            }
+            PyObject *str = PyUnicode_DecodeUTF8(k, klen, "strict");
+            if (!str) {
+                if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) goto done;
+                PyErr_Clear();
+                status = 4;
+                break;
+            }
+            PyList_SetItem(out, (Py_ssize_t)slot, str); /* steals str; releases the None */
+        }
+    }
+    result = Py_BuildValue("(in)", status, i);
+done:
+    if (vb.obj) PyBuffer_Release(&vb);
+    if (vl.obj) PyBuffer_Release(&vl);
+    if (vp.obj) PyBuffer_Release(&vp);
+    if (vs.obj) PyBuffer_Release(&vs);
+    return result;
+}
+
 /* ---- module ------------------------------------------------------------------------ */
 
 static PyMethodDef methods[] = {
@@ -1956,6 +2025,10 @@ static PyMethodDef methods[] = {
      "leaf_columns(buf, pgnos, page_size, allowed_flags, keys, key_lens, values, value_lens, flags)\n--\n\n"
      "The entries of the LMDB leaf pages ``pgnos`` (i64, tree order) of the data file ``buf`` into the outputs,\n"
      "every page and node checked, without the GIL: (key bytes, value bytes, big rows)."},
+    {"place_keys", (PyCFunction)(void (*)(void))py_place_keys, METH_FASTCALL | METH_KEYWORDS,
+     "place_keys(buf, lens, prefix, slots, out)\n--\n\n"
+     "Entries of ``buf`` (i64 ``lens``), each ``prefix`` + UTF-8 without NUL, decoded into ``out[slots[i]]``\n"
+     "(None before): (status, i), 0 when all are placed, else the first failing entry's reason and index."},
     {"_crc32c_table", py_crc32c_table, METH_VARARGS, "Slice-by-8 CRC32C (the portable fallback)."},
     {NULL, NULL, 0, NULL},
 };

@@ -549,3 +549,33 @@ def pread_ranges(fd, offsets, lengths, dst) -> int:
             o += got
     return pos
 
+
+
+def place_keys(buf, lens, prefix, slots, out: list):
+    """Entries of ``buf`` back to back (i64 ``lens``), each ``prefix`` followed by UTF-8 without
+    NUL, decoded into ``out[slots[i]]`` (None before): ``(status, i)`` as the native kernel."""
+    mv = _contig(buf, "buf")
+    pre = bytes(_contig(prefix, "prefix"))
+    ln, sl = _i64s(lens, "lens"), _i64s(slots, "slots")
+    if not isinstance(out, list):
+        raise TypeError("out must be a list")
+    if len(ln) != len(sl):
+        raise ValueError("lens and slots must have the same length")
+    pos, size, plen = 0, mv.nbytes, len(pre)
+    for i, (m, s) in enumerate(zip(ln, sl)):
+        if m < 0 or m > size - pos:
+            raise ValueError(f"entry {i} runs past buf ({size} bytes)")
+        e = mv[pos:pos + m].tobytes()
+        pos += m
+        if m < plen or e[:plen] != pre:
+            return 1, i
+        k = e[plen:]
+        if b"\0" in k:
+            return 2, i
+        if not 0 <= s < len(out) or out[s] is not None:
+            return 3, i
+        try:
+            out[s] = k.decode("utf-8")
+        except UnicodeDecodeError:
+            return 4, i
+    return 0, len(ln)

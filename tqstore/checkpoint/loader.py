@@ -152,8 +152,9 @@ class Builder:
         and CRC checks, else :meth:`Store.install_state` runs it after the build.
 
         Same unit count and storage included: the file's bytes are staged first and the copy
-        checked, every page and entry (``ControllerPort.stage_import(src_checked=False)``): the
-        checkpoint's file is never mapped, the copy is what LMDB opens.  Otherwise, or when
+        checked, every page and entry (``ControllerPort.stage_import(src_checked=False,
+        sync=False)``): the checkpoint's file is never mapped, the copy is what LMDB opens, and
+        its fsync (``ControllerPort.sync_staged``) runs beside that open.  Otherwise, or when
         the copy does not read checked, the checkpoint's file is checked (:meth:`_checked`:
         in process, else walked) before it is staged."""
         ctrl = self.man.by_role(M.ROLE_CONTROLLER)[0]
@@ -161,17 +162,23 @@ class Builder:
         target, src = str(new_dir / "controller"), str(self.src / "controller")
         num_units = self.num_units if self.man.num_units != self.num_units else None
         clear = self.mode == "metadata"
-        copy_checked = num_units is None and not clear and self.controller.stage_import(target, src,
-                                                                                         src_checked=False)
-        if not copy_checked:
-            self._checked(ctrl)
-        probs = check_controller_counts(self.src, self.man, read_from=Path(target) if copy_checked else None)
-        if probs:
-            raise probs[0].to_error()
-        if not copy_checked:
-            self.controller.stage_import(target, src, num_units=num_units, clear_produced=clear)
-        if self._early is not None:  # the checked decode, beside the units' work
-            self._early.open_controller()
+        copy_checked = num_units is None and not clear and self.controller.stage_import(
+            target, src, src_checked=False, sync=False)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
+            # the byte copy's fsync runs beside its counts' check and decode; joined (its error
+            # raised) before this returns, and before any error of theirs propagates
+            synced = pool.submit(self.controller.sync_staged, target) if copy_checked else None
+            if not copy_checked:
+                self._checked(ctrl)
+            probs = check_controller_counts(self.src, self.man, read_from=Path(target) if copy_checked else None)
+            if probs:
+                raise probs[0].to_error()
+            if not copy_checked:
+                self.controller.stage_import(target, src, num_units=num_units, clear_produced=clear)
+            if self._early is not None:  # the checked decode, beside the units' work
+                self._early.open_controller()
+            if synced is not None:
+                synced.result()
 
     def _index_part(self, i: int) -> FrameTable:
         """Unit ``i``'s index file: CRC (stopping at the first bad block), check (in process,
