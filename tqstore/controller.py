@@ -21,10 +21,13 @@ mirror.  ``plan_put`` → unit writes → ``commit_put`` must still be serialise
 (the store's write lock): a plan is valid only until the next commit.  The sampler lives
 here too (:class:`~tqstore.controller_sampling.SamplerHost`), so that a fetch chooses rows
 and marks them consumed in one transaction under one lock.
+
+The port's snapshot and checkpoint calls are :class:`~tqstore.controller_snapshots.SnapshotCalls`,
+its consumption and sampler-state calls :class:`~tqstore.controller_consumption.ConsumptionCalls`
+(mixins: one lock, one environment, one mirror).
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import heapq
 import logging
@@ -38,7 +41,6 @@ import numpy as np
 from ._format.columns import Column
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
-from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, read_columns, warm_file, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
@@ -50,6 +52,8 @@ from .controller_mirror import (
 from . import controller_persist, controller_put
 from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
+from .controller_snapshots import SnapshotCalls
+from .controller_consumption import ConsumptionCalls
 from .errors import CorruptionError, FormatVersionError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError  # noqa: F401
 from ._format.names import check_key, check_name  # noqa: F401 - check_name re-exported
 from .ports import PartitionInfo, RowBatch, RowInfo
@@ -73,7 +77,7 @@ def _locked(method):
     return locked
 
 
-class Controller:
+class Controller(SnapshotCalls, ConsumptionCalls):
     """Metadata of a store. See the module docstring for guarantees."""
 
     def __init__(self, path: Path, *, num_units: int, sync: bool = False, map_bytes: Optional[int] = None) -> None:
@@ -440,72 +444,6 @@ class Controller:
         p = self.parts.get(pid)
         return [] if p is None else self.clear_rows(pid, p.gidxs(), drop_partition=True)
 
-    # ------------------------------------------------------------------ consumption
-    _cons_key = staticmethod(R.cons_key)
-
-    def mark_consumed(self, pid: str, task: str, gidxs: Sequence[int], *, sampler_state=None,
-                      sampler_key: Optional[str] = None) -> None:
-        """Mark rows consumed by ``task`` (and save sampler state) in one transaction."""
-        check_name("task_name", task)
-        with self._lock, wrap_errors("mark consumed", self.path):
-            with self.env.begin(write=True) as txn:
-                if gidxs:
-                    prefix = R.cons_prefix(task, pid)  # as R.cons_key
-                    raw = np.asarray(gidxs, dtype=">u8").tobytes()  # the gidx keys in bulk (R.gidx_key)
-                    txn.cursor(self.db["cons"]).putmulti([(prefix + raw[i:i + 8], b"")
-                                                          for i in range(0, len(raw), 8)])
-                if sampler_state is not None:
-                    txn.put(R.sampler_key(sampler_key or pid), R.encode_sampler(sampler_state), db=self.db["sampler"])
-                lmdb_commit_point("controller_commit")
-            self.consumed[(pid, task)].update(gidxs)
-            p = self.parts.get(pid)
-            if p is not None and gidxs:
-                for v in p.ready.get(task, {}).values():
-                    for g in gidxs:
-                        v.rows.pop(g, None)
-
-    def reset_consumption(self, pid: str, task: Optional[str] = None) -> bool:
-        """Forget consumption of ``pid`` by ``task`` (all tasks when None) and the sampler's
-        cache of it, in one transaction.  False (nothing done) for an unknown partition."""
-        with self._lock, wrap_errors("reset consumption", self.path):
-            if pid not in self.parts:
-                return False
-            tasks = [t for (pp, t) in list(self.consumed) if pp == pid and (task is None or t == task)]
-            with self._sampling.change(pid, lambda s: s.clear_cache(pid, task)) as state, \
-                    self.env.begin(write=True) as txn:
-                if state is not None:
-                    txn.put(R.sampler_key(pid), R.encode_sampler(state), db=self.db["sampler"])
-                for t in tasks:
-                    for g in self.consumed[(pid, t)]:
-                        txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
-                lmdb_commit_point("controller_commit")
-            for t in tasks:
-                self.consumed.pop((pid, t), None)
-            p = self.parts.get(pid)
-            if p is not None:  # rebuilt on the next fetch
-                if task is None:
-                    p.ready.clear()
-                else:
-                    p.ready.pop(task, None)
-            return True
-
-    # ------------------------------------------------------------------ sampler state
-    def sampler_state(self, key: str) -> Optional[Any]:
-        with self.env.begin() as txn:
-            raw = txn.get(R.sampler_key(key), db=self.db["sampler"])
-        if raw is None:
-            return None
-        try:
-            return R.decode_sampler(raw)
-        except RecordError as e:
-            raise CorruptionError(f"controller index: malformed sampler entry {key[:40]!r}: {e}",
-                                  path=str(self.path / "data.mdb")) from e
-
-    def set_sampler_state(self, key: str, state: Any) -> None:
-        with self._lock, wrap_errors("save sampler state", self.path):
-            with self.env.begin(write=True) as txn:
-                txn.put(R.sampler_key(key), R.encode_sampler(state), db=self.db["sampler"])
-
     def drop_fields(self, missing: Dict[int, Set[str]]) -> None:
         """Forget produced fields whose payload no unit holds (after a power loss)."""
         with self._lock, wrap_errors("reconcile", self.path):
@@ -529,73 +467,6 @@ class Controller:
                 p.s_fs[s] = f
             for p in self.parts.values():  # rebuilt on the next fetch
                 p.ready.clear()
-
-    # ------------------------------------------------------------------ snapshots, checkpoints (see ControllerPort)
-    @_locked
-    def snapshot(self) -> int:
-        """Open the controller's side of an MVCC cut (a read transaction); returns its id."""
-        sid, self._next_snapshot = self._next_snapshot, self._next_snapshot + 1
-        self._snapshots[sid] = self.env.begin(buffers=False)
-        return sid
-
-    def release(self, snapshot: int) -> None:
-        """Close a snapshot (idempotent)."""
-        with self._lock:
-            txn = self._snapshots.pop(snapshot, None)
-        if txn is not None:
-            with contextlib.suppress(Exception):  # (an env already closed)
-                txn.abort()
-
-    def _txn_of(self, snapshot: int):
-        txn = self._snapshots.get(snapshot)
-        if txn is None:
-            raise InvalidInputError(f"controller: snapshot {snapshot!r} is unknown or released")
-        return txn
-
-    def export_snapshot(self, snapshot: int, dest_dir, *, index_block_bytes: int = 1 << 20):
-        from .controller_export import export_controller
-
-        with self._lock:
-            txn = self._txn_of(snapshot)
-        return export_controller(self.env, txn, self.db, Path(dest_dir), index_block_bytes=index_block_bytes)
-
-    @_locked
-    def snapshot_rows(self, snapshot: int, pid: str, keys: Sequence[str]) -> Optional[RowBatch]:
-        from .controller_dump import rows_at  # (see ControllerPort)
-
-        return rows_at(self._txn_of(snapshot), self.db, pid, list(keys), path=str(self.path / "data.mdb"))
-
-    def stage_import(self, target_dir, src_dir, *, num_units: Optional[int] = None,
-                     clear_produced: bool = False, src_checked: bool = True, sync: bool = True) -> bool:
-        from .controller_export import stage_controller
-
-        if not src_checked and clear_produced:
-            return False
-        if not stage_controller(Path(target_dir), Path(src_dir), num_units=num_units, src_checked=src_checked,
-                                sync=sync or src_checked):
-            return False
-        if clear_produced:  # a checkpoint saved without storage: its rows keep no produced field
-            c = Controller(Path(target_dir), num_units=num_units or 1)  # (an existing index keeps its count)
-            try:
-                with wrap_errors("clear produced fields", target_dir):
-                    c.drop_fields(c.claims_all())
-                    c.env.sync(True)
-                    files.fsync_tree(target_dir)
-            finally:
-                c.close()
-        return True
-
-    def sync_staged(self, target_dir) -> None:
-        with wrap_errors("sync the staged controller", target_dir):
-            files.fsync_tree(Path(target_dir))
-
-    def claims_all(self) -> Dict[int, frozenset]:
-        """Every row with its produced fields (rows without any left out)."""
-        out: Dict[int, frozenset] = {}
-        for p in self.parts.values():
-            sl = p.live_slots()
-            out.update((g, p.fsets[f]) for g, f in zip(p.s_gidx[sl].tolist(), p.s_fs[sl].tolist()) if p.fsets[f])
-        return out
 
     def close(self) -> None:
         with self._lock:
