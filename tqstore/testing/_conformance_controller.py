@@ -443,6 +443,33 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         with pytest.raises(TqstoreError):
             c.export_snapshot(snap, str(tmp_path / "again"))  # released
 
+    @pytest.mark.parametrize("sync", [True, False])
+    def test_an_exported_snapshot_staged_again_opens_as_the_cut(self, tmp_path, sync):
+        # a load stages the checkpoint's copy of the index beside the live one; with sync=False
+        # the copy may be opened before sync_staged makes it durable
+        c = self.controller(tmp_path)
+        for name in ("snapshot", "export_snapshot", "stage_import", "sync_staged"):
+            self._needs(c, name)
+        self.put(c, "p", keys=["a", "b"], tags=[{"t": 1}, None])
+        snap = c.snapshot()
+        try:
+            want = self.state(c)
+            self.put(c, "p", keys=["c"])  # after the cut
+            dest = tmp_path / "export"
+            dest.mkdir()
+            c.export_snapshot(snap, str(dest))
+        finally:
+            c.release(snap)
+        live = self.state(c)
+        target = tmp_path / "staged"
+        assert c.stage_import(str(target), str(dest), src_checked=False, sync=sync) is True
+        staged = self._track(self.make_controller(target, self.NUM_UNITS), self.make_controller,
+                             ((target, self.NUM_UNITS), {}))
+        if not sync:
+            c.sync_staged(str(target))
+        assert self.state(staged) == want
+        assert self.state(c) == live  # the live controller untouched
+
     def test_snapshot_rows_answers_the_rows_as_they_were_at_the_cut(self, tmp_path):
         c = self.controller(tmp_path)
         self._needs(c, "snapshot_rows")
