@@ -339,16 +339,8 @@ def test_a_load_failing_after_the_staged_controller_opened_closes_it_and_the_nex
 
     monkeypatch.setattr(state_switch.EarlyParts, "open_controller", open_controller)
     monkeypatch.setattr(live.units[1], "stage_import", failing_stage)
-    before, state_dir = state(live), live.state_dir
-    with pytest.raises(CheckpointError, match="injected"):
-        live.load_checkpoint(pristine[0])
+    _a_failed_load_changes_nothing(live, pristine, monkeypatch, "injected")
     assert opened.is_set()
-    assert state(live) == before and live.state_dir == state_dir
-    assert [p.name for p in live.root.glob("state-*")] == [state_dir.name]
-    assert not [p for p in _open_files_under(live.root) if state_dir.name not in p and not p.endswith("LOCK")]
-    monkeypatch.undo()
-    live.load_checkpoint(pristine[0])
-    assert state(live) == pristine[1]
 
 
 def test_a_load_whose_staged_controller_cannot_be_synced_fails_and_changes_nothing(pristine, live, monkeypatch):
@@ -375,10 +367,17 @@ def test_a_load_whose_staged_controller_cannot_be_synced_fails_and_changes_nothi
 
     monkeypatch.setattr(state_switch.EarlyParts, "open_controller", open_controller)
     monkeypatch.setattr(type(live.controller), "sync_staged", failing_sync)
-    before, state_dir = state(live), live.state_dir
-    with pytest.raises(CheckpointError, match="injected fsync"):
-        live.load_checkpoint(pristine[0])
+    _a_failed_load_changes_nothing(live, pristine, monkeypatch, "injected fsync")
     assert synced and opened.is_set()
+
+
+def _a_failed_load_changes_nothing(live, pristine, monkeypatch, match: str) -> None:
+    """Load ``pristine`` into ``live`` under the faults ``monkeypatch`` set: the load raises
+    CheckpointError matching ``match`` and changes nothing (state, state directory, no file of
+    the abandoned state left open); once the faults are undone the same load succeeds."""
+    before, state_dir = state(live), live.state_dir
+    with pytest.raises(CheckpointError, match=match):
+        live.load_checkpoint(pristine[0])
     assert state(live) == before and live.state_dir == state_dir
     assert [p.name for p in live.root.glob("state-*")] == [state_dir.name]
     assert not [p for p in _open_files_under(live.root) if state_dir.name not in p and not p.endswith("LOCK")]
