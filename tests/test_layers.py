@@ -78,7 +78,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("native", ("_native",)),
     ("format", ("_format",)),
     ("io", ("_io",)),
-    ("ports", ("ports", "ports_restore")),
+    ("ports", ("ports", "ports_restore", "port_calls")),
     ("policies", ("samplers", "seqlen_sampler")),
     ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "unit_restore",
                      "unit_locs", "unit_compact",

@@ -32,6 +32,14 @@ def open_controller(controller_dir: Path, *, num_units: int, durability: str,
     return Controller(controller_dir, num_units=num_units, sync=durability == "commit", map_bytes=map_bytes)
 
 
+def open_unit(unit_dir: Path, unit_id: int, *, durability: str = "checkpoint", segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+              compress=None, map_bytes: Optional[int] = None, stride: int = 1) -> UnitPort:
+    """Open (or create) unit ``unit_id`` in ``unit_dir`` (:class:`~tqstore.unit.Unit`: its
+    index recovered, its segments' torn tails cut).  Raises what the open raises."""
+    return Unit(unit_dir, unit_id, durability=durability, segment_bytes=segment_bytes, compress=compress,
+                map_bytes=map_bytes, stride=stride)
+
+
 def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, segment_bytes: int, compress,
                map_bytes: Optional[int], controller: Optional[ControllerPort] = None
                ) -> Tuple[ControllerPort, List[UnitPort]]:
@@ -46,14 +54,14 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
     if controller is None:
         controller = open_controller(controller_dir, num_units=len(unit_dirs), durability=durability,
                                      map_bytes=map_bytes)
-    units: List[Unit] = []
+    units: List[UnitPort] = []
     try:
         if controller.num_units != len(unit_dirs):
             raise ConfigError(f"controller of {Path(controller_dir).parent} says {controller.num_units} units, "
                               f"STORE.json says {len(unit_dirs)}")
         for i, d in enumerate(unit_dirs):
-            units.append(Unit(d, i, durability=durability, segment_bytes=segment_bytes, compress=compress,
-                              map_bytes=map_bytes, stride=len(unit_dirs)))
+            units.append(open_unit(d, i, durability=durability, segment_bytes=segment_bytes, compress=compress,
+                                   map_bytes=map_bytes, stride=len(unit_dirs)))
     except BaseException:
         for u in units:
             u.close()

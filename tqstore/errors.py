@@ -114,6 +114,22 @@ class RestorePendingError(TqstoreError, RuntimeError):
     """A selective restore into this partition is unresolved; run ``recover_data_load``."""
 
 
+class DistributedError(TqstoreError, RuntimeError):
+    """A part of a store on a Ray cluster (a unit or the controller, an actor) failed or could
+    not be reached; ``outcomes`` maps each part the operation involved to what happened to it."""
+
+    def __init__(self, message: str, *, outcomes=None) -> None:
+        super().__init__(message)
+        self.outcomes = dict(outcomes or {})
+
+    def __reduce__(self):  # (pickled with its outcomes: it crosses processes)
+        return (_distributed_error, (self.args[0] if self.args else "", self.outcomes))
+
+
+def _distributed_error(message: str, outcomes) -> "DistributedError":
+    return DistributedError(message, outcomes=outcomes)
+
+
 __all__ = [
     "TqstoreError",
     "ConfigError",
@@ -132,4 +148,5 @@ __all__ = [
     "CheckpointError",
     "CheckpointNotFoundError",
     "RestorePendingError",
+    "DistributedError",
 ]

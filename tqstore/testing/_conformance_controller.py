@@ -443,8 +443,13 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         with pytest.raises(TqstoreError):
             c.export_snapshot(snap, str(tmp_path / "again"))  # released
 
-    @pytest.mark.parametrize("sync", [True, False])
-    def test_an_exported_snapshot_staged_again_opens_as_the_cut(self, tmp_path, sync):
+    def test_an_exported_snapshot_staged_again_opens_as_the_cut(self, tmp_path):
+        self._staged_again(tmp_path, sync=True)
+
+    def test_a_staged_copy_opens_before_sync_staged_makes_it_durable(self, tmp_path):
+        self._staged_again(tmp_path, sync=False)
+
+    def _staged_again(self, tmp_path, *, sync: bool) -> None:
         # a load stages the checkpoint's copy of the index beside the live one; with sync=False
         # the copy may be opened before sync_staged makes it durable
         c = self.controller(tmp_path)
