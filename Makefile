@@ -6,7 +6,7 @@ PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.tqstore-installed
 BENCH_STAMP = $(VENV)/.tqstore-bench-installed
 
-.PHONY: install test test-pure demo crash-test bench bench-quick clean
+.PHONY: install test test-pure test-ray demo crash-test bench bench-quick clean
 
 # torch first, pinned to the CPU wheel on this machine (any other version pulls CUDA),
 # then the package with its dev extras (builds the C extension in place).
@@ -22,6 +22,11 @@ install: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 	TQSTORE_PURE=1 $(PY) -m pytest -q tests/test_frame.py tests/test_unit.py tests/test_store.py
+
+# every Ray test: the port conformance suites against actors (also in `make test`) and whole
+# stores over actors (slow: an actor per part)
+test-ray: $(STAMP)
+	$(PY) -m pytest -q -m ray tests/
 
 demo: $(STAMP)
 	$(PY) -m tqstore demo

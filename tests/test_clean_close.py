@@ -181,3 +181,28 @@ def test_a_kill_after_a_unit_write_before_the_controller_commit_of_a_clean_open_
     with tqstore.open(root, result_type="dict") as s:
         assert reconciles == [root] and sorted(s.kv_list("p")["p"]) == ["a", "b"]
     assert len(_held(root, 0)) + len(_held(root, 1)) == 2
+
+
+def test_a_close_whose_clean_marker_fails_still_closes_every_part_and_frees_the_store(tmp_path, monkeypatch):
+    # a full disk at close (or a part gone): the error is raised, but every part is closed and
+    # the lock released, so this process reopens the store, which reconciles and has every row
+    from tqstore.errors import StorageIOError
+
+    root = tmp_path / "s"
+    s = tqstore.open(root, num_units=2, result_type="dict")
+    _put(s, ["a", "b", "c"])
+    closed = []
+    for part in [*s.units, s.controller]:
+        real = part.close
+        monkeypatch.setattr(part, "close", lambda real=real, part=part: (closed.append(part), real())[1])
+
+    def failing_mark(store):
+        raise StorageIOError("injected: no space left for the clean-close marker")
+
+    monkeypatch.setattr(store_open, "mark_clean", failing_mark)
+    with pytest.raises(StorageIOError, match="injected"):
+        s.close()
+    assert len(closed) == 3
+    monkeypatch.undo()
+    with tqstore.open(root, result_type="dict") as s2:  # the same process: the lock was released
+        assert sorted(s2.kv_list("p")["p"]) == ["a", "b", "c"]

@@ -12,7 +12,7 @@ Nothing here decides policy.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._format.lmdb_pages import LmdbPageError
 from ._io.lmdbenv import check_env_pages
@@ -41,9 +41,13 @@ def open_unit(unit_dir: Path, unit_id: int, *, durability: str = "checkpoint", s
 
 
 def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, segment_bytes: int, compress,
-               map_bytes: Optional[int], controller: Optional[ControllerPort] = None
+               map_bytes: Optional[int], controller: Optional[ControllerPort] = None,
+               unit_opener: Callable[..., UnitPort] = open_unit,
+               controller_opener: Callable[..., ControllerPort] = open_controller
                ) -> Tuple[ControllerPort, List[UnitPort]]:
-    """Open (or create) the controller in ``controller_dir`` and unit ``i`` in ``unit_dirs[i]``.
+    """Open (or create) the controller in ``controller_dir`` and unit ``i`` in ``unit_dirs[i]``
+    (by ``controller_opener`` and ``unit_opener``, which take the arguments of
+    :func:`open_controller` and :func:`open_unit`: another backend's openers).
 
     ``controller``: one already opened on ``controller_dir`` (:func:`open_controller`), used
     as it is; on a failure it stays open (its opener closes it).  Raises ConfigError when the
@@ -52,16 +56,16 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
 
     given = controller is not None
     if controller is None:
-        controller = open_controller(controller_dir, num_units=len(unit_dirs), durability=durability,
-                                     map_bytes=map_bytes)
+        controller = controller_opener(controller_dir, num_units=len(unit_dirs), durability=durability,
+                                       map_bytes=map_bytes)
     units: List[UnitPort] = []
     try:
         if controller.num_units != len(unit_dirs):
             raise ConfigError(f"controller of {Path(controller_dir).parent} says {controller.num_units} units, "
                               f"STORE.json says {len(unit_dirs)}")
         for i, d in enumerate(unit_dirs):
-            units.append(open_unit(d, i, durability=durability, segment_bytes=segment_bytes, compress=compress,
-                                   map_bytes=map_bytes, stride=len(unit_dirs)))
+            units.append(unit_opener(d, i, durability=durability, segment_bytes=segment_bytes, compress=compress,
+                                     map_bytes=map_bytes, stride=len(unit_dirs)))
     except BaseException:
         for u in units:
             u.close()
@@ -69,6 +73,26 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
             controller.close()
         raise
     return controller, list(units)
+
+
+class EmbeddedParts:
+    """How a :class:`~tqstore.store.Store` opens its parts by default: as objects in this
+    process (:func:`open_controller`, :func:`open_parts`).  Another backend gives the store an
+    object with the same two methods (``tqstore.ray.RayParts``: the parts as Ray actors)."""
+
+    name = "embedded"
+
+    @staticmethod
+    def open_controller(controller_dir: Path, *, num_units: int, durability: str,
+                        map_bytes: Optional[int]) -> ControllerPort:
+        return open_controller(controller_dir, num_units=num_units, durability=durability, map_bytes=map_bytes)
+
+    @staticmethod
+    def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, segment_bytes: int, compress,
+                   map_bytes: Optional[int], controller: Optional[ControllerPort] = None
+                   ) -> Tuple[ControllerPort, List[UnitPort]]:
+        return open_parts(controller_dir, unit_dirs, durability=durability, segment_bytes=segment_bytes,
+                          compress=compress, map_bytes=map_bytes, controller=controller)
 
 
 def index_unchecked(env_dir: Path, schema: str) -> Optional[str]:

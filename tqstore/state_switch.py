@@ -93,7 +93,10 @@ def install_state(store: "Store", build: Callable[..., Any], *, reconcile: bool 
                 early.close()
             files.rmtree(new_dir, ignore_errors=True)
             raise
-        store._close_parts()
+        try:
+            store._close_parts()
+        except Exception as e:  # noqa: BLE001 - CURRENT names the new state: the switch stands
+            log.warning("closing the parts of the replaced state %s failed (%s); the new state is in place", old[2], e)
         store.controller, store.units, store.state_dir = new[0], new[1], new_dir
         store._data.rebind(store.controller)
         retire_state(store, old[2])

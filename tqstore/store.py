@@ -38,7 +38,7 @@ from .edge import batch_len as _batch_len, default_edge, normalise_fields as _no
 from .capacity import RowCapacity
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
-from .embedded import DEFAULT_SEGMENT_BYTES, open_controller, open_parts
+from .embedded import DEFAULT_SEGMENT_BYTES, EmbeddedParts
 from .ports import ControllerPort, SnapshotId, UnitPort
 from .read_guard import RemovalGuard
 from .state_switch import join_retired
@@ -112,6 +112,10 @@ class Store(CheckpointMixin, DumpMixin):
             raises CapacityError before anything is written (:mod:`tqstore.capacity`).
         edge: the framework adapter (:class:`~tqstore.edge.Edge`); default
             ``tqstore.edge.default_edge(result_type)``, the torch adapter once ``tqstore`` is imported.
+        parts: how the controller and the units are opened: None (default), objects in this
+            process (:class:`tqstore.embedded.EmbeddedParts`); ``tqstore.ray.RayParts()``, Ray
+            actors (every call of theirs an actor task; the store's own files, its lock and
+            its write lock stay with this process, so one process drives the store).
 
     Raises:
         ConfigError: a setting is invalid or contradicts the existing store, or ``path``
@@ -124,7 +128,8 @@ class Store(CheckpointMixin, DumpMixin):
                  durability: str = "checkpoint", segment_bytes: int = DEFAULT_SEGMENT_BYTES, compress=None,
                  verify_reads: bool = True, max_workers: Optional[int] = None,
                  index_map_bytes: Optional[int] = None, result_type: Optional[str] = None,
-                 strict_schema: bool = False, total_storage_size: Optional[int] = None, edge: Any = None) -> None:
+                 strict_schema: bool = False, total_storage_size: Optional[int] = None, edge: Any = None,
+                 parts: Any = None) -> None:
         if durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
         if num_units is not None and (not isinstance(num_units, int) or num_units < 1):
@@ -135,6 +140,7 @@ class Store(CheckpointMixin, DumpMixin):
             raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
         capacity = None if total_storage_size is None else RowCapacity(total_storage_size)  # ConfigError
         self.edge = default_edge(result_type) if edge is None else edge
+        self._parts = EmbeddedParts() if parts is None else parts
         self._closed = True
         self._temporary = path is None
         try:
@@ -248,15 +254,15 @@ class Store(CheckpointMixin, DumpMixin):
 
     def _open_parts(self, state: Path, controller: Optional[ControllerPort] = None) -> None:
         """Open the parts of ``state`` (``controller``: already opened by :meth:`_open_controller`)."""
-        self.controller, self.units = open_parts(
+        self.controller, self.units = self._parts.open_parts(
             L.controller_dir(state), [L.unit_dir(state, i) for i in range(self.num_units)], durability=self.durability,
             segment_bytes=self._opts["segment_bytes"], compress=self._opts["compress"], map_bytes=self._opts["map_bytes"],
             controller=controller)
 
     def _open_controller(self, state: Path) -> ControllerPort:
         """The controller of ``state`` opened alone (a load's, while its units are staged)."""
-        return open_controller(L.controller_dir(state), num_units=self.num_units, durability=self.durability,
-                               map_bytes=self._opts["map_bytes"])
+        return self._parts.open_controller(L.controller_dir(state), num_units=self.num_units,
+                                           durability=self.durability, map_bytes=self._opts["map_bytes"])
 
     def _reconcile(self) -> bool:
         """Settle what a crash left and reconcile the units with the controller, unless the
@@ -272,26 +278,41 @@ class Store(CheckpointMixin, DumpMixin):
             raise StoreClosedError(f"store {self.root} is closed")
 
     def close(self) -> None:
-        """Close the store (idempotent). A temporary store is deleted."""
+        """Close the store (idempotent). A temporary store is deleted.  Every part is closed
+        and the store's lock released even when a step fails (the clean-close marker, a part
+        that is gone); that step's error is raised after, and the next open reconciles."""
         if getattr(self, "_closed", True):
             return
         self._checkpoint_wait()  # a background checkpoint save holds a snapshot of the parts
         with self._write_lock, self._meta_lock:
             self._closed = True
             self._pool.shutdown(wait=True)
-            if not self._temporary and getattr(self, "_reconciled", False):
-                store_open.mark_clean(self)  # the next open may skip its reconciliation
-            self._close_parts()
-            join_retired(self)  # (another process's open would remove the same directories)
-            self._release_lock()
+            try:
+                if not self._temporary and getattr(self, "_reconciled", False):
+                    store_open.mark_clean(self)  # the next open may skip its reconciliation
+            finally:  # a failed marker (a full disk, a part gone) still closes the parts and frees the store
+                try:
+                    self._close_parts()
+                finally:
+                    try:
+                        join_retired(self)  # (another process's open would remove the same directories)
+                    finally:
+                        self._release_lock()
         if self._temporary:
             files.rmtree(self.root, ignore_errors=True)
         log.info("closed store %s", self.root)
 
     def _close_parts(self) -> None:
-        for u in self.units:
-            u.close()
-        self.controller.close()
+        """Close every unit and the controller, all of them even when one fails (the first
+        error is raised after)."""
+        first: Optional[BaseException] = None
+        for part in [*self.units, self.controller]:
+            try:
+                part.close()
+            except Exception as e:  # noqa: BLE001 - raised below, once every part was closed
+                first = first or e
+        if first is not None:
+            raise first
 
     def __enter__(self) -> "Store":
         return self

@@ -151,9 +151,9 @@ def start_host(**options: Any) -> Any:
 class ActorPort(RemotePort):
     """A port opened in a :class:`PortHost` actor (see the module docstring)."""
 
-    def __init__(self, host: Any, oid: int, port: type, part: str) -> None:
+    def __init__(self, host: Any, oid: int, port: type, part: str, *, owns_host: bool = False) -> None:
         super().__init__(port)
-        self._host, self._oid, self._part = host, oid, part
+        self._host, self._oid, self._part, self._owns_host = host, oid, part, owns_host
         self._closed = False
         self._known: Dict[str, bool] = {}  # method name -> the implementation has it
 
@@ -192,26 +192,31 @@ class ActorPort(RemotePort):
     def _close(self) -> None:
         if self._closed:
             return
-        self._get(self._host.close.remote(self._oid))
-        self._closed = True
+        try:
+            self._get(self._host.close.remote(self._oid))
+        finally:
+            self._closed = True
+            if self._owns_host:  # (its only port: the actor ends with it)
+                _ray().kill(self._host)
 
 
 class ActorUnit(ActorPort):
     """Unit ``unit_id`` in ``path`` on the node of ``host``, as a
-    :class:`~tqstore.ports.UnitPort` (``kwargs``: the options of :func:`tqstore.embedded.open_unit`)."""
+    :class:`~tqstore.ports.UnitPort` (``kwargs``: the options of :func:`tqstore.embedded.open_unit`).
+    ``owns_host``: the host serves this port only, and closing the port ends the actor."""
 
-    def __init__(self, host: Any, path: str, unit_id: int, **kwargs: Any) -> None:
-        part = f"unit {unit_id}"
-        super().__init__(host, 0, UnitPort, part)
+    def __init__(self, host: Any, path: str, unit_id: int, *, owns_host: bool = False, **kwargs: Any) -> None:
+        super().__init__(host, 0, UnitPort, f"unit {unit_id}", owns_host=owns_host)
         self._oid = self._get(host.open_unit.remote(str(path), unit_id, kwargs))
 
 
 class ActorController(ActorPort):
     """The controller in ``path`` on the node of ``host``, as a
-    :class:`~tqstore.ports.ControllerPort` (``kwargs``: ``durability``, ``map_bytes``)."""
+    :class:`~tqstore.ports.ControllerPort` (``kwargs``: ``durability``, ``map_bytes``;
+    ``owns_host`` as :class:`ActorUnit`'s)."""
 
-    def __init__(self, host: Any, path: str, num_units: int, **kwargs: Any) -> None:
-        super().__init__(host, 0, ControllerPort, "controller")
+    def __init__(self, host: Any, path: str, num_units: int, *, owns_host: bool = False, **kwargs: Any) -> None:
+        super().__init__(host, 0, ControllerPort, "controller", owns_host=owns_host)
         self._oid = self._get(host.open_controller.remote(str(path), num_units, kwargs))
 
 

@@ -1,0 +1,133 @@
+"""A whole store over Ray actors (``Store(path, parts=RayParts())``): the data plane,
+checkpoints and dumps run unchanged through the ports, each unit and the controller in an
+actor of its own, and what they write is the embedded backend's format: checkpoints and
+dumps move between the backends both ways.  Skipped when ray is not installed."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import tqstore  # noqa: E402
+from tqstore.checkpoint import verify_checkpoint  # noqa: E402
+from tqstore.errors import DistributedError  # noqa: E402
+from tqstore.ray import ActorController, ActorUnit, RayParts  # noqa: E402
+
+from checkpoint_helpers import canon, fill  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]  # (an actor per part, each importing tqstore: minutes; make test-ray)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+def _ray_store(path, **kw):
+    return tqstore.open(path, parts=RayParts(), result_type="dict", **kw)
+
+
+def _picture(s, pids=("train", "eval")):
+    """What a user sees of ``pids``, through the public calls and the controller port only."""
+    out = {"kv_list": s.kv_list(), "partitions": sorted(s.controller.partitions())}
+    for pid in pids:
+        keys = list(s.kv_list(pid).get(pid, {}))
+        if not keys:
+            continue
+        got = s.kv_batch_get(keys, pid)
+        rb = s.controller.first_rows(pid)
+        out[pid] = ({f: canon(v) for f, v in sorted(got.items())}, rb.gidxs, rb.keys, rb.tags,
+                    [sorted(f) for f in rb.fields], sorted(s.controller.partition_info(pid).schema.items()))
+    return out
+
+
+def _fill_both(s):
+    fill(s, "train", 30)
+    fill(s, "eval", 7, prefix="e", seed=3)
+    s.kv_clear(["k4", "k5"], "train")
+    meta = s.get_meta(["input_ids", "text"], batch_size=6, partition_id="train", task_name="actor")
+    s.get_data(meta)  # six rows consumed by "actor"
+
+
+def test_a_store_over_ray_actors_is_the_embedded_store_and_each_part_runs_in_its_actor(tmp_path):
+    with tqstore.open(tmp_path / "local", num_units=3, result_type="dict") as local:
+        _fill_both(local)
+        want = _picture(local)
+    with _ray_store(tmp_path / "r", num_units=3) as s:
+        assert all(isinstance(u, ActorUnit) for u in s.units) and isinstance(s.controller, ActorController)
+        where = [ray.get(p._host.where.remote()) for p in [*s.units, s.controller]]
+        assert len({pid for _node, pid in where}) == 4 and os.getpid() not in {pid for _n, pid in where}
+        _fill_both(s)
+        assert _picture(s) == want
+        hosts = [p._host for p in [*s.units, s.controller]]
+    for h in hosts:  # closing the store ended its actors
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(h.where.remote(), timeout=60)
+    with _ray_store(tmp_path / "r") as s:  # reopened: the same
+        assert _picture(s) == want
+
+
+@pytest.mark.parametrize("load_units", [3, 2])
+def test_checkpoints_are_one_format_on_both_backends(tmp_path, load_units):
+    with _ray_store(tmp_path / "r", num_units=3) as s:
+        _fill_both(s)
+        want = _picture(s)
+        s.save_checkpoint(tmp_path / "from-ray")  # each unit actor writes its own files
+    assert verify_checkpoint(tmp_path / "from-ray").ok
+    with tqstore.open(tmp_path / "local", num_units=load_units, result_type="dict") as local:
+        info = local.load_checkpoint(tmp_path / "from-ray")
+        assert info.mode == ("same" if load_units == 3 else "reshard")
+        assert _picture(local) == want
+        fill(local, "train", 3, start=100, seed=9)  # the embedded side changes it, saves it
+        want2 = _picture(local)
+        local.save_checkpoint(tmp_path / "from-local")
+    with _ray_store(tmp_path / "r2", num_units=2) as s:
+        fill(s, "other", 4)  # replaced by the load
+        s.load_checkpoint(tmp_path / "from-local")
+        assert _picture(s) == want2 and "other" not in s.controller.partitions()
+    with _ray_store(tmp_path / "r2") as s:
+        assert _picture(s) == want2
+
+
+def test_dump_and_load_by_key_between_the_backends(tmp_path):
+    with _ray_store(tmp_path / "r", num_units=3) as s:
+        keys = fill(s, "train", 20)
+        chosen = keys[3:11]
+        report = s.dump_data_by_key(tmp_path / "dump", chosen, "train")
+        assert report["keys"] == len(chosen)
+        want = s.kv_batch_get(chosen, "train")
+    with tqstore.open(tmp_path / "local", num_units=2, result_type="dict") as local:
+        fill(local, "train", 2, start=500, seed=4)  # a bystander
+        local.load_data_by_key(tmp_path / "dump")
+        assert sorted(local.kv_list("train")["train"]) == sorted(chosen + ["k500", "k501"])
+        got = local.kv_batch_get(chosen, "train")
+        assert {f: canon(v) for f, v in got.items()} == {f: canon(v) for f, v in want.items()}
+        local.dump_data_by_key(tmp_path / "dump2", ["k500"], "train")
+    with _ray_store(tmp_path / "r") as s:  # and back into the store over actors
+        s.load_data_by_key(tmp_path / "dump2")
+        assert "k500" in s.kv_list("train")["train"] and len(s.kv_list("train")["train"]) == 21
+
+
+def test_a_unit_actor_that_dies_raises_distributed_error_and_nothing_acknowledged_is_lost(tmp_path):
+    s = _ray_store(tmp_path / "r", num_units=2)
+    try:
+        keys = fill(s, "train", 10)
+        want = {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()}
+        _node, pid = ray.get(s.units[1]._host.where.remote())
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(DistributedError) as e:
+            s.kv_batch_get(keys, "train")
+        assert "unit 1" in str(e.value) and set(e.value.outcomes) == {"unit 1"}
+    finally:
+        with pytest.raises(DistributedError):
+            s.close()  # every other part closed, the store's lock released
+    with _ray_store(tmp_path / "r") as s:  # reopened: every acknowledged row is there
+        assert {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()} == want
+        s.kv_batch_put(["new"], "train", {"input_ids": torch.zeros((1, 16), dtype=torch.int64)})
+        assert "new" in s.kv_list("train")["train"]
