@@ -1,0 +1,54 @@
+"""A store over actors on a Ray cluster of three nodes (``ray.cluster_utils.Cluster``: each
+node its own raylet and resources on this machine): RayParts spreads the parts over the
+nodes, each part's actor runs where it was placed, and the store works across them (puts,
+gets, a checkpoint written by the units on their nodes, a load onto another unit count).
+Skipped when ray is not installed."""
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import tqstore  # noqa: E402
+from tqstore.checkpoint import verify_checkpoint  # noqa: E402
+from tqstore.ray import RayParts  # noqa: E402
+
+from checkpoint_helpers import canon, fill  # noqa: E402
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    for _ in range(2):
+        c.add_node(num_cpus=2)
+    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
+    c.wait_for_nodes()
+    yield c
+    ray.shutdown()
+    c.shutdown()
+
+
+def _nodes():
+    return [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+
+
+def test_parts_spread_over_the_nodes_and_the_store_works_across_them(tmp_path, cluster):
+    nodes = _nodes()
+    assert len(nodes) == 3
+    with tqstore.open(tmp_path / "s", num_units=4, parts=RayParts(), result_type="dict") as s:
+        placed = [ray.get(p._host.where.remote())[0] for p in [s.controller, *s.units]]
+        assert placed == [nodes[i % 3] for i in range(5)]  # round robin, in Ray's order of the nodes
+        keys = fill(s, "train", 24)
+        want = {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()}
+        s.save_checkpoint(tmp_path / "ck")
+    assert verify_checkpoint(tmp_path / "ck").ok
+    only = nodes[1:]
+    with tqstore.open(tmp_path / "t", num_units=3, parts=RayParts(nodes=only), result_type="dict") as t:
+        assert {ray.get(p._host.where.remote())[0] for p in [t.controller, *t.units]} <= set(only)
+        assert t.load_checkpoint(tmp_path / "ck").mode == "reshard"
+        assert {ray.get(p._host.where.remote())[0] for p in [t.controller, *t.units]} <= set(only)  # the new parts too
+        assert {f: canon(v) for f, v in t.kv_batch_get(keys, "train").items()} == want
