@@ -5,7 +5,6 @@ dumps move between the backends both ways.  Skipped when ray is not installed.""
 from __future__ import annotations
 
 import os
-import signal
 
 import pytest
 import torch
@@ -13,7 +12,7 @@ import torch
 ray = pytest.importorskip("ray")
 
 import tqstore  # noqa: E402
-from tqstore.checkpoint import verify_checkpoint  # noqa: E402
+from tqstore.checkpoint import read_manifest, verify_checkpoint  # noqa: E402
 from tqstore.errors import DistributedError  # noqa: E402
 from tqstore.ray import ActorController, ActorUnit, RayParts  # noqa: E402
 
@@ -45,6 +44,10 @@ def _picture(s, pids=("train", "eval")):
         out[pid] = ({f: canon(v) for f, v in sorted(got.items())}, rb.gidxs, rb.keys, rb.tags,
                     [sorted(f) for f in rb.fields], sorted(s.controller.partition_info(pid).schema.items()))
     return out
+
+
+def _entries(ck):
+    return sorted((e.path, e.size, e.crc32c) for e in read_manifest(ck).files)
 
 
 def _fill_both(s):
@@ -115,12 +118,23 @@ def test_dump_and_load_by_key_between_the_backends(tmp_path):
 
 
 def test_a_unit_actor_that_dies_raises_distributed_error_and_nothing_acknowledged_is_lost(tmp_path):
+    # unit 1's actor dies in the middle of a save (its process exits at the export's first
+    # mkdir): the save raises DistributedError with each part's outcome and publishes nothing;
+    # later calls raise it too; the close closes the rest; a reopen has every acknowledged row
     s = _ray_store(tmp_path / "r", num_units=2)
     try:
         keys = fill(s, "train", 10)
         want = {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()}
-        _node, pid = ray.get(s.units[1]._host.where.remote())
-        os.kill(pid, signal.SIGKILL)
+        s.save_checkpoint(tmp_path / "ck")
+        ck_before = _entries(tmp_path / "ck")
+        fill(s, "train", 4, start=10, seed=2)
+        want_keys = keys + [f"k{i}" for i in range(10, 14)]
+        ray.get(s.units[1]._host.failpoint.remote("mkdir", "kill"))
+        with pytest.raises(DistributedError) as e:
+            s.save_checkpoint(tmp_path / "ck")
+        assert e.value.outcomes["unit 0"] == e.value.outcomes["controller"] == "exported"
+        assert e.value.outcomes["unit 1"].startswith("failed: DistributedError")
+        assert verify_checkpoint(tmp_path / "ck").ok and _entries(tmp_path / "ck") == ck_before
         with pytest.raises(DistributedError) as e:
             s.kv_batch_get(keys, "train")
         assert "unit 1" in str(e.value) and set(e.value.outcomes) == {"unit 1"}
@@ -128,6 +142,7 @@ def test_a_unit_actor_that_dies_raises_distributed_error_and_nothing_acknowledge
         with pytest.raises(DistributedError):
             s.close()  # every other part closed, the store's lock released
     with _ray_store(tmp_path / "r") as s:  # reopened: every acknowledged row is there
+        assert sorted(s.kv_list("train")["train"]) == sorted(want_keys)
         assert {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()} == want
         s.kv_batch_put(["new"], "train", {"input_ids": torch.zeros((1, 16), dtype=torch.int64)})
         assert "new" in s.kv_list("train")["train"]

@@ -72,10 +72,26 @@ class StoreSnapshot:
     controller: Optional[ControllerPort] = field(repr=False, default=None)
 
     def release(self) -> None:
-        if self.controller is not None:
-            self.controller.release(self.controller_snap)
-        for u, sid in zip(self.ports, self.unit_snaps):
-            u.release(sid)
+        """Release every part's snapshot, all of them even when one fails (a part gone: its
+        snapshot ended with it); the first error is raised after."""
+        first: Optional[BaseException] = None
+        parts = ([(self.controller, self.controller_snap)] if self.controller is not None else []) + \
+            list(zip(self.ports, self.unit_snaps))
+        for part, sid in parts:
+            try:
+                part.release(sid)
+            except Exception as e:  # noqa: BLE001 - raised below, once every part was released
+                first = first or e
+        if first is not None:
+            raise first
+
+    def release_after(self, what: str) -> None:
+        """:meth:`release` at the end of ``what`` (a save, a dump), whose own outcome stands: a
+        part that cannot release (it is gone, its snapshot with it) is logged, not raised."""
+        try:
+            self.release()
+        except TqstoreError as e:
+            log.warning("releasing the cut of %s failed: %s", what, e)
 
     def __enter__(self) -> "StoreSnapshot":
         return self

@@ -27,7 +27,9 @@ parent directory, a generation root's ``.tqstore-checkpoints.lock``) is held exc
 while stale temporary directories are removed and the new one is made, and while the new
 checkpoint is published; readers hold it shared, so a load sees the old checkpoint or the
 new one.  The temporary directory is marked in use (:func:`tqstore._io.locks.hold_dir`)
-while it is written, so a cleaner never removes a concurrent save's work.
+while it is written, so a cleaner never removes a concurrent save's work.  When a part is
+gone (a unit's or the controller's actor, on the Ray backend) the save raises
+:class:`~tqstore.errors.DistributedError` whose ``outcomes`` say what each part did.
 """
 from __future__ import annotations
 
@@ -43,7 +45,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .._io import files, locks
-from ..errors import CheckpointError, TqstoreError
+from ..errors import CheckpointError, DistributedError, TqstoreError
 from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
 from . import manifest as M
 from . import target as T
@@ -251,7 +253,7 @@ class SaveJob:
             raise CheckpointError(f"saving checkpoint {self.final} failed: {e}; any previous checkpoint there is "
                                   f"intact") from e
         finally:
-            self.cut.snap.release()
+            self.cut.snap.release_after(f"the save of {self.final}")
         if self.on_published is not None:
             try:
                 self.on_published(info)
@@ -305,10 +307,13 @@ class SaveJob:
         try:
             ctrl: ControllerExport = snap.controller.export_snapshot(snap.controller_snap, str(tmp / "controller"),
                                                                      index_block_bytes=M.INDEX_BLOCK_BYTES)
-        except BaseException:
+        except BaseException as e:
             wait(futures)  # none still writes into the directory the caller removes next
-            raise
-        results: List[UnitExport] = gather(futures)
+            raise parts_failed(self.final, e, futures) or e
+        try:
+            results: List[UnitExport] = gather(futures)
+        except BaseException as e:
+            raise parts_failed(self.final, None, futures) or e
         if int(ctrl.summary["put_token"]) != cut.put_token:
             raise CheckpointError(f"the controller's snapshot holds put token {ctrl.summary['put_token']}, the cut "
                                   f"read {cut.put_token}; nothing was published (report this as a bug)")
@@ -398,6 +403,21 @@ def background_pool() -> ThreadPoolExecutor:
             _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tqstore-checkpoint-save")
             _POOL.submit(lambda: None)  # its first thread starts now, not in a save's stall
         return _POOL
+
+
+def parts_failed(final: Path, ctrl_error: Optional[BaseException], futures: Sequence[Future]
+                 ) -> Optional[DistributedError]:
+    """When a part of the save is gone (a :class:`DistributedError` from the controller's
+    export, ``ctrl_error``, or from a unit's, ``futures`` all ended): one DistributedError whose
+    ``outcomes`` say what happened to every part (``"exported"``, or the error); else None."""
+    errors = [ctrl_error] + [f.exception() for f in futures]
+    if not any(isinstance(e, DistributedError) for e in errors):
+        return None
+    names = ["controller"] + [f"unit {i}" for i in range(len(futures))]
+    outcomes = {n: "exported" if e is None else f"failed: {type(e).__name__}: {e}" for n, e in zip(names, errors)}
+    bad = [n for n, e in zip(names, errors) if e is not None]
+    return DistributedError(f"saving checkpoint {final}: {', '.join(bad)} failed; nothing was published and any "
+                            f"previous checkpoint there is intact", outcomes=outcomes)
 
 
 def gather(futures: Sequence[Future]) -> List[Any]:

@@ -249,7 +249,7 @@ class DumpJob:
         except OSError as e:
             raise CheckpointError(f"dumping to {self.final} failed: {e}; any previous dump there is intact") from e
         finally:
-            self.cut.snap.release()
+            self.cut.snap.release_after(f"the dump to {self.final}")
         out.update(stall_s=self.cut.stall_s, write_s=time.perf_counter() - t0)
         log.info("dumped %d keys (%d with data, %d shards, %.1f MiB) of partition %r to %s in %.3f s", out["keys"],
                  out["rows_with_data"], out["shards"], out["bytes"] / 2**20, self.cut.partition_id, self.final,
