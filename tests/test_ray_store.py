@@ -146,3 +146,21 @@ def test_a_unit_actor_that_dies_raises_distributed_error_and_nothing_acknowledge
         assert {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()} == want
         s.kv_batch_put(["new"], "train", {"input_ids": torch.zeros((1, 16), dtype=torch.int64)})
         assert "new" in s.kv_list("train")["train"]
+
+
+def test_a_background_save_over_actors_holds_exactly_the_cut_while_writers_go_on(tmp_path):
+    # save_checkpoint(blocking=False) returns after the cut; puts, overwrites and clears made
+    # while the unit actors write their files never reach the checkpoint
+    with _ray_store(tmp_path / "r", num_units=2) as s:
+        keys = fill(s, "train", 16)
+        want = _picture(s, ("train",))
+        h = s.save_checkpoint(tmp_path / "ck", blocking=False)
+        fill(s, "train", 4, start=100, seed=7)  # new rows
+        fill(s, "train", 3, start=0, seed=8)  # k0..k2 overwritten
+        s.kv_clear(keys[5:8], "train")
+        h.result(timeout=300)
+        after = _picture(s, ("train",))
+    assert verify_checkpoint(tmp_path / "ck").ok
+    with tqstore.open(tmp_path / "local", num_units=3, result_type="dict") as local:
+        local.load_checkpoint(tmp_path / "ck")
+        assert _picture(local, ("train",)) == want != after
