@@ -78,7 +78,8 @@ def open_parts(controller_dir: Path, unit_dirs: List[Path], *, durability: str, 
 class EmbeddedParts:
     """How a :class:`~tqstore.store.Store` opens its parts by default: as objects in this
     process (:func:`open_controller`, :func:`open_parts`).  Another backend gives the store an
-    object with the same two methods (``tqstore.ray.RayParts``: the parts as Ray actors)."""
+    object with the same methods (``tqstore.ray.RayParts``: the parts as Ray actors); the
+    store calls ``close()`` after it closed its parts."""
 
     name = "embedded"
 
@@ -93,6 +94,10 @@ class EmbeddedParts:
                    ) -> Tuple[ControllerPort, List[UnitPort]]:
         return open_parts(controller_dir, unit_dirs, durability=durability, segment_bytes=segment_bytes,
                           compress=compress, map_bytes=map_bytes, controller=controller)
+
+    @staticmethod
+    def close() -> None:
+        """Nothing outlives the parts in this process."""
 
 
 def index_unchecked(env_dir: Path, schema: str) -> Optional[str]:

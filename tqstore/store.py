@@ -184,7 +184,10 @@ class Store(CheckpointMixin, DumpMixin):
             except OSError as e:
                 raise StorageIOError(f"cannot open store {self.root}: {e}") from e
         except BaseException:
-            self._release_lock()
+            try:
+                self._parts.close()
+            finally:
+                self._release_lock()
             raise
         self._capacity = capacity and capacity.for_units(self.num_units)
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
@@ -313,7 +316,10 @@ class Store(CheckpointMixin, DumpMixin):
                     try:
                         join_retired(self)  # (another process's open would remove the same directories)
                     finally:
-                        self._release_lock()
+                        try:
+                            self._parts.close()  # (a backend's actors end here)
+                        finally:
+                            self._release_lock()
         if self._temporary:
             files.rmtree(self.root, ignore_errors=True)
         log.info("closed store %s", self.root)

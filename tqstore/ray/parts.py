@@ -2,9 +2,12 @@
 of a :class:`~tqstore.store.Store` (``Store(path, parts=RayParts())``).
 
 Each part gets a :class:`~tqstore.ray.port_actor.PortHost` of its own, placed on a node of
-the cluster (round robin over ``nodes``, default every alive node, in the order Ray lists
-them; hard node affinity), and opens its directory there: a unit's files are on the disk
-of the node its actor runs on.  Closing a part's port ends its actor.  The store itself
+the cluster when the part is first opened (round robin over ``nodes``, default every alive
+node, in the order Ray lists them; hard node affinity), and opens its directory there: a
+unit's files are on the disk of the node its actor runs on.  The part keeps that actor for
+the store's life: a load opens the new state's unit ``i`` in unit ``i``'s actor (no actor
+starts, nothing moves to another node), and the store's close ends them all
+(:meth:`RayParts.close`).  One RayParts serves one store.  The store itself
 (``STORE.json``, ``CURRENT``, its lock, the write lock that serialises puts, and the
 checks of a checkpoint's files) stays with the process that opened it, so that process
 drives the store; its directory and the checkpoint directories must be reachable by the
@@ -13,7 +16,7 @@ same path from every node the parts run on (one machine, or a shared file system
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..embedded import open_parts
 from ..ports import ControllerPort, UnitPort
@@ -30,30 +33,29 @@ class RayParts:
         self._nodes = list(nodes) if nodes else None
         self._host_options = host_options
         self._next = 0
+        self._hosts: Dict[str, Any] = {}  # part ("controller", "unit 3") -> its host actor
 
-    def _placed(self, make):
-        """``make(host)`` with a new host on the next node; the host ends if ``make`` fails."""
-        ray = _ray()
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+    def _host(self, part: str) -> Any:
+        """The host of ``part``: the one it had, or a new one on the next node."""
+        host = self._hosts.get(part)
+        if host is None:
+            from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        nodes = self._nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-        node = nodes[self._next % len(nodes)]
-        self._next += 1
-        host = start_host(scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False),
-                          **self._host_options)
-        try:
-            return make(host)
-        except BaseException:
-            ray.kill(host)
-            raise
+            ray = _ray()
+            nodes = self._nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+            node = nodes[self._next % len(nodes)]
+            self._next += 1
+            host = self._hosts[part] = start_host(
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False), **self._host_options)
+        return host
 
     def open_controller(self, controller_dir: Path, *, num_units: int, durability: str,
                         map_bytes: Optional[int]) -> ControllerPort:
-        return self._placed(lambda h: ActorController(h, str(controller_dir), num_units, owns_host=True,
-                                                      durability=durability, map_bytes=map_bytes))
+        return ActorController(self._host("controller"), str(controller_dir), num_units, durability=durability,
+                               map_bytes=map_bytes)
 
     def open_unit(self, unit_dir: Path, unit_id: int, **kwargs: Any) -> UnitPort:
-        return self._placed(lambda h: ActorUnit(h, str(unit_dir), unit_id, owns_host=True, **kwargs))
+        return ActorUnit(self._host(f"unit {unit_id}"), str(unit_dir), unit_id, **kwargs)
 
     def open_parts(self, controller_dir: Path, unit_dirs: List[Path], *, durability: str, segment_bytes: int,
                    compress, map_bytes: Optional[int], controller: Optional[ControllerPort] = None
@@ -62,6 +64,14 @@ class RayParts:
         return open_parts(controller_dir, unit_dirs, durability=durability, segment_bytes=segment_bytes,
                           compress=compress, map_bytes=map_bytes, controller=controller,
                           unit_opener=self.open_unit, controller_opener=self.open_controller)
+
+
+    def close(self) -> None:
+        """End every part's actor (after the store closed its parts; idempotent)."""
+        ray = _ray()
+        hosts, self._hosts = list(self._hosts.values()), {}
+        for host in hosts:
+            ray.kill(host)
 
 
 __all__ = ["RayParts"]
