@@ -254,9 +254,23 @@ def make_batch(g: torch.Generator, first: int, n: int, text_pool: str, version: 
     return keys, {"input_ids": ids, "old_logprobs": lps, "response": text}, tags
 
 
+def text_pool() -> str:
+    """The text the rows' responses are cut from (4 MiB, deterministic)."""
+    return "".join(chr(97 + (i * 7919) % 26) for i in range(1 << 16)) * 64
+
+
+def size_args(ap: argparse.ArgumentParser, *, default_gib: float, quick_gib: float, units: int) -> None:
+    """The size, unit count, rounds and work directory options every realistic-row bench takes."""
+    ap.add_argument("--quick", action="store_true", help=f"about {quick_gib * 1024:g} MiB of payload")
+    ap.add_argument("--gib", type=float, default=None, help=f"payload size (default {default_gib:g}, --quick {quick_gib:g})")
+    ap.add_argument("--units", type=int, default=units)
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of each measurement (medians)")
+    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
+
+
 def fill(store, target_bytes: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
-    pool = "".join(chr(97 + (i * 7919) % 26) for i in range(1 << 16)) * 64
+    pool = text_pool()
     row_bytes = 15 * 1280  # mean: 8 + 4 bytes per token + ~3 text bytes per token
     rows = max(BATCH, (target_bytes // row_bytes) // BATCH * BATCH)
     t0 = time.perf_counter()
@@ -268,11 +282,7 @@ def fill(store, target_bytes: int, seed: int = 0):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="about 256 MiB of payload")
-    ap.add_argument("--gib", type=float, default=None, help="payload size (default 2, --quick 0.25)")
-    ap.add_argument("--units", type=int, default=4)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds of each measurement (medians)")
-    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
+    size_args(ap, default_gib=2, quick_gib=0.25, units=4)
     ap.add_argument("--tqstore-root", default=None, help="import tqstore from this checkout (old vs new runs)")
     args = ap.parse_args(argv)
     gib = args.gib if args.gib is not None else (0.25 if args.quick else 2.0)

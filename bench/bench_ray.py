@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_checkpoint import BATCH, GiB, log, make_batch  # noqa: E402
+from bench_checkpoint import BATCH, GiB, log, make_batch, size_args, text_pool  # noqa: E402
 
 warnings.filterwarnings("ignore", message=".*nested.*")
 FIGURES = ("open_s", "put_gib_s", "get_gib_s", "save_gib_s", "load_gib_s")
@@ -46,7 +46,7 @@ FIGURES = ("open_s", "put_gib_s", "get_gib_s", "save_gib_s", "load_gib_s")
 def rows_of(target_bytes: int):
     """Batches ``(keys, fields, tags)`` of about ``target_bytes`` of payload, and its bytes."""
     g = torch.Generator().manual_seed(0)
-    pool = "".join(chr(97 + (i * 7919) % 26) for i in range(1 << 16)) * 64
+    pool = text_pool()
     batches, nbytes, first = [], 0, 0
     while nbytes < target_bytes:
         keys, fields, tags = make_batch(g, first, BATCH, pool)
@@ -86,11 +86,7 @@ def one(tqstore, path: Path, parts, units: int, batches, nbytes: int) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="about 64 MiB of payload")
-    ap.add_argument("--gib", type=float, default=None, help="payload size (default 0.25, --quick 0.0625)")
-    ap.add_argument("--units", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=3, help="rounds (medians)")
-    ap.add_argument("--dir", default=None, help="work directory (default: a temporary one, removed after)")
+    size_args(ap, default_gib=0.25, quick_gib=0.0625, units=2)
     args = ap.parse_args(argv)
     try:
         import ray
