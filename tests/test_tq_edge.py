@@ -31,6 +31,8 @@ def test_translate_rejects_backends_tqstore_does_not_provide_and_unknown_keys():
         translate({"backend": {"storage_backend": "MooncakeStore"}})
     with pytest.raises(ConfigError, match="unknown config keys"):
         translate({"bogus": 1})
+    with pytest.raises(ConfigError, match=r"'ray' is not available.*RayParts"):  # says what exists instead
+        translate({"backend": "ray"})
 
 
 def test_init_accepts_an_omegaconf_dictconfig_with_a_sampler_instance():

@@ -123,7 +123,9 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
     if isinstance(backend, Mapping):
         _translate_backend(dict(backend), store, settings)
     elif backend != "embedded":
-        raise ConfigError(f"backend {backend!r} is not available in this build; use 'embedded'")
+        hint = (" (a store's units and controller as Ray actors, driven by this process: "
+                "tqstore.open(path, parts=tqstore.ray.RayParts()))") if backend == "ray" else ""
+        raise ConfigError(f"backend {backend!r} is not available in this build; use 'embedded'{hint}")
 
     controller = cfg.get("controller")
     if controller is not None:
