@@ -39,22 +39,41 @@ log = logging.getLogger("tqstore")
 HOST_CONCURRENCY = 16
 
 
+_LEAVES = (int, float, str, bytes, bool, type(None))
+
+
 def writable(obj: Any) -> Any:
     """``obj`` with every read-only numpy array in it (Ray hands out arrays of its object store
     read-only, zero-copy) replaced by a copy, in lists, dicts, tuples (named ones included)
-    and dataclasses: a port's answers are the caller's to edit."""
+    and dataclasses: a port's answers are the caller's to edit.  What holds no such array is
+    returned as it is (no copy of a list of a thousand frame heads)."""
+    if isinstance(obj, _LEAVES):
+        return obj
     if isinstance(obj, np.ndarray):
         return obj if obj.flags.writeable else obj.copy()
     if isinstance(obj, list):
-        return [writable(x) for x in obj]
+        out = None
+        for i, x in enumerate(obj):
+            if isinstance(x, _LEAVES):
+                continue
+            y = writable(x)
+            if y is not x:
+                if out is None:
+                    out = list(obj)
+                out[i] = y
+        return obj if out is None else out
     if isinstance(obj, dict):
-        return {k: writable(v) for k, v in obj.items()}
+        changed = {k: y for k, v in obj.items() if not isinstance(v, _LEAVES) and (y := writable(v)) is not v}
+        return {**obj, **changed} if changed else obj
     if isinstance(obj, tuple):
         items = [writable(x) for x in obj]
+        if all(y is x for x, y in zip(items, obj)):
+            return obj
         return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        changes = {f.name: writable(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
-        return dataclasses.replace(obj, **changes)
+        changed = {f.name: y for f in dataclasses.fields(obj) if f.init
+                   and (y := writable(v := getattr(obj, f.name))) is not v}
+        return dataclasses.replace(obj, **changed) if changed else obj
     return obj
 
 
