@@ -17,7 +17,6 @@ import os
 import threading
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -39,9 +38,10 @@ from .capacity import RowCapacity
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, EmbeddedParts
-from .ports import ControllerPort, SnapshotId, UnitPort
+from .ports import ControllerPort
 from .read_guard import RemovalGuard
 from .state_switch import join_retired
+from .store_snapshot import StoreSnapshot, take_cut
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
 from .streaming import _no_partition, check_produced, common_fields
 
@@ -54,50 +54,6 @@ DURABILITY = ("checkpoint", "commit")
 _OPEN_ROOTS: Dict[str, int] = {}
 _OPEN_LOCK = threading.Lock()
 PathLike = Union[str, "os.PathLike[str]"]
-
-
-@dataclass
-class StoreSnapshot:
-    """An MVCC cut of a whole store, by ids: ``controller_snap`` resolved by ``controller``
-    and ``unit_snaps[i]`` by unit ``i`` of ``ports`` (the ports the cut was taken on).
-
-    Holds segment pins until :meth:`release` (idempotent); later puts and clears do not change it.
-    """
-
-    controller_snap: SnapshotId
-    unit_snaps: List[SnapshotId]
-    num_units: int
-    state_dir: Path
-    ports: List[UnitPort] = field(repr=False, default_factory=list)
-    controller: Optional[ControllerPort] = field(repr=False, default=None)
-
-    def release(self) -> None:
-        """Release every part's snapshot, all of them even when one fails (a part gone: its
-        snapshot ended with it); the first error is raised after."""
-        first: Optional[BaseException] = None
-        parts = ([(self.controller, self.controller_snap)] if self.controller is not None else []) + \
-            list(zip(self.ports, self.unit_snaps))
-        for part, sid in parts:
-            try:
-                part.release(sid)
-            except Exception as e:  # noqa: BLE001 - raised below, once every part was released
-                first = first or e
-        if first is not None:
-            raise first
-
-    def release_after(self, what: str) -> None:
-        """:meth:`release` at the end of ``what`` (a save, a dump), whose own outcome stands: a
-        part that cannot release (it is gone, its snapshot with it) is logged, not raised."""
-        try:
-            self.release()
-        except TqstoreError as e:
-            log.warning("releasing the cut of %s failed: %s", what, e)
-
-    def __enter__(self) -> "StoreSnapshot":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.release()
 
 
 class Store(CheckpointMixin, DumpMixin):
@@ -548,23 +504,12 @@ class Store(CheckpointMixin, DumpMixin):
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:
-        """Take an MVCC cut: under the write and metadata locks (held only for the cut) every
-        unit seals its active segment and pins a snapshot, and the controller opens its side;
-        each is named by an id its port resolves."""
+        """Take an MVCC cut (:func:`tqstore.store_snapshot.take_cut`) under the write and
+        metadata locks, held only for the cut."""
         self._check_open()
         with self._write_lock, self._meta_lock:
             self._check_open()
-            units, controller = list(self.units), self.controller
-            ids: List[SnapshotId] = []
-            try:
-                for u in units:
-                    ids.append(u.snapshot())
-                cid = controller.snapshot()
-            except BaseException:
-                for u, sid in zip(units, ids):
-                    u.release(sid)
-                raise
-            return StoreSnapshot(cid, ids, self.num_units, self.state_dir, units, controller)
+            return take_cut(list(self.units), self.controller, self.state_dir)
 
     def install_state(self, build: Callable[..., Any], *, reconcile: bool = True,
                       before_switch: Optional[Callable[[], Any]] = None, early_open: bool = False) -> Any:
