@@ -98,26 +98,23 @@ def _stage_unchecked(target: Path, src: Path, num_units: Optional[int], sync: bo
         if not copy_env_file(src, target):
             files.rmtree(target)
             return False
-        if not sync:  # the caller's fsync overlaps its open (the decode) of the copy
-            try:
-                check_env_pages(target, "controller")
-            except LmdbPageError as e:
-                log.info("controller copy %s: its pages or entries do not all read checked (%s); staged again once "
-                         "its source is checked", target, e)
-                files.rmtree(target)
-                return False
-            return True
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
-            synced = pool.submit(files.fsync_tree, target)  # (beside the check: both read what the copy wrote)
+            # beside the check (both read what the copy wrote); with sync=False the caller's
+            # fsync overlaps its open (the decode) of the copy instead
+            synced = pool.submit(files.fsync_tree, target) if sync else None
             try:
                 check_env_pages(target, "controller")
             except LmdbPageError as e:
-                synced.result()
                 log.info("controller copy %s: its pages or entries do not all read checked (%s); staged again once "
                          "its source is checked", target, e)
+                ok = False
+            else:
+                ok = True
+            if synced is not None:
+                synced.result()
+            if not ok:
                 files.rmtree(target)
                 return False
-            synced.result()
     except BaseException:
         files.rmtree(target)
         raise

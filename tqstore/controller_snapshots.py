@@ -67,7 +67,7 @@ class SnapshotCalls:
         if not src_checked and clear_produced:
             return False
         if not stage_controller(Path(target_dir), Path(src_dir), num_units=num_units, src_checked=src_checked,
-                                sync=sync or src_checked):
+                                sync=sync):
             return False
         if clear_produced:  # a checkpoint saved without storage: its rows keep no produced field
             c = type(self)(Path(target_dir), num_units=num_units or 1)  # (an existing index keeps its count)

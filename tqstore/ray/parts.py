@@ -32,7 +32,6 @@ class RayParts:
     def __init__(self, *, nodes: Optional[Sequence[str]] = None, **host_options: Any) -> None:
         self._nodes = list(nodes) if nodes else None
         self._host_options = host_options
-        self._next = 0
         self._hosts: Dict[str, Any] = {}  # part ("controller", "unit 3") -> its host actor
 
     def _host(self, part: str) -> Any:
@@ -43,8 +42,7 @@ class RayParts:
 
             ray = _ray()
             nodes = self._nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
-            node = nodes[self._next % len(nodes)]
-            self._next += 1
+            node = nodes[len(self._hosts) % len(nodes)]  # (the parts placed so far)
             host = self._hosts[part] = start_host(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False), **self._host_options)
         return host

@@ -170,9 +170,9 @@ def start_host(**options: Any) -> Any:
 class ActorPort(RemotePort):
     """A port opened in a :class:`PortHost` actor (see the module docstring)."""
 
-    def __init__(self, host: Any, oid: int, port: type, part: str, *, owns_host: bool = False) -> None:
+    def __init__(self, host: Any, oid: int, port: type, part: str) -> None:
         super().__init__(port)
-        self._host, self._oid, self._part, self._owns_host = host, oid, part, owns_host
+        self._host, self._oid, self._part = host, oid, part
         self._closed = False
         self._known: Dict[str, bool] = {}  # method name -> the implementation has it
 
@@ -215,27 +215,23 @@ class ActorPort(RemotePort):
             self._get(self._host.close.remote(self._oid))
         finally:
             self._closed = True
-            if self._owns_host:  # (its only port: the actor ends with it)
-                _ray().kill(self._host)
 
 
 class ActorUnit(ActorPort):
     """Unit ``unit_id`` in ``path`` on the node of ``host``, as a
-    :class:`~tqstore.ports.UnitPort` (``kwargs``: the options of :func:`tqstore.embedded.open_unit`).
-    ``owns_host``: the host serves this port only, and closing the port ends the actor."""
+    :class:`~tqstore.ports.UnitPort` (``kwargs``: the options of :func:`tqstore.embedded.open_unit`)."""
 
-    def __init__(self, host: Any, path: str, unit_id: int, *, owns_host: bool = False, **kwargs: Any) -> None:
-        super().__init__(host, 0, UnitPort, f"unit {unit_id}", owns_host=owns_host)
+    def __init__(self, host: Any, path: str, unit_id: int, **kwargs: Any) -> None:
+        super().__init__(host, 0, UnitPort, f"unit {unit_id}")
         self._oid = self._get(host.open_unit.remote(str(path), unit_id, kwargs))
 
 
 class ActorController(ActorPort):
     """The controller in ``path`` on the node of ``host``, as a
-    :class:`~tqstore.ports.ControllerPort` (``kwargs``: ``durability``, ``map_bytes``;
-    ``owns_host`` as :class:`ActorUnit`'s)."""
+    :class:`~tqstore.ports.ControllerPort` (``kwargs``: ``durability``, ``map_bytes``)."""
 
-    def __init__(self, host: Any, path: str, num_units: int, *, owns_host: bool = False, **kwargs: Any) -> None:
-        super().__init__(host, 0, ControllerPort, "controller", owns_host=owns_host)
+    def __init__(self, host: Any, path: str, num_units: int, **kwargs: Any) -> None:
+        super().__init__(host, 0, ControllerPort, "controller")
         self._oid = self._get(host.open_controller.remote(str(path), num_units, kwargs))
 
 
