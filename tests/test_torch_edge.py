@@ -110,3 +110,38 @@ def test_tensordict_is_imported_by_a_store_that_returns_tensordicts_not_by_impor
         "s.close()\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_import_tqstore_leaves_torch_to_the_first_store_and_the_datasets(tmp_path):
+    """``import tqstore`` (and a checkpoint's verify) leave torch unimported: a process that
+    only checks files, or hosts a unit actor, does not pay seconds for it.  The first store
+    opened without an edge imports it, and gives tensors back; the torch datasets import it
+    when first named; ``from tqstore import *`` gives every public name."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, tqstore\n"
+        "t = lambda: 'torch' in sys.modules\n"
+        "assert not t(), 'import tqstore imported torch'\n"
+        f"s = tqstore.open({str(tmp_path / 'd')!r}, result_type='dict')\n"
+        "assert t(), 'a store opened without an edge did not import the torch adapter'\n"
+        "import torch\n"
+        "s.kv_batch_put(['a'], 'p', {'x': torch.arange(3)[None]}); s.save_checkpoint(sys.argv[1])\n"
+        "assert torch.equal(s.kv_batch_get(['a'], 'p')['x'], torch.arange(3)[None]); s.close()\n")
+    ck = tmp_path / "ck"
+    r = subprocess.run([sys.executable, "-c", code, str(ck)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    verify = ("import sys, tqstore\n"
+              "assert tqstore.verify_checkpoint(sys.argv[1], deep=True).ok\n"
+              "assert 'torch' not in sys.modules, 'verifying a checkpoint imported torch'\n"
+              "from tqstore import *\n"
+              "import torch.utils.data as tud\n"
+              "assert issubclass(StreamingDataset, tud.IterableDataset) and StreamingDataLoader is tqstore.StreamingDataLoader\n"
+              "try:\n"
+              "    tqstore.no_such_name\n"
+              "except AttributeError as e:\n"
+              "    assert 'no_such_name' in str(e)\n"
+              "else:\n"
+              "    raise AssertionError('no AttributeError')\n")
+    r = subprocess.run([sys.executable, "-c", verify, str(ck)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -2,13 +2,20 @@
 
 ``import tqstore as tq``; ``tq.init({"path": ...})`` opens the default store that the
 module functions act on; ``tqstore.open(path)`` gives a :class:`Store` object.
+
+``import tqstore`` does not import torch (about 3 s on a loaded machine, and more than the
+rest of tqstore many times over): the torch adapter (:mod:`tqstore.torch_adapter`) is
+imported by the first store opened without an ``edge`` (every ``tq.init`` and
+``tqstore.open``), and ``StreamingDataset`` / ``StreamingDataLoader`` (torch datasets) when
+first named.  The command-line tools that do not open a store (``verify``, ``inspect``) and
+the Ray backend's unit and controller actors never import it.
 """
 from __future__ import annotations
 
 import logging
 
 from ._version import __version__
-from . import torch_adapter as _torch_adapter  # noqa: F401 - registers the torch edge as the stores' default
+from . import edge as _edge
 from .api import (
     check_consumption_status, check_production_status, clear_partition, clear_samples, close, current_store,
     get_client, get_consumption_status, get_data, get_meta, get_partition_list, get_production_status, init,
@@ -31,9 +38,31 @@ from .policy import checkpoint_interval, expected_overhead, young_interval
 from .samplers import BaseSampler, GRPOGroupNSampler, RandomSampler, RankAwareSampler, SequentialSampler
 from .seqlen_sampler import SeqlenBalancedSampler, get_seqlen_balanced_partitions
 from .store import Store, open
-from .dataloader import StreamingDataLoader, StreamingDataset
 
 logging.getLogger("tqstore").addHandler(logging.NullHandler())
+
+
+def _torch_edge(result_type: str = "tensordict"):
+    """The edge of a store opened without one: the torch adapter's, imported here on first use."""
+    from .torch_adapter import TorchEdge
+
+    return TorchEdge(result_type)
+
+
+_edge.set_default_factory(_torch_edge)
+_LAZY = {"StreamingDataset": "dataloader", "StreamingDataLoader": "dataloader"}
+
+
+def __getattr__(name: str):
+    """``StreamingDataset`` and ``StreamingDataLoader`` (torch datasets), imported when first named."""
+    mod = _LAZY.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'tqstore' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{mod}", __name__), name)
+    globals()[name] = value
+    return value
 
 __all__ = [
     "__version__",

@@ -7,9 +7,9 @@ outputs (it is the reader's :class:`~tqstore._format.columns.Allocator`), wraps 
 and status arrays in the user's types, and names dtypes in schemas.
 
 :class:`NumpyEdge` is the framework-free edge (numpy in, numpy and lists out, plain dicts).
-The torch adapter (:mod:`tqstore.torch_adapter`, imported by ``import tqstore``) registers
-the default edge factory with :func:`set_default_factory`; a ``Store`` opened without an
-``edge`` takes ``default_edge(result_type)``.  The engine never imports the adapter.
+``import tqstore`` registers the default edge factory with :func:`set_default_factory`: it
+imports the torch adapter (:mod:`tqstore.torch_adapter`) on first use; a ``Store`` opened
+without an ``edge`` takes ``default_edge(result_type)``.  The engine never imports the adapter.
 """
 from __future__ import annotations
 

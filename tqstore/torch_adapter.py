@@ -1,8 +1,9 @@
 """The torch adapter: the one module that knows torch, nested tensors and TensorDict.
 
 The engine below works on numpy arrays, lists of values and bytes (:mod:`tqstore.edge`).
-This module is its :class:`~tqstore.edge.Edge` for torch users, registered as the default
-edge when ``tqstore`` is imported:
+This module is its :class:`~tqstore.edge.Edge` for torch users, the default edge: ``import
+tqstore`` registers a factory that imports this module (and torch) when the first store
+opens without an ``edge``:
 
 * inputs: a torch tensor, a nested tensor (jagged or strided), a list of per-row tensors or
   a TensorDict (with ``NonTensorData`` / ``NonTensorStack`` entries, numpy text, bytes and
@@ -354,8 +355,6 @@ def row_to_object(kind: int, dtype: int, shape: Tuple[int, ...], payload, *, cop
         return torch.empty(shape, dtype=CODE_TO_TORCH[dtype])
     return _from_numpy(buf).view(CODE_TO_TORCH[dtype]).reshape(shape)
 
-
-_edge.set_default_factory(TorchEdge)
 
 __all__ = ["TorchEdge", "TorchAllocator", "to_column", "to_tensordict", "plain_tensor", "row_to_object",
            "TORCH_TO_CODE", "CODE_TO_TORCH", "assemble"]
