@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import inspect
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -75,6 +76,49 @@ def test_store_read_through_a_pickling_proxy_is_bit_identical(tmp_path, num_unit
         assert {"lookup", "read_head", "read_uniform", "read_frames", "read_heads", "read_into"} <= used
 
 
+class _MeetingUnit(PickledUnit):
+    """A proxy whose ``method`` calls wait for ``barrier``: sequential calls never meet."""
+
+    def __init__(self, unit, barrier: threading.Barrier, method: str) -> None:
+        super().__init__(unit)
+        self._barrier, self._meet_at = barrier, method
+
+    def _send(self, name, args, kwargs):
+        if name == self._meet_at:
+            self._barrier.wait()
+        return super()._send(name, args, kwargs)
+
+
+def test_a_read_over_remote_units_calls_them_and_reads_its_fields_at_once(tmp_path):
+    """Units in other processes (``remote=True``, as the Ray parts): the units' lookups run at
+    once, and so do the reads of different fields, small ones included; the result is the
+    same, bit for bit, as the local read's."""
+    n = 7
+    batch = _batch(n)
+    fields = sorted(batch)
+    with Store(tmp_path / "s", num_units=3, compress=["z", "zj"]) as s:
+        gidxs = s.write("p", batch, keys=[f"k{i}" for i in range(n)])
+        kinds = [(f, s.controller.row_batch("p", gidxs).schema[f][0]) for f in fields]
+        local = reader.read_fields(s.units, s._pool, gidxs, kinds, alloc=s.edge.alloc)
+        # the three units' lookups meet: a read that called them one after the other would break the barrier
+        meet = threading.Barrier(3, timeout=10)
+        proxies = [_MeetingUnit(u, meet, "lookup") for u in s.units]
+        remote = reader.read_fields(proxies, s._pool, gidxs, kinds, alloc=s.edge.alloc, remote=True)
+        assert not meet.broken
+        for f in fields:
+            assert same(remote[f], local[f]), f
+        # two small fields read from one unit: their first calls meet
+        one = [g for g in gidxs if g % 3 == 0][:2]
+        meet2 = threading.Barrier(2, timeout=10)
+        proxies = [_MeetingUnit(u, meet2, "read_uniform") for u in s.units]
+        two = [("u", KIND_TENSOR), ("bf", KIND_TENSOR)]
+        got = reader.read_fields(proxies, s._pool, one, two, alloc=s.edge.alloc, remote=True)
+        assert same(got["u"], batch["u"][[gidxs.index(g) for g in one]])
+        with pytest.raises(FieldNotFoundError, match="has no stored payload"):
+            reader.read_fields([PickledUnit(u) for u in s.units], s._pool, gidxs, [("nope", KIND_TENSOR)],
+                               alloc=s.edge.alloc, remote=True)
+
+
 def test_snapshot_ids_cross_the_port_and_keep_the_cut(tmp_path):
     with Store(tmp_path / "s", num_units=2) as s:
         g = s.write("p", {"x": torch.arange(8.0).reshape(4, 2)}, keys=list("abcd"))
@@ -115,7 +159,7 @@ def test_lookup_reads_every_field_in_one_call_and_says_none_for_a_missing_field(
 
 def test_a_corrupt_frame_read_through_the_proxy_names_its_file(tmp_path):
     with Store(tmp_path / "s") as s:
-        g = s.write("p", {"x": torch.randn(3, 9000)}, keys=list("abc"))
+        g = s.write("p", {"x": torch.randn(3, 9000), "y": torch.randn(3, 4)}, keys=list("abc"))
         (loc,) = s.units[0].locate([g[1]], "x")
         path = s.units[0].describe(loc)
     with open(path, "r+b") as f:
@@ -129,9 +173,12 @@ def test_a_corrupt_frame_read_through_the_proxy_names_its_file(tmp_path):
         try:
             with pytest.raises(CorruptionError) as e:
                 s.read("p", g)
+            with pytest.raises(CorruptionError) as e2:  # the fields of a remote read at once: the same error
+                reader.read_fields(s.units, s._pool, g, [("y", KIND_TENSOR), ("x", KIND_TENSOR)],
+                                   alloc=s.edge.alloc, remote=True)
         finally:
             s.units = units
-        assert path in str(e.value)
+        assert path in str(e.value) and path in str(e2.value)
 
 
 def test_unit_has_every_port_method_and_reader_imports_no_unit():

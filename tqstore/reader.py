@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -93,12 +94,18 @@ class _Split:
 
 def read_fields(units: Sequence[UnitPort], pool, gidxs: Sequence[int], fields: Sequence[Tuple[str, int]], *,
                 verify: bool = True, snapshots: Optional[Sequence[SnapshotId]] = None,
-                alloc: Allocator = NUMPY) -> Dict[str, Any]:
+                alloc: Allocator = NUMPY, remote: bool = False) -> Dict[str, Any]:
     """Read each ``(field, kind)`` of rows ``gidxs`` (row g on unit g % len(units)) as one
     batched value per field, allocated by ``alloc``.
 
     Each unit's index is read in one lookup (one transaction), so all fields come from one
     state: ``snapshots`` optionally gives each unit's snapshot id; else the latest.
+
+    ``remote``: the units answer from other processes (Ray actors), so a call costs a round
+    trip rather than this process's CPU: the units' lookups, and then every field's reads,
+    run at once (the units on ``pool``, the fields on threads of their own), whatever the
+    read's size.  The result and the errors are the same; with several failures, the first
+    field's (in ``fields`` order) is raised, after every call has ended.
 
     Raises:
         FieldNotFoundError: a row has no stored payload of a field.
@@ -107,19 +114,44 @@ def read_fields(units: Sequence[UnitPort], pool, gidxs: Sequence[int], fields: S
     split = _Split(gidxs, len(units))
     names = [f for f, _kind in fields]
     found: Dict[int, Dict[str, Optional[np.ndarray]]] = {}
+
+    def lookup(u: int) -> None:
+        snap = None if snapshots is None else snapshots[u]
+        found[u] = units[u].lookup(split.gidxs[u], names, snapshot=snap)
+
     if names:
-        for u in split.order:  # index lookups hold the GIL: threads would only add hand-offs
-            snap = None if snapshots is None else snapshots[u]
-            found[u] = got = units[u].lookup(split.gidxs[u], names, snapshot=snap)
+        # in this process index lookups hold the GIL: threads would only add hand-offs
+        _each(pool if remote else None, lookup, split.order)
+        for u in split.order:
             for f in names:
-                if got[f] is None:
+                if found[u][f] is None:
+                    snap = None if snapshots is None else snapshots[u]
                     gs = split.gidxs[u].tolist()
                     locs = units[u].locate(gs, f, snapshot=snap)
                     bad = [g for g, loc in zip(gs, locs) if loc is None]
                     raise FieldNotFoundError(f"field {f!r} has no stored payload for rows {bad[:5]} (store "
                                              f"inconsistent; run verify)")
-    return {f: _read_one(units, pool, f, kind, verify, {u: found[u][f] for u in split.order}, split, alloc)
-            for f, kind in fields}
+
+    def one(field: Tuple[str, int]) -> Any:
+        f, kind = field
+        return _read_one(units, pool, f, kind, verify, {u: found[u][f] for u in split.order}, split, alloc,
+                         remote=remote)
+
+    if remote and len(fields) > 1 and len(split.all):
+        # (threads of their own: a field's reads wait on ``pool``, which must not be what they wait in)
+        with ThreadPoolExecutor(max_workers=len(fields), thread_name_prefix="tqstore-field") as fields_pool:
+            futures = [fields_pool.submit(one, fk) for fk in fields]
+            _wait_all(futures)
+            return {f: fut.result() for (f, _), fut in zip(fields, futures)}
+    return {f: one((f, kind)) for f, kind in fields}
+
+
+def _wait_all(futures: Sequence[Any]) -> None:
+    """Wait until every future has ended; raise the first error, in ``futures`` order."""
+    for fut in futures:
+        fut.exception()
+    for fut in futures:
+        fut.result()
 
 
 def read_shapes(units: Sequence[UnitPort], gidxs: List[int], fields: Sequence[str]
@@ -143,13 +175,13 @@ def read_shapes(units: Sequence[UnitPort], gidxs: List[int], fields: Sequence[st
 
 
 def _read_one(units, pool, field, kind, verify, arrays: Dict[int, np.ndarray], split: _Split,
-              alloc: Allocator) -> Any:
+              alloc: Allocator, *, remote: bool = False) -> Any:
     n = len(split.all)
     order = split.order
     if n == 0:
         return alloc.empty(kind)
     lengths = np.concatenate([arrays[u]["length"] for u in order]) if len(order) > 1 else arrays[order[0]]["length"]
-    if int(lengths.sum(dtype=np.int64)) < PARALLEL_MIN_BYTES:
+    if not remote and int(lengths.sum(dtype=np.int64)) < PARALLEL_MIN_BYTES:
         pool = None
     if kind != KIND_VALUE:
         if (lengths == lengths[0]).all():

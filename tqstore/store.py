@@ -83,11 +83,14 @@ class Store(CheckpointMixin, DumpMixin):
             holds at most ``ceil(total_storage_size / num_units)`` rows with data; a put past it
             raises CapacityError before anything is written (:mod:`tqstore.capacity`).
         edge: the framework adapter (:class:`~tqstore.edge.Edge`); default
-            ``tqstore.edge.default_edge(result_type)``, the torch adapter once ``tqstore`` is imported.
+            ``tqstore.edge.default_edge(result_type)``, the torch adapter (imported by ``import
+            tqstore``'s factory at the first such open).
         parts: how the controller and the units are opened: None (default), objects in this
             process (:class:`tqstore.embedded.EmbeddedParts`); ``tqstore.ray.RayParts()``, Ray
             actors (every call of theirs an actor task; the store's own files, its lock and
-            its write lock stay with this process, so one process drives the store).
+            its write lock stay with this process, so one process drives the store).  Parts
+            whose ``remote`` attribute is true answer from other processes: a read then calls
+            its units and reads its fields at once.
 
     Raises:
         ConfigError: a setting is invalid or contradicts the existing store, or ``path``
@@ -493,7 +496,8 @@ class Store(CheckpointMixin, DumpMixin):
         """
         self._check_open()
         verify = self.verify_reads if verify is None else verify
-        return read_fields(self.units, self._pool, gidxs, fields, verify=verify, alloc=self.edge.alloc)
+        return read_fields(self.units, self._pool, gidxs, fields, verify=verify, alloc=self.edge.alloc,
+                           remote=bool(getattr(self._parts, "remote", False)))
 
     def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
                    ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:

@@ -28,6 +28,9 @@ class RayParts:
     to :func:`~tqstore.ray.port_actor.start_host` (Ray actor options) for every part."""
 
     name = "ray"
+    #: the parts answer from other processes: a call costs a round trip, not this process's CPU,
+    #: so a read calls the units and reads the fields at once (:func:`tqstore.reader.read_fields`)
+    remote = True
 
     def __init__(self, *, nodes: Optional[Sequence[str]] = None, **host_options: Any) -> None:
         self._nodes = list(nodes) if nodes else None
