@@ -56,6 +56,7 @@ _ITEMSIZE = dict(dtypes.ITEMSIZE)
 
 SPLIT_SCAN_UNITS = 8  # up to this many units, rows are split by one pass per unit (else by one sort)
 PARALLEL_MIN_BYTES = 4 << 20  # below this a read runs on the calling thread: handing work to the pool costs more
+REMOTE_CALLS_AT_ONCE = 32  # a read over remote units: at most this many of its calls under way at once
 
 
 def _each(pool, fn: Callable[[int], Any], units: Sequence[int]) -> None:
@@ -103,15 +104,24 @@ def read_fields(units: Sequence[UnitPort], pool, gidxs: Sequence[int], fields: S
 
     ``remote``: the units answer from other processes (Ray actors), so a call costs a round
     trip rather than this process's CPU: the units' lookups, and then every field's reads,
-    run at once (the units on ``pool``, the fields on threads of their own), whatever the
-    read's size.  The result and the errors are the same; with several failures, the first
-    field's (in ``fields`` order) is raised, after every call has ended.
+    run at once, whatever the read's size, on threads of this read (one per field, and one
+    per field and unit for the units' calls; ``pool`` is not used).  The result and the
+    errors are the same; with several failures, the first field's (in ``fields`` order) is
+    raised, after every call has ended.
 
     Raises:
         FieldNotFoundError: a row has no stored payload of a field.
         CorruptionError: a frame does not check (names file and offset).
     """
     split = _Split(gidxs, len(units))
+    if remote and len(split.order) > 1:
+        with ThreadPoolExecutor(max_workers=min(REMOTE_CALLS_AT_ONCE, len(split.order) * max(1, len(fields))),
+                                thread_name_prefix="tqstore-call") as calls:
+            return _read_fields(units, calls, split, fields, verify, snapshots, alloc, remote)
+    return _read_fields(units, pool, split, fields, verify, snapshots, alloc, remote)
+
+
+def _read_fields(units, pool, split: _Split, fields, verify, snapshots, alloc, remote) -> Dict[str, Any]:
     names = [f for f, _kind in fields]
     found: Dict[int, Dict[str, Optional[np.ndarray]]] = {}
 
@@ -138,7 +148,7 @@ def read_fields(units: Sequence[UnitPort], pool, gidxs: Sequence[int], fields: S
                          remote=remote)
 
     if remote and len(fields) > 1 and len(split.all):
-        # (threads of their own: a field's reads wait on ``pool``, which must not be what they wait in)
+        # the fields' threads wait on the units' calls: two pools, so no field waits in the pool it waits on
         with ThreadPoolExecutor(max_workers=len(fields), thread_name_prefix="tqstore-field") as fields_pool:
             futures = [fields_pool.submit(one, fk) for fk in fields]
             _wait_all(futures)
