@@ -31,8 +31,19 @@ def test_translate_rejects_backends_tqstore_does_not_provide_and_unknown_keys():
         translate({"backend": {"storage_backend": "MooncakeStore"}})
     with pytest.raises(ConfigError, match="unknown config keys"):
         translate({"bogus": 1})
-    with pytest.raises(ConfigError, match=r"'ray' is not available.*RayParts"):  # says what exists instead
-        translate({"backend": "ray"})
+    with pytest.raises(ConfigError, match=r"'mooncake' is not available; use 'embedded' or 'ray'"):
+        translate({"backend": "mooncake"})
+    # backend "ray" and its section (tests/test_ray_api.py runs it)
+    store, _, s = translate({"backend": "ray", "ray": {"name": "buf", "nodes": ["n1"]}, "num_units": 2})
+    assert store == {"num_units": 2} and (s.backend, s.ray_name, s.ray_nodes) == ("ray", "buf", ["n1"])
+    assert translate({"backend": "ray"})[2].ray_name == "default"
+    with pytest.raises(ConfigError, match="applies to backend 'ray' only"):
+        translate({"ray": {"name": "x"}})
+    with pytest.raises(ConfigError, match=r"unknown keys in the 'ray' section: \['bogus'\]"):
+        translate({"backend": "ray", "ray": {"bogus": 1}})
+    for bad in ({"name": ""}, {"nodes": "n1"}, {"nodes": []}, {"nodes": [1]}):
+        with pytest.raises(ConfigError, match="ray.name|ray.nodes"):
+            translate({"backend": "ray", "ray": bad})
 
 
 def test_init_accepts_an_omegaconf_dictconfig_with_a_sampler_instance():

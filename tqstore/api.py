@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
-from typing import Any, Callable, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
 
 from . import _default, config as _config, metrics as _metrics
 from .client import FORWARDED, TransferQueueClient, call_store
@@ -17,17 +17,29 @@ from .kv import DataPlane
 from .samplers import make_sampler
 from .store import Store
 
+if TYPE_CHECKING:  # pragma: no cover
+    from .ray.remote_store import RemoteStore
+
 _init_lock = threading.Lock()
 
 
-def init(config: Any = None) -> Store:
+def init(config: Any = None) -> Union[Store, "RemoteStore"]:
     """Open (or create) the default store from ``config`` and return it.
 
     Keys: ``path`` (store directory; without one, a private temporary store removed on
     close), ``num_units``, ``durability``, ``segment_bytes``, ``compress``, ``verify_reads``,
     ``result_type``, ``strict_schema``, ``total_storage_size`` (see :class:`~tqstore.store.Store`),
-    ``backend`` (``"embedded"``), ``sampler`` (a name such as ``"grpo_group_n"``, a
+    ``backend`` (``"embedded"``, or ``"ray"``: below), ``sampler`` (a name such as ``"grpo_group_n"``, a
     ``BaseSampler`` instance or class, or ``{"name": ..., **kwargs}``; default sequential).
+
+    ``backend: "ray"``: the store is served by a named Ray actor (:mod:`tqstore.ray.store_host`),
+    its units and controller actors of their own spread over the cluster's nodes; the first
+    process to call ``init`` with a name starts and owns it (``ray`` section: ``name``,
+    default ``"default"``, and ``nodes``), every other process of the cluster that calls
+    ``init`` with that name attaches to it, with the same settings or none
+    (:func:`tqstore.ray.remote_store.connect`).  The returned object is then a
+    :class:`~tqstore.ray.remote_store.RemoteStore`; ``close()`` ends the store in its owner
+    and detaches elsewhere.
     TransferQueue's config (a mapping or an OmegaConf ``DictConfig`` with ``controller``,
     ``backend`` and ``metrics`` sections) is accepted too and mapped by :mod:`tqstore.config`
     (docs/MIGRATING.md has the table).
@@ -39,8 +51,14 @@ def init(config: Any = None) -> Store:
         cur = _default.peek_default()
         if cur is not None and not cur.closed:
             raise ConfigError("tqstore is already initialized; call tqstore.close() first")
-        store = Store(cfg.pop("path", None), **cfg)
-        store.set_sampler(sampler)
+        if settings.backend == "ray":
+            from .ray.remote_store import connect
+
+            store = connect(settings.ray_name, cfg.pop("path", None), cfg,
+                            sampler if sampler_spec is not None else None, settings.ray_nodes)
+        else:
+            store = Store(cfg.pop("path", None), **cfg)
+            store.set_sampler(sampler)
         _config.remember(store, settings)
         _default.set_default(store)
         return store

@@ -27,7 +27,9 @@ log = logging.getLogger("tqstore")
 STORE_KEYS = frozenset({"path", "num_units", "durability", "segment_bytes", "compress", "verify_reads", "result_type",
                         "max_workers", "index_map_bytes", "strict_schema", "total_storage_size"})
 #: other top-level tqstore keys
-API_KEYS = frozenset({"backend", "sampler", "polling_mode", "get_meta_timeout_s"})
+API_KEYS = frozenset({"backend", "sampler", "polling_mode", "get_meta_timeout_s", "ray"})
+#: keys of the ``ray`` section (``backend: "ray"``)
+RAY_KEYS = frozenset({"name", "nodes"})
 #: TransferQueue's top-level sections
 TQ_SECTIONS = frozenset({"controller", "backend", "metrics"})
 
@@ -51,6 +53,10 @@ class CompatSettings:
         get_meta_timeout_s: TransferQueue's ``TQ_CONTROLLER_GET_METADATA_TIMEOUT`` (1 s by default).
         metrics_enabled, metrics_port: TransferQueue's ``metrics`` section.
         ignored: the TransferQueue keys accepted without effect, dotted.
+        backend: ``"embedded"`` (a store in this process) or ``"ray"`` (a store served by a
+            named Ray actor that every process of the cluster attaches to).
+        ray_name, ray_nodes: the ``ray`` section: the store's name in the cluster (default
+            ``"default"``) and the node ids its parts are placed on (default: every alive node).
     """
 
     polling_mode: bool = True
@@ -58,6 +64,9 @@ class CompatSettings:
     metrics_enabled: bool = False
     metrics_port: int = 0
     ignored: List[str] = field(default_factory=list)
+    backend: str = "embedded"
+    ray_name: str = "default"
+    ray_nodes: Optional[List[str]] = None
 
 
 _SETTINGS: "weakref.WeakKeyDictionary[Any, CompatSettings]" = weakref.WeakKeyDictionary()
@@ -122,10 +131,11 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
     backend = cfg.get("backend", "embedded")
     if isinstance(backend, Mapping):
         _translate_backend(dict(backend), store, settings)
+    elif backend == "ray":
+        settings.backend = "ray"
     elif backend != "embedded":
-        hint = (" (a store's units and controller as Ray actors, driven by this process: "
-                "tqstore.open(path, parts=tqstore.ray.RayParts()))") if backend == "ray" else ""
-        raise ConfigError(f"backend {backend!r} is not available in this build; use 'embedded'{hint}")
+        raise ConfigError(f"backend {backend!r} is not available; use 'embedded' or 'ray'")
+    _translate_ray(cfg.get("ray"), settings)
 
     controller = cfg.get("controller")
     if controller is not None:
@@ -156,6 +166,28 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
             if k not in ("enabled", "port"):
                 _ignore(settings, f"metrics.{k}", v)
     return store, sampler, settings
+
+
+def _translate_ray(section: Any, settings: CompatSettings) -> None:
+    """The ``ray`` section (``{"name": ..., "nodes": [...]}``), for ``backend: "ray"`` only."""
+    if section is None:
+        return
+    if settings.backend != "ray":
+        raise ConfigError("the 'ray' section applies to backend 'ray' only")
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"ray must be a mapping, got {type(section).__name__}")
+    unknown = sorted(set(section) - RAY_KEYS)
+    if unknown:
+        raise ConfigError(f"unknown keys in the 'ray' section: {unknown}; known: {sorted(RAY_KEYS)}")
+    name = section.get("name", "default")
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"ray.name must be a non-empty str, got {name!r}")
+    settings.ray_name = name
+    nodes = section.get("nodes")
+    if nodes is not None:
+        if isinstance(nodes, (str, bytes)) or not all(isinstance(n, str) for n in nodes) or not nodes:
+            raise ConfigError(f"ray.nodes must be a non-empty list of node ids (str), got {nodes!r}")
+        settings.ray_nodes = list(nodes)
 
 
 def _translate_backend(backend: Dict[str, Any], store: Dict[str, Any], settings: CompatSettings) -> None:

@@ -85,6 +85,24 @@ def _ray():
     return ray
 
 
+def answer(ref: Any, part: str) -> Any:
+    """The value of the actor task ``ref`` (a call on ``part``), the caller's own
+    (:func:`writable`).  An error the task raised is raised as itself; an actor that died or
+    cannot be reached raises :class:`~tqstore.errors.DistributedError` naming ``part``, with
+    ``outcomes`` ``{part: "unreachable: ..."}``."""
+    ray = _ray()
+    try:
+        return writable(ray.get(ref))
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, Exception):
+            raise cause from None
+        raise
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+        raise DistributedError(f"{part}: its actor is unreachable ({type(e).__name__}: {e})",
+                               outcomes={part: f"unreachable: {type(e).__name__}"}) from e
+
+
 class PortHost:
     """Units and controllers opened in this (actor) process, by ``oid``; see the module
     docstring.  Runs as a Ray actor; a plain object in tests of its own logic."""
@@ -180,17 +198,7 @@ class ActorPort(RemotePort):
         return f"<{type(self).__name__} {self._part} (port {self._oid} of {self._host!r})>"
 
     def _get(self, ref: Any) -> Any:
-        ray = _ray()
-        try:
-            return writable(ray.get(ref))
-        except ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, Exception):
-                raise cause from None
-            raise
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
-            raise DistributedError(f"{self._part}: its actor is unreachable ({type(e).__name__}: {e})",
-                                   outcomes={self._part: f"unreachable: {type(e).__name__}"}) from e
+        return answer(ref, self._part)
 
     def _has(self, name: str) -> bool:
         if name == "close":  # (every port has it; a closed one answers it too)
@@ -235,4 +243,4 @@ class ActorController(ActorPort):
         self._oid = self._get(host.open_controller.remote(str(path), num_units, kwargs))
 
 
-__all__ = ["PortHost", "start_host", "ActorPort", "ActorUnit", "ActorController", "HOST_CONCURRENCY"]
+__all__ = ["PortHost", "start_host", "ActorPort", "ActorUnit", "ActorController", "HOST_CONCURRENCY", "answer"]

@@ -1,0 +1,159 @@
+"""``tq.init({"backend": "ray"})``: one store served by a named Ray actor, started by the
+first process that asks for it and attached to by every other process of the cluster (a
+task, an actor): what one writes the others read, consumption and checkpoints are the
+store's, errors reach each caller as themselves, and the owner's close ends it.  Skipped
+when ray is not installed."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+ray = pytest.importorskip("ray")
+
+import tqstore as tq  # noqa: E402
+from tqstore.errors import (  # noqa: E402
+    ConfigError, DistributedError, KeyNotFoundError, StorageIOError, StoreClosedError,
+)
+from tqstore.ray.remote_store import RemoteHandle, RemoteStore  # noqa: E402
+from tqstore.ray.store_host import STORE_CALLS, find_store_host  # noqa: E402
+
+pytestmark = [pytest.mark.ray]
+#: each a new store host and its part actors (10-15 s here): in ``make test-ray``, not ``make test``
+slow = pytest.mark.slow
+
+
+@pytest.fixture(scope="module", autouse=True)
+def ray_cluster():
+    import sys
+
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its tasks travel by value: workers cannot import it
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def closed_after():
+    yield
+    tq.close()
+
+
+def _rows(lo, hi):
+    return [f"k{i}" for i in range(lo, hi)], {
+        "ids": [torch.arange(i % 5 + 1) + i for i in range(lo, hi)],
+        "reward": torch.arange(lo, hi, dtype=torch.float32)[:, None],
+    }
+
+
+def _attached_worker(name, lo, hi, driver_keys):
+    """In another process: attach by name, put rows, read the driver's, consume two rows."""
+    import tqstore as tq
+    import torch
+
+    store = tq.init({"backend": "ray", "ray": {"name": name}})
+    try:
+        keys = [f"k{i}" for i in range(lo, hi)]
+        fields = {"ids": [torch.arange(i % 5 + 1) + i for i in range(lo, hi)],
+                  "reward": torch.arange(lo, hi, dtype=torch.float32)[:, None]}
+        tq.kv_batch_put(keys, "train", fields, tags=[{"w": 1}] * len(keys))
+        seen = tq.kv_batch_get(driver_keys, "train")
+        meta = tq.get_meta(["ids"], 2, "train", task_name="actor")
+        got = tq.get_data(meta)
+        return (store.owner, [r.tolist() for r in seen["ids"].unbind()], seen["reward"][:, 0].tolist(),
+                sorted(meta.global_indexes), [r.tolist() for r in got["ids"].unbind()])
+    finally:
+        tq.close()
+
+
+def test_a_store_started_by_init_is_shared_by_another_process_and_ended_by_its_owner(tmp_path, closed_after):
+    store = tq.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2, "ray": {"name": "shared"}})
+    assert isinstance(store, RemoteStore) and store.owner and store.num_units == 2
+    assert find_store_host("shared") is not None
+    keys, fields = _rows(0, 6)
+    tq.kv_batch_put(keys, "train", fields)
+    first = tq.get_meta(["ids"], 2, "train", task_name="actor")  # the driver consumes two rows
+
+    task = ray.remote(_attached_worker)
+    owner, seen_ids, seen_reward, gidxs, got = ray.get(task.remote("shared", 100, 104, keys))
+    assert owner is False  # attached: its close only detached
+    assert seen_ids == [t.tolist() for t in fields["ids"]] and seen_reward == fields["reward"][:, 0].tolist()
+    assert not set(gidxs) & set(first.global_indexes)  # consumption is the store's, not the process's
+    # the worker's rows, tags and puts are the store's
+    back = tq.kv_batch_get([f"k{i}" for i in range(100, 104)], "train")
+    assert [r.tolist() for r in back["ids"].unbind()] == [t.tolist() for t in _rows(100, 104)[1]["ids"]]
+    assert tq.kv_list("train")["train"]["k101"] == {"w": 1}
+    assert got == [t.tolist() for t in fields["ids"][2:4]]  # the driver took rows 0-1: the worker got 2-3
+
+    with pytest.raises(KeyNotFoundError) as e:  # an error raised in the host is raised here as itself
+        tq.kv_batch_get(["nope"], "train")
+    assert isinstance(e.value, ValueError)
+    with pytest.raises(ConfigError, match="already initialized"):
+        tq.init({"backend": "ray", "ray": {"name": "shared"}})
+
+    tq.close()
+    assert store.closed and find_store_host("shared") is None  # the owner's close ended the host
+    with pytest.raises(StoreClosedError):
+        store.kv_list()
+
+
+@slow
+def test_attaching_with_other_settings_is_refused_and_a_detached_client_leaves_the_store(tmp_path, closed_after):
+    from tqstore.ray.remote_store import connect
+
+    owner = tq.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2, "result_type": "dict",
+                     "ray": {"name": "strict"}})
+    with pytest.raises(ConfigError, match=r"num_units=3 \(the store's: 2\)"):
+        connect("strict", options={"num_units": 3})
+    with pytest.raises(ConfigError, match="path"):
+        connect("strict", path=str(tmp_path / "other"))
+    same = connect("strict", path=str(tmp_path / "s"), options={"num_units": 2, "result_type": "dict"})
+    assert not same.owner and same.root == owner.root
+    same.kv_batch_put(["a"], "p", {"x": torch.ones(1, 3)})
+    same.close()  # detaches only
+    assert owner.kv_batch_get(["a"], "p")["x"].tolist() == [[1.0, 1.0, 1.0]]
+    with pytest.raises(StoreClosedError):
+        same.kv_list()
+    with pytest.raises(AttributeError):
+        same.snapshot  # not a call a Ray store answers
+    assert set(tq.client.FORWARDED) <= STORE_CALLS  # every call the module API and clients forward
+
+
+@slow
+def test_checkpoints_through_the_ray_store_load_into_it_and_into_an_embedded_store(tmp_path, closed_after):
+    tq.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2, "result_type": "dict",
+             "ray": {"name": "ck"}})
+    keys, fields = _rows(0, 8)
+    tq.kv_batch_put(keys, "train", fields)
+    handle = tq.save_checkpoint(tmp_path / "ck1", blocking=False)
+    assert isinstance(handle, RemoteHandle) and handle.stall_s >= 0
+    tq.kv_batch_put(["late"], "train", {"ids": [torch.arange(2)], "reward": torch.zeros(1, 1)})  # after the cut
+    info = handle.result(timeout=120)
+    assert handle.done() and handle.exception() is None and info.rows == 8
+    tq.load_checkpoint(tmp_path / "ck1")
+    assert sorted(tq.kv_list("train")["train"]) == sorted(keys)  # "late" is not in the checkpoint
+    assert tq.verify_checkpoint(tmp_path / "ck1").ok
+    tq.close()
+    with tq.open(tmp_path / "emb", num_units=3, result_type="dict") as emb:  # the embedded format
+        emb.load_checkpoint(tmp_path / "ck1")
+        got = emb.kv_batch_get(keys, "train")
+        assert [r.tolist() for r in got["ids"]] == [t.tolist() for t in fields["ids"]]
+
+
+def test_a_store_that_cannot_open_raises_its_own_error_and_leaves_no_host(tmp_path, closed_after):
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(StorageIOError, match="cannot create store directory"):
+        tq.init({"backend": "ray", "path": str(tmp_path / "file"), "ray": {"name": "broken"}})
+    assert find_store_host("broken") is None
+    with pytest.raises(StoreClosedError):
+        tq.current_store()
+
+
+@slow
+def test_a_dead_host_is_a_distributed_error(tmp_path, closed_after):
+    store = tq.init({"backend": "ray", "path": str(tmp_path / "s"), "ray": {"name": "dies"}})
+    ray.kill(find_store_host("dies"))
+    with pytest.raises(DistributedError, match="Ray store 'dies'") as e:
+        tq.kv_list()
+    assert e.value.outcomes == {"Ray store 'dies'": "unreachable: ActorDiedError"}
+    tq.close()  # nothing left to close: logged, not raised
+    assert store.closed

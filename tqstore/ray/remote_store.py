@@ -1,0 +1,194 @@
+"""The client side of a store served by a named Ray actor (:mod:`tqstore.ray.store_host`):
+what ``tq.init({"backend": "ray"})`` returns in every process of the cluster.
+
+:func:`connect` finds the store host of a name (namespace ``tqstore``) or, when there is
+none, starts it and opens the store in it; the process that started it owns it.  Every
+other process (a task, an actor, another driver of the cluster) that calls it with the same
+name attaches to the same store: its puts are seen by the others' gets, its checkpoint is
+the store's.
+
+:class:`RemoteStore` has the store methods the module API and the clients use
+(:data:`~tqstore.ray.store_host.STORE_CALLS`), each one call of the host; their errors
+reach the caller as themselves (a ``KeyNotFoundError`` is caught as one), and a host that
+is gone (closed by its owner, or dead) raises :class:`~tqstore.errors.DistributedError`.
+``close()`` in the owner closes the store and ends the host and the parts' actors; in any
+other process it only detaches.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Sequence
+
+from ..errors import ConfigError, DistributedError, StoreClosedError
+from .port_actor import _ray, answer
+from .store_host import STORE_CALLS, HandleRef, HostInfo, find_store_host, start_store_host
+
+log = logging.getLogger("tqstore")
+
+#: seconds an attaching process waits for the open of a host another process just started
+ATTACH_WAIT_S = 120.0
+
+
+class RemoteHandle:
+    """A non-blocking save or dump running in the store host, with the methods of its
+    handle (:class:`~tqstore.checkpoint.writer.SaveHandle`): ``done``, ``wait``,
+    ``result``, ``exception``; ``path`` and ``stall_s`` as it said when it started."""
+
+    def __init__(self, store: "RemoteStore", ref: HandleRef) -> None:
+        self._store, self._ref = store, ref
+        self.path = Path(ref.path)
+        self.stall_s = ref.stall_s
+
+    def _ask(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return self._store._ask(self._store._host.handle.remote(self._ref.hid, name, args, kwargs))
+
+    def done(self) -> bool:
+        return self._ask("done")
+
+    def wait(self, timeout: Optional[float] = None) -> bool:
+        return self._ask("wait", timeout)
+
+    def result(self, timeout: Optional[float] = None) -> Any:
+        return self._ask("result", timeout)
+
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
+        return self._ask("exception", timeout)
+
+    def __repr__(self) -> str:
+        return f"<{self._ref.kind} {self.path} in Ray store {self._store.name!r}>"
+
+
+class RemoteStore:
+    """A store served by a named Ray actor (see the module docstring).
+
+    Attributes:
+        name: the store's name in the cluster.
+        owner: True in the process that started the host (its ``close()`` ends the store).
+        root, num_units: the store's directory (on the host's node) and unit count.
+    """
+
+    def __init__(self, host: Any, name: str, info: HostInfo, *, owner: bool) -> None:
+        self._host, self.name, self.owner = host, name, owner
+        self._closed = False
+        self.root = None if info.root is None else Path(info.root)
+        self.num_units = info.num_units
+        self.host_node, self.host_pid = info.node, info.pid
+
+    @property
+    def _part(self) -> str:
+        return f"Ray store {self.name!r}"
+
+    def _ask(self, ref: Any) -> Any:
+        return answer(ref, self._part)
+
+    def _call(self, name: str, args: Any, kwargs: Dict[str, Any]) -> Any:
+        if self._closed:
+            raise StoreClosedError(f"{self._part} is closed in this process")
+        out = self._ask(self._host.call.remote(name, tuple(args), dict(kwargs)))
+        return RemoteHandle(self, out) if isinstance(out, HandleRef) else out
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in STORE_CALLS:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._call(name, args, kwargs)
+
+        call.__name__ = call.__qualname__ = name
+        return call
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Detach (idempotent); in the owner, close the store and end its actors first.  A
+        host that is gone already is logged, not raised: nothing is left to close (the
+        store's next open reconciles its files, as after a kill)."""
+        if self._closed:
+            return
+        self._closed = True
+        if not self.owner:
+            return
+        ray = _ray()
+        try:
+            self._ask(self._host.close.remote())
+        except DistributedError as e:
+            log.warning("%s was gone before its close: %s", self._part, e)
+        finally:
+            try:
+                ray.kill(self._host)
+            except Exception:  # noqa: BLE001 - gone already
+                log.debug("%s: its actor was gone at close", self._part)
+
+    def __enter__(self) -> "RemoteStore":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else "open"
+        role = "owner" if self.owner else "attached"
+        return f"<RemoteStore {self.name!r} {self.root} ({self.num_units} units, {role}, {state})>"
+
+
+def _check_attach(name: str, info: HostInfo, path: Optional[str], options: Dict[str, Any], sampler: Any) -> None:
+    """An attaching init's settings must be the store's: ConfigError naming each that differs."""
+    diff = []
+    if path is not None and (info.root is None or Path(path).resolve() != Path(info.root).resolve()):
+        diff.append(f"path {str(path)!r} (the store's: {info.root!r})")
+    for k, v in sorted(options.items()):
+        have = info.num_units if k == "num_units" else info.options.get(k)
+        if v != have:
+            diff.append(f"{k}={v!r} (the store's: {have!r})")
+    if sampler is not None and type(sampler).__name__ != info.sampler:
+        diff.append(f"sampler {type(sampler).__name__} (the store's: {info.sampler})")
+    if diff:
+        raise ConfigError(f"Ray store {name!r} is open with other settings: {'; '.join(diff)}; attach with the "
+                          f"same settings or none, or use another name")
+
+
+def connect(name: str = "default", path: Optional[str] = None, options: Optional[Dict[str, Any]] = None,
+            sampler: Any = None, nodes: Optional[Sequence[str]] = None) -> RemoteStore:
+    """The store called ``name`` on the Ray cluster of this process (``ray.init()`` first
+    when Ray is not initialised): attached when its host runs, else started and opened with
+    ``path``, ``options`` (:class:`~tqstore.store.Store`'s keyword arguments), ``sampler``
+    and the parts placed on ``nodes`` (default: every alive node).
+
+    Raises:
+        ConfigError: ray is not installed, or the running store was opened with other
+            settings than those given (a store's settings are its starting process's).
+        What the store's open raises (the host is ended then).
+    """
+    ray = _ray()
+    options = dict(options or {})
+    if not ray.is_initialized():
+        ray.init()
+    host = find_store_host(name)
+    if host is None:
+        try:
+            host = start_store_host(name)
+        except ValueError:  # another process started it meanwhile
+            host = find_store_host(name)
+        else:
+            try:
+                info = answer(host.open.remote(None if path is None else str(path), options, sampler,
+                                               None if nodes is None else list(nodes)), f"Ray store {name!r}")
+            except BaseException:
+                ray.kill(host)
+                raise
+            log.info("started Ray store %r at %s (%d units) on node %s", name, info.root, info.num_units, info.node)
+            return RemoteStore(host, name, info, owner=True)
+    if host is None:
+        raise StoreClosedError(f"Ray store {name!r} ended while this process attached to it")
+    t0 = time.monotonic()
+    info = answer(host.info.remote(ATTACH_WAIT_S), f"Ray store {name!r}")
+    _check_attach(name, info, path, options, sampler)
+    log.info("attached to Ray store %r at %s (%.3f s)", name, info.root, time.monotonic() - t0)
+    return RemoteStore(host, name, info, owner=False)
+
+
+__all__ = ["RemoteStore", "RemoteHandle", "connect", "ATTACH_WAIT_S"]

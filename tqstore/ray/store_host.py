@@ -1,0 +1,190 @@
+"""A whole store served by a named Ray actor: what ``tq.init({"backend": "ray"})`` starts or
+finds (the client side is :mod:`tqstore.ray.remote_store`).
+
+:class:`StoreHost` opens ``Store(path, parts=RayParts(), ...)`` in its own process: the
+store's lock, its write lock, its controller and the checkpoint machinery live there, and
+its units and controller are actors of their own (:class:`~tqstore.ray.parts.RayParts`,
+spread over the cluster's nodes; actors this host starts, so they end with it).  It is
+named ``store_name(name)`` in the namespace :data:`NAMESPACE`, so every process of the
+cluster (driver, task or actor) finds it by name; it is threaded (calls of different
+clients run side by side, as the store's own threads allow) and asks for no CPU.
+
+A call is a store method of :data:`STORE_CALLS`, its arguments and answer pickled by Ray
+(batches, TensorDicts, ``BatchMeta``).  A checkpoint save or dump started with
+``blocking=False`` stays in the host; the caller gets a :class:`HandleRef` and asks the
+host about it (:meth:`StoreHost.handle`).  The payload of a put or get passes through this
+host on its way to or from the unit actors (one hop more than an embedded store).
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+from ..checkpoint.writer import SaveHandle
+from ..errors import ConfigError, InvalidInputError, StoreClosedError
+from ..store import Store
+from .parts import RayParts
+
+log = logging.getLogger("tqstore")
+
+#: the Ray namespace of every store host
+NAMESPACE = "tqstore"
+#: calls of one host running side by side (Ray's ``max_concurrency``)
+STORE_HOST_CONCURRENCY = 32
+#: the store methods a host answers: the data plane (every call the module API and a client
+#: forward, ``tqstore.client.FORWARDED``) and what they add (checkpoints, dumps, tag writes)
+STORE_CALLS = frozenset({
+    "get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
+    "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
+    "get_partition_list", "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear",
+    "write", "save_checkpoint", "load_checkpoint", "dump_data_by_key", "load_data_by_key", "recover_data_load",
+    "set_sampler", "verify", "compact",
+})
+#: the methods of a non-blocking save's or dump's handle a caller may ask for
+HANDLE_CALLS = frozenset({"done", "wait", "result", "exception"})
+
+
+def store_name(name: str) -> str:
+    """The actor name of the store host called ``name``."""
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ConfigError(f"the name of a Ray store must be a non-empty str of at most 200 characters, got {name!r}")
+    return f"store:{name}"
+
+
+@dataclass(frozen=True)
+class HandleRef:
+    """A non-blocking save or dump running in a host: its id there, and what its handle
+    says at once (``kind``: ``"SaveHandle"`` or ``"DumpHandle"``; ``path``; ``stall_s``)."""
+
+    hid: int
+    kind: str
+    path: str
+    stall_s: float
+
+
+@dataclass(frozen=True)
+class HostInfo:
+    """What a client checks and shows of a host: its store's directory, unit count and
+    the options it was opened with, the class of its sampler, and the node and process
+    it runs in."""
+
+    root: Optional[str]
+    num_units: int
+    options: Dict[str, Any]
+    sampler: Optional[str]
+    node: str
+    pid: int
+
+
+class StoreHost:
+    """One store, served to the cluster (see the module docstring).  ``path`` and
+    ``options`` are :class:`~tqstore.store.Store`'s (``parts`` excepted: the parts are
+    :class:`~tqstore.ray.parts.RayParts` with ``nodes``); ``sampler``, if given, is set."""
+
+    def __init__(self) -> None:
+        self._store: Optional[Store] = None
+        self._options: Dict[str, Any] = {}
+        self._sampler: Optional[str] = None
+        self._handles: Dict[int, SaveHandle] = {}
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._tried = threading.Event()  # set once open() has succeeded or failed
+
+    def open(self, path: Optional[str], options: Dict[str, Any], sampler: Any = None,
+             nodes: Optional[Sequence[str]] = None) -> HostInfo:
+        """Open the store (once; a separate call from the actor's start, so that what the
+        open raises reaches the caller as itself); its :class:`HostInfo`."""
+        with self._lock:
+            if self._store is not None or self._tried.is_set():
+                raise ConfigError("this store host has opened its store already")
+            try:
+                if "parts" in options:
+                    raise ConfigError("a Ray store host opens its own parts (RayParts); 'parts' cannot be given")
+                store = Store(path, parts=RayParts(nodes=nodes), **options)
+                try:
+                    if sampler is not None:
+                        store.set_sampler(sampler)
+                except BaseException:
+                    store.close()
+                    raise
+                self._store, self._options = store, dict(options)
+                self._sampler = None if sampler is None else type(sampler).__name__
+            finally:
+                self._tried.set()
+        return self.info()
+
+    def _opened(self) -> Store:
+        if self._store is None:
+            raise StoreClosedError("this store host has not opened a store (its open failed or has not run)")
+        return self._store
+
+    def info(self, wait_s: float = 0.0) -> HostInfo:
+        """The :class:`HostInfo`, once the store is open (waiting up to ``wait_s`` seconds
+        for the open that started the host).  StoreClosedError when it is not open."""
+        self._tried.wait(wait_s)
+        store = self._opened()
+        try:
+            import ray
+
+            node = ray.get_runtime_context().get_node_id()
+        except Exception:  # noqa: BLE001 - not in a Ray worker (tests of the host's own logic)
+            node = ""
+        root = None if store.root is None else str(store.root)
+        return HostInfo(root, store.num_units, dict(self._options), self._sampler, node, os.getpid())
+
+    def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """``store.<name>(*args, **kwargs)`` for a name of :data:`STORE_CALLS`; a save or
+        dump handle comes back as a :class:`HandleRef`.  InvalidInputError for another name."""
+        if name not in STORE_CALLS:
+            raise InvalidInputError(f"{name!r} is not a call a Ray store answers (one of {sorted(STORE_CALLS)})")
+        out = getattr(self._opened(), name)(*args, **kwargs)
+        if isinstance(out, SaveHandle):
+            with self._lock:
+                hid = next(self._ids)
+                self._handles[hid] = out
+            return HandleRef(hid, type(out).__name__, str(out.path), float(out.stall_s))
+        return out
+
+    def handle(self, hid: int, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+        """``handle.<name>(...)`` of the save or dump ``hid`` (:data:`HANDLE_CALLS`)."""
+        if name not in HANDLE_CALLS:
+            raise InvalidInputError(f"{name!r} is not a method of a save or dump handle")
+        h = self._handles.get(hid)
+        if h is None:
+            raise InvalidInputError(f"no save or dump {hid} in this store host")
+        return getattr(h, name)(*args, **kwargs)
+
+    def close(self) -> None:
+        """Close the store (idempotent): a running save or dump ends first, then the parts'
+        actors."""
+        if self._store is not None:
+            self._store.close()
+
+
+def start_store_host(name: str) -> Any:
+    """Start the named host of store ``name``, with no store open yet (:meth:`StoreHost.open`
+    opens it).  The caller owns it: it ends with the caller's process, or with ``ray.kill``.
+    Raises ValueError when a host of that name exists already (Ray's error)."""
+    import ray
+
+    actor = ray.remote(StoreHost).options(name=store_name(name), namespace=NAMESPACE, num_cpus=0,
+                                          max_concurrency=STORE_HOST_CONCURRENCY)
+    return actor.remote()
+
+
+def find_store_host(name: str) -> Any:
+    """The host of store ``name``, or None when there is none."""
+    import ray
+
+    try:
+        return ray.get_actor(store_name(name), namespace=NAMESPACE)
+    except ValueError:
+        return None
+
+
+__all__ = ["StoreHost", "HandleRef", "HostInfo", "NAMESPACE", "STORE_CALLS", "HANDLE_CALLS", "store_name",
+           "start_store_host", "find_store_host"]
