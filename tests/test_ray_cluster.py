@@ -52,3 +52,46 @@ def test_parts_spread_over_the_nodes_and_the_store_works_across_them(tmp_path, c
         assert t.load_checkpoint(tmp_path / "ck").mode == "reshard"
         assert {ray.get(p._host.where.remote())[0] for p in [t.controller, *t.units]} <= set(only)  # the new parts too
         assert {f: canon(v) for f, v in t.kv_batch_get(keys, "train").items()} == want
+
+
+def _attach_and_put(name, node_rows):
+    """On another node: attach to the store by name, put rows, read them back; the node id."""
+    import ray as r
+    import torch
+
+    import tqstore as tq
+
+    tq.init({"backend": "ray", "ray": {"name": name}})
+    try:
+        keys = [f"w{i}" for i in range(node_rows)]
+        tq.kv_batch_put(keys, "train", {"x": torch.arange(node_rows * 3, dtype=torch.float32).reshape(-1, 3)})
+        back = tq.kv_batch_get(keys, "train", select_fields=["x"])["x"]
+        return r.get_runtime_context().get_node_id(), back.tolist()
+    finally:
+        tq.close()
+
+
+def test_a_store_started_by_init_on_one_node_is_attached_to_from_another(tmp_path, cluster):
+    """``tq.init({"backend": "ray"})`` in the driver, the parts on two nodes; a task placed
+    on the third node attaches by name and writes; the driver reads it and saves a
+    checkpoint that verifies."""
+    import sys
+
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the task travels by value
+    nodes = _nodes()
+    store = tqstore.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2, "result_type": "dict",
+                          "ray": {"name": "across", "nodes": nodes[1:]}})
+    try:
+        task = ray.remote(_attach_and_put).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[2], soft=False))
+        node, back = ray.get(task.remote("across", 5))
+        assert node == nodes[2] and store.owner
+        assert back == [[float(3 * i + j) for j in range(3)] for i in range(5)]
+        got = tqstore.kv_batch_get([f"w{i}" for i in range(5)], "train")
+        assert got["x"].tolist() == back
+        tqstore.save_checkpoint(tmp_path / "ck")
+    finally:
+        tqstore.close()
+    assert verify_checkpoint(tmp_path / "ck").ok
