@@ -14,8 +14,14 @@ back to back, each on a new store of ``--units`` units on a local Ray (``num_cpu
 * ``save_gib_s``: a blocking ``save_checkpoint`` (each unit writes its own files);
 * ``load_gib_s``: ``load_checkpoint`` of it into the reopened store.
 
+Three backends: ``embedded``; ``ray``, the store in this process over part actors
+(``RayParts``); ``served``, the store in a named actor of its own over part actors, this
+process a client of it (``tq.init({"backend": "ray"})``, :func:`tqstore.ray.connect`: the
+payload passes through the store's actor).
+
 Every figure is the median of the rounds; ``ray_vs_embedded_<figure>`` is ray ÷ embedded
-for the rates (higher is better) and embedded ÷ ray for ``open`` (the same sense).  Progress
+for the rates (higher is better) and embedded ÷ ray for ``open`` (the same sense);
+``served_vs_embedded_<figure>`` likewise.  Progress
 goes to stderr; the last line of stdout is one JSON object (``{"skipped": ...}`` when ray
 is not installed: the ``ray`` extra).
 """
@@ -57,11 +63,12 @@ def rows_of(target_bytes: int):
     return batches, nbytes
 
 
-def one(tqstore, path: Path, parts, units: int, batches, nbytes: int) -> dict:
-    """One backend's figures on a new store in ``path``."""
+def one(open_store, path: Path, units: int, batches, nbytes: int) -> dict:
+    """One backend's figures on a new store in ``path`` (``open_store(path, num_units)``
+    opens it: a ``num_units`` of None reopens it)."""
     out = {}
     t0 = time.perf_counter()
-    s = tqstore.open(path / "store", num_units=units, parts=parts, result_type="dict")
+    s = open_store(path / "store", units)
     out["open_s"] = time.perf_counter() - t0
     try:
         t0 = time.perf_counter()
@@ -77,7 +84,7 @@ def one(tqstore, path: Path, parts, units: int, batches, nbytes: int) -> dict:
         out["save_gib_s"] = nbytes / GiB / (time.perf_counter() - t0)
     finally:
         s.close()
-    with tqstore.open(path / "store", parts=parts, result_type="dict") as s:
+    with open_store(path / "store", None) as s:
         t0 = time.perf_counter()
         s.load_checkpoint(path / "ck")
         out["load_gib_s"] = nbytes / GiB / (time.perf_counter() - t0)
@@ -94,20 +101,31 @@ def main(argv=None) -> int:
         print(json.dumps({"skipped": "ray is not installed (pip install 'tqstore[ray]')"}))
         return 0
     import tqstore
-    from tqstore.ray import RayParts
+    from tqstore.ray import RayParts, connect
+
+    def opener(name: str, rnd: int):
+        parts = RayParts() if name == "ray" else None
+
+        def open_store(path: Path, units):
+            kw = {"result_type": "dict", **({"num_units": units} if units else {})}
+            if name == "served":  # tq.init({"backend": "ray"}): the store in a named actor, this process a client
+                return connect(f"bench-{rnd}", str(path), kw)
+            return tqstore.open(path, parts=parts, **kw)
+
+        return open_store
 
     gib = args.gib if args.gib is not None else (0.0625 if args.quick else 0.25)
     batches, nbytes = rows_of(int(gib * GiB))
     log(f"{sum(len(b[0]) for b in batches)} rows, {nbytes / GiB:.3f} GiB of payload, {args.units} units")
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
     base = Path(args.dir or tempfile.mkdtemp(prefix="tqstore-bench-ray-"))
-    got = {"embedded": [], "ray": []}
+    got = {"embedded": [], "ray": [], "served": []}
     try:
         for rnd in range(args.rounds):
-            for name, parts in (("embedded", None), ("ray", RayParts())):
+            for name in got:
                 work = base / f"{name}-{rnd}"
                 work.mkdir(parents=True)
-                got[name].append(one(tqstore, work, parts, args.units, batches, nbytes))
+                got[name].append(one(opener(name, rnd), work, args.units, batches, nbytes))
                 shutil.rmtree(work)
                 log(f"round {rnd} {name}: " + ", ".join(f"{k} {v:.3f}" for k, v in got[name][-1].items()))
     finally:
@@ -120,11 +138,13 @@ def main(argv=None) -> int:
         for k, v in med[name].items():
             res[f"{name}_{k}"] = round(v, 4)
     for k in FIGURES:
-        e, r = med["embedded"][k], med["ray"][k]
-        res[f"ray_vs_embedded_{k}"] = round(e / r if k == "open_s" else r / e, 3)
+        e = med["embedded"][k]
         unit = "s" if k == "open_s" else "GiB/s"
-        log(f"{k[:-2] if k == 'open_s' else k[:-6]:5s} ray {r:.3f} {unit}, embedded {e:.3f} {unit}: "
-            f"ray {res[f'ray_vs_embedded_{k}']:.2f}x the embedded store")
+        for name in ("ray", "served"):
+            r = med[name][k]
+            res[f"{name}_vs_embedded_{k}"] = round(e / r if k == "open_s" else r / e, 3)
+            log(f"{k[:-2] if k == 'open_s' else k[:-6]:5s} {name:6s} {r:.3f} {unit}, embedded {e:.3f} {unit}: "
+                f"{name} {res[f'{name}_vs_embedded_{k}']:.2f}x the embedded store")
     print(json.dumps(res))
     return 0
 
