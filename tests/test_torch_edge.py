@@ -145,3 +145,48 @@ def test_import_tqstore_leaves_torch_to_the_first_store_and_the_datasets(tmp_pat
               "    raise AssertionError('no AttributeError')\n")
     r = subprocess.run([sys.executable, "-c", verify, str(ck)], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+def test_values_cross_a_process_boundary_as_numpy_bytes_and_come_back_equal():
+    """``TorchEdge.to_wire`` / ``from_wire`` (a Ray store's calls and answers): tensors of any
+    dtype and shape, jagged nested tensors and TensorDicts, inside dicts, lists and tuples,
+    travel as numpy arrays of their bytes (no torch object pickled) and come back equal in
+    dtype, shape and values, writable; what is not the framework's is left as it is."""
+    import pickle
+
+    from tensordict import TensorDict
+
+    from tqstore.torch_adapter import TorchEdge, WireNested, WireTensor, WireTensorDict, to_tensordict
+
+    edge = TorchEdge("dict")
+    g = torch.Generator().manual_seed(3)
+    dense = [torch.randn(4, 3, generator=g), torch.randn(5, generator=g).to(torch.bfloat16),
+             torch.tensor([True, False]), torch.arange(6, dtype=torch.int8).reshape(2, 3),
+             torch.zeros(0, 4), torch.randn(3, 4, generator=g).t(),  # empty, and not contiguous
+             torch.ones(2, requires_grad=True), torch.tensor(7)]
+    njt = torch.nested.nested_tensor([torch.arange(2.0), torch.arange(5.0)], layout=torch.jagged)
+    td = to_tensordict({"x": torch.ones(2, 2), "t": ["a", "b"], "j": njt}, 2)
+    arr = np.arange(3)
+    value = ({"dense": dense, "njt": njt}, [td, arr, "s", 1, None], (b"b",))
+    wired = edge.to_wire(value)
+    blob = pickle.dumps(wired)
+    # no torch object pickled for the tensors (a TensorDict's non-tensor entries travel as they are)
+    assert b"torch" not in pickle.dumps(wired[0]).replace(b"tqstore.torch_adapter", b"")
+    assert isinstance(wired[0]["dense"][0], WireTensor) and isinstance(wired[0]["njt"], WireNested)
+    assert isinstance(wired[1][0], WireTensorDict) and wired[1][1] is arr
+    back = edge.from_wire(pickle.loads(blob))
+    for a, b in zip(dense, back[0]["dense"]):
+        assert b.dtype == a.dtype and b.shape == a.shape and torch.equal(b, a.detach())
+        assert not b.requires_grad
+    assert [r.tolist() for r in back[0]["njt"].unbind()] == [[0.0, 1.0], [0.0, 1.0, 2.0, 3.0, 4.0]]
+    out = back[1][0]
+    assert isinstance(out, TensorDict) and out.batch_size == torch.Size([2])
+    assert torch.equal(out["x"], torch.ones(2, 2)) and list(out["t"]) == ["a", "b"] and out["j"].is_nested
+    assert np.array_equal(back[1][1], arr) and back[1][2:] == ["s", 1, None]
+    assert back[2] == (b"b",)
+    # arrays handed out read-only (Ray's object store) give writable tensors
+    w = edge.to_wire(torch.arange(4.0))
+    w.data.flags.writeable = False
+    t = edge.from_wire(w)
+    t += 1
+    assert t.tolist() == [1.0, 2.0, 3.0, 4.0]

@@ -67,6 +67,14 @@ class Edge(Protocol):
     def dtype(self, kind: int, code: int) -> Any:
         """The dtype a schema names for a field of ``kind`` and dtype ``code`` (None for values)."""
 
+    def to_wire(self, value: Any) -> Any:
+        """``value`` (a call's arguments or answer, crossing a process boundary) with the
+        framework's objects replaced by plain ones that pickle cheaply (numpy arrays of their
+        bytes); :meth:`from_wire` gives them back, equal in dtype, shape and values."""
+
+    def from_wire(self, value: Any) -> Any:
+        """The inverse of :meth:`to_wire` (what it did not replace is returned as it is)."""
+
 
 def take_rows(value: Any, idx: List[int]) -> Any:
     """Rows ``idx`` of a numpy array or a list; anything else is returned as it is (the column
@@ -122,6 +130,12 @@ class NumpyEdge:
         if kind == KIND_VALUE:
             return None
         return dtypes.CODE_TO_NUMPY.get(code, dtypes.DTYPE_NAMES.get(code))
+
+    def to_wire(self, value: Any) -> Any:
+        return value  # numpy arrays pickle cheaply as they are
+
+    def from_wire(self, value: Any) -> Any:
+        return value
 
 
 _factory: Optional[Callable[[str], Any]] = None

@@ -70,8 +70,11 @@ class RemoteStore:
     """
 
     def __init__(self, host: Any, name: str, info: HostInfo, *, owner: bool) -> None:
+        from ..edge import default_edge
+
         self._host, self.name, self.owner = host, name, owner
         self._closed = False
+        self._edge = default_edge("dict")  # (its to_wire / from_wire: the framework's values across the boundary)
         self.root = None if info.root is None else Path(info.root)
         self.num_units = info.num_units
         self.host_node, self.host_pid = info.node, info.pid
@@ -86,8 +89,9 @@ class RemoteStore:
     def _call(self, name: str, args: Any, kwargs: Dict[str, Any]) -> Any:
         if self._closed:
             raise StoreClosedError(f"{self._part} is closed in this process")
-        out = self._ask(self._host.call.remote(name, tuple(args), dict(kwargs)))
-        return RemoteHandle(self, out) if isinstance(out, HandleRef) else out
+        wire = self._edge.to_wire
+        out = self._ask(self._host.call.remote(name, wire(tuple(args)), wire(dict(kwargs))))
+        return RemoteHandle(self, out) if isinstance(out, HandleRef) else self._edge.from_wire(out)
 
     def __getattr__(self, name: str) -> Any:
         if name not in STORE_CALLS:
