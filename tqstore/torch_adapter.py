@@ -320,14 +320,7 @@ def to_wire(value: Any) -> Any:
         return _wire_tensor(value)
     if _is_tensordict(value) and not _is_non_tensor(value):
         return WireTensorDict({k: to_wire(value.get(k)) for k in value.keys()}, list(value.batch_size))
-    t = type(value)
-    if t is dict:
-        return {k: to_wire(v) for k, v in value.items()}
-    if t is list:
-        return [to_wire(v) for v in value]
-    if t is tuple:
-        return tuple(to_wire(v) for v in value)
-    return value
+    return _map_items(value, to_wire)
 
 
 def from_wire(value: Any) -> Any:
@@ -344,12 +337,19 @@ def from_wire(value: Any) -> Any:
         from tensordict import TensorDict
 
         return TensorDict({k: from_wire(v) for k, v in value.entries.items()}, batch_size=value.batch_size)
+    return _map_items(value, from_wire)
+
+
+def _map_items(value: Any, fn: Any) -> Any:
+    """A plain dict, list or tuple with ``fn`` applied to each item (a dict's values); anything
+    else as it is."""
+    t = type(value)
     if t is dict:
-        return {k: from_wire(v) for k, v in value.items()}
+        return {k: fn(v) for k, v in value.items()}
     if t is list:
-        return [from_wire(v) for v in value]
+        return [fn(v) for v in value]
     if t is tuple:
-        return tuple(from_wire(v) for v in value)
+        return tuple(fn(v) for v in value)
     return value
 
 
