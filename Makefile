@@ -23,8 +23,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 	TQSTORE_PURE=1 $(PY) -m pytest -q tests/test_frame.py tests/test_unit.py tests/test_store.py
 
-# every Ray test: the port conformance suites against actors (also in `make test`) and whole
-# stores over actors (slow: an actor per part)
+# every Ray test: the port conformance suites against actors (also in `make test`), whole
+# stores over actors and stores served to the cluster by tq.init({"backend": "ray"}) (slow: an
+# actor per part)
 test-ray: $(STAMP)
 	$(PY) -m pytest -q -m ray tests/
 
