@@ -61,11 +61,15 @@ class RayParts:
     def open_parts(self, controller_dir: Path, unit_dirs: List[Path], *, durability: str, segment_bytes: int,
                    compress, map_bytes: Optional[int], controller: Optional[ControllerPort] = None
                    ) -> Tuple[ControllerPort, List[UnitPort]]:
-        """As :func:`tqstore.embedded.open_parts`, each part an actor."""
+        """As :func:`tqstore.embedded.open_parts`, each part an actor.  The actors of the parts
+        not started yet start first, all at once (a start returns before its process has
+        booted), in the order the parts open, so they are placed as one by one."""
+        self._host("controller")
+        for i in range(len(unit_dirs)):
+            self._host(f"unit {i}")
         return open_parts(controller_dir, unit_dirs, durability=durability, segment_bytes=segment_bytes,
                           compress=compress, map_bytes=map_bytes, controller=controller,
                           unit_opener=self.open_unit, controller_opener=self.open_controller)
-
 
     def close(self) -> None:
         """End every part's actor (after the store closed its parts; idempotent)."""
