@@ -116,6 +116,7 @@ class Store(CheckpointMixin, DumpMixin):
         capacity = None if total_storage_size is None else RowCapacity(total_storage_size)  # ConfigError
         self.edge = default_edge(result_type) if edge is None else edge
         self._parts = EmbeddedParts() if parts is None else parts
+        self._remote_parts = bool(getattr(self._parts, "remote", False))  # (reads call their units at once)
         self._closed = True
         self._temporary = path is None
         try:
@@ -497,7 +498,7 @@ class Store(CheckpointMixin, DumpMixin):
         self._check_open()
         verify = self.verify_reads if verify is None else verify
         return read_fields(self.units, self._pool, gidxs, fields, verify=verify, alloc=self.edge.alloc,
-                           remote=bool(getattr(self._parts, "remote", False)))
+                           remote=self._remote_parts)
 
     def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
                    ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:

@@ -81,7 +81,7 @@ class RemoteStore:
 
     @property
     def _part(self) -> str:
-        return f"Ray store {self.name!r}"
+        return _part_name(self.name)
 
     def _ask(self, ref: Any) -> Any:
         return answer(ref, self._part)
@@ -139,6 +139,11 @@ class RemoteStore:
         return f"<RemoteStore {self.name!r} {self.root} ({self.num_units} units, {role}, {state})>"
 
 
+def _part_name(name: str) -> str:
+    """How errors name the store ``name`` (a :class:`~tqstore.errors.DistributedError`'s part)."""
+    return f"Ray store {name!r}"
+
+
 def _check_attach(name: str, info: HostInfo, path: Optional[str], options: Dict[str, Any], sampler: Any) -> None:
     """An attaching init's settings must be the store's: ConfigError naming each that differs."""
     diff = []
@@ -151,7 +156,7 @@ def _check_attach(name: str, info: HostInfo, path: Optional[str], options: Dict[
     if sampler is not None and type(sampler).__name__ != info.sampler:
         diff.append(f"sampler {type(sampler).__name__} (the store's: {info.sampler})")
     if diff:
-        raise ConfigError(f"Ray store {name!r} is open with other settings: {'; '.join(diff)}; attach with the "
+        raise ConfigError(f"{_part_name(name)} is open with other settings: {'; '.join(diff)}; attach with the "
                           f"same settings or none, or use another name")
 
 
@@ -180,16 +185,16 @@ def connect(name: str = "default", path: Optional[str] = None, options: Optional
         else:
             try:
                 info = answer(host.open.remote(None if path is None else str(path), options, sampler,
-                                               None if nodes is None else list(nodes)), f"Ray store {name!r}")
+                                               None if nodes is None else list(nodes)), _part_name(name))
             except BaseException:
                 ray.kill(host)
                 raise
             log.info("started Ray store %r at %s (%d units) on node %s", name, info.root, info.num_units, info.node)
             return RemoteStore(host, name, info, owner=True)
     if host is None:
-        raise StoreClosedError(f"Ray store {name!r} ended while this process attached to it")
+        raise StoreClosedError(f"{_part_name(name)} ended while this process attached to it")
     t0 = time.monotonic()
-    info = answer(host.info.remote(ATTACH_WAIT_S), f"Ray store {name!r}")
+    info = answer(host.info.remote(ATTACH_WAIT_S), _part_name(name))
     _check_attach(name, info, path, options, sampler)
     log.info("attached to Ray store %r at %s (%.3f s)", name, info.root, time.monotonic() - t0)
     return RemoteStore(host, name, info, owner=False)
