@@ -4,12 +4,17 @@
     python bench/bench_scale.py --quick         # 10k, 100k
     python bench/bench_scale.py --big           # adds 10M
     python bench/bench_scale.py --compare-with /work/main   # the same, alternating with another build
+    python bench/bench_scale.py --rounds 5      # medians of 5 rounds (default 3)
 
 Rows are small: two fields, ``ids`` (16 int64) and ``lp`` (1 float32), keyed ``k<i>``, in
 one partition of a store of ``--units`` units (default 2), ``result_type="dict"``.  Every
 figure of one size and one build comes from one child process (a fresh interpreter, the
 build's ``tqstore`` first on ``sys.path``); with ``--compare-with`` the two builds run
-alternately, size after size, so that load on the machine hits both alike.
+alternately, round after round, so that load on the machine hits both alike.  Each size runs
+``--rounds`` rounds (default 3), each in fresh child processes on a fresh store; every figure
+printed is the median of its rounds (the issue's aims are medians of rounds: this machine is
+shared, and one round's put has been seen anywhere from 259k to 513k rows/s within minutes),
+and the spread of put, get, open and load across rounds is printed beside them.
 
 Figures (wall time; per-row cost = time / rows):
 
@@ -53,6 +58,7 @@ import gc
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -208,6 +214,21 @@ def _run_child(build: Path, n: int, units: int, work: Path) -> dict:
     return res
 
 
+def _median_round(rounds: list) -> dict:
+    """Each figure's median over ``rounds`` (dicts of one child's figures; a figure an older
+    build does not report is left out)."""
+    keys = set(rounds[0]).intersection(*rounds[1:])
+    return {k: statistics.median(r[k] for r in rounds) for k in keys}
+
+
+def _spread(n: int, rounds: list) -> str:
+    def rng(key: str, rate: bool) -> str:
+        vals = sorted(n / r[key] if rate else r[key] for r in rounds)
+        return f"{vals[0]:,.0f}-{vals[-1]:,.0f} rows/s" if rate else f"{vals[0]:.3f}-{vals[-1]:.3f} s"
+    return (f"  rounds  {len(rounds)} (figures above: medians); spread: put {rng('put_s', True)}, "
+            f"get {rng('get_s', True)}, open {rng('open_s', False)}, load {rng('load_s', False)}")
+
+
 def _fmt_rate(n: int, s: float) -> str:
     return f"{n / s:>12,.0f} rows/s {s / n * 1e6:8.2f} us/row"
 
@@ -256,6 +277,7 @@ def main(argv=None) -> None:
     ap.add_argument("--units", type=int, default=2)
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--compare-with", type=Path, default=None, help="root of another tqstore build (a worktree)")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds per size and build (figures are medians)")
     ap.add_argument("--child", choices=("main", "rss"), help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
@@ -275,15 +297,22 @@ def main(argv=None) -> None:
         builds["old"] = a.compare_with.resolve()
     tmp = Path(tempfile.mkdtemp(prefix="bench-scale-", dir=a.dir))
     results: dict = {b: {} for b in builds}
+    rounds: dict = {b: {} for b in builds}
+    n_rounds = max(1, a.rounds)
     try:
-        for i, n in enumerate(sizes):
-            order = list(builds) if i % 2 == 0 else list(reversed(builds))  # alternate who runs first
-            for b in order:
-                print(f"... {b}: {n:,} rows", file=sys.stderr, flush=True)
-                results[b][n] = _run_child(builds[b], n, a.units, tmp / f"{b}-{n}")
+        turn = 0
+        for n in sizes:
+            for rnd in range(n_rounds):
+                order = list(builds) if turn % 2 == 0 else list(reversed(builds))  # alternate who runs first
+                turn += 1
+                for b in order:
+                    print(f"... {b}: {n:,} rows, round {rnd + 1}/{n_rounds}", file=sys.stderr, flush=True)
+                    rounds[b].setdefault(n, []).append(_run_child(builds[b], n, a.units, tmp / f"{b}-{n}-{rnd}"))
+            for b in builds:
+                results[b][n] = _median_round(rounds[b][n])
             for b in builds:
                 other = results.get("old", {}).get(n) if b == "new" else None
-                for line in _lines(f"{b} {builds[b]}", results[b][n], other):
+                for line in _lines(f"{b} {builds[b]}", results[b][n], other) + [_spread(n, rounds[b][n])]:
                     print(line, flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -295,8 +324,11 @@ def main(argv=None) -> None:
                                "rss_bytes_per_row": r["rss_bytes"] / max(1, r["rss_rows"]),
                                "rss_keyed_bytes_per_row": r["rss_keyed_bytes"] / max(1, r["rss_rows"]),
                                "memcpy_rows_s": n / r["memcpy_s"], "lmdb_put_rows_s": n / r["lmdb_put_s"],
-                               "lmdb_scan_s": r["lmdb_scan_s"]} for n, r in per.items()}
-    print(json.dumps({"units": a.units, "batch": BATCH, "results": summary}))
+                               "lmdb_scan_s": r["lmdb_scan_s"],
+                               "rounds_put_rows_s": [n / x["put_s"] for x in rounds[b][n]],
+                               "rounds_load_s": [x["load_s"] for x in rounds[b][n]],
+                               "rounds_open_s": [x["open_s"] for x in rounds[b][n]]} for n, r in per.items()}
+    print(json.dumps({"units": a.units, "batch": BATCH, "rounds": n_rounds, "results": summary}))
 
 
 if __name__ == "__main__":
