@@ -96,6 +96,46 @@ def test_a_store_started_by_init_is_shared_by_another_process_and_ended_by_its_o
         store.kv_list()
 
 
+def _init_in_worker(config, key):
+    """In a Ray task: ``tq.init(config)``, put one row under ``key``; what happened, as values."""
+    import tqstore as tq
+    import torch
+
+    from tqstore.errors import ConfigError
+
+    try:
+        store = tq.init(config)
+    except ConfigError as e:
+        return "ConfigError", str(e)
+    try:
+        tq.kv_batch_put([key], "train", {"x": torch.full((1, 2), 7.0)})
+        return type(store).__name__, getattr(store, "owner", None)
+    finally:
+        tq.close()
+
+
+def test_init_without_a_backend_in_a_ray_worker_attaches_to_the_served_store_and_never_goes_private(closed_after):
+    """TransferQueue's workers call ``tq.init()`` and expect the driver's store: a worker's
+    init that names no backend attaches to the cluster's store; with none served it raises
+    rather than open a private store whose rows nothing else would see."""
+    task = ray.remote(_init_in_worker)
+    kind, msg = ray.get(task.remote(None, "lost"))
+    assert kind == "ConfigError" and "{'backend': 'embedded'}" in msg and "driver" in msg
+    assert ray.get(task.remote({"backend": "embedded"}, "private")) == ("Store", None)  # named: as asked
+
+    store = tq.init({"backend": "ray", "num_units": 2})  # the driver serves "default"
+    assert ray.get(task.remote(None, "w1")) == ("RemoteStore", False)  # attached, not the owner
+    tq_config = {"controller": {"polling_mode": True}, "backend": {"SimpleStorage": {"num_data_storage_units": 2}}}
+    assert ray.get(task.remote(tq_config, "w2")) == ("RemoteStore", False)  # TransferQueue's config too
+    assert sorted(tq.kv_list("train")["train"]) == ["w1", "w2"]  # the workers' rows are the store's
+    assert tq.kv_batch_get(["w2"], "train")["x"].tolist() == [[7.0, 7.0]]
+    kind, msg = ray.get(task.remote({"backend": {"SimpleStorage": {"num_data_storage_units": 3}}}, "w3"))
+    assert kind == "ConfigError" and "num_units=3" in msg  # other settings: refused, nothing written
+    assert "w3" not in tq.kv_list("train")["train"]
+    tq.close()
+    assert store.closed and find_store_host("default") is None
+
+
 @slow
 def test_attaching_with_other_settings_is_refused_and_a_detached_client_leaves_the_store(tmp_path, closed_after):
     from tqstore.ray.remote_store import connect

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
 
@@ -43,6 +44,11 @@ def init(config: Any = None) -> Union[Store, "RemoteStore"]:
     TransferQueue's config (a mapping or an OmegaConf ``DictConfig`` with ``controller``,
     ``backend`` and ``metrics`` sections) is accepted too and mapped by :mod:`tqstore.config`
     (docs/MIGRATING.md has the table).
+    In a Ray task or actor, a config that does not name ``backend`` (none at all, as in
+    TransferQueue's workers' ``tq.init()``, or TransferQueue's) attaches to the store served
+    on the cluster under ``"default"``; when none is served it raises ``ConfigError`` rather
+    than open a store private to that worker, which nothing else would see.  Pass
+    ``{"backend": "embedded"}`` for such a private store.
     Calling ``init`` again while a store is open raises ``ConfigError``; call ``close()`` first.
     """
     cfg, sampler_spec, settings = _config.translate(config)
@@ -51,17 +57,25 @@ def init(config: Any = None) -> Union[Store, "RemoteStore"]:
         cur = _default.peek_default()
         if cur is not None and not cur.closed:
             raise ConfigError("tqstore is already initialized; call tqstore.close() first")
-        if settings.backend == "ray":
+        attach = not settings.backend_named and "ray" in sys.modules and _in_ray_worker()
+        if settings.backend == "ray" or attach:
             from .ray.remote_store import connect
 
+            settings.backend = "ray"
             store = connect(settings.ray_name, cfg.pop("path", None), cfg,
-                            sampler if sampler_spec is not None else None, settings.ray_nodes)
+                            sampler if sampler_spec is not None else None, settings.ray_nodes, attach_only=attach)
         else:
             store = Store(cfg.pop("path", None), **cfg)
             store.set_sampler(sampler)
         _config.remember(store, settings)
         _default.set_default(store)
         return store
+
+
+def _in_ray_worker() -> bool:
+    from .ray.remote_store import in_ray_worker
+
+    return in_ray_worker()
 
 
 def close() -> None:

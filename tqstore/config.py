@@ -57,6 +57,8 @@ class CompatSettings:
             named Ray actor that every process of the cluster attaches to).
         ray_name, ray_nodes: the ``ray`` section: the store's name in the cluster (default
             ``"default"``) and the node ids its parts are placed on (default: every alive node).
+        backend_named: the config names tqstore's ``backend`` (``"embedded"`` or ``"ray"``);
+            when it does not, ``init`` in a Ray task or actor attaches to the cluster's store.
     """
 
     polling_mode: bool = True
@@ -67,6 +69,7 @@ class CompatSettings:
     backend: str = "embedded"
     ray_name: str = "default"
     ray_nodes: Optional[List[str]] = None
+    backend_named: bool = False
 
 
 _SETTINGS: "weakref.WeakKeyDictionary[Any, CompatSettings]" = weakref.WeakKeyDictionary()
@@ -129,6 +132,7 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
         store[k] = cfg[k]
 
     backend = cfg.get("backend", "embedded")
+    settings.backend_named = isinstance(cfg.get("backend"), str)
     if isinstance(backend, Mapping):
         _translate_backend(dict(backend), store, settings)
     elif backend == "ray":

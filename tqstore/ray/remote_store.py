@@ -17,6 +17,7 @@ other process it only detaches.
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence
@@ -160,16 +161,30 @@ def _check_attach(name: str, info: HostInfo, path: Optional[str], options: Dict[
                           f"same settings or none, or use another name")
 
 
+def in_ray_worker() -> bool:
+    """True in a Ray task or actor (a worker process of a cluster), False in a driver or
+    without Ray; never imports ray (a worker has it imported)."""
+    ray = sys.modules.get("ray")
+    if ray is None:
+        return False
+    try:
+        return bool(ray.is_initialized()) and ray.get_runtime_context().worker.mode == ray.WORKER_MODE
+    except Exception:  # noqa: BLE001 - a partial or foreign "ray" module: not a worker
+        return False
+
+
 def connect(name: str = "default", path: Optional[str] = None, options: Optional[Dict[str, Any]] = None,
-            sampler: Any = None, nodes: Optional[Sequence[str]] = None) -> RemoteStore:
+            sampler: Any = None, nodes: Optional[Sequence[str]] = None, *, attach_only: bool = False) -> RemoteStore:
     """The store called ``name`` on the Ray cluster of this process (``ray.init()`` first
     when Ray is not initialised): attached when its host runs, else started and opened with
     ``path``, ``options`` (:class:`~tqstore.store.Store`'s keyword arguments), ``sampler``
-    and the parts placed on ``nodes`` (default: every alive node).
+    and the parts placed on ``nodes`` (default: every alive node).  With ``attach_only``,
+    a store that is not running is an error, never started here.
 
     Raises:
-        ConfigError: ray is not installed, or the running store was opened with other
-            settings than those given (a store's settings are its starting process's).
+        ConfigError: ray is not installed; the running store was opened with other
+            settings than those given (a store's settings are its starting process's);
+            ``attach_only`` and no store of that name runs.
         What the store's open raises (the host is ended then).
     """
     ray = _ray()
@@ -177,6 +192,12 @@ def connect(name: str = "default", path: Optional[str] = None, options: Optional
     if not ray.is_initialized():
         ray.init()
     host = find_store_host(name)
+    if host is None and attach_only:
+        raise ConfigError(
+            f"no tqstore store is served on this Ray cluster under the name {name!r}, and this process is a Ray "
+            f"task or actor: tq.init() here attaches to the store the driver serves. Start it first in the driver "
+            f"with tq.init({{'backend': 'ray', ...}}), or pass {{'backend': 'embedded'}} for a store private to "
+            f"this process")
     if host is None:
         try:
             host = start_store_host(name)
@@ -200,4 +221,4 @@ def connect(name: str = "default", path: Optional[str] = None, options: Optional
     return RemoteStore(host, name, info, owner=False)
 
 
-__all__ = ["RemoteStore", "RemoteHandle", "connect", "ATTACH_WAIT_S"]
+__all__ = ["RemoteStore", "RemoteHandle", "connect", "in_ray_worker", "ATTACH_WAIT_S"]
