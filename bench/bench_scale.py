@@ -49,7 +49,16 @@ Baselines, same child, same row count:
 * ``lmdb_scan``: a cursor walk of those records (seconds): the floor of an open that
   reads every row's record once.
 
-The last line of stdout is one JSON object: ``{"results": {build: {rows: {figure: value}}}}``.
+Beside a busy Python thread (once per build, after the sizes; ``--no-busy`` skips it): put
+and get of ``BUSY_ROWS`` rows with another thread of the process running pure Python, with
+tqstore's GIL hand-off (``tqstore._gilswitch``) and with it left off, and the same calls on
+their own in the same child.  CPython hands its GIL to a waiting thread
+only every switch interval (5 ms), and every call that releases the GIL (each item py-lmdb
+writes or reads, file writes, numpy and native kernels) waits for it again: the figure shows
+what a trainer with a CPU-bound Python thread in the store's process pays.
+
+The last line of stdout is one JSON object: ``{"results": {build: {rows: {figure: value}}}}``
+(and ``"busy_thread": {build: {figure: value}}``).
 """
 from __future__ import annotations
 
@@ -180,6 +189,52 @@ def _child(n: int, work: Path, units: int) -> dict:
     return out
 
 
+#: rows of the busy-thread measurement (two batches: a put beside a busy thread runs at a few thousand rows/s)
+BUSY_ROWS = 2 * BATCH
+
+
+def _child_busy(work: Path, units: int) -> dict:
+    """Put and get of BUSY_ROWS rows alone, then beside a thread running pure Python."""
+    import threading
+
+    import tqstore
+
+    from tqstore import _gilswitch
+
+    batches = list(_batches(BUSY_ROWS))
+    out: dict = {"rows": BUSY_ROWS}
+    quick = _gilswitch.INTERVAL_S
+    for mode in ("alone", "busy", "busy_off"):
+        _gilswitch.INTERVAL_S = None if mode == "busy_off" else quick  # busy_off: the GIL hand-off left off
+        stop = threading.Event()
+
+        def spin() -> None:
+            x = 0
+            while not stop.is_set():
+                for _ in range(1000):
+                    x += 1
+
+        s = tqstore.open(work / mode, num_units=units, result_type="dict")
+        spinner = threading.Thread(target=spin, daemon=True)
+        if mode != "alone":
+            spinner.start()
+        try:
+            t0 = time.perf_counter()
+            for keys, fields in batches:
+                s.kv_batch_put(keys, PID, fields)
+            out[f"put_{mode}_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            for keys, _ in batches:
+                s.kv_batch_get(keys, PID)
+            out[f"get_{mode}_s"] = time.perf_counter() - t0
+        finally:
+            stop.set()
+            if mode != "alone":
+                spinner.join()
+            s.close()
+    return out
+
+
 def _child_rss(work: Path) -> dict:
     import tqstore  # noqa: F401 - its imports are not the controller's share
     from tqstore import layout_dirs as L
@@ -199,11 +254,11 @@ def _child_rss(work: Path) -> dict:
     return {"rss_bytes": after - before, "rss_keyed_bytes": keyed - before, "rss_rows": rows}
 
 
-def _run_child(build: Path, n: int, units: int, work: Path) -> dict:
+def _run_child(build: Path, n: int, units: int, work: Path, modes=("main", "rss")) -> dict:
     work.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=str(build))
     res = {}
-    for mode in ("main", "rss"):
+    for mode in modes:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--rows", str(n),
                "--units", str(units), "--work", str(work)]
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -278,13 +333,15 @@ def main(argv=None) -> None:
     ap.add_argument("--dir", type=Path, default=None)
     ap.add_argument("--compare-with", type=Path, default=None, help="root of another tqstore build (a worktree)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per size and build (figures are medians)")
-    ap.add_argument("--child", choices=("main", "rss"), help=argparse.SUPPRESS)
+    ap.add_argument("--no-busy", action="store_true", help="skip the put and get beside a busy Python thread")
+    ap.add_argument("--child", choices=("main", "rss", "busy"), help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         sys.path.insert(0, os.environ.get("PYTHONPATH", str(ROOT)).split(os.pathsep)[0])
-        res = _child(a.rows, a.work, a.units) if a.child == "main" else _child_rss(a.work)
+        res = (_child(a.rows, a.work, a.units) if a.child == "main" else _child_rss(a.work) if a.child == "rss"
+               else _child_busy(a.work, a.units))
         print(json.dumps(res))
         return
     sizes = [10_000, 100_000] if a.quick else [10_000, 100_000, 1_000_000]
@@ -314,6 +371,17 @@ def main(argv=None) -> None:
                 other = results.get("old", {}).get(n) if b == "new" else None
                 for line in _lines(f"{b} {builds[b]}", results[b][n], other) + [_spread(n, rounds[b][n])]:
                     print(line, flush=True)
+        busy: dict = {}
+        for b in ([] if a.no_busy else builds):
+            print(f"... {b}: {BUSY_ROWS:,} rows beside a busy Python thread", file=sys.stderr, flush=True)
+            r = busy[b] = _run_child(builds[b], BUSY_ROWS, a.units, tmp / f"{b}-busy", modes=("busy",))
+            n = r["rows"]
+            print(f"[{b} {builds[b]}] {n:,} rows beside a thread running pure Python (the same calls alone)", flush=True)
+            for call in ("put", "get"):
+                alone = r[f"{call}_alone_s"]
+                print(f"  {call:<8}{n / r[f'{call}_busy_s']:>12,.0f} rows/s beside it, {n / alone:,.0f} alone: "
+                      f"{alone / r[f'{call}_busy_s']:.3f}x (the GIL hand-off off: {n / r[f'{call}_busy_off_s']:,.0f} "
+                      f"rows/s, {alone / r[f'{call}_busy_off_s']:.3f}x)", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     summary = {}
@@ -328,7 +396,11 @@ def main(argv=None) -> None:
                                "rounds_put_rows_s": [n / x["put_s"] for x in rounds[b][n]],
                                "rounds_load_s": [x["load_s"] for x in rounds[b][n]],
                                "rounds_open_s": [x["open_s"] for x in rounds[b][n]]} for n, r in per.items()}
-    print(json.dumps({"units": a.units, "batch": BATCH, "rounds": n_rounds, "results": summary}))
+    busy_summary = {b: {"rows": r["rows"], **{f"{c}_{m}_rows_s": r["rows"] / r[f"{c}_{m}_s"]
+                                               for c in ("put", "get") for m in ("alone", "busy", "busy_off")}}
+                    for b, r in busy.items()}
+    print(json.dumps({"units": a.units, "batch": BATCH, "rounds": n_rounds, "results": summary,
+                      "busy_thread": busy_summary}))
 
 
 if __name__ == "__main__":

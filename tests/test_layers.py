@@ -25,7 +25,8 @@ embedded       ``embedded`` (the embedded backend's entry: constructs the      e
 engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
                ``store_open``,                                                ports, io (not
                ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,
-               ``_gcpause``, ``_default``, ``capacity``, ``checkpoint/*``,    ``_io.lmdbenv`` nor
+               ``_gcpause``, ``_gilswitch``, ``_default``, ``capacity``,      ``_io.lmdbenv`` nor
+               ``checkpoint/*``,
                ``dump/*`` (the engine over the ports; numpy and bytes, no     ``_io.segfile``), format,
                framework)                                                     native, base
 ray            ``ray/*`` (units and controller as actors, same ports)          engine, embedded,
@@ -88,7 +89,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("embedded", ("embedded",)),
     ("engine", ("store", "store_open", "store_snapshot", "state_switch", "kv", "streaming", "reader", "read_guard", "meta", "meta_kv",
                 "meta_schema", "edge", "policy", "layout_dirs",
-                "capacity", "_gcpause", "_default", "checkpoint", "dump")),
+                "capacity", "_gcpause", "_gilswitch", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
     ("api", ("", "api", "client", "cli", "cli_util", "cli_inspect", "cli_admin", "cli_demo", "cli_demo_loop",

@@ -35,6 +35,7 @@ from .errors import (
 )
 from .edge import batch_len as _batch_len, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
+from ._gilswitch import handing_off
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, EmbeddedParts
@@ -561,8 +562,9 @@ class Store(CheckpointMixin, DumpMixin):
         return self._data.sampler
 
 
-for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and docstrings kept)
-    setattr(Store, _name, forwarder(DataPlane, "_data", _name))
+for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and docstrings kept), each with the
+    # GIL handed back quickly while other threads run (tqstore._gilswitch)
+    setattr(Store, _name, handing_off(forwarder(DataPlane, "_data", _name)))
 
 
 def _creation_debris(name: str) -> bool:

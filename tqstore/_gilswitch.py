@@ -1,0 +1,98 @@
+"""Hand the GIL back quickly for the length of one data-plane call, when other Python
+threads run.
+
+A put or get makes thousands of calls that release the GIL: py-lmdb releases it around
+every item it writes or reads, and file I/O, numpy and the native kernels release it too.
+Each time, the calling thread must take the GIL back; if another thread of the process is
+running Python meanwhile, CPython makes the caller wait until that thread has held it for
+a whole switch interval (``sys.getswitchinterval()``, 5 ms by default).  Measured here
+(``bench/bench_scale.py``, 16,384 small rows, one other thread running pure Python): puts
+ran at 0.009x and gets at 0.029x of their speed alone.
+
+So while a data-plane call runs and the process has another thread, the interval is set to
+:data:`INTERVAL_S` (50 us unless ``TQSTORE_SWITCH_INTERVAL`` says otherwise: seconds, or
+``off`` to leave the interpreter's setting alone), and the previous value is put back when
+the last such call ends.  Nested and concurrent calls are counted.  If something else
+changed the interval meanwhile, its value is kept.  The other threads lose nothing but
+switch more often while the call runs (a switch costs microseconds).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional
+
+log = logging.getLogger("tqstore")
+
+#: the switch interval a data-plane call runs with, or None (left alone); see the module docstring
+DEFAULT_INTERVAL_S = 5e-5
+
+
+def _interval_from_env(raw: Optional[str]) -> Optional[float]:
+    if raw is None or not raw.strip():
+        return DEFAULT_INTERVAL_S
+    if raw.strip().lower() in ("off", "none", "0"):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        log.warning("TQSTORE_SWITCH_INTERVAL=%r is not a number of seconds in (0, 1] or 'off'; using %g s",
+                    raw, DEFAULT_INTERVAL_S)
+        return DEFAULT_INTERVAL_S
+    return value
+
+
+INTERVAL_S: Optional[float] = _interval_from_env(os.environ.get("TQSTORE_SWITCH_INTERVAL"))
+
+_lock = threading.Lock()
+_depth = 0
+_saved: Optional[float] = None
+
+
+@contextmanager
+def quick_handoff() -> Iterator[None]:
+    """Context manager: inside it the switch interval is :data:`INTERVAL_S` when the process
+    has another thread (see the module docstring); otherwise nothing changes."""
+    global _depth, _saved
+    want = INTERVAL_S
+    if want is None or (_depth == 0 and threading.active_count() < 2):
+        yield
+        return
+    with _lock:
+        if _depth == 0:
+            cur = sys.getswitchinterval()
+            _saved = cur if cur > want else None  # (already as quick or quicker: left as it is)
+            if _saved is not None:
+                sys.setswitchinterval(want)
+        _depth += 1
+    try:
+        yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _saved is not None:
+                if abs(sys.getswitchinterval() - want) < 1e-9:  # (changed by someone else meanwhile: theirs stays)
+                    sys.setswitchinterval(_saved)
+                _saved = None
+
+
+def handing_off(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Decorator: run ``fn`` inside :func:`quick_handoff` (its signature and docstring kept)."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with quick_handoff():
+            return fn(*args, **kwargs)
+
+    wrapper.__signature__ = inspect.signature(fn)  # type: ignore[attr-defined]
+    del wrapper.__wrapped__
+    return wrapper
+
+
+__all__ = ["INTERVAL_S", "DEFAULT_INTERVAL_S", "quick_handoff", "handing_off"]
