@@ -54,10 +54,11 @@ def test_a_put_and_a_get_run_with_the_quick_interval_beside_another_thread_and_r
     assert sys.getswitchinterval() == pytest.approx(0.005)
 
 
-def test_alone_in_its_process_a_call_leaves_the_interval_alone(default_interval, monkeypatch):
-    monkeypatch.setattr(G.threading, "active_count", lambda: 1)
+def test_an_interval_the_interpreter_rounds_is_still_put_back(default_interval, monkeypatch):
+    monkeypatch.setattr(G, "INTERVAL_S", 0.0000125)  # kept as 12 us
     with G.quick_handoff():
-        assert sys.getswitchinterval() == pytest.approx(0.005)
+        assert sys.getswitchinterval() == pytest.approx(1.2e-5)
+    assert sys.getswitchinterval() == pytest.approx(0.005)
 
 
 def test_nested_and_concurrent_calls_restore_once_the_last_one_ends(other_thread, default_interval):
@@ -99,10 +100,10 @@ def test_a_quicker_interval_already_set_is_left_as_it_is(other_thread):
 
 @pytest.mark.parametrize("raw, want", [(None, G.DEFAULT_INTERVAL_S), ("", G.DEFAULT_INTERVAL_S), ("off", None),
                                        ("0", None), ("0.0001", 1e-4), ("fast", G.DEFAULT_INTERVAL_S),
-                                       ("5", G.DEFAULT_INTERVAL_S)])
+                                       ("5", G.DEFAULT_INTERVAL_S), ("1e-7", G.DEFAULT_INTERVAL_S)])
 def test_the_environment_variable_sets_or_disables_the_interval(raw, want, caplog):
     assert G._interval_from_env(raw) == want
-    if raw in ("fast", "5"):
+    if raw in ("fast", "5", "1e-7"):
         assert "TQSTORE_SWITCH_INTERVAL" in caplog.text
 
 

@@ -84,6 +84,22 @@ def test_a_store_started_by_init_is_shared_by_another_process_and_ended_by_its_o
     assert tq.kv_list("train")["train"]["k101"] == {"w": 1}
     assert got == [t.tolist() for t in fields["ids"][2:4]]  # the driver took rows 0-1: the worker got 2-3
 
+    # consumers waiting for producers wait in their own process: more of them than the host runs calls
+    # at once still leave room for the put that wakes them (each gets one of its rows)
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqstore.ray.store_host import STORE_HOST_CONCURRENCY
+
+    waiters = STORE_HOST_CONCURRENCY + 8
+    with ThreadPoolExecutor(waiters) as pool:
+        waiting = [pool.submit(tq.get_meta, ["ids"], 1, "later", task_name="w", timeout_s=60) for _ in range(waiters)]
+        wkeys, wfields = _rows(200, 200 + waiters)
+        tq.kv_batch_put(wkeys, "later", wfields)
+        got = [f.result(timeout=120) for f in waiting]
+    assert [len(m) for m in got] == [1] * waiters  # none came back empty after its wait
+    assert len({g for m in got for g in m.global_indexes}) == waiters  # each its own row of the put
+    assert bool(tq.get_consumption_status("w", "later")[1].all())  # every row of the put consumed
+
     with pytest.raises(KeyNotFoundError) as e:  # an error raised in the host is raised here as itself
         tq.kv_batch_get(["nope"], "train")
     assert isinstance(e.value, ValueError)
@@ -146,6 +162,11 @@ def test_attaching_with_other_settings_is_refused_and_a_detached_client_leaves_t
         connect("strict", options={"num_units": 3})
     with pytest.raises(ConfigError, match="path"):
         connect("strict", path=str(tmp_path / "other"))
+    with pytest.raises(ConfigError, match=r"sampler GRPOGroupNSampler\(n_samples_per_prompt=4\)"):
+        connect("strict", sampler=tq.GRPOGroupNSampler(4))
+    defaults = connect("strict", options={"durability": "checkpoint", "verify_reads": True},
+                       sampler=tq.SequentialSampler())  # the store's own defaults, named: accepted
+    defaults.close()
     same = connect("strict", path=str(tmp_path / "s"), options={"num_units": 2, "result_type": "dict"})
     assert not same.owner and same.root == owner.root
     same.kv_batch_put(["a"], "p", {"x": torch.ones(1, 3)})
@@ -172,6 +193,19 @@ def test_checkpoints_through_the_ray_store_load_into_it_and_into_an_embedded_sto
     tq.load_checkpoint(tmp_path / "ck1")
     assert sorted(tq.kv_list("train")["train"]) == sorted(keys)  # "late" is not in the checkpoint
     assert tq.verify_checkpoint(tmp_path / "ck1").ok
+    # generations of the served store: saved, waited for and restored by its host
+    mgr = tq.CheckpointManager(tmp_path / "gens", keep_last=2)
+    assert mgr.save(1).rows == 8
+    tq.kv_batch_put(["g2"], "train", {"ids": [torch.arange(3)], "reward": torch.ones(1, 1)})
+    h = mgr.save(2, blocking=False)
+    assert isinstance(h, RemoteHandle) and h.result(timeout=120).rows == 9
+    mgr.wait_until_finished()
+    tq.kv_batch_put(["g3"], "train", {"ids": [torch.arange(4)], "reward": torch.ones(1, 1)})
+    mgr.save(3)
+    assert mgr.steps() == [2, 3]  # keep_last=2, applied by the host's save
+    tq.kv_clear(["g2", "g3"], "train")
+    assert mgr.restore(2) == 2 and "g2" in tq.kv_list("train")["train"] and "g3" not in tq.kv_list("train")["train"]
+    assert mgr.restore() == 3 and "g3" in tq.kv_list("train")["train"]
     tq.close()
     with tq.open(tmp_path / "emb", num_units=3, result_type="dict") as emb:  # the embedded format
         emb.load_checkpoint(tmp_path / "ck1")

@@ -41,7 +41,7 @@ def test_translate_rejects_backends_tqstore_does_not_provide_and_unknown_keys():
         translate({"ray": {"name": "x"}})
     with pytest.raises(ConfigError, match=r"unknown keys in the 'ray' section: \['bogus'\]"):
         translate({"backend": "ray", "ray": {"bogus": 1}})
-    for bad in ({"name": ""}, {"nodes": "n1"}, {"nodes": []}, {"nodes": [1]}):
+    for bad in ({"name": ""}, {"name": "n" * 201}, {"nodes": "n1"}, {"nodes": []}, {"nodes": [1]}):
         with pytest.raises(ConfigError, match="ray.name|ray.nodes"):
             translate({"backend": "ray", "ray": bad})
 

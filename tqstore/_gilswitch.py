@@ -1,5 +1,4 @@
-"""Hand the GIL back quickly for the length of one data-plane call, when other Python
-threads run.
+"""Hand the GIL back quickly for the length of one data-plane call.
 
 A put or get makes thousands of calls that release the GIL: py-lmdb releases it around
 every item it writes or reads, and file I/O, numpy and the native kernels release it too.
@@ -9,10 +8,11 @@ a whole switch interval (``sys.getswitchinterval()``, 5 ms by default).  Measure
 (``bench/bench_scale.py``, 16,384 small rows, one other thread running pure Python): puts
 ran at 0.009x and gets at 0.029x of their speed alone.
 
-So while a data-plane call runs and the process has another thread, the interval is set to
-:data:`INTERVAL_S` (50 us unless ``TQSTORE_SWITCH_INTERVAL`` says otherwise: seconds, or
-``off`` to leave the interpreter's setting alone), and the previous value is put back when
-the last such call ends.  Nested and concurrent calls are counted.  If something else
+So while a data-plane call runs, the interval is set to :data:`INTERVAL_S` (50 us unless
+``TQSTORE_SWITCH_INTERVAL`` says otherwise: seconds from 1e-6 to 1, or ``off`` to leave the
+interpreter's setting alone), and the previous value is put back when the last such call
+ends.  (A store's own worker threads count as other threads too: its unit writes and reads
+wait for the GIL like anyone's.)  Nested and concurrent calls are counted.  If something else
 changed the interval meanwhile, its value is kept.  The other threads lose nothing but
 switch more often while the call runs (a switch costs microseconds).
 """
@@ -42,8 +42,8 @@ def _interval_from_env(raw: Optional[str]) -> Optional[float]:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not 0 < value <= 1:
-        log.warning("TQSTORE_SWITCH_INTERVAL=%r is not a number of seconds in (0, 1] or 'off'; using %g s",
+    if not 1e-6 <= value <= 1:  # (the interpreter keeps whole microseconds)
+        log.warning("TQSTORE_SWITCH_INTERVAL=%r is not a number of seconds from 1e-6 to 1, or 'off'; using %g s",
                     raw, DEFAULT_INTERVAL_S)
         return DEFAULT_INTERVAL_S
     return value
@@ -53,16 +53,17 @@ INTERVAL_S: Optional[float] = _interval_from_env(os.environ.get("TQSTORE_SWITCH_
 
 _lock = threading.Lock()
 _depth = 0
-_saved: Optional[float] = None
+_saved: Optional[float] = None  # the interval to put back (None: nothing to put back)
+_ours: Optional[float] = None  # the interval as set here, read back (the interpreter rounds it)
 
 
 @contextmanager
 def quick_handoff() -> Iterator[None]:
-    """Context manager: inside it the switch interval is :data:`INTERVAL_S` when the process
-    has another thread (see the module docstring); otherwise nothing changes."""
-    global _depth, _saved
+    """Context manager: inside it the switch interval is at most :data:`INTERVAL_S` (see the
+    module docstring)."""
+    global _depth, _saved, _ours
     want = INTERVAL_S
-    if want is None or (_depth == 0 and threading.active_count() < 2):
+    if want is None:
         yield
         return
     with _lock:
@@ -71,6 +72,7 @@ def quick_handoff() -> Iterator[None]:
             _saved = cur if cur > want else None  # (already as quick or quicker: left as it is)
             if _saved is not None:
                 sys.setswitchinterval(want)
+                _ours = sys.getswitchinterval()
         _depth += 1
     try:
         yield
@@ -78,9 +80,9 @@ def quick_handoff() -> Iterator[None]:
         with _lock:
             _depth -= 1
             if _depth == 0 and _saved is not None:
-                if abs(sys.getswitchinterval() - want) < 1e-9:  # (changed by someone else meanwhile: theirs stays)
+                if sys.getswitchinterval() == _ours:  # (changed by someone else meanwhile: theirs stays)
                     sys.setswitchinterval(_saved)
-                _saved = None
+                _saved = _ours = None
 
 
 def handing_off(fn: Callable[..., Any]) -> Callable[..., Any]:

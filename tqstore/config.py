@@ -184,8 +184,8 @@ def _translate_ray(section: Any, settings: CompatSettings) -> None:
     if unknown:
         raise ConfigError(f"unknown keys in the 'ray' section: {unknown}; known: {sorted(RAY_KEYS)}")
     name = section.get("name", "default")
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"ray.name must be a non-empty str, got {name!r}")
+    if not isinstance(name, str) or not name or len(name) > 200:
+        raise ConfigError(f"ray.name must be a non-empty str of at most 200 characters, got {name!r}")
     settings.ray_name = name
     nodes = section.get("nodes")
     if nodes is not None:

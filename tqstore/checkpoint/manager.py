@@ -61,6 +61,10 @@ def _os_errors(what: str) -> Iterator[None]:
         raise StorageIOError(f"{what} failed: {e}") from e
 
 
+#: what :meth:`CheckpointManager._served` answers for a store in this process
+_LOCAL = object()
+
+
 def step_name(step: int) -> str:
     return f"step-{step:010d}"
 
@@ -77,6 +81,9 @@ class CheckpointManager:
             ``KeepAny(KeepLast(3), KeepEvery(1000))``).
         copy_segments: always copy segment files instead of hard-linking the store's
             (generations still share unchanged segments among themselves).
+
+    A store served on Ray (``tq.init({"backend": "ray"})``) has its saves, waits and
+    restores run by its host, beside the store (the root must be the same path there).
 
     Raises:
         CheckpointError: ``root`` is not a directory of generations (a file, a user's or
@@ -106,6 +113,15 @@ class CheckpointManager:
     def store(self):
         """The managed store (the default store when none was given). RuntimeError before init."""
         return self._store if self._store is not None else _default.get_default()
+
+    def _served(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        """When the managed store is served by another process (a Ray store: it has
+        ``run_checkpoint_manager``), ``name`` runs there, in a manager of the same root and
+        policy beside the store; else :data:`_LOCAL`.  The root must be the same path there."""
+        run = getattr(self.store, "run_checkpoint_manager", None)
+        if run is None:
+            return _LOCAL
+        return run(str(self.root), {"policy": self.policy, "copy_segments": self.copy_segments}, name, args, kwargs)
 
     def path(self, step: int) -> Path:
         """Directory of generation ``step`` (it may not exist)."""
@@ -191,12 +207,17 @@ class CheckpointManager:
         durable.  Saving a step lower than kept ones is allowed; the policy then decides.
         """
         path = self.path(step)
+        served = self._served("save", step, metadata, blocking=blocking, include_storage=include_storage)
+        if served is not _LOCAL:
+            return served
         return writer.save(self.store, path, include_storage=include_storage, metadata=metadata, blocking=blocking,
                            copy_segments=self.copy_segments, reuse=self._reusable(),
                            lock_path=self.root / LOCK_NAME, on_published=lambda info: self.prune(), kind=T.GENERATION)
 
     def wait_until_finished(self) -> None:
         """Wait for a background save of the managed store; raise its error if unseen."""
+        if self._served("wait_until_finished") is not _LOCAL:
+            return
         st = writer.state_of(self.store)
         with st.lock:
             writer.settle(st)
@@ -264,6 +285,9 @@ class CheckpointManager:
         and no prune deletes a generation under it, in any process, so a generation is never
         skipped for being replaced or pruned meanwhile.
         """
+        served = self._served("restore", step)
+        if served is not _LOCAL:
+            return served
         store = self.store
         if step is not None:
             store.load_checkpoint(self.path(step))

@@ -20,16 +20,36 @@ import logging
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, DistributedError, StoreClosedError
 from .port_actor import _ray, answer
-from .store_host import STORE_CALLS, HandleRef, HostInfo, find_store_host, start_store_host
+from .store_host import STORE_CALLS, HandleRef, HostInfo, find_store_host, sampler_description, start_store_host
 
 log = logging.getLogger("tqstore")
 
 #: seconds an attaching process waits for the open of a host another process just started
 ATTACH_WAIT_S = 120.0
+#: a client's waits (a fetch waiting for producers, a save's handle) ask the host again after this many
+#: seconds, growing to POLL_MAX_S: a wait never holds one of the host's threads (a host runs a bounded
+#: number of calls at once, and waiting consumers must not keep the producers' puts out)
+POLL_S = 0.01
+POLL_MAX_S = 0.1
+
+
+def _poll(ready: Any, timeout: Optional[float]) -> bool:
+    """Call ``ready()`` until it is true or ``timeout`` seconds (None: no limit) have passed,
+    sleeping between calls (POLL_S growing to POLL_MAX_S); its last answer."""
+    deadline = None if timeout is None else time.monotonic() + max(0.0, float(timeout))
+    delay = POLL_S
+    while True:
+        if ready():
+            return True
+        left = None if deadline is None else deadline - time.monotonic()
+        if left is not None and left <= 0:
+            return False
+        time.sleep(delay if left is None else min(delay, left))
+        delay = min(POLL_MAX_S, delay * 1.5)
 
 
 class RemoteHandle:
@@ -49,13 +69,24 @@ class RemoteHandle:
         return self._ask("done")
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        return self._ask("wait", timeout)
+        """True once the save or dump has finished; False if ``timeout`` seconds passed first
+        (waited here, asking the host, which runs no call meanwhile)."""
+        return _poll(self.done, timeout)
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        return self._ask("result", timeout)
+        self.wait(timeout)
+        return self._ask("result", 0.0)  # (not finished: the handle's own TimeoutError)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        return self._ask("exception", timeout)
+        self.wait(timeout)
+        return self._ask("exception", 0.0)
+
+    def __del__(self) -> None:  # pragma: no cover - best effort: the host drops it once finished
+        try:
+            if not self._store._closed:
+                self._store._host.forget.remote(self._ref.hid)
+        except Exception:  # noqa: BLE001 - Ray shut down, interpreter exiting
+            pass
 
     def __repr__(self) -> str:
         return f"<{self._ref.kind} {self.path} in Ray store {self._store.name!r}>"
@@ -94,11 +125,38 @@ class RemoteStore:
         out = self._ask(self._host.call.remote(name, wire(tuple(args)), wire(dict(kwargs))))
         return RemoteHandle(self, out) if isinstance(out, HandleRef) else self._edge.from_wire(out)
 
+    def _get_meta(self, args: Any, kwargs: Dict[str, Any]) -> Any:
+        """``get_meta``; a fetch that may wait for producers (``timeout_s``) waits here, asking
+        the host again (each ask a fetch that does not wait)."""
+        timeout = kwargs.get("timeout_s", 0.0)
+        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+            return self._call("get_meta", args, kwargs)  # (the host checks the value)
+        once = dict(kwargs, timeout_s=0.0)
+        got: List[Any] = []
+
+        def ready() -> bool:
+            got[:] = [self._call("get_meta", args, once)]
+            return len(got[0]) > 0
+
+        _poll(ready, timeout)
+        return got[0]
+
+    def run_checkpoint_manager(self, root: str, options: Dict[str, Any], name: str, args: Tuple[Any, ...],
+                               kwargs: Dict[str, Any]) -> Any:
+        """A :class:`~tqstore.checkpoint.manager.CheckpointManager` call that needs the store in
+        process (``save``, ``restore``, ``wait_until_finished``), run by the host beside its store."""
+        if self._closed:
+            raise StoreClosedError(f"{self._part} is closed in this process")
+        out = self._ask(self._host.checkpoint_manager.remote(root, options, name, args, kwargs))
+        return RemoteHandle(self, out) if isinstance(out, HandleRef) else out
+
     def __getattr__(self, name: str) -> Any:
         if name not in STORE_CALLS:
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
         def call(*args: Any, **kwargs: Any) -> Any:
+            if name == "get_meta":
+                return self._get_meta(args, kwargs)
             return self._call(name, args, kwargs)
 
         call.__name__ = call.__qualname__ = name
@@ -154,8 +212,8 @@ def _check_attach(name: str, info: HostInfo, path: Optional[str], options: Dict[
         have = info.num_units if k == "num_units" else info.options.get(k)
         if v != have:
             diff.append(f"{k}={v!r} (the store's: {have!r})")
-    if sampler is not None and type(sampler).__name__ != info.sampler:
-        diff.append(f"sampler {type(sampler).__name__} (the store's: {info.sampler})")
+    if sampler is not None and sampler_description(sampler) != info.sampler:
+        diff.append(f"sampler {sampler_description(sampler)} (the store's: {info.sampler})")
     if diff:
         raise ConfigError(f"{_part_name(name)} is open with other settings: {'; '.join(diff)}; attach with the "
                           f"same settings or none, or use another name")

@@ -48,6 +48,33 @@ STORE_CALLS = frozenset({
 })
 #: the methods of a non-blocking save's or dump's handle a caller may ask for
 HANDLE_CALLS = frozenset({"done", "wait", "result", "exception"})
+#: the methods of a CheckpointManager that run in the host, beside its store (the others only read the root)
+MANAGER_CALLS = frozenset({"save", "restore", "wait_until_finished"})
+#: finished save and dump handles a host keeps for its callers to ask about (the oldest are dropped first)
+FINISHED_HANDLES_KEPT = 256
+
+
+def sampler_description(sampler: Any) -> str:
+    """A sampler as its class and constructor arguments (``GRPOGroupNSampler(n_samples_per_prompt=4)``):
+    what an attaching process's sampler must match."""
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(type(sampler).__init__).parameters.values()
+                  if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):
+        params = []
+    args = ", ".join(f"{p.name}={getattr(sampler, p.name, '?')!r}" for p in params)
+    return f"{type(sampler).__name__}({args})"
+
+
+def store_defaults() -> Dict[str, Any]:
+    """The keyword arguments of :class:`~tqstore.store.Store` with their defaults (what a store
+    opened without one of them uses)."""
+    import inspect
+
+    return {k: p.default for k, p in inspect.signature(Store.__init__).parameters.items()
+            if p.default is not inspect.Parameter.empty and k not in ("path", "parts", "edge")}
 
 
 def store_name(name: str) -> str:
@@ -71,13 +98,14 @@ class HandleRef:
 @dataclass(frozen=True)
 class HostInfo:
     """What a client checks and shows of a host: its store's directory, unit count and
-    the options it was opened with, the class of its sampler, and the node and process
-    it runs in."""
+    options (every keyword of :class:`~tqstore.store.Store`: those it was opened with, the
+    defaults for the others), its sampler (:func:`sampler_description`), and the node and
+    process it runs in."""
 
     root: Optional[str]
     num_units: int
     options: Dict[str, Any]
-    sampler: Optional[str]
+    sampler: str
     node: str
     pid: int
 
@@ -90,7 +118,6 @@ class StoreHost:
     def __init__(self) -> None:
         self._store: Optional[Store] = None
         self._options: Dict[str, Any] = {}
-        self._sampler: Optional[str] = None
         self._handles: Dict[int, SaveHandle] = {}
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
@@ -113,8 +140,7 @@ class StoreHost:
                 except BaseException:
                     store.close()
                     raise
-                self._store, self._options = store, dict(options)
-                self._sampler = None if sampler is None else type(sampler).__name__
+                self._store, self._options = store, {**store_defaults(), **options}
             finally:
                 self._tried.set()
         return self.info()
@@ -127,7 +153,9 @@ class StoreHost:
     def info(self, wait_s: float = 0.0) -> HostInfo:
         """The :class:`HostInfo`, once the store is open (waiting up to ``wait_s`` seconds
         for the open that started the host).  StoreClosedError when it is not open."""
-        self._tried.wait(wait_s)
+        if not self._tried.wait(wait_s):
+            raise StoreClosedError(f"this store host has not finished opening its store after {wait_s:g} s (its "
+                                   f"owner's open is still running)")
         store = self._opened()
         try:
             import ray
@@ -136,7 +164,8 @@ class StoreHost:
         except Exception:  # noqa: BLE001 - not in a Ray worker (tests of the host's own logic)
             node = ""
         root = None if store.root is None else str(store.root)
-        return HostInfo(root, store.num_units, dict(self._options), self._sampler, node, os.getpid())
+        return HostInfo(root, store.num_units, dict(self._options), sampler_description(store.sampler), node,
+                        os.getpid())
 
     def call(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """``store.<name>(*args, **kwargs)`` for a name of :data:`STORE_CALLS`; a save or
@@ -146,12 +175,31 @@ class StoreHost:
         store = self._opened()
         edge = store.edge
         out = getattr(store, name)(*edge.from_wire(args), **edge.from_wire(kwargs))
-        if isinstance(out, SaveHandle):
-            with self._lock:
-                hid = next(self._ids)
-                self._handles[hid] = out
-            return HandleRef(hid, type(out).__name__, str(out.path), float(out.stall_s))
-        return edge.to_wire(out)
+        return self._ref(out) if isinstance(out, SaveHandle) else edge.to_wire(out)
+
+    def checkpoint_manager(self, root: str, options: Dict[str, Any], name: str, args: Tuple[Any, ...],
+                           kwargs: Dict[str, Any]) -> Any:
+        """``CheckpointManager(root, store=<this store>, **options).<name>(*args, **kwargs)`` for a
+        name of :data:`MANAGER_CALLS` (the calls that need the store in process: a save's cut, a
+        background save's wait, a restore's loads); a save handle comes back as a :class:`HandleRef`."""
+        if name not in MANAGER_CALLS:
+            raise InvalidInputError(f"{name!r} is not a CheckpointManager call a Ray store runs "
+                                    f"(one of {sorted(MANAGER_CALLS)})")
+        from ..checkpoint.manager import CheckpointManager
+
+        out = getattr(CheckpointManager(root, store=self._opened(), **options), name)(*args, **kwargs)
+        return self._ref(out) if isinstance(out, SaveHandle) else out
+
+    def _ref(self, h: SaveHandle) -> HandleRef:
+        """Keep ``h`` for its callers' questions; finished handles beyond FINISHED_HANDLES_KEPT
+        are dropped, oldest first (a running one never is)."""
+        with self._lock:
+            hid = next(self._ids)
+            self._handles[hid] = h
+            finished = [k for k, v in self._handles.items() if v.done()]
+            for k in finished[:max(0, len(finished) - FINISHED_HANDLES_KEPT)]:
+                del self._handles[k]
+        return HandleRef(hid, type(h).__name__, str(h.path), float(h.stall_s))
 
     def handle(self, hid: int, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         """``handle.<name>(...)`` of the save or dump ``hid`` (:data:`HANDLE_CALLS`)."""
@@ -159,8 +207,16 @@ class StoreHost:
             raise InvalidInputError(f"{name!r} is not a method of a save or dump handle")
         h = self._handles.get(hid)
         if h is None:
-            raise InvalidInputError(f"no save or dump {hid} in this store host")
+            raise InvalidInputError(f"no save or dump {hid} in this store host (unknown, or finished and dropped "
+                                    f"after {FINISHED_HANDLES_KEPT} later ones)")
         return getattr(h, name)(*args, **kwargs)
+
+    def forget(self, hid: int) -> None:
+        """Drop the handle ``hid`` once finished (its caller's handle is gone)."""
+        with self._lock:
+            h = self._handles.get(hid)
+            if h is not None and h.done():
+                del self._handles[hid]
 
     def close(self) -> None:
         """Close the store (idempotent): a running save or dump ends first, then the parts'
@@ -176,7 +232,7 @@ def start_store_host(name: str) -> Any:
     import ray
 
     actor = ray.remote(StoreHost).options(name=store_name(name), namespace=NAMESPACE, num_cpus=0,
-                                          max_concurrency=STORE_HOST_CONCURRENCY)
+                                          max_concurrency=STORE_HOST_CONCURRENCY)  # (store_name: ConfigError first)
     return actor.remote()
 
 
@@ -184,11 +240,12 @@ def find_store_host(name: str) -> Any:
     """The host of store ``name``, or None when there is none."""
     import ray
 
+    actor = store_name(name)  # (its ConfigError is not "no such actor")
     try:
-        return ray.get_actor(store_name(name), namespace=NAMESPACE)
+        return ray.get_actor(actor, namespace=NAMESPACE)
     except ValueError:
         return None
 
 
-__all__ = ["StoreHost", "HandleRef", "HostInfo", "NAMESPACE", "STORE_CALLS", "HANDLE_CALLS", "store_name",
-           "start_store_host", "find_store_host"]
+__all__ = ["StoreHost", "HandleRef", "HostInfo", "NAMESPACE", "STORE_CALLS", "HANDLE_CALLS", "MANAGER_CALLS",
+           "store_name", "sampler_description", "store_defaults", "start_store_host", "find_store_host"]
