@@ -342,6 +342,9 @@ def test_bad_config_raises_config_error(tmp_path):
         Store(tmp_path / "b", num_units=0)
     with pytest.raises(ConfigError):
         Store(tmp_path / "c", compress="lz4")
+    with pytest.raises(ConfigError, match="result_type"):
+        Store(tmp_path / "e", result_type="arrow")
+    assert not [p.name for p in tmp_path.iterdir()]  # nothing was created for any of them
     (tmp_path / "d").mkdir()
     (tmp_path / "d" / "precious.txt").write_text("mine")
     with pytest.raises(ConfigError, match="not empty"):

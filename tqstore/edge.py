@@ -149,10 +149,15 @@ def set_default_factory(factory: Optional[Callable[[str], Any]]) -> None:
         _factory = factory
 
 
-def default_edge(result_type: Optional[str] = None) -> Any:
-    """The edge of a store opened without one, for ``result_type`` (None: the factory's default)."""
+def check_result_type(result_type: Optional[str]) -> None:
+    """ConfigError unless ``result_type`` is None or one of :data:`RESULT_TYPES`."""
     if result_type is not None and result_type not in RESULT_TYPES:
         raise ConfigError(f"result_type must be one of {RESULT_TYPES}, got {result_type!r}")
+
+
+def default_edge(result_type: Optional[str] = None) -> Any:
+    """The edge of a store opened without one, for ``result_type`` (None: the factory's default)."""
+    check_result_type(result_type)
     f = _factory
     if f is None:
         return NumpyEdge(result_type or "dict")

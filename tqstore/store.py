@@ -33,7 +33,7 @@ from .errors import (
     ConfigError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
     TqstoreError,
 )
-from .edge import batch_len as _batch_len, default_edge, normalise_fields as _normalise_fields
+from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
 from ._gilswitch import handing_off
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
@@ -115,7 +115,7 @@ class Store(CheckpointMixin, DumpMixin):
         if int(segment_bytes) < 1 << 16:
             raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
         capacity = None if total_storage_size is None else RowCapacity(total_storage_size)  # ConfigError
-        self.edge = default_edge(result_type) if edge is None else edge
+        check_result_type(result_type)  # (the edge itself is made once the parts are open: it may import torch)
         self._parts = EmbeddedParts() if parts is None else parts
         self._remote_parts = bool(getattr(self._parts, "remote", False))  # (reads call their units at once)
         self._closed = True
@@ -144,6 +144,7 @@ class Store(CheckpointMixin, DumpMixin):
                 raise
             except OSError as e:
                 raise StorageIOError(f"cannot open store {self.root}: {e}") from e
+            self.edge = default_edge(result_type) if edge is None else edge
         except BaseException:
             try:
                 self._parts.close()

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
 from ..checkpoint.writer import SaveHandle
+from ..edge import default_edge
 from ..errors import ConfigError, InvalidInputError, StoreClosedError
 from ..store import Store
 from .parts import RayParts
@@ -77,6 +78,13 @@ def store_defaults() -> Dict[str, Any]:
             if p.default is not inspect.Parameter.empty and k not in ("path", "parts", "edge")}
 
 
+def _import_edge() -> None:
+    try:
+        default_edge()
+    except Exception:  # noqa: BLE001 - the store's open makes it again and raises what fails
+        log.debug("importing the default edge ahead of the open failed", exc_info=True)
+
+
 def store_name(name: str) -> str:
     """The actor name of the store host called ``name``."""
     if not isinstance(name, str) or not name or len(name) > 200:
@@ -122,6 +130,9 @@ class StoreHost:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._tried = threading.Event()  # set once open() has succeeded or failed
+        # the store's edge imports its framework (torch: seconds) once the parts are open; imported
+        # here meanwhile, while open() waits for the parts' actors to start
+        threading.Thread(target=_import_edge, daemon=True, name="tqstore-import").start()
 
     def open(self, path: Optional[str], options: Dict[str, Any], sampler: Any = None,
              nodes: Optional[Sequence[str]] = None) -> HostInfo:
