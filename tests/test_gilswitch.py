@@ -111,3 +111,26 @@ def test_disabled_it_changes_nothing(other_thread, default_interval, monkeypatch
     monkeypatch.setattr(G, "INTERVAL_S", None)
     with G.quick_handoff():
         assert sys.getswitchinterval() == pytest.approx(0.005)
+
+
+def test_a_process_forked_during_a_call_gets_its_interval_and_collector_back(default_interval):
+    """A child forked while a call runs (a DataLoader worker started by another thread, say)
+    runs no call: its switch interval and garbage collector are as before the call."""
+    import gc
+    import os
+
+    from tqstore import _gcpause
+
+    assert gc.isenabled()
+    with _gcpause.paused(), G.quick_handoff():
+        assert sys.getswitchinterval() == pytest.approx(G.INTERVAL_S) and not gc.isenabled()
+        pid = os.fork()
+        if pid == 0:  # the child: report through its exit code, never return into pytest
+            ok = sys.getswitchinterval() == pytest.approx(0.005) and gc.isenabled()
+            with G.quick_handoff():  # and its own calls still work (a fresh lock and counter)
+                ok = ok and sys.getswitchinterval() == pytest.approx(G.INTERVAL_S)
+            ok = ok and sys.getswitchinterval() == pytest.approx(0.005)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert sys.getswitchinterval() == pytest.approx(0.005) and gc.isenabled()  # the parent's own restore

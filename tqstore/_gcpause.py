@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import os
 import threading
 from contextlib import contextmanager
 from typing import Iterator
@@ -40,6 +41,20 @@ def paused() -> Iterator[None]:
             _depth -= 1
             if _depth == 0 and _resume:
                 gc.enable()
+
+
+def _after_fork_in_child() -> None:
+    """A process forked while a call ran (in another thread) has none running: its collector
+    runs again if the call paused it, and the counter starts again (its lock is new)."""
+    global _lock, _depth, _resume
+    _lock = threading.Lock()
+    if _depth and _resume:
+        gc.enable()
+    _depth, _resume = 0, False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def pausing(fn):

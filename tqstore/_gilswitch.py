@@ -85,6 +85,20 @@ def quick_handoff() -> Iterator[None]:
                 _saved = _ours = None
 
 
+def _after_fork_in_child() -> None:
+    """A process forked while a call ran (in another thread) has none running: its interval is
+    put back and the counter starts again (its lock, perhaps copied held, is new)."""
+    global _lock, _depth, _saved, _ours
+    _lock = threading.Lock()
+    if _depth and _saved is not None and sys.getswitchinterval() == _ours:
+        sys.setswitchinterval(_saved)
+    _depth, _saved, _ours = 0, None, None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def handing_off(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Decorator: run ``fn`` inside :func:`quick_handoff` (its signature and docstring kept)."""
     @functools.wraps(fn)
