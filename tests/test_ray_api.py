@@ -150,6 +150,9 @@ def test_init_without_a_backend_in_a_ray_worker_attaches_to_the_served_store_and
     assert "w3" not in tq.kv_list("train")["train"]
     tq.close()
     assert store.closed and find_store_host("default") is None
+    again = tq.init({"backend": "ray"})  # the name is free at once: a new store, not the one that ended
+    assert again.owner and tq.kv_list() == {}
+    tq.close()
 
 
 @slow

@@ -30,6 +30,8 @@ log = logging.getLogger("tqstore")
 
 #: seconds an attaching process waits for the open of a host another process just started
 ATTACH_WAIT_S = 120.0
+#: seconds the owner's close waits for the ended host to give up its name
+CLOSE_WAIT_S = 30.0
 #: a client's waits (a fetch waiting for producers, a save's handle) ask the host again after this many
 #: seconds, growing to POLL_MAX_S: a wait never holds one of the host's threads (a host runs a bounded
 #: number of calls at once, and waiting consumers must not keep the producers' puts out)
@@ -167,9 +169,10 @@ class RemoteStore:
         return self._closed
 
     def close(self) -> None:
-        """Detach (idempotent); in the owner, close the store and end its actors first.  A
-        host that is gone already is logged, not raised: nothing is left to close (the
-        store's next open reconciles its files, as after a kill)."""
+        """Detach (idempotent); in the owner, close the store and end its actors first, and
+        return once the name is free again (an ``init`` of it starts a new store).  A host
+        that is gone already is logged, not raised: nothing is left to close (the store's
+        next open reconciles its files, as after a kill)."""
         if self._closed:
             return
         self._closed = True
@@ -185,6 +188,10 @@ class RemoteStore:
                 ray.kill(self._host)
             except Exception:  # noqa: BLE001 - gone already
                 log.debug("%s: its actor was gone at close", self._part)
+            # ray.kill is asynchronous: wait until the name is free, so that an init of the same name
+            # right after starts a new store rather than attach to this one as it dies
+            if not _poll(lambda: find_store_host(self.name) is None, CLOSE_WAIT_S):
+                log.warning("%s: its actor still holds its name %.0f s after the close", self._part, CLOSE_WAIT_S)
 
     def __enter__(self) -> "RemoteStore":
         return self
