@@ -5,8 +5,10 @@ Usage: python bench/bench_ray.py [--quick] [--gib N] [--units 2] [--rounds 3] [-
 
 Rows are bench_checkpoint's realistic RL samples (int64 token ids and float32 logprobs of
 512..2047 tokens, jagged; the response text; a tag), about 256 MiB of payload by default
-(``--quick`` 64 MiB), made once and put into both stores.  Each round runs both backends
-back to back, each on a new store of ``--units`` units on a local Ray (``num_cpus=8``):
+(``--quick`` 64 MiB), made once and put into every store.  Each round runs every backend
+back to back (each one first in its turn: a backend's save and load otherwise meet the
+writeback of the one before), each on a new store of ``--units`` units on a local Ray
+(``num_cpus=8``):
 
 * ``open_s``: opening the new store (Ray: an actor per part starts and imports tqstore);
 * ``put_gib_s``: ``kv_batch_put`` of every row, batches of 256, payload bytes / wall time;
@@ -121,8 +123,9 @@ def main(argv=None) -> int:
     base = Path(args.dir or tempfile.mkdtemp(prefix="tqstore-bench-ray-"))
     got = {"embedded": [], "ray": [], "served": []}
     try:
+        names = list(got)
         for rnd in range(args.rounds):
-            for name in got:
+            for name in names[rnd % len(names):] + names[:rnd % len(names)]:  # each backend first in turn
                 work = base / f"{name}-{rnd}"
                 work.mkdir(parents=True)
                 got[name].append(one(opener(name, rnd), work, args.units, batches, nbytes))
