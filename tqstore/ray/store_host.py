@@ -78,9 +78,9 @@ def store_defaults() -> Dict[str, Any]:
             if p.default is not inspect.Parameter.empty and k not in ("path", "parts", "edge")}
 
 
-def _import_edge() -> None:
+def _import_edge(result_type: Optional[str]) -> None:
     try:
-        default_edge()
+        default_edge(result_type)
     except Exception:  # noqa: BLE001 - the store's open makes it again and raises what fails
         log.debug("importing the default edge ahead of the open failed", exc_info=True)
 
@@ -130,9 +130,6 @@ class StoreHost:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._tried = threading.Event()  # set once open() has succeeded or failed
-        # the store's edge imports its framework (torch: seconds) once the parts are open; imported
-        # here meanwhile, while open() waits for the parts' actors to start
-        threading.Thread(target=_import_edge, daemon=True, name="tqstore-import").start()
 
     def open(self, path: Optional[str], options: Dict[str, Any], sampler: Any = None,
              nodes: Optional[Sequence[str]] = None) -> HostInfo:
@@ -144,6 +141,11 @@ class StoreHost:
             try:
                 if "parts" in options:
                     raise ConfigError("a Ray store host opens its own parts (RayParts); 'parts' cannot be given")
+                # the store makes its edge (importing torch, and tensordict for its result type: seconds)
+                # once its parts are open: imported meanwhile, while the parts' actors start.  Only what
+                # that edge imports, so nothing is left importing beside the store's first calls.
+                threading.Thread(target=_import_edge, args=(options.get("result_type"),), daemon=True,
+                                 name="tqstore-import").start()
                 store = Store(path, parts=RayParts(nodes=nodes), **options)
                 try:
                     if sampler is not None:
