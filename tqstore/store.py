@@ -564,7 +564,7 @@ class Store(CheckpointMixin, DumpMixin):
 
 
 for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and docstrings kept), each with the
-    # GIL handed back quickly while other threads run (tqstore._gilswitch)
+    # GIL handed back quickly while it runs (tqstore._gilswitch)
     setattr(Store, _name, handing_off(forwarder(DataPlane, "_data", _name)))
 
 

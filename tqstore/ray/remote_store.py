@@ -219,8 +219,9 @@ def _check_attach(name: str, info: HostInfo, path: Optional[str], options: Dict[
         have = info.num_units if k == "num_units" else info.options.get(k)
         if v != have:
             diff.append(f"{k}={v!r} (the store's: {have!r})")
-    if sampler is not None and sampler_description(sampler) != info.sampler:
-        diff.append(f"sampler {sampler_description(sampler)} (the store's: {info.sampler})")
+    asked = None if sampler is None else sampler_description(sampler)
+    if asked is not None and asked != info.sampler:
+        diff.append(f"sampler {asked} (the store's: {info.sampler})")
     if diff:
         raise ConfigError(f"{_part_name(name)} is open with other settings: {'; '.join(diff)}; attach with the "
                           f"same settings or none, or use another name")
