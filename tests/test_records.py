@@ -422,3 +422,22 @@ def test_loads_each_parses_each_value_alone_or_gives_none():
     # misaligned values that join into valid JSON, trailing bytes, null, non-ASCII, not JSON
     for bad in ([b"[1", b"2],3"], [b"1 "], [b"null"], [b'"\xc3\xa9"'], [b"{"], [b""]):
         assert loads_each(bad) is None, bad
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(key, uint, uint, json_value | st.integers(min_value=2**70, max_value=2**80),
+                          st.lists(name, max_size=3, unique=True).map(lambda f: tuple(sorted(f))), st.booleans()),
+                max_size=6))
+def test_restore_rows_with_tags_encoded_once_are_the_same_bytes(rows):
+    """A restore's begin writes its rows chunks with the tags it encoded once (and reuses that
+    text at finish): the chunk is byte for byte what encoding the rows whole writes, and the
+    rows' tag values are ``encode_tags``' (huge integers and non-ASCII text included)."""
+    recs = [CR.RestoreRow(*r) for r in rows]
+    tags = [r.tag for r in recs]
+    texts = CR.restore_tag_texts(tags)
+    raw = CR.encode_restore_rows(recs, texts)
+    assert raw == CR.encode_restore_rows(recs)
+    assert CR.decode_restore_rows(raw) == recs
+    assert CR.tag_values(texts) == CR.encode_tags(tags)
+    with pytest.raises(ValueError):
+        CR.encode_restore_rows(recs, texts + ["null"])

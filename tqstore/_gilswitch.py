@@ -8,9 +8,9 @@ a whole switch interval (``sys.getswitchinterval()``, 5 ms by default).  Measure
 (``bench/bench_scale.py``, 16,384 small rows, one other thread running pure Python): puts
 ran at 0.009x and gets at 0.029x of their speed alone.
 
-So while a data-plane call runs, the interval is set to :data:`INTERVAL_S` (50 us unless
-``TQSTORE_SWITCH_INTERVAL`` says otherwise: seconds from 1e-6 to 1, or ``off`` to leave the
-interpreter's setting alone), and the previous value is put back when the last such call
+So while a data-plane call runs (and a dump, load by key or checkpoint save/load), the
+interval is set to :data:`INTERVAL_S` (50 us unless ``TQSTORE_SWITCH_INTERVAL`` says
+otherwise: seconds from 1e-6 to 1, or ``off`` to leave the interpreter's setting alone), and the previous value is put back when the last such call
 ends.  (A store's own worker threads count as other threads too: its unit writes and reads
 wait for the GIL like anyone's.)  Nested and concurrent calls are counted.  If something else
 changed the interval meanwhile, its value is kept.  The other threads lose nothing but

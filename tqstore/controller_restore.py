@@ -109,6 +109,7 @@ class RestoreHost:
         self._keys: Dict[str, Dict[str, str]] = {}  # pid -> key -> rid
         self._gidxs: Dict[int, str] = {}  # store gidx -> rid
         self.rows: Dict[str, List[R.RestoreRow]] = {}  # rid -> its rows in dump order (running restores)
+        self.tag_texts: Dict[str, List[str]] = {}  # rid -> its rows' tags as JSON text (begun by this process)
         self.last_tag = 0
 
     @property
@@ -162,6 +163,7 @@ class RestoreHost:
     def _unindex(self, rid: str) -> None:
         rec = self.active.pop(rid)
         self.rows.pop(rid, None)
+        self.tag_texts.pop(rid, None)
         keys = self._keys.get(rec.pid, {})
         for k in [k for k, r in keys.items() if r == rid]:
             del keys[k]
@@ -291,6 +293,7 @@ class RestoreHost:
                     g, next_g = next_g, next_g + 1
                 reserved.append(g)
             recs.append(row(key, src if type(src) is int else int(src), g, tag, fs, is_new))
+        texts = R.restore_tag_texts(tags)  # (the rows chunks' and, at finish, the rows' tag values)
         rid = uuid.uuid4().hex
         tag_no = self.last_tag + 1
         n = c.num_units
@@ -307,8 +310,8 @@ class RestoreHost:
             txn.put(R.restore_key(rid), R.encode_restore(rec), db=m["restores"])
             step = R.RESTORE_CHUNK_ROWS
             for i in range(0, len(recs), step):
-                txn.put(R.restore_chunk_key(rid, i // step), R.encode_restore_rows(recs[i:i + step]),
-                        db=m["restores"])
+                txn.put(R.restore_chunk_key(rid, i // step),
+                        R.encode_restore_rows(recs[i:i + step], texts[i:i + step]), db=m["restores"])
             lmdb_commit_point("controller_commit")
         self.last_tag = tag_no
         taken = set(reserved)
@@ -317,6 +320,7 @@ class RestoreHost:
         c.next_gidx = max(next_g, c.next_gidx)
         self.active[rid] = rec
         self._index(rid, rec, recs)
+        self.tag_texts[rid] = texts
         return self.info(rid, rows=True)
 
     def claim_restore(self, rid: str, unit: int) -> int:
@@ -384,7 +388,9 @@ class RestoreHost:
             seqs[old] = p.s_seq[sl[old]]
             keyed[old] = [p.s_key[x] is not None for x in sl[old].tolist()]
         tags = list(map(_TAG, rows))
-        values = R.encode_rows2(p.num, keyed, seqs, masks.tolist() if wide else masks, R.encode_tags(tags))
+        texts = self.tag_texts.get(rid)  # (begun in this process: the tags as its rows chunks hold them)
+        tag_values = R.tag_values(texts) if texts is not None and len(texts) == n else R.encode_tags(tags)
+        values = R.encode_rows2(p.num, keyed, seqs, masks.tolist() if wide else masks, tag_values)
         new_pos = np.flatnonzero(new).tolist()
         new_keys = [rows[i].key for i in new_pos]
         g_new = g[new]
@@ -423,6 +429,7 @@ class RestoreHost:
         p.ready.clear()  # (rebuilt on the next fetch)
         self.active[rid] = done
         self.rows[rid] = []
+        self.tag_texts.pop(rid, None)
 
     def cancel_restore(self, rid: str) -> None:
         rec = self._get(rid, "running", "cancelled")

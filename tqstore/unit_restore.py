@@ -181,17 +181,19 @@ def _published(unit: "Unit", txn, db, tag: int) -> Tuple[List[bytes], np.ndarray
 
 
 def _next_batch(txn, db, tag: int, kind: int) -> int:
-    """One more than the largest batch number of ``tag``'s entries of ``kind`` (0: none)."""
+    """One more than the largest batch number of ``tag``'s entries of ``kind`` (0: none): the
+    last key of the prefix (batch numbers are fixed-width big-endian, so the last key holds the
+    largest), found with two cursor steps whatever the number of batches."""
     cur = txn.cursor(db)
-    last = -1
     prefix = UR.restore_prefix(tag, kind)
-    if cur.set_range(prefix):
-        for k in cur.iternext(values=False):
-            k = bytes(k)
-            if not k.startswith(prefix):
-                break
-            last = max(last, int.from_bytes(k[len(prefix):], "big"))
-    return last + 1
+    past = prefix + b"\xff" * (UR.BATCH_NO_BYTES + 1)  # after every key of the prefix
+    found = cur.prev() if cur.set_range(past) else cur.last()
+    if not found:
+        return 0
+    k = bytes(cur.key())
+    if not k.startswith(prefix):
+        return 0
+    return int.from_bytes(k[len(prefix):], "big") + 1
 
 
 #: entries of one batch value the unit writes at most
@@ -253,6 +255,8 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
     sg = np.asarray(plan.src_gidx, np.uint64)[order]
     dg = np.asarray(plan.gidx, np.uint64)[order]
     fields = list(map(plan.fields.__getitem__, order.tolist()))
+    names = list(dict.fromkeys(fields))  # the distinct field names, and each frame's code among them
+    codes = np.fromiter(map({f: i for i, f in enumerate(names)}.__getitem__, fields), np.int64, n)
     cut = np.flatnonzero(fid[1:] != fid[:-1]) + 1
     bounds = [0, *cut.tolist(), n]
     batch = max(1 << 16, int(plan.batch_bytes))
@@ -286,7 +290,8 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
             i = lo
             while i < hi:  # a batch: this unit's next frames of at most `batch` bytes (at least one frame)
                 j = max(i + 1, i + int(np.searchsorted(cum[i:hi], before[i] + batch, side="right")))
-                _import_batch(unit, tag, fd, path, buf, off[i:j], ln[i:j], crc[i:j], sg[i:j], dg[i:j], fields[i:j])
+                _import_batch(unit, tag, fd, path, buf, off[i:j], ln[i:j], crc[i:j], sg[i:j], dg[i:j], fields[i:j],
+                              (names, codes[i:j]))
                 read += int(cum[j - 1] - before[i])
                 i = j
         finally:
@@ -295,7 +300,7 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
 
 
 def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, off, ln, crc, sg, dg,
-                  fields: List[bytes]) -> None:
+                  fields: List[bytes], coded: Tuple[List[bytes], np.ndarray]) -> None:
     """Frames ``off``/``ln`` of the source file ``fd``: read back to back into ``buf`` (one
     ``pread`` per run of adjacent frames, without the GIL: nothing between them is read),
     check them with the frame-check kernel (against the CRC32C the dump recorded and the
@@ -316,7 +321,7 @@ def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, of
     if bad is not None:
         k, fault = bad
         raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
-    _check_names(np.frombuffer(view, np.uint8), noff, fields, path, off)
+    _check_names(np.frombuffer(view, np.uint8), noff, coded, path, off)
     crcs = np.array(crc, np.uint32)
     moved = np.flatnonzero(sg != dg)
     if len(moved):
@@ -325,11 +330,13 @@ def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, of
     _append_staged(unit, tag, [view], ln, crcs, dg, fields)
 
 
-def _check_names(b8: np.ndarray, rel: np.ndarray, fields: List[bytes], path: str, off) -> None:
-    """Each frame's header names its entry's field (byte 11 of the header: the name's length)."""
-    names = np.array(fields, dtype=object)
-    for name in set(fields):
-        i = np.flatnonzero(names == name)
+def _check_names(b8: np.ndarray, rel: np.ndarray, coded: Tuple[List[bytes], np.ndarray], path: str, off) -> None:
+    """Each frame's header names its entry's field (byte 11 of the header: the name's length);
+    ``coded``: the distinct names and each frame's index among them."""
+    names, codes = coded
+    for c in np.unique(codes).tolist():
+        name = names[c]
+        i = np.flatnonzero(codes == c)
         r = rel[i]
         ok = b8[r + 35] == len(name)
         ok &= (b8[(r + 36)[:, None] + np.arange(len(name))] == np.frombuffer(name, np.uint8)).all(axis=1)

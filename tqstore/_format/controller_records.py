@@ -431,11 +431,34 @@ def decode_restore(raw: Any) -> RestoreRecord:
                          float(created), (nxt[0], nxt[1]))
 
 
-def encode_restore_rows(rows: Sequence[RestoreRow]) -> bytes:
+def encode_restore_rows(rows: Sequence[RestoreRow], tag_texts: Optional[Sequence[str]] = None) -> bytes:
     """A chunk of a restore's rows: compact ASCII JSON ``[[key, src, gidx, tag, [fields], new], ...]``
-    (tags checked values, integers of any size included)."""
-    return _dumps_value([[r.key, r.src, r.gidx, r.tag, list(r.fields), r.new] for r in rows],
-                        ensure_ascii=True).encode()
+    (tags checked values, integers of any size included).  ``tag_texts``: the tags already
+    written as compact ASCII JSON (:func:`restore_tag_texts`, one per row), spliced in as they
+    are; the text is the same either way."""
+    if tag_texts is None:
+        return _dumps_value([[r.key, r.src, r.gidx, r.tag, list(r.fields), r.new] for r in rows],
+                            ensure_ascii=True).encode()
+    if len(tag_texts) != len(rows):
+        raise ValueError(f"{len(tag_texts)} tag texts for {len(rows)} rows")
+    keys = dumps_each([r.key for r in rows], ensure_ascii=True)
+    fields: Dict[Tuple[str, ...], str] = {}
+    for r in rows:
+        if r.fields not in fields:
+            fields[r.fields] = _dumps_value(list(r.fields), ensure_ascii=True)
+    return ("[" + ",".join([f"[{k},{r.src:d},{r.gidx:d},{t},{fields[r.fields]},{'true' if r.new else 'false'}]"
+                            for k, r, t in zip(keys, rows, tag_texts)]) + "]").encode()
+
+
+def restore_tag_texts(tags: Sequence[Any]) -> List[str]:
+    """The compact ASCII JSON text of each tag (checked values; ``null`` for None), as
+    :func:`encode_restore_rows` and :func:`tag_values` take them (one encoding for both)."""
+    return dumps_each(tags, ensure_ascii=True)
+
+
+def tag_values(texts: Sequence[str]) -> List[Optional[bytes]]:
+    """The ``rows`` tag values (:func:`encode_tags`) of tags written by :func:`restore_tag_texts`."""
+    return [None if t == "null" else t.encode() for t in texts]
 
 
 def decode_restore_rows(raw: Any) -> List[RestoreRow]:
@@ -494,7 +517,7 @@ __all__ = [
     "encode_tags",
     "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
     "META_RESTORE_TAG", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
-    "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows",
+    "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows", "restore_tag_texts", "tag_values",
     "decode_restore_rows", "RESTORE_CHUNK_ROWS",
     "RecordError", "RowRecord",
     "gidx_key", "decode_gidx_key", "parts_key", "sampler_key", "decode_parts_key", "keys_key", "decode_keys_key",

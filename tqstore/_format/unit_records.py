@@ -148,7 +148,7 @@ RESTORE_KINDS = (RESTORE_STAGED, RESTORE_PUBLISHED, RESTORE_STAGED_BATCH, RESTOR
 RESTORE_BATCH_KINDS = (RESTORE_STAGED_BATCH, RESTORE_PUBLISHED_BATCH)
 #: entries of one batch value at most (writers split larger sets)
 RESTORE_BATCH_MAX = 1 << 16
-_BATCH_NO_BYTES = 4
+BATCH_NO_BYTES = 4  # bytes of a batch entry's number (u32 big-endian)
 _LOC_BYTES = 20
 
 
@@ -164,7 +164,7 @@ def restore_entry_key(tag: int, kind: int, index_key: bytes = b"") -> bytes:
 
 def restore_batch_key(tag: int, kind: int, batch: int) -> bytes:
     """Key of a batch entry of ``restore`` (kinds 2 and 3): tag ‖ kind ‖ batch number (u32 big-endian)."""
-    return restore_prefix(tag, kind) + int(batch).to_bytes(_BATCH_NO_BYTES, "big")
+    return restore_prefix(tag, kind) + int(batch).to_bytes(BATCH_NO_BYTES, "big")
 
 
 def decode_restore_entry_key(raw: Any) -> Tuple[int, int, bytes]:
@@ -174,7 +174,7 @@ def decode_restore_entry_key(raw: Any) -> Tuple[int, int, bytes]:
     kind = k[TOKEN_BYTES] if len(k) > TOKEN_BYTES else -1
     rest = len(k) - TOKEN_BYTES - 1
     if kind not in RESTORE_KINDS or (kind == RESTORE_CLOSED and rest != 0) \
-            or (kind in RESTORE_BATCH_KINDS and rest != _BATCH_NO_BYTES) \
+            or (kind in RESTORE_BATCH_KINDS and rest != BATCH_NO_BYTES) \
             or (kind in (RESTORE_STAGED, RESTORE_PUBLISHED) and rest < 9):
         raise RecordError(f"not a restore entry key: {k[:40]!r}")
     return int.from_bytes(k[:TOKEN_BYTES], "big"), kind, k[TOKEN_BYTES + 1:]
@@ -228,5 +228,5 @@ __all__ = ["UNIT_INDEX_FORMAT", "UNIT_INDEX_FORMAT_BATCHES", "UNIT_INDEX_FORMATS
            "decode_seg_info", "seg_key", "decode_seg_key", "undo_prefix", "undo_key", "decode_undo_key",
            "encode_format", "decode_format", "RESTORE_STAGED", "RESTORE_PUBLISHED", "RESTORE_CLOSED",
            "RESTORE_KINDS", "RESTORE_STAGED_BATCH", "RESTORE_PUBLISHED_BATCH", "RESTORE_BATCH_KINDS",
-           "RESTORE_BATCH_MAX", "restore_prefix", "restore_entry_key", "restore_batch_key", "decode_restore_entry_key",
+           "RESTORE_BATCH_MAX", "BATCH_NO_BYTES", "restore_prefix", "restore_entry_key", "restore_batch_key", "decode_restore_entry_key",
            "encode_restore_batch", "decode_restore_batch"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Optional
 
+from .._gilswitch import quick_handoff
 from .loader import LoadInfo
 from .manager import CheckpointFallbackWarning, CheckpointManager
 from .retention import KeepAll, KeepAny, KeepEvery, KeepLast, KeepSteps, RetentionPolicy
@@ -63,8 +64,9 @@ class CheckpointMixin:
         from . import writer
 
         self._check_open()
-        return writer.save(self, checkpoint_dir, include_storage=include_storage, metadata=metadata,
-                           blocking=blocking, copy_segments=copy_segments)
+        with quick_handoff():
+            return writer.save(self, checkpoint_dir, include_storage=include_storage, metadata=metadata,
+                               blocking=blocking, copy_segments=copy_segments)
 
     def load_checkpoint(self, checkpoint_dir) -> LoadInfo:
         """Replace the whole store with the checkpoint at ``checkpoint_dir``, transactionally.
@@ -92,7 +94,7 @@ class CheckpointMixin:
         st = writer.state_of(self)
         with st.lock:  # our own background save first: it may need the lock exclusively to publish
             writer.settle(st)
-            with reading(checkpoint_dir):
+            with reading(checkpoint_dir), quick_handoff():
                 return loader.load(self, checkpoint_dir)
 
     def _checkpoint_wait(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import Any, Dict, List
 
 from .._gcpause import paused
+from .._gilswitch import quick_handoff
 from .publish import lock_path, marker_path
 from .reader import DumpIndex, describe_dump, open_dump, read_index, row_index_dict, verify_dump
 from .writer import DumpHandle
@@ -68,7 +69,7 @@ class DumpMixin:
         """
         from .writer import dump
 
-        with paused():  # thousands of small objects per call: no full collection in between
+        with paused(), quick_handoff():  # thousands of small objects per call: no full collection in between
             return dump(self, dump_dir, keys, partition_id, blocking=blocking)
 
     def load_data_by_key(self, dump_dir) -> Dict[str, Any]:
@@ -103,7 +104,7 @@ class DumpMixin:
         from . import restore
 
         self._check_open()
-        with paused():
+        with paused(), quick_handoff():
             return restore.load(self, dump_dir)
 
     def recover_data_load(self, dump_dir, cancel: bool = False) -> bool:
@@ -123,7 +124,7 @@ class DumpMixin:
         from . import restore
 
         self._check_open()
-        with paused():
+        with paused(), quick_handoff():
             return restore.recover(self, dump_dir, cancel=bool(cancel))
 
 
