@@ -25,7 +25,12 @@ with the reward).  Progress goes to stderr; the last line of stdout is one JSON 
   dump's files cold), dump bytes / wall time; ``v1_load_speedup``: the V1 load (the V1 file
   read cold, its batches cut from its bytes and ``kv_batch_put``) ÷ our load;
   ``load_vs_raw_read``: our GiB/s ÷ the plain read's.  Raw read, load and V1 load alternate
-  over the rounds; best of each.
+  over the rounds; best of each;
+* ``*_ceiling``: the best this disk allows, from the same run's plain I/O: a dump writes its
+  files durably, so ``v1_dump_speedup_ceiling`` = V1 dump ÷ the plain durable copy; a load
+  reads the bytes and writes them durably into the units' segments, so it takes at least the
+  slower of the cold read and the durable copy: ``v1_load_speedup_ceiling`` = V1 load ÷ that,
+  ``load_vs_raw_read_ceiling`` = the cold read ÷ that.
 """
 from __future__ import annotations
 
@@ -255,12 +260,20 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
         v1_load_rounds_s=[round(x, 3) for x in v1_loads], raw_read_rounds_s=[round(x, 3) for x in raws],
         raw_write_s=round(min(raws_w), 3), dump_vs_raw_write=round(dump_s / min(raws_w), 3),
         raw_write_rounds_s=[round(x, 3) for x in raws_w],
+        # what this disk allows at best: a dump writes its files durably (no faster than the plain
+        # copy), a load reads the bytes and writes them durably (no faster than the slower of the two)
+        v1_dump_speedup_ceiling=round(v1_s / min(raws_w), 2),
+        v1_load_speedup_ceiling=None if v1_load_s is None else round(v1_load_s / max(raw_s, min(raws_w)), 2),
+        load_vs_raw_read_ceiling=round(raw_s / max(raw_s, min(raws_w)), 3),
         load_avg_1m=round(os.getloadavg()[0], 2))
     log(f"dump: stall {res['dump_stall_ms']} ms, {res['dump_gib_s']} GiB/s ({dump_bytes / GiB:.3f} GiB in "
         f"{dump_s:.3f} s); V1 {v1_s:.3f} s ({res['v1_dump_speedup']}x slower); full save {full_s:.3f} s "
         f"(dump/full {res['dump_vs_full_save']}); raw read {res['raw_read_gib_s']} GiB/s")
     log(f"load: {load_gib_s} GiB/s ({load_s:.3f} s); V1 load {v1_load_s:.3f} s ({res['v1_load_speedup']}x slower); "
         f"load / raw read {res['load_vs_raw_read']}")
+    log(f"this disk's ceilings (plain durable copy {res['raw_write_s']} s, cold read {res['raw_read_s']} s): dump "
+        f"{res['v1_dump_speedup_ceiling']}x V1, load {res['v1_load_speedup_ceiling']}x V1 and "
+        f"{res['load_vs_raw_read_ceiling']} of the raw read")
     keys_out = ["dump_stall_ms", "dump_gib_s", "v1_dump_speedup", "dump_vs_full_save", "load_gib_s",
                 "v1_load_speedup", "load_vs_raw_read"]
     out = {k: res[k] for k in keys_out}
