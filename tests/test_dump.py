@@ -244,6 +244,35 @@ def test_a_background_dump_checks_its_keys_at_the_cut_not_after(store, tmp_path)
     assert h.result()["keys"] == 4 and dump_frames(d) == expect
 
 
+def test_a_dump_is_the_same_from_the_location_cache_and_from_the_index(tmp_path, monkeypatch):
+    from tqstore import unit_dump
+
+    answers = []
+    real = unit_dump._from_cache
+    monkeypatch.setattr(unit_dump, "_from_cache", lambda *a: answers.append(real(*a)) or answers[-1])
+    path = tmp_path / "store"
+    s = tqstore.open(path, num_units=2, segment_bytes=1 << 16)
+    keys = fill(s, "train", 12)
+    pick = [keys[9], keys[2], keys[5], keys[11]]
+    s.dump_data_by_key(tmp_path / "a", pick, "train")  # the puts filled the cache
+    assert answers and all(a is not None for a in answers)
+    s.close()
+    s = tqstore.open(path)
+    try:
+        answers.clear()
+        s.dump_data_by_key(tmp_path / "b", pick, "train")  # reopened: the index, which fills the cache
+        assert answers and all(a is None for a in answers)
+        answers.clear()
+        s.dump_data_by_key(tmp_path / "c", pick, "train")
+        assert answers and all(a is not None for a in answers)
+    finally:
+        s.close()
+    files_of = [{n: (tmp_path / d / n).read_bytes() for n in os.listdir(tmp_path / d) if n != "MANIFEST.json"}
+                for d in "abc"]
+    assert files_of[0] == files_of[1] == files_of[2]
+    assert dump_frames(tmp_path / "a") == dump_frames(tmp_path / "c") and verify_dump(tmp_path / "c") == []
+
+
 def test_a_background_dump_holds_exactly_the_cut(store, tmp_path):
     keys = fill(store, "train", 9)
     store.kv_put("bare", "train", tag={"b": 0})

@@ -150,6 +150,27 @@ def test_a_snapshot_lookup_sees_the_cut_not_the_latest_state(unit):
     unit.release(sid)
 
 
+def test_a_snapshot_is_answered_from_the_cache_only_for_the_commit_it_holds(unit):
+    # a dump resolves its rows at its cut through get(at=the snapshot's commit)
+    put(unit, range(6), {"x": rows(6, 0)})
+    g = list(range(6))
+    sid = unit.snapshot()
+    at = unit._views[sid].txn.id()
+    cut = unit.lookup(g, ["x"], snapshot=sid)["x"].tolist()
+    held = unit.locs.get(g, ["x"], at=at)
+    assert held is not None and held["x"].tolist() == cut
+    put(unit, range(3), {"x": rows(3, 9)}, fresh=False)  # a commit after the cut, told to the cache
+    assert unit.locs.get(g, ["x"], at=at) is None  # never the newer locations for the older cut
+    assert unit.locs.get(g, ["x"])["x"].tolist() != cut and unit.lookup(g, ["x"], snapshot=sid)["x"].tolist() == cut
+    unit.release(sid)
+    with unit.env.begin(write=True) as txn:  # a change the cache was not told of, then a cut of it
+        txn.delete(INDEX_KEY_HEAD.pack(5) + b"x", db=unit.db_loc)
+    sid = unit.snapshot()
+    assert unit.locs.get(g[:5], ["x"], at=unit._views[sid].txn.id()) is None
+    assert unit.lookup([5], ["x"], snapshot=sid)["x"] is None
+    unit.release(sid)
+
+
 def test_a_unit_of_many_holds_only_its_rows_and_a_bounded_cache_still_answers(tmp_path):
     u = Unit(tmp_path / "u", 1, segment_bytes=SEG, stride=3)
     try:

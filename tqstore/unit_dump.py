@@ -6,8 +6,10 @@ exact extent, gidx, end magic, padding, CRC32C and the CRC its index recorded), 
 them byte for byte, in segment order, with vectored writes straight from the mapping into
 the new shard file, then the table; the shard's CRC32C is computed in one call over the
 file as written (the GIL released, so the units' shards are checksummed in parallel), then
-the file is fsynced.  The index keys of the asked frames are built per field and fetched
-with one ``getmulti``.  No frame is decoded or encoded again, and no payload leaves the
+the file is fsynced.  The asked frames' locations come from the unit's location cache when
+it holds them all and is exact for the snapshot's commit (:mod:`tqstore.unit_locs`), else
+from the index: their keys built per field and fetched with one ``getmulti`` (what it gives
+is kept in the cache).  No frame is decoded or encoded again, and no payload leaves the
 unit: it answers a :class:`~tqstore.ports.ShardInfo`.
 """
 from __future__ import annotations
@@ -121,6 +123,10 @@ def _resolve(unit, view, gidxs, fields, put_token: int):
                 gl = per[f] = []
             gl.append(g)
     names = list(per)
+    if not put_back:
+        cached = _from_cache(unit, txn, per, names)
+        if cached is not None:
+            return cached
     parts, gparts, fparts = [], [], []
     for fid, f in enumerate(names):
         ga = np.asarray(per[f], dtype=np.uint64)
@@ -140,12 +146,31 @@ def _resolve(unit, view, gidxs, fields, put_token: int):
                 vals.append(v)
         else:
             vals = [v for _k, v in got]
+            unit.locs.populate(txn.id(), ga, {f: np.frombuffer(b"".join(vals), LOC_DTYPE)})  # (the next dump's)
         parts.append(b"".join(vals))
         gparts.append(ga)
         fparts.append(np.full(len(ga), fid, np.uint32))
     if not parts:
         return np.zeros(0, LOC_DTYPE), np.zeros(0, np.uint64), [], np.zeros(0, np.uint32)
     return (np.frombuffer(b"".join(parts), LOC_DTYPE), np.concatenate(gparts), names, np.concatenate(fparts))
+
+
+def _from_cache(unit, txn, per: Dict[str, List[int]], names: List[str]):
+    """:func:`_resolve`'s answer from the unit's location cache, when it holds every asked frame
+    and is exact for the snapshot's commit (``txn.id()``; see :mod:`tqstore.unit_locs`), else None."""
+    at = txn.id()
+    locs, gparts, fparts = [], [], []
+    for fid, f in enumerate(names):
+        ga = np.asarray(per[f], dtype=np.int64)
+        got = unit.locs.get(ga, [f], at=at)
+        if got is None:
+            return None
+        locs.append(got[f])
+        gparts.append(ga.astype(np.uint64))
+        fparts.append(np.full(len(ga), fid, np.uint32))
+    if not locs:
+        return None
+    return np.concatenate(locs), np.concatenate(gparts), names, np.concatenate(fparts)
 
 
 def _index_keys(gidxs: np.ndarray, name: bytes) -> List[bytes]:

@@ -54,16 +54,20 @@ class LocCache:
         self._arrays: Dict[str, np.ndarray] = {}
 
     # ---------------------------------------------------------------- reads
-    def get(self, gidxs: Sequence[int], fields: Sequence[str]) -> Optional[Dict[str, np.ndarray]]:
+    def get(self, gidxs: Sequence[int], fields: Sequence[str], *, at: Optional[int] = None
+            ) -> Optional[Dict[str, np.ndarray]]:
         """Each field's locations of rows ``gidxs`` (LOC_DTYPE arrays in their order), as of the
-        index's last commit; None unless every one is held and the cache is exact for that commit."""
+        index's last commit, or with ``at`` as of the commit ``at`` (the ``txn.id()`` of a read
+        transaction, e.g. a snapshot's: what the cache holds is exact for one commit, so it
+        answers for that commit whatever was committed since); None unless every one is held
+        and the cache is exact for that commit."""
         if not len(gidxs) or not fields:
             return None
         pos, top, which = self._positions(gidxs)
         if which is not None:
             return None
         with self._lock:
-            if self.txnid < 0 or not self._arrays or self.txnid != self._last():
+            if self.txnid < 0 or not self._arrays or self.txnid != (self._last() if at is None else at):
                 return None
             out = {}
             for f in fields:
