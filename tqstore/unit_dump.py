@@ -146,8 +146,10 @@ def _resolve(unit, view, gidxs, fields, put_token: int):
                 vals.append(v)
         else:
             vals = [v for _k, v in got]
-            unit.locs.populate(txn.id(), ga, {f: np.frombuffer(b"".join(vals), LOC_DTYPE)})  # (the next dump's)
-        parts.append(b"".join(vals))
+        part = b"".join(vals)
+        if not put_back:  # the index's entries at the snapshot: kept for the next dump
+            unit.locs.populate(txn.id(), ga, {f: np.frombuffer(part, LOC_DTYPE)})
+        parts.append(part)
         gparts.append(ga)
         fparts.append(np.full(len(ga), fid, np.uint32))
     if not parts:

@@ -131,8 +131,9 @@ class UnitReader:
 
         Rows that lie side by side in the index with one set of fields (a batch put together)
         are read by one cursor scan, checked against the keys they must have; any other set
-        by one native multi-get per field.  The latest state is first looked for in the unit's
-        location cache (:mod:`tqstore.unit_locs`), and what the index gives is kept there."""
+        by one native multi-get per field.  The latest state, and a snapshot's when the cache is
+        exact for its commit, is first looked for in the unit's location cache
+        (:mod:`tqstore.unit_locs`); what the index gives for the latest state is kept there."""
         out: Optional[Dict[str, Optional[np.ndarray]]] = None
         own = snapshot is None
         if own:
@@ -141,6 +142,10 @@ class UnitReader:
                 return out
         txn = self.env.begin() if own else self._snapshot_txn(snapshot)
         try:
+            if not own:  # a snapshot's state: from the cache only when it is exact for the snapshot's commit
+                out = self.locs.get(gidxs, fields, at=txn.id())
+                if out is not None:
+                    return out
             cur = txn.cursor(self.db_loc)
             if len(gidxs) >= SCAN_MIN_ROWS and fields:
                 out = _scan_lookup(cur, gidxs, fields)
