@@ -20,7 +20,7 @@ from tqstore._io import failpoints as fp
 from tqstore._io import locks
 from tqstore.dump import describe_dump, lock_path, read_row_index, verify_dump
 
-from checkpoint_helpers import fill
+from checkpoint_helpers import canon, fill
 from dump_helpers import dump_frames, dump_picture, store_frames
 
 
@@ -271,6 +271,62 @@ def test_a_dump_is_the_same_from_the_location_cache_and_from_the_index(tmp_path,
                 for d in "abc"]
     assert files_of[0] == files_of[1] == files_of[2]
     assert dump_frames(tmp_path / "a") == dump_frames(tmp_path / "c") and verify_dump(tmp_path / "c") == []
+
+
+def _batch_picture(batch):
+    return {f: canon(batch[f]) for f in sorted(batch.keys())}
+
+
+def test_shards_written_in_writeback_groups_hold_the_same_bytes(tmp_path, monkeypatch):
+    # a shard larger than a group is written group by group (each group's writeback started
+    # at once): the files are the bytes of a dump written in one go, and they load back
+    from tqstore import unit_dump
+
+    s = tqstore.open(tmp_path / "store", num_units=2)
+    try:
+        keys = fill(s, "train", 12)
+        pick = [keys[9], keys[2], keys[5], keys[11], keys[0]]
+        monkeypatch.setattr(unit_dump, "WRITEBACK_BYTES", 0)
+        s.dump_data_by_key(tmp_path / "once", pick, "train")
+        groups = []
+        real = unit_dump.files.start_writeback
+        monkeypatch.setattr(unit_dump.files, "start_writeback", lambda fd, at, n: groups.append((at, n)) or
+                            real(fd, at, n))
+        monkeypatch.setattr(unit_dump, "WRITEBACK_BYTES", 1000)
+        s.dump_data_by_key(tmp_path / "grouped", pick, "train")
+        expect = _batch_picture(s.kv_batch_get(pick, "train"))
+    finally:
+        s.close()
+    shards = sorted(n for n in os.listdir(tmp_path / "grouped") if n.startswith("shard-"))
+    sizes = {n: (tmp_path / "grouped" / n).stat().st_size for n in shards}
+    assert len(groups) > 2 * len(shards)  # several groups a shard
+    assert sum(n for _at, n in groups) == sum(sizes.values())
+    once = {n: (tmp_path / "once" / n).read_bytes() for n in os.listdir(tmp_path / "once") if n != "MANIFEST.json"}
+    grouped = {n: (tmp_path / "grouped" / n).read_bytes() for n in os.listdir(tmp_path / "grouped")
+               if n != "MANIFEST.json"}
+    assert grouped == once and verify_dump(tmp_path / "grouped") == []
+    t = tqstore.open(tmp_path / "target", num_units=3)
+    try:
+        t.load_data_by_key(tmp_path / "grouped")
+        assert _batch_picture(t.kv_batch_get(pick, "train")) == expect
+    finally:
+        t.close()
+
+
+def test_a_failed_write_of_a_later_group_leaves_no_dump(store, tmp_path, monkeypatch):
+    from tqstore import unit_dump
+
+    monkeypatch.setattr(unit_dump, "WRITEBACK_BYTES", 1000)
+    keys = fill(store, "train", 8)
+    fp.arm("write", "short", 3)  # a group past the first of some shard
+    try:
+        with pytest.raises((CheckpointError, OSError)):
+            store.dump_data_by_key(tmp_path / "d", keys, "train")
+    finally:
+        fp.disarm()
+    assert _siblings(tmp_path / "d") == ["d.lock"]
+    store.dump_data_by_key(tmp_path / "d", keys, "train")
+    assert dump_frames(tmp_path / "d") == store_frames(store, "train", keys) and verify_dump(tmp_path / "d") == []
 
 
 def test_a_background_dump_holds_exactly_the_cut(store, tmp_path):

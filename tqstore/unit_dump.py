@@ -34,6 +34,11 @@ from .ports import ShardInfo
 
 log = logging.getLogger("tqstore")
 
+#: a shard's bytes are written in groups of about this many, each group's writeback started
+#: at once (the fsync at the end then finds little left: A/B on 11,161 keys of a 2 GiB store,
+#: 10 alternating rounds, median dump 0.191 s against 0.240 s writing all, then the fsync)
+WRITEBACK_BYTES = 8 << 20
+
 
 def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequence[str]]], dest: Path, *,
                 num_units: int, put_token: int = 0) -> ShardInfo:
@@ -70,7 +75,7 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
         bufs.extend(mv[a:b] for a, b in _runs(ls))
     bufs.append(table)
     try:
-        size = files.write_buffers(dest, bufs, fsync=False)
+        size = files.write_buffers(dest, bufs, fsync=False, writeback_bytes=WRITEBACK_BYTES)
     finally:
         del bufs
     crc = _file_crc(dest, size)  # of the bytes written, in one call (the GIL released), read back from the cache
