@@ -16,10 +16,12 @@ median of ``--rounds`` rounds, each round running ours and its baselines back to
   really written, fsynced and verified), checkpoint bytes / wall time.  Baselines, same
   bytes, same round: ``stream_write_gib_s`` one stream of 64 MiB writes from memory into
   one file and one fsync (the disk's durable line); ``raw_write_gib_s`` the plain loop,
-  file after file (read from the page cache, write, fsync each); ``copy_range_gib_s``
-  ``os.copy_file_range`` of the same files, each fsynced.  ``save_vs_stream_write``,
-  ``save_vs_raw_write``, ``save_vs_copy_range`` are ours ÷ baseline; the strongest
-  baseline is named in ``save_strongest_baseline``;
+  file after file (read from the page cache, write, fsync each); ``raw_write_writeback_gib_s``
+  the same loop starting each 8 MiB chunk's writeback as soon as it is written;
+  ``copy_range_gib_s`` ``os.copy_file_range`` of the same files, each fsynced.
+  ``save_vs_stream_write``, ``save_vs_raw_write``, ``save_vs_raw_write_writeback``,
+  ``save_vs_copy_range`` are ours ÷ baseline; the strongest baseline is named in
+  ``save_strongest_baseline``;
 * ``load_gib_s``: CRC-verified load of the copied checkpoint, cold; ``cold_read_gib_s``
   the same files read by a plain loop, cold; ``load_vs_cold_read`` the ratio.  "Cold":
   every file fsynced, then evicted with ``posix_fadvise(POSIX_FADV_DONTNEED)`` (the bench
@@ -319,7 +321,7 @@ def run(base: Path, gib: float, units: int, res: dict) -> int:
     # --- durable save (copy mode) vs the same bytes as one stream, as a per-file loop, and as
     # copy_file_range; alternating in every round, medians
     rounds = res["rounds"]
-    saves, streams, raws, cfrs, peaks = [], [], [], [], []
+    saves, streams, raws, raws_wb, cfrs, peaks = [], [], [], [], [], []
     for rnd in range(rounds):
         os.sync()
         with PeakRSS() as pk:
@@ -331,6 +333,7 @@ def run(base: Path, gib: float, units: int, res: dict) -> int:
         srcs = segs + files_under(store.state_dir, "data.mdb")
         for fn, out, name in ((lambda d: stream_write(ck_bytes, d, segs[0]), streams, "stream"),
                               (lambda d: raw_write(srcs, d), raws, "raw"),
+                              (lambda d: raw_write(srcs, d, writeback=True), raws_wb, "rawwb"),
                               (lambda d: copy_range(srcs, d), cfrs, "cfr")):
             os.sync()
             out.append(fn(base / f"{name}{rnd}"))
@@ -339,16 +342,21 @@ def run(base: Path, gib: float, units: int, res: dict) -> int:
             shutil.rmtree(base / f"ck_copy{rnd}")
         g_ = ck_bytes / GiB
         log(f"round {rnd}: save {g_ / saves[-1]:.2f} GiB/s, stream write {g_ / streams[-1]:.2f}, per-file loop "
-            f"{g_ / raws[-1]:.2f}, copy_file_range {g_ / cfrs[-1]:.2f} GiB/s")
+            f"{g_ / raws[-1]:.2f} (starting writeback early {g_ / raws_wb[-1]:.2f}), copy_file_range "
+            f"{g_ / cfrs[-1]:.2f} GiB/s")
     ck = base / "ck_copy0"
     med = statistics.median
     save_s = med(saves)
     gib_s = {"save": ck_bytes / GiB / save_s, "stream write": ck_bytes / GiB / med(streams),
-             "per-file write loop": ck_bytes / GiB / med(raws), "copy_file_range": ck_bytes / GiB / med(cfrs)}
+             "per-file write loop": ck_bytes / GiB / med(raws),
+             "write loop, early writeback": ck_bytes / GiB / med(raws_wb),
+             "copy_file_range": ck_bytes / GiB / med(cfrs)}
     base_save = [(k, v) for k, v in gib_s.items() if k != "save"]
     res.update(checkpoint_gib=round(ck_bytes / GiB, 3), save_s=round(save_s, 3), save_gib_s=round(gib_s["save"], 3),
                stream_write_gib_s=round(gib_s["stream write"], 3),
                raw_write_gib_s=round(gib_s["per-file write loop"], 3),
+               raw_write_writeback_gib_s=round(gib_s["write loop, early writeback"], 3),
+               save_vs_raw_write_writeback=round(gib_s["save"] / gib_s["write loop, early writeback"], 3),
                copy_range_gib_s=round(gib_s["copy_file_range"], 3), save_peak_mib=round(max(peaks), 1),
                save_vs_stream_write=round(gib_s["save"] / gib_s["stream write"], 3),
                save_vs_raw_write=round(gib_s["save"] / gib_s["per-file write loop"], 3),
