@@ -305,6 +305,15 @@ def test_shards_written_in_writeback_groups_hold_the_same_bytes(tmp_path, monkey
     grouped = {n: (tmp_path / "grouped" / n).read_bytes() for n in os.listdir(tmp_path / "grouped")
                if n != "MANIFEST.json"}
     assert grouped == once and verify_dump(tmp_path / "grouped") == []
+    groups.clear()
+    monkeypatch.setattr(unit_dump, "WRITEBACK_MAX_SHARD", min(sizes.values()) - 1)  # every shard larger
+    s = tqstore.open(tmp_path / "store")
+    try:
+        s.dump_data_by_key(tmp_path / "whole", pick, "train")
+    finally:
+        s.close()
+    assert groups == []  # written whole, then fsynced
+    assert {n: (tmp_path / "whole" / n).read_bytes() for n in once} == once
     t = tqstore.open(tmp_path / "target", num_units=3)
     try:
         t.load_data_by_key(tmp_path / "grouped")
