@@ -39,7 +39,8 @@ log = logging.getLogger("tqstore")
 #: a 2 GiB store of 4 units, alternating rounds: 10 % of the keys, 55 MB shards, median dump
 #: 0.19 s against 0.24 s; 50 %, 270 MB shards, 0.83 s against 1.01 s); a larger shard is
 #: written whole, then fsynced (all keys, 520 MB shards: early writeback took 2.3 to 2.6 s
-#: against 1.7 to 2.0 s, whatever the group size, with the file preallocated too)
+#: against 1.7 to 2.0 s, whatever the group size, with the file preallocated too); the limit
+#: sits below the largest shard measured faster, as the turn lies somewhere between the two
 WRITEBACK_BYTES = 8 << 20
 WRITEBACK_MAX_SHARD = 256 << 20
 
