@@ -327,7 +327,7 @@ def test_a_failed_write_of_a_later_group_leaves_no_dump(store, tmp_path, monkeyp
 
     monkeypatch.setattr(unit_dump, "WRITEBACK_BYTES", 1000)
     keys = fill(store, "train", 8)
-    fp.arm("write", "short", 3)  # a group past the first of some shard
+    fp.arm("write", "short", 3, repeat=True)  # every write from the third on: later groups of the shards
     try:
         with pytest.raises((CheckpointError, OSError)):
             store.dump_data_by_key(tmp_path / "d", keys, "train")

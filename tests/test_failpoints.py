@@ -94,6 +94,22 @@ def test_short_write_writes_part_then_fails(tmp_path):
         os.close(fd)
 
 
+def test_a_file_written_in_writeback_groups_fails_at_the_group_whose_write_fails(tmp_path):
+    # write_buffers(writeback_bytes=N): groups of >= N bytes, each one write (a "write"
+    # occurrence) whose writeback starts at once; a short third write leaves the first two
+    # groups whole and part of the third, and raises
+    bufs = [bytes([i]) * 300 for i in range(10)]  # groups of 4, 4 and 2 buffers
+    fp.arm("write", "short", 3)
+    with pytest.raises(OSError):
+        files.write_buffers(tmp_path / "f", bufs, fsync=False, writeback_bytes=1000)
+    data = (tmp_path / "f").read_bytes()
+    assert 2400 <= len(data) < 3000 and data[:2400] == b"".join(bufs[:8])
+    fp.disarm()
+    counts = count_points(lambda: files.write_buffers(tmp_path / "g", bufs, writeback_bytes=1000))
+    assert counts == {"create": 1, "write": 3, "fsync_file": 1}
+    assert (tmp_path / "g").read_bytes() == b"".join(bufs)
+
+
 def test_kill_action_exits_the_process_with_the_kill_code(tmp_path):
     res = run_forked(lambda: files.write_file(tmp_path / "f", b"data"), failpoints=[("fsync_file", "kill", 1)])
     assert res.killed and res.exitcode == fp.KILL_EXIT_CODE
