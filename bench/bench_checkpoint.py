@@ -167,14 +167,15 @@ def raw_write(srcs, dst_dir: Path, *, writeback: bool = False, durable: bool = T
         s = os.open(src, os.O_RDONLY)
         d = os.open(dst_dir / f"f{i}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
+            at = 0
             while True:
                 n = os.readv(s, [buf])
                 if not n:
                     break
-                at = os.lseek(d, 0, os.SEEK_CUR)
                 os.write(d, mv[:n])
                 if writeback:
                     os.posix_fadvise(d, at, n, os.POSIX_FADV_DONTNEED)
+                at += n
             if durable:
                 os.fsync(d)
         finally:
