@@ -122,6 +122,12 @@ def test_row2_round_trips_and_the_bulk_encoder_writes_the_same_bytes():
     keyed, seqs, masks = np.array([True, False, True]), np.array([3, 4, 5]), [1, 2, 3]
     assert CR.encode_rows2(4, keyed, seqs, masks) == [CR.encode_row2(4, k, q, m) for k, q, m in zip([True, False, True],
                                                                                                  [3, 4, 5], masks)]
+    tags = [CR.encode_tag(t) for t in ({"turn": 3}, None, "x\u00e9")]
+    for ms in (masks, np.array(masks, np.uint64), [1, 2**64 - 1, 0], [1, 2**70, 3]):
+        want = [CR.encode_row2(4, k, q, m, t) for k, q, m, t in zip([True, False, True], [3, 4, 5],
+                                                                   np.asarray(ms, object).tolist(), tags)]
+        assert CR.encode_rows2(4, keyed, seqs, ms, tags) == want
+        assert [CR.decode_row2(v).tag for v in want] == [{"turn": 3}, None, "x\u00e9"]
     assert CR.gidx_keys(np.array([0, 1, 2**40])) == [CR.gidx_key(g) for g in (0, 1, 2**40)]
 
 

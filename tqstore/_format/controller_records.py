@@ -193,6 +193,10 @@ def encode_row2(part: int, keyed: bool, seq: int, mask: int, tag_json: Optional[
     return head if tag_json is None else head + tag_json
 
 
+def _is_not_none(x: Any) -> bool:
+    return x is not None
+
+
 #: a version-2 row value of one bitmap word and no tag, as a numpy structured dtype (24 bytes)
 ROW2_DTYPE = np.dtype([("part", "<u4"), ("flags", "<u2"), ("words", "<u2"), ("seq", "<u8"), ("mask", "<u8")])
 
@@ -200,16 +204,22 @@ ROW2_DTYPE = np.dtype([("part", "<u4"), ("flags", "<u2"), ("words", "<u2"), ("se
 def encode_rows2(part: int, keyed: np.ndarray, seqs: np.ndarray, masks: Sequence[int],
                  tag_json: Optional[Sequence[Optional[bytes]]] = None) -> List[bytes]:
     """:func:`encode_row2` of many rows of one partition (``keyed``, ``seqs``, ``masks``,
-    ``tag_json`` per row), the untagged one-word ones encoded together as one array."""
+    ``tag_json`` per row): when every mask fits one word, the heads and bitmaps are encoded
+    together as one array and each tag appended to its row's."""
     n = len(seqs)
     if not n:
         return []
-    if tag_json is None and (isinstance(masks, np.ndarray) and masks.dtype == np.uint64
-                             or all(0 <= m < 1 << 64 for m in set(masks))):
+    if isinstance(masks, np.ndarray) and masks.dtype == np.uint64 or all(0 <= m < 1 << 64 for m in set(masks)):
         a = np.empty(n, dtype=ROW2_DTYPE)
-        a["part"], a["flags"], a["words"] = part, np.where(keyed, ROW2_KEYED, 0), 1
+        flags = np.where(keyed, ROW2_KEYED, 0)
+        if tag_json is not None:
+            flags |= np.fromiter(map(_is_not_none, tag_json), bool, n) * ROW2_TAGGED
+        a["part"], a["flags"], a["words"] = part, flags, 1
         a["seq"], a["mask"] = seqs, np.asarray(masks, dtype=np.uint64)
-        return a.view(f"V{ROW2_DTYPE.itemsize}").tolist()  # bytes per row, made at C speed
+        heads = a.view(f"V{ROW2_DTYPE.itemsize}").tolist()  # bytes per row, made at C speed
+        if tag_json is None:
+            return heads
+        return [h if t is None else h + t for h, t in zip(heads, tag_json)]
     tj = tag_json if tag_json is not None else [None] * n
     ml = masks.tolist() if isinstance(masks, np.ndarray) else masks
     return [encode_row2(part, bool(k), int(q), int(m), t)
