@@ -176,6 +176,36 @@ def test_damaged_manifest_raises_or_parses_to_the_original(data):
     assert got == want
 
 
+def _row_index_of(rows) -> bytes:
+    doc = json.loads(_dump_docs()[0])
+    doc["rows"] = rows
+    return json.dumps(doc).encode()
+
+
+_GOOD_ROW = {"key": "c", "gidx": 5, "tag": None, "fields": ["x"]}
+
+
+@pytest.mark.parametrize("bad, message", [
+    (["not a row"], "malformed row"), ([[1, 2]], "malformed row"),
+    ([{k: v for k, v in _GOOD_ROW.items() if k != "tag"}], "malformed row"),
+    ([{**_GOOD_ROW, "key": 7}], "malformed row"), ([{**_GOOD_ROW, "gidx": True}], "malformed row"),
+    ([{**_GOOD_ROW, "gidx": -1}], "malformed row"), ([{**_GOOD_ROW, "gidx": 2**64}], "malformed row"),
+    ([{**_GOOD_ROW, "gidx": 5.0}], "malformed row"), ([{**_GOOD_ROW, "fields": "x"}], "malformed row"),
+    ([{**_GOOD_ROW, "fields": ["nope"]}], "malformed row"), ([{**_GOOD_ROW, "fields": [["x"]]}], "malformed row"),
+    ([{**_GOOD_ROW, "fields": ["x", "x"]}], "appears twice"), ([{**_GOOD_ROW, "gidx": 3}], "appears twice"),
+    ([{**_GOOD_ROW, "key": "a"}], "appears twice"),
+])
+def test_a_malformed_row_of_the_row_index_is_named(bad, message):
+    good = json.loads(_dump_docs()[0])["rows"]
+    ri = DR.decode_row_index(_row_index_of(good + [_GOOD_ROW]))
+    assert (ri.keys, ri.gidxs, ri.fields) == (["a", "b", "c"], [3, 1, 5], [["text", "x"], [], ["x"]])
+    assert ri.rows["c"] == {"gidx": 5, "tag": None, "fields": ["x"]} and list(ri.rows) == ["a", "b", "c"]
+    assert ri.tags[0]["n"] == 10**30 and len(ri) == 3
+    for rows in (good + bad, bad + good):
+        with pytest.raises(CorruptionError, match=message):
+            DR.decode_row_index(_row_index_of(rows))
+
+
 @pytest.mark.parametrize("foreign", [b"", b"{}", b"[]", b"null", b'{"format": "tqstore-checkpoint", "version": 99}',
                                      b'{"format": "tqstore-checkpoint", "version": 1}', b"\xff\xfe" * 10,
                                      json.dumps({"format": "zarr"}).encode(), b"PK\x03\x04" + bytes(100)])

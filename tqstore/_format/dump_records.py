@@ -9,6 +9,7 @@ pickle: the manifest and the row index are JSON, a shard's table is fixed-size r
 """
 from __future__ import annotations
 
+import functools
 import json
 import re
 import struct
@@ -246,13 +247,75 @@ def encode_row_index(pid: str, num_units: int, schemas: Mapping[str, Tuple[int, 
 
 @dataclass(frozen=True)
 class RowIndex:
-    """A decoded ``rows.json``: rows ``key -> {"gidx", "tag", "fields"}`` in dump order,
-    schemas ``field -> (kind code, dtype code)``."""
+    """A decoded ``rows.json``: the rows in dump order as columns (``keys``, source ``gidxs``,
+    ``tags``, produced ``fields``: one entry per row) and schemas ``field -> (kind code, dtype
+    code)``; :attr:`rows` is the same as ``key -> {"gidx", "tag", "fields"}``."""
 
     partition_id: str
     num_units: int
     schemas: Dict[str, Tuple[int, int]]
-    rows: Dict[str, Dict[str, Any]]
+    keys: List[str]
+    gidxs: List[int]
+    tags: List[Any]
+    fields: List[List[str]]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    @functools.cached_property
+    def rows(self) -> Dict[str, Dict[str, Any]]:
+        """``key -> {"gidx", "tag", "fields"}`` in dump order (built on first use)."""
+        return {k: {"gidx": g, "tag": t, "fields": fs}
+                for k, g, t, fs in zip(self.keys, self.gidxs, self.tags, self.fields)}
+
+
+def _row_columns(rows_in: List[Any], schemas: Mapping[str, Tuple[int, int]]) -> Optional[Tuple[list, ...]]:
+    """``(keys, gidxs, tags, fields)`` of well-formed rows, checked column by column (types,
+    gidx range, keys and gidxs distinct, every field list valid and without repeats); None
+    when something does not check (:func:`_check_rows` then names it)."""
+    try:
+        keys = [r["key"] for r in rows_in]
+        gidxs = [r["gidx"] for r in rows_in]
+        fields = [r["fields"] for r in rows_in]
+        tags = [r["tag"] for r in rows_in]
+    except (TypeError, KeyError):  # a row that is not an object, or lacks a member
+        return None
+    n = len(keys)
+    if not set(map(type, rows_in)) <= {dict} or not set(map(type, keys)) <= {str} \
+            or not set(map(type, gidxs)) <= {int} or not set(map(type, fields)) <= {list}:
+        return None
+    if n and (min(gidxs) < 0 or max(gidxs) >= 1 << 64) or len(set(keys)) != n or len(set(gidxs)) != n:
+        return None
+    try:
+        lists = set(map(tuple, fields))
+    except TypeError:  # an unhashable field name
+        return None
+    for fs in lists:
+        if not all(type(f) is str and f in schemas for f in fs) or len(set(fs)) != len(fs):
+            return None
+    return keys, gidxs, tags, fields
+
+
+def _check_rows(rows_in: List[Any], schemas: Mapping[str, Tuple[int, int]], what: str, path: Optional[str]) -> None:
+    """Raise the CorruptionError naming the first row that does not check (see :func:`_row_columns`)."""
+    keys = set()
+    seen = set()
+    for r in rows_in:
+        key, g, fs = (r.get("key"), r.get("gidx"), r.get("fields")) if type(r) is dict else (None, None, None)
+        ok = type(key) is str and type(g) is int and 0 <= g < 1 << 64 and type(fs) is list and "tag" in r
+        if ok:
+            try:
+                ok = all(type(f) is str and f in schemas for f in fs)
+                distinct = len(set(fs)) == len(fs)
+            except TypeError:  # an unhashable field name
+                ok = False
+        if not ok:
+            raise _bad(what, f"malformed row {str(r)[:80]}", path)
+        if key in keys or g in seen or not distinct:
+            raise _bad(what, f"key {key[:40]!r}, its global index or a field appears twice", path)
+        keys.add(key)
+        seen.add(g)
+    raise AssertionError("rows that do not check as columns checked one by one")  # pragma: no cover
 
 
 def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
@@ -273,30 +336,10 @@ def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
         if not isinstance(s, dict) or s.get("kind") not in _KIND_CODES or s.get("dtype") not in _DTYPE_CODES:
             raise _bad(what, f"schema of field {f[:40]!r} is not a known kind and dtype: {s!r:.80}", path)
         schemas[f] = (_KIND_CODES[s["kind"]], _DTYPE_CODES[s["dtype"]])
-    rows: Dict[str, Dict[str, Any]] = {}
-    seen = set()
-    checked: Dict[tuple, Tuple[bool, bool]] = {}  # a field list -> (valid, distinct), checked once
-    for r in rows_in:
-        if type(r) is not dict:
-            raise _bad(what, f"malformed row {str(r)[:80]}", path)
-        key, g, fs = r.get("key"), r.get("gidx"), r.get("fields")
-        ok = type(key) is str and type(g) is int and 0 <= g < 1 << 64 and type(fs) is list and "tag" in r
-        if ok:
-            fk = tuple(fs)
-            try:
-                got = checked.get(fk)
-            except TypeError:  # an unhashable field name
-                got = (False, False)
-            if got is None:
-                got = checked[fk] = (all(type(f) is str and f in schemas for f in fs), len(set(fs)) == len(fs))
-            ok = got[0]
-        if not ok:
-            raise _bad(what, f"malformed row {str(r)[:80]}", path)
-        if key in rows or g in seen or not got[1]:
-            raise _bad(what, f"key {key[:40]!r}, its global index or a field appears twice", path)
-        seen.add(g)
-        rows[key] = {"gidx": g, "tag": r["tag"], "fields": list(fs)}
-    return RowIndex(pid, nu, schemas, rows)
+    cols = _row_columns(rows_in, schemas)
+    if cols is None:
+        _check_rows(rows_in, schemas, what, path)
+    return RowIndex(pid, nu, schemas, *cols)
 
 
 def encode_manifest(*, created_unix: float, partition_id: str, num_units: int, summary: Mapping[str, int],

@@ -71,11 +71,12 @@ class Dump:
 
     def restore_rows(self) -> List[Tuple[str, int, object, List[str]]]:
         """``(key, source gidx, tag, produced fields)`` in dump order (begin_restore's rows)."""
-        return [(k, r["gidx"], r["tag"], r["fields"]) for k, r in self.rows.rows.items()]
+        ri = self.rows
+        return list(zip(ri.keys, ri.gidxs, ri.tags, ri.fields))
 
     def schema(self) -> Dict[str, Tuple[int, int]]:
         """The schemas of the fields some dumped row produced (the only ones a load merges)."""
-        used = self.used if self.used is not None else {f for r in self.rows.rows.values() for f in r["fields"]}
+        used = self.used if self.used is not None else {f for fs in self.rows.fields for f in fs}
         return {f: kd for f, kd in self.rows.schemas.items() if f in used}
 
 
@@ -143,10 +144,9 @@ def read_dump(path) -> Dump:
         raise CorruptionError("dump row index names another partition or unit count than its manifest", path=str(rp))
     code = {f: i for i, f in enumerate(rows.schemas)}  # every produced field has a schema (decode_row_index)
     by_fields: Dict[tuple, List[int]] = {}  # a row's produced fields -> the rows (gidx) that have them
-    for r in rows.rows.values():
-        fs = r["fields"]
+    for g, fs in zip(rows.gidxs, rows.fields):
         if fs:
-            by_fields.setdefault(tuple(fs), []).append(r["gidx"])
+            by_fields.setdefault(tuple(fs), []).append(g)
     want = _frames_wanted(by_fields, code, nu)  # source unit -> the (gidx, field code) of its frames
     shards: List[Shard] = []
     listed = {s["unit"] for s in man["shards"]}
@@ -273,9 +273,11 @@ def mapping_of(info: RestoreInfo, dump: Dump) -> Tuple[np.ndarray, np.ndarray]:
     and source gidxs), as two arrays: the source gidxs sorted and the store's in that order.
 
     Raises CorruptionError when the dump's rows are not the restore's (it changed since)."""
-    rows = dump.rows.rows
+    ri = dump.rows
     keys, srcs = info.keys or (), info.srcs or ()
-    if len(keys) != len(rows) or any(rows.get(k, _NO_ROW)["gidx"] != g for k, g in zip(keys, srcs)):
+    same_order = list(keys) == ri.keys and list(srcs) == ri.gidxs  # (begun from this dump: its rows in order)
+    if not same_order and (len(keys) != len(ri) or
+                           any(ri.rows.get(k, _NO_ROW)["gidx"] != g for k, g in zip(keys, srcs))):
         raise CorruptionError("the dump's keys are not those of the restore begun from it (was it replaced?)",
                               path=str(dump.path / D.ROW_INDEX_NAME))
     src = np.asarray(srcs, np.uint64)

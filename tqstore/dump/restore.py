@@ -139,9 +139,9 @@ def _commit(store, info: RestoreInfo) -> None:
 
 
 def _report(info: RestoreInfo, dump: Dump, nbytes: int, t0: float, new_keys: int) -> Dict[str, Any]:
-    rows = dump.rows.rows
-    return {"keys": len(rows), "new_keys": new_keys, "existing_keys": len(rows) - new_keys,
-            "rows_with_data": sum(1 for r in rows.values() if r["fields"]), "frames": dump.frames,
+    n = len(dump.rows)
+    return {"keys": n, "new_keys": new_keys, "existing_keys": n - new_keys,
+            "rows_with_data": sum(map(bool, dump.rows.fields)), "frames": dump.frames,
             "bytes": nbytes, "partition_id": dump.partition_id, "restore_id": info.rid,
             "seconds": time.perf_counter() - t0}
 
@@ -189,7 +189,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
         _commit(store, info)
         _unmark(d)
     new = info.new_keys
-    log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows.rows), new,
+    log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows), new,
              dump.partition_id, d, nbytes)
     return _report(info, dump, nbytes, t0, new)
 
