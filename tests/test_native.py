@@ -68,7 +68,7 @@ def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
     for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows",
-                 "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "pread_ranges", "leaf_room",
+                 "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "crc32c_frames", "pread_ranges", "leaf_room",
                  "leaf_columns", "place_keys"):
         assert callable(getattr(F, name)) and callable(getattr(P, name))
     c = F._LAYOUT
@@ -930,6 +930,40 @@ def test_restamp_frames_keeps_a_damaged_frame_damaged_and_refuses_foreign_extent
             ("err", ValueError)
         assert b == bytearray(blob)
     assert run_both("restamp_frames", bytes(blob), offs, lens, new) == ("err", TypeError)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.data())
+def test_crc32c_frames_is_the_crc32c_of_the_frames_back_to_back(seed, data):
+    """The CRC32C of a head followed by a selection of frames (in any order, repeated, large
+    and small) equals the CRC32C of those bytes concatenated, whichever implementation."""
+    n = data.draw(st.integers(1, 25))
+    blob, offs, lens, _g = _frames_blob(n, seed, data.draw(st.sampled_from([64, 3000, 200_000])))
+    sel = np.asarray(data.draw(st.lists(st.integers(0, n - 1), max_size=2 * n)), np.int64)
+    head = data.draw(st.binary(max_size=100))
+    got = run_both("crc32c_frames", blob, offs[sel], lens[sel], F.crc32c(head))
+    assert got == ("ok", F.crc32c(head + b"".join(blob[o:o + m] for o, m in zip(offs[sel], lens[sel]))))
+    assert run_both("crc32c_frames", blob, offs[sel], lens[sel]) == \
+        ("ok", F.crc32c(b"".join(blob[o:o + m] for o, m in zip(offs[sel], lens[sel]))))
+
+
+def test_crc32c_frames_trusts_the_trailer_and_refuses_foreign_extents():
+    """Only checked frames: a flipped payload byte is not read (the trailer's CRC stands for
+    the covered bytes), a flipped trailer or padding byte is; extents outside ``buf`` or that
+    do not fit the frame's lengths raise ValueError."""
+    blob, offs, lens, _g = _frames_blob(3, 11)
+    want = F.crc32c(blob[:int(offs[2] + lens[2])])
+    payload = bytearray(blob)
+    payload[int(offs[1]) + 200] ^= 1
+    assert run_both("crc32c_frames", payload, offs, lens) == ("ok", want)
+    tail = bytearray(blob)
+    tail[int(offs[1] + lens[1]) - 1] ^= 1  # the last padding byte of frame 1
+    assert run_both("crc32c_frames", tail, offs, lens) == ("ok", F.crc32c(bytes(tail)))
+    assert run_both("crc32c_frames", tail, offs, lens)[1] != want
+    for o, m in (([len(blob)], [64]), ([0], [40]), ([0], [int(lens[0]) + 64 * 1000]), ([-64], [64])):
+        assert run_both("crc32c_frames", blob, np.asarray(o, "<i8"), np.asarray(m, "<i8")) == ("err", ValueError)
+    assert run_both("crc32c_frames", blob, offs, lens[:2]) == ("err", ValueError)
+    assert run_both("crc32c_frames", blob, offs[:0], lens[:0], 12345) == ("ok", 12345)
 
 
 # ---- pread_ranges -------------------------------------------------------------------

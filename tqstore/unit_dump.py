@@ -4,9 +4,10 @@ Owner-side I/O: the unit resolves the dumped rows' frames in its snapshot's inde
 each with the frame-check kernel where it lies (the mapped sealed segment: structure,
 exact extent, gidx, end magic, padding, CRC32C and the CRC its index recorded), and writes
 them byte for byte, in segment order, with vectored writes straight from the mapping into
-the new shard file, then the table; the shard's CRC32C is computed in one call over the
-file as written (the GIL released, so the units' shards are checksummed in parallel), then
-the file is fsynced.  The asked frames' locations come from the unit's location cache when
+the new shard file, then the table, then the file is fsynced.  The shard's CRC32C is not
+computed by reading the file back: it is the header's CRC combined with each checked
+frame's (from its trailer CRC, which covers all of the frame but its trailer and padding:
+:func:`tqstore._native.crc32c_frames`) and the table's.  The asked frames' locations come from the unit's location cache when
 it holds them all and is exact for the snapshot's commit (:mod:`tqstore.unit_locs`), else
 from the index: their keys built per field and fetched with one ``getmulti`` (what it gives
 is kept in the cache).  No frame is decoded or encoded again, and no payload leaves the
@@ -15,8 +16,6 @@ unit: it answers a :class:`~tqstore.ports.ShardInfo`.
 from __future__ import annotations
 
 import logging
-import mmap
-import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -69,6 +68,7 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     nbytes = int(locs["length"].astype(np.int64).sum())
     header = D.encode_shard_header(unit.unit_id, num_units, len(locs), nbytes, table)
     bufs: List = [header]
+    crc = _native.crc32c(header)  # the shard's CRC32C, as its bytes are laid out
     for seg in np.unique(locs["seg"]).tolist():
         sel = locs["seg"] == seg
         ls, ggs = locs[sel], gs[sel]
@@ -76,34 +76,24 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
         path = unit._seg_path(seg)
         res = check_run(m, ls, ggs)
         _raise_first(m, ls, res, ggs, path=path)
+        # (checked: each trailer holds its covered bytes' CRC32C, so only the tails are read)
+        crc = _native.crc32c_frames(m, ls["offset"].astype(np.int64), ls["length"].astype(np.int64), crc)
         mv = memoryview(m)
         bufs.extend(mv[a:b] for a, b in _runs(ls))
     bufs.append(table)
-    early = WRITEBACK_BYTES if len(header) + nbytes + len(table) <= WRITEBACK_MAX_SHARD else 0
+    crc = _native.crc32c(table, crc)
+    want = len(header) + nbytes + len(table)
+    early = WRITEBACK_BYTES if want <= WRITEBACK_MAX_SHARD else 0
     try:
         size = files.write_buffers(dest, bufs, fsync=False, writeback_bytes=early)
     finally:
         del bufs
-    crc = _file_crc(dest, size)  # of the bytes written, in one call (the GIL released), read back from the cache
+    if size != want:
+        raise CorruptionError(f"dump shard holds {size} bytes, {want} were to be written", path=str(dest))
     files.fsync_file(dest)
     rows = len(set(gs.tolist()))
     log.debug("unit %d: dumped %d frames of %d rows (%d bytes) into %s", unit.unit_id, len(locs), rows, nbytes, dest)
     return ShardInfo(unit.unit_id, str(dest), size, crc, len(locs), rows, nbytes)
-
-
-def _file_crc(path: Path, size: int) -> int:
-    """CRC32C of the file ``path`` of ``size`` bytes (mapped read-only)."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        if os.fstat(fd).st_size != size:
-            raise CorruptionError(f"dump shard holds {os.fstat(fd).st_size} bytes right after {size} were written",
-                                  path=str(path))
-        if not size:
-            return _native.crc32c(b"")
-        with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
-            return _native.crc32c(m)
-    finally:
-        os.close(fd)
 
 
 def _resolve(unit, view, gidxs, fields, put_token: int):

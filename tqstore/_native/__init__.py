@@ -6,7 +6,8 @@ is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functi
 (``encode_frames`` of rows of one contiguous batch),
 ``check_frames`` (the frame-check kernel: per-frame ``FRAME_*`` status codes, in
 ``layout``), ``gather_frames`` (the same checks against a head template, copying the
-payloads; the same codes), ``copy_ranges``, ``restamp_frames``, ``pread_ranges`` (byte
+payloads; the same codes), ``copy_ranges``, ``restamp_frames``, ``crc32c_frames`` (the
+CRC32C of checked frames back to back, from their trailers' CRCs), ``pread_ranges`` (byte
 ranges of an open file read into one buffer without the GIL: reads only), ``leaf_room``
 and ``leaf_columns`` (the entries of an LMDB database's leaf pages, every page and node
 checked, keys and inline values copied into the caller's arrays without the GIL;
@@ -50,6 +51,7 @@ check_frames = impl.check_frames
 gather_frames = impl.gather_frames
 copy_ranges = impl.copy_ranges
 restamp_frames = impl.restamp_frames
+crc32c_frames = impl.crc32c_frames
 pread_ranges = impl.pread_ranges
 leaf_room = impl.leaf_room
 leaf_columns = impl.leaf_columns
@@ -67,6 +69,7 @@ __all__ = [
     "gather_frames",
     "copy_ranges",
     "restamp_frames",
+    "crc32c_frames",
     "pread_ranges",
     "leaf_room",
     "leaf_columns",

@@ -1342,6 +1342,29 @@ static int get_i64s(PyObject *o, Py_buffer *view, const char *what, Py_ssize_t *
     return 0;
 }
 
+/* The frames at offsets `po` / lengths `pl` (n little-endian i64 each) lie inside `buf` of
+ * `size` bytes and their prefixes' lengths fit their extents (frames the frame check passed;
+ * their covered bytes end at `align64(24 + H) + P`); else ValueError naming the first one. */
+static int check_extents(const uint8_t *buf, uint64_t size, const uint8_t *po, const uint8_t *pl, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t off = get_le64(po + 8 * i), len = get_le64(pl + 8 * i);
+        if ((int64_t)off < 0 || (int64_t)len < 0 || off > size || len > size - off ||
+            len < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE) {
+            PyErr_Format(PyExc_ValueError, "frame %zd ([%lld, +%lld)) is not inside buf (%llu bytes)", i,
+                         (long long)off, (long long)len, (unsigned long long)size);
+            return -1;
+        }
+        const uint8_t *f = buf + off;
+        uint64_t hlen = get_le16(f + 6), plen = get_le64(f + 8);
+        uint64_t pstart = align_up(PREFIX_SIZE + hlen);
+        if (hlen < HEADER_HEAD_SIZE || plen > len || pstart + plen + TRAILER_SIZE > len) {
+            PyErr_Format(PyExc_ValueError, "frame %zd: its lengths do not fit its extent (not a checked frame)", i);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* The (offsets, lengths, dst) arguments of copy_ranges and pread_ranges: two int64 arrays of one
  * length n and a writable contiguous buffer.  On failure an exception is set and the views
  * taken so far stay for the caller to release (their .obj is set). */
@@ -1420,23 +1443,8 @@ static PyObject *py_restamp_frames(PyObject *self, PyObject *const *args, Py_ssi
     const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf, *pg = (const uint8_t *)vg.buf;
     uint8_t *buf = (uint8_t *)vb.buf;
     uint64_t size = (uint64_t)vb.len, work = 0;
-    for (Py_ssize_t i = 0; i < n; i++) { /* every frame's extent first: nothing changes on an error */
-        uint64_t off = get_le64(po + 8 * i), len = get_le64(pl + 8 * i);
-        if ((int64_t)off < 0 || (int64_t)len < 0 || off > size || len > size - off ||
-            len < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE) {
-            PyErr_Format(PyExc_ValueError, "frame %zd ([%lld, +%lld)) is not inside buf (%llu bytes)", i,
-                         (long long)off, (long long)len, (unsigned long long)size);
-            goto done;
-        }
-        const uint8_t *f = buf + off;
-        uint64_t hlen = get_le16(f + 6), plen = get_le64(f + 8);
-        uint64_t pstart = align_up(PREFIX_SIZE + hlen);
-        if (hlen < HEADER_HEAD_SIZE || plen > len || pstart + plen + TRAILER_SIZE > len) {
-            PyErr_Format(PyExc_ValueError, "frame %zd: its lengths do not fit its extent (not a checked frame)", i);
-            goto done;
-        }
-        work += 64;
-    }
+    if (check_extents(buf, size, po, pl, n) < 0) goto done; /* nothing changes on an error */
+    work = 64 * (uint64_t)n;
     if (!(crcs = PyBytes_FromStringAndSize(NULL, 4 * n))) goto done;
     {
         uint8_t *out = (uint8_t *)PyBytes_AS_STRING(crcs);
@@ -1464,6 +1472,59 @@ done:
     if (vl.obj) PyBuffer_Release(&vl);
     if (vg.obj) PyBuffer_Release(&vg);
     Py_XDECREF(crcs);
+    return result;
+}
+
+/* crc32c_frames: the CRC32C of `value`'s bytes followed by the frames at `offsets`/`lengths`
+ * of `buf` back to back, computed from each frame's trailer CRC (the CRC32C of its covered
+ * bytes) without reading its covered bytes: the trailer and padding after it are appended to
+ * that CRC, and the frame's CRC is combined into the running one (zlib's crc32_combine:
+ * shifting the running CRC through the frame's length in O(log length)).  Only for frames
+ * that passed the frame check (their trailers hold their covered bytes' CRC32C); the prefix
+ * and trailer of each are read.  ValueError (nothing computed) for a frame outside `buf` or
+ * whose lengths do not fit its extent. */
+static PyObject *py_crc32c_frames(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"buf", "offsets", "lengths", "value"};
+    PyObject *a[4];
+    if (parse_args("crc32c_frames", args, nargs, kwnames, names, 3, 4, a) < 0) return NULL;
+    Py_buffer vb = {0}, vo = {0}, vl = {0};
+    PyObject *result = NULL;
+    Py_ssize_t n = 0, nl = 0;
+    uint32_t crc = 0;
+    if (a[3]) {
+        PyObject *v = PyNumber_Index(a[3]);
+        if (!v) return NULL;
+        crc = (uint32_t)(PyLong_AsUnsignedLongLongMask(v) & 0xffffffffu);
+        Py_DECREF(v);
+        if (PyErr_Occurred()) return NULL;
+    }
+    if (get_contig(a[0], &vb, "buf", 0) < 0) goto done;
+    if (get_i64s(a[1], &vo, "offsets", &n) < 0) goto done;
+    if (get_i64s(a[2], &vl, "lengths", &nl) < 0) goto done;
+    if (n != nl) {
+        PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
+        goto done;
+    }
+    const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf;
+    const uint8_t *buf = (const uint8_t *)vb.buf;
+    uint64_t size = (uint64_t)vb.len;
+    if (check_extents(buf, size, po, pl, n) < 0) goto done;
+    {
+        PyThreadState *ts = n >= 4096 ? PyEval_SaveThread() : NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            const uint8_t *f = buf + get_le64(po + 8 * i);
+            uint64_t len = get_le64(pl + 8 * i);
+            uint64_t cover = align_up(PREFIX_SIZE + get_le16(f + 6)) + get_le64(f + 8);
+            uint32_t fcrc = crc_impl(get_le32(f + cover), f + cover, (size_t)(len - cover));
+            crc = multmodp(x2nmodp(len, 3), crc) ^ fcrc;
+        }
+        if (ts) PyEval_RestoreThread(ts);
+    }
+    result = PyLong_FromUnsignedLong(crc);
+done:
+    if (vb.obj) PyBuffer_Release(&vb);
+    if (vo.obj) PyBuffer_Release(&vo);
+    if (vl.obj) PyBuffer_Release(&vl);
     return result;
 }
 
@@ -2010,6 +2071,10 @@ static PyMethodDef methods[] = {
     {"copy_ranges", (PyCFunction)(void (*)(void))py_copy_ranges, METH_FASTCALL | METH_KEYWORDS,
      "copy_ranges(src, offsets, lengths, dst)\n--\n\n"
      "Copy the byte ranges of ``src`` (i64 offsets and lengths) back to back into ``dst``; returns the bytes."},
+    {"crc32c_frames", (PyCFunction)(void (*)(void))py_crc32c_frames, METH_FASTCALL | METH_KEYWORDS,
+     "crc32c_frames(buf, offsets, lengths, value=0)\n--\n\n"
+     "The CRC32C continuing ``value`` over the checked frames at ``offsets`` of ``buf`` back to back, from\n"
+     "their trailers' CRCs (their covered bytes are not read)."},
     {"restamp_frames", (PyCFunction)(void (*)(void))py_restamp_frames, METH_FASTCALL | METH_KEYWORDS,
      "restamp_frames(buf, offsets, lengths, gidxs)\n--\n\n"
      "Give the frames at ``offsets`` of ``buf`` the global indexes ``gidxs`` (u64), their trailers' CRC32C\n"
