@@ -486,6 +486,24 @@ def copy_ranges(src, offsets, lengths, dst) -> int:
     return total
 
 
+def _covers(b: memoryview, offs: list, lens: list) -> list:
+    """The covered length (``align64(24 + H) + P``) of each frame at ``offs``/``lens`` of
+    ``b``; ValueError naming the first frame outside ``b`` or whose lengths do not fit its
+    extent (frames the frame check passed always fit)."""
+    size = b.nbytes
+    covers = []
+    for i, (o, n) in enumerate(zip(offs, lens)):
+        if o < 0 or n < 0 or o > size or n > size - o or n < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE:
+            raise ValueError(f"frame {i} ([{o}, +{n})) is not inside buf ({size} bytes)")
+        hlen = int.from_bytes(b[o + 6:o + 8], "little")
+        plen = int.from_bytes(b[o + 8:o + 16], "little")
+        cover = payload_offset(hlen) + plen
+        if hlen < HEADER_HEAD_SIZE or plen > n or cover + TRAILER_SIZE > n:
+            raise ValueError(f"frame {i}: its lengths do not fit its extent (not a checked frame)")
+        covers.append(cover)
+    return covers
+
+
 def restamp_frames(buf, offsets, lengths, gidxs) -> bytes:
     """Give the frames at ``offsets``/``lengths`` of the writable ``buf`` the global indexes
     ``gidxs`` (u64) in their headers (bytes 24-31) and update their trailers' CRC32C for the
@@ -498,17 +516,7 @@ def restamp_frames(buf, offsets, lengths, gidxs) -> bytes:
     gs = [g & ((1 << 64) - 1) for g in _i64s(gidxs, "gidxs")]
     if not len(offs) == len(lens) == len(gs):
         raise ValueError("offsets, lengths and gidxs must have the same length")
-    size = b.nbytes
-    covers = []
-    for i, (o, n) in enumerate(zip(offs, lens)):
-        if o < 0 or n < 0 or o > size or n > size - o or n < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE:
-            raise ValueError(f"frame {i} ([{o}, +{n})) is not inside buf ({size} bytes)")
-        hlen = int.from_bytes(b[o + 6:o + 8], "little")
-        plen = int.from_bytes(b[o + 8:o + 16], "little")
-        cover = payload_offset(hlen) + plen
-        if hlen < HEADER_HEAD_SIZE or plen > n or cover + TRAILER_SIZE > n:
-            raise ValueError(f"frame {i}: its lengths do not fit its extent (not a checked frame)")
-        covers.append(cover)
+    covers = _covers(b, offs, lens)
     out = []
     for o, cover, g in zip(offs, covers, gs):
         old = bytes(b[o:o + cover])
@@ -559,17 +567,7 @@ def crc32c_frames(buf, offsets, lengths, value: int = 0) -> int:
     offs, lens = _i64s(offsets, "offsets"), _i64s(lengths, "lengths")
     if len(offs) != len(lens):
         raise ValueError("offsets and lengths must have the same length")
-    size = b.nbytes
-    covers = []
-    for i, (o, n) in enumerate(zip(offs, lens)):
-        if o < 0 or n < 0 or o > size or n > size - o or n < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE:
-            raise ValueError(f"frame {i} ([{o}, +{n})) is not inside buf ({size} bytes)")
-        hlen = int.from_bytes(b[o + 6:o + 8], "little")
-        plen = int.from_bytes(b[o + 8:o + 16], "little")
-        cover = payload_offset(hlen) + plen
-        if hlen < HEADER_HEAD_SIZE or plen > n or cover + TRAILER_SIZE > n:
-            raise ValueError(f"frame {i}: its lengths do not fit its extent (not a checked frame)")
-        covers.append(cover)
+    covers = _covers(b, offs, lens)
     crc = int(value) & 0xFFFFFFFF
     for o, n, cover in zip(offs, lens, covers):
         fcrc = _crc.crc32c(bytes(b[o + cover:o + n]), int.from_bytes(b[o + cover:o + cover + 4], "little"))
