@@ -206,6 +206,24 @@ def test_a_malformed_row_of_the_row_index_is_named(bad, message):
             DR.decode_row_index(_row_index_of(rows))
 
 
+@pytest.mark.parametrize("schema, ok", [({"kind": "tensor", "dtype": "mixed"}, True),
+                                        ({"kind": "ndarray", "dtype": "mixed"}, True),
+                                        ({"kind": "value", "dtype": "mixed"}, False),
+                                        ({"kind": "tensor", "dtype": "int128"}, False),
+                                        ({"kind": "sparse", "dtype": "int64"}, False), ("tensor", False)])
+def test_the_row_index_schema_names_a_known_kind_and_dtype_or_mixed(schema, ok):
+    doc = json.loads(_dump_docs()[0])
+    doc["schemas"]["x"] = schema
+    raw = json.dumps(doc).encode()
+    if ok:
+        assert DR.decode_row_index(raw).schemas["x"][1] == 255  # the controller's "mixed" code
+        assert json.loads(DR.encode_row_index("p", 1, {"x": DR.decode_row_index(raw).schemas["x"]}, []))[
+            "schemas"] == {"x": schema}
+    else:
+        with pytest.raises(CorruptionError, match="known kind and dtype"):
+            DR.decode_row_index(raw)
+
+
 @pytest.mark.parametrize("foreign", [b"", b"{}", b"[]", b"null", b'{"format": "tqstore-checkpoint", "version": 99}',
                                      b'{"format": "tqstore-checkpoint", "version": 1}', b"\xff\xfe" * 10,
                                      json.dumps({"format": "zarr"}).encode(), b"PK\x03\x04" + bytes(100)])

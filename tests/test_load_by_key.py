@@ -186,6 +186,33 @@ def test_a_dtype_change_follows_strict_schema(source, tmp_path):
         assert dst.verify() == [] and rows_of(dst, "train", keys[:4]) == want
 
 
+def test_a_field_of_several_dtypes_is_dumped_as_mixed_and_loads_by_strict_schema(tmp_path):
+    """A partition whose field holds rows of several dtypes (strict_schema=False, the default)
+    dumps (its schema "mixed" in the row index) and loads bit for bit, each row with its own
+    dtype; a strict_schema store refuses the mixed field with nothing written."""
+    with tqstore.open(tmp_path / "src", num_units=2) as src:
+        src.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros((2, 3), dtype=torch.int32)}, tags=[{"i": 0}, None])
+        src.kv_batch_put(["c"], "p", fields={"x": torch.ones((1, 3), dtype=torch.int64)})
+        dump = write_dump(src, tmp_path / "dump", ["c", "a"], "p")
+        want = rows_of(src, "p", ["c", "a"])
+    ri = tqstore.read_row_index(dump)
+    assert ri["schemas"] == {"x": {"kind": "tensor", "dtype": "mixed"}} and list(ri["rows"]) == ["c", "a"]
+    with tqstore.open(tmp_path / "dst", num_units=3) as dst:
+        assert dst.load_data_by_key(dump)["keys"] == 2
+        assert rows_of(dst, "p", ["c", "a"]) == want
+        got = dst.kv_batch_get(["c", "a"], "p")["x"]
+        assert [t.dtype for t in got] == [torch.int64, torch.int32]
+        dst.kv_batch_put(["e"], "p", fields={"x": torch.ones((1, 3), dtype=torch.float32)})  # still mixed
+        assert dst.verify() == []
+    with tqstore.open(tmp_path / "strict", num_units=2, strict_schema=True) as dst:
+        dst.kv_batch_put(["z"], "q", fields={"y": torch.zeros((1, 2))})
+        before = state(dst)
+        with pytest.raises(SchemaError, match="several dtypes"):
+            dst.load_data_by_key(dump)
+        assert state(dst) == before and dst.controller.restores() == []
+        assert not Path(str(dump) + ".restore").exists()
+
+
 # ------------------------------------------------------------------ an unresolved restore
 @pytest.fixture
 def pending(source, tmp_path, monkeypatch):

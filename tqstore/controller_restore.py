@@ -253,6 +253,9 @@ class RestoreHost:
             if want[0] not in KIND_NAMES or (want[1] not in DTYPE_NAMES and want[1] != SCHEMA_MIXED):
                 raise InvalidInputError(f"field {f!r}: unknown kind or dtype code {want}")
             have = p.schema.get(f) if p else None
+            if strict_dtypes and want[1] == SCHEMA_MIXED and have != want:
+                raise SchemaError(f"field {f!r} of the dump of partition {pid!r} holds {KIND_NAMES[want[0]]} rows of "
+                                  f"several dtypes; this store has strict_schema=True (one dtype per field)")
             merged = _merged(have, want, strict_dtypes)
             if merged is None:
                 raise _schema_clash(pid, f, have, want, "the dump holds")

@@ -22,7 +22,7 @@ from .. import _native
 from .._version import __version__
 from ..errors import CorruptionError, FormatVersionError
 from .columns import KIND_NAMES
-from .dtypes import DTYPE_NAMES
+from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from .layout import ALIGN
 from .values import dumps as _dumps, loads as _loads
 
@@ -41,7 +41,15 @@ MIN_FRAME_BYTES = 64
 MAX_NAME_BYTES = 65536 * 257  # the field names of a table: at most 65,536 names of at most 255 bytes (+ 2)
 _SHARD_RE = re.compile(r"^shard-(\d{3,})\.tqd$")
 _KIND_CODES = {v: k for k, v in KIND_NAMES.items()}
-_DTYPE_CODES = {v: k for k, v in DTYPE_NAMES.items()}
+#: a schema's dtype name in ``rows.json``: a frame dtype's name, or "mixed" (a tensor or ndarray
+#: field whose rows hold several dtypes: each frame's is in its header)
+_SCHEMA_DTYPE_NAMES = {**DTYPE_NAMES, SCHEMA_MIXED: "mixed"}
+_DTYPE_CODES = {v: k for k, v in _SCHEMA_DTYPE_NAMES.items()}
+
+
+def schema_dtype_name(code: int) -> str:
+    """The name ``rows.json`` gives a schema's dtype code (a frame dtype's name, or "mixed")."""
+    return _SCHEMA_DTYPE_NAMES[code]
 assert SHARD_HEADER.size == SHARD_HEADER_SIZE and ENTRY_DTYPE.itemsize == 32
 
 
@@ -240,7 +248,8 @@ def encode_row_index(pid: str, num_units: int, schemas: Mapping[str, Tuple[int, 
     """``rows.json``: the dumped rows ``(key, source gidx, tag, produced fields)`` in dump
     order and the partition's field schemas ``field -> (kind code, dtype code)``."""
     doc = {"format": ROW_INDEX_FORMAT, "version": DUMP_VERSION, "partition_id": pid, "num_units": int(num_units),
-           "schemas": {f: {"kind": KIND_NAMES[k], "dtype": DTYPE_NAMES[d]} for f, (k, d) in sorted(schemas.items())},
+           "schemas": {f: {"kind": KIND_NAMES[k], "dtype": schema_dtype_name(d)}
+                       for f, (k, d) in sorted(schemas.items())},
            "rows": [{"key": k, "gidx": int(g), "tag": t, "fields": sorted(fs)} for k, g, t, fs in rows]}
     return (_dumps(doc, ensure_ascii=True) + "\n").encode("ascii")
 
@@ -333,7 +342,8 @@ def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
         raise _bad(what, "schemas must be an object and rows a list", path)
     schemas: Dict[str, Tuple[int, int]] = {}
     for f, s in sch.items():
-        if not isinstance(s, dict) or s.get("kind") not in _KIND_CODES or s.get("dtype") not in _DTYPE_CODES:
+        if not isinstance(s, dict) or s.get("kind") not in _KIND_CODES or s.get("dtype") not in _DTYPE_CODES \
+                or (s["dtype"] == "mixed" and s["kind"] == "value"):
             raise _bad(what, f"schema of field {f[:40]!r} is not a known kind and dtype: {s!r:.80}", path)
         schemas[f] = (_KIND_CODES[s["kind"]], _DTYPE_CODES[s["dtype"]])
     cols = _row_columns(rows_in, schemas)
@@ -411,4 +421,5 @@ def is_shard_name(name: str) -> bool:
 __all__ = ["MANIFEST_NAME", "ROW_INDEX_NAME", "MANIFEST_FORMAT", "ROW_INDEX_FORMAT", "DUMP_VERSION", "SHARD_MAGIC",
            "SHARD_HEADER_SIZE", "ENTRY_DTYPE", "ShardHeader", "ShardTable", "RowIndex", "shard_name", "is_shard_name",
            "encode_shard_table", "encode_shard_header", "decode_shard_header", "decode_shard_table",
-           "encode_row_index", "decode_row_index", "encode_manifest", "decode_manifest", "SUMMARY_KEYS"]
+           "encode_row_index", "decode_row_index", "schema_dtype_name", "encode_manifest", "decode_manifest",
+           "SUMMARY_KEYS"]

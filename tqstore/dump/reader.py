@@ -19,7 +19,6 @@ import numpy as np
 from .. import _native
 from .._format import dump_records as D
 from .._format.columns import KIND_NAMES
-from .._format.dtypes import DTYPE_NAMES
 from .._format.frame import check_run, first_fault
 from .._format.index import LOC_DTYPE
 from .._io import files
@@ -120,7 +119,7 @@ def row_index_dict(ix: DumpIndex) -> Dict[str, Any]:
     ri = ix.rows
     return {"partition_id": ri.partition_id, "format_version": ix.manifest["version"], "num_units": ri.num_units,
             "rows": {k: {"tag": r["tag"], "fields": list(r["fields"]), "gidx": r["gidx"]} for k, r in ri.rows.items()},
-            "schemas": {f: {"kind": KIND_NAMES[k], "dtype": DTYPE_NAMES[dt]} for f, (k, dt) in ri.schemas.items()}}
+            "schemas": {f: {"kind": KIND_NAMES[k], "dtype": D.schema_dtype_name(dt)} for f, (k, dt) in ri.schemas.items()}}
 
 
 # ---------------------------------------------------------------------------- shards
