@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import tqstore
-from tqstore import CorruptionError, FormatVersionError, RestorePendingError, SchemaError
+from tqstore import CorruptionError, FormatVersionError, RestorePendingError, SchemaError, StorageIOError
+from tqstore._io import failpoints as fp
 from tqstore._format import dump_records as D
 
 from checkpoint_helpers import canon, fill, state
@@ -211,6 +212,30 @@ def test_a_field_of_several_dtypes_is_dumped_as_mixed_and_loads_by_strict_schema
             dst.load_data_by_key(dump)
         assert state(dst) == before and dst.controller.restores() == []
         assert not Path(str(dump) + ".restore").exists()
+
+
+def test_undo_records_a_failed_put_left_do_not_later_revert_restored_rows(tmp_path):
+    """An overwriting put whose controller commit and then settle failed leaves undo records
+    (settled before the next overwriting put); a load settles them first, so the put's old
+    entries never come back over the restored rows, then or after a reopen."""
+    with tqstore.open(tmp_path / "src", num_units=1) as src:
+        src.kv_batch_put(["k"], "train", fields={"x": torch.full((1, 2), 42.0)}, tags=[{"from": "dump"}])
+        dump = write_dump(src, tmp_path / "dump", ["k"], "train")
+    with tqstore.open(tmp_path / "dst", num_units=1) as dst:
+        dst.kv_batch_put(["k", "other"], "train", fields={"x": torch.ones((2, 2))})
+        fp.arm("controller_commit", "eio", 1)
+        fp.arm("unit_commit", "eio", 2)  # the unit's write commits, then its settle fails
+        try:
+            with pytest.raises(StorageIOError):
+                dst.kv_batch_put(["k"], "train", fields={"x": torch.full((1, 2), 7.0)})
+        finally:
+            fp.disarm()
+        assert dst.units[0].undo_tokens()  # left by the failed settle
+        dst.load_data_by_key(dump)
+        dst.kv_batch_put(["other"], "train", fields={"x": torch.full((1, 2), 5.0)})  # settles leftovers
+        assert dst.kv_batch_get(["k", "other"], "train")["x"].tolist() == [[42.0, 42.0], [5.0, 5.0]]
+    with tqstore.open(tmp_path / "dst") as dst:
+        assert dst.kv_batch_get(["k"], "train")["x"].tolist() == [[42.0, 42.0]] and dst.verify() == []
 
 
 # ------------------------------------------------------------------ an unresolved restore

@@ -169,6 +169,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
         try:
             with store._write_lock:
                 store._check_open()
+                # undo records a failed put left must not put their old entries back over the
+                # restore's later (settled as an overwriting put would first)
+                store._settle_undo()
                 info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema(),
                                                       strict_dtypes=store.strict_schema)
         except BaseException:
@@ -205,6 +208,8 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
         info = pending[0]
         if info.state == "committed" or (info.state == "running" and not cancel):
             if info.state == "running":
+                with store._write_lock:
+                    store._settle_undo()  # (as a load does before it begins)
                 full = store.controller.restore(info.rid)
                 dump = read_dump(d)
                 todo = [u for u, s in enumerate(full.units) if s != "complete"]
