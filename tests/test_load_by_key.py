@@ -238,6 +238,33 @@ def test_undo_records_a_failed_put_left_do_not_later_revert_restored_rows(tmp_pa
         assert dst.kv_batch_get(["k"], "train")["x"].tolist() == [[42.0, 42.0]] and dst.verify() == []
 
 
+@pytest.mark.parametrize("step", ["publish", "finish"])
+def test_a_failure_at_publish_or_finish_cancels_the_restore(source, tmp_path, monkeypatch, step):
+    """A unit's publish or the controller's finish fails: the restore is cancelled before the
+    error is raised (nothing left pending, the marker gone, the store as it was), and the
+    same dump loads afterwards."""
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:8], "train")
+    want = rows_of(src, "train", keys[:8])
+    with tqstore.open(tmp_path / "dst", num_units=2) as dst:
+        fill(dst, "train", 3, prefix="k", start=6, seed=11)
+        before = state(dst)
+
+        def fail(*a, **k):
+            raise StorageIOError("no space left on device (injected)")
+        if step == "publish":
+            monkeypatch.setattr(dst.units[1], "publish_restore", fail)
+        else:
+            monkeypatch.setattr(dst.controller, "finish_restore", fail)
+        with pytest.raises(StorageIOError, match="injected"):
+            dst.load_data_by_key(dump)
+        monkeypatch.undo()
+        assert dst.controller.restores() == [] and state(dst) == before
+        assert not Path(str(dump) + ".restore").exists()
+        dst.kv_clear(["k6"], "train")  # no restore pending
+        assert dst.load_data_by_key(dump)["keys"] == 8 and rows_of(dst, "train", keys[:8]) == want
+
+
 # ------------------------------------------------------------------ an unresolved restore
 @pytest.fixture
 def pending(source, tmp_path, monkeypatch):
@@ -263,8 +290,9 @@ def pending(source, tmp_path, monkeypatch):
             raise OSError("disk gone")
     monkeypatch.setattr(dst.controller, "complete_restore", complete)
     monkeypatch.setattr(R, "_cancel", boom)
-    with pytest.raises((OSError, RuntimeError)):
+    with pytest.raises(OSError, match="disk gone") as err:  # the first error, not the cancel's
         dst.load_data_by_key(dump)
+    assert any("recover_data_load" in n and "stays pending" in n for n in err.value.__notes__)
     monkeypatch.undo()
     yield dst, dump, want, before, keys
     dst.close()

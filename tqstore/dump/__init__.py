@@ -98,8 +98,10 @@ class DumpMixin:
             SchemaError: a field's kind or dtype clashes with the live partition's.
             RestorePendingError: the partition has an unresolved restore.
             In every case nothing was written (a restore that failed once its units started
-            is cancelled before the error is raised).  If the process dies during the load,
-            the restore stays pending: :meth:`recover_data_load` settles it.
+            is cancelled before the error is raised; should the cancel fail too, the restore
+            stays pending and the error carries a note naming :meth:`recover_data_load`).  If
+            the process dies during the load, the restore stays pending:
+            :meth:`recover_data_load` settles it.
         """
         from . import restore
 

@@ -17,8 +17,10 @@ path, across processes):
    schema in one transaction: the commit point), the units settle, the record is forgotten,
    the marker removed.
 
-A failure in 1–3 cancels the restore (units drop what they wrote, then the reserved
-indexes are freed) and re-raises: the store is as it was.  A crash leaves the record: on
+A failure before the commit point (in 1–3, or a unit's publish or the controller's finish
+in 4) cancels the restore (units drop what they wrote, then the reserved indexes are freed)
+and re-raises: the store is as it was; if the cancel fails too, the restore stays pending
+and the error raised carries a note naming ``recover_data_load``.  A crash leaves the record: on
 the next open a decided restore is settled by itself and a running one is unpublished and
 stays pending (its partition's clears and puts of its keys raise ``RestorePendingError``)
 until ``recover_data_load(dir)`` completes it (re-importing the units not complete) or
@@ -146,6 +148,26 @@ def _report(info: RestoreInfo, dump: Dump, nbytes: int, t0: float, new_keys: int
             "seconds": time.perf_counter() - t0}
 
 
+def _abandon(store, info: RestoreInfo, d: Path, err: BaseException) -> None:
+    """After ``err`` stopped a load: a restore not yet decided is cancelled (units drop what
+    they wrote, the reserved indexes are freed), one the controller committed is settled as
+    committed; then the marker goes.  If that fails too, the restore stays pending (as after
+    a crash) and ``err`` gets a note saying what to call."""
+    try:
+        now = store.controller.restore(info.rid)
+        if now is not None and now.state == "committed":
+            with store._write_lock:
+                _settle(store, now, committed=True)
+        elif now is not None:
+            _cancel(store, now)
+    except Exception:  # noqa: BLE001 - err is the one raised; this one is logged
+        log.exception("restore %s could not be cancelled or settled after %r", info.rid, err)
+        err.add_note(f"restore {info.rid} of partition {info.pid!r} stays pending: call "
+                     f"recover_data_load({str(d)!r}) to complete it, or with cancel=True to cancel it")
+        return
+    _unmark(d)
+
+
 def load(store, dump_dir) -> Dict[str, Any]:
     """See :meth:`DumpMixin.load_data_by_key`."""
     t0 = time.perf_counter()
@@ -180,16 +202,10 @@ def load(store, dump_dir) -> Dict[str, Any]:
             raise
         try:
             nbytes = _run_units(store, info, dump, range(store.num_units))
-        except BaseException:
-            try:
-                _cancel(store, info)
-            except TqstoreError:
-                log.exception("cancelling restore %s failed; recover_data_load(%r, cancel=True) settles it",
-                              info.rid, str(d))
-                raise
-            _unmark(d)
+            _commit(store, info)
+        except BaseException as err:
+            _abandon(store, info, d, err)
             raise
-        _commit(store, info)
         _unmark(d)
     new = info.new_keys
     log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows), new,
