@@ -317,6 +317,29 @@ def test_unresolved_restore_blocks_clears_puts_of_its_keys_and_checkpoints(pendi
     dst.kv_batch_put(["x"], "elsewhere", fields={"v": np.zeros((1, 2))})
 
 
+def test_another_stores_load_or_recover_leaves_the_marker_of_a_pending_restore(pending, source, tmp_path):
+    """The marker lists every store whose load may still read the dump: another store's load
+    of the same dump (or its recover, with nothing pending there) takes only itself off, so
+    the dump is not replaced under the pending restore; its recover then removes the marker."""
+    dst, dump, want, _before, keys = pending
+    src, _keys = source
+    marker = Path(str(Path(dump).resolve()) + ".restore")
+    mine = str((tmp_path / "dst").resolve())
+    assert json.loads(marker.read_text()) == {"stores": [mine]}
+    with tqstore.open(tmp_path / "other", num_units=3) as other:
+        assert other.load_data_by_key(dump)["keys"] == 8 and rows_of(other, "train", keys[:8]) == want
+        assert other.recover_data_load(dump) is False
+    assert json.loads(marker.read_text()) == {"stores": [mine]}
+    with pytest.raises(RestorePendingError, match=mine):
+        src.dump_data_by_key(dump, keys[:2], "train")
+    marker.write_text(json.dumps({"store": mine}))  # the one-store form of earlier versions
+    with tqstore.open(tmp_path / "other") as other:
+        assert other.recover_data_load(dump) is False
+    assert marker.exists()
+    assert dst.recover_data_load(dump) is True and not marker.exists()
+    assert rows_of(dst, "train", keys[:8]) == want and dst.verify() == []
+
+
 @pytest.mark.parametrize("cancel", [False, True])
 def test_recover_settles_a_pending_restore_after_reopen(pending, tmp_path, cancel):
     dst, dump, want, before, keys = pending

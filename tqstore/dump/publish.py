@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Iterator, Optional, Set
 
 from .._format import dump_records as DR
 from .._io import files, locks
@@ -71,12 +72,61 @@ def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Pa
 
 
 def refuse_if_restoring(final: Path) -> None:
-    """Raise RestorePendingError when ``<dir>.restore`` exists."""
+    """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists)."""
     m = sibling(final, ".restore")
     if os.path.lexists(m):
-        raise RestorePendingError(f"a load of dump {final} is unresolved ({m} exists): it may still read the dump, "
-                                  f"so it is not replaced; call tqstore.recover_data_load({str(final)!r}) (or with "
-                                  f"cancel=True) first")
+        stores = sorted(marker_stores(final))
+        who = f" by the store(s) {', '.join(stores)}" if stores else ""
+        raise RestorePendingError(f"a load of dump {final}{who} is unresolved ({m} exists): it may still read the "
+                                  f"dump, so it is not replaced; call recover_data_load({str(final)!r}) (or with "
+                                  f"cancel=True) on {'each of those stores' if len(stores) > 1 else 'that store'} "
+                                  f"first")
+
+
+# ---------------------------------------------------------------------------- the restore marker
+def marker_stores(final: Path) -> Set[str]:
+    """The stores ``<dir>.restore`` lists (each a store's real path): those whose load of the
+    dump may still read it.  Empty when there is no marker; one that cannot be read lists
+    none (it is written atomically: only a hand-edited one is unreadable).  Both forms are
+    read: ``{"stores": [path, ...]}`` and the one-store ``{"store": path}`` of earlier versions."""
+    m = sibling(final, ".restore")
+    try:
+        raw = files.read_regular(m, max_bytes=1 << 20)
+        doc = json.loads(bytes(raw)) if raw is not None else None
+    except (OSError, ValueError, files.NotRegularFile):
+        log.warning("restore marker %s cannot be read; taken as listing no store", m)
+        return set()
+    if isinstance(doc, dict) and isinstance(doc.get("stores"), list):
+        return {x for x in doc["stores"] if isinstance(x, str)}
+    if isinstance(doc, dict) and isinstance(doc.get("store"), str):
+        return {doc["store"]}
+    if doc is not None:
+        log.warning("restore marker %s is not a marker; taken as listing no store", m)
+    return set()
+
+
+def _write_marker(final: Path, stores: Set[str]) -> None:
+    m = sibling(final, ".restore")
+    if stores:
+        files.write_file_atomic(m, json.dumps({"stores": sorted(stores)}).encode() + b"\n")
+    else:
+        files.unlink(m)  # (not fsynced: a marker a crash brings back lists a store with no
+        # restore of the dump, which recover_data_load takes off)
+
+
+def mark(final: Path, store_root: PathLike) -> None:
+    """Add the store to ``<dir>.restore`` (created if missing; atomic, durable).  Called under
+    the dump's lock."""
+    _write_marker(final, marker_stores(final) | {os.path.realpath(os.fspath(store_root))})
+
+
+def unmark(final: Path, store_root: PathLike) -> None:
+    """Take the store off ``<dir>.restore``; the marker goes with the last store it lists, and
+    stays while another store's load may still read the dump.  Called under the dump's lock."""
+    me = os.path.realpath(os.fspath(store_root))
+    stores = marker_stores(final)
+    if me in stores or not stores:
+        _write_marker(final, stores - {me})
 
 
 @contextlib.contextmanager
@@ -159,5 +209,6 @@ def readable_dir(final: Path) -> Optional[Path]:
     return old if os.path.lexists(old) else None
 
 
-__all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "locked", "repair",
+__all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "marker_stores", "mark",
+           "unmark", "locked", "repair",
            "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]

@@ -29,14 +29,12 @@ until ``recover_data_load(dir)`` completes it (re-importing the units not comple
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from .._io import files
 from ..errors import TqstoreError
 from . import publish as P
 from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
@@ -60,16 +58,13 @@ def dump_lock(d: Path) -> Iterator[None]:
         yield
 
 
-def _mark(d: Path, store_root: Path) -> None:
-    body = json.dumps({"store": str(store_root)}, sort_keys=True).encode() + b"\n"
-    files.write_file_atomic(P.sibling(d, ".restore"), body)
-
-
-def _unmark(d: Path) -> None:
+def _unmark(d: Path, store) -> None:
+    """Take ``store`` off the dump's restore marker (:func:`publish.unmark`; a failure is
+    logged: the marker then stays until ``recover_data_load`` takes the store off)."""
     try:
-        files.unlink(P.sibling(d, ".restore"))
+        P.unmark(d, store.root)
     except OSError:
-        log.warning("could not remove the restore marker of %s", d, exc_info=True)
+        log.warning("could not take %s off the restore marker of %s", store.root, d, exc_info=True)
 
 
 def _run_units(store, info: RestoreInfo, dump: Dump, todo: Sequence[int]) -> int:
@@ -165,7 +160,7 @@ def _abandon(store, info: RestoreInfo, d: Path, err: BaseException) -> None:
         err.add_note(f"restore {info.rid} of partition {info.pid!r} stays pending: call "
                      f"recover_data_load({str(d)!r}) to complete it, or with cancel=True to cancel it")
         return
-    _unmark(d)
+    _unmark(d, store)
 
 
 def load(store, dump_dir) -> Dict[str, Any]:
@@ -178,13 +173,13 @@ def load(store, dump_dir) -> Dict[str, Any]:
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
         # the marker's fsyncs run beside the checks of the dump (whose small reads go first),
         # then the frames' reads start (a hint) beside the controller's begin
-        marked = store._pool.submit(_mark, d, store.root)
+        marked = store._pool.submit(P.mark, d, store.root)
         try:
             dump = read_dump(d)
         except BaseException:
             with contextlib.suppress(BaseException):  # the dump's error is the one to raise
                 marked.result()
-            _unmark(d)
+            _unmark(d, store)
             raise
         threading.Thread(target=prefetch, args=(d,), daemon=True, name="tqstore-prefetch").start()
         marked.result()
@@ -198,7 +193,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
                                                       strict_dtypes=store.strict_schema)
         except BaseException:
             if not any(r.dump == str(d) for r in store.controller.restores()):
-                _unmark(d)
+                _unmark(d, store)
             raise
         try:
             nbytes = _run_units(store, info, dump, range(store.num_units))
@@ -206,7 +201,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
         except BaseException as err:
             _abandon(store, info, d, err)
             raise
-        _unmark(d)
+        _unmark(d, store)
     new = info.new_keys
     log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows), new,
              dump.partition_id, d, nbytes)
@@ -219,7 +214,7 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
     with dump_lock(d):
         pending = [r for r in store.controller.restores() if r.dump == str(d)]
         if not pending:
-            _unmark(d)  # a marker left by a crash after the record went
+            _unmark(d, store)  # a marker left by a crash after the record went
             return False
         info = pending[0]
         if info.state == "committed" or (info.state == "running" and not cancel):
@@ -239,7 +234,7 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
                     _settle(store, info, committed=True)
         else:
             _cancel(store, info)
-        _unmark(d)
+        _unmark(d, store)
         return True
 
 
