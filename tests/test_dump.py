@@ -515,3 +515,22 @@ def test_dump_row_index_keeps_every_kind_of_tag_and_a_restore_brings_them_back(s
     with tqstore.open(tmp_path / "other", num_units=2) as t:
         t.load_data_by_key(tmp_path / "d")
         assert t.kv_list("train")["train"] == store.kv_list("train")["train"]  # (an untagged row lists as {})
+
+
+def test_reading_loading_or_recovering_a_path_without_a_dump_leaves_nothing_behind(store, tmp_path):
+    """read_row_index, load_data_by_key and recover_data_load of a path that holds no dump (a
+    typo in a missing directory, a user's regular file) raise CheckpointNotFoundError (recover
+    answers False) and create nothing: no directory, no lock file, no marker."""
+    CheckpointNotFoundError = tqstore.CheckpointNotFoundError
+    (tmp_path / "afile").write_text("user data")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for path in (tmp_path / "typo" / "deep" / "d", tmp_path / "afile", tmp_path / "absent"):
+        with pytest.raises(CheckpointNotFoundError):
+            read_row_index(path)
+        with pytest.raises(CheckpointNotFoundError):
+            store.load_data_by_key(path)
+        assert store.recover_data_load(path) is False
+        with pytest.raises(CheckpointNotFoundError):
+            describe_dump(path)
+        assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "afile").read_text() == "user data"

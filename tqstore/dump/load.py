@@ -122,7 +122,9 @@ def read_dump(path) -> Dump:
         msize = files.check_regular(mp, under=d).st_size
     except FileNotFoundError as e:
         raise CheckpointNotFoundError(f"no dump at {d}: {D.MANIFEST_NAME} is missing") from e
-    except (files.NotRegularFile, NotADirectoryError) as e:
+    except NotADirectoryError as e:
+        raise CheckpointNotFoundError(f"no dump at {d}: it is not a directory") from e
+    except files.NotRegularFile as e:
         raise CorruptionError(f"dump {D.MANIFEST_NAME}: not a regular file", path=str(mp)) from e
     if msize > D.MAX_JSON_BYTES:
         raise CorruptionError(f"dump {D.MANIFEST_NAME} is {msize} bytes (at most {D.MAX_JSON_BYTES})", path=str(mp))

@@ -156,6 +156,16 @@ def locked(final: Path, *, shared_ok: bool = False) -> Iterator[bool]:
         yield held
 
 
+def locked_if_present(final: Path, *, shared_ok: bool = False):
+    """:func:`locked` when something of a dump is at ``final`` (its directory, or a sibling
+    ``.old``, ``.tmp`` or ``.restore``); else a context yielding False that creates nothing
+    (no lock file, no parent directory): reading or loading a path that holds no dump leaves
+    nothing behind.  For readers, loads and recovers; a dump takes :func:`locked`."""
+    if os.path.isdir(final) or any(os.path.lexists(sibling(final, s)) for s in (".old", ".tmp", ".restore")):
+        return locked(final, shared_ok=shared_ok)
+    return contextlib.nullcontext(False)
+
+
 def _ours(d: Path) -> bool:
     """``d`` holds only names a dump writes (so removing it destroys nothing of the user's)."""
     try:
@@ -210,5 +220,5 @@ def readable_dir(final: Path) -> Optional[Path]:
 
 
 __all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "marker_stores", "mark",
-           "unmark", "locked", "repair",
+           "unmark", "locked", "locked_if_present", "repair",
            "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]

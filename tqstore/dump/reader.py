@@ -108,7 +108,7 @@ def read_index(path: PathLike) -> DumpIndex:
     """:func:`open_dump` under the path's exclusive lock, after :func:`publish.repair` (a
     reader that cannot take the lock reads without repairing)."""
     final = P.resolve(path)
-    with P.locked(final, shared_ok=True) as held:
+    with P.locked_if_present(final, shared_ok=True) as held:
         if held:
             P.repair(final)
         return open_dump(final, path=path)
@@ -197,7 +197,7 @@ def _check_frames(buf: bytearray, e: np.ndarray, t: D.ShardTable, base: int, pat
 # ---------------------------------------------------------------------------- describe, verify
 def _locked_read(path: PathLike):
     final = P.resolve(path)
-    return final, P.locked(final, shared_ok=True)
+    return final, P.locked_if_present(final, shared_ok=True)
 
 
 def describe_dump(path: PathLike) -> Dict[str, Any]:

@@ -50,12 +50,14 @@ def dump_path(dump_dir) -> Path:
 
 
 @contextlib.contextmanager
-def dump_lock(d: Path) -> Iterator[None]:
+def dump_lock(d: Path) -> Iterator[bool]:
     """Hold ``<dir>.lock`` exclusively (as every dump, load and read of the path does) and
-    repair an interrupted publication first."""
-    with P.locked(d):
-        P.repair(d)
-        yield
+    repair an interrupted publication first; yields True.  When nothing of a dump is at
+    ``d`` it creates nothing (no lock file, no directory) and yields False."""
+    with P.locked_if_present(d) as held:
+        if held:
+            P.repair(d)
+        yield held
 
 
 def _unmark(d: Path, store) -> None:
@@ -167,7 +169,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
     """See :meth:`DumpMixin.load_data_by_key`."""
     t0 = time.perf_counter()
     d = dump_path(dump_dir)
-    with dump_lock(d):
+    with dump_lock(d) as held:
+        if not held:
+            read_dump(d)  # (raises CheckpointNotFoundError: there is no dump at d)
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
