@@ -79,6 +79,21 @@ def user_dir(p: Path) -> Path:
 
 
 # ---------------------------------------------------------------------------- 1. what a save replaces
+@pytest.mark.parametrize("bad", [None, 7, b"/tmp/bytes-path", "/tmp/a\0b", ""])
+def test_a_path_that_is_no_path_is_invalid_input_before_anything_is_touched(store, tmp_path, bad):
+    """Checkpoint and dump calls given None, a number, bytes, an empty string or a NUL raise
+    InvalidInputError (a TqstoreError), not a bare TypeError or ValueError; nothing is written."""
+    before = state(store)
+    calls = [lambda: store.save_checkpoint(bad), lambda: store.load_checkpoint(bad),
+             lambda: store.dump_data_by_key(bad, [], "train"), lambda: store.load_data_by_key(bad),
+             lambda: store.recover_data_load(bad), lambda: tqstore.read_row_index(bad),
+             lambda: verify_checkpoint(bad)]
+    for call in calls:
+        with pytest.raises(tqstore.InvalidInputError, match="path"):
+            call()
+    assert state(store) == before and sorted(os.listdir(tmp_path)) == ["store"]
+
+
 def test_save_refuses_a_regular_file_and_leaves_it_byte_for_byte(store, tmp_path):
     f = tmp_path / "ckpt"
     f.write_bytes(b"my results\n" * 100)

@@ -37,7 +37,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .._format import dump_records as DR
 from .._io import locks
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, InvalidInputError
 from ..layout_dirs import STORE_FILE
 from . import manifest as M
 
@@ -47,6 +47,22 @@ STEP_RE = re.compile(r"^step-(\d{10,})(\.old)?$")
 _ROOT_ENTRY = re.compile(r"^(step-\d{10,}(\.old|\.tmp-[0-9a-f]{8})?|\.deleting-step-\d{10,}(\.old)?-[0-9a-f]{8})$")
 _CKPT_ENTRY = re.compile(r"^(controller|unit-\d{3,})$")
 assert DR.MANIFEST_NAME == M.MANIFEST_NAME  # enclosing_owner looks for one name
+
+
+def real_path(path: PathLike) -> Path:
+    """``path`` (a str or an ``os.PathLike`` giving one) as an absolute path, symlinks resolved.
+
+    Raises InvalidInputError: another type (None, a number, bytes), an empty string, or a NUL
+    character (nothing is touched)."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        raise InvalidInputError(f"a path must be a str or os.PathLike, got {type(path).__name__}") from None
+    if not isinstance(p, str):
+        raise InvalidInputError(f"a path must be a str (or os.PathLike giving one), got {type(p).__name__}")
+    if not p or "\0" in p:
+        raise InvalidInputError(f"a path must be a non-empty str without NUL characters, got {p!r:.80}")
+    return Path(os.path.realpath(p))
 
 
 def is_checkpoint_dir(d: PathLike) -> bool:
@@ -236,7 +252,7 @@ def check_target(path: PathLike, kind: TargetKind = CHECKPOINT, *, live_store: O
     Raises:
         CheckpointError: naming the path and what is there.
     """
-    real = Path(os.path.realpath(os.fspath(path)))
+    real = real_path(path)
     owner = enclosing_owner(real, skip_root_parent=kind.in_generation_root)
     if owner is not None:
         raise _refuse(path, kind, f"{real} is inside {owner[0]} {owner[1]}, which would delete it when it is "
@@ -245,7 +261,7 @@ def check_target(path: PathLike, kind: TargetKind = CHECKPOINT, *, live_store: O
             and not is_generation_root(real.parent):
         raise _refuse(path, kind, f"{real.parent} is not a checkpoint generation root ({describe(real.parent)})")
     if live_store is not None:
-        sroot = Path(os.path.realpath(os.fspath(live_store)))
+        sroot = real_path(live_store)
         if _within(sroot, real):
             raise _refuse(path, kind, f"the store being saved lives at {sroot}")
     _check_one(path, real, kind)
@@ -286,7 +302,7 @@ def check_store_location(root: PathLike) -> None:
     Raises:
         ConfigError: naming the store path and the directory it would be inside.
     """
-    real = Path(os.path.realpath(os.fspath(root)))
+    real = real_path(root)
     owner = enclosing_owner(real)
     if owner is not None:
         raise ConfigError(f"refusing to open a store at {os.fspath(root)}: {real} is inside {owner[0]} {owner[1]}, "
@@ -299,7 +315,7 @@ def lock_path_for(path: PathLike) -> Path:
     """The lock file serialising publication, deletion and reads of the checkpoint at ``path``
     (resolved): ``root/.tqstore-checkpoints.lock`` for a generation ``step-N`` of a generation
     root, else ``<parent>/.<name>.lock``."""
-    real = Path(os.path.realpath(os.fspath(path)))
+    real = real_path(path)
     m = STEP_RE.match(real.name)
     if m and not m.group(2) and os.path.lexists(real.parent / ROOT_LOCK_NAME):
         return real.parent / ROOT_LOCK_NAME
@@ -312,7 +328,7 @@ def reading(path: PathLike) -> Iterator[bool]:
     publication replaces it and no prune deletes it meanwhile.  Yields False when the lock
     could not be taken (read-only location: see :func:`tqstore._io.locks.flocked`)."""
     lp = lock_path_for(path)
-    real = lp.parent / Path(os.path.realpath(os.fspath(path))).name
+    real = lp.parent / real_path(path).name
     if not (os.path.lexists(real) or os.path.lexists(real.with_name(real.name + ".old"))):
         yield False  # nothing there to read (and no lock file left behind): the reader raises not-found
         return

@@ -40,8 +40,9 @@ SUFFIXES = (".tmp", ".old", ".lock", ".restore")
 def resolve(path: PathLike) -> Path:
     """The dump directory's real path (symlinks resolved), its name checked.
 
-    Raises CheckpointError: an empty name, ``.``/``..``, or one ending in a sibling's suffix."""
-    real = Path(os.path.realpath(os.fspath(path)))
+    Raises CheckpointError: an empty name, ``.``/``..``, or one ending in a sibling's suffix;
+    InvalidInputError: not a path (:func:`tqstore.checkpoint.target.real_path`)."""
+    real = T.real_path(path)
     if real.name in ("", ".", "..") or real.name.endswith(SUFFIXES):
         raise CheckpointError(f"{os.fspath(path)} is not a usable dump directory name (it must not end in "
                               f"{', '.join(SUFFIXES)}: tqstore uses those names beside a dump)")
