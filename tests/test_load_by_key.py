@@ -19,6 +19,7 @@ import tqstore
 from tqstore import CorruptionError, FormatVersionError, RestorePendingError, SchemaError, StorageIOError
 from tqstore._io import failpoints as fp
 from tqstore._format import dump_records as D
+from tqstore.dump import verify_dump
 
 from checkpoint_helpers import canon, fill, state
 from restore_helpers import flip_byte, shard_paths, truncate, write_dump
@@ -132,10 +133,27 @@ def _damage_unknown_version(dump):
     m.write_text(json.dumps(d))
 
 
+def _damage_schema_disagrees_with_frames(dump):
+    """A row index declaring another dtype than the frames hold, its CRCs made consistent
+    (only the frames' headers tell)."""
+    from tqstore import _native
+    ri = json.loads((dump / D.ROW_INDEX_NAME).read_text())
+    assert ri["schemas"]["input_ids"] == {"kind": "tensor", "dtype": "int64"}
+    ri["schemas"]["input_ids"]["dtype"] = "int32"
+    raw = (json.dumps(ri) + "\n").encode()
+    (dump / D.ROW_INDEX_NAME).write_bytes(raw)
+    m = json.loads((dump / D.MANIFEST_NAME).read_text())
+    m.pop("manifest_crc32c")
+    m["row_index"].update(size=len(raw), crc32c=_native.crc32c(raw))
+    m["manifest_crc32c"] = _native.crc32c(D._canonical(m))
+    (dump / D.MANIFEST_NAME).write_text(json.dumps(m))
+    assert [p for p in verify_dump(dump) if "int32" in p]  # verify_dump finds it too
+
+
 @pytest.mark.parametrize("damage,error", [
     (_damage_missing_shard, CorruptionError), (_damage_missing_index, CorruptionError),
     (_damage_truncated_shard, CorruptionError), (_damage_flipped_payload_byte, CorruptionError),
-    (_damage_unknown_version, FormatVersionError)])
+    (_damage_unknown_version, FormatVersionError), (_damage_schema_disagrees_with_frames, CorruptionError)])
 def test_damaged_dump_is_rejected_with_nothing_written(source, tmp_path, damage, error):
     src, keys = source
     dump = write_dump(src, tmp_path / "dump", keys, "train")

@@ -4,7 +4,7 @@
 dumps and full checkpoints).  Plain values: they cross a process boundary by pickle."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -53,7 +53,9 @@ class RestoreImport:
     ``file_sizes`` their sizes), one per array position: ``file``, ``offset``, ``length``,
     ``crc`` (the CRC32C the dump recorded), ``src_gidx`` (the gidx in the frame's header),
     ``gidx`` (the store's: re-stamped when it differs) and ``fields`` (UTF-8 names).
-    ``batch_bytes`` bounds the bytes the unit reads, checks and appends at a time."""
+    ``batch_bytes`` bounds the bytes the unit reads, checks and appends at a time.
+    ``schemas``: field name (UTF-8) -> (kind code, dtype code) the dump declares; each frame's
+    header must agree (dtype code 255, "mixed": any dtype of that kind)."""
 
     src_dir: str
     files: Dict[int, str]
@@ -66,6 +68,7 @@ class RestoreImport:
     gidx: np.ndarray
     fields: List[bytes]
     batch_bytes: int = 32 << 20
+    schemas: Dict[bytes, Tuple[int, int]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.fields)

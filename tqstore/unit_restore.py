@@ -36,6 +36,8 @@ import numpy as np
 
 from . import _native
 from ._format import unit_records as UR
+from ._format.columns import describe_kind_dtype
+from ._format.dtypes import SCHEMA_MIXED
 from ._format.frame import check_run, first_fault
 from ._format.index import LOC_DTYPE, Loc
 from ._io import files
@@ -291,7 +293,7 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
             while i < hi:  # a batch: this unit's next frames of at most `batch` bytes (at least one frame)
                 j = max(i + 1, i + int(np.searchsorted(cum[i:hi], before[i] + batch, side="right")))
                 _import_batch(unit, tag, fd, path, buf, off[i:j], ln[i:j], crc[i:j], sg[i:j], dg[i:j], fields[i:j],
-                              (names, codes[i:j]))
+                              (names, codes[i:j]), plan.schemas)
                 read += int(cum[j - 1] - before[i])
                 i = j
         finally:
@@ -300,11 +302,13 @@ def import_restore(unit: "Unit", tag: int, plan: RestoreImport) -> int:
 
 
 def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, off, ln, crc, sg, dg,
-                  fields: List[bytes], coded: Tuple[List[bytes], np.ndarray]) -> None:
+                  fields: List[bytes], coded: Tuple[List[bytes], np.ndarray],
+                  schemas: Dict[bytes, Tuple[int, int]]) -> None:
     """Frames ``off``/``ln`` of the source file ``fd``: read back to back into ``buf`` (one
     ``pread`` per run of adjacent frames, without the GIL: nothing between them is read),
     check them with the frame-check kernel (against the CRC32C the dump recorded and the
-    source gidx) and their field names, re-stamp those whose gidx changes (the CRC32C updated
+    source gidx), their field names and kinds and dtypes (as the dump's ``schemas`` declare
+    them), re-stamp those whose gidx changes (the CRC32C updated
     for the 8 changed bytes), append, stage."""
     total = int(ln.sum())
     view = memoryview(buf)[:total]
@@ -321,7 +325,7 @@ def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, of
     if bad is not None:
         k, fault = bad
         raise fault.error(path=path, offset=int(off[k]), prefix="dump shard: ")
-    _check_names(np.frombuffer(view, np.uint8), noff, coded, path, off)
+    _check_names(np.frombuffer(view, np.uint8), noff, coded, path, off, schemas)
     crcs = np.array(crc, np.uint32)
     moved = np.flatnonzero(sg != dg)
     if len(moved):
@@ -330,9 +334,12 @@ def _import_batch(unit: "Unit", tag: int, fd: int, path: str, buf: bytearray, of
     _append_staged(unit, tag, [view], ln, crcs, dg, fields)
 
 
-def _check_names(b8: np.ndarray, rel: np.ndarray, coded: Tuple[List[bytes], np.ndarray], path: str, off) -> None:
-    """Each frame's header names its entry's field (byte 11 of the header: the name's length);
-    ``coded``: the distinct names and each frame's index among them."""
+def _check_names(b8: np.ndarray, rel: np.ndarray, coded: Tuple[List[bytes], np.ndarray], path: str, off,
+                 schemas: Dict[bytes, Tuple[int, int]]) -> None:
+    """Each frame's header names its entry's field (byte 11 of the header: the name's length)
+    and holds the kind and dtype (bytes 8 and 9) the dump's schema declares for it (any dtype
+    of the kind when it is "mixed"); ``coded``: the distinct names and each frame's index
+    among them.  Raises CorruptionError naming the first frame that does not."""
     names, codes = coded
     for c in np.unique(codes).tolist():
         name = names[c]
@@ -344,6 +351,18 @@ def _check_names(b8: np.ndarray, rel: np.ndarray, coded: Tuple[List[bytes], np.n
             k = int(i[np.flatnonzero(~ok)[0]])
             raise CorruptionError(f"dump shard: frame holds another field than {name.decode(errors='replace')!r}",
                                   path=path, offset=int(off[k]))
+        want = schemas.get(name)
+        if want is not None:
+            ok = b8[r + 32] == want[0]
+            if want[1] != SCHEMA_MIXED:
+                ok &= b8[r + 33] == want[1]
+            if not ok.all():
+                k = int(np.flatnonzero(~ok)[0])
+                got = (int(b8[r[k] + 32]), int(b8[r[k] + 33]))
+                raise CorruptionError(f"dump shard: frame of field {name.decode(errors='replace')!r} holds "
+                                      f"{describe_kind_dtype(got)}, the dump's row index declares {describe_kind_dtype(want)}",
+                                      path=path, offset=int(off[i[k]]))
+
 
 
 def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields: List[bytes]) -> None:

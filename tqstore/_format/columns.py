@@ -153,6 +153,14 @@ def rows_column(field: str, kind: int, rows: Sequence[Tuple[int, Tuple[int, ...]
     return Column(field, kind, code if code is not None else 0, shapes, payloads, uniform, payloads)
 
 
+def describe_kind_dtype(kd: Tuple[int, int]) -> str:
+    """``(kind code, dtype code)`` in words, e.g. "tensor float32" or "ndarray of several
+    dtypes" (code 255); unknown codes by number."""
+    kind = KIND_NAMES.get(kd[0], f"kind {kd[0]}")
+    return f"{kind} of several dtypes" if kd[1] == dtypes.SCHEMA_MIXED else \
+        f"{kind} {dtypes.DTYPE_NAMES.get(kd[1], f'dtype {kd[1]}')}"
+
+
 def schema_changes(pid: str, schema: Mapping[str, Tuple[int, int]], columns: Sequence[Column], *,
                    strict: bool = True) -> Dict[str, Tuple[int, int]]:
     """The partition schema entries a put of ``columns`` adds or changes: ``{field: (kind, dtype)}``.

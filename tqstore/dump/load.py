@@ -262,11 +262,12 @@ def plan_imports(dump: Dump, mapping: Tuple[np.ndarray, np.ndarray], num_units: 
         crc = np.zeros(0, np.uint32)
         src = dst = np.zeros(0, np.uint64)
     target = (dst % np.uint64(num_units)).astype(np.int64) if len(dst) else np.zeros(0, np.int64)
+    schemas = {f.encode("utf-8"): kd for f, kd in dump.rows.schemas.items()}
     out = []
     for u in range(num_units):
         sel = np.flatnonzero(target == u)
         out.append(RestoreImport(str(dump.path), files_, sizes, fid[sel], off[sel], ln[sel], crc[sel], src[sel],
-                                 dst[sel], list(map(fields.__getitem__, sel.tolist())), batch_bytes))
+                                 dst[sel], list(map(fields.__getitem__, sel.tolist())), batch_bytes, schemas))
     return out
 
 

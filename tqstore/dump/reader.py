@@ -18,7 +18,8 @@ import numpy as np
 
 from .. import _native
 from .._format import dump_records as D
-from .._format.columns import KIND_NAMES
+from .._format.columns import KIND_NAMES, describe_kind_dtype
+from .._format.dtypes import SCHEMA_MIXED
 from .._format.frame import check_run, first_fault
 from .._format.index import LOC_DTYPE
 from .._io import files
@@ -142,11 +143,13 @@ def read_shard_table(d: Path, entry: Dict[str, Any], fd: int) -> Tuple[D.ShardHe
     return h, D.decode_shard_table(raw, h, path=p)
 
 
-def scan_shard(fd: int, h: D.ShardHeader, t: D.ShardTable, *, path: str, deep: bool = True) -> Tuple[int, List[str]]:
+def scan_shard(fd: int, h: D.ShardHeader, t: D.ShardTable, *, path: str, deep: bool = True,
+               schemas: Optional[Dict[str, Tuple[int, int]]] = None) -> Tuple[int, List[str]]:
     """Read the shard once in bounded chunks: its whole-file CRC32C and, with ``deep``, every
-    frame through the frame-check kernel (with its entry's offset, length, CRC and gidx) and
-    its header's field name against the entry's.  Returns ``(crc, problems)``; a frame problem
-    names the file and offset."""
+    frame through the frame-check kernel (with its entry's offset, length, CRC and gidx), its
+    header's field name against the entry's and its kind and dtype against ``schemas`` (the
+    row index's: field -> (kind, dtype code), 255 any dtype of the kind).  Returns ``(crc,
+    problems)``; a frame problem names the file and offset."""
     head = bytearray(D.SHARD_HEADER_SIZE)
     files.preadv_all(fd, [head], 0)
     crc = _native.crc32c(head)
@@ -165,14 +168,15 @@ def scan_shard(fd: int, h: D.ShardHeader, t: D.ShardTable, *, path: str, deep: b
             return crc, problems
         crc = _native.crc32c(buf, crc)
         if deep:
-            problems.extend(_check_frames(buf, e[i:j], t, start, path))
+            problems.extend(_check_frames(buf, e[i:j], t, start, path, schemas or {}))
         i = j
     raw = bytearray(h.table_len)
     files.preadv_all(fd, [raw], h.table_offset)
     return _native.crc32c(raw, crc), problems
 
 
-def _check_frames(buf: bytearray, e: np.ndarray, t: D.ShardTable, base: int, path: str) -> List[str]:
+def _check_frames(buf: bytearray, e: np.ndarray, t: D.ShardTable, base: int, path: str,
+                  schemas: Dict[str, Tuple[int, int]]) -> List[str]:
     locs = np.zeros(len(e), LOC_DTYPE)
     locs["offset"], locs["length"], locs["crc"] = e["offset"], e["length"], e["crc"]
     gidxs = np.ascontiguousarray(e["gidx"], dtype="<u8")
@@ -186,10 +190,16 @@ def _check_frames(buf: bytearray, e: np.ndarray, t: D.ShardTable, base: int, pat
     for k in range(len(e)):
         f = int(e["offset"][k]) - base
         ln = mv[f + 24 + 11]
-        if bytes(mv[f + 36:f + 36 + ln]) != t.names[int(e["field"][k])].encode():
+        name = t.names[int(e["field"][k])]
+        if bytes(mv[f + 36:f + 36 + ln]) != name.encode():
             out.append(str(CorruptionError(f"frame of row {int(e['gidx'][k])} holds another field than its table "
-                                           f"entry ({t.names[int(e['field'][k])]!r})", path=path,
-                                           offset=int(e["offset"][k]))))
+                                           f"entry ({name!r})", path=path, offset=int(e["offset"][k]))))
+            break
+        want = schemas.get(name)
+        if want is not None and (mv[f + 32] != want[0] or (want[1] != SCHEMA_MIXED and mv[f + 33] != want[1])):
+            out.append(str(CorruptionError(f"frame of row {int(e['gidx'][k])} (field {name!r}) holds "
+                                           f"{describe_kind_dtype((mv[f + 32], mv[f + 33]))}, the row index declares "
+                                           f"{describe_kind_dtype(want)}", path=path, offset=int(e["offset"][k]))))
             break
     return out
 
@@ -246,7 +256,8 @@ def verify_dump(path: PathLike, *, deep: bool = True) -> List[str]:
                 problems.append(f"{ix.dir / name}: not listed in {D.MANIFEST_NAME}")
         want = _pairs_by_unit(ix.rows)
         for entry in ix.manifest["shards"]:
-            problems.extend(_verify_shard(ix.dir, entry, want.get(entry["unit"], set()), deep=deep))
+            problems.extend(_verify_shard(ix.dir, entry, want.get(entry["unit"], set()), deep=deep,
+                                          schemas=ix.rows.schemas))
         return problems
 
 
@@ -258,7 +269,8 @@ def _pairs_by_unit(ri: D.RowIndex) -> Dict[int, Set[Tuple[int, str]]]:
     return out
 
 
-def _verify_shard(d: Path, entry: Dict[str, Any], want: Set[Tuple[int, str]], *, deep: bool) -> List[str]:
+def _verify_shard(d: Path, entry: Dict[str, Any], want: Set[Tuple[int, str]], *, deep: bool,
+                  schemas: Optional[Dict[str, Tuple[int, int]]] = None) -> List[str]:
     p = str(d / entry["path"])
     try:
         fd = files.open_regular(d / entry["path"], under=d)
@@ -279,7 +291,7 @@ def _verify_shard(d: Path, entry: Dict[str, Any], want: Set[Tuple[int, str]], *,
         if h.table_offset - D.SHARD_HEADER_SIZE != entry["payload_bytes"]:
             out.append(f"{p}: dump shard holds {h.table_offset - D.SHARD_HEADER_SIZE} frame bytes, the manifest "
                        f"says {entry['payload_bytes']}")
-        crc, probs = scan_shard(fd, h, t, path=p, deep=deep)
+        crc, probs = scan_shard(fd, h, t, path=p, deep=deep, schemas=schemas)
         out.extend(probs)
         if crc != entry["crc32c"]:
             out.append(str(CorruptionError("dump shard: CRC32C mismatch", path=p, expected_crc=entry["crc32c"],
