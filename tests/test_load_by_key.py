@@ -283,6 +283,29 @@ def test_a_failure_at_publish_or_finish_cancels_the_restore(source, tmp_path, mo
         assert dst.load_data_by_key(dump)["keys"] == 8 and rows_of(dst, "train", keys[:8]) == want
 
 
+def test_an_error_after_the_finish_committed_keeps_the_restored_rows(source, tmp_path, monkeypatch):
+    """The controller's finish commits, then fails (say, after its transaction): the restore is
+    decided, so the units keep what they published and it is settled as committed; the error
+    is raised, and the rows are the dump's, with every frame, also after a reopen."""
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:8], "train")
+    want = rows_of(src, "train", keys[:8])
+    with tqstore.open(tmp_path / "dst", num_units=2) as dst:
+        real = dst.controller.finish_restore
+
+        def finish_then_fail(rid):
+            real(rid)
+            raise StorageIOError("failed after the commit (injected)")
+        monkeypatch.setattr(dst.controller, "finish_restore", finish_then_fail)
+        with pytest.raises(StorageIOError, match="after the commit"):
+            dst.load_data_by_key(dump)
+        monkeypatch.undo()
+        assert dst.controller.restores() == [] and not Path(str(dump) + ".restore").exists()
+        assert rows_of(dst, "train", keys[:8]) == want and dst.verify() == []
+    with tqstore.open(tmp_path / "dst") as dst:
+        assert rows_of(dst, "train", keys[:8]) == want and dst.verify() == []
+
+
 # ------------------------------------------------------------------ an unresolved restore
 @pytest.fixture
 def pending(source, tmp_path, monkeypatch):

@@ -127,9 +127,14 @@ def _commit(store, info: RestoreInfo) -> None:
             _each_unit(store, lambda u: u.publish_restore(info.tag))
             c.finish_restore(info.rid)
         except BaseException:
-            for u in store.units:  # not decided: the live rows are the old ones again
-                with contextlib.suppress(TqstoreError):
-                    u.unpublish_restore(info.tag)
+            try:
+                decided = getattr(c.restore(info.rid), "state", None) == "committed"
+            except TqstoreError:
+                decided = False
+            if not decided:  # (decided: the finish committed, then failed: the units keep what they published)
+                for u in store.units:  # not decided: the live rows are the old ones again
+                    with contextlib.suppress(TqstoreError):
+                        u.unpublish_restore(info.tag)
             raise
         try:
             _settle(store, info, committed=True)
