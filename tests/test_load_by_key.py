@@ -381,6 +381,21 @@ def test_another_stores_load_or_recover_leaves_the_marker_of_a_pending_restore(p
     assert rows_of(dst, "train", keys[:8]) == want and dst.verify() == []
 
 
+def test_a_pending_restore_whose_dump_was_deleted_can_still_be_cancelled(pending, tmp_path):
+    """The dump directory is gone (deleted by hand): completing the restore is impossible and
+    says so, cancelling it works and leaves the store as it was before the load."""
+    import shutil
+    dst, dump, _want, before, _keys = pending
+    shutil.rmtree(dump)
+    with pytest.raises(tqstore.CheckpointNotFoundError):
+        dst.recover_data_load(dump)
+    assert [r.state for r in dst.controller.restores()] == ["running"]
+    assert dst.recover_data_load(dump, cancel=True) is True
+    assert dst.controller.restores() == [] and state(dst) == before and dst.verify() == []
+    assert not Path(str(Path(dump).resolve()) + ".restore").exists()
+    assert dst.recover_data_load(dump, cancel=True) is False
+
+
 @pytest.mark.parametrize("cancel", [False, True])
 def test_recover_settles_a_pending_restore_after_reopen(pending, tmp_path, cancel):
     dst, dump, want, before, keys = pending

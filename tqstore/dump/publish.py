@@ -157,14 +157,18 @@ def locked(final: Path, *, shared_ok: bool = False) -> Iterator[bool]:
         yield held
 
 
+def present(final: Path) -> bool:
+    """Something of a dump is at ``final``: its directory, or a sibling ``.old``, ``.tmp`` or
+    ``.restore``."""
+    return os.path.isdir(final) or any(os.path.lexists(sibling(final, s)) for s in (".old", ".tmp", ".restore"))
+
+
 def locked_if_present(final: Path, *, shared_ok: bool = False):
-    """:func:`locked` when something of a dump is at ``final`` (its directory, or a sibling
-    ``.old``, ``.tmp`` or ``.restore``); else a context yielding False that creates nothing
+    """:func:`locked` when :func:`present`; else a context yielding False that creates nothing
     (no lock file, no parent directory): reading or loading a path that holds no dump leaves
-    nothing behind.  For readers, loads and recovers; a dump takes :func:`locked`."""
-    if os.path.isdir(final) or any(os.path.lexists(sibling(final, s)) for s in (".old", ".tmp", ".restore")):
-        return locked(final, shared_ok=shared_ok)
-    return contextlib.nullcontext(False)
+    nothing behind (a caller that gets False must not go on as if it held the lock: a dump
+    may be published there meanwhile).  For readers and loads; a dump takes :func:`locked`."""
+    return locked(final, shared_ok=shared_ok) if present(final) else contextlib.nullcontext(False)
 
 
 def _ours(d: Path) -> bool:
@@ -221,5 +225,5 @@ def readable_dir(final: Path) -> Optional[Path]:
 
 
 __all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "marker_stores", "mark",
-           "unmark", "locked", "locked_if_present", "repair",
+           "unmark", "present", "locked", "locked_if_present", "repair",
            "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]

@@ -29,13 +29,14 @@ until ``recover_data_load(dir)`` completes it (re-importing the units not comple
 from __future__ import annotations
 
 import contextlib
+import os
 import logging
 import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from ..errors import TqstoreError
+from ..errors import CheckpointNotFoundError, TqstoreError
 from . import publish as P
 from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
 from .load import Dump, mapping_of, plan_imports, prefetch, read_dump
@@ -175,8 +176,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
     t0 = time.perf_counter()
     d = dump_path(dump_dir)
     with dump_lock(d) as held:
-        if not held:
-            read_dump(d)  # (raises CheckpointNotFoundError: there is no dump at d)
+        if not held:  # nothing of a dump at d when the call began (one published since is not read unlocked)
+            read_dump(d)  # (raises the CheckpointNotFoundError saying why)
+            raise CheckpointNotFoundError(f"no dump at {d} when the load began")
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
@@ -220,7 +222,11 @@ def load(store, dump_dir) -> Dict[str, Any]:
 def recover(store, dump_dir, *, cancel: bool = False) -> bool:
     """See :meth:`DumpMixin.recover_data_load`."""
     d = dump_path(dump_dir)
-    with dump_lock(d):
+    if not P.present(d) and not any(r.dump == str(d) for r in store.controller.restores()):
+        return False  # nothing to settle, nothing on disk (and nothing created: no lock file)
+    with P.locked(d) if os.path.isdir(d.parent) else contextlib.nullcontext(False) as held:
+        if held:
+            P.repair(d)
         pending = [r for r in store.controller.restores() if r.dump == str(d)]
         if not pending:
             _unmark(d, store)  # a marker left by a crash after the record went
