@@ -966,6 +966,32 @@ def test_crc32c_frames_trusts_the_trailer_and_refuses_foreign_extents():
     assert run_both("crc32c_frames", blob, offs[:0], lens[:0], 12345) == ("ok", 12345)
 
 
+def test_crc_shifts_past_512_mib_frames_are_right():
+    """A frame of 2^29 bytes or more (rows may reach 4 GiB): crc32c_frames combines it right
+    and restamp_frames leaves a trailer CRC the frame check accepts (x^(2^k) for every k a
+    64-bit length reaches, not zlib's table wrapped at 32, which is wrong for CRC32C)."""
+    flen = (1 << 29) + 128
+    buf = np.zeros(flen, np.uint8)
+    name = b"x"
+    plen = flen - 64 - 64  # payload at 64, trailer at flen - 64, then zero padding
+    buf[:24] = np.frombuffer(layout.PREFIX.pack(layout.FRAME_MAGIC, layout.FRAME_VERSION, 0, 12 + len(name),
+                                                plen, plen), np.uint8)
+    buf[24:24 + 12 + len(name)] = np.frombuffer(layout.HEADER_HEAD.pack(5, 2, 0, 0, len(name)) + name, np.uint8)
+    buf[64:64 + 4096] = 7
+    cover = 64 + plen
+    buf[cover:cover + 8] = np.frombuffer(layout.TRAILER.pack(F.crc32c(buf[:cover]), layout.FRAME_END_MAGIC), np.uint8)
+    offs, lens = np.zeros(1, "<i8"), np.full(1, flen, "<i8")
+    loc = np.zeros(1, LOC_DTYPE)
+    loc["length"], loc["crc"] = flen, F.crc32c(buf[:cover])
+    assert F.check_frames(buf, loc, np.full(1, 5, "<u8"))[0] == bytes(1)
+    head = F.crc32c(b"shard header")
+    assert run_both("crc32c_frames", buf, offs, lens, head) == ("ok", F.crc32c(buf, head))
+    crc = np.frombuffer(F.restamp_frames(buf, offs, lens, np.full(1, 1 << 40, "<i8")), "<u4")
+    loc["crc"] = crc
+    assert F.check_frames(buf, loc, np.full(1, 1 << 40, "<u8"))[0] == bytes(1)
+    assert int(crc[0]) == F.crc32c(buf[:cover])
+
+
 # ---- pread_ranges -------------------------------------------------------------------
 
 

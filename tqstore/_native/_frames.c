@@ -281,7 +281,11 @@ static void crc_init(void) {
 
 /* Multiplication modulo the (reflected) polynomial and x^(n*2^k) mod P, for shifting a CRC
  * register through n zero bytes in O(log n) (technique from zlib's crc32_combine). */
-static uint32_t x2n_table[32];
+/* x2n_table[i] = x^(2^i) mod P for every i a shift through a 64-bit byte count can reach
+ * (3 + 63): not wrapped at 32 as zlib's table is (x^(2^32) mod P is x for zlib's polynomial,
+ * not for CRC32C's: a wrapped table gives wrong shifts from 2^29 bytes on). */
+#define X2N_SIZE 67
+static uint32_t x2n_table[X2N_SIZE];
 
 static uint32_t multmodp(uint32_t a, uint32_t b) { /* branch-free: 32 steps, x^0 is bit 31 */
     uint32_t p = 0;
@@ -295,7 +299,7 @@ static uint32_t multmodp(uint32_t a, uint32_t b) { /* branch-free: 32 steps, x^0
 static uint32_t x2nmodp(uint64_t n, unsigned k) {
     uint32_t p = (uint32_t)1 << 31; /* x^0 */
     while (n) {
-        if (n & 1) p = multmodp(x2n_table[k & 31], p);
+        if (n & 1) p = multmodp(x2n_table[k], p);
         n >>= 1;
         k++;
     }
@@ -305,7 +309,7 @@ static uint32_t x2nmodp(uint64_t n, unsigned k) {
 static void x2n_init(void) {
     uint32_t p = (uint32_t)1 << 30; /* x^1 */
     x2n_table[0] = p;
-    for (int n = 1; n < 32; n++) x2n_table[n] = p = multmodp(p, p);
+    for (int n = 1; n < X2N_SIZE; n++) x2n_table[n] = p = multmodp(p, p);
 }
 
 /* The CRC32C of a message of `cover` bytes whose bytes [at, at + 8) change by `delta` (xor),
@@ -1344,25 +1348,39 @@ static int get_i64s(PyObject *o, Py_buffer *view, const char *what, Py_ssize_t *
 
 /* The frames at offsets `po` / lengths `pl` (n little-endian i64 each) lie inside `buf` of
  * `size` bytes and their prefixes' lengths fit their extents (frames the frame check passed;
- * their covered bytes end at `align64(24 + H) + P`); else ValueError naming the first one. */
-static int check_extents(const uint8_t *buf, uint64_t size, const uint8_t *po, const uint8_t *pl, Py_ssize_t n) {
+ * their covered bytes end at `align64(24 + H) + P`); else ValueError naming the first one and
+ * NULL.  Returns a new array of 3n values (PyMem_Free it): each frame's offset, length and
+ * covered length as checked, so that a loop run without the GIL reads those, not the
+ * caller's buffers (which another thread may change meanwhile), and stays inside `buf`. */
+static uint64_t *checked_extents(const uint8_t *buf, uint64_t size, const uint8_t *po, const uint8_t *pl,
+                                 Py_ssize_t n) {
+    uint64_t *ext = PyMem_Malloc(sizeof(uint64_t) * 3 * (size_t)(n ? n : 1));
+    if (!ext) {
+        PyErr_NoMemory();
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         uint64_t off = get_le64(po + 8 * i), len = get_le64(pl + 8 * i);
         if ((int64_t)off < 0 || (int64_t)len < 0 || off > size || len > size - off ||
             len < PREFIX_SIZE + HEADER_HEAD_SIZE + TRAILER_SIZE) {
             PyErr_Format(PyExc_ValueError, "frame %zd ([%lld, +%lld)) is not inside buf (%llu bytes)", i,
                          (long long)off, (long long)len, (unsigned long long)size);
-            return -1;
+            PyMem_Free(ext);
+            return NULL;
         }
         const uint8_t *f = buf + off;
         uint64_t hlen = get_le16(f + 6), plen = get_le64(f + 8);
         uint64_t pstart = align_up(PREFIX_SIZE + hlen);
         if (hlen < HEADER_HEAD_SIZE || plen > len || pstart + plen + TRAILER_SIZE > len) {
             PyErr_Format(PyExc_ValueError, "frame %zd: its lengths do not fit its extent (not a checked frame)", i);
-            return -1;
+            PyMem_Free(ext);
+            return NULL;
         }
+        ext[3 * i] = off;
+        ext[3 * i + 1] = len;
+        ext[3 * i + 2] = pstart + plen;
     }
-    return 0;
+    return ext;
 }
 
 /* The (offsets, lengths, dst) arguments of copy_ranges and pread_ranges: two int64 arrays of one
@@ -1431,6 +1449,7 @@ static PyObject *py_restamp_frames(PyObject *self, PyObject *const *args, Py_ssi
     if (parse_args("restamp_frames", args, nargs, kwnames, names, 4, 4, a) < 0) return NULL;
     Py_buffer vb = {0}, vo = {0}, vl = {0}, vg = {0};
     PyObject *crcs = NULL, *result = NULL;
+    uint64_t *ext = NULL;
     Py_ssize_t n = 0, nl = 0, ng = 0;
     if (get_contig(a[0], &vb, "buf", 1) < 0) goto done;
     if (get_i64s(a[1], &vo, "offsets", &n) < 0) goto done;
@@ -1443,7 +1462,7 @@ static PyObject *py_restamp_frames(PyObject *self, PyObject *const *args, Py_ssi
     const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf, *pg = (const uint8_t *)vg.buf;
     uint8_t *buf = (uint8_t *)vb.buf;
     uint64_t size = (uint64_t)vb.len, work = 0;
-    if (check_extents(buf, size, po, pl, n) < 0) goto done; /* nothing changes on an error */
+    if (!(ext = checked_extents(buf, size, po, pl, n))) goto done; /* nothing changes on an error */
     work = 64 * (uint64_t)n;
     if (!(crcs = PyBytes_FromStringAndSize(NULL, 4 * n))) goto done;
     {
@@ -1451,8 +1470,8 @@ static PyObject *py_restamp_frames(PyObject *self, PyObject *const *args, Py_ssi
         int nogil = work >= NOGIL_THRESHOLD;
         PyThreadState *ts = nogil ? PyEval_SaveThread() : NULL;
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint8_t *f = buf + get_le64(po + 8 * i);
-            uint64_t cover = align_up(PREFIX_SIZE + get_le16(f + 6)) + get_le64(f + 8);
+            uint8_t *f = buf + ext[3 * i];
+            uint64_t cover = ext[3 * i + 2];
             uint32_t crc = get_le32(f + cover);
             uint8_t delta[8], g[8];
             put_le64(g, get_le64(pg + 8 * i));
@@ -1471,6 +1490,7 @@ done:
     if (vo.obj) PyBuffer_Release(&vo);
     if (vl.obj) PyBuffer_Release(&vl);
     if (vg.obj) PyBuffer_Release(&vg);
+    PyMem_Free(ext);
     Py_XDECREF(crcs);
     return result;
 }
@@ -1489,6 +1509,7 @@ static PyObject *py_crc32c_frames(PyObject *self, PyObject *const *args, Py_ssiz
     if (parse_args("crc32c_frames", args, nargs, kwnames, names, 3, 4, a) < 0) return NULL;
     Py_buffer vb = {0}, vo = {0}, vl = {0};
     PyObject *result = NULL;
+    uint64_t *ext = NULL;
     Py_ssize_t n = 0, nl = 0;
     uint32_t crc = 0;
     if (a[3]) {
@@ -1508,13 +1529,12 @@ static PyObject *py_crc32c_frames(PyObject *self, PyObject *const *args, Py_ssiz
     const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf;
     const uint8_t *buf = (const uint8_t *)vb.buf;
     uint64_t size = (uint64_t)vb.len;
-    if (check_extents(buf, size, po, pl, n) < 0) goto done;
+    if (!(ext = checked_extents(buf, size, po, pl, n))) goto done;
     {
         PyThreadState *ts = n >= 4096 ? PyEval_SaveThread() : NULL;
         for (Py_ssize_t i = 0; i < n; i++) {
-            const uint8_t *f = buf + get_le64(po + 8 * i);
-            uint64_t len = get_le64(pl + 8 * i);
-            uint64_t cover = align_up(PREFIX_SIZE + get_le16(f + 6)) + get_le64(f + 8);
+            const uint8_t *f = buf + ext[3 * i];
+            uint64_t len = ext[3 * i + 1], cover = ext[3 * i + 2];
             uint32_t fcrc = crc_impl(get_le32(f + cover), f + cover, (size_t)(len - cover));
             crc = multmodp(x2nmodp(len, 3), crc) ^ fcrc;
         }
@@ -1525,6 +1545,7 @@ done:
     if (vb.obj) PyBuffer_Release(&vb);
     if (vo.obj) PyBuffer_Release(&vo);
     if (vl.obj) PyBuffer_Release(&vl);
+    PyMem_Free(ext);
     return result;
 }
 
