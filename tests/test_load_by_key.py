@@ -396,6 +396,22 @@ def test_a_pending_restore_whose_dump_was_deleted_can_still_be_cancelled(pending
     assert dst.recover_data_load(dump, cancel=True) is False
 
 
+def test_a_marker_an_earlier_version_left_with_a_relative_store_path_is_taken_off(source, tmp_path, monkeypatch):
+    """Earlier versions wrote ``{"store": path}`` with the path as the store was opened (maybe
+    relative): that store's recover_data_load still recognises it and removes the marker,
+    and the dump can be replaced again."""
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:3], "train")
+    monkeypatch.chdir(tmp_path)
+    marker = Path(str(dump) + ".restore")
+    with tqstore.open("dst", num_units=1) as dst:
+        marker.write_text(json.dumps({"store": "dst"}))
+        with pytest.raises(RestorePendingError, match="dst"):
+            src.dump_data_by_key(dump, keys[:2], "train")
+        assert dst.recover_data_load("dump") is False and not marker.exists()
+    assert src.dump_data_by_key(dump, keys[:2], "train")["keys"] == 2
+
+
 @pytest.mark.parametrize("cancel", [False, True])
 def test_recover_settles_a_pending_restore_after_reopen(pending, tmp_path, cancel):
     dst, dump, want, before, keys = pending

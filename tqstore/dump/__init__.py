@@ -99,9 +99,11 @@ class DumpMixin:
             RestorePendingError: the partition has an unresolved restore.
             In every case nothing was written (a restore that failed once its units started
             is cancelled before the error is raised; should the cancel fail too, the restore
-            stays pending and the error carries a note naming :meth:`recover_data_load`).  If
-            the process dies during the load, the restore stays pending:
-            :meth:`recover_data_load` settles it.
+            stays pending and the error says to call :meth:`recover_data_load`), except for an
+            error raised after the commit point (the controller's finish committed): then the
+            load is complete and is settled as such before the error is raised.  If the
+            process dies during the load, the restore stays pending: :meth:`recover_data_load`
+            settles it.
         """
         from . import restore
 

@@ -123,11 +123,15 @@ def mark(final: Path, store_root: PathLike) -> None:
 
 def unmark(final: Path, store_root: PathLike) -> None:
     """Take the store off ``<dir>.restore``; the marker goes with the last store it lists, and
-    stays while another store's load may still read the dump.  Called under the dump's lock."""
-    me = os.path.realpath(os.fspath(store_root))
+    stays while another store's load may still read the dump.  A store is recognised by its
+    real path, or by the path as given (an earlier version wrote it unresolved, possibly
+    relative).  Called under the dump's lock."""
+    root = os.fspath(store_root)
+    me = os.path.realpath(root)
     stores = marker_stores(final)
-    if me in stores or not stores:
-        _write_marker(final, stores - {me})
+    mine = {s for s in stores if s in (me, root) or os.path.realpath(s) == me}
+    if mine or not stores:
+        _write_marker(final, stores - mine)
 
 
 @contextlib.contextmanager
@@ -167,7 +171,7 @@ def locked_if_present(final: Path, *, shared_ok: bool = False):
     """:func:`locked` when :func:`present`; else a context yielding False that creates nothing
     (no lock file, no parent directory): reading or loading a path that holds no dump leaves
     nothing behind (a caller that gets False must not go on as if it held the lock: a dump
-    may be published there meanwhile).  For readers and loads; a dump takes :func:`locked`."""
+    may be published there meanwhile).  For loads; a dump takes :func:`locked`."""
     return locked(final, shared_ok=shared_ok) if present(final) else contextlib.nullcontext(False)
 
 

@@ -79,7 +79,7 @@ def open_dump(final: Path, *, path: Optional[PathLike] = None) -> DumpIndex:
         FormatVersionError, CorruptionError: a damaged, foreign or newer manifest or row index."""
     d = P.readable_dir(final)
     if d is None or not os.path.lexists(d / D.MANIFEST_NAME):
-        raise CheckpointNotFoundError(f"no tqstore dump at {os.fspath(path or final)} (no {D.MANIFEST_NAME})")
+        raise _not_found(final, path)
     m = D.decode_manifest(read_file(d, D.MANIFEST_NAME), path=str(d / D.MANIFEST_NAME))
     ri_entry = m["row_index"]
     raw = read_file(d, D.ROW_INDEX_NAME, size=ri_entry["size"])
@@ -105,11 +105,24 @@ def open_dump(final: Path, *, path: Optional[PathLike] = None) -> DumpIndex:
     return DumpIndex(d, m, ri)
 
 
+def _not_found(final: Path, path: Optional[PathLike]) -> CheckpointNotFoundError:
+    return CheckpointNotFoundError(f"no tqstore dump at {os.fspath(path or final)} (no {D.MANIFEST_NAME})")
+
+
+def _lock_for_reading(final: Path, path: PathLike):
+    """The path's exclusive lock for a reader (:func:`publish.locked`, ``shared_ok``);
+    CheckpointNotFoundError, creating nothing, when nothing of a dump is there (a dump
+    published after this check is not read without the lock)."""
+    if not P.present(final):
+        raise _not_found(final, path)
+    return P.locked(final, shared_ok=True)
+
+
 def read_index(path: PathLike) -> DumpIndex:
     """:func:`open_dump` under the path's exclusive lock, after :func:`publish.repair` (a
     reader that cannot take the lock reads without repairing)."""
     final = P.resolve(path)
-    with P.locked_if_present(final, shared_ok=True) as held:
+    with _lock_for_reading(final, path) as held:
         if held:
             P.repair(final)
         return open_dump(final, path=path)
@@ -207,7 +220,7 @@ def _check_frames(buf: bytearray, e: np.ndarray, t: D.ShardTable, base: int, pat
 # ---------------------------------------------------------------------------- describe, verify
 def _locked_read(path: PathLike):
     final = P.resolve(path)
-    return final, P.locked_if_present(final, shared_ok=True)
+    return final, _lock_for_reading(final, path)
 
 
 def describe_dump(path: PathLike) -> Dict[str, Any]:

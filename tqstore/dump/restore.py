@@ -164,9 +164,11 @@ def _abandon(store, info: RestoreInfo, d: Path, err: BaseException) -> None:
         elif now is not None:
             _cancel(store, now)
     except Exception:  # noqa: BLE001 - err is the one raised; this one is logged
-        log.exception("restore %s could not be cancelled or settled after %r", info.rid, err)
-        err.add_note(f"restore {info.rid} of partition {info.pid!r} stays pending: call "
-                     f"recover_data_load({str(d)!r}) to complete it, or with cancel=True to cancel it")
+        note = (f"restore {info.rid} of partition {info.pid!r} stays pending: call recover_data_load({str(d)!r}) "
+                f"to settle it (completed, or cancelled with cancel=True)")
+        log.exception("restore %s could not be cancelled or settled after %r; %s", info.rid, err, note)
+        if hasattr(err, "add_note"):  # (Python 3.11+)
+            err.add_note(note)
         return
     _unmark(d, store)
 
