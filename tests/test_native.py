@@ -68,7 +68,8 @@ def test_surface_and_layout_constants():
     assert F.IMPLEMENTATION == "native"
     assert P.IMPLEMENTATION == "pure"
     for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows",
-                 "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "crc32c_frames", "pread_ranges", "leaf_room",
+                 "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "crc32c_frames", "pread_ranges",
+                 "leaf_room",
                  "leaf_columns", "place_keys"):
         assert callable(getattr(F, name)) and callable(getattr(P, name))
     c = F._LAYOUT

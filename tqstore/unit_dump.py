@@ -7,8 +7,9 @@ them byte for byte, in segment order, with vectored writes straight from the map
 the new shard file, then the table, then the file is fsynced.  The shard's CRC32C is not
 computed by reading the file back: it is the header's CRC combined with each checked
 frame's (from its trailer CRC, which covers all of the frame but its trailer and padding:
-:func:`tqstore._native.crc32c_frames`) and the table's.  The asked frames' locations come from the unit's location cache when
-it holds them all and is exact for the snapshot's commit (:mod:`tqstore.unit_locs`), else
+:func:`tqstore._native.crc32c_frames`) and the table's.  The asked frames' locations come
+from the unit's location cache when it holds them all and is exact for the snapshot's
+commit (:mod:`tqstore.unit_locs`), else
 from the index: their keys built per field and fetched with one ``getmulti`` (what it gives
 is kept in the cache).  No frame is decoded or encoded again, and no payload leaves the
 unit: it answers a :class:`~tqstore.ports.ShardInfo`.

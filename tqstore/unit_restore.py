@@ -360,7 +360,8 @@ def _check_names(b8: np.ndarray, rel: np.ndarray, coded: Tuple[List[bytes], np.n
                 k = int(np.flatnonzero(~ok)[0])
                 got = (int(b8[r[k] + 32]), int(b8[r[k] + 33]))
                 raise CorruptionError(f"dump shard: frame of field {name.decode(errors='replace')!r} holds "
-                                      f"{describe_kind_dtype(got)}, the dump's row index declares {describe_kind_dtype(want)}",
+                                      f"{describe_kind_dtype(got)}, the dump's row index declares "
+                                      f"{describe_kind_dtype(want)}",
                                       path=path, offset=int(off[i[k]]))
 
 

@@ -133,7 +133,8 @@ def row_index_dict(ix: DumpIndex) -> Dict[str, Any]:
     ri = ix.rows
     return {"partition_id": ri.partition_id, "format_version": ix.manifest["version"], "num_units": ri.num_units,
             "rows": {k: {"tag": r["tag"], "fields": list(r["fields"]), "gidx": r["gidx"]} for k, r in ri.rows.items()},
-            "schemas": {f: {"kind": KIND_NAMES[k], "dtype": D.schema_dtype_name(dt)} for f, (k, dt) in ri.schemas.items()}}
+            "schemas": {f: {"kind": KIND_NAMES[k], "dtype": D.schema_dtype_name(dt)}
+                        for f, (k, dt) in ri.schemas.items()}}
 
 
 # ---------------------------------------------------------------------------- shards

@@ -29,8 +29,8 @@ until ``recover_data_load(dir)`` completes it (re-importing the units not comple
 from __future__ import annotations
 
 import contextlib
-import os
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -179,8 +179,8 @@ def load(store, dump_dir) -> Dict[str, Any]:
     d = dump_path(dump_dir)
     with dump_lock(d) as held:
         if not held:  # nothing of a dump at d when the call began (one published since is not read unlocked)
-            read_dump(d)  # (raises the CheckpointNotFoundError saying why)
-            raise CheckpointNotFoundError(f"no dump at {d} when the load began")
+            why = "it is not a directory" if os.path.lexists(d) else "nothing is there"
+            raise CheckpointNotFoundError(f"no dump at {d}: {why}")
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
