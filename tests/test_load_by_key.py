@@ -412,6 +412,31 @@ def test_a_marker_an_earlier_version_left_with_a_relative_store_path_is_taken_of
     assert src.dump_data_by_key(dump, keys[:2], "train")["keys"] == 2
 
 
+def test_a_complete_unit_whose_staged_frames_were_lost_stops_recover_before_the_commit(pending, tmp_path):
+    """A power loss took the tail of a unit's segment (its staged frames of the restore) after
+    the controller had recorded the unit complete: completing would commit rows without their
+    frames, so recover_data_load raises CorruptionError before the commit point (saying to
+    cancel), the restore stays pending, and cancelling leaves the store as before the load."""
+    dst, dump, _want, before, _keys = pending
+    (r,) = dst.controller.restores()
+    done = [u for u, st in enumerate(r.units) if st == "complete"]
+    assert done
+    unit_dir = Path(dst.units[done[0]].path)
+    dst.close()
+    seg = max(unit_dir.glob("seg-*"), key=lambda p: p.name)
+    with open(seg, "r+b") as f:  # the last staged frame's bytes gone, as an unsynced append after a power loss
+        f.truncate(seg.stat().st_size - 64)
+    dst = tqstore.open(tmp_path / "dst")
+    try:
+        with pytest.raises(CorruptionError, match="cancel=True"):
+            dst.recover_data_load(dump)
+        assert [x.state for x in dst.controller.restores()] == ["running"]
+        assert dst.recover_data_load(dump, cancel=True) is True
+        assert dst.controller.restores() == [] and state(dst) == before and dst.verify() == []
+    finally:
+        dst.close()
+
+
 @pytest.mark.parametrize("cancel", [False, True])
 def test_recover_settles_a_pending_restore_after_reopen(pending, tmp_path, cancel):
     dst, dump, want, before, keys = pending

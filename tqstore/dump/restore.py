@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from ..errors import CheckpointNotFoundError, TqstoreError
+from ..errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 from . import publish as P
 from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
 from .load import Dump, mapping_of, plan_imports, prefetch, read_dump
@@ -70,10 +70,14 @@ def _unmark(d: Path, store) -> None:
         log.warning("could not take %s off the restore marker of %s", store.root, d, exc_info=True)
 
 
-def _run_units(store, info: RestoreInfo, dump: Dump, todo: Sequence[int]) -> int:
+def _plans(store, info: RestoreInfo, dump: Dump) -> List[Any]:
+    """What each unit imports (:func:`~tqstore.dump.load.plan_imports`)."""
+    return plan_imports(dump, mapping_of(info, dump), store.num_units)
+
+
+def _run_units(store, info: RestoreInfo, plans: Sequence[Any], todo: Sequence[int]) -> int:
     """Claim, import and complete units ``todo`` in parallel; returns bytes read."""
     c: ControllerPort = store.controller
-    plans = plan_imports(dump, mapping_of(info, dump), store.num_units)
 
     def one(u: int) -> int:
         attempt = c.claim_restore(info.rid, u)
@@ -94,17 +98,19 @@ def _run_units(store, info: RestoreInfo, dump: Dump, todo: Sequence[int]) -> int
     return total
 
 
-def _each_unit(store, call) -> None:
+def _each_unit(store, call) -> List[Any]:
     """``call(unit)`` on every unit in parallel (the store's pool); every one finishes, then the
-    first error is raised."""
+    first error is raised.  Returns the results in unit order."""
     errors: List[BaseException] = []
+    out: List[Any] = []
     for f in [store._pool.submit(call, u) for u in store.units]:
         try:
-            f.result()
+            out.append(f.result())
         except BaseException as e:  # noqa: BLE001 - collected, the first one raised
             errors.append(e)
     if errors:
         raise errors[0]
+    return out
 
 
 def _settle(store, info: RestoreInfo, *, committed: bool) -> None:
@@ -120,12 +126,22 @@ def _cancel(store, info: RestoreInfo) -> None:
         _settle(store, info, committed=False)
 
 
-def _commit(store, info: RestoreInfo) -> None:
-    """Publish on every unit, then the controller's commit point, then settle."""
+def _commit(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
+    """Publish on every unit, check each published every frame its plan gives it, then the
+    controller's commit point, then settle.  A unit short of frames (its staged frames were
+    lost, say by a power loss after the controller recorded it complete) raises
+    CorruptionError before the commit point: the restore cannot complete, only be cancelled."""
     c: ControllerPort = store.controller
     with store._write_lock:
         try:
-            _each_unit(store, lambda u: u.publish_restore(info.tag))
+            got = _each_unit(store, lambda u: u.publish_restore(info.tag))
+            short = [u for u, (n, p) in enumerate(zip(got, plans)) if n != len(p)]
+            if short:
+                raise CorruptionError(
+                    f"restore {info.rid} from dump {str(d)!r}: units {short} hold "
+                    f"{[got[u] for u in short]} of their {[len(plans[u]) for u in short]} frames (lost since they "
+                    f"completed, as by a power loss); it cannot complete: cancel it with "
+                    f"recover_data_load({str(d)!r}, cancel=True)")
             c.finish_restore(info.rid)
         except BaseException:
             try:
@@ -209,8 +225,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
                 _unmark(d, store)
             raise
         try:
-            nbytes = _run_units(store, info, dump, range(store.num_units))
-            _commit(store, info)
+            plans = _plans(store, info, dump)
+            nbytes = _run_units(store, info, plans, range(store.num_units))
+            _commit(store, info, plans, d)
         except BaseException as err:
             _abandon(store, info, d, err)
             raise
@@ -239,10 +256,9 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
                 with store._write_lock:
                     store._settle_undo()  # (as a load does before it begins)
                 full = store.controller.restore(info.rid)
-                dump = read_dump(d)
-                todo = [u for u, s in enumerate(full.units) if s != "complete"]
-                _run_units(store, full, dump, todo)
-                _commit(store, full)
+                plans = _plans(store, full, read_dump(d))
+                _run_units(store, full, plans, [u for u, s in enumerate(full.units) if s != "complete"])
+                _commit(store, full, plans, d)
             else:
                 if cancel:
                     log.warning("restore %s from %s was committed before the crash: completing it instead of "
