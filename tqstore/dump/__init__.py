@@ -123,7 +123,9 @@ class DumpMixin:
 
         Raises:
             CorruptionError, FormatVersionError, CheckpointNotFoundError: completing needs the
-                dump and it does not check (the restore stays pending; cancel it instead).
+                dump and it does not check, or a unit lost frames it had imported (say, to a
+                power loss in the default durability); the restore stays pending: cancel it.
+            InvalidInputError: ``dump_dir`` is not a path.
         """
         from . import restore
 
