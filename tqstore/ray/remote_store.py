@@ -274,7 +274,11 @@ def connect(name: str = "default", path: Optional[str] = None, options: Optional
                 info = answer(host.open.remote(None if path is None else str(path), options, sampler,
                                                None if nodes is None else list(nodes)), _part_name(name))
             except BaseException:
-                ray.kill(host)
+                ray.kill(host)  # asynchronous: wait for the name to be free, as close() does, so that an
+                # init of the same name right after starts a new store rather than find this dying one
+                if not _poll(lambda: find_store_host(name) is None, CLOSE_WAIT_S):
+                    log.warning("%s: its actor still holds its name %.0f s after a failed open", _part_name(name),
+                                CLOSE_WAIT_S)
                 raise
             log.info("started Ray store %r at %s (%d units) on node %s", name, info.root, info.num_units, info.node)
             return RemoteStore(host, name, info, owner=True)
