@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import operator
 
+import numpy as np
+
 
 def _uint(v, bits: int, what: str) -> int:
     """``operator.index(v)`` checked to fit an unsigned field of ``bits`` bits."""
@@ -23,3 +25,11 @@ def _contig(o, what: str, writable: bool = False) -> memoryview:
     if not mv.nbytes:
         return memoryview(bytearray())
     return mv.cast("B") if mv.ndim != 1 or mv.format != "B" else mv
+
+
+def _i64s(o, what: str) -> list:
+    """The little-endian i64 values of the buffer ``o`` (ValueError: not a whole number of them)."""
+    mv = _contig(o, what)
+    if mv.nbytes % 8:
+        raise ValueError(f"{what} must hold 8-byte integers")
+    return np.frombuffer(mv, "<i8").tolist() if mv.nbytes else []
