@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 import numpy as np
 
 from ._format import controller_records as R
-from ._format.columns import KIND_NAMES
+from ._format.columns import KIND_NAMES, describe_kind_dtype
 from ._format.dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from ._format.names import check_key, check_name
 from ._format.records import RecordError
@@ -52,13 +52,9 @@ RESTORE_CALLS = ("begin_restore", "claim_restore", "complete_restore", "finish_r
                  "forget_restore", "restores", "restore")
 
 
-def _dtype_name(code: int) -> str:
-    return "rows of several dtypes" if code == SCHEMA_MIXED else DTYPE_NAMES[code]
-
-
 def _schema_clash(pid: str, f: str, have: Tuple[int, int], want: Tuple[int, int], what: str) -> SchemaError:
-    return SchemaError(f"field {f!r} of partition {pid!r} holds {KIND_NAMES[have[0]]} {_dtype_name(have[1])}, "
-                       f"{what} {KIND_NAMES[want[0]]} {_dtype_name(want[1])}")
+    return SchemaError(f"field {f!r} of partition {pid!r} holds {describe_kind_dtype(have)}, "
+                       f"{what} {describe_kind_dtype(want)}")
 
 
 def _merged(have: Optional[Tuple[int, int]], want: Tuple[int, int], strict: bool) -> Optional[Tuple[int, int]]:
@@ -254,8 +250,8 @@ class RestoreHost:
                 raise InvalidInputError(f"field {f!r}: unknown kind or dtype code {want}")
             have = p.schema.get(f) if p else None
             if strict_dtypes and want[1] == SCHEMA_MIXED and have != want:
-                raise SchemaError(f"field {f!r} of the dump of partition {pid!r} holds {KIND_NAMES[want[0]]} rows of "
-                                  f"several dtypes; this store has strict_schema=True (one dtype per field)")
+                raise SchemaError(f"field {f!r} of the dump of partition {pid!r} holds {describe_kind_dtype(want)}; "
+                                  f"this store has strict_schema=True (one dtype per field)")
             merged = _merged(have, want, strict_dtypes)
             if merged is None:
                 raise _schema_clash(pid, f, have, want, "the dump holds")

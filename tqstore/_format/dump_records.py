@@ -45,12 +45,12 @@ _KIND_CODES = {v: k for k, v in KIND_NAMES.items()}
 #: field whose rows hold several dtypes: each frame's is in its header)
 _SCHEMA_DTYPE_NAMES = {**DTYPE_NAMES, SCHEMA_MIXED: "mixed"}
 _DTYPE_CODES = {v: k for k, v in _SCHEMA_DTYPE_NAMES.items()}
+assert SHARD_HEADER.size == SHARD_HEADER_SIZE and ENTRY_DTYPE.itemsize == 32
 
 
 def schema_dtype_name(code: int) -> str:
     """The name ``rows.json`` gives a schema's dtype code (a frame dtype's name, or "mixed")."""
     return _SCHEMA_DTYPE_NAMES[code]
-assert SHARD_HEADER.size == SHARD_HEADER_SIZE and ENTRY_DTYPE.itemsize == 32
 
 
 def shard_name(unit: int) -> str:

@@ -301,6 +301,7 @@ def check_store_location(root: PathLike) -> None:
 
     Raises:
         ConfigError: naming the store path and the directory it would be inside.
+        InvalidInputError: ``root`` is not a path (:func:`real_path`).
     """
     real = real_path(root)
     owner = enclosing_owner(real)
