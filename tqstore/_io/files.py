@@ -415,11 +415,20 @@ def same_filesystem(a: PathLike, b: PathLike) -> bool:
     return os.stat(a).st_dev == os.stat(b).st_dev
 
 
+#: Files :func:`fsync_tree` leaves alone: an LMDB environment's lock file holds no data (LMDB
+#: sets it up again whenever no process has the environment open), and it appears when the
+#: environment is opened, perhaps by another thread during the walk: syncing it would only make
+#: the walk's I/O depend on that timing.
+UNSYNCED_NAMES = frozenset({"lock.mdb"})
+
+
 def fsync_tree(root: PathLike) -> None:
-    """fsync every file and directory under ``root`` (directories after their contents)."""
+    """fsync every file and directory under ``root`` (directories after their contents),
+    except the LMDB lock files of :data:`UNSYNCED_NAMES`."""
     for dirpath, dirnames, filenames in os.walk(root, topdown=False):
         for name in filenames:
-            fsync_file(os.path.join(dirpath, name))
+            if name not in UNSYNCED_NAMES:
+                fsync_file(os.path.join(dirpath, name))
         fsync_dir(dirpath)
 
 
