@@ -412,6 +412,47 @@ def test_a_marker_an_earlier_version_left_with_a_relative_store_path_is_taken_of
     assert src.dump_data_by_key(dump, keys[:2], "train")["keys"] == 2
 
 
+@pytest.mark.parametrize("damage", ["not json", "not a marker", "too big", "unreadable"])
+def test_a_marker_that_cannot_be_read_is_neither_rewritten_nor_removed(source, tmp_path, monkeypatch, damage):
+    """A restore marker that cannot be read may list other stores' pending loads: a load
+    refuses before it writes anything (CheckpointError), a recover with nothing pending leaves
+    the marker, and a dump into the directory is refused with a message saying so."""
+    from tqstore._io import files
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:3], "train")
+    marker = Path(str(dump) + ".restore")
+    body = {"not json": b"{\"stores\": [", "not a marker": b'{"stores": [1, 2]}\n',
+            "too big": b" " * ((1 << 20) + 1), "unreadable": b'{"stores": ["/elsewhere/store"]}\n'}[damage]
+    marker.write_bytes(body)
+    if damage == "unreadable":
+        real = files.read_regular
+
+        def eio(path, **kw):
+            if Path(path) == marker:
+                raise OSError(5, "Input/output error", str(path))
+            return real(path, **kw)
+        monkeypatch.setattr(files, "read_regular", eio)
+    with tqstore.open(tmp_path / "dst", num_units=2) as dst:
+        before = state(dst)
+        with pytest.raises(tqstore.CheckpointError, match="cannot be read") as e:
+            dst.load_data_by_key(dump)
+        assert str(marker) in str(e.value) and "recover_data_load" in str(e.value)
+        assert state(dst) == before and dst.controller.restores() == []
+        assert dst.recover_data_load(dump) is False
+        assert marker.read_bytes() == body
+    with pytest.raises(RestorePendingError, match="cannot be read"):
+        src.dump_data_by_key(dump, keys[:2], "train")
+    assert marker.read_bytes() == body and sorted(read_row_index_keys(dump)) == sorted(keys[:3])
+    monkeypatch.undo()
+    marker.unlink()  # removed by hand, as the message says: the dump is usable again
+    with tqstore.open(tmp_path / "dst") as dst:
+        assert dst.load_data_by_key(dump)["keys"] == 3 and not marker.exists()
+
+
+def read_row_index_keys(dump):
+    return list(tqstore.read_row_index(dump)["rows"])
+
+
 def test_a_complete_unit_whose_staged_frames_were_lost_stops_recover_before_the_commit(pending, tmp_path):
     """A power loss took the tail of a unit's segment (its staged frames of the restore) after
     the controller had recorded the unit complete: completing would commit rows without their

@@ -97,6 +97,8 @@ class DumpMixin:
             CorruptionError: a missing, truncated or damaged file (names file and offset).
             SchemaError: a field's kind or dtype clashes with the live partition's.
             RestorePendingError: the partition has an unresolved restore.
+            CheckpointError: the dump's restore marker ``<dir>.restore`` is there but cannot
+                be read (it may list other stores' pending loads: it is left as it is).
             In every case nothing was written (a restore that failed once its units started
             is cancelled before the error is raised; should the cancel fail too, the restore
             stays pending and the error says to call :meth:`recover_data_load`), except for an

@@ -76,8 +76,11 @@ def refuse_if_restoring(final: Path) -> None:
     """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists)."""
     m = sibling(final, ".restore")
     if os.path.lexists(m):
-        stores = sorted(marker_stores(final))
-        who = f" by the store(s) {', '.join(stores)}" if stores else ""
+        listed = read_marker(final)
+        stores = sorted(listed or ())
+        who = f" by the store(s) {', '.join(stores)}" if stores else \
+            " (the marker cannot be read: it names no store; remove it by hand once no store's load of the dump " \
+            "is pending)" if listed is None else ""
         raise RestorePendingError(f"a load of dump {final}{who} is unresolved ({m} exists): it may still read the "
                                   f"dump, so it is not replaced; call recover_data_load({str(final)!r}) (or with "
                                   f"cancel=True) on {'each of those stores' if len(stores) > 1 else 'that store'} "
@@ -85,25 +88,41 @@ def refuse_if_restoring(final: Path) -> None:
 
 
 # ---------------------------------------------------------------------------- the restore marker
-def marker_stores(final: Path) -> Set[str]:
+#: the largest restore marker read (a real one lists a few store paths)
+MARKER_MAX_BYTES = 1 << 20
+
+
+def read_marker(final: Path) -> Optional[Set[str]]:
     """The stores ``<dir>.restore`` lists (each a store's real path): those whose load of the
-    dump may still read it.  Empty when there is no marker; one that cannot be read lists
-    none (it is written atomically: only a hand-edited one is unreadable).  Both forms are
-    read: ``{"stores": [path, ...]}`` and the one-store ``{"store": path}`` of earlier versions."""
+    dump may still read it.  Empty when there is no marker; None when there is one that
+    cannot be read as a marker (an I/O error, more than :data:`MARKER_MAX_BYTES`, not a
+    marker's JSON: it is written atomically, so only a failing disk or a hand edit does
+    that), logged: its list is unknown, so it must be neither rewritten nor removed.  Both
+    forms are read: ``{"stores": [path, ...]}`` and the one-store ``{"store": path}`` of
+    earlier versions."""
     m = sibling(final, ".restore")
     try:
-        raw = files.read_regular(m, max_bytes=1 << 20)
+        raw = files.read_regular(m, max_bytes=MARKER_MAX_BYTES)
+        if raw is None and not os.path.lexists(m):
+            return set()
         doc = json.loads(bytes(raw)) if raw is not None else None
-    except (OSError, ValueError, files.NotRegularFile):
-        log.warning("restore marker %s cannot be read; taken as listing no store", m)
+    except FileNotFoundError:
         return set()
-    if isinstance(doc, dict) and isinstance(doc.get("stores"), list):
-        return {x for x in doc["stores"] if isinstance(x, str)}
+    except (OSError, ValueError, files.NotRegularFile) as e:
+        log.warning("restore marker %s cannot be read (%s)", m, e)
+        return None
+    if isinstance(doc, dict) and isinstance(doc.get("stores"), list) and \
+            all(isinstance(x, str) for x in doc["stores"]):
+        return set(doc["stores"])
     if isinstance(doc, dict) and isinstance(doc.get("store"), str):
         return {doc["store"]}
-    if doc is not None:
-        log.warning("restore marker %s is not a marker; taken as listing no store", m)
-    return set()
+    log.warning("restore marker %s is not a marker (or holds more than %d bytes)", m, MARKER_MAX_BYTES)
+    return None
+
+
+def marker_stores(final: Path) -> Set[str]:
+    """:func:`read_marker`, with an unreadable marker listing no store (for messages)."""
+    return read_marker(final) or set()
 
 
 def _write_marker(final: Path, stores: Set[str]) -> None:
@@ -117,18 +136,32 @@ def _write_marker(final: Path, stores: Set[str]) -> None:
 
 def mark(final: Path, store_root: PathLike) -> None:
     """Add the store to ``<dir>.restore`` (created if missing; atomic, durable).  Called under
-    the dump's lock."""
-    _write_marker(final, marker_stores(final) | {os.path.realpath(os.fspath(store_root))})
+    the dump's lock.  Raises CheckpointError, writing nothing, when a marker is there that
+    cannot be read (:func:`read_marker`): rewriting it could drop another store's pending
+    load from it."""
+    stores = read_marker(final)
+    if stores is None:
+        m = sibling(final, ".restore")
+        raise CheckpointError(f"the restore marker {m} of dump {final} cannot be read as one (see the log): it may "
+                              f"list other stores whose loads of the dump are unresolved, so it is neither rewritten "
+                              f"nor removed; check it, and remove it only when no store has a pending restore of "
+                              f"that dump (recover_data_load settles one)")
+    _write_marker(final, stores | {os.path.realpath(os.fspath(store_root))})
 
 
 def unmark(final: Path, store_root: PathLike) -> None:
     """Take the store off ``<dir>.restore``; the marker goes with the last store it lists, and
     stays while another store's load may still read the dump.  A store is recognised by its
     real path, or by the path as given (an earlier version wrote it unresolved, possibly
-    relative).  Called under the dump's lock."""
+    relative).  A marker that cannot be read (:func:`read_marker`) is left as it is (logged):
+    it may list other stores.  Called under the dump's lock."""
     root = os.fspath(store_root)
     me = os.path.realpath(root)
-    stores = marker_stores(final)
+    stores = read_marker(final)
+    if stores is None:
+        log.warning("restore marker %s left in place: it cannot be read, and may list other stores than %s",
+                    sibling(final, ".restore"), me)
+        return
     mine = {s for s in stores if s in (me, root) or os.path.realpath(s) == me}
     if mine or not stores:
         _write_marker(final, stores - mine)
@@ -228,6 +261,7 @@ def readable_dir(final: Path) -> Optional[Path]:
     return old if os.path.lexists(old) else None
 
 
-__all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "marker_stores", "mark",
+__all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "read_marker",
+           "marker_stores", "mark",
            "unmark", "present", "locked", "locked_if_present", "repair",
            "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]
