@@ -45,3 +45,30 @@ def test_matrix_catches_planted_bug(matrix, bug):
     with patch():
         results = matrix.run_scenario(sc, seeds=(0, 2, 3), kill=False, max_points=0)
     assert sum(len(r.violations) for r in results) > 0, f"planted bug {bug!r} went unnoticed"
+
+
+def test_a_kill_point_the_operation_no_longer_reaches_is_a_violation_naming_both_counts(tmp_path):
+    """An operation whose I/O differs from the recording run (here: two fsyncs the first time,
+    one after) leaves a kill point unreached: the matrix reports it, with the count of this
+    run and of the recording, instead of passing a point it never crashed."""
+    from crash.harness import Scenario
+    from tqstore._io import files
+
+    counter = tmp_path / "ran-before"
+
+    def setup(base):
+        (base / "f").write_bytes(b"x")
+        return {}
+
+    def op(base, ctx):
+        for _ in range(1 if counter.exists() else 2):
+            files.fsync_file(base / "f")
+        counter.touch()
+
+    sc = Scenario("varying_io", setup, op, observe=lambda base, ctx: None, check=lambda base, ctx, out: [],
+                  power=False)
+    with Matrix(tmp_path / "work") as m:
+        results = m.run_scenario(sc)
+    bad = [(r.label, v) for r in results for v in r.violations]
+    assert len(bad) == 1 and "fsync_file" in bad[0][0], bad
+    assert "not reached: this run had 1 fsync_file event(s), the recording 2" in bad[0][1]

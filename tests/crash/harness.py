@@ -190,13 +190,16 @@ class Matrix:
     def run_kill(self, prep: Prepared, name: str, n: int) -> PointResult:
         sc, t0 = prep.scenario, time.monotonic()
         run = self._reset(sc)
-        res = run_forked(lambda: sc.op(run, prep.ctx), failpoints=[(name, "kill", n)], timeout_s=self.timeout_s)
+        res = run_forked(lambda: sc.op(run, prep.ctx), failpoints=[(name, "kill", n)], count=True,
+                         timeout_s=self.timeout_s)
         out = Outcome("kill", (name, n), None, acked=res.ok, after=prep.after)
         v: List[str] = []
         if res.timed_out:
             v.append("operation hung")
         elif res.ok:
-            v.append("kill point not reached (the operation's I/O is not deterministic)")
+            had = ((res.value or {}).get("counts") or {}).get(name, 0)
+            v.append(f"kill point not reached: this run had {had} {name} event(s), the recording "
+                     f"{prep.counts.get(name, 0)} (the operation's I/O is not deterministic)")
         elif not res.killed:
             v.append(f"operation failed instead of being killed: {res.error}")
         v += self._check(sc, run, prep.ctx, out)
