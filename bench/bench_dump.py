@@ -104,7 +104,8 @@ def measure_load(store_path: Path, dump_dir: Path, units: int) -> Optional[float
         t0 = time.perf_counter()
         rep = s.load_data_by_key(dump_dir)
         dt = time.perf_counter() - t0
-        log(f"  load: {rep['keys']} keys, {rep['frames']} frames, {rep['bytes'] / GiB:.3f} GiB in {dt:.3f} s")
+        log(f"  load: {rep['keys']} keys, {rep['frames']} frames, {rep['bytes'] / GiB:.3f} GiB in {dt:.3f} s ("
+            + ", ".join(f"{k} {v:.3f}" for k, v in rep["phases_s"].items()) + ")")
     shutil.rmtree(store_path)
     return dt
 

@@ -55,6 +55,9 @@ def test_load_brings_back_exactly_the_dumped_keys_with_every_field_kind(source, 
     with tqstore.open(tmp_path / "dst", num_units=3) as dst:
         rep = dst.load_data_by_key(dump)
         assert rep["keys"] == rep["new_keys"] == len(picked) and rep["rows_with_data"] == len(picked) - 1
+        phases = rep["phases_s"]  # where the time went, step by step, adding up to the whole
+        assert list(phases) == ["check_s", "begin_s", "import_s", "commit_s"] and min(phases.values()) >= 0
+        assert sum(phases.values()) == pytest.approx(rep["seconds"], abs=1e-3)
         assert set(dst.kv_list()) == {"train"} and list(dst.kv_list()["train"]) == picked
         assert rows_of(dst, "train", picked) == want
         assert dst.controller.restores() == [] and dst.verify() == []

@@ -89,7 +89,9 @@ class DumpMixin:
         Returns:
             a report: ``keys``, ``new_keys``, ``existing_keys``, ``rows_with_data``,
             ``frames``, ``bytes`` (read and verified), ``partition_id``, ``restore_id``,
-            ``seconds``.
+            ``seconds``, and ``phases_s``: the seconds of its steps (``check_s``: the
+            checks of the dump; ``begin_s``: the controller's begin; ``import_s``: the units'
+            reads, checks and appends; ``commit_s``: publish, finish, settle).
 
         Raises:
             CheckpointNotFoundError: no dump at ``dump_dir`` (a FileNotFoundError).

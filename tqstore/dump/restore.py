@@ -159,12 +159,16 @@ def _commit(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
             log.exception("restore %s committed; settling its units failed (settled on the next open)", info.rid)
 
 
-def _report(info: RestoreInfo, dump: Dump, nbytes: int, t0: float, new_keys: int) -> Dict[str, Any]:
+def _report(info: RestoreInfo, dump: Dump, nbytes: int, marks: Sequence[float], new_keys: int) -> Dict[str, Any]:
+    """The load's report; ``marks``: perf_counter at its start, after the checks of the dump,
+    after the begin, after the units' imports and at its end."""
     n = len(dump.rows)
+    spans = [b - a for a, b in zip(marks[:-1], marks[1:])]
     return {"keys": n, "new_keys": new_keys, "existing_keys": n - new_keys,
             "rows_with_data": sum(map(bool, dump.rows.fields)), "frames": dump.frames,
             "bytes": nbytes, "partition_id": dump.partition_id, "restore_id": info.rid,
-            "seconds": time.perf_counter() - t0}
+            "seconds": marks[-1] - marks[0], "phases_s": dict(zip(("check_s", "begin_s", "import_s", "commit_s"),
+                                                                 spans))}
 
 
 def _abandon(store, info: RestoreInfo, d: Path, err: BaseException) -> None:
@@ -212,6 +216,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
             raise
         threading.Thread(target=prefetch, args=(d,), daemon=True, name="tqstore-prefetch").start()
         marked.result()
+        marks = [t0, time.perf_counter()]
         try:
             with store._write_lock:
                 store._check_open()
@@ -224,18 +229,21 @@ def load(store, dump_dir) -> Dict[str, Any]:
             if not any(r.dump == str(d) for r in store.controller.restores()):
                 _unmark(d, store)
             raise
+        marks.append(time.perf_counter())
         try:
             plans = _plans(store, info, dump)
             nbytes = _run_units(store, info, plans, range(store.num_units))
+            marks.append(time.perf_counter())
             _commit(store, info, plans, d)
         except BaseException as err:
             _abandon(store, info, d, err)
             raise
         _unmark(d, store)
+    marks.append(time.perf_counter())
     new = info.new_keys
-    log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes", len(dump.rows), new,
-             dump.partition_id, d, nbytes)
-    return _report(info, dump, nbytes, t0, new)
+    log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes in %.3f s", len(dump.rows), new,
+             dump.partition_id, d, nbytes, marks[-1] - t0)
+    return _report(info, dump, nbytes, marks, new)
 
 
 def recover(store, dump_dir, *, cancel: bool = False) -> bool:
