@@ -1,7 +1,8 @@
 """A store over actors on a Ray cluster of three nodes (``ray.cluster_utils.Cluster``: each
 node its own raylet and resources on this machine): RayParts spreads the parts over the
 nodes, each part's actor runs where it was placed, and the store works across them (puts,
-gets, a checkpoint written by the units on their nodes, a load onto another unit count).
+gets, a checkpoint written by the units on their nodes, a load onto another unit count, a
+dump by key loaded onto parts on other nodes).
 Skipped when ray is not installed."""
 from __future__ import annotations
 
@@ -52,6 +53,32 @@ def test_parts_spread_over_the_nodes_and_the_store_works_across_them(tmp_path, c
         assert t.load_checkpoint(tmp_path / "ck").mode == "reshard"
         assert {ray.get(p._host.where.remote())[0] for p in [t.controller, *t.units]} <= set(only)  # the new parts too
         assert {f: canon(v) for f, v in t.kv_batch_get(keys, "train").items()} == want
+
+
+def test_a_dump_by_key_written_by_units_on_their_nodes_loads_onto_parts_elsewhere(tmp_path, cluster):
+    """Each owning unit writes its shard of the dump from the node it runs on; the dump loads
+    into a running store whose parts run on other nodes (another unit count), where its rows
+    join the bystanders, and back into the first store as an overwrite of the same keys."""
+    nodes = _nodes()
+    with tqstore.open(tmp_path / "s", num_units=3, parts=RayParts(), result_type="dict") as s:
+        keys = fill(s, "train", 18)
+        chosen = keys[2:14:2]
+        rep = s.dump_data_by_key(tmp_path / "dump", chosen, "train")
+        assert rep["keys"] == len(chosen) and rep["shards"] == 3  # every unit owns some of them
+        want = {f: canon(v) for f, v in s.kv_batch_get(chosen, "train").items()}
+        index = tqstore.read_row_index(tmp_path / "dump")
+        assert list(index["rows"]) == chosen
+    with tqstore.open(tmp_path / "t", num_units=2, parts=RayParts(nodes=nodes[1:]), result_type="dict") as t:
+        fill(t, "train", 3, start=100, seed=7)  # bystanders
+        bystanders = {f: canon(v) for f, v in t.kv_batch_get(["k100", "k101", "k102"], "train").items()}
+        got = t.load_data_by_key(tmp_path / "dump")
+        assert got["keys"] == got["new_keys"] == len(chosen) and t.controller.restores() == []
+        assert {f: canon(v) for f, v in t.kv_batch_get(chosen, "train").items()} == want
+        assert {f: canon(v) for f, v in t.kv_batch_get(["k100", "k101", "k102"], "train").items()} == bystanders
+        assert {ray.get(p._host.where.remote())[0] for p in [t.controller, *t.units]} <= set(nodes[1:])
+    with tqstore.open(tmp_path / "s", parts=RayParts(), result_type="dict") as s:
+        assert s.load_data_by_key(tmp_path / "dump")["existing_keys"] == len(chosen)
+        assert {f: canon(v) for f, v in s.kv_batch_get(chosen, "train").items()} == want
 
 
 def _attach_and_put(name, node_rows):
