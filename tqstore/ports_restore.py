@@ -34,12 +34,19 @@ class RestoreInfo:
 
     def pending_error(self, refused: str) -> Any:
         """The :class:`~tqstore.errors.RestorePendingError` for a call this restore blocks:
-        which units are pending, running (claimed) or complete, and what to call."""
+        which units are pending, running (claimed) or complete, and what to call (a decided
+        restore, committed or cancelled, whose units are not all settled: that it is decided,
+        and that recover_data_load settles it)."""
         from .errors import RestorePendingError
 
+        if self.state != "running":  # decided; its units' bookkeeping is left to settle
+            done = "its rows are in place" if self.state == "committed" else "the store is as before the load"
+            return RestorePendingError(
+                f"{refused} refused: partition {self.pid!r} has a restore {self.rid} from dump {self.dump!r} that "
+                f"is {self.state} ({done}) but whose units are not all settled; call "
+                f"recover_data_load({self.dump!r}) to settle it (reopening the store does too)")
         by = {s: [u for u, x in enumerate(self.units) if x == s] for s in ("pending", "claimed", "complete")}
-        what = ("units pending %s, running %s, complete %s" % (by["pending"], by["claimed"], by["complete"])
-                if self.state == "running" else f"{self.state}, units settling")
+        what = "units pending %s, running %s, complete %s" % (by["pending"], by["claimed"], by["complete"])
         return RestorePendingError(
             f"{refused} refused: partition {self.pid!r} has an unresolved restore {self.rid} from dump "
             f"{self.dump!r} ({what}); call recover_data_load({self.dump!r}) to complete it, or "

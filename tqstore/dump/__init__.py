@@ -99,15 +99,19 @@ class DumpMixin:
             CorruptionError: a missing, truncated or damaged file (names file and offset).
             SchemaError: a field's kind or dtype clashes with the live partition's.
             RestorePendingError: the partition has an unresolved restore.
-            CheckpointError: the dump's restore marker ``<dir>.restore`` is there but cannot
-                be read (it may list other stores' pending loads: it is left as it is).
+            CheckpointError: the dump's restore marker ``<dir>.restore`` cannot be written,
+                or is there but cannot be read (it may list other stores' pending loads: it
+                is left as it is).
             In every case nothing was written (a restore that failed once its units started
             is cancelled before the error is raised; should the cancel fail too, the restore
             stays pending and the error says to call :meth:`recover_data_load`), except for an
             error raised after the commit point (the controller's finish committed): then the
             load is complete and is settled as such before the error is raised.  If the
             process dies during the load, the restore stays pending: :meth:`recover_data_load`
-            settles it.
+            settles it.  Should settling the units fail after the commit point, the load
+            still returns (it is complete; the failure is logged) and the restore stays
+            recorded as committed: the calls it blocks raise RestorePendingError until
+            :meth:`recover_data_load` or the next open settles it.
         """
         from . import restore
 

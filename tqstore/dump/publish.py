@@ -128,7 +128,12 @@ def marker_stores(final: Path) -> Set[str]:
 def _write_marker(final: Path, stores: Set[str]) -> None:
     m = sibling(final, ".restore")
     if stores:
-        files.write_file_atomic(m, json.dumps({"stores": sorted(stores)}).encode() + b"\n")
+        try:
+            files.write_file_atomic(m, json.dumps({"stores": sorted(stores)}).encode() + b"\n")
+        except BaseException:
+            with contextlib.suppress(OSError):  # (its temporary file; the marker is the old or the new one)
+                files.unlink(m.with_name(m.name + ".tmp"))
+            raise
     else:
         files.unlink(m)  # (not fsynced: a marker a crash brings back lists a store with no
         # restore of the dump, which recover_data_load takes off)
@@ -138,15 +143,20 @@ def mark(final: Path, store_root: PathLike) -> None:
     """Add the store to ``<dir>.restore`` (created if missing; atomic, durable).  Called under
     the dump's lock.  Raises CheckpointError, writing nothing, when a marker is there that
     cannot be read (:func:`read_marker`): rewriting it could drop another store's pending
-    load from it."""
+    load from it; CheckpointError too when the marker cannot be written (the marker is then
+    the old one or the new one)."""
     stores = read_marker(final)
+    m = sibling(final, ".restore")
     if stores is None:
-        m = sibling(final, ".restore")
         raise CheckpointError(f"the restore marker {m} of dump {final} cannot be read as one (see the log): it may "
                               f"list other stores whose loads of the dump are unresolved, so it is neither rewritten "
                               f"nor removed; check it, and remove it only when no store has a pending restore of "
                               f"that dump (recover_data_load settles one)")
-    _write_marker(final, stores | {os.path.realpath(os.fspath(store_root))})
+    try:
+        _write_marker(final, stores | {os.path.realpath(os.fspath(store_root))})
+    except OSError as e:
+        raise CheckpointError(f"writing the restore marker {m} of dump {final} failed: {e}; nothing was "
+                              f"loaded") from e
 
 
 def unmark(final: Path, store_root: PathLike) -> None:

@@ -215,7 +215,11 @@ def load(store, dump_dir) -> Dict[str, Any]:
             _unmark(d, store)
             raise
         threading.Thread(target=prefetch, args=(d,), daemon=True, name="tqstore-prefetch").start()
-        marked.result()
+        try:
+            marked.result()
+        except BaseException:
+            _unmark(d, store)  # (a marker written before its fsync failed lists the store)
+            raise
         marks = [t0, time.perf_counter()]
         try:
             with store._write_lock:
