@@ -7,7 +7,10 @@ turn (each occurrence of each failpoint of the I/O layer, until the call gets th
 * a load raises a clear ``TqstoreError``; the store is exactly as it was (the restore
   cancelled, nothing pending, nothing of the dump visible) and writable; the dump intact; the
   load that gets through gives the same store as a load that never failed, also after a
-  reopen.
+  reopen;
+* a ``recover_data_load`` of a pending restore (completing or cancelling) raises a clear error
+  and leaves the restore pending or settled, never half-applied; the one that gets through
+  settles it.
 
 (Kills and power losses at the same steps are the crash matrix's: ``make crash-test``.)
 """
@@ -37,8 +40,8 @@ def _clean_failpoints():
     fp.disarm()
 
 
-def _store(path: Path, num_units=2) -> Store:
-    return Store(path, num_units=num_units, segment_bytes=SEG, max_workers=2)
+def _store(path: Path, num_units=2, durability: str = "checkpoint") -> Store:
+    return Store(path, num_units=num_units, durability=durability, segment_bytes=SEG, max_workers=2)
 
 
 def _fill(s: Store, prefix: str, n: int, salt: int) -> None:
@@ -69,8 +72,14 @@ def _names_the_fault(e: BaseException, action: str) -> bool:
     return "injected" in msg or os.strerror(errno.EIO if action == "eio" else errno.ENOSPC) in msg
 
 
-@pytest.mark.parametrize("action", ["eio", "enospc"])
-def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(tmp_path, action):
+def _dump(s: Store, path: Path, keys, *, blocking: bool):
+    """A dump; in the background, the caller waits for its handle (where its error is raised)."""
+    out = s.dump_data_by_key(path, keys, "p", blocking=blocking)
+    return out if blocking else out.result()
+
+
+@pytest.mark.parametrize("action,blocking", [("eio", True), ("enospc", True), ("eio", False)])
+def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(tmp_path, action, blocking):
     dump = tmp_path / "dump"
     old_keys, new_keys = ["a0", "a1"], ["a2", "a3", "a5", "a1"]
     total = 0
@@ -88,24 +97,34 @@ def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(
                 assert list(read_row_index(dump)["rows"]) in (old_keys, new_keys), (name, n)
                 assert store_state(s) == live, (name, n)
 
-            total += _fail_each_occurrence(name, action, lambda: s.dump_data_by_key(dump, new_keys, "p"), check)
+            total += _fail_each_occurrence(name, action, lambda: _dump(s, dump, new_keys, blocking=blocking), check)
             assert list(read_row_index(dump)["rows"]) == new_keys and verify_dump(dump) == []
             assert not [p for p in os.listdir(tmp_path) if p.endswith((".tmp", ".old"))], name
     assert total >= 15
 
 
-@pytest.mark.parametrize("action", ["eio", "enospc"])
-def test_a_failed_load_by_key_step_raises_clearly_and_leaves_the_store_as_it_was(tmp_path, action):
+def _source_dump(tmp_path: Path) -> Path:
     dump = tmp_path / "dump"
     with _store(tmp_path / "src") as src:
         _fill(src, "a", 6, 1)
         src.dump_data_by_key(dump, ["a1", "a2", "a4"], "p")
+    return dump
 
-    def target(path: Path) -> Store:  # a1 is there (overwritten by the load), a2 and a4 are new
-        s = _store(path, num_units=3)
-        _fill(s, "a", 2, 3)
-        _fill(s, "live", 2, 4)
-        return s
+
+def _target(path: Path, durability: str = "checkpoint") -> Store:
+    """A running store the dump loads into: a1 is there (overwritten), a2 and a4 are new."""
+    s = _store(path, num_units=3, durability=durability)
+    _fill(s, "a", 2, 3)
+    _fill(s, "live", 2, 4)
+    return s
+
+
+@pytest.mark.parametrize("action,durability", [("eio", "checkpoint"), ("enospc", "checkpoint"), ("eio", "commit")])
+def test_a_failed_load_by_key_step_raises_clearly_and_leaves_the_store_as_it_was(tmp_path, action, durability):
+    dump = _source_dump(tmp_path)
+
+    def target(path: Path) -> Store:
+        return _target(path, durability)
 
     with target(tmp_path / "ref") as ref:
         ref.load_data_by_key(dump)
@@ -138,4 +157,61 @@ def test_a_failed_load_by_key_step_raises_clearly_and_leaves_the_store_as_it_was
         assert not marker.exists(), name  # the last load took its store off and removed it
         with Store(tmp_path / f"s{i}") as s:
             assert store_state(s) == want, name
-    assert total >= 8
+    assert total >= 10
+
+
+def _leave_pending(s: Store, dump: Path, monkeypatch) -> None:
+    """Load ``dump`` into ``s`` so that it stops after its first unit completed and cannot be
+    cancelled: the restore stays pending, as after a crash."""
+    from tqstore.dump import restore as R
+
+    real, calls = s.controller.complete_restore, []
+
+    def complete(rid, u, attempt):
+        real(rid, u, attempt)
+        calls.append(u)
+        if len(calls) == 1:
+            raise StorageIOError("unit gone")
+
+    def no_cancel(store, info):
+        raise StorageIOError("cancel failed")
+    with monkeypatch.context() as m:
+        m.setattr(s.controller, "complete_restore", complete)
+        m.setattr(R, "_cancel", no_cancel)
+        with pytest.raises(StorageIOError, match="unit gone"):
+            s.load_data_by_key(dump)
+    assert [r.state for r in s.controller.restores()] == ["running"]
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_failed_recover_step_raises_clearly_and_leaves_the_restore_pending(tmp_path, monkeypatch, cancel):
+    """Each durable step of ``recover_data_load`` (completing, or cancelling) failed in turn: a
+    clear error, and the store either still pending (its rows the old ones) or settled; the
+    recover that gets through settles it: the dump's rows, or the store as before the load."""
+    dump = _source_dump(tmp_path)
+    with _target(tmp_path / "ref") as ref:
+        before = store_state(ref)
+        ref.load_data_by_key(dump)
+        loaded = store_state(ref)
+    want = before if cancel else loaded
+    total = 0
+    for i, name in enumerate(FAULT_NAMES):
+        with _target(tmp_path / f"s{i}") as s:
+            _leave_pending(s, dump, monkeypatch)
+
+            def check(e, n):
+                assert isinstance(e, (CheckpointError, StorageIOError)), (name, n, repr(e))
+                assert _names_the_fault(e, action="eio"), (name, n, str(e))
+                states = [r.state for r in s.controller.restores()]
+                assert states in (["running"], ["committed"], ["cancelled"], []), (name, n, states)
+                assert store_state(s) == (loaded if states in (["committed"], []) and not cancel else before), \
+                    (name, n, states)
+
+            total += _fail_each_occurrence(name, "eio", lambda: s.recover_data_load(dump, cancel=cancel), check)
+            if s.controller.restores():  # (settling failed after the decision: settled by one more recover)
+                assert s.recover_data_load(dump) is True
+            assert s.controller.restores() == [] and store_state(s) == want and s.verify() == []
+            assert s.recover_data_load(dump, cancel=cancel) is False  # safe to repeat
+        with Store(tmp_path / f"s{i}") as s:
+            assert store_state(s) == want, name
+    assert total >= 1
