@@ -215,3 +215,28 @@ def test_a_failed_recover_step_raises_clearly_and_leaves_the_restore_pending(tmp
         with Store(tmp_path / f"s{i}") as s:
             assert store_state(s) == want, name
     assert total >= 1
+
+
+@pytest.mark.parametrize("name", ["rename", "fsync_dir", "rmtree"])
+def test_a_failed_repair_of_an_interrupted_publication_raises_clearly_and_is_repaired_next_time(tmp_path, name):
+    """A replacement interrupted between its renames left ``<dir>.old`` (and no ``<dir>``) and
+    a half-written ``<dir>.tmp``: the next access repairs both; when the repair's I/O fails,
+    the call (a load, a read of the row index, a dump) raises a CheckpointError naming the
+    dump, and the access after it repairs and works."""
+    dump = _source_dump(tmp_path)
+    with _target(tmp_path / "t") as t:
+        before = store_state(t)
+        for call in (lambda: t.load_data_by_key(dump), lambda: read_row_index(dump),
+                     lambda: t.dump_data_by_key(dump, ["a0"], "p")):
+            os.rename(dump, str(dump) + ".old")
+            os.mkdir(str(dump) + ".tmp")  # (an empty one: what a dump that just began leaves)
+            fp.arm(name, "eio", 1)
+            try:
+                with pytest.raises(CheckpointError, match="repairing the interrupted publication") as e:
+                    call()
+            finally:
+                fp.disarm()
+            assert str(dump) in str(e.value) and _names_the_fault(e.value, "eio")
+            assert store_state(t) == before and t.controller.restores() == []
+            assert list(read_row_index(dump)["rows"]) == ["a1", "a2", "a4"] and verify_dump(dump) == []
+            assert not os.path.lexists(str(dump) + ".old") and not os.path.lexists(str(dump) + ".tmp")

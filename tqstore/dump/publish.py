@@ -230,8 +230,17 @@ def _ours(d: Path) -> bool:
 def repair(final: Path) -> None:
     """Settle an interrupted dump or publication of ``final`` (caller holds the lock).
 
-    Raises CheckpointError: a sibling ``.tmp`` that tqstore did not write is in the way;
-    OSError from the file system."""
+    Raises CheckpointError: a sibling ``.tmp`` that tqstore did not write is in the way, or
+    the repair failed (the error of the file system named; what is left is repaired by the
+    next access)."""
+    try:
+        _repair(final)
+    except OSError as e:
+        raise CheckpointError(f"repairing the interrupted publication of dump {final} failed: {e}; the next "
+                              f"access tries again") from e
+
+
+def _repair(final: Path) -> None:
     tmp, old = sibling(final, ".tmp"), sibling(final, ".old")
     if os.path.lexists(tmp):
         if not (tmp.is_dir() and not tmp.is_symlink() and _ours(tmp)):
