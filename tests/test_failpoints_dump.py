@@ -83,6 +83,7 @@ def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(
     dump = tmp_path / "dump"
     old_keys, new_keys = ["a0", "a1"], ["a2", "a3", "a5", "a1"]
     total = 0
+    in_place = []  # per failure: whether the new dump was in place when it was raised
     with _store(tmp_path / "s") as s:
         _fill(s, "a", 6, 1)
         live = store_state(s)
@@ -93,14 +94,18 @@ def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(
                 assert isinstance(e, CheckpointError) and str(dump) in str(e), (name, n, repr(e))
                 assert _names_the_fault(e, action), (name, n, str(e))
                 assert verify_dump(dump) == [], (name, n)
-                # the previous dump, or the new one if the fault came after its publication
-                assert list(read_row_index(dump)["rows"]) in (old_keys, new_keys), (name, n)
+                # the previous dump, or the new one if the fault came after its publication, and
+                # the message says which
+                now = list(read_row_index(dump)["rows"])
+                assert now in (old_keys, new_keys), (name, n)
+                assert ("the new dump is in place" in str(e)) == (now == new_keys), (name, n, str(e))
+                in_place.append(now == new_keys)
                 assert store_state(s) == live, (name, n)
 
             total += _fail_each_occurrence(name, action, lambda: _dump(s, dump, new_keys, blocking=blocking), check)
             assert list(read_row_index(dump)["rows"]) == new_keys and verify_dump(dump) == []
             assert not [p for p in os.listdir(tmp_path) if p.endswith((".tmp", ".old"))], name
-    assert total >= 15
+    assert total >= 15 and any(in_place) and not all(in_place)
 
 
 def _source_dump(tmp_path: Path) -> Path:
@@ -240,3 +245,35 @@ def test_a_failed_repair_of_an_interrupted_publication_raises_clearly_and_is_rep
             assert store_state(t) == before and t.controller.restores() == []
             assert list(read_row_index(dump)["rows"]) == ["a1", "a2", "a4"] and verify_dump(dump) == []
             assert not os.path.lexists(str(dump) + ".old") and not os.path.lexists(str(dump) + ".tmp")
+
+
+@pytest.mark.parametrize("what", ["dump", "checkpoint"])
+def test_a_publication_whose_last_fsync_fails_says_the_new_one_is_in_place(tmp_path, what):
+    """The fsync that makes the replacing rename durable fails (the last durable step of a
+    dump or a checkpoint save): the new one is at the path already, and the error says so
+    (not that the previous one is intact); the next access cleans up and it verifies."""
+    from tqstore.checkpoint import verify_checkpoint
+    target = tmp_path / what
+    with _store(tmp_path / "s") as s:
+        _fill(s, "a", 4, 1)
+
+        def save(keys):
+            if what == "dump":
+                s.dump_data_by_key(target, keys, "p")
+            else:
+                s.save_checkpoint(target)
+        save(["a0"])
+        save(["a0"])  # a replacement, counted: its last fsync_dir is the publication's
+        fp.start_counting()
+        save(["a0"])
+        last = fp.stop_counting()["fsync_dir"]
+        fp.arm("fsync_dir", "eio", last)
+        with pytest.raises(CheckpointError, match=f"the new {what} is in place, but making it durable failed"):
+            save(["a1", "a2"])
+        fp.disarm()
+        if what == "dump":
+            assert list(read_row_index(target)["rows"]) == ["a1", "a2"] and verify_dump(target) == []
+        else:
+            assert verify_checkpoint(target, raise_on_error=False).ok
+        save(["a3"])
+    assert not os.path.lexists(str(target) + ".old")

@@ -382,6 +382,12 @@ def copy_file(src: PathLike, dst: PathLike, *, fsync: bool = True, chunk_bytes: 
         os.close(sfd)
 
 
+class PublishedNotDurable(OSError):
+    """:func:`publish_dir` put the new directory in place, then the fsync that makes the
+    rename durable failed: ``final`` holds the new directory now, and after a crash it may
+    hold the previous one again (each whole, never a mix)."""
+
+
 def publish_dir(tmp: PathLike, final: PathLike) -> None:
     """Make the complete, fsynced directory ``tmp`` visible as ``final``: the one publish step.
 
@@ -392,6 +398,9 @@ def publish_dir(tmp: PathLike, final: PathLike) -> None:
     new one at ``final``, or (only between the two renames) the previous one at
     ``<final>.old`` with ``final`` missing.  A stale ``<final>.old`` next to an existing
     ``final`` is garbage and is removed here.  Failpoints ``rename``, ``fsync_dir``, ``rmtree``.
+
+    Raises OSError; :class:`PublishedNotDurable` when ``tmp`` is at ``final`` already and only
+    the fsync that makes it durable failed.
     """
     tmp, final = Path(tmp), Path(final)
     parent = final.parent
@@ -402,7 +411,11 @@ def publish_dir(tmp: PathLike, final: PathLike) -> None:
         rename(final, old)
         fsync_dir(parent)
     rename(tmp, final)
-    fsync_dir(parent)
+    try:
+        fsync_dir(parent)
+    except OSError as e:
+        raise PublishedNotDurable(e.errno, f"{e.strerror or e} (making {final} durable, once the new directory was "
+                                           f"in place)", str(parent)) from e
     if os.path.lexists(old):
         try:
             rmtree(old)

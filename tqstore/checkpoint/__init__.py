@@ -57,8 +57,10 @@ class CheckpointMixin:
             InvalidInputError: metadata is not JSON (nothing was cut).
             CheckpointError: the target is not a checkpoint, not empty, or inside a store,
                 a checkpoint or a generation root (nothing was cut or written); the save
-                failed (the previous checkpoint at the path is intact); or the previous
-                background save failed unseen.
+                failed (the previous checkpoint at the path is intact; or, when the message
+                says the new one is in place, only making it durable failed: the path holds
+                the new one, or after a crash the previous one); or the previous background
+                save failed unseen.
             CorruptionError: a store segment does not verify (names file and offset).
         """
         from . import writer

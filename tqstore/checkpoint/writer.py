@@ -113,7 +113,8 @@ class SaveHandle:
         Raises:
             TimeoutError: not finished within ``timeout`` seconds.
             CheckpointError, CorruptionError: the save failed (the previous checkpoint at
-                the path, if any, is intact).
+                the path, if any, is intact, unless the message says the new one is in place
+                and only making it durable failed).
         """
         if not self._event.wait(timeout):
             raise TimeoutError(f"checkpoint save to {self.path} still running after {timeout} s")
@@ -249,6 +250,10 @@ class SaveJob:
             info = self._run_locked(t0)
         except TqstoreError:
             raise
+        except files.PublishedNotDurable as e:
+            raise CheckpointError(f"saving checkpoint {self.final}: the new checkpoint is in place, but making it "
+                                  f"durable failed: {e}; after a crash the previous one may be there instead (either "
+                                  f"is whole)") from e
         except OSError as e:
             raise CheckpointError(f"saving checkpoint {self.final} failed: {e}; any previous checkpoint there is "
                                   f"intact") from e

@@ -64,7 +64,9 @@ class DumpMixin:
             RestorePendingError: ``<dir>.restore`` exists (a load may still read the dump;
                 call ``recover_data_load(dump_dir)``).
             CheckpointError: the target is a file, a user's directory, a store, a checkpoint,
-                or inside one of those; or the write failed (a previous dump is intact).
+                or inside one of those; or the write failed (a previous dump is intact; or,
+                when the message says the new one is in place, only making it durable
+                failed: the path holds the new one, or after a crash the previous one).
             CorruptionError: a stored frame does not verify (names file and offset).
         """
         from .writer import dump

@@ -184,7 +184,8 @@ def report_of(index_rows: int, shards: Sequence[ShardInfo], total: int, **extra:
 class DumpHandle(W.SaveHandle):
     """The pending result of ``dump_data_by_key(..., blocking=False)``: the cut is taken when
     it is returned (``stall_s``); :meth:`result` waits and returns the report mapping or
-    raises the dump's error (the previous dump at the path is intact)."""
+    raises the dump's error (the previous dump at the path is intact, unless the message says
+    the new one is in place and only making it durable failed)."""
 
     what = "dump"
 
@@ -246,6 +247,9 @@ class DumpJob:
                     raise
         except TqstoreError:
             raise
+        except files.PublishedNotDurable as e:
+            raise CheckpointError(f"dumping to {self.final}: the new dump is in place, but making it durable failed: "
+                                  f"{e}; after a crash the previous one may be there instead (either is whole)") from e
         except OSError as e:
             raise CheckpointError(f"dumping to {self.final} failed: {e}; any previous dump there is intact") from e
         finally:
