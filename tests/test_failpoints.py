@@ -27,6 +27,7 @@ from tqstore.testing import count_points, kill_points, run_forked
 
 from crash.model import store_state
 from crash.scenarios import SEG, batch
+from failpoint_helpers import FAULT_NAMES, fail_each_occurrence, names_the_fault
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,30 +165,11 @@ def _loaded_state(tmp: Path, ck: Path) -> dict:
     return st
 
 
-FAULT_NAMES = ("fsync_file", "fsync_dir", "write", "create", "copy", "link", "rename", "mkdir", "rmtree", "unlink")
-
-
-def _fail_each_occurrence(name: str, action: str, call, check) -> int:
-    """Fail occurrence 1, 2, ... of failpoint ``name`` in ``call()`` until one is not reached
-    (the call then succeeds); ``check(exc)`` runs after each failure. Returns failures."""
-    for n in range(1, 1000):
-        fp.arm(name, action, n)
-        try:
-            call()
-        except TqstoreError as e:
-            check(e, n)
-            continue
-        finally:
-            fp.disarm()
-        return n - 1
-    raise AssertionError("never got through")
-
-
 def _clear_error(e: BaseException, action: str, what: str) -> None:
     assert isinstance(e, (CheckpointError, StorageIOError)), repr(e)
     msg = str(e)
     assert what in msg, msg
-    assert "injected" in msg or os.strerror(errno.EIO if action == "eio" else errno.ENOSPC) in msg, msg
+    assert names_the_fault(e, action), msg
 
 
 @pytest.mark.parametrize("action", ["eio", "enospc"])
@@ -220,7 +202,7 @@ def test_failed_save_step_raises_clearly_and_keeps_previous_checkpoint_and_store
                 assert store_state(s) == live, (name, n)
                 assert not [p for p in os.listdir(d) if ".tmp-" in p], (name, n)
 
-            failures = _fail_each_occurrence(name, action, lambda: s.save_checkpoint(ck), check)
+            failures = fail_each_occurrence(name, action, lambda: s.save_checkpoint(ck), check)
             total += failures
             assert _loaded_state(d, ck) == live  # the save that got through
     assert total >= 15 and not all(in_place)  # (the last step's failure: see test_failpoints_dump.py)
@@ -249,7 +231,7 @@ def test_failed_load_step_raises_clearly_and_leaves_the_store_as_it_was(tmp_path
                 _fill(s, "live", 2, 3)  # still writable (same keys and values: state unchanged)
                 assert verify_checkpoint(tmp_path / "ck", raise_on_error=False).ok
 
-            total += _fail_each_occurrence(name, action, lambda: s.load_checkpoint(tmp_path / "ck"), check)
+            total += fail_each_occurrence(name, action, lambda: s.load_checkpoint(tmp_path / "ck"), check)
             assert store_state(s) == want
         with _store(tmp_path / f"s{i}", num_units=None) as s:
             assert store_state(s) == want

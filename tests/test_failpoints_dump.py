@@ -16,22 +16,19 @@ turn (each occurrence of each failpoint of the I/O layer, until the call gets th
 """
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
 import pytest
 
-from tqstore import CheckpointError, RestorePendingError, StorageIOError, TqstoreError
+from tqstore import CheckpointError, RestorePendingError, StorageIOError
 from tqstore._io import failpoints as fp
 from tqstore.dump import read_row_index, verify_dump
 from tqstore.store import Store
 
 from crash.model import store_state
 from crash.scenarios import SEG, batch
-
-FAULT_NAMES = ("fsync_file", "fsync_dir", "write", "create", "copy", "link", "rename", "mkdir", "rmtree", "unlink")
-
+from failpoint_helpers import FAULT_NAMES, fail_each_occurrence, names_the_fault
 
 @pytest.fixture(autouse=True)
 def _clean_failpoints():
@@ -47,29 +44,6 @@ def _store(path: Path, num_units=2, durability: str = "checkpoint") -> Store:
 def _fill(s: Store, prefix: str, n: int, salt: int) -> None:
     keys = [f"{prefix}{i}" for i in range(n)]
     s.write("p", batch(keys, salt=salt, big=True), keys=keys)
-
-
-def _fail_each_occurrence(name: str, action: str, call, check) -> int:
-    """Fail occurrence 1, 2, ... of failpoint ``name`` in ``call()`` until one is not reached
-    (the call then succeeds); ``check(exc, n)`` runs after each failure.  Returns failures.
-    Anything but a TqstoreError fails the test."""
-    for n in range(1, 1000):
-        fp.arm(name, action, n)
-        try:
-            call()
-        except TqstoreError as e:
-            fp.disarm()
-            check(e, n)
-            continue
-        finally:
-            fp.disarm()
-        return n - 1
-    raise AssertionError("never got through")
-
-
-def _names_the_fault(e: BaseException, action: str) -> bool:
-    msg = str(e)
-    return "injected" in msg or os.strerror(errno.EIO if action == "eio" else errno.ENOSPC) in msg
 
 
 def _dump(s: Store, path: Path, keys, *, blocking: bool):
@@ -92,7 +66,7 @@ def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(
 
             def check(e, n):
                 assert isinstance(e, CheckpointError) and str(dump) in str(e), (name, n, repr(e))
-                assert _names_the_fault(e, action), (name, n, str(e))
+                assert names_the_fault(e, action), (name, n, str(e))
                 assert verify_dump(dump) == [], (name, n)
                 # the previous dump, or the new one if the fault came after its publication, and
                 # the message says which
@@ -102,7 +76,7 @@ def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(
                 in_place.append(now == new_keys)
                 assert store_state(s) == live, (name, n)
 
-            total += _fail_each_occurrence(name, action, lambda: _dump(s, dump, new_keys, blocking=blocking), check)
+            total += fail_each_occurrence(name, action, lambda: _dump(s, dump, new_keys, blocking=blocking), check)
             assert list(read_row_index(dump)["rows"]) == new_keys and verify_dump(dump) == []
             assert not [p for p in os.listdir(tmp_path) if p.endswith((".tmp", ".old"))], name
     assert total >= 15 and any(in_place) and not all(in_place)
@@ -142,13 +116,13 @@ def test_a_failed_load_by_key_step_raises_clearly_and_leaves_the_store_as_it_was
 
             def check(e, n):
                 assert isinstance(e, (CheckpointError, StorageIOError)), (name, n, repr(e))
-                assert _names_the_fault(e, action), (name, n, str(e))
+                assert names_the_fault(e, action), (name, n, str(e))
                 assert s.controller.restores() == [], (name, n)  # cancelled, nothing pending
                 assert store_state(s) == before, (name, n)
                 _fill(s, "live", 2, 4)  # still writable (same keys and values: state unchanged)
                 assert verify_dump(dump) == [], (name, n)
 
-            total += _fail_each_occurrence(name, action, lambda: s.load_data_by_key(dump), check)
+            total += fail_each_occurrence(name, action, lambda: s.load_data_by_key(dump), check)
             assert store_state(s) == want
             if s.controller.restores():  # settling a unit failed after the commit point: the load
                 # returned (it is complete); the restore stays recorded until recover_data_load
@@ -206,13 +180,13 @@ def test_a_failed_recover_step_raises_clearly_and_leaves_the_restore_pending(tmp
 
             def check(e, n):
                 assert isinstance(e, (CheckpointError, StorageIOError)), (name, n, repr(e))
-                assert _names_the_fault(e, action="eio"), (name, n, str(e))
+                assert names_the_fault(e, action="eio"), (name, n, str(e))
                 states = [r.state for r in s.controller.restores()]
                 assert states in (["running"], ["committed"], ["cancelled"], []), (name, n, states)
                 assert store_state(s) == (loaded if states in (["committed"], []) and not cancel else before), \
                     (name, n, states)
 
-            total += _fail_each_occurrence(name, "eio", lambda: s.recover_data_load(dump, cancel=cancel), check)
+            total += fail_each_occurrence(name, "eio", lambda: s.recover_data_load(dump, cancel=cancel), check)
             if s.controller.restores():  # (settling failed after the decision: settled by one more recover)
                 assert s.recover_data_load(dump) is True
             assert s.controller.restores() == [] and store_state(s) == want and s.verify() == []
@@ -241,7 +215,7 @@ def test_a_failed_repair_of_an_interrupted_publication_raises_clearly_and_is_rep
                     call()
             finally:
                 fp.disarm()
-            assert str(dump) in str(e.value) and _names_the_fault(e.value, "eio")
+            assert str(dump) in str(e.value) and names_the_fault(e.value, "eio")
             assert store_state(t) == before and t.controller.restores() == []
             assert list(read_row_index(dump)["rows"]) == ["a1", "a2", "a4"] and verify_dump(dump) == []
             assert not os.path.lexists(str(dump) + ".old") and not os.path.lexists(str(dump) + ".tmp")
