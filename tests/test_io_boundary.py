@@ -27,7 +27,8 @@ from tqstore.checkpoint import verify_checkpoint
 from tqstore.store import Store
 
 from crash.model import store_state
-from test_failpoints import _fail_each_occurrence, _fill, _store
+from failpoint_helpers import fail_each_occurrence
+from test_failpoints import _fill, _store
 
 PKG = Path(__file__).resolve().parents[1] / "tqstore"
 
@@ -245,7 +246,7 @@ def _put_needing_new_segments(tmp: Path) -> None:
 
         from crash.scenarios import batch
 
-        failures = _fail_each_occurrence("segment_create", "eio",
+        failures = fail_each_occurrence("segment_create", "eio",
                                          lambda: s.write("p", batch(keys, salt=5, big=True), keys=keys), check)
         assert failures >= 1
         after = store_state(s)
@@ -267,7 +268,7 @@ def _load_resharding(tmp: Path) -> None:
             _assert_clean(e)
             assert store_state(s) == before, n
 
-        assert _fail_each_occurrence("segment_create", "eio", lambda: s.load_checkpoint(tmp / "ck"), check) >= 1
+        assert fail_each_occurrence("segment_create", "eio", lambda: s.load_checkpoint(tmp / "ck"), check) >= 1
         assert store_state(s) == want
 
 
@@ -321,7 +322,7 @@ def _index_copies_of_a_save(tmp: Path) -> None:
             assert not [p for p in os.listdir(tmp) if ".tmp-" in p]
 
         # controller and both unit indexes are copied (no segment copies: they are hard-linked)
-        assert _fail_each_occurrence("copy", "eio", lambda: s.save_checkpoint(ck), check) == 3
+        assert fail_each_occurrence("copy", "eio", lambda: s.save_checkpoint(ck), check) == 3
         with _store(tmp / "probe") as p:
             p.load_checkpoint(ck)
             assert store_state(p) == live != prev
