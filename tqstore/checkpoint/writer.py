@@ -225,6 +225,17 @@ def take_cut(store) -> Cut:
     return cut
 
 
+def write_error(doing: str, noun: str, e: OSError) -> CheckpointError:
+    """The CheckpointError for a save (or dump: ``noun``) that failed with ``e`` while
+    ``doing``: the previous one at the path is intact, unless only the fsync after the
+    replacing rename failed (:class:`~tqstore._io.files.PublishedNotDurable`): then the new one
+    is in place, and a crash may bring the previous one back."""
+    if isinstance(e, files.PublishedNotDurable):
+        return CheckpointError(f"{doing}: the new {noun} is in place, but making it durable failed: {e}; after a "
+                               f"crash the previous one may be there instead (either is whole)")
+    return CheckpointError(f"{doing} failed: {e}; any previous {noun} there is intact")
+
+
 # ---------------------------------------------------------------------------- the job
 class SaveJob:
     """Writes one cut to ``final``. :meth:`run` always releases the cut."""
@@ -250,13 +261,8 @@ class SaveJob:
             info = self._run_locked(t0)
         except TqstoreError:
             raise
-        except files.PublishedNotDurable as e:
-            raise CheckpointError(f"saving checkpoint {self.final}: the new checkpoint is in place, but making it "
-                                  f"durable failed: {e}; after a crash the previous one may be there instead (either "
-                                  f"is whole)") from e
         except OSError as e:
-            raise CheckpointError(f"saving checkpoint {self.final} failed: {e}; any previous checkpoint there is "
-                                  f"intact") from e
+            raise write_error(f"saving checkpoint {self.final}", "checkpoint", e) from e
         finally:
             self.cut.snap.release_after(f"the save of {self.final}")
         if self.on_published is not None:

@@ -120,11 +120,6 @@ def read_marker(final: Path) -> Optional[Set[str]]:
     return None
 
 
-def marker_stores(final: Path) -> Set[str]:
-    """:func:`read_marker`, with an unreadable marker listing no store (for messages)."""
-    return read_marker(final) or set()
-
-
 def _write_marker(final: Path, stores: Set[str]) -> None:
     m = sibling(final, ".restore")
     if stores:
@@ -280,7 +275,6 @@ def readable_dir(final: Path) -> Optional[Path]:
     return old if os.path.lexists(old) else None
 
 
-__all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "read_marker",
-           "marker_stores", "mark",
+__all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "read_marker", "mark",
            "unmark", "present", "locked", "locked_if_present", "repair",
            "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]

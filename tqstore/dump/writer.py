@@ -247,11 +247,8 @@ class DumpJob:
                     raise
         except TqstoreError:
             raise
-        except files.PublishedNotDurable as e:
-            raise CheckpointError(f"dumping to {self.final}: the new dump is in place, but making it durable failed: "
-                                  f"{e}; after a crash the previous one may be there instead (either is whole)") from e
         except OSError as e:
-            raise CheckpointError(f"dumping to {self.final} failed: {e}; any previous dump there is intact") from e
+            raise W.write_error(f"dumping to {self.final}", "dump", e) from e
         finally:
             self.cut.snap.release_after(f"the dump to {self.final}")
         out.update(stall_s=self.cut.stall_s, write_s=time.perf_counter() - t0)
