@@ -11,8 +11,9 @@ frame's (from its trailer CRC, which covers all of the frame but its trailer and
 from the unit's location cache when it holds them all and is exact for the snapshot's
 commit (:mod:`tqstore.unit_locs`), else
 from the index: their keys built per field and fetched with one ``getmulti`` (what it gives
-is kept in the cache).  No frame is decoded or encoded again, and no payload leaves the
-unit: it answers a :class:`~tqstore.ports.ShardInfo`.
+is kept in the cache), one unit of the process at a time (:mod:`tqstore._io.gilturn`).  No
+frame is decoded or encoded again, and no payload leaves the unit: it answers a
+:class:`~tqstore.ports.ShardInfo`.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from ._format import dump_records as D
 from ._format import unit_records as UR
 from ._format.frame import _raise_first, check_run
 from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, decode_index_key
+from ._io.gilturn import bulk_index
 from ._io import files
 from ._io.lmdbenv import wrap_errors
 from .errors import CorruptionError, InvalidInputError
@@ -61,7 +63,7 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     bad = [g for g in gidxs if int(g) % num_units != unit.unit_id]
     if bad:
         raise InvalidInputError(f"unit {unit.unit_id} of {num_units}: rows {bad[:5]} do not live here")
-    with wrap_errors(f"unit {unit.unit_id} dump", unit.path):
+    with wrap_errors(f"unit {unit.unit_id} dump", unit.path), bulk_index:  # (one unit of the process at a time)
         locs, gs, names, fids = _resolve(unit, view, gidxs, fields, put_token)
     order = np.lexsort((locs["offset"], locs["seg"]))
     locs, gs, fids = locs[order], gs[order], fids[order]

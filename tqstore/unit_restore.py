@@ -40,6 +40,7 @@ from ._format.columns import describe_kind_dtype
 from ._format.dtypes import SCHEMA_MIXED
 from ._format.frame import check_run, first_fault
 from ._format.index import LOC_DTYPE, Loc
+from ._io.gilturn import bulk_index
 from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, wrap_errors
 from .errors import CorruptionError, InvalidInputError
@@ -412,30 +413,45 @@ def publish_restore(unit: "Unit", tag: int) -> int:
         if db is None:
             return 0
         with unit.env.begin(write=True) as txn:
-            keys, locs = _staged(unit, txn, db, tag)
-            if not keys:
-                return 0
-            cur = txn.cursor(unit.db_loc)
-            olds = np.zeros(len(keys), LOC_DTYPE)  # what they replace
-            present = np.zeros(len(keys), bool)
-            found = cur.getmulti(keys)
-            if found:
-                pos = {k: i for i, k in enumerate(keys)}
-                for k, v in found:
-                    i = pos[bytes(k)]
-                    olds[i] = np.frombuffer(bytes(v), LOC_DTYPE)[0]
-                    present[i] = True
-            _put_batches(txn, db, tag, UR.RESTORE_PUBLISHED_BATCH, keys, olds, present)
-            cur.putmulti(list(zip(keys, _values(locs))))
-            _drop_kinds(txn, db, tag, UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH)
-            sync_format(unit, txn, db)
-            lmdb_commit_point("unit_commit")
-        return len(keys)
+            with bulk_index:  # (one unit of the process at a time; the commit after it overlaps)
+                n = _publish(unit, txn, db, tag)
+            if n:
+                lmdb_commit_point("unit_commit")
+        return n
+
+
+def _publish(unit: "Unit", txn, db, tag: int) -> int:
+    """Put the staged entries of ``tag`` into the index, keeping what they replace as
+    published entries; returns how many (0: nothing staged, nothing written)."""
+    keys, locs = _staged(unit, txn, db, tag)
+    if not keys:
+        return 0
+    cur = txn.cursor(unit.db_loc)
+    olds = np.zeros(len(keys), LOC_DTYPE)  # what they replace
+    present = np.zeros(len(keys), bool)
+    found = cur.getmulti(keys)
+    if found:
+        pos = {k: i for i, k in enumerate(keys)}
+        for k, v in found:
+            i = pos[bytes(k)]
+            olds[i] = np.frombuffer(bytes(v), LOC_DTYPE)[0]
+            present[i] = True
+    _put_batches(txn, db, tag, UR.RESTORE_PUBLISHED_BATCH, keys, olds, present)
+    cur.putmulti(list(zip(keys, _values(locs))))
+    _drop_kinds(txn, db, tag, UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH)
+    sync_format(unit, txn, db)
+    return len(keys)
 
 
 def _unpublish(unit: "Unit", txn, db, tag: int) -> int:
     """Put back what the published entries of ``tag`` replaced; the restore's frames still in
-    ``loc`` are staged again (one gone after a power loss is not)."""
+    ``loc`` are staged again (one gone after a power loss is not).  One unit of the process
+    at a time (:mod:`tqstore._io.gilturn`)."""
+    with bulk_index:
+        return _unpublish_entries(unit, txn, db, tag)
+
+
+def _unpublish_entries(unit: "Unit", txn, db, tag: int) -> int:
     keys, olds, present = _published(unit, txn, db, tag)
     if not keys:
         return 0
