@@ -28,6 +28,9 @@ with the reward).  Progress goes to stderr; the last line of stdout is one JSON 
   read cold, its batches cut from its bytes and ``kv_batch_put``) ÷ our load;
   ``load_vs_raw_read``: our GiB/s ÷ the plain read's.  Raw read, load and V1 load alternate
   over the rounds; best of each;
+* ``load_peak_anon_mib``: the most resident anonymous memory (``RssAnon``, sampled every
+  millisecond) a load added, the largest over the rounds (the issue's bound: under 256 MiB
+  whatever the dump's size; the page cache and the mapped LMDB files are not in it);
 * ``raw_cache_copy_s``: a plain copy of the dump's files into the page cache (read from the
   cache, written, no fsync), after each plain read;
 * ``*_ceiling`` / ``*_floor``: the best this disk allows, from the same run's plain I/O: a dump
@@ -48,6 +51,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional
@@ -94,18 +98,66 @@ def v1_dump(store, keys: List[str], path: Path) -> float:
     return time.perf_counter() - t0
 
 
-def measure_load(store_path: Path, dump_dir: Path, units: int) -> Optional[float]:
+def _rss_anon() -> Optional[int]:
+    """This process's resident anonymous memory in bytes (Linux), else None."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+class AnonPeak:
+    """The most resident anonymous memory added over a block (sampled every millisecond by a
+    thread, so a peak shorter than that may be missed); ``added`` in bytes, None off Linux."""
+
+    def __enter__(self) -> "AnonPeak":
+        self.before = _rss_anon()
+        self.peak = self.before
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._sample, daemon=True)
+        self._t.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.001):
+            now = _rss_anon()
+            if now is not None and self.peak is not None:
+                self.peak = max(self.peak, now)
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._t.join()
+        now = _rss_anon()
+        if now is not None and self.peak is not None:
+            self.peak = max(self.peak, now)
+
+    @property
+    def added(self) -> Optional[int]:
+        return None if self.before is None or self.peak is None else self.peak - self.before
+
+
+def measure_load(store_path: Path, dump_dir: Path, units: int, peaks: Optional[List[int]] = None) -> Optional[float]:
     """Seconds of ``load_data_by_key(dump_dir)`` into a new store of ``units`` units (the
-    dump's files cold; the store opened before the clock starts)."""
+    dump's files cold; the store opened before the clock starts); the anonymous memory the
+    load added at its peak is appended to ``peaks`` (Linux)."""
     if store_path.exists():
         shutil.rmtree(store_path)
     with tqstore.open(store_path, num_units=units) as s:
         drop_caches(files_under(dump_dir))
-        t0 = time.perf_counter()
-        rep = s.load_data_by_key(dump_dir)
-        dt = time.perf_counter() - t0
+        with AnonPeak() as mem:
+            t0 = time.perf_counter()
+            rep = s.load_data_by_key(dump_dir)
+            dt = time.perf_counter() - t0
+        if peaks is not None and mem.added is not None:
+            peaks.append(mem.added)
         log(f"  load: {rep['keys']} keys, {rep['frames']} frames, {rep['bytes'] / GiB:.3f} GiB in {dt:.3f} s ("
-            + ", ".join(f"{k} {v:.3f}" for k, v in rep["phases_s"].items()) + ")")
+            + ", ".join(f"{k} {v:.3f}" for k, v in rep["phases_s"].items())
+            + (f"; anonymous memory added at the peak {mem.added / 2**20:.1f} MiB" if mem.added is not None else "")
+            + ")")
     shutil.rmtree(store_path)
     return dt
 
@@ -241,7 +293,7 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
     store.close()
     layout = v1_layout(base / "store", pick)
     meta_len = len(json.dumps({k: _tags[k] for k in pick}).encode())
-    raws, loads, v1_loads, cache_copies = [], [], [], []
+    raws, loads, v1_loads, cache_copies, load_peaks = [], [], [], [], []
     for rnd in range(rounds):  # alternating: plain read, load by key, V1 load (cold files each time)
         for what in ([0, 1, 2] if rnd % 2 == 0 else [2, 1, 0]):
             if what == 0:
@@ -250,7 +302,7 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
                 cache_copies.append(raw_write(dump_files, base / "cachecopy", durable=False))
                 shutil.rmtree(base / "cachecopy")
             elif what == 1:
-                loads.append(measure_load(base / "target", dump_dir, units))
+                loads.append(measure_load(base / "target", dump_dir, units, load_peaks))
             else:
                 v1_loads.append(measure_v1_load(base / "target_v1", v1_file, pick, units, layout, meta_len))
         log(f"round {rnd}: raw read {raws[-1]:.3f} s, load {loads[-1]:.3f} s, V1 load {v1_loads[-1]:.3f} s, "
@@ -282,12 +334,13 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
         v1_dump_speedup_ceiling=round(v1_s / raw_w_s, 2), dump_vs_full_save_floor=round(raw_w_s / full_s, 3),
         v1_load_speedup_ceiling=None if v1_load_s is None else round(v1_load_s / load_floor_s, 2),
         load_vs_raw_read_ceiling=round(raw_s / load_floor_s, 3),
+        load_peak_anon_mib=round(max(load_peaks) / 2**20, 1) if load_peaks else None,
         load_avg_1m=round(os.getloadavg()[0], 2))
     log(f"dump: stall {res['dump_stall_ms']} ms, {res['dump_gib_s']} GiB/s ({dump_bytes / GiB:.3f} GiB in "
         f"{dump_s:.3f} s); V1 {v1_s:.3f} s ({res['v1_dump_speedup']}x slower); full save {full_s:.3f} s "
         f"(dump/full {res['dump_vs_full_save']}); raw read {res['raw_read_gib_s']} GiB/s")
     log(f"load: {load_gib_s} GiB/s ({load_s:.3f} s); V1 load {v1_load_s:.3f} s ({res['v1_load_speedup']}x slower); "
-        f"load / raw read {res['load_vs_raw_read']}")
+        f"load / raw read {res['load_vs_raw_read']}; anonymous memory added at the peak {res['load_peak_anon_mib']} MiB")
     log(f"this disk's ceilings (plain durable copy {res['raw_write_s']} s, cold read {res['raw_read_s']} s, page cache "
         f"copy {res['raw_cache_copy_s']} s): dump {res['v1_dump_speedup_ceiling']}x V1 and "
         f"{res['dump_vs_full_save_floor']} of the full save, load {res['v1_load_speedup_ceiling']}x V1 and "
