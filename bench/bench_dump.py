@@ -30,7 +30,8 @@ with the reward).  Progress goes to stderr; the last line of stdout is one JSON 
   over the rounds; best of each;
 * ``load_peak_anon_mib``: the most resident anonymous memory (``RssAnon``, sampled every
   millisecond) a load added, the largest over the rounds (the issue's bound: under 256 MiB
-  whatever the dump's size; the page cache and the mapped LMDB files are not in it);
+  whatever the dump's size; the page cache and mapped files are not in it);
+  ``dump_peak_anon_mib`` the same of the blocking dumps;
 * ``raw_cache_copy_s``: a plain copy of the dump's files into the page cache (read from the
   cache, written, no fsync), after each plain read;
 * ``*_ceiling`` / ``*_floor``: the best this disk allows, from the same run's plain I/O: a dump
@@ -256,16 +257,19 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
         stalls.append(time.perf_counter() - t0)
         h.result()
         shutil.rmtree(base / f"stall{i}")
-    dumps, v1s, fulls, raws_w, raws_wb = [], [], [], [], []
+    dumps, v1s, fulls, raws_w, raws_wb, dump_peaks = [], [], [], [], [], []
     rep: Dict[str, Any] = {}
     for rnd in range(rounds):  # alternating: dump, V1, full save (the machine is shared and noisy)
         order = [0, 1, 2] if rnd % 2 == 0 else [2, 1, 0]
         for what in order:
             os.sync()
             if what == 0:
-                t0 = time.perf_counter()
-                rep = store.dump_data_by_key(base / f"dump{rnd}", pick, "train")
-                dumps.append(time.perf_counter() - t0)
+                with AnonPeak() as mem:
+                    t0 = time.perf_counter()
+                    rep = store.dump_data_by_key(base / f"dump{rnd}", pick, "train")
+                    dumps.append(time.perf_counter() - t0)
+                if mem.added is not None:
+                    dump_peaks.append(mem.added)
                 log(f"  dump phases: " + ", ".join(f"{k} {v:.3f}" for k, v in rep["phases_s"].items()))
                 for wb in ((False, True) if rnd % 2 == 0 else (True, False)):
                     os.sync()
@@ -335,10 +339,12 @@ def run(base: Path, gib: float, units: int, frac: float, rounds: int) -> int:
         v1_load_speedup_ceiling=None if v1_load_s is None else round(v1_load_s / load_floor_s, 2),
         load_vs_raw_read_ceiling=round(raw_s / load_floor_s, 3),
         load_peak_anon_mib=round(max(load_peaks) / 2**20, 1) if load_peaks else None,
+        dump_peak_anon_mib=round(max(dump_peaks) / 2**20, 1) if dump_peaks else None,
         load_avg_1m=round(os.getloadavg()[0], 2))
     log(f"dump: stall {res['dump_stall_ms']} ms, {res['dump_gib_s']} GiB/s ({dump_bytes / GiB:.3f} GiB in "
         f"{dump_s:.3f} s); V1 {v1_s:.3f} s ({res['v1_dump_speedup']}x slower); full save {full_s:.3f} s "
-        f"(dump/full {res['dump_vs_full_save']}); raw read {res['raw_read_gib_s']} GiB/s")
+        f"(dump/full {res['dump_vs_full_save']}); raw read {res['raw_read_gib_s']} GiB/s; anonymous memory added at the "
+        f"peak {res['dump_peak_anon_mib']} MiB")
     log(f"load: {load_gib_s} GiB/s ({load_s:.3f} s); V1 load {v1_load_s:.3f} s ({res['v1_load_speedup']}x slower); "
         f"load / raw read {res['load_vs_raw_read']}; anonymous memory added at the peak {res['load_peak_anon_mib']} MiB")
     log(f"this disk's ceilings (plain durable copy {res['raw_write_s']} s, cold read {res['raw_read_s']} s, page cache "
