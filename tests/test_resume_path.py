@@ -1,15 +1,18 @@
-"""The resume path while the store runs: a dump of unfinished samples is loaded into a store
-whose producers keep putting and whose consumer keeps fetching batches.
+"""The resume path of partial rollout: a dump of unfinished samples loaded into a store that
+runs (producers keep putting, a consumer keeps fetching batches), and restored samples
+finished by the resumed rollout.
 
 What a trainer relies on: every dumped key comes back bit for bit, every produced sample is
-kept, a restored row becomes fetchable once (after the load's commit) like any other, and no
-row is served twice or lost, whatever the interleaving of the load with the puts and fetches.
+kept, a restored row becomes fetchable once (after the load's commit, when its fields are
+produced) like any other, and no row is served twice or lost, whatever the interleaving of
+the load with the puts and fetches.
 """
 from __future__ import annotations
 
 import threading
 
 import pytest
+import torch
 
 import tqstore
 
@@ -90,3 +93,38 @@ def test_a_load_merges_while_producers_put_and_a_consumer_fetches(tmp_path, unit
             assert len(ks) >= 9 and dst.kv_batch_get(ks, "train", "input_ids")["input_ids"].shape == (len(ks), 16)
         assert not dst.controller.restores()
         assert dst.verify() == []
+
+
+def test_a_resumed_rollout_finishes_restored_samples_and_serves_each_once(tmp_path):
+    """Partial rollout across a restart: samples at every stage (reserved with a tag only,
+    prompt only, prompt and half a response) are dumped, the run dies, a new store of another
+    unit count loads them, the rollout puts what each still lacks, and the trainer fetches
+    every finished sample once, with its prompt, its response and its tag as they were."""
+    prompts = {f"s{i}": torch.arange(i, i + 4 + i % 3) for i in range(9)}
+    with tqstore.open(tmp_path / "run1", num_units=2) as s:
+        client = tqstore.get_client(s)
+        keys = list(prompts)
+        s.kv_batch_put(keys[:3], "rollout", tags=[{"stage": "queued", "n": i} for i in range(3)])
+        s.kv_batch_put(keys[3:], "rollout", {"prompt": [prompts[k] for k in keys[3:]]},
+                       tags=[{"stage": "prompted", "n": i} for i in range(3, 9)])
+        s.kv_batch_put(keys[6:], "rollout", {"response": [torch.full((2,), i) for i in range(6, 9)]})
+        done = client.get_meta(["prompt", "response"], 3, "rollout", task_name="train")  # consumed before the crash
+        assert sorted(done.keys) == keys[6:]
+        s.dump_data_by_key(tmp_path / "pending", keys[:6], "rollout")
+    with tqstore.open(tmp_path / "run2", num_units=3) as s:
+        client = tqstore.get_client(s)
+        report = s.load_data_by_key(tmp_path / "pending")
+        assert report["keys"] == 6 and report["rows_with_data"] == 3
+        assert client.get_meta(["prompt", "response"], 1, "rollout", task_name="train").size == 0  # none finished
+        s.kv_batch_put(keys[:3], "rollout", {"prompt": [prompts[k] for k in keys[:3]]})
+        s.kv_batch_put(keys[:6], "rollout", {"response": [torch.full((2,), 100 + i) for i in range(6)]})
+        got = client.get_meta(["prompt", "response"], 6, "rollout", task_name="train")
+        assert sorted(got.keys) == keys[:6]
+        data = s.kv_batch_get(keys[:6], "rollout", ["prompt", "response"])
+        for i, k in enumerate(keys[:6]):
+            assert torch.equal(data["prompt"][i], prompts[k]) and torch.equal(data["response"][i],
+                                                                               torch.full((2,), 100 + i))
+        tags = s.kv_list("rollout")["rollout"]
+        assert [tags[k] for k in keys[:6]] == [{"stage": "queued", "n": i} for i in range(3)] + \
+            [{"stage": "prompted", "n": i} for i in range(3, 6)]
+        assert client.get_meta(["prompt", "response"], 1, "rollout", task_name="train").size == 0  # each once
