@@ -6,8 +6,9 @@ make such calls side by side, in threads of one interpreter, each take-back wait
 another thread to let the GIL go: the threads convoy, and together they take longer than
 the same calls made one after another.  So a unit holds :data:`bulk_index` around its calls
 of thousands of items: a dump's location lookups (:mod:`tqstore.unit_dump`) and a selective
-restore's publish and settle (:mod:`tqstore.unit_restore`).  The work around them that
-needs no GIL (frame checks, copies, commits and their fsyncs) still overlaps.
+restore's publish and unpublish (:mod:`tqstore.unit_restore`; a cancelled restore's settle
+unpublishes).  The work around them that needs no GIL (frame checks, copies, commits and
+their fsyncs) still overlaps.
 
 Measured on a 2 GiB store of 4 units in one process, 10 % of its keys (11,161 rows, 33,483
 frames), alternating runs: the four publishes of a load took 45 to 55 ms side by side and
