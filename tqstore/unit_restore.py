@@ -414,44 +414,31 @@ def publish_restore(unit: "Unit", tag: int) -> int:
             return 0
         with unit.env.begin(write=True) as txn:
             with bulk_index:  # (one unit of the process at a time; the commit after it overlaps)
-                n = _publish(unit, txn, db, tag)
-            if n:
-                lmdb_commit_point("unit_commit")
-        return n
-
-
-def _publish(unit: "Unit", txn, db, tag: int) -> int:
-    """Put the staged entries of ``tag`` into the index, keeping what they replace as
-    published entries; returns how many (0: nothing staged, nothing written)."""
-    keys, locs = _staged(unit, txn, db, tag)
-    if not keys:
-        return 0
-    cur = txn.cursor(unit.db_loc)
-    olds = np.zeros(len(keys), LOC_DTYPE)  # what they replace
-    present = np.zeros(len(keys), bool)
-    found = cur.getmulti(keys)
-    if found:
-        pos = {k: i for i, k in enumerate(keys)}
-        for k, v in found:
-            i = pos[bytes(k)]
-            olds[i] = np.frombuffer(bytes(v), LOC_DTYPE)[0]
-            present[i] = True
-    _put_batches(txn, db, tag, UR.RESTORE_PUBLISHED_BATCH, keys, olds, present)
-    cur.putmulti(list(zip(keys, _values(locs))))
-    _drop_kinds(txn, db, tag, UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH)
-    sync_format(unit, txn, db)
-    return len(keys)
+                keys, locs = _staged(unit, txn, db, tag)
+                if not keys:
+                    return 0
+                cur = txn.cursor(unit.db_loc)
+                olds = np.zeros(len(keys), LOC_DTYPE)  # what they replace
+                present = np.zeros(len(keys), bool)
+                found = cur.getmulti(keys)
+                if found:
+                    pos = {k: i for i, k in enumerate(keys)}
+                    for k, v in found:
+                        i = pos[bytes(k)]
+                        olds[i] = np.frombuffer(bytes(v), LOC_DTYPE)[0]
+                        present[i] = True
+                _put_batches(txn, db, tag, UR.RESTORE_PUBLISHED_BATCH, keys, olds, present)
+                cur.putmulti(list(zip(keys, _values(locs))))
+                _drop_kinds(txn, db, tag, UR.RESTORE_STAGED, UR.RESTORE_STAGED_BATCH)
+                sync_format(unit, txn, db)
+            lmdb_commit_point("unit_commit")
+        return len(keys)
 
 
 def _unpublish(unit: "Unit", txn, db, tag: int) -> int:
     """Put back what the published entries of ``tag`` replaced; the restore's frames still in
-    ``loc`` are staged again (one gone after a power loss is not).  One unit of the process
-    at a time (:mod:`tqstore._io.gilturn`)."""
-    with bulk_index:
-        return _unpublish_entries(unit, txn, db, tag)
-
-
-def _unpublish_entries(unit: "Unit", txn, db, tag: int) -> int:
+    ``loc`` are staged again (one gone after a power loss is not).  The caller holds
+    :data:`~tqstore._io.gilturn.bulk_index` (one unit of the process at a time)."""
     keys, olds, present = _published(unit, txn, db, tag)
     if not keys:
         return 0
@@ -473,7 +460,8 @@ def unpublish_restore(unit: "Unit", tag: int) -> int:
         if db is None:
             return 0
         with unit.env.begin(write=True) as txn:
-            n = _unpublish(unit, txn, db, tag)
+            with bulk_index:
+                n = _unpublish(unit, txn, db, tag)
             sync_format(unit, txn, db)
             lmdb_commit_point("unit_commit")
         return n
@@ -493,7 +481,8 @@ def settle_restore(unit: "Unit", tag: int, *, committed: bool, close: bool = Tru
                 n += len(keys)
                 _drop_kinds(txn, db, tag, UR.RESTORE_PUBLISHED, UR.RESTORE_PUBLISHED_BATCH)
             else:
-                _unpublish(unit, txn, db, tag)
+                with bulk_index:
+                    _unpublish(unit, txn, db, tag)
             n += _drop_staged(unit, txn, db, tag, dead)
             ck = UR.restore_entry_key(tag, _CLOSED)
             if close:
