@@ -65,6 +65,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import tqstore  # noqa: E402
 from bench_checkpoint import BATCH, GiB, drop_caches, fill, files_under, log, raw_read, raw_write  # noqa: E402
+from bench_scale import rss_anon  # noqa: E402
 
 
 def _buffers(batch: Any) -> List[memoryview]:
@@ -100,15 +101,11 @@ def v1_dump(store, keys: List[str], path: Path) -> float:
 
 
 def _rss_anon() -> Optional[int]:
-    """This process's resident anonymous memory in bytes (Linux), else None."""
+    """:func:`bench_scale.rss_anon`, None where ``/proc/self/status`` cannot be read (not Linux)."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
+        return rss_anon()
     except OSError:
-        pass
-    return None
+        return None
 
 
 class AnonPeak:

@@ -79,7 +79,8 @@ BATCH = 8192
 PID = "train"
 
 
-def _rss_anon() -> int:
+def rss_anon() -> int:
+    """This process's resident anonymous memory in bytes (``RssAnon``, Linux; 0 if not listed)."""
     with open("/proc/self/status") as f:
         for line in f:
             if line.startswith("RssAnon:"):
@@ -242,14 +243,14 @@ def _child_rss(work: Path) -> dict:
 
     state = work / "store" / L.read_current(work / "store")
     gc.collect()
-    before = _rss_anon()
+    before = rss_anon()
     c = Controller(L.controller_dir(state), num_units=1)
     gc.collect()
-    after = _rss_anon()
+    after = rss_anon()
     rows = sum(c.partition_info(p).rows for p in c.partitions())
     c.resolve_keys("train", ["k0"])
     gc.collect()
-    keyed = _rss_anon()
+    keyed = rss_anon()
     c.close()
     return {"rss_bytes": after - before, "rss_keyed_bytes": keyed - before, "rss_rows": rows}
 
