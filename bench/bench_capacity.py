@@ -63,7 +63,7 @@ def _run(tree: Path, limit: int) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--compare-with", default=None, help="source tree of another build (its tqstore/ is imported)")
     ap.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)

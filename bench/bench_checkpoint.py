@@ -292,7 +292,7 @@ def fill(store, target_bytes: int, seed: int = 0):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size_args(ap, default_gib=2, quick_gib=0.25, units=4)
     ap.add_argument("--tqstore-root", default=None, help="import tqstore from this checkout (old vs new runs)")
     args = ap.parse_args(argv)

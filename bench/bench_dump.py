@@ -216,7 +216,7 @@ def measure_v1_load(store_path: Path, v1_file: Path, keys: List[str], units: int
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="about 256 MiB of payload")
     ap.add_argument("--gib", type=float, default=None, help="payload size (default 2, --quick 0.25)")
     ap.add_argument("--units", type=int, default=4)

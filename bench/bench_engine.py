@@ -373,7 +373,7 @@ def report(args, big, dur, zs, small) -> list:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes and fewer repetitions")
     ap.add_argument("--dir", default=None, help="directory for stores and files (default: a temp dir in /tmp)")
     ap.add_argument("--units", type=int, default=4)

@@ -94,7 +94,7 @@ def one(open_store, path: Path, units: int, batches, nbytes: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     size_args(ap, default_gib=0.25, quick_gib=0.0625, units=2)
     args = ap.parse_args(argv)
     try:

@@ -326,7 +326,7 @@ def _lines(build: str, r: dict, old: dict = None) -> list:
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="10k and 100k rows only")
     ap.add_argument("--big", action="store_true", help="add 10M rows")
     ap.add_argument("--sizes", type=str, default=None, help="comma-separated row counts (overrides)")

@@ -115,7 +115,7 @@ def dump_sweep(store, work: Path, rows: int):
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="0.25 to 1 GiB")
     ap.add_argument("--max-gib", type=float, default=None, help="largest buffer size (default 8, --quick 1)")
     ap.add_argument("--units", type=int, default=4)

@@ -283,7 +283,7 @@ def charts(docs: Dict[str, Dict[str, Any]], results: Path) -> List[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", default=str(RESULTS), help="directory of the bench JSON files")
     args = ap.parse_args(argv)
     results = Path(args.results)

@@ -115,7 +115,7 @@ def run_one(script: Path, quick: bool) -> Dict[str, Any]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="run each bench with --quick")
     ap.add_argument("--only", default="", help="comma-separated bench names (default: every bench/bench_*.py)")
     args = ap.parse_args(argv)

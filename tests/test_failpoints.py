@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from tqstore import CheckpointError, StorageIOError, TqstoreError
 from tqstore._io import failpoints as fp
