@@ -534,3 +534,19 @@ def test_reading_loading_or_recovering_a_path_without_a_dump_leaves_nothing_behi
             describe_dump(path)
         assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert (tmp_path / "afile").read_text() == "user data"
+
+
+def test_a_background_dump_holds_the_keys_given_at_the_call_whatever_the_caller_does_with_its_list(store,
+                                                                                                  tmp_path):
+    """The keys of ``blocking=False`` are fixed when the call returns: a caller that reuses its
+    list right after (cleared, refilled) still gets the dump of the keys it passed."""
+    keys = fill(store, "train", 6)
+    batch = keys[:4]
+    d = tmp_path / "d"
+    with locks.flocked(lock_path(d)):  # (the job waits for the lock: the list changes before it reads it)
+        h = store.dump_data_by_key(d, batch, "train", blocking=False)
+        batch.clear()
+        batch.extend(keys[4:])
+    assert h.result()["keys"] == 4
+    assert list(read_row_index(d)["rows"]) == keys[:4]
+    assert dump_frames(d) == store_frames(store, "train", keys[:4])

@@ -499,3 +499,20 @@ def test_recover_settles_a_pending_restore_after_reopen(pending, tmp_path, cance
         dst.kv_clear(["k6"], "train")  # unblocked
     finally:
         dst.close()
+
+
+def test_every_field_name_and_tag_a_put_takes_comes_back_through_a_load(tmp_path):
+    """What a put accepts a load accepts: a field name of 255 UTF-8 bytes (partition ids stop at
+    250) and a tag nested 64 levels deep are dumped and loaded back as they were."""
+    field = "f" * 253 + "é"  # 255 bytes
+    tag: object = 0
+    for _ in range(64):
+        tag = [tag]
+    with tqstore.open(tmp_path / "src", num_units=2) as s:
+        s.kv_batch_put(["a", "b"], "p", fields={field: torch.arange(4).reshape(2, 2)}, tags=[tag, None])
+        s.dump_data_by_key(tmp_path / "d", ["a", "b"], "p")
+        want = rows_of(s, "p", ["a", "b"])
+    with tqstore.open(tmp_path / "dst", num_units=3) as t:
+        assert t.load_data_by_key(tmp_path / "d")["keys"] == 2
+        assert rows_of(t, "p", ["a", "b"]) == want
+        assert t.kv_list("p")["p"]["a"] == tag

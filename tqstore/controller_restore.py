@@ -33,7 +33,7 @@ import numpy as np
 from ._format import controller_records as R
 from ._format.columns import KIND_NAMES, describe_kind_dtype
 from ._format.dtypes import DTYPE_NAMES, SCHEMA_MIXED
-from ._format.names import check_key, check_name
+from ._format.names import check_field_name, check_key, check_name
 from ._format.records import RecordError
 from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point, wrap_errors
@@ -91,7 +91,7 @@ def check_tags(tags: List[Any]) -> List[Any]:
             else:
                 out.append(dict(t))
                 continue
-        out.append(check_value(t, 1))
+        out.append(check_value(t))
     return out
 
 
@@ -244,7 +244,7 @@ class RestoreHost:
         p = c.parts.get(pid)
         sch: Dict[str, Tuple[int, int]] = {}
         for f, kd in dict(schema).items():
-            check_name("field", f)
+            check_field_name(f)
             want = (int(kd[0]), int(kd[1]))
             if want[0] not in KIND_NAMES or (want[1] not in DTYPE_NAMES and want[1] != SCHEMA_MIXED):
                 raise InvalidInputError(f"field {f!r}: unknown kind or dtype code {want}")

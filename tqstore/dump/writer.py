@@ -69,11 +69,12 @@ def check_key_list(keys: Any, partition_id: Any) -> List[Any]:
     """The cheap checks made before the cut: a valid partition id and a list (or tuple) of
     keys (the keys themselves are checked by resolving them: every key a partition holds is
     valid, so only the keys that do not resolve are checked one by one, by
-    :func:`check_keys`).  Raises InvalidInputError."""
+    :func:`check_keys`).  Returns a new list: the caller's may change as soon as the call
+    returns (``blocking=False`` reads its keys later, in the job).  Raises InvalidInputError."""
     check_name("partition id", partition_id)
     if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
         raise InvalidInputError(f"keys must be a list of str, got {type(keys).__name__}")
-    return keys if type(keys) is list else list(keys)
+    return list(keys)
 
 
 @dataclass
