@@ -194,6 +194,41 @@ def test_a_foreign_tmp_directory_is_never_removed(store, tmp_path):
     assert (tmp_path / "d.tmp" / "thesis.tex").read_text() == "mine"
 
 
+def test_directories_of_the_sibling_names_that_no_dump_left_are_never_touched(store, tmp_path):
+    """A user's ``<dir>.old`` (a lone one, or beside a dump) and ``<dir>.tmp``: reading,
+    loading and recovering leave them as they are (a lone ``.old`` is not taken for the
+    previous dump, and nothing is created beside a path with no dump); a dump, which needs
+    those names, refuses with CheckpointError before writing anything."""
+    CheckpointNotFoundError = tqstore.CheckpointNotFoundError
+    keys = fill(store, "train", 2)
+    (tmp_path / "results.old").mkdir()
+    (tmp_path / "results.old" / "notes.txt").write_text("mine")
+    (tmp_path / "other.tmp").mkdir()
+    (tmp_path / "other.tmp" / "notes.txt").write_text("mine as well")
+    store.dump_data_by_key(tmp_path / "d", keys, "train")
+    (tmp_path / "d.old").mkdir()
+    (tmp_path / "d.old" / "notes.txt").write_text("mine too")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for path in (tmp_path / "results", tmp_path / "other"):
+        with pytest.raises(CheckpointNotFoundError):
+            read_row_index(path)
+        with pytest.raises(CheckpointNotFoundError):
+            store.load_data_by_key(path)
+        assert store.recover_data_load(path) is False
+    assert list(read_row_index(tmp_path / "d")["rows"]) == keys
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    for path, sibling in ((tmp_path / "results", "results.old"), (tmp_path / "d", "d.old"),
+                          (tmp_path / "other", "other.tmp")):
+        with pytest.raises(CheckpointError, match=f"{sibling}.*move it away"):
+            store.dump_data_by_key(path, keys[:1], "train")
+        assert os.path.isdir(tmp_path / sibling)
+    assert (tmp_path / "results.old" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "d.old" / "notes.txt").read_text() == "mine too"
+    assert list(read_row_index(tmp_path / "d")["rows"]) == keys and verify_dump(tmp_path / "d") == []
+    assert (tmp_path / "other.tmp" / "notes.txt").read_text() == "mine as well"
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(before + ["other.lock"])  # (the dump's lock)
+
+
 @pytest.mark.parametrize("race", ["clear", "clear_and_put_again", "drop_partition"])
 def test_a_key_removed_between_the_key_check_and_the_cut_fails_the_dump(store, tmp_path, race, monkeypatch):
     """The keys are checked before the cut, outside the write lock; a removal in between is

@@ -14,7 +14,8 @@ Siblings of a dump directory ``<dir>``:
 
 :func:`repair` (caller holds the lock) brings the path back to "the last published dump, or
 nothing": a leftover ``.tmp`` is removed, a lone ``.old`` renamed back, a stale ``.old``
-beside ``<dir>`` removed.  Every step goes through :mod:`tqstore._io.files` (failpoints).
+beside ``<dir>`` removed; a directory of those names that no dump writer left is never
+touched (a dump refuses to go on beside it).  Every step goes through :mod:`tqstore._io.files` (failpoints).
 """
 from __future__ import annotations
 
@@ -200,9 +201,11 @@ def locked(final: Path, *, shared_ok: bool = False) -> Iterator[bool]:
 
 
 def present(final: Path) -> bool:
-    """Something of a dump is at ``final``: its directory, or a sibling ``.old``, ``.tmp`` or
-    ``.restore``."""
-    return os.path.isdir(final) or any(os.path.lexists(sibling(final, s)) for s in (".old", ".tmp", ".restore"))
+    """Something of a dump is at ``final``: its directory, a ``.restore`` marker, or a sibling
+    ``.old`` or ``.tmp`` that a dump writer left (:func:`_left_by_dump`; a user's directory of
+    that name does not count)."""
+    return (os.path.isdir(final) or os.path.lexists(sibling(final, ".restore"))
+            or any(_left_by_dump(sibling(final, s)) for s in (".old", ".tmp")))
 
 
 def locked_if_present(final: Path, *, shared_ok: bool = False):
@@ -213,8 +216,15 @@ def locked_if_present(final: Path, *, shared_ok: bool = False):
     return locked(final, shared_ok=shared_ok) if present(final) else contextlib.nullcontext(False)
 
 
-def _ours(d: Path) -> bool:
-    """``d`` holds only names a dump writes (so removing it destroys nothing of the user's)."""
+def _left_by_dump(d: Path) -> bool:
+    """``d`` is a directory (not a symbolic link) that a dump writer may have left: a dump, or
+    one that holds only names a dump writes, or none (a crash right after ``<dir>.tmp`` was
+    made, or during the removal of ``<dir>.old``, leaves it empty): removing it destroys
+    nothing of the user's."""
+    if os.path.islink(d) or not os.path.isdir(d):
+        return False
+    if T.is_dump_dir(d):
+        return True
     try:
         names = os.listdir(d)
     except OSError:
@@ -222,35 +232,46 @@ def _ours(d: Path) -> bool:
     return all(n in (DR.MANIFEST_NAME, DR.ROW_INDEX_NAME) or DR.is_shard_name(n) for n in names)
 
 
-def repair(final: Path) -> None:
-    """Settle an interrupted dump or publication of ``final`` (caller holds the lock).
+def repair(final: Path, *, writer: bool = False) -> None:
+    """Settle an interrupted dump or publication of ``final`` (caller holds the lock): a lone
+    ``<dir>.old`` that is a dump is renamed back; a leftover ``.tmp``, and any other ``.old``,
+    are removed when a dump writer may have left them (:func:`_left_by_dump`).  A directory
+    of one of those names that a dump did not leave is never touched: a reader (``writer``
+    False) goes on beside it; a ``writer``, which needs the names, raises.
 
-    Raises CheckpointError: a sibling ``.tmp`` that tqstore did not write is in the way, or
-    the repair failed (the error of the file system named; what is left is repaired by the
-    next access)."""
+    Raises CheckpointError: (``writer``) a sibling ``.tmp`` or ``.old`` that tqstore did not
+    write is in the way; or the repair failed (the error of the file system named; what is
+    left is repaired by the next access)."""
     try:
-        _repair(final)
+        _repair(final, writer)
     except OSError as e:
         raise CheckpointError(f"repairing the interrupted publication of dump {final} failed: {e}; the next "
                               f"access tries again") from e
 
 
-def _repair(final: Path) -> None:
+def _repair(final: Path, writer: bool) -> None:
     tmp, old = sibling(final, ".tmp"), sibling(final, ".old")
     if os.path.lexists(tmp):
-        if not (tmp.is_dir() and not tmp.is_symlink() and _ours(tmp)):
-            raise CheckpointError(f"{tmp} is in the way of dump {final} and does not look like an unfinished "
-                                  f"dump ({T.describe(tmp)}); move it away")
-        log.info("removing %s left by an interrupted dump", tmp)
-        files.rmtree(tmp)
+        if _left_by_dump(tmp):
+            log.info("removing %s left by an interrupted dump", tmp)
+            files.rmtree(tmp)
+        elif writer:
+            raise _in_the_way(tmp, final, "an unfinished dump")
     if os.path.lexists(old):
-        if not os.path.lexists(final):
+        if not os.path.lexists(final) and not os.path.islink(old) and T.is_dump_dir(old):
             log.info("restoring %s: a dump's replacement was interrupted between its renames", final)
             files.rename(old, final)
             files.fsync_dir(final.parent)
-        elif T.is_dump_dir(old) or _ours(old):
+        elif _left_by_dump(old):
             log.info("removing %s left by an interrupted dump publication", old)
             files.rmtree(old)
+        elif writer:
+            raise _in_the_way(old, final, "a dump's previous version")
+
+
+def _in_the_way(d: Path, final: Path, what: str) -> CheckpointError:
+    return CheckpointError(f"{d} is in the way of dump {final} and does not look like {what} "
+                           f"({T.describe(d)}); move it away")
 
 
 def fresh_tmp(final: Path) -> Path:

@@ -235,7 +235,7 @@ class DumpJob:
             with P.locked(self.final):
                 P.refuse_if_restoring(self.final)
                 P.check_target(self.final, live_store=self.cut.store_root)  # still ours to replace?
-                P.repair(self.final)
+                P.repair(self.final, writer=True)
                 tmp = P.fresh_tmp(self.final)
                 try:
                     out = self._write(tmp, rows)
