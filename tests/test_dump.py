@@ -585,3 +585,27 @@ def test_a_background_dump_holds_the_keys_given_at_the_call_whatever_the_caller_
     assert h.result()["keys"] == 4
     assert list(read_row_index(d)["rows"]) == keys[:4]
     assert dump_frames(d) == store_frames(store, "train", keys[:4])
+
+
+def test_a_dump_name_with_no_room_for_the_loads_marker_is_refused_before_anything_is_written(store, tmp_path):
+    """A dump's name leaves room for every sibling a dump or load writes (the longest is the
+    load's ``<dir>.restore.tmp``): 243 bytes are dumped and loaded back; 244 are refused by the
+    dump (nothing written, not even a lock file) and by a load of a dump an earlier version
+    wrote under such a name (nothing loaded), which still reads."""
+    keys = fill(store, "train", 2)
+    ok = tmp_path / ("é" * 121 + "d")  # 243 bytes
+    store.dump_data_by_key(ok, keys, "train")
+    with tqstore.open(tmp_path / "other", num_units=2) as t:
+        assert t.load_data_by_key(ok)["keys"] == 2
+    long = tmp_path / ("d" * 244)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(CheckpointError, match="at most 243 bytes"):
+        store.dump_data_by_key(long, keys, "train")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    os.rename(ok, long)  # (as an earlier version let a dump be written)
+    assert list(read_row_index(long)["rows"]) == keys
+    with tqstore.open(tmp_path / "third", num_units=2) as t:
+        with pytest.raises(CheckpointError, match="at most 243 bytes"):
+            t.load_data_by_key(long)
+        assert t.kv_list() == {} and t.controller.restores() == []
+    assert not os.path.lexists(str(long) + ".restore")

@@ -64,7 +64,9 @@ class DumpMixin:
             RestorePendingError: ``<dir>.restore`` exists (a load may still read the dump;
                 call ``recover_data_load(dump_dir)``).
             CheckpointError: the target is a file, a user's directory, a store, a checkpoint,
-                or inside one of those; or the write failed (a previous dump is intact; or,
+                or inside one of those; its name is longer than 243 bytes (a load writes
+                ``<dir>.restore.tmp`` beside it); a user's directory named ``<dir>.tmp`` or
+                ``<dir>.old`` is in the way; or the write failed (a previous dump is intact; or,
                 when the message says the new one is in place, only making it durable
                 failed: the path holds the new one, or after a crash the previous one).
             CorruptionError: a stored frame does not verify (names file and offset).
@@ -103,7 +105,8 @@ class DumpMixin:
             RestorePendingError: the partition has an unresolved restore.
             CheckpointError: the dump's restore marker ``<dir>.restore`` cannot be written,
                 or is there but cannot be read (it may list other stores' pending loads: it
-                is left as it is).
+                is left as it is); or the dump's name is longer than 243 bytes (room for
+                the marker's temporary file beside it).
             In every case nothing was written (a restore that failed once its units started
             is cancelled before the error is raised; should the cancel fail too, the restore
             stays pending and the error says to call :meth:`recover_data_load`), except for an

@@ -50,6 +50,25 @@ def resolve(path: PathLike) -> Path:
     return real
 
 
+#: the longest file name a dump's siblings need beside ``<dir>``: the restore marker's
+#: temporary file ``<dir>.restore.tmp`` (:func:`mark`), within the usual 255-byte limit
+NAME_MAX_BYTES = 255
+LONGEST_SUFFIX = ".restore.tmp"
+
+
+def check_name_fits(final: Path) -> None:
+    """Raise CheckpointError when ``final``'s name leaves no room for its siblings' names (a
+    dump written under it could not be loaded: the load's marker needs the longest name).
+    Checked by dumps and loads before anything is written; a read needs no sibling but the
+    lock and does not check."""
+    n = len(os.fsencode(final.name))
+    most = NAME_MAX_BYTES - len(LONGEST_SUFFIX)
+    if n > most:
+        raise CheckpointError(f"dump directory name {final.name[:40]!r}... has {n} bytes; tqstore writes "
+                              f"'<name>{LONGEST_SUFFIX}' beside a dump, so the name may hold at most {most} bytes; "
+                              f"choose a shorter one (nothing was written)")
+
+
 def sibling(final: Path, suffix: str) -> Path:
     return final.with_name(final.name + suffix)
 
@@ -67,8 +86,10 @@ def marker_path(final: PathLike) -> Path:
 def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Path:
     """:func:`tqstore.checkpoint.target.check_target` for a dump: ``path`` is missing, an empty
     directory or a dump, and not inside a store, checkpoint, generation root or dump (nor
-    holding the live store).  Returns the resolved path.  Raises CheckpointError."""
+    holding the live store), its name short enough for its siblings (:func:`check_name_fits`).
+    Returns the resolved path.  Raises CheckpointError."""
     final = resolve(path)
+    check_name_fits(final)
     T.check_target(final, T.DUMP, live_store=live_store)
     return final
 
