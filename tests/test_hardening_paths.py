@@ -466,12 +466,12 @@ def test_own_background_save_then_load_or_restore_does_not_deadlock(store, tmp_p
 
 def test_a_cleaner_leaves_the_temporary_directory_of_a_running_save(store, tmp_path):
     tmp = tmp_path / "ckpt.tmp-0123abcd"
-    tmp.mkdir()
-    (tmp / "partial").write_bytes(b"x")
+    (tmp / "unit-000").mkdir(parents=True)
+    (tmp / "unit-000" / "partial").write_bytes(b"x")
     mark = locks.hold_dir(tmp)
     try:
         store.save_checkpoint(tmp_path / "ckpt")
-        assert (tmp / "partial").exists()  # another save is still writing it
+        assert (tmp / "unit-000" / "partial").exists()  # another save is still writing it
     finally:
         locks.release_dir(mark)
     store.save_checkpoint(tmp_path / "ckpt")  # its writer is gone: debris, removed
@@ -522,3 +522,104 @@ def test_loading_a_missing_checkpoint_leaves_no_lock_file_behind(store, tmp_path
     with pytest.raises(tqstore.CheckpointNotFoundError):
         verify_checkpoint(tmp_path / "nothing")
     assert sorted(os.listdir(tmp_path)) == ["store"]
+
+
+# ---------------------------------------------------------------------------- 5. names beside a checkpoint
+def test_a_save_removes_only_the_temporary_directories_of_its_own_interrupted_saves(tmp_path):
+    """The cleanup of interrupted saves to ``<name>`` takes only ``<name>.tmp-XXXXXXXX``
+    directories (8 hex digits) holding nothing but what a save writes: the live store named
+    like one, a user's directory or file of a similar name, and a symbolic link stay, and
+    the save goes on."""
+    d = tmp_path / "d"
+    d.mkdir()
+    with tqstore.open(d / "ckpt.tmp-live", num_units=2, segment_bytes=1 << 16) as s:
+        fill(s)
+        want = state(s)
+        user_dir(d / "ckpt.tmp-mine")
+        user_dir(d / "ckpt.tmp-0badcafe")
+        (d / "ckpt.tmp-notes.txt").write_text("mine")
+        (d / "ckpt.tmp-1234abcd").symlink_to(d / "ckpt.tmp-mine")
+        left = d / "ckpt.tmp-0123abcd"  # what a killed save leaves
+        (left / "controller").mkdir(parents=True)
+        (left / "unit-000").mkdir()
+        before = {n: tree(d / n) for n in os.listdir(d) if n != left.name and not n.startswith("ckpt.tmp-live")}
+        s.save_checkpoint(d / "ckpt")
+        assert not left.exists()
+        assert {n: tree(d / n) for n in before} == before
+        assert state(s) == want
+    with tqstore.open(d / "ckpt.tmp-live") as s:
+        assert state(s) == want
+    assert verify_checkpoint(d / "ckpt").ok
+
+
+def test_save_load_and_verify_resolve_a_path_alike(store, tmp_path):
+    """``link/../ckpt``, with ``link`` a symbolic link to a directory elsewhere, names the same
+    checkpoint for a save, a verify and a load (symlinks resolved first, then ``..``), not
+    another one that sits at the path read without resolving the link."""
+    (tmp_path / "runs" / "r1").mkdir(parents=True)
+    (tmp_path / "cur").symlink_to(tmp_path / "runs" / "r1")
+    store.save_checkpoint(tmp_path / "ckpt", metadata={"which": "decoy"})
+    p = f"{tmp_path}/cur/../ckpt"
+    info = store.save_checkpoint(p, metadata={"which": "saved"})
+    assert Path(info.path) == tmp_path / "runs" / "ckpt"
+    assert verify_checkpoint(p).path == info.path
+    assert store.load_checkpoint(p).metadata == {"which": "saved"}
+    m = CheckpointManager(f"{tmp_path}/cur/../gens", keep_last=1)
+    assert m.root == tmp_path / "runs" / "gens" and (tmp_path / "runs" / "gens").is_dir()
+    assert not (tmp_path / "gens").exists()
+
+
+def test_a_checkpoint_named_like_a_generation_roots_lock_leaves_its_parent_an_ordinary_directory(store, tmp_path):
+    """A checkpoint named ``tqstore-checkpoints`` takes a lock file that is not the mark of a
+    generation root: saved, verified and loaded, it leaves its parent as it was, and the
+    store beside it reopens."""
+    d = tmp_path / "d"
+    with tqstore.open(d / "store", num_units=2, segment_bytes=1 << 16) as s:
+        fill(s)
+        want = state(s)
+        s.save_checkpoint(d / "tqstore-checkpoints")
+        assert verify_checkpoint(d / "tqstore-checkpoints").ok
+        s.load_checkpoint(d / "tqstore-checkpoints")
+        s.save_checkpoint(d / "again")
+        assert state(s) == want
+    assert not (d / T.ROOT_LOCK_NAME).exists() and not T.is_generation_root(d)
+    with tqstore.open(d / "store") as s:
+        assert state(s) == want
+
+
+def test_a_symbolic_link_in_a_generation_root_is_never_renamed_or_pruned(store, tmp_path):
+    """A user's symbolic link named like a generation makes the root foreign: a prune deletes
+    nothing and renames nothing (the link and what it points to stay), and says why."""
+    store.save_checkpoint(tmp_path / "imported")
+    m = CheckpointManager(tmp_path / "root", keep_last=1, store=store)
+    m.save(1)
+    (tmp_path / "root" / "step-0000000000").symlink_to(tmp_path / "imported")
+    before = tree(tmp_path / "root")
+    with pytest.raises(CheckpointError, match="step-0000000000"):
+        m.prune()
+    assert tree(tmp_path / "root") == before
+    assert verify_checkpoint(tmp_path / "imported").ok
+
+
+@pytest.mark.parametrize("make", [
+    lambda root: CheckpointManager(root, keep_last=0),
+    lambda root: CheckpointManager(root, keep_last=1.5),
+    lambda root: CheckpointManager(None),
+    lambda root: CheckpointManager(root, policy=tqstore.checkpoint.KeepEvery(0)),
+])
+def test_bad_manager_arguments_are_invalid_input_and_create_nothing(tmp_path, make):
+    with pytest.raises(tqstore.InvalidInputError):
+        make(tmp_path / "root")
+    assert not (tmp_path / "root").exists()
+
+
+def test_metadata_json_cannot_carry_is_refused_before_the_cut(store, tmp_path):
+    """An integer of more digits than JSON readers take (4300) in the metadata: InvalidInputError
+    before anything is cut or written (no directory, no lock file)."""
+    before = sorted(os.listdir(tmp_path))
+    for blocking in (True, False):
+        with pytest.raises(tqstore.InvalidInputError, match="metadata"):
+            store.save_checkpoint(tmp_path / "ck", metadata={"big": [10 ** 4300]}, blocking=blocking)
+        assert sorted(os.listdir(tmp_path)) == before
+    store.save_checkpoint(tmp_path / "ck", metadata={"big": 10 ** 4299})
+    assert tqstore.checkpoint.read_manifest(tmp_path / "ck").metadata == {"big": 10 ** 4299}

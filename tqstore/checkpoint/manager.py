@@ -95,7 +95,7 @@ class CheckpointManager:
                  policy: Optional[RetentionPolicy] = None, copy_segments: bool = False) -> None:
         if policy is not None and keep_last is not None:
             raise InvalidInputError("give keep_last or policy, not both")
-        self.root = Path(os.path.abspath(os.fspath(root)))
+        self.root = T.real_path(root)  # (as a save resolves a path: symbolic links, then "..")
         self.policy: RetentionPolicy = policy or (KeepLast(keep_last) if keep_last is not None else KeepAll())
         self.copy_segments = copy_segments
         self._store = store

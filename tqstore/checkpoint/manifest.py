@@ -107,6 +107,10 @@ class Manifest:
         return None
 
 
+_JSON_INT_DIGITS = 4300  # (Python's default int_max_str_digits: what json reads and writes)
+_JSON_INT_LIMIT = 10 ** _JSON_INT_DIGITS
+
+
 def check_metadata(metadata: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     """Validate user metadata: a mapping with str keys of strict JSON values (no NaN/inf).
 
@@ -120,7 +124,12 @@ def check_metadata(metadata: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
     def walk(v: Any, where: str, depth: int) -> Any:
         if depth > 64:
             raise InvalidInputError(f"metadata is nested too deeply at {where}")
-        if v is None or isinstance(v, (str, bool, int)):
+        if v is None or isinstance(v, (str, bool)):
+            return v
+        if isinstance(v, int):
+            if v.bit_length() > 14000 and abs(v) >= _JSON_INT_LIMIT:
+                raise InvalidInputError(f"metadata value at {where} is an integer of more than {_JSON_INT_DIGITS} "
+                                        f"digits, which JSON readers refuse; store it as a str")
             return v
         if isinstance(v, float):
             if not math.isfinite(v):

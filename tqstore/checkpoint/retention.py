@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, Sequence, Tuple
 
+from ..errors import InvalidInputError
+
 
 class RetentionPolicy:
     """Base class: decide which generations to keep."""
@@ -33,7 +35,7 @@ class KeepLast(RetentionPolicy):
 
     def __post_init__(self) -> None:
         if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
-            raise ValueError(f"keep_last must be an int >= 1, got {self.n!r}")
+            raise InvalidInputError(f"keep_last must be an int >= 1, got {self.n!r}")
 
     def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
         return frozenset(sorted(steps)[-self.n:])
@@ -47,7 +49,7 @@ class KeepEvery(RetentionPolicy):
 
     def __post_init__(self) -> None:
         if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
-            raise ValueError(f"every must be an int >= 1, got {self.every!r}")
+            raise InvalidInputError(f"every must be an int >= 1, got {self.every!r}")
 
     def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
         return frozenset(s for s in steps if s % self.every == 0)

@@ -95,6 +95,35 @@ def is_dump_dir(d: PathLike) -> bool:
     return isinstance(doc, dict) and doc.get("format") == DR.MANIFEST_FORMAT
 
 
+_TMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{8}")
+
+
+def is_tmp_name(n: str, name: str) -> bool:
+    """``n`` is the name of a save's temporary directory for ``name``: ``<name>.tmp-XXXXXXXX``."""
+    return n.startswith(name) and _TMP_SUFFIX.fullmatch(n, len(name)) is not None
+
+
+def _real_dir(p: Path) -> bool:
+    """``p`` is a directory, not a symbolic link to one."""
+    try:
+        return stat.S_ISDIR(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def is_save_leftover(d: Path) -> bool:
+    """``d`` is a directory (not a symbolic link) holding only what a checkpoint save writes
+    (``controller`` and ``unit-NNN`` directories, ``MANIFEST.json``), or nothing: what an
+    interrupted save leaves, garbage to remove."""
+    if not _real_dir(d):
+        return False
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    return all(n == M.MANIFEST_NAME or (_CKPT_ENTRY.match(n) and _real_dir(d / n)) for n in names)
+
+
 def _is_torn_checkpoint(d: Path) -> bool:
     """A checkpoint directory that lost its manifest: no MANIFEST.json, only ``controller`` and
     ``unit-NNN`` directories."""
@@ -117,7 +146,8 @@ def _is_torn_dump(d: Path) -> bool:
 
 def is_generation_root(d: PathLike) -> bool:
     """True if ``d`` holds only what a :class:`CheckpointManager` puts there: ``step-N`` (and
-    ``step-N.old``, ``step-N.tmp-X``) directories, ``.deleting-*`` directories, its lock file."""
+    ``step-N.old``, ``step-N.tmp-X``) directories, ``.deleting-*`` directories (none of them
+    a symbolic link), its lock file."""
     d = Path(d)
     try:
         names = os.listdir(d)
@@ -127,7 +157,7 @@ def is_generation_root(d: PathLike) -> bool:
         if n == ROOT_LOCK_NAME:
             if not (d / n).is_file():
                 return False
-        elif not (_ROOT_ENTRY.match(n) and (d / n).is_dir()):
+        elif not (_ROOT_ENTRY.match(n) and _real_dir(d / n)):  # (a symbolic link is the user's)
             return False
     return True
 
@@ -220,7 +250,7 @@ def describe(p: Path) -> str:
     if M.MANIFEST_NAME in names and not is_checkpoint_dir(p) and not is_dump_dir(p):
         return f"a directory holding a {M.MANIFEST_NAME} that is not a tqstore checkpoint manifest"
     if ROOT_LOCK_NAME in names or any(_ROOT_ENTRY.match(n) for n in names):
-        foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and (p / n).is_dir())]
+        foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and _real_dir(p / n))]
         if not foreign:
             return "a checkpoint generation root"
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
@@ -315,12 +345,16 @@ def check_store_location(root: PathLike) -> None:
 def lock_path_for(path: PathLike) -> Path:
     """The lock file serialising publication, deletion and reads of the checkpoint at ``path``
     (resolved): ``root/.tqstore-checkpoints.lock`` for a generation ``step-N`` of a generation
-    root, else ``<parent>/.<name>.lock``."""
+    root, else ``<parent>/.<name>.lock`` (``.tqstore-checkpoints.checkpoint.lock`` for a
+    checkpoint named ``tqstore-checkpoints``: the other name marks a generation root)."""
     real = real_path(path)
     m = STEP_RE.match(real.name)
     if m and not m.group(2) and os.path.lexists(real.parent / ROOT_LOCK_NAME):
         return real.parent / ROOT_LOCK_NAME
-    return real.parent / f".{real.name}.lock"
+    lock = f".{real.name}.lock"
+    if lock == ROOT_LOCK_NAME:  # (a checkpoint named "tqstore-checkpoints": its lock must not mark a root)
+        lock = f".{real.name}.checkpoint.lock"
+    return real.parent / lock
 
 
 @contextlib.contextmanager
@@ -355,4 +389,4 @@ def read_locked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 __all__: List[str] = ["TargetKind", "CHECKPOINT", "GENERATION", "GENERATION_ROOT", "DUMP", "is_dump_dir", "check_target",
                       "check_store_location", "enclosing_owner", "is_checkpoint_dir", "is_generation_root",
-                      "lock_path_for", "reading", "read_locked", "ROOT_LOCK_NAME"]
+                      "lock_path_for", "reading", "read_locked", "ROOT_LOCK_NAME", "is_tmp_name", "is_save_leftover"]

@@ -25,6 +25,7 @@ from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionErro
 from . import manifest as M
 from .planner import FrameTable
 from .._io.scan import listed_file_problem, scan_file
+from . import target as T
 from .target import read_locked
 
 log = logging.getLogger("tqstore")
@@ -39,10 +40,15 @@ def resolve_checkpoint_dir(path: PathLike) -> Path:
     Normally ``path`` itself.  If a replacement was interrupted between its two renames,
     ``path`` is missing and the previous checkpoint sits at ``<path>.old``: that one is used.
 
+    ``path`` is resolved as a save resolves it (symbolic links first, then ``..``:
+    :func:`~tqstore.checkpoint.target.real_path`), so a path names the checkpoint a save to
+    it published.
+
     Raises:
         CheckpointNotFoundError: no checkpoint at ``path`` (missing, or no MANIFEST.json).
+        InvalidInputError: ``path`` is not a path.
     """
-    p = Path(os.path.abspath(os.fspath(path)))
+    p = T.real_path(path)
     if (p / M.MANIFEST_NAME).is_file():
         return p
     old = p.with_name(p.name + ".old")

@@ -194,9 +194,12 @@ def default_lock_path(final: Path) -> Path:
 
 def clean_stale(parent: Path, name: str) -> None:
     """Remove temporary directories of interrupted saves to ``parent/name`` (caller holds the
-    lock); one a running save still marks as in use is left alone."""
+    lock): ``<name>.tmp-XXXXXXXX`` (8 lowercase hex digits) directories that hold only what a
+    save writes (:func:`~tqstore.checkpoint.target.is_save_leftover`); one a running save
+    still marks as in use is left alone, and so is anything else of a similar name (a
+    user's file or directory, a symbolic link, a store)."""
     for n in files.listdir(parent):
-        if n.startswith(name + ".tmp-"):
+        if T.is_tmp_name(n, name) and T.is_save_leftover(parent / n):
             if locks.dir_in_use(parent / n):
                 continue
             log.info("removing %s left by an interrupted checkpoint save", parent / n)
