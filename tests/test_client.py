@@ -225,6 +225,48 @@ def test_put_spanning_two_partitions_validates_both_before_writing_either(client
     assert client.get_data(both)["x"].tolist() == [1.0, 2.0]
 
 
+def test_put_spanning_two_partitions_takes_the_dtype_change_the_store_allows(tmp_path):
+    """With ``strict_schema=False`` (the default) a put over rows of two partitions may change a
+    field's dtype, as a put over one partition may; with True it is refused for both."""
+    for strict in (False, True):
+        with tq.open(tmp_path / f"s{strict}", num_units=2, strict_schema=strict) as s:
+            mp = s.put({"x": torch.tensor([[1], [2]])}, partition_id="p")
+            mq = s.put({"x": torch.tensor([[3], [4]])}, partition_id="q")
+            both = BatchMeta.concat([mp.select_fields(["x"]), mq.select_fields(["x"])], validate=False)
+            new = torch.tensor([[1.5], [2.5], [3.5], [4.5]])
+            if strict:
+                with pytest.raises(SchemaError):
+                    s.put({"x": new}, metadata=both)
+                assert s.get_data(both)["x"].tolist() == [[1], [2], [3], [4]]
+            else:
+                s.put({"x": new}, metadata=both)
+                assert s.get_data(both)["x"].tolist() == new.tolist()
+
+
+def test_put_spanning_two_partitions_past_the_capacity_writes_neither(tmp_path):
+    """``total_storage_size`` is checked for the rows of every partition together, before any
+    is written: a put that fits partition by partition but not as a whole writes nothing."""
+    with tq.open(tmp_path / "s", num_units=1, total_storage_size=3) as s:
+        both = BatchMeta.concat([s.get_meta(["x"], 2, "p", mode="insert"), s.get_meta(["x"], 2, "q", mode="insert")])
+        with pytest.raises(tq.CapacityError):
+            s.put({"x": torch.arange(4).view(4, 1)}, metadata=both)
+        assert s.get_production_status(["x"], "p")[1].tolist() == [[0], [0]]
+        assert s.get_production_status(["x"], "q")[1].tolist() == [[0], [0]]
+        s.put({"x": torch.arange(3).view(3, 1)}, metadata=both[:3])  # three fit
+        assert s.get_data(both[:3])["x"].tolist() == [[0], [1], [2]]
+
+
+def test_set_custom_meta_over_two_partitions_checks_every_tag_before_writing_any(client):
+    mp = client.put({"x": torch.tensor([[1], [2]])}, partition_id="p")
+    mq = client.put({"x": torch.tensor([[3], [4]])}, partition_id="q")
+    both = BatchMeta.concat([mp, mq])
+    both.update_custom_meta([{"score": 1}, {"score": 2}, {"score": 3}, {"score": {1, 2}}])  # a set: no tag
+    with pytest.raises(tq.UnsupportedTypeError):
+        client.set_custom_meta(both)
+    assert client.get_meta(["x"], None, "p", mode="force_fetch").custom_meta == [{}, {}]
+    assert client.get_meta(["x"], None, "q", mode="force_fetch").custom_meta == [{}, {}]
+
+
 def test_put_with_stale_metadata_is_rejected(client):
     meta = client.put(_prompts(2), partition_id="p")
     client.clear_samples(meta)

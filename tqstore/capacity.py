@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from .errors import CapacityError, ConfigError
 from .ports import ControllerPort
@@ -70,6 +70,11 @@ class RowCapacity:
             rows = controller.row_batch(pid, old)
             empty = [g for g, fs in zip(old, rows.fields if rows is not None else []) if not fs]
         grow = Counter(g % self.num_units for g in list(new) + empty)
+        self.check_grow(controller, grow)
+        return dict(grow)
+
+    def check_grow(self, controller: ControllerPort, grow: Mapping[int, int]) -> None:
+        """Raise CapacityError when adding ``grow`` (unit -> rows with data) takes a unit past its share."""
         held = self.held(controller)
         for u, n in sorted(grow.items()):
             if held[u] + n > self.per_unit:
@@ -77,7 +82,14 @@ class RowCapacity:
                     f"Storage capacity exceeded: unit {u} holds {held[u]} rows with data, the put adds {n}, its "
                     f"share is {self.per_unit} (total_storage_size={self.total_rows} over {self.num_units} units; "
                     f"clear rows or raise total_storage_size)", setting="total_storage_size")
-        return dict(grow)
+
+    def check_sum(self, controller: ControllerPort, grows: Sequence[Dict[int, int]]) -> None:
+        """Raise CapacityError when the planned puts ``grows`` (each :meth:`check`'s answer)
+        together would take a unit past its share.  Nothing is changed."""
+        total: Counter = Counter()
+        for g in grows:
+            total.update(g)
+        self.check_grow(controller, total)
 
     def commit(self, grow: Dict[int, int]) -> None:
         """A put planned by :meth:`check` was committed."""

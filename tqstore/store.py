@@ -366,6 +366,22 @@ class Store(CheckpointMixin, DumpMixin):
                 self._capacity.commit(grow)
             return list(plan.gidxs)
 
+    def check_writes(self, writes: Sequence[Tuple[str, Any, Sequence[int], Optional[List[Any]]]]) -> None:
+        """Check writes to existing rows, ``(partition, fields, gidxs, tags)`` each, as one put:
+        each as :meth:`write` checks it (schema by ``strict_schema``, tags), and the rows they
+        add summed against ``total_storage_size``.  The caller holds the write lock and then
+        writes them.  Nothing is written.  Raises what :meth:`write` raises before writing."""
+        grows = []
+        for pid, fields, gidxs, tags in writes:
+            cols = [self.edge.to_column(f, v, len(gidxs)) for f, v in _normalise_fields(self.edge, fields)]
+            with self._meta_lock:
+                plan = self.controller.plan_put(pid, cols, gidxs=list(gidxs), tags=tags,
+                                                strict_dtypes=self.strict_schema)
+            if self._capacity and cols and len(gidxs):
+                grows.append(self._capacity.check(self.controller, pid, plan))
+        if len(grows) > 1:
+            self._capacity.check_sum(self.controller, grows)
+
     def _settle_units(self, token: int, *, committed: bool, units: Optional[Sequence[int]] = None) -> None:
         """Settle an overwriting put on the units (best effort: leftovers are settled before the
         next overwriting put and on open)."""

@@ -308,10 +308,9 @@ class Streaming:
                 tags = None
                 if any(w != c for w, c in zip(want, cur)):
                     tags = [w if w != c else t for w, c, t in zip(want, cur, stored)]
-                if len(groups) > 1:  # validate every partition before writing any
-                    cols = [dp.edge.to_column(f, part[f], len(gidxs)) for f in names]
-                    dp.controller.plan_put(pid, cols, gidxs=gidxs, tags=tags)
                 plans.append((pid, part, gidxs, tags))
+            if len(plans) > 1:  # every partition checked (and the capacity of all of them) before any is written
+                dp.io.check_writes(plans)
             for pid, part, gidxs, tags in plans:
                 dp.io.write(pid, part, gidxs=gidxs, tags=tags)
             dp.notify()
