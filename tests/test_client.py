@@ -267,6 +267,14 @@ def test_set_custom_meta_over_two_partitions_checks_every_tag_before_writing_any
     assert client.get_meta(["x"], None, "q", mode="force_fetch").custom_meta == [{}, {}]
 
 
+def test_a_numpy_integer_batch_size_is_taken_as_an_int(client):
+    client.put({"x": torch.arange(6).view(6, 1)}, partition_id="p")
+    m = client.get_meta(["x"], np.int64(4), "p", task_name="t")
+    assert m.size == 4 and client.get_meta(["x"], np.int32(2), "p", mode="force_fetch").size == 2
+    with pytest.raises(InvalidInputError):
+        client.get_meta(["x"], np.bool_(True), "p", task_name="t")
+
+
 def test_put_with_stale_metadata_is_rejected(client):
     meta = client.put(_prompts(2), partition_id="p")
     client.clear_samples(meta)

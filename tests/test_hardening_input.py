@@ -106,6 +106,10 @@ BAD_INPUTS = [
     ("int field name", lambda s: s.kv_batch_put(["k"], "p", fields={5: torch.zeros(1)}), (InvalidInputError,)),
     ("int field name, streaming put", lambda s: s.put({5: torch.zeros(1)}, partition_id="p"), (InvalidInputError,)),
     ("NUL in a key", lambda s: s.kv_put("a\0b", "p", fields={"x": torch.zeros(2)}), (InvalidInputError,)),
+    ("one dict for the tags of a batch (its keys would become the tags)",
+     lambda s: s.kv_batch_put(["a", "b"], "p", tags={"score": 0.5, "len": 3}), (InvalidInputError,)),
+    ("a sampling_config that is not a dict", lambda s: s.get_meta(["x"], 1, "p", task_name="t", sampling_config=[1]),
+     (InvalidInputError,)),
 ]
 
 

@@ -177,3 +177,26 @@ def test_set_custom_meta_on_rows_made_by_put_and_refuses_a_stale_meta():
             c.set_custom_meta(meta)
     finally:
         tq.close()
+
+
+def test_seqlen_balanced_sampler_never_hands_a_row_twice_when_a_rank_runs_ahead(tmp_path):
+    """Rank 0 fetches batches 0 and 1 before rank 1 fetches batch 0: the first call splits the
+    global batch for both ranks, so rank 0's batch 1 must not take rank 1's share of batch 0.
+    Every row is served once; rank 1 gets its share of batch 0, kept across a reopen."""
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=1, dp_size=2))
+        s.kv_batch_put([f"k{i}" for i in range(8)], "train", {"x": torch.arange(8).view(8, 1)},
+                       tags=[{"total_lengths": 10 + i} for i in range(8)])
+
+        def fetch(st, rank, bi):
+            return st.get_meta(["x"], 2, "train", task_name="actor",
+                               sampling_config={"dp_rank": rank, "batch_index": bi}).global_indexes
+
+        served = {(0, 0): fetch(s, 0, 0), (0, 1): fetch(s, 0, 1)}
+    with tq.open(tmp_path / "s") as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=1, dp_size=2))
+        served[(1, 0)] = fetch(s, 1, 0)
+        served[(1, 1)] = fetch(s, 1, 1)
+    rows = sum(served.values(), [])
+    assert sorted(rows) == list(range(8)), served
+    assert all(len(v) == 2 for v in served.values())

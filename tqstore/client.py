@@ -16,10 +16,10 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _default, _executor, config as _config, metrics as _metrics
-from ._format.values import check_value
 from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError, StoreClosedError
 from .kv import DataPlane
 from .meta import BatchMeta
+from .streaming import check_tags
 
 #: Store methods a client (and the module API) forwards, in documentation order.
 FORWARDED = (
@@ -160,7 +160,7 @@ class _ClientBase:
             if stale:
                 raise KeyNotFoundError(f"set_custom_meta: rows {stale[:5]} of partition {pid!r} were cleared "
                                        f"(the BatchMeta is stale)")
-            tags = [check_value(metadata.custom_meta[i]) for i in pos]  # (as a put checks them)
+            tags = check_tags([metadata.custom_meta[i] for i in pos])  # (as a put checks them)
             plans.append((pid, [metadata.global_indexes[i] for i in pos], tags))
         for pid, gidxs, tags in plans:  # Store.write with no fields: a tag-only controller transaction
             store.write(pid, {}, gidxs=gidxs, tags=tags)

@@ -234,6 +234,8 @@ class DataPlane:
             raise InvalidInputError("kv_batch_put needs fields or tags (or both)")
         _check_pid(partition_id)
         if tags is not None:
+            if isinstance(tags, (Mapping, str, bytes)):  # (a dict would silently become its keys)
+                raise InvalidInputError(f"tags must be a list with one tag per key, got {type(tags).__name__}")
             tags = list(tags)
             if len(tags) != len(keys):
                 raise InvalidInputError(f"{len(tags)} tags for {len(keys)} keys")

@@ -128,7 +128,8 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
     Each rank calls ``get_meta`` with ``sampling_config={"dp_rank": r, "batch_index": i}`` and its
     per-rank ``batch_size``.  The first call for ``(partition, task, batch_index)`` samples and
     balances for every rank and remembers each rank's share (in the persisted sampler state);
-    later calls of the other ranks get theirs.  Rows' tags should carry
+    later calls of the other ranks get theirs, and until a rank has fetched its share no
+    other call chooses those rows again (a rank running ahead gets other rows).  Rows' tags should carry
     ``{"total_lengths": <int>}``; rows without it weigh 1.
 
     Args:
@@ -154,6 +155,9 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
             return hit
         if partition is None and ready_tags is not None:
             partition = dict(zip(ready_indexes, ready_tags))
+        waiting = self._waiting(partition_id, task_name)
+        if waiting:  # rows of other ranks' shares they have not fetched yet: not chosen again
+            ready_indexes = [g for g in ready_indexes if g not in waiting]
         chosen, _ = super().sample(ready_indexes, batch_size * self.dp_size, partition_id=partition_id,
                                    task_name=task_name, **kwargs)
         if not chosen:
@@ -176,8 +180,17 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
                           for part in get_seqlen_balanced_partitions(lengths, self.dp_size, equal_size=False)]
         for r in range(self.dp_size):
             self._remember(partition_id, task_name, r, batch_index, (shares[r], shares[r]))
+            if r != dp_rank:  # (fetched 0 times: its rows wait for rank r, see _waiting)
+                self._task_state(partition_id, task_name)["cache"][str(r)][str(batch_index)][2] = 0
         mine = shares[dp_rank] if 0 <= dp_rank < len(shares) else []
         return list(mine), list(mine)
+
+    def _waiting(self, partition_id: str, task_name: str) -> set:
+        """The rows of cached shares their rank has not fetched yet.  Each rank's call marks
+        only its own share consumed (TransferQueue's contract), so without this a rank running
+        ahead would be handed rows of another rank's pending share a second time."""
+        cache = self._states.get(partition_id, {}).get(task_name, {}).get("cache", {})
+        return {g for per_bi in cache.values() for entry in per_bi.values() if entry[2] == 0 for g in entry[0]}
 
     @property
     def _balanced_cache(self) -> Dict[Tuple[str, str, str], Dict[str, List[int]]]:

@@ -23,6 +23,7 @@ import numpy as np
 from ._format.columns import KIND_NAMES
 from ._format.layout import KIND_VALUE
 from ._format.names import check_name
+from ._format.values import check_value
 from .edge import join_rows
 from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError
 from .meta import BatchMeta, KVBatchMeta
@@ -39,6 +40,12 @@ _POLL_S = 0.05
 
 
 # ---------------------------------------------------------------------------- helpers
+def check_tags(tags: Sequence[Any]) -> List[Any]:
+    """Each of ``tags`` checked as a put checks a tag (normalised for JSON).  Raises
+    UnsupportedTypeError / InvalidInputError for the first that cannot be stored."""
+    return [check_value(t) for t in tags]
+
+
 def _field_list(fields: Union[None, str, Sequence[str]], what: str = "select_fields") -> Optional[List[str]]:
     if fields is None:
         return None
@@ -184,11 +191,15 @@ class Streaming:
             raise InvalidInputError(f"mode must be one of {MODES}, got {mode!r}")
         fields = _field_list(data_fields, "data_fields")
         _check_pid(partition_id)
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
-                                       or batch_size < 1):
-            raise InvalidInputError(f"batch_size must be a positive int, got {batch_size!r}")
+        if batch_size is not None:
+            if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
+                    or batch_size < 1:
+                raise InvalidInputError(f"batch_size must be a positive int, got {batch_size!r}")
+            batch_size = int(batch_size)
         if mode != "force_fetch" and batch_size is None:
             raise InvalidInputError(f"mode {mode!r} needs a batch_size")
+        if sampling_config is not None and not isinstance(sampling_config, Mapping):
+            raise InvalidInputError(f"sampling_config must be a dict, got {type(sampling_config).__name__}")
         cfg = dict(sampling_config or {})
         dp = self._dp
         dp.check_open()
