@@ -236,3 +236,22 @@ def test_load_checkpoint_rebinds_the_data_plane_to_the_new_controller(tmp_path):
         got = s.get_meta(["x"], 4, "p", task_name="t")  # consumption as in the checkpoint: none
         assert s.get_data(got)["x"].flatten().tolist() == [0, 1, 2, 3]
         assert np.array_equal(s.get_consumption_status("t", "p")[1].numpy(), np.ones(4, dtype=np.int8))
+
+
+def test_a_remote_ports_call_log_is_bounded():
+    """A store's ports live as long as the store: the log of the methods called through one
+    keeps the last ``CALLS_KEPT`` names, never more."""
+    from tqstore.port_calls import CALLS_KEPT, RemotePort
+    from tqstore.ports import UnitPort
+
+    class Echo(RemotePort):
+        def _has(self, name):
+            return True
+
+        def _send(self, name, args, kwargs):
+            return name
+
+    port = Echo(UnitPort)
+    for _ in range(CALLS_KEPT + 50):
+        assert port.restore_tags() == "restore_tags"
+    assert len(port.calls) == CALLS_KEPT and set(port.calls) == {"restore_tags"}

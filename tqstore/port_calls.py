@@ -16,7 +16,11 @@ caller as an error of its own type (a :class:`~tqstore.errors.TqstoreError` stay
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Dict, FrozenSet, List, Tuple
+from collections import deque
+from typing import Any, Callable, Deque, Dict, FrozenSet, List, Tuple
+
+#: How many method names :attr:`RemotePort.calls` keeps.
+CALLS_KEPT = 256
 
 #: Parameters a process boundary drops: the caller's memory cannot be filled from there.
 DESTINATION_PARAMS = ("into", "rows")
@@ -49,14 +53,15 @@ def portable(obj: Any) -> Any:
 class RemotePort:
     """A port protocol's surface over a transport (see the module docstring).
 
-    ``calls`` lists the method names called, in order."""
+    ``calls`` lists the names of the last :data:`CALLS_KEPT` methods called, in order (a
+    bounded log: a store's ports live as long as the store)."""
 
     def __init__(self, port: type) -> None:
         self._port = port
         self._methods = port_methods(port)
         self._attributes = port_attributes(port)
         self._signatures: Dict[str, inspect.Signature] = {}
-        self.calls: List[str] = []
+        self.calls: Deque[str] = deque(maxlen=CALLS_KEPT)
 
     # the transport -------------------------------------------------------------
     def _has(self, name: str) -> bool:
