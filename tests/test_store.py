@@ -587,3 +587,43 @@ def test_gc_is_paused_during_bulk_calls_and_restored_after(store):
     with pytest.raises(InvalidInputError):  # and an error inside restores it too
         store.write("p", {"x": torch.ones(3, 2)}, keys=["a", "b"])
     assert gc.isenabled()
+
+
+def test_a_current_pointer_naming_a_missing_state_is_an_error_that_removes_nothing(tmp_path):
+    """CURRENT names a state directory that is gone (a damaged or hand-edited store): the open
+    raises CorruptionError naming CURRENT and removes no other state directory (one of them
+    may hold the data)."""
+    root = tmp_path / "s"
+    with tqstore.open(root, num_units=2) as s:
+        s.kv_batch_put(["a", "b"], "p", fields={"x": torch.arange(4).view(2, 2)})
+    current = (root / "CURRENT").read_text().strip()
+    (root / "CURRENT").write_text("state-00000009\n")
+    before = sorted(os.listdir(root))
+    with pytest.raises(tqstore.CorruptionError, match="CURRENT"):
+        tqstore.open(root)
+    assert sorted(os.listdir(root)) == before and (root / current).is_dir()
+    (root / "CURRENT").write_text(current + "\n")
+    with tqstore.open(root) as s:
+        assert s.kv_batch_get(["a", "b"], "p")["x"].tolist() == [[0, 1], [2, 3]]
+
+
+def test_a_store_missing_its_store_json_is_refused_not_taken_for_creation_debris(tmp_path):
+    """Only an interrupted creation (pointer files, empty state directories) is removed as
+    debris; a directory without STORE.json whose state directory holds anything is refused
+    with ConfigError and left as it is."""
+    root = tmp_path / "s"
+    with tqstore.open(root, num_units=2) as s:
+        s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 2)})
+    (root / "STORE.json").rename(tmp_path / "STORE.json.saved")
+    before = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    with pytest.raises(tqstore.ConfigError, match="STORE.json"):
+        tqstore.open(root)
+    assert sorted(str(p.relative_to(root)) for p in root.rglob("*")) == before
+    (tmp_path / "STORE.json.saved").rename(root / "STORE.json")
+    with tqstore.open(root) as s:
+        assert list(s.kv_list("p")["p"]) == ["a"]
+    debris = tmp_path / "d"  # what a creation killed before STORE.json leaves
+    (debris / "state-00000001").mkdir(parents=True)
+    (debris / "CURRENT").write_text("state-00000001\n")
+    with tqstore.open(debris, num_units=2) as s:
+        assert s.kv_list() == {}

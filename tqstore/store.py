@@ -29,10 +29,8 @@ from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .dump import DumpMixin
 from . import store_open
-from .errors import (
-    ConfigError, InvalidInputError, KeyNotFoundError, StorageIOError, StoreClosedError,
-    TqstoreError,
-)
+from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoundError, StorageIOError,
+                     StoreClosedError, TqstoreError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
 from ._gilswitch import handing_off
@@ -200,7 +198,7 @@ class Store(CheckpointMixin, DumpMixin):
         d = L.read_store_file(self.root)
         if d is None:
             leftovers = [n for n in files.listdir(self.root) if n not in ("LOCK",)]
-            if leftovers and all(_creation_debris(n) for n in leftovers):
+            if leftovers and all(_creation_debris(self.root, n) for n in leftovers):
                 # a creation interrupted before STORE.json, its commit point: nothing was acknowledged
                 log.info("removing the debris of an interrupted store creation in %s: %s", self.root, leftovers)
                 for name in leftovers:
@@ -220,6 +218,9 @@ class Store(CheckpointMixin, DumpMixin):
         if current is None:
             raise StorageIOError(f"store {self.root} has no {L.CURRENT_FILE} pointer")
         self.state_dir = self.root / current
+        if not self.state_dir.is_dir():  # (checked before any other state is removed: it may be the data)
+            raise CorruptionError(f"{L.CURRENT_FILE} names the state directory {current}, which does not exist; "
+                                  f"nothing was removed", path=str(self.root / L.CURRENT_FILE))
         # remove states left behind by an interrupted load (never the current one)
         for name in files.listdir(self.root):
             if L.parse_state_name(name) is not None and name != current:
@@ -584,10 +585,13 @@ for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and 
     setattr(Store, _name, handing_off(forwarder(DataPlane, "_data", _name)))
 
 
-def _creation_debris(name: str) -> bool:
-    """Names an interrupted store creation can leave (before STORE.json was published)."""
-    return name in (L.CURRENT_FILE, L.CURRENT_FILE + ".tmp", L.STORE_FILE + ".tmp") or \
-        L.parse_state_name(name) is not None
+def _creation_debris(root: Path, name: str) -> bool:
+    """What an interrupted store creation can leave (before STORE.json was published): its
+    pointer files and an empty state directory (one that holds anything is not debris)."""
+    if name in (L.CURRENT_FILE, L.CURRENT_FILE + ".tmp", L.STORE_FILE + ".tmp"):
+        return True
+    p = root / name
+    return L.parse_state_name(name) is not None and not p.is_symlink() and p.is_dir() and not files.listdir(p)
 
 
 def open(path: Optional[PathLike] = None, **kwargs) -> Store:  # noqa: A001 - mirrors builtins.open
