@@ -14,6 +14,7 @@ import tqstore as tq  # noqa: E402
 from tqstore.errors import (  # noqa: E402
     ConfigError, DistributedError, KeyNotFoundError, StorageIOError, StoreClosedError,
 )
+from tqstore.checkpoint import CheckpointFallbackWarning  # noqa: E402
 from tqstore.ray.remote_store import RemoteHandle, RemoteStore  # noqa: E402
 from tqstore.ray.store_host import STORE_CALLS, find_store_host  # noqa: E402
 
@@ -209,11 +210,39 @@ def test_checkpoints_through_the_ray_store_load_into_it_and_into_an_embedded_sto
     tq.kv_clear(["g2", "g3"], "train")
     assert mgr.restore(2) == 2 and "g2" in tq.kv_list("train")["train"] and "g3" not in tq.kv_list("train")["train"]
     assert mgr.restore() == 3 and "g3" in tq.kv_list("train")["train"]
+    (mgr.path(3) / "MANIFEST.json").write_text("torn")  # a fallback: its warning reaches this process
+    with pytest.warns(CheckpointFallbackWarning, match="step-0000000003"):
+        assert mgr.restore() == 2
     tq.close()
     with tq.open(tmp_path / "emb", num_units=3, result_type="dict") as emb:  # the embedded format
         emb.load_checkpoint(tmp_path / "ck1")
         got = emb.kv_batch_get(keys, "train")
         assert [r.tolist() for r in got["ids"]] == [t.tolist() for t in fields["ids"]]
+
+
+def test_put_updates_the_callers_meta_and_only_fetch_waits_as_in_the_embedded_store(tmp_path, closed_after):
+    """Through the served store as in process: ``put(data, metadata=meta)`` updates the
+    caller's ``meta`` (fields, production status, tags), so ``get_data(meta)`` reads every
+    field; ``force_fetch`` of an empty partition answers at once whatever ``timeout_s``."""
+    import time
+
+    tq.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2, "ray": {"name": "meta"}})
+    meta = tq.put({"prompt": torch.arange(4).view(2, 2)}, partition_id="p")
+    meta.update_custom_meta([{"r": 1}, {"r": 2}])
+    back = tq.put({"response": torch.ones(2, 3)}, metadata=meta)
+    assert back is meta and meta.field_names == ["prompt", "response"]
+    assert meta.production_status.tolist() == [1, 1]
+    got = tq.get_data(meta)
+    assert sorted(got.keys()) == ["prompt", "response"] and got["response"].tolist() == [[1.0] * 3] * 2
+    assert tq.get_meta(None, None, "p", mode="force_fetch").custom_meta == [{"r": 1}, {"r": 2}]
+    tq.put({"x": torch.zeros(1, 1)}, partition_id="empty")
+    tq.clear_partition("empty")
+    t0 = time.monotonic()
+    try:
+        assert tq.get_meta(["x"], None, "empty", mode="force_fetch", timeout_s=5.0).size == 0
+    except tq.PartitionNotFoundError:
+        pass  # (a cleared partition may be gone: either way, at once)
+    assert time.monotonic() - t0 < 2.0
 
 
 def test_a_store_that_cannot_open_raises_its_own_error_and_leaves_no_host(tmp_path, closed_after):

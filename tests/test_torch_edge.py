@@ -170,7 +170,7 @@ def test_values_cross_a_process_boundary_as_numpy_bytes_and_come_back_equal():
     value = ({"dense": dense, "njt": njt}, [td, arr, "s", 1, None], (b"b",))
     wired = edge.to_wire(value)
     blob = pickle.dumps(wired)
-    # no torch object pickled for the tensors (a TensorDict's non-tensor entries travel as they are)
+    # no torch object pickled for the tensors (a TensorDict's non-tensor rows travel as a list)
     assert b"torch" not in pickle.dumps(wired[0]).replace(b"tqstore.torch_adapter", b"")
     assert isinstance(wired[0]["dense"][0], WireTensor) and isinstance(wired[0]["njt"], WireNested)
     assert isinstance(wired[1][0], WireTensorDict) and wired[1][1] is arr
@@ -190,3 +190,10 @@ def test_values_cross_a_process_boundary_as_numpy_bytes_and_come_back_equal():
     t = edge.from_wire(w)
     t += 1
     assert t.tolist() == [1.0, 2.0, 3.0, 4.0]
+    # and so do a TensorDict's rows of numpy arrays (a jagged numpy field)
+    rows = [np.zeros(2), np.ones(3)]
+    for r in rows:
+        r.flags.writeable = False
+    got = edge.from_wire(edge.to_wire(to_tensordict({"npj": rows}, 2)))["npj"]
+    got[0][0] = 5.0
+    assert got[0].tolist() == [5.0, 0.0] and got[1].tolist() == [1.0, 1.0, 1.0] and rows[0][0] == 0.0

@@ -286,10 +286,23 @@ class WireNested:
 
 @dataclasses.dataclass
 class WireTensorDict:
-    """A TensorDict as its entries (non-tensor entries as they are) and batch size."""
+    """A TensorDict as its entries (a ``NonTensorStack`` as :class:`WireNonTensorStack`) and batch size."""
 
     entries: Dict[str, Any]
     batch_size: List[int]
+
+
+@dataclasses.dataclass
+class WireNonTensorStack:
+    """A TensorDict's ``NonTensorStack`` entry as its rows."""
+
+    rows: List[Any]
+
+
+def _writable_rows(rows: List[Any]) -> List[Any]:
+    """The rows, a read-only numpy array among them copied (a zero-copy deserialiser hands
+    them out read-only: what a get returns is the caller's to edit)."""
+    return [r.copy() if isinstance(r, np.ndarray) and not r.flags.writeable else r for r in rows]
 
 
 def _wire_tensor(t: torch.Tensor) -> Any:
@@ -320,6 +333,8 @@ def to_wire(value: Any) -> Any:
         return _wire_tensor(value)
     if _is_tensordict(value) and not _is_non_tensor(value):
         return WireTensorDict({k: to_wire(value.get(k)) for k in value.keys()}, list(value.batch_size))
+    if type(value).__name__ == "NonTensorStack" and _is_tensordict(value):
+        return WireNonTensorStack(list(_non_tensor_rows(value)))
     return _map_items(value, to_wire)
 
 
@@ -337,6 +352,11 @@ def from_wire(value: Any) -> Any:
         from tensordict import TensorDict
 
         return TensorDict({k: from_wire(v) for k, v in value.entries.items()}, batch_size=value.batch_size)
+    if t is WireNonTensorStack:
+        from tensordict import NonTensorStack
+
+        rows = _writable_rows(value.rows)
+        return NonTensorStack(*rows) if rows else NonTensorStack()
     return _map_items(value, from_wire)
 
 

@@ -19,12 +19,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, DistributedError, StoreClosedError
 from .port_actor import _ray, answer
-from .store_host import STORE_CALLS, HandleRef, HostInfo, find_store_host, sampler_description, start_store_host
+from .store_host import (STORE_CALLS, HandleRef, HostInfo, Warned, find_store_host, sampler_description,
+                         start_store_host)
 
 log = logging.getLogger("tqstore")
 
@@ -127,11 +129,24 @@ class RemoteStore:
         out = self._ask(self._host.call.remote(name, wire(tuple(args)), wire(dict(kwargs))))
         return RemoteHandle(self, out) if isinstance(out, HandleRef) else self._edge.from_wire(out)
 
+    def _put(self, args: Any, kwargs: Dict[str, Any]) -> Any:
+        """``put``; with a ``metadata`` the caller's BatchMeta is updated in place from the
+        host's answer (new fields, production status, tags), as the embedded store's put does,
+        and returned."""
+        out = self._call("put", args, kwargs)
+        meta = args[1] if len(args) > 1 else kwargs.get("metadata")
+        if meta is None or meta is out or type(out) is not type(meta):
+            return out
+        meta.__setstate__(out.__getstate__())
+        return meta
+
     def _get_meta(self, args: Any, kwargs: Dict[str, Any]) -> Any:
         """``get_meta``; a fetch that may wait for producers (``timeout_s``) waits here, asking
-        the host again (each ask a fetch that does not wait)."""
+        the host again (each ask a fetch that does not wait); other modes never wait."""
         timeout = kwargs.get("timeout_s", 0.0)
-        if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not timeout > 0:
+        mode = args[3] if len(args) > 3 else kwargs.get("mode", "fetch")
+        if mode != "fetch" or not isinstance(timeout, (int, float)) or isinstance(timeout, bool) \
+                or not timeout > 0:
             return self._call("get_meta", args, kwargs)  # (the host checks the value)
         once = dict(kwargs, timeout_s=0.0)
         got: List[Any] = []
@@ -150,6 +165,10 @@ class RemoteStore:
         if self._closed:
             raise StoreClosedError(f"{self._part} is closed in this process")
         out = self._ask(self._host.checkpoint_manager.remote(root, options, name, args, kwargs))
+        if isinstance(out, Warned):  # raised again here, where the caller sees them
+            for category, message in out.warnings:
+                warnings.warn(message, category, stacklevel=3)
+            out = out.value
         return RemoteHandle(self, out) if isinstance(out, HandleRef) else out
 
     def __getattr__(self, name: str) -> Any:
@@ -159,6 +178,8 @@ class RemoteStore:
         def call(*args: Any, **kwargs: Any) -> Any:
             if name == "get_meta":
                 return self._get_meta(args, kwargs)
+            if name == "put":
+                return self._put(args, kwargs)
             return self._call(name, args, kwargs)
 
         call.__name__ = call.__qualname__ = name

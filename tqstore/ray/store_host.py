@@ -23,6 +23,7 @@ import itertools
 import logging
 import os
 import threading
+import warnings
 from dataclasses import dataclass
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -101,6 +102,15 @@ class HandleRef:
     kind: str
     path: str
     stall_s: float
+
+
+@dataclass(frozen=True)
+class Warned:
+    """A host call's answer with the warnings it raised there (``(category, message)`` each),
+    for the caller to raise again in its own process."""
+
+    value: Any
+    warnings: Tuple[Tuple[type, str], ...]
 
 
 @dataclass(frozen=True)
@@ -194,14 +204,18 @@ class StoreHost:
                            kwargs: Dict[str, Any]) -> Any:
         """``CheckpointManager(root, store=<this store>, **options).<name>(*args, **kwargs)`` for a
         name of :data:`MANAGER_CALLS` (the calls that need the store in process: a save's cut, a
-        background save's wait, a restore's loads); a save handle comes back as a :class:`HandleRef`."""
+        background save's wait, a restore's loads); a save handle comes back as a :class:`HandleRef`,
+        and an answer whose call warned as a :class:`Warned`."""
         if name not in MANAGER_CALLS:
             raise InvalidInputError(f"{name!r} is not a CheckpointManager call a Ray store runs "
                                     f"(one of {sorted(MANAGER_CALLS)})")
         from ..checkpoint.manager import CheckpointManager
 
-        out = getattr(CheckpointManager(root, store=self._opened(), **options), name)(*args, **kwargs)
-        return self._ref(out) if isinstance(out, SaveHandle) else out
+        with warnings.catch_warnings(record=True) as seen:  # (e.g. a restore's CheckpointFallbackWarning)
+            warnings.simplefilter("always")
+            out = getattr(CheckpointManager(root, store=self._opened(), **options), name)(*args, **kwargs)
+        out = self._ref(out) if isinstance(out, SaveHandle) else out
+        return Warned(out, tuple((w.category, str(w.message)) for w in seen)) if seen else out
 
     def _ref(self, h: SaveHandle) -> HandleRef:
         """Keep ``h`` for its callers' questions; finished handles beyond FINISHED_HANDLES_KEPT
