@@ -391,6 +391,22 @@ def test_store_json_with_a_bad_num_units_is_a_corruption_error_naming_the_file(t
     assert code == EXIT_DAMAGED and "num_units" in err
 
 
+@pytest.mark.parametrize("created", ["abc", 1e300, -1e20, [1]])
+def test_store_json_with_a_bad_creation_time_is_a_corruption_error_not_a_traceback(tmp_path, created):
+    root = tmp_path / "s"
+    with tqstore.open(root) as s:
+        s.kv_put("a", "p", fields={"v": 1})
+    p = root / L.STORE_FILE
+    d = json.loads(p.read_text())
+    d["created"] = created
+    p.write_text(json.dumps(d))
+    with pytest.raises(CorruptionError, match="created") as ei:
+        tqstore.open(root)
+    assert ei.value.path == str(p)
+    code, _, err = _cli("inspect", root)
+    assert code == EXIT_DAMAGED and "created" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 # ---------------------------------------------------------------------------- checkpoint roots, reopen
 def test_checkpoint_manager_on_an_unusable_root_raises_storage_io_error_with_the_path(tmp_path):
     (tmp_path / "file").write_text("not a directory")
@@ -476,3 +492,29 @@ def test_cli_ls_of_a_generation_root_is_unchanged(tmp_path):
         m.save(7)
     code, out, _ = _cli("ls", tmp_path / "gens")
     assert code == EXIT_OK and [ln.split()[0] for ln in out.splitlines()] == ["3", "7"]
+
+
+def test_a_manifest_that_cannot_be_read_is_damage_naming_its_path_for_the_api_and_the_cli(tmp_path, monkeypatch):
+    """A MANIFEST.json the process may not read (permission denied, an I/O error): the checkpoint
+    cannot be loaded, so reading it is CorruptionError naming the file, and the CLI exits 1
+    ("damaged or unreadable"), not 2, with one line."""
+    from tqstore._io import files as F
+
+    with tqstore.open(tmp_path / "s") as s:
+        s.kv_put("a", "p", fields={"v": 1})
+        s.save_checkpoint(tmp_path / "ck")
+    real = F.open_regular
+
+    def denied(p, *a, **k):
+        if str(p).endswith("MANIFEST.json"):
+            raise PermissionError(13, "Permission denied", str(p))
+        return real(p, *a, **k)
+
+    monkeypatch.setattr(F, "open_regular", denied)
+    with pytest.raises(CorruptionError, match="cannot be read") as ei:
+        M_read = __import__("tqstore.checkpoint", fromlist=["read_manifest"]).read_manifest
+        M_read(tmp_path / "ck")
+    assert ei.value.path == str(tmp_path / "ck" / "MANIFEST.json")
+    for cmd in ("inspect", "verify"):
+        code, out, err = _cli(cmd, tmp_path / "ck")
+        assert code == EXIT_DAMAGED and "MANIFEST.json" in out + err and "Traceback" not in out + err, (cmd, out, err)

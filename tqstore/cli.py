@@ -31,9 +31,10 @@ __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_DAMAGED", "EXIT_USAGE"]
 _EXIT = "Exit status: 0 clean, 1 damaged or unreadable, 2 usage or PATH is not a {what}."
 
 
-def _add(sub, name: str, help_: str, description: str, example: str, what: str = "kind this command takes"):
+def _add(sub, name: str, help_: str, description: str, example: str, what: str = "kind this command takes",
+         exit_status: str = ""):
     return sub.add_parser(name, help=help_, description=description,
-                          epilog=f"example:\n  {example}\n\n" + _EXIT.format(what=what),
+                          epilog=f"example:\n  {example}\n\n" + (exit_status or _EXIT.format(what=what)),
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
@@ -60,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
              "this build has the dump). The demo kills the child with SIGKILL at a random step, restarts it, "
              "restores the newest valid generation, and finishes. It prints one line per step and a summary, "
              "and checks that every acknowledged sample came back and none was consumed twice (exit 1 if not).",
-             "python -m tqstore demo --steps 12 --rows 64 --seed 1 --dir /tmp/tq-demo", "")
+             "python -m tqstore demo --steps 12 --rows 64 --seed 1 --dir /tmp/tq-demo",
+             exit_status="Exit status: 0 every acknowledged sample came back and none was consumed twice, 1 not, "
+                         "2 usage error.")
     d.add_argument("--steps", type=int, default=12, help="trainer steps (default 12)")
     d.add_argument("--rows", type=int, default=64, help="samples consumed per step (a multiple of --group; "
                                                           "default 64)")

@@ -44,7 +44,8 @@ def decode_store_descriptor(data: bytes, *, path: str) -> Dict[str, Any]:
     """The checked ``STORE.json`` object.
 
     Raises:
-        CorruptionError: not UTF-8 JSON, not a store descriptor, or ``num_units`` not an int >= 1.
+        CorruptionError: not UTF-8 JSON, not a store descriptor, ``num_units`` not an int >= 1, or
+            ``created`` (when present) not a unix time.
         FormatVersionError: another version.
     """
     try:
@@ -60,7 +61,13 @@ def decode_store_descriptor(data: bytes, *, path: str) -> Dict[str, Any]:
     if type(n) is not int or n < 1:
         raise CorruptionError(f"{STORE_FILE} has num_units {n!r}, not a positive int (damaged descriptor: it must "
                               f"match the controller's unit count)", path=path)
+    c = d.get("created")
+    if c is not None and (type(c) not in (int, float) or not 0 <= c < _LATEST_CREATED):
+        raise CorruptionError(f"{STORE_FILE} has created {c!r:.40}, not a unix time (damaged descriptor)", path=path)
     return d
+
+
+_LATEST_CREATED = 2.0 ** 34  # (unix seconds, past the year 2500: a larger one is no creation time)
 
 
 def encode_current(name: str) -> bytes:

@@ -76,6 +76,8 @@ def read_manifest(path: PathLike) -> M.Manifest:
         raise CheckpointNotFoundError(f"{mp} does not exist") from e
     except files.NotRegularFile as e:
         raise CorruptionError(f"{M.MANIFEST_NAME} is {e.strerror}", path=str(e.filename or mp)) from e
+    except OSError as e:  # (permission denied, an I/O error: unreadable, so not a checkpoint one can load)
+        raise CorruptionError(f"{M.MANIFEST_NAME} cannot be read: {e.strerror or e}", path=str(mp)) from e
     try:
         chunks, left = [], M.MAX_MANIFEST_BYTES + 1
         while left > 0:
@@ -84,6 +86,8 @@ def read_manifest(path: PathLike) -> M.Manifest:
                 break
             chunks.append(b)
             left -= len(b)
+    except OSError as e:
+        raise CorruptionError(f"{M.MANIFEST_NAME} cannot be read: {e.strerror or e}", path=str(mp)) from e
     finally:
         os.close(fd)
     return M.parse(b"".join(chunks), path=str(mp))
