@@ -200,3 +200,49 @@ def test_seqlen_balanced_sampler_never_hands_a_row_twice_when_a_rank_runs_ahead(
     rows = sum(served.values(), [])
     assert sorted(rows) == list(range(8)), served
     assert all(len(v) == 2 for v in served.values())
+
+
+def test_each_micro_batch_comes_with_the_meta_of_its_own_rows():
+    """A batch of 10 rows cut into micro-batches of 4: the data is cut 4, 4, 2, and each part's
+    BatchMeta names exactly the rows of its data (a trainer acknowledges or tags rows through it)."""
+    from tensordict import TensorDict
+
+    from tqstore import BatchMeta
+    from tqstore.dataloader import chunk_batch_fn
+
+    td = TensorDict({"g": torch.arange(10)}, batch_size=[10])
+    meta = BatchMeta(list(range(100, 110)), ["p"] * 10, custom_meta=[{"i": i} for i in range(10)])
+    parts = chunk_batch_fn(td, meta, micro_batch_size=4)
+    assert [int(d.batch_size[0]) for d, _ in parts] == [4, 4, 2]
+    for d, m in parts:
+        assert m.global_indexes == [100 + int(i) for i in d["g"]]
+        assert [c["i"] for c in m.custom_meta] == d["g"].tolist()
+
+
+@pytest.mark.parametrize("config,key", [
+    ({"get_meta_timeout_s": "1s"}, "get_meta_timeout_s"),
+    ({"metrics": {"port": "http"}}, "metrics.port"),
+    ({"controller": {"polling_mode": "maybe"}}, "controller.polling_mode"),
+    ({"polling_mode": None}, "polling_mode"),
+])
+def test_a_bad_config_value_is_a_config_error_naming_its_key(config, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        tq.init(config)
+    with pytest.raises(tq.StoreClosedError):
+        tq.current_store()
+
+
+def test_polling_mode_given_as_text_is_read_as_such(monkeypatch):
+    monkeypatch.setenv("TQ_CONTROLLER_GET_METADATA_TIMEOUT", "nope")
+    with pytest.raises(ConfigError, match="TQ_CONTROLLER_GET_METADATA_TIMEOUT"):
+        tq.init({})
+    monkeypatch.delenv("TQ_CONTROLLER_GET_METADATA_TIMEOUT")
+    tq.init({"controller": {"polling_mode": "false"}, "get_meta_timeout_s": 0.05})
+    try:
+        with pytest.raises(TimeoutError):  # "false" is False: TransferQueue's waiting mode
+            tq.get_meta(["x"], 2, "p", task_name="t")
+        assert tq.get_meta(["x"], 2, "p", task_name="t", timeout_s=None).size == 0  # (None: no wait)
+        with pytest.raises(tq.InvalidInputError):
+            tq.get_meta(["x"], 2, "p", task_name="t", timeout_s="soon")
+    finally:
+        tq.close()

@@ -145,7 +145,7 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
     if controller is not None:
         if not isinstance(controller, Mapping):
             raise ConfigError(f"controller must be a mapping, got {type(controller).__name__}")
-        settings.polling_mode = bool(controller.get("polling_mode", False))  # TransferQueue's default
+        settings.polling_mode = _flag("controller.polling_mode", controller.get("polling_mode", False))  # TQ's default
         if "sampler" in controller:
             sampler = _sampler_spec(controller["sampler"])
         for k, v in controller.items():
@@ -156,20 +156,47 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
             raise ConfigError("sampler given twice: as 'sampler' and as 'controller.sampler'")
         sampler = _sampler_spec(cfg["sampler"])
     if "polling_mode" in cfg:
-        settings.polling_mode = bool(cfg["polling_mode"])
+        settings.polling_mode = _flag("polling_mode", cfg["polling_mode"])
     env_timeout = os.environ.get("TQ_CONTROLLER_GET_METADATA_TIMEOUT")
-    settings.get_meta_timeout_s = float(cfg.get("get_meta_timeout_s", env_timeout if env_timeout else 1.0))
+    if "get_meta_timeout_s" in cfg:
+        settings.get_meta_timeout_s = _number("get_meta_timeout_s", cfg["get_meta_timeout_s"], float)
+    else:
+        settings.get_meta_timeout_s = _number("TQ_CONTROLLER_GET_METADATA_TIMEOUT", env_timeout, float) \
+            if env_timeout else 1.0
 
     metrics = cfg.get("metrics")
     if metrics is not None:
         if not isinstance(metrics, Mapping):
             raise ConfigError(f"metrics must be a mapping, got {type(metrics).__name__}")
-        settings.metrics_enabled = bool(metrics.get("enabled", False))
-        settings.metrics_port = int(metrics.get("port", 0) or 0)
+        settings.metrics_enabled = _flag("metrics.enabled", metrics.get("enabled", False))
+        settings.metrics_port = _number("metrics.port", metrics.get("port", 0) or 0, int)
         for k, v in metrics.items():
             if k not in ("enabled", "port"):
                 _ignore(settings, f"metrics.{k}", v)
     return store, sampler, settings
+
+
+def _flag(key: str, value: Any) -> bool:
+    """A boolean setting: a bool (or 0/1); the strings "true"/"false" (any case) as such.
+    Raises ConfigError for anything else (``bool("false")`` would be True)."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    if isinstance(value, bool) or (isinstance(value, int) and value in (0, 1)):
+        return bool(value)
+    raise ConfigError(f"{key} must be true or false, got {value!r}")
+
+
+def _number(key: str, value: Any, kind: type) -> Any:
+    """A numeric setting as ``kind`` (int or float, not negative).  Raises ConfigError naming ``key``."""
+    try:
+        if isinstance(value, bool):
+            raise ValueError
+        out = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise ConfigError(f"{key} must be a {'number' if kind is float else 'whole number'}, got {value!r}") from None
+    if not out >= 0:
+        raise ConfigError(f"{key} must not be negative, got {value!r}")
+    return out
 
 
 def _translate_ray(section: Any, settings: CompatSettings) -> None:

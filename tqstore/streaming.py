@@ -221,6 +221,11 @@ class Streaming:
         if not isinstance(task_name, str) or not task_name:
             raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
         check_name("task_name", task_name)
+        if timeout_s is None:
+            timeout_s = 0.0
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float, np.integer, np.floating)) \
+                or timeout_s != timeout_s:
+            raise InvalidInputError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
         deadline = time.monotonic() + max(0.0, float(timeout_s))
         with dp.lock:
             while True:
