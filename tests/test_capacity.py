@@ -86,3 +86,19 @@ def test_transferqueues_config_key_sets_it_and_bad_values_raise_before_opening(t
             tq.open(tmp_path / "s", total_storage_size=bad)
     with tq.open(tmp_path / "s") as s:  # not locked by the refused opens; no limit without the setting
         s.kv_batch_put(["e", "f"], "p", _rows(2))
+
+
+def test_rows_a_load_by_key_brings_count_against_the_limit(tmp_path):
+    """A selective load adds rows with data outside the store's own puts: the count of rows
+    held is taken again, so a put past ``total_storage_size`` after it is refused."""
+    with tq.open(tmp_path / "s", num_units=1, total_storage_size=4) as s:
+        s.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 3)})
+        s.dump_data_by_key(tmp_path / "dump", ["a", "b"], "p")
+        s.kv_clear(["a", "b"], "p")
+        s.kv_batch_put(["c", "d"], "p", fields={"x": torch.zeros(2, 3)})  # (the count is kept: 2 rows)
+        s.load_data_by_key(tmp_path / "dump")
+        assert sorted(s.kv_list("p")["p"]) == ["a", "b", "c", "d"]
+        with pytest.raises(CapacityError):
+            s.kv_batch_put(["e"], "p", fields={"x": torch.zeros(1, 3)})
+        s.kv_clear(["c"], "p")
+        s.kv_batch_put(["e"], "p", fields={"x": torch.zeros(1, 3)})  # room for exactly one

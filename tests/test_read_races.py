@@ -88,3 +88,53 @@ def test_a_clear_of_other_rows_during_a_read_still_returns_the_rows_own_payload(
         assert got.tolist() == [[0] * 4, [1] * 4, [2] * 4]
         with pytest.raises(KeyNotFoundError):
             s.kv_batch_get(["k5"], "p")
+
+
+def test_reads_of_live_rows_never_fail_while_clears_overwrites_and_compaction_remove_segments(tmp_path):
+    """Segments whose frames all died (clears, overwrites) are deleted at once, and compaction
+    moves live frames and deletes their old segments; none of it takes the readers' side.  A
+    read that resolved a location just before must not report damage: it is tried again under
+    the write lock and returns the rows' payload (old or new for an overwritten row)."""
+    import threading
+    import time
+
+    import numpy as np
+
+    s = tq.open(tmp_path / "s", num_units=1, segment_bytes=1 << 16, result_type="dict")
+    stop = time.monotonic() + 2.5
+    errors, reads, wrong = [], [0], [0]
+
+    def churn():
+        i = 0
+        while time.monotonic() < stop:
+            junk = [f"junk{i}_{j}" for j in range(6)]
+            s.kv_batch_put([f"keep{i}"] + junk, "p", fields={"x": np.full((7, 2000), i, np.int64)})
+            s.kv_batch_put(["over"], "p", fields={"x": np.full((1, 2000), i, np.int64)})  # an overwrite
+            s.kv_clear(junk, "p")
+            s.compact()
+            i += 1
+
+    def reader():
+        while time.monotonic() < stop:
+            keys = [k for k in s.kv_list().get("p", {}) if k.startswith("keep") or k == "over"]
+            if not keys:
+                continue
+            try:
+                x = s.kv_batch_get(keys, "p")["x"]
+            except Exception as e:  # noqa: BLE001 - every error is a failure of this test
+                errors.append(repr(e)[:200])
+                continue
+            reads[0] += 1
+            for k, row in zip(keys, x):
+                if len(np.unique(row)) != 1 or (k != "over" and int(row[0]) != int(k[4:])):
+                    wrong[0] += 1
+
+    threads = [threading.Thread(target=churn)] + [threading.Thread(target=reader) for _ in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        s.close()
+    assert reads[0] > 0 and wrong[0] == 0 and errors == [], (reads[0], wrong[0], sorted(set(errors))[:3])

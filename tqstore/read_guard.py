@@ -18,6 +18,14 @@ controller's answer held.
 Puts that overwrite fields are not removals: as documented (docs/FORMAT.md, "Undo
 records"), a read racing an overwriting put may see new values on some units and old ones
 on others.
+
+Segment files go without the readers' knowledge too: a unit deletes a segment once none of
+its frames is live (after a clear or an overwrite) and compaction deletes the segments it
+emptied, so a read that resolved a frame's location just before may find its file gone, or
+(segment ids are reused) another file of that name.  The unit reports that as damage
+(``CorruptionError``); an attempt without the lock that raises it is therefore tried again
+under the write lock, which every such removal needs: an error that repeats there is real
+damage and is raised.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, ContextManager, Iterator, TypeVar
 
-from .errors import FieldNotFoundError
+from .errors import CorruptionError, FieldNotFoundError
 
 T = TypeVar("T")
 
@@ -65,7 +73,8 @@ class RemovalGuard:
 
         Raises what ``attempt`` raises: ``KeyNotFoundError`` / ``PartitionNotFoundError`` when
         the controller says the rows are gone; ``FieldNotFoundError`` for a missing payload
-        only if no removal overlapped the read (then the store is inconsistent).
+        only if no removal overlapped the read (then the store is inconsistent);
+        ``CorruptionError`` only from the try under the lock (see the module docstring).
         """
         for _ in range(ATTEMPTS_WITHOUT_LOCK):
             before = self._count
@@ -79,6 +88,8 @@ class RemovalGuard:
                 if self._count == before:
                     raise
                 continue
+            except CorruptionError:  # a segment deleted under the read, or damage: the locked try tells
+                break
             if self._count == before:
                 return out
         with write_lock:

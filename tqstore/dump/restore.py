@@ -113,9 +113,19 @@ def _each_unit(store, call) -> List[Any]:
     return out
 
 
+def _rows_changed(store) -> None:
+    """A committed restore added rows with data: ``total_storage_size``'s count (kept by the
+    store, updated by its own puts and clears) is taken again at the next put."""
+    capacity = getattr(store, "_capacity", None)
+    if capacity:
+        capacity.forget()
+
+
 def _settle(store, info: RestoreInfo, *, committed: bool) -> None:
     """Settle a decided restore on every unit, then forget it (the reserved gidxs of a
     cancelled one are freed only now)."""
+    if committed:
+        _rows_changed(store)
     _each_unit(store, lambda u: u.settle_restore(info.tag, committed=committed))
     store.controller.forget_restore(info.rid)
 
@@ -143,6 +153,7 @@ def _commit(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
                     f"completed, as by a power loss); it cannot complete: cancel it with "
                     f"recover_data_load({str(d)!r}, cancel=True)")
             c.finish_restore(info.rid)
+            _rows_changed(store)
         except BaseException:
             try:
                 decided = getattr(c.restore(info.rid), "state", None) == "committed"
