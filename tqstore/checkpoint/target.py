@@ -103,7 +103,7 @@ def is_tmp_name(n: str, name: str) -> bool:
     return n.startswith(name) and _TMP_SUFFIX.fullmatch(n, len(name)) is not None
 
 
-def _real_dir(p: Path) -> bool:
+def real_dir(p: PathLike) -> bool:
     """``p`` is a directory, not a symbolic link to one."""
     try:
         return stat.S_ISDIR(os.lstat(p).st_mode)
@@ -115,13 +115,13 @@ def is_save_leftover(d: Path) -> bool:
     """``d`` is a directory (not a symbolic link) holding only what a checkpoint save writes
     (``controller`` and ``unit-NNN`` directories, ``MANIFEST.json``), or nothing: what an
     interrupted save leaves, garbage to remove."""
-    if not _real_dir(d):
+    if not real_dir(d):
         return False
     try:
         names = os.listdir(d)
     except OSError:
         return False
-    return all(n == M.MANIFEST_NAME or (_CKPT_ENTRY.match(n) and _real_dir(d / n)) for n in names)
+    return all(n == M.MANIFEST_NAME or (_CKPT_ENTRY.match(n) and real_dir(d / n)) for n in names)
 
 
 def _is_torn_checkpoint(d: Path) -> bool:
@@ -157,7 +157,7 @@ def is_generation_root(d: PathLike) -> bool:
         if n == ROOT_LOCK_NAME:
             if not (d / n).is_file():
                 return False
-        elif not (_ROOT_ENTRY.match(n) and _real_dir(d / n)):  # (a symbolic link is the user's)
+        elif not (_ROOT_ENTRY.match(n) and real_dir(d / n)):  # (a symbolic link is the user's)
             return False
     return True
 
@@ -250,7 +250,7 @@ def describe(p: Path) -> str:
     if M.MANIFEST_NAME in names and not is_checkpoint_dir(p) and not is_dump_dir(p):
         return f"a directory holding a {M.MANIFEST_NAME} that is not a tqstore checkpoint manifest"
     if ROOT_LOCK_NAME in names or any(_ROOT_ENTRY.match(n) for n in names):
-        foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and _real_dir(p / n))]
+        foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and real_dir(p / n))]
         if not foreign:
             return "a checkpoint generation root"
         shown = ", ".join(foreign[:5]) + (", ..." if len(foreign) > 5 else "")
@@ -389,4 +389,5 @@ def read_locked(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 __all__: List[str] = ["TargetKind", "CHECKPOINT", "GENERATION", "GENERATION_ROOT", "DUMP", "is_dump_dir", "check_target",
                       "check_store_location", "enclosing_owner", "is_checkpoint_dir", "is_generation_root",
-                      "lock_path_for", "reading", "read_locked", "ROOT_LOCK_NAME", "is_tmp_name", "is_save_leftover"]
+                      "lock_path_for", "reading", "read_locked", "ROOT_LOCK_NAME", "is_tmp_name", "is_save_leftover",
+                      "real_dir"]

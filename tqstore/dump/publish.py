@@ -242,7 +242,7 @@ def _left_by_dump(d: Path) -> bool:
     one that holds only names a dump writes, or none (a crash right after ``<dir>.tmp`` was
     made, or during the removal of ``<dir>.old``, leaves it empty): removing it destroys
     nothing of the user's."""
-    if os.path.islink(d) or not os.path.isdir(d):
+    if not T.real_dir(d):
         return False
     if T.is_dump_dir(d):
         return True
@@ -279,7 +279,7 @@ def _repair(final: Path, writer: bool) -> None:
         elif writer:
             raise _in_the_way(tmp, final, "an unfinished dump")
     if os.path.lexists(old):
-        if not os.path.lexists(final) and not os.path.islink(old) and T.is_dump_dir(old):
+        if not os.path.lexists(final) and T.real_dir(old) and T.is_dump_dir(old):
             log.info("restoring %s: a dump's replacement was interrupted between its renames", final)
             files.rename(old, final)
             files.fsync_dir(final.parent)
