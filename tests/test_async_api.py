@@ -91,3 +91,163 @@ def test_async_call_before_init_raises_at_once():
     tq.close()
     with pytest.raises(StoreClosedError, match="not initialized"):
         asyncio.run(tq.async_kv_list())
+
+
+# ---------------------------------------------------------------- async_get_meta waits on the loop
+
+
+def _rows(n, start=0):
+    return {"prompt": torch.arange(start, start + n).view(n, 1)}
+
+
+def test_waiting_async_fetches_do_not_hold_back_async_puts(store):
+    """More waiting consumers than the API pool has threads (4): a producer's async_put still
+    runs at once, and every consumer then gets its rows."""
+    client = tq.get_client()
+
+    async def main():
+        waiters = [asyncio.create_task(client.async_get_meta(["prompt"], 1, "w", task_name=f"t{i}", timeout_s=60))
+                   for i in range(6)]
+        await asyncio.sleep(0.2)  # every waiter is waiting
+        await asyncio.wait_for(client.async_put(_rows(1), partition_id="w"), 20)
+        got = await asyncio.wait_for(asyncio.gather(*waiters), 20)
+        return got
+
+    got = asyncio.run(main())
+    assert [m.global_indexes for m in got] == [[0]] * 6
+
+
+def test_a_cancelled_waiting_async_fetch_takes_no_rows(store):
+    client = tq.get_client()
+
+    async def main():
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(client.async_get_meta(["prompt"], 2, "c", task_name="t", timeout_s=60), 0.2)
+        await client.async_put(_rows(2), partition_id="c")
+        await asyncio.sleep(0.3)  # a fetch left waiting in a pool thread would take the rows now
+        return await client.async_get_meta(["prompt"], 2, "c", task_name="t")
+
+    got = asyncio.run(main())
+    assert got.global_indexes == [0, 1], "the cancelled fetch consumed the rows"
+    assert store.get_consumption_status("t", "c")[1].tolist() == [1, 1]
+
+
+def test_an_async_fetch_wakes_on_a_put_and_honours_its_timeout(store):
+    client = tq.get_client()
+
+    async def main():
+        waiter = asyncio.create_task(client.async_get_meta(["prompt"], 3, "p", task_name="t", timeout_s=60))
+        await client.async_put(_rows(2), partition_id="p")  # not enough for a batch of 3
+        await asyncio.sleep(0.1)
+        assert not waiter.done()
+        await client.async_put(_rows(1, 2), partition_id="p")
+        got = await asyncio.wait_for(waiter, 20)
+        empty = await client.async_get_meta(["prompt"], 1, "p", task_name="t", timeout_s=0.05)
+        return got, empty
+
+    got, empty = asyncio.run(main())
+    assert got.global_indexes == [0, 1, 2] and empty.size == 0
+
+
+def test_async_fetch_with_polling_mode_false_raises_timeout_error():
+    tq.init({"num_units": 1, "polling_mode": False, "get_meta_timeout_s": 0.1})
+    try:
+        client = tq.get_client()
+
+        async def main():
+            with pytest.raises(TimeoutError, match="polling_mode=False"):
+                await client.async_get_meta(["prompt"], 1, "n", task_name="t")
+            with pytest.raises(tq.InvalidInputError, match="timeout_s"):
+                await client.async_get_meta(["prompt"], 1, "n", task_name="t", timeout_s="soon")
+
+        asyncio.run(main())
+    finally:
+        tq.close()
+
+
+class _PausingFetches:
+    """The store, but each get_meta(mode="fetch") waits for ``go`` before it runs (the window in
+    which a fetch is in flight on the pool)."""
+
+    def __init__(self, store):
+        import threading
+        self._store, self.started, self.go = store, threading.Event(), threading.Event()
+
+    def get_meta(self, *args, **kwargs):
+        if kwargs.get("mode", "fetch") == "fetch":
+            self.started.set()
+            assert self.go.wait(30)
+        return self._store.get_meta(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._store, name)
+
+
+@pytest.mark.parametrize("rows_ready", [True, False])
+def test_a_cancellation_during_a_running_fetch_loses_no_rows(store, rows_ready):
+    """A cancellation while the fetch runs lets it finish: its rows are returned to the caller
+    (the store cannot give them back) and the cancellation is delivered at the next await;
+    when it took none, CancelledError at once."""
+    if rows_ready:
+        store.put(_rows(2), partition_id="f")
+    slow = _PausingFetches(store)
+    client = tq.TransferQueueClient(slow)
+
+    async def consumer(out):
+        out.append(await client.async_get_meta(["prompt"], 2, "f", task_name="t", timeout_s=0))
+        await asyncio.sleep(30)  # the cancellation arrives here
+        out.append("not cancelled")
+
+    async def main():
+        out = []
+        task = asyncio.create_task(consumer(out))
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, slow.started.wait, 20)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        slow.go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await asyncio.wait_for(task, 20)
+        return out
+
+    out = asyncio.run(main())
+    if rows_ready:
+        assert len(out) == 1 and out[0].global_indexes == [0, 1], out
+    else:
+        assert out == []
+
+
+def test_wait_for_a_running_fetch_returns_its_rows(store):
+    store.put(_rows(2), partition_id="g")
+    slow = _PausingFetches(store)
+    client = tq.TransferQueueClient(slow)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, slow.go.set)  # after wait_for's timeout has cancelled the call
+        return await asyncio.wait_for(client.async_get_meta(["prompt"], 2, "g", task_name="t"), 0.1)
+
+    got = asyncio.run(main())
+    assert got.global_indexes == [0, 1]
+    assert store.get_meta(["prompt"], 2, "g", task_name="t").size == 0
+
+
+def test_watch_puts_calls_back_after_puts_until_stopped(store):
+    calls = []
+    stop = store.watch_puts(lambda: calls.append(1))
+
+    def broken():
+        raise RuntimeError("loop closed")
+
+    store.watch_puts(broken)
+    store.put(_rows(1), partition_id="x")
+    assert calls == [1]
+    store.kv_put("k", "x", fields={"prompt": torch.tensor([7])})
+    assert calls == [1, 1]
+    stop()
+    stop()  # idempotent
+    store.put(_rows(1), partition_id="x")
+    assert calls == [1, 1]
+    assert store._data._watchers == [], "the raising watcher was dropped"
+    with pytest.raises(tq.InvalidInputError, match="callable"):
+        store.watch_puts(None)

@@ -37,8 +37,8 @@ edge           ``torch_adapter`` (torch, nested tensors and TensorDict         e
                to and from the engine's Columns, allocator and results)       format, base
 api            ``__init__``, ``api``, ``client``, ``cli``, ``cli_*``,         edge, ray, engine,
                ``__main__``,
-               ``async_api``, ``_executor``, ``config``, ``metrics``,          policies, ports, base
-               ``dataloader``, ``metadata``, ``sampler`` (TransferQueue's
+               ``async_api``, ``_executor``, ``fetch_wait``, ``config``,       policies, ports, base
+               ``metrics``, ``dataloader``, ``metadata``, ``sampler`` (TQ's
                API edge; the last two are its module names)
 testing        ``testing/*`` (crash and power-loss harnesses, conformance)     anything
 =============  ============================================================  ==========================
@@ -93,7 +93,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
     ("api", ("", "api", "client", "cli", "cli_util", "cli_inspect", "cli_admin", "cli_demo", "cli_demo_loop",
-             "__main__", "async_api", "_executor", "config", "metrics",
+             "__main__", "async_api", "_executor", "fetch_wait", "config", "metrics",
              "dataloader", "metadata", "sampler")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),
 ]

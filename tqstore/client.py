@@ -6,7 +6,9 @@ opened at the time of each call, so a client survives ``close()`` + ``init()``.
 
 :class:`AsyncTransferQueueClient` has the ``async_*`` form of every call; each runs the
 synchronous call on the API layer's own small thread pool (:mod:`tqstore._executor`), so
-engine work never blocks the event loop.  :class:`TransferQueueClient` has both forms.
+engine work never blocks the event loop; ``async_get_meta``'s fetch waits for producers on
+the event loop, not on a pool thread, and a cancelled one takes no rows
+(:mod:`tqstore.fetch_wait`).  :class:`TransferQueueClient` has both forms.
 Every call is timed into :data:`tqstore.metrics.REGISTRY`.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import functools
 import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from . import _default, _executor, config as _config, metrics as _metrics
+from . import _default, _executor, fetch_wait, metrics as _metrics
 from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError, StoreClosedError
 from .kv import DataPlane
 from .meta import BatchMeta
@@ -49,32 +51,22 @@ def call_store(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
         return out
 
 
-def _get_meta_args(data_fields: Any = None, batch_size: Any = None, partition_id: Any = None, mode: str = "fetch",
-                   task_name: Any = None, sampling_config: Any = None, *, timeout_s: Any = None) -> Dict[str, Any]:
-    """The arguments of ``DataPlane.get_meta`` by name (a plain call binds them: no
-    ``inspect.Signature.bind`` per call; a bad call still raises the store's TypeError)."""
-    return {"data_fields": data_fields, "batch_size": batch_size, "partition_id": partition_id, "mode": mode,
-            "task_name": task_name}
-
-
 def _get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
-    settings = _config.settings_for(store)
-    if settings.polling_mode or "timeout_s" in kwargs:
+    how = fetch_wait.plan(store, args, kwargs)
+    if how is None:  # not a fetch: nothing waits
         return store.get_meta(*args, **kwargs)
-    try:
-        bound = _get_meta_args(*args, **kwargs)
-    except TypeError:
-        return store.get_meta(*args, **kwargs)  # raises the call's own TypeError
-    if bound["mode"] != "fetch":
-        return store.get_meta(*args, **kwargs)
-    # TransferQueue with polling_mode=False: wait for enough rows, then TimeoutError
-    meta = store.get_meta(*args, **{**kwargs, "timeout_s": settings.get_meta_timeout_s})
-    if meta.size == 0:
-        raise TimeoutError(f"Timeout while waiting for sufficient data for task {bound['task_name']!r}. "
-                           f"Required: {bound['batch_size']} rows with fields "
-                           f"{bound['data_fields']} in partition {bound['partition_id']!r} "
-                           f"(waited {settings.get_meta_timeout_s} s; polling_mode=False)")
-    return meta
+    return fetch_wait.fetch(store, how)
+
+
+async def _async_get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
+    """``get_meta`` for the async forms: a fetch waits on the event loop (:mod:`tqstore.fetch_wait`)."""
+    how = fetch_wait.plan(store, args, kwargs)
+    if how is None:
+        return await _executor.run(call_store, store, "get_meta", *args, **kwargs)
+    with _metrics.REGISTRY.timed("get_meta") as box:
+        out = await fetch_wait.fetch_async(store, how)
+        box["rows"] = _metrics.rows_of(out)
+        return out
 
 
 def _client_method(name: str) -> Callable:
@@ -94,6 +86,8 @@ def _async_method(name: str) -> Callable:
 
     async def method(self, *args: Any, **kwargs: Any) -> Any:
         store = self.store  # resolved on the loop: StoreClosedError at once, before the hop
+        if name == "get_meta":  # a fetch waits on the loop, not on a pool thread
+            return await _async_get_meta(store, *args, **kwargs)
         return await _executor.run(self._dispatch, store, name, *args, **kwargs)
 
     method.__name__ = method.__qualname__ = f"async_{name}"

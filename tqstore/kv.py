@@ -138,6 +138,7 @@ class DataPlane:
         self.write_lock = write_lock
         self.lock = lock
         self.cond = threading.Condition(lock)  # consumers waiting for rows; notified after puts
+        self._watchers: List[Callable[[], None]] = []  # watch_puts callbacks, called with the condition
         self.check_open = check_open
         self._sampler: BaseSampler = make_sampler(None)
         controller.set_sampler(self._sampler)
@@ -150,7 +151,7 @@ class DataPlane:
         with self.lock:
             controller.set_sampler(self._sampler)
             self.controller = controller
-            self.cond.notify_all()
+            self.wake_locked()
 
     @property
     def sampler(self) -> BaseSampler:
@@ -172,7 +173,42 @@ class DataPlane:
     def notify(self) -> None:
         """Wake consumers waiting for rows (after a put)."""
         with self.lock:
-            self.cond.notify_all()
+            self.wake_locked()
+
+    def wake_locked(self) -> None:
+        """Wake consumers waiting for rows, with ``lock`` held: the condition's waiters and
+        every :meth:`watch_puts` callback."""
+        self.cond.notify_all()
+        for cb in list(self._watchers):
+            try:
+                cb()
+            except Exception:  # a watcher whose event loop has closed: it no longer waits
+                log.debug("a put watcher failed; dropped", exc_info=True)
+                if cb in self._watchers:
+                    self._watchers.remove(cb)
+
+    def _unwatch(self, callback: Callable[[], None]) -> None:
+        with self.lock:
+            try:
+                self._watchers.remove(callback)
+            except ValueError:
+                pass
+
+    def watch_puts(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback()`` whenever a waiting ``get_meta(mode="fetch")`` would look
+        again for rows (after every put, consumption reset and state switch); returns the
+        function that stops it (idempotent).
+
+        The callback runs in the thread that changed the store, with the store's metadata
+        lock held: it must be quick and must not call the store (``loop.call_soon_threadsafe``
+        of an event's ``set``, say).  One that raises is dropped.  A waiter still asks again
+        at least every 50 ms, as changes such as a load by key do not call it.
+        """
+        if not callable(callback):
+            raise InvalidInputError(f"watch_puts takes a callable, got {type(callback).__name__}")
+        with self.lock:
+            self._watchers.append(callback)
+        return functools.partial(self._unwatch, callback)
 
     def _rows_for_keys(self, pid: str, keys: List[str]) -> RowBatch:
         """Row metadata of ``keys``; raises PartitionNotFoundError / KeyNotFoundError."""
@@ -364,8 +400,8 @@ def forwarder(cls: type, attr: str, name: str) -> Callable:
 for _name in STREAMING_CALLS:
     setattr(DataPlane, _name, forwarder(Streaming, "streaming", _name))
 
-#: the public calls of a DataPlane that a Store forwards (the client's FORWARDED and set_sampler)
+#: the public calls of a DataPlane that a Store forwards (the client's FORWARDED, set_sampler and watch_puts)
 PUBLIC_CALLS = STREAMING_CALLS + ("kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list",
-                                  "kv_clear", "set_sampler")
+                                  "kv_clear", "set_sampler", "watch_puts")
 
 __all__ = ["DataPlane", "PayloadIO", "PUBLIC_CALLS", "forwarder"]

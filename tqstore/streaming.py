@@ -39,6 +39,18 @@ MAX_INSERT_ROWS = 1 << 24  # rows one get_meta(mode="insert") may reserve
 _POLL_S = 0.05
 
 
+def check_timeout(timeout_s: Any) -> float:
+    """``get_meta``'s ``timeout_s`` as seconds to wait: None and anything negative mean 0.
+
+    Raises InvalidInputError for a value that is not a number of seconds (a bool, NaN, text)."""
+    if timeout_s is None:
+        return 0.0
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float, np.integer, np.floating)) \
+            or timeout_s != timeout_s:
+        raise InvalidInputError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+    return max(0.0, float(timeout_s))
+
+
 # ---------------------------------------------------------------------------- helpers
 def check_tags(tags: Sequence[Any]) -> List[Any]:
     """Each of ``tags`` checked as a put checks a tag (normalised for JSON).  Raises
@@ -221,12 +233,7 @@ class Streaming:
         if not isinstance(task_name, str) or not task_name:
             raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
         check_name("task_name", task_name)
-        if timeout_s is None:
-            timeout_s = 0.0
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float, np.integer, np.floating)) \
-                or timeout_s != timeout_s:
-            raise InvalidInputError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
-        deadline = time.monotonic() + max(0.0, float(timeout_s))
+        deadline = time.monotonic() + check_timeout(timeout_s)
         with dp.lock:
             while True:
                 dp.check_open()
@@ -469,7 +476,7 @@ class Streaming:
         with self._dp.lock:
             done = self._dp.controller.reset_consumption(partition_id, task_name)
             if done:
-                self._dp.cond.notify_all()
+                self._dp.wake_locked()
         return done
 
     def get_partition_list(self) -> List[str]:
@@ -484,4 +491,4 @@ STREAMING_CALLS = ("get_meta", "put", "get_data", "clear_partition", "clear_samp
                    "get_production_status", "check_consumption_status", "check_production_status",
                    "reset_consumption", "get_partition_list")
 
-__all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from"]
+__all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from", "check_timeout"]

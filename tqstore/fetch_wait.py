@@ -1,0 +1,155 @@
+"""How a client's ``get_meta(mode="fetch")`` waits for producers, in both forms.
+
+:func:`plan` reads a call's arguments and the store's compatibility settings
+(:class:`~tqstore.config.CompatSettings`): how long the fetch may wait (the call's
+``timeout_s``; with ``polling_mode=False`` and no ``timeout_s``, the configured
+``get_meta_timeout_s``, after which an empty answer is TransferQueue's ``TimeoutError``).
+
+The synchronous form waits inside the store.  :func:`fetch_async`, the form behind
+``async_get_meta``, waits on the event loop instead, for two reasons:
+
+* A wait run on the API thread pool (:mod:`tqstore._executor`, a few threads) would hold
+  a thread for as long as it waits: a few waiting consumers would hold back every other
+  async call, the producers' ``async_put`` among them.
+* A cancelled call's thread would go on waiting, then take rows that nobody receives
+  (marked consumed, so never handed out again).
+
+So it asks the store for rows without waiting (a short call on the pool) and, between
+asks, awaits the store's put notification (``Store.watch_puts``; at most 50 ms), or, for
+a store without one such as a Ray store's client, sleeps 10 ms growing to 100 ms.
+
+Cancellation: while the call waits between asks (nearly all of its time) a cancellation
+raises ``CancelledError`` at once, and no row was taken.  The store cannot give rows
+back, so a cancellation that arrives while an ask is running (milliseconds) lets that ask
+finish.  If it took no rows, ``CancelledError`` is raised.  If it took rows, the call
+returns them: ``asyncio.wait_for`` and ``asyncio.timeout`` return them as the result, and
+a task cancelled directly is cancelled again at its next ``await`` (unless a timeout
+claimed the cancellation), so the cancellation is not lost either.
+"""
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+from . import _executor, config as _config
+from .meta import BatchMeta
+from .streaming import check_timeout
+
+#: longest wait between two asks of a store that notifies puts (changes that do not notify,
+#: such as a load by key, are seen this late at worst; the synchronous wait asks as often)
+WATCHED_POLL_S = 0.05
+#: waits between asks of a store that does not notify: the first, growing by half each time to the last
+POLL_S = 0.01
+POLL_MAX_S = 0.1
+
+
+def _get_meta_args(data_fields: Any = None, batch_size: Any = None, partition_id: Any = None, mode: str = "fetch",
+                   task_name: Any = None, sampling_config: Any = None, *, timeout_s: Any = None) -> Dict[str, Any]:
+    """The arguments of ``DataPlane.get_meta`` by name (a plain call binds them: no
+    ``inspect.Signature.bind`` per call; a bad call still raises the store's TypeError)."""
+    return {"data_fields": data_fields, "batch_size": batch_size, "partition_id": partition_id, "mode": mode,
+            "task_name": task_name}
+
+
+class FetchWait(NamedTuple):
+    """A fetch's call without its ``timeout_s``, how long it may wait, and the
+    ``TimeoutError`` message an empty answer raises (None: an empty answer is returned)."""
+
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    wait_s: float
+    timeout_error: Optional[str]
+
+    def result(self, meta: BatchMeta) -> BatchMeta:
+        """``meta``, or TimeoutError when it is empty and the call was to raise then."""
+        if meta.size == 0 and self.timeout_error is not None:
+            raise TimeoutError(self.timeout_error)
+        return meta
+
+
+def plan(store: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[FetchWait]:
+    """How ``get_meta(*args, **kwargs)`` on ``store`` waits; None for a call that is not a
+    fetch (or does not bind: the store raises its TypeError).
+
+    Raises InvalidInputError for a ``timeout_s`` that is not a number of seconds."""
+    try:
+        bound = _get_meta_args(*args, **kwargs)
+    except TypeError:
+        return None
+    if bound["mode"] != "fetch":
+        return None
+    rest = {k: v for k, v in kwargs.items() if k != "timeout_s"}
+    settings = _config.settings_for(store)
+    if settings.polling_mode or "timeout_s" in kwargs:
+        return FetchWait(args, rest, check_timeout(kwargs.get("timeout_s")), None)
+    # TransferQueue with polling_mode=False: wait for enough rows, then TimeoutError
+    wait_s = settings.get_meta_timeout_s
+    return FetchWait(args, rest, wait_s,
+                     f"Timeout while waiting for sufficient data for task {bound['task_name']!r}. "
+                     f"Required: {bound['batch_size']} rows with fields {bound['data_fields']} in partition "
+                     f"{bound['partition_id']!r} (waited {wait_s} s; polling_mode=False)")
+
+
+def fetch(store: Any, how: FetchWait) -> BatchMeta:
+    """The synchronous fetch: the store waits (see :meth:`~tqstore.streaming.Streaming.get_meta`)."""
+    return how.result(store.get_meta(*how.args, **how.kwargs, timeout_s=how.wait_s))
+
+
+async def _ask(store: Any, how: FetchWait) -> BatchMeta:
+    """One fetch that does not wait, run on the pool; a cancellation meanwhile lets it finish
+    (see the module docstring)."""
+    job = asyncio.ensure_future(_executor.run(store.get_meta, *how.args, **how.kwargs, timeout_s=0.0))
+    cancelled = False
+    while not job.done():
+        try:
+            await asyncio.wait((job,))  # (a cancellation of this task does not reach the job)
+        except asyncio.CancelledError:
+            cancelled = True
+    if job.cancelled():  # (the pool shut down before it ran)
+        raise asyncio.CancelledError()
+    if job.exception() is not None:
+        if cancelled:
+            raise asyncio.CancelledError() from None
+        raise job.exception()
+    meta = job.result()
+    if cancelled:
+        if meta.size == 0:
+            raise asyncio.CancelledError()
+        task = asyncio.current_task()
+        pending = getattr(task, "cancelling", None)  # Python 3.11+: cancellations not yet claimed
+
+        def cancel_again() -> None:
+            if task is not None and not task.done() and (pending is None or pending() > 0):
+                task.cancel()
+
+        asyncio.get_running_loop().call_soon(cancel_again)
+    return meta
+
+
+async def fetch_async(store: Any, how: FetchWait) -> BatchMeta:
+    """The fetch of ``how`` awaited on the event loop (see the module docstring)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + how.wait_s
+    woken = asyncio.Event()
+    watch = getattr(store, "watch_puts", None)
+    stop = watch(lambda: loop.call_soon_threadsafe(woken.set)) if watch is not None else None
+    try:
+        delay = WATCHED_POLL_S if stop is not None else POLL_S
+        while True:
+            woken.clear()  # before the ask: a put during it wakes the wait after it
+            meta = await _ask(store, how)
+            left = deadline - loop.time()
+            if meta.size or left <= 0:
+                return how.result(meta)
+            try:
+                await asyncio.wait_for(woken.wait(), min(left, delay))
+            except asyncio.TimeoutError:
+                pass
+            if stop is None:
+                delay = min(POLL_MAX_S, delay * 1.5)
+    finally:
+        if stop is not None:
+            stop()
+
+
+__all__ = ["FetchWait", "plan", "fetch", "fetch_async", "WATCHED_POLL_S", "POLL_S", "POLL_MAX_S"]
