@@ -246,3 +246,62 @@ def test_polling_mode_given_as_text_is_read_as_such(monkeypatch):
             tq.get_meta(["x"], 2, "p", task_name="t", timeout_s="soon")
     finally:
         tq.close()
+
+
+def _finite_dataset(**kw):
+    args = dict(batch_size=3, micro_batch_size=3, data_fields=["x"], partition_id="train", task_name="actor",
+                dp_rank=0, should_check_consumption_status=True)
+    args.update(kw)
+    return tq.StreamingDataset(None, **args)
+
+
+def test_a_replica_of_a_dp_group_gets_its_share_after_the_first_replica_consumed_everything():
+    """Two replicas (tensor-parallel peers) of dp_rank 0: the first consumes every row; the second
+    must still get the same batches (cached for it), not stop at once because all rows are consumed."""
+    tq.init({"sampler": "rank_aware"})
+    try:
+        tq.put({"x": torch.arange(12).view(6, 2)}, partition_id="train")
+        first = [m.global_indexes for _, m in tq.StreamingDataLoader(_finite_dataset())]
+        second = [m.global_indexes for _, m in tq.StreamingDataLoader(_finite_dataset())]
+        assert first == second == [[0, 1, 2], [3, 4, 5]]
+    finally:
+        tq.close()
+
+
+def test_streaming_dataset_refuses_a_micro_batch_larger_than_its_batch_before_consuming_rows():
+    tq.init()
+    try:
+        tq.put({"x": torch.arange(12).view(6, 2)}, partition_id="train")
+        with pytest.raises(tq.InvalidInputError, match="exceeds batch_size"):
+            _finite_dataset(micro_batch_size=4)
+        with pytest.raises(tq.InvalidInputError, match="batch_size must be a positive int"):
+            _finite_dataset(batch_size=0)
+        assert tq.get_consumption_status("actor", "train")[1].tolist() == [0] * 6
+        whole = _finite_dataset(micro_batch_size=4, process_batch_fn=lambda td, m, micro_batch_size: [(td, m)])
+        assert [m.size for _, m in tq.StreamingDataLoader(whole)] == [3, 3], "a custom process_batch_fn decides"
+    finally:
+        tq.close()
+
+
+def test_streaming_dataset_says_why_it_waits_when_fewer_rows_than_a_batch_are_left(caplog, monkeypatch):
+    from tqstore import dataloader
+    monkeypatch.setattr(dataloader, "EMPTY_BATCH_SLEEP_S", 0.01)
+    tq.init()
+    try:
+        tq.put({"x": torch.arange(10).view(5, 2)}, partition_id="train")
+        it = iter(tq.StreamingDataLoader(_finite_dataset()))
+        assert next(it)[1].global_indexes == [0, 1, 2]
+        with caplog.at_level("WARNING", logger="tqstore"):
+            tq.put({"x": torch.arange(2).view(1, 2)}, partition_id="train")  # 3 rows left: a whole batch
+            assert next(it)[1].global_indexes == [3, 4, 5]
+            assert not [r for r in caplog.records if "fewer than batch_size" in r.getMessage()]
+            tq.put({"x": torch.arange(2).view(1, 2)}, partition_id="train")  # 1 row left: it waits
+
+            import threading
+            threading.Timer(0.3, lambda: tq.put({"x": torch.arange(4).view(2, 2)}, partition_id="train")).start()
+            assert next(it)[1].global_indexes == [6, 7, 8]
+        said = [r.getMessage() for r in caplog.records if "fewer than batch_size" in r.getMessage()]
+        assert len(said) == 1 and "1 rows of partition 'train'" in said[0]
+        assert list(it) == [], "every row consumed: the iteration ends"
+    finally:
+        tq.close()

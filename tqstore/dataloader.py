@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .errors import InvalidInputError
+from .errors import InvalidInputError, TqstoreError
 from .meta import BatchMeta
 from .torch_adapter import to_tensordict
 
@@ -96,17 +96,29 @@ class StreamingDataset(IterableDataset):
         dp_rank: data-parallel group; ranks with one ``dp_rank`` get the same rows
             (with ``RankAwareSampler``-style samplers).
         should_check_consumption_status: False (default): an endless stream, waiting
-            ``EMPTY_BATCH_SLEEP_S`` after an empty fetch.  True: stop once the partition's
-            rows are all consumed by ``task_name`` and the buffer is drained.
+            ``EMPTY_BATCH_SLEEP_S`` after an empty fetch.  True: stop once the buffer is
+            drained, a fetch comes back empty and the partition's rows are all consumed by
+            ``task_name`` (so a replica still gets the share another replica of its
+            ``dp_rank`` consumed for it).  The fetch waits for whole batches: rows left over
+            when fewer than ``batch_size`` remain keep it waiting (logged once at WARNING).
         fetch_batch_fn: replaces :func:`default_fetch_batch_fn`.
         process_batch_fn: replaces :func:`chunk_batch_fn`.
+
+    Raises:
+        InvalidInputError: ``batch_size`` or ``micro_batch_size`` not a positive int,
+            ``micro_batch_size`` larger than ``batch_size`` (with the default
+            ``process_batch_fn``), no ``data_fields``, a negative ``dp_rank``.
     """
 
     def __init__(self, config: Any, batch_size: int, micro_batch_size: int, data_fields: List[str],
                  partition_id: str, task_name: str, dp_rank: int, should_check_consumption_status: bool = False,
                  fetch_batch_fn: Optional[Callable] = None, process_batch_fn: Optional[Callable] = None) -> None:
-        if micro_batch_size < 1:
-            raise InvalidInputError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        for name, v in (("batch_size", batch_size), ("micro_batch_size", micro_batch_size)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise InvalidInputError(f"{name} must be a positive int, got {v!r}")
+        if process_batch_fn is None and micro_batch_size > batch_size:  # (else the first batch would be
+            # consumed, then refused by chunk_batch_fn)
+            raise InvalidInputError(f"micro_batch_size ({micro_batch_size}) exceeds batch_size ({batch_size})")
         if len(data_fields) < 1:
             raise InvalidInputError(f"data_fields must be a list with at least one field name, got {data_fields}")
         if dp_rank < 0:
@@ -138,15 +150,30 @@ class StreamingDataset(IterableDataset):
         return self._tq_client
 
     def _finished(self, client: Any) -> bool:
-        if not self.should_check_consumption_status:
-            return False
-        if self.batch_index < len(self.buffer):
-            return False
-        return bool(client.check_consumption_status(self.task_name, self.partition_id))
+        """After an empty fetch: True when ``should_check_consumption_status`` and ``task_name``
+        has consumed every row of the partition.  (Asked only after a fetch came back empty, so
+        a replica of a data-parallel group still gets the share another replica's fetch
+        consumed and cached for it.)"""
+        return self.should_check_consumption_status and \
+            bool(client.check_consumption_status(self.task_name, self.partition_id))
+
+    def _short_tail(self, client: Any) -> Optional[int]:
+        """The number of rows left to ``task_name`` when all of them are produced and fewer
+        than ``batch_size`` (the fetch waits for a whole batch: more rows must come), else None."""
+        try:
+            _, consumed = client.get_consumption_status(self.task_name, self.partition_id)
+            _, produced = client.get_production_status(self.data_fields, self.partition_id)
+        except TqstoreError:  # (a field no row has yet, say: not a short tail)
+            return None
+        if consumed is None or produced is None or len(consumed) != len(produced):
+            return None
+        left = [all(p) for c, p in zip(consumed.tolist(), produced.tolist()) if not c]
+        return len(left) if left and all(left) and len(left) < self.batch_size else None
 
     def __iter__(self) -> Iterator[Tuple[Any, BatchMeta]]:
         client = self._client()
-        while not self._finished(client):
+        warned = False
+        while True:
             if self.batch_index < len(self.buffer):
                 current = self.buffer[self.batch_index]
                 self.batch_index += 1
@@ -158,8 +185,18 @@ class StreamingDataset(IterableDataset):
                                              batch_index=self.batch_index)
             if data is not None:
                 self.buffer.append((data, meta))
-            else:
-                time.sleep(EMPTY_BATCH_SLEEP_S)
+                continue
+            if self._finished(client):
+                return
+            if self.should_check_consumption_status and not warned:
+                left = self._short_tail(client)
+                if left is not None:
+                    warned = True
+                    log.warning("StreamingDataset: %d rows of partition %r are left to task %r, fewer than "
+                                "batch_size=%d; the iteration ends when every row is consumed, so it waits for "
+                                "more rows (a partition of whole batches ends)", left, self.partition_id,
+                                self.task_name, self.batch_size)
+            time.sleep(EMPTY_BATCH_SLEEP_S)
 
     def reset(self) -> None:
         """Iterate the buffered batches again from the first."""
