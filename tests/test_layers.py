@@ -85,7 +85,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                      "unit_locs", "unit_compact",
                      "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling", "controller_persist",
                      "controller_export", "controller_dump", "controller_restore", "controller_snapshots",
-                     "controller_consumption")),
+                     "controller_consumption", "controller_sampler_store")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "store_open", "store_snapshot", "state_switch", "kv", "streaming", "reader", "read_guard", "meta", "meta_kv",
                 "meta_schema", "edge", "policy", "layout_dirs",

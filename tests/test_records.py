@@ -90,7 +90,7 @@ def test_a_store_written_through_the_engine_holds_exactly_these_bytes(tmp_path):
         s.controller.set_sampler_state("p", {"sampler": "seq", "state": {"t": {"n": 2}}})
         state = s.state_dir
     ctrl = state / "controller"
-    assert _raw(ctrl, b"meta", b"format") == b"2"
+    assert _raw(ctrl, b"meta", b"format") == b"3"
     assert _raw(ctrl, b"meta", b"num_units") == b"2"
     assert _raw(ctrl, b"meta", b"next_gidx") == b"2"
     # version 2 rows: partition number u32, flags u16 (1 keyed, 2 tagged), bitmap words u16, seq u64,
@@ -343,7 +343,7 @@ def _to_version_1(ctrl: Path) -> None:
         env.close()
 
 
-def test_a_version_1_store_opens_with_everything_and_is_migrated_to_version_2(tmp_path):
+def test_a_version_1_store_opens_with_everything_and_is_migrated_to_version_3(tmp_path):
     root = tmp_path / "s"
     with tqstore.open(root, num_units=2, result_type="dict") as s:
         s.kv_batch_put(["a", "b", "c"], "p", fields={"x": torch.arange(6).view(3, 2), "y": ["u", "v", "w"]},
@@ -362,7 +362,7 @@ def test_a_version_1_store_opens_with_everything_and_is_migrated_to_version_2(tm
         assert all(torch.equal(torch.as_tensor(a), torch.as_tensor(b)) for a, b in zip(got[2], want[2]))
         s.controller.check_mirror()
         s.kv_batch_put(["e"], "p", fields={"x": torch.ones(1, 2, dtype=torch.int64), "y": ["e"]})
-    assert _raw(state / "controller", b"meta", b"format") == b"2"
+    assert _raw(state / "controller", b"meta", b"format") == b"3"
     with tqstore.open(root, result_type="dict") as s:
         assert list(s.kv_list()["p"]) == ["a", "c", "e"] and s.kv_list()["p"]["c"] == {"z": [1.5]}
 

@@ -121,7 +121,7 @@ def test_a_restore_pending_in_a_version_1_index_survives_the_migration_and_finis
         assert rows_of(dst, "train", keys) == want and dst.verify() == []
         assert sorted(dst.controller.resolve_keys("train", keys[:6])) == sorted(reserved)
         dst.controller.check_mirror()
-    assert _raw(ctrl, b"meta", b"format") == b"2"
+    assert _raw(ctrl, b"meta", b"format") == b"3"
 
 
 @pytest.mark.parametrize("damage", ["above_next", "free", "row"])

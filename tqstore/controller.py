@@ -12,8 +12,8 @@ succeeds, so a failed call changes nothing.
 The mirror is columnar (:mod:`tqstore.controller_mirror`): a few machine words per row,
 built in bulk on open (:mod:`tqstore.controller_decode`), or read from the mirror file a
 clean close wrote when the clean-close marker names it (:mod:`tqstore.controller_persist`);
-a put encodes its rows' values together (:mod:`tqstore.controller_put`).  An index of format version 1 is migrated to
-version 2 in one transaction when the controller opens it.
+a put encodes its rows' values together (:mod:`tqstore.controller_put`).  An index of format version 1 or 2 is
+migrated to version 3 in one transaction when the controller opens it.
 
 The controller implements :class:`~tqstore.ports.ControllerPort`: every port method takes
 the controller's lock (it is thread-safe by itself) and answers values — copies, never the
@@ -49,7 +49,7 @@ from .controller_mirror import (
     GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, key_list, list_keys,
     partition_info, production_status, row_batch, row_info, rows_of_slots,
 )
-from . import controller_persist, controller_put
+from . import controller_persist, controller_put, controller_sampler_store as sampler_store
 from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
 from .controller_snapshots import SnapshotCalls
@@ -127,23 +127,33 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         self._restores.load()
 
     def _migrate(self, fmt: int) -> None:
-        """Rewrite a version-``fmt`` index as version 2, in one transaction (a crash leaves it at ``fmt``)."""
+        """Rewrite a version-``fmt`` index as version 3, in one transaction (a crash leaves it at ``fmt``).
+
+        Version 1 has its rows, keys, partitions and schema rewritten; version 2 reads as 3 (a
+        partition's cached sampler results inside its ``sampler`` record are read from there
+        and moved to records of their own by the next write of its sampler state)."""
         m = self.db
         with self.env.begin(write=True) as txn:
-            txn.drop(m["keys"], delete=False)
-            for p in self.parts.values():
-                sl = p.live_slots()
-                g = p.s_gidx[sl]
-                keyed = np.asarray([p.s_key[s] is not None for s in sl.tolist()], dtype=bool)
-                tj = [R.encode_tag(p.tags.get(x)) for x in g.tolist()] if p.tags else None
-                vals = R.encode_rows2(p.num, keyed, p.s_seq[sl], [p.fs_masks[f] for f in p.s_fs[sl].tolist()], tj)
-                txn.cursor(m["rows"]).putmulti(list(zip(R.gidx_keys(g), vals)))
-                txn.cursor(m["keys"]).putmulti([(R.keys_key(p.pid, k), R.gidx_key(x)) for k, x in p.keys.items()])
-                txn.put(R.parts_key(p.pid), R.encode_partition(p.next_seq, p.meta, p.num), db=m["parts"])
-                for f, (kind, dt) in p.schema.items():
-                    txn.put(R.schema_key(p.pid, f), R.encode_schema(kind, dt, p.bits[f]), db=m["schema"])
+            if fmt < 2:
+                self._rewrite_v1(txn)
             txn.put(R.META_FORMAT, R.encode_decimal(CONTROLLER_FORMAT), db=m["meta"])
         log.info("controller index %s: format %d migrated to %d", self.path, fmt, CONTROLLER_FORMAT)
+
+    def _rewrite_v1(self, txn: Any) -> None:
+        """Version 1 → 3: rows, keys, partitions and schema entries rewritten (in ``txn``)."""
+        m = self.db
+        txn.drop(m["keys"], delete=False)
+        for p in self.parts.values():
+            sl = p.live_slots()
+            g = p.s_gidx[sl]
+            keyed = np.asarray([p.s_key[s] is not None for s in sl.tolist()], dtype=bool)
+            tj = [R.encode_tag(p.tags.get(x)) for x in g.tolist()] if p.tags else None
+            vals = R.encode_rows2(p.num, keyed, p.s_seq[sl], [p.fs_masks[f] for f in p.s_fs[sl].tolist()], tj)
+            txn.cursor(m["rows"]).putmulti(list(zip(R.gidx_keys(g), vals)))
+            txn.cursor(m["keys"]).putmulti([(R.keys_key(p.pid, k), R.gidx_key(x)) for k, x in p.keys.items()])
+            txn.put(R.parts_key(p.pid), R.encode_partition(p.next_seq, p.meta, p.num), db=m["parts"])
+            for f, (kind, dt) in p.schema.items():
+                txn.put(R.schema_key(p.pid, f), R.encode_schema(kind, dt, p.bits[f]), db=m["schema"])
 
     # ------------------------------------------------------------------ mirror bookkeeping
     @property
@@ -400,9 +410,9 @@ class Controller(SnapshotCalls, ConsumptionCalls):
             m = self.db
             tasks = [t for (pp, t) in self.consumed if pp == pid]
             forget = None if drop_partition or not gone else (lambda s: s.forget_rows(pid, gone))
-            with self._sampling.change(pid, forget) as state, self.env.begin(write=True) as txn:
-                if state is not None:
-                    txn.put(R.sampler_key(pid), R.encode_sampler(state), db=m["sampler"])
+            with self._sampling.change(pid, forget) as sw, self.env.begin(write=True) as txn:
+                if sw is not None:
+                    sampler_store.write(txn, m["sampler"], pid, sw)
                 for g, key in zip(gone, gone_keys):
                     txn.delete(_g(g), db=m["rows"])
                     if key is not None:
@@ -418,7 +428,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                     for t in tasks:
                         for g in self.consumed[(pid, t)]:
                             txn.delete(self._cons_key(t, pid, g), db=m["cons"])
-                    txn.delete(R.sampler_key(pid), db=m["sampler"])
+                    sampler_store.drop(txn, m["sampler"], pid)
                 lmdb_commit_point("controller_commit")
             all_views = [v for vs in p.ready.values() for v in vs.values()]
             if gone or drop_partition:

@@ -34,6 +34,7 @@ from ._format.records import RecordError
 from ._format.values import loads_each
 from ._io.heap import trim_heap
 from ._native import place_keys
+from .controller_sampler_store import check as check_sampler_record
 from .controller_mirror import GidxMap, Partition
 from .errors import CorruptionError, FormatVersionError
 
@@ -197,8 +198,7 @@ def _decode(txn, dbs, file: str, w: _Where, cols: Mapping[bytes, Any]) -> Contro
         consumed[(pid, task)].add(g)
     for k, v in txn.cursor(dbs["sampler"]):
         w.at = ("sampler", k)
-        R.decode_parts_key(k)
-        R.decode_sampler(v)
+        check_sampler_record(k, v)
     return ControllerState(num_units, next_gidx, put_token, free, parts, gmap, consumed, fmt)
 
 

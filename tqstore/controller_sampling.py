@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
 
 from .controller_mirror import copy_value, row_batch
+from .controller_sampler_store import EntryName, SamplerWrite
 from .errors import InvalidInputError
 from .ports import RowBatch
 from .samplers import BaseSampler, make_sampler
@@ -30,7 +31,9 @@ log = logging.getLogger("tqstore")
 
 
 def _snapshot(sampler: BaseSampler, pid: str) -> str:
-    return json.dumps(sampler.state_dict(pid), sort_keys=True)
+    """The state of ``pid`` but its cached results (tracked one by one: ``take_changes``), as
+    text to compare: small for tqstore's samplers, whatever the number of results cached."""
+    return json.dumps(sampler.state_without_cache(pid), sort_keys=True)
 
 
 def _may_sample(sampler: BaseSampler, ready: Sequence[int], batch_size: int, pid: str, task: str,
@@ -54,35 +57,81 @@ class SamplerHost:
         self._ctrl = controller
         self.sampler: BaseSampler = make_sampler(None)
         self._loaded: Set[str] = set()  # partitions whose saved state the sampler holds
+        self._numbers: Dict[str, Dict[EntryName, int]] = {}  # per partition: each cached result's record number
+        self._next: Dict[str, int] = {}  # per partition: the next record number
+        self._purge: Dict[str, List[int]] = {}  # per partition: records of another sampler's results
 
     def set(self, spec: Any) -> BaseSampler:
         """Use ``spec`` (see make_sampler) from now on; state is loaded per partition as needed."""
         s = make_sampler(spec)  # its own state (e.g. a custom sampler's rng set in __init__) is kept
         self.sampler = s
         self._loaded.clear()
+        self._numbers.clear()
+        self._next.clear()
+        self._purge.clear()
         return s
 
     def _for(self, pid: str) -> BaseSampler:
         if pid not in self._loaded:
-            self.sampler.load_state_dict(pid, self._ctrl.sampler_state(pid))
-            self._loaded.add(pid)
+            self.revert(pid)
         return self.sampler
 
     def revert(self, pid: str) -> None:
-        """Back to the committed state of ``pid`` (after a failed transaction)."""
-        self.sampler.load_state_dict(pid, self._ctrl.sampler_state(pid))
+        """(Re)load the committed state of ``pid`` (first use, or after a failed transaction)."""
+        saved = self._ctrl.sampler_records(pid)
+        s = self.sampler
+        s.load_state_dict(pid, saved.state)
+        numbers = dict(saved.numbers)
+        self._purge.pop(pid, None)
+        if saved.state is not None and saved.state.get("sampler") != s.name:
+            if numbers:  # another sampler's results: deleted by the next write
+                self._purge[pid] = sorted(numbers.values())
+            numbers = {}
+        elif saved.inline:  # a version-2 record: its results get records of their own at the next write
+            for name in s.cached_names(pid):
+                if name not in numbers:
+                    s._touch(pid, *name)
+        self._numbers[pid] = numbers
+        self._next[pid] = max(saved.numbers.values(), default=-1) + 1
         self._loaded.add(pid)
 
     def drop(self, pid: str) -> None:
         """The partition is gone (its saved state was deleted with it)."""
         self.sampler.clear_cache(pid)
+        self.sampler.take_changes(pid)
+        for d in (self._numbers, self._next, self._purge):
+            d.pop(pid, None)
         self._loaded.discard(pid)
 
+    def pending_write(self, pid: str, state_changed: bool) -> Optional[SamplerWrite]:
+        """What saves the changes of ``pid``'s state since it was last saved: the state record
+        (when ``state_changed`` or any cached result changed) and each cached result added,
+        changed or dropped; None when nothing changed."""
+        s = self.sampler
+        names = s.take_changes(pid)
+        purge = self._purge.pop(pid, [])
+        if not names and not purge and not state_changed:
+            return None
+        numbers = self._numbers.setdefault(pid, {})
+        w = SamplerWrite(s.state_without_cache(pid), dels=purge)
+        for name in sorted(names):
+            entry = s.cached_entry(pid, name)
+            n = numbers.get(name)
+            if entry is None:
+                if n is not None:
+                    w.dels.append(numbers.pop(name))
+                continue
+            if n is None:
+                n = numbers[name] = self._next.get(pid, 0)
+                self._next[pid] = n + 1
+            w.puts.append((n, name, entry))
+        return w
+
     @contextmanager
-    def change(self, pid: str, edit: Optional[Callable[[BaseSampler], Any]]) -> Iterator[Optional[Dict[str, Any]]]:
-        """Apply ``edit(sampler)`` to the in-memory state of ``pid``; yield the state the caller
-        saves in its transaction (None: unchanged, or no edit).  If the block raises, the
-        committed state is put back."""
+    def change(self, pid: str, edit: Optional[Callable[[BaseSampler], Any]]) -> Iterator[Optional[SamplerWrite]]:
+        """Apply ``edit(sampler)`` to the in-memory state of ``pid``; yield what the caller
+        writes in its transaction (:func:`~tqstore.controller_sampler_store.write`; None:
+        unchanged, or no edit).  If the block raises, the committed state is put back."""
         if edit is None:
             yield None
             return
@@ -90,7 +139,7 @@ class SamplerHost:
         before = _snapshot(s, pid)
         try:
             edit(s)
-            yield s.state_dict(pid) if _snapshot(s, pid) != before else None
+            yield self.pending_write(pid, _snapshot(s, pid) != before)
         except BaseException:
             self.revert(pid)
             raise
@@ -128,10 +177,9 @@ class SamplerHost:
                 raise InvalidInputError(f"sampler {sampler!r} returned rows that are not (unique) rows of partition "
                                         f"{pid!r}: {bad[:5] or sampled[:8]}")
             new = [g for g in dict.fromkeys(consumed) if g not in done]
-            changed = _snapshot(sampler, pid) != before
-            if new or changed:
-                c.mark_consumed(pid, task, new, sampler_state=sampler.state_dict(pid) if changed else None,
-                                sampler_key=pid)
+            w = self.pending_write(pid, _snapshot(sampler, pid) != before)
+            if new or w is not None:
+                c.mark_consumed(pid, task, new, sampler_write=w)
         except BaseException:
             self.revert(pid)  # back to the committed state
             raise

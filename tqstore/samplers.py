@@ -28,7 +28,7 @@ import json
 import logging
 import zlib
 from abc import ABC, abstractmethod
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple, Type, Union
 
 import numpy as np
 
@@ -63,6 +63,9 @@ class BaseSampler(ABC):
 
     def __init__(self) -> None:
         self._states: Dict[str, Dict[str, Any]] = {}
+        #: per partition, the cached results (task, rank, batch index) changed, added or dropped
+        #: since the store last saved them (:meth:`take_changes`)
+        self._changed: Dict[str, Set[Tuple[str, str, str]]] = {}
 
     @abstractmethod
     def sample(self, ready_indexes: List[int], batch_size: int, *, partition_id: str = "", task_name: str = "",
@@ -96,9 +99,49 @@ class BaseSampler(ABC):
         """The JSON-safe state of one partition, as persisted by the store."""
         return {"sampler": self.name, "state": self._states.get(partition_id, {})}
 
+    def state_without_cache(self, partition_id: str) -> Dict[str, Any]:
+        """:meth:`state_dict` without the cached rank results (each task's ``"cache"``), which the
+        store saves one by one as they change (:meth:`take_changes`)."""
+        tasks = self._states.get(partition_id, {})
+        return {"sampler": self.name, "state": {t: ({k: v for k, v in st.items() if k != "cache"}
+                                                    if isinstance(st, dict) and "cache" in st else st)
+                                                for t, st in tasks.items()}}
+
+    def cached_entry(self, partition_id: str, name: Tuple[str, str, str]) -> Optional[List[Any]]:
+        """The cached result ``[sampled, consumed, fetches]`` of ``name`` = (task, rank, batch
+        index), or None."""
+        task, rank, bi = name
+        st = self._states.get(partition_id, {}).get(task)
+        cache = st.get("cache") if isinstance(st, dict) else None
+        return cache.get(rank, {}).get(bi) if isinstance(cache, dict) else None
+
+    def cached_names(self, partition_id: str, task_name: Optional[str] = None) -> List[Tuple[str, str, str]]:
+        """The (task, rank, batch index) of every cached result of a partition (of one task)."""
+        out = []
+        for task, st in self._states.get(partition_id, {}).items():
+            if task_name is not None and task != task_name:
+                continue
+            cache = st.get("cache") if isinstance(st, dict) else None
+            if isinstance(cache, dict):
+                out.extend((task, rank, bi) for rank, per in cache.items() for bi in (per or {}))
+        return out
+
+    def take_changes(self, partition_id: str) -> Set[Tuple[str, str, str]]:
+        """The cached results of a partition changed since the last call (the store saves
+        them); the record of changes starts empty again."""
+        return self._change_log().pop(partition_id, set())
+
+    def _change_log(self) -> Dict[str, Set[Tuple[str, str, str]]]:
+        # (created here too: a subclass may not have called BaseSampler.__init__)
+        return self.__dict__.setdefault("_changed", {})
+
+    def _touch(self, partition_id: str, task_name: str, dp_rank: Any, batch_index: Any) -> None:
+        self._change_log().setdefault(partition_id, set()).add((task_name, str(dp_rank), str(batch_index)))
+
     def load_state_dict(self, partition_id: str, saved: Optional[Mapping[str, Any]]) -> None:
         """Restore one partition's state saved by :meth:`state_dict` (None: start empty)."""
         self._states.pop(partition_id, None)
+        self._change_log().pop(partition_id, None)
         if not saved:
             return
         if saved.get("sampler") != self.name:
@@ -152,10 +195,18 @@ class BaseSampler(ABC):
         """
         if not isinstance(state, Mapping) or not isinstance(state.get("_states"), dict):
             raise InvalidInputError("load_checkpoint takes the mapping save_checkpoint returned ({'_states': {...}})")
+        for pid in set(self._states) | set(state["_states"]):  # every cached result, old and new, is saved again
+            for name in self.cached_names(pid):
+                self._touch(pid, *name)
         self._states = state["_states"]
+        for pid in self._states:
+            for name in self.cached_names(pid):
+                self._touch(pid, *name)
 
     def clear_cache(self, partition_id: str, task_name: Optional[str] = None) -> None:
         """Forget the state of a partition (or of one task in it)."""
+        for name in self.cached_names(partition_id, task_name):
+            self._touch(partition_id, *name)
         if task_name is None:
             self._states.pop(partition_id, None)
         else:
@@ -168,7 +219,7 @@ class BaseSampler(ABC):
         old cached result.
         """
         gone = set(int(g) for g in gidxs)
-        for task in self._states.get(partition_id, {}).values():
+        for task_name, task in self._states.get(partition_id, {}).items():
             cache = task.get("cache")
             if not cache:
                 continue
@@ -177,6 +228,7 @@ class BaseSampler(ABC):
                     sampled, consumed = cache[rank][bi][:2]
                     if gone.intersection(sampled) or gone.intersection(consumed):
                         del cache[rank][bi]
+                        self._touch(partition_id, task_name, rank, bi)
                 if not cache[rank]:
                     del cache[rank]
 
@@ -189,6 +241,7 @@ class BaseSampler(ABC):
             return None
         sampled, consumed, fetches = entry
         fetches += 1
+        self._touch(partition_id, task_name, dp_rank, batch_index)
         if replicas is not None and fetches >= replicas:
             del cache[str(dp_rank)][str(batch_index)]
             if not cache[str(dp_rank)]:
@@ -203,6 +256,7 @@ class BaseSampler(ABC):
             return
         cache = self._task_state(partition_id, task_name).setdefault("cache", {})
         cache.setdefault(str(dp_rank), {})[str(batch_index)] = [list(result[0]), list(result[1]), 1]
+        self._touch(partition_id, task_name, dp_rank, batch_index)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

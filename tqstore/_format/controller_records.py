@@ -1,5 +1,6 @@
-"""Keys and values of the controller's LMDB index, format version 2 (and the version-1 row
-values it still reads; docs/FORMAT.md, "Controller index"): the one definition of their bytes.
+"""Keys and values of the controller's LMDB index, format version 3 (and the version-1 row
+values it still reads; docs/FORMAT.md, "Controller index"): the one definition of their bytes
+(the ``sampler`` database's records of cached results: :mod:`tqstore._format.sampler_records`).
 
 Every writer and reader of the controller index (the controller, its decoder, checkpoint
 loading and verification, the CLI) encodes and decodes through these functions.  Bytes
@@ -19,6 +20,7 @@ db          key                                 value
             (task ``\\0`` pid ``\\0`` gidx key)
 ``schema``  :func:`schema_key` (pid ``\\0`` f)   :func:`encode_schema` (JSON, default separators)
 ``sampler`` partition id                        :func:`encode_sampler` (JSON, default separators)
+            pid ``\\0`` u64 number                  a cached result (:mod:`~tqstore._format.sampler_records`)
 ``restores`` :func:`restore_key` (restore id)    :func:`encode_restore` (compact ASCII JSON)
             :func:`restore_chunk_key`           :func:`encode_restore_rows` (compact ASCII JSON)
             (id ``\\0`` chunk u32)
@@ -46,9 +48,10 @@ from .records import (
 from .values import dumps as _dumps_value, dumps_each, loads as _loads_value
 
 #: the controller index format version this code writes (``meta/format``)
-CONTROLLER_FORMAT = 2
-#: the versions it reads (version 1 is migrated to 2 when a store opens it for writing)
-CONTROLLER_FORMATS_READ = (1, 2)
+CONTROLLER_FORMAT = 3
+#: the versions it reads (1 and 2 are migrated to 3 when a store opens them for writing; 2 differs
+#: from 3 only in keeping a partition's cached sampler results inside its ``sampler`` record)
+CONTROLLER_FORMATS_READ = (1, 2, 3)
 
 #: the named databases of the controller index (``restores``: unresolved selective restores)
 CONTROLLER_DBS = ("meta", "free", "parts", "keys", "rows", "cons", "schema", "sampler", "restores")
