@@ -344,3 +344,37 @@ def test_save_checkpoint_and_load_checkpoint_round_trip_the_states_as_transferqu
     assert b.has_cached_result("p", "t", {"dp_rank": 0, "batch_index": 0})
     with pytest.raises(InvalidInputError):
         b.load_checkpoint({"states": {}})
+
+
+def test_seqlen_sampler_keeps_grpo_groups_whole_when_a_rank_runs_ahead_past_an_unfinished_group(tmp_path):
+    """Rows of another rank's pending share are left out of the next global batch; the group
+    of each remaining row is still told by its own sequence number (they were paired with the
+    sequence numbers of the rows before them, so rows of two prompts made one "group")."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=2, dp_size=2))
+        meta = s.get_meta(["x"], 10, "p", mode="insert")  # groups {0,1} {2,3} {4,5} {6,7} {8,9}
+        done = [i for i in range(10) if i != 7]  # the second response of prompt 3 is not finished
+        s.put({"x": torch.arange(9).view(9, 1)}, metadata=meta.select_samples(done))
+
+        def fetch(rank, bi):
+            return s.get_meta(["x"], 2, "p", task_name="t",
+                              sampling_config={"dp_rank": rank, "batch_index": bi}).global_indexes
+
+        first = fetch(0, 0)  # the global batch {0,1} {2,3}, one group for each rank
+        ahead = fetch(0, 1)  # rank 1 has not fetched its share of batch 0 yet
+        other = fetch(1, 0)
+        assert sorted(first + other) == [0, 1, 2, 3]
+        for share in (first, other, ahead):
+            assert len(share) == 2 and share[0] // 2 == share[1] // 2, f"{share} is not one prompt's group"
+        assert ahead in ([4, 5], [8, 9])
+
+
+def test_grpo_sampler_takes_the_oldest_whole_groups_in_any_row_order():
+    from tqstore.samplers import GRPOGroupNSampler
+    g = GRPOGroupNSampler(n_samples_per_prompt=2)
+    rows, seqs = [10, 11, 12, 14, 15, 16, 17], [0, 1, 2, 4, 5, 6, 7]
+    assert g.sample(rows, 4, ready_seqs=seqs) == ([10, 11, 14, 15], [10, 11, 14, 15])
+    shuffled = [3, 0, 6, 5, 1, 4, 2]
+    got = g.sample([rows[i] for i in shuffled], 4, ready_seqs=[seqs[i] for i in shuffled])
+    assert got == ([10, 11, 14, 15], [10, 11, 14, 15]), "the same groups, each in sequence order"
+    assert g.sample(rows, 8, ready_seqs=seqs) == ([], [])

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set
 
 from .controller_mirror import copy_value, row_batch
 from .controller_sampler_store import EntryName, SamplerWrite
@@ -34,6 +35,25 @@ def _snapshot(sampler: BaseSampler, pid: str) -> str:
     """The state of ``pid`` but its cached results (tracked one by one: ``take_changes``), as
     text to compare: small for tqstore's samplers, whatever the number of results cached."""
     return json.dumps(sampler.state_without_cache(pid), sort_keys=True)
+
+
+class ReadyTags(SequenceABC):
+    """The tags of the ready rows, parallel to them, each copied when it is read: a sampler
+    that reads a few (a cached result, the rows it chose) pays for those only.  Valid for the
+    sampler's call (the controller's lock is held)."""
+
+    __slots__ = ("_tags", "_rows")
+
+    def __init__(self, tags: Mapping[int, Any], rows: Sequence[int]) -> None:
+        self._tags, self._rows = tags, rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [copy_value(self._tags.get(g)) for g in self._rows[i]]
+        return copy_value(self._tags.get(self._rows[i]))
 
 
 def _may_sample(sampler: BaseSampler, ready: Sequence[int], batch_size: int, pid: str, task: str,
@@ -165,7 +185,7 @@ class SamplerHost:
             return row_batch(p, [])
         before = _snapshot(sampler, pid)
         try:
-            extra = {"ready_tags": [copy_value(p.tags.get(g)) for g in ready]} if sampler.uses_tags else {}
+            extra = {"ready_tags": ReadyTags(p.tags, ready)} if sampler.uses_tags else {}
             sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task, ready_seqs=seqs,
                                         **extra, **cfg)
             sampled, consumed = [int(g) for g in sampled], [int(g) for g in consumed]

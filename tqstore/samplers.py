@@ -352,21 +352,7 @@ class GRPOGroupNSampler(BaseSampler):
         if batch_size % n:
             raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
         seqs = ready_indexes if ready_seqs is None else ready_seqs  # without a store: gidx order
-        members: Dict[int, List[Tuple[int, int]]] = {}
-        order: List[int] = []
-        for g, sq in zip(ready_indexes, seqs):
-            gid = sq // n
-            if gid not in members:
-                members[gid] = []
-                order.append(gid)
-            members[gid].append((sq, g))
-        out: List[int] = []
-        for gid in sorted(order):
-            grp = members[gid]
-            if len(grp) == n:
-                out.extend(g for _, g in sorted(grp))
-                if len(out) == batch_size:
-                    break
+        out = _first_whole_groups(ready_indexes, seqs, n, batch_size)
         if len(out) < batch_size:
             return [], []
         if dp_rank is not None:
@@ -375,6 +361,44 @@ class GRPOGroupNSampler(BaseSampler):
 
     def __repr__(self) -> str:
         return f"GRPOGroupNSampler(n_samples_per_prompt={self.n_samples_per_prompt})"
+
+
+def _first_whole_groups(rows: Sequence[int], seqs: Sequence[int], n: int, batch_size: int) -> List[int]:
+    """The rows of the oldest whole groups (``n`` rows with sequence numbers ``k*n .. k*n+n-1``)
+    among ``rows`` (``seqs`` parallel), oldest group first, each group's rows in sequence
+    order, up to ``batch_size`` rows.  Rows in sequence order (as a store gives them) are
+    read only as far as the groups taken; in any other order all of them are grouped."""
+    out: List[int] = []
+    run: List[int] = []
+    gid, last = None, -1
+    for g, sq in zip(rows, seqs):
+        if sq < last:
+            return _whole_groups_any_order(rows, seqs, n, batch_size)
+        last = sq
+        if sq // n != gid:
+            if len(run) == n:
+                out.extend(run)
+                if len(out) == batch_size:
+                    return out
+            run, gid = [], sq // n
+        run.append(g)
+    if len(run) == n and len(out) < batch_size:
+        out.extend(run)
+    return out
+
+
+def _whole_groups_any_order(rows: Sequence[int], seqs: Sequence[int], n: int, batch_size: int) -> List[int]:
+    members: Dict[int, List[Tuple[int, int]]] = {}
+    for g, sq in zip(rows, seqs):
+        members.setdefault(sq // n, []).append((sq, g))
+    out: List[int] = []
+    for gid in sorted(members):
+        grp = members[gid]
+        if len(grp) == n:
+            out.extend(g for _, g in sorted(grp))
+            if len(out) == batch_size:
+                break
+    return out
 
 
 class RandomSampler(BaseSampler):

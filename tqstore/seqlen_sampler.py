@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError
 from .samplers import GRPOGroupNSampler, SampleResult
@@ -110,6 +110,27 @@ def get_seqlen_balanced_partitions(seqlen_list: Sequence[int], k_partitions: int
     return [sorted(p) for p in parts]
 
 
+class _TagsOf:
+    """``gidx -> tag`` over the ready rows and their tags (parallel sequences): rows are
+    indexed from the front as far as a lookup needs (the rows chosen are the oldest ones), and
+    only the tags looked up are read."""
+
+    __slots__ = ("_rows", "_tags", "_pos", "_seen")
+
+    def __init__(self, rows: Sequence[int], tags: Sequence[Any]) -> None:
+        self._rows, self._tags, self._pos, self._seen = rows, tags, {}, 0
+
+    def get(self, gidx: int, default: Any = None) -> Any:
+        i = self._pos.get(gidx)
+        while i is None and self._seen < len(self._rows):
+            g = self._rows[self._seen]
+            self._pos[g] = self._seen
+            self._seen += 1
+            if g == gidx:
+                i = self._seen - 1
+        return default if i is None else self._tags[i]
+
+
 def _lengths(partition: Any, gidxs: Sequence[int]) -> List[int]:
     """Each row's ``total_lengths`` tag entry (1 when absent); ``partition`` is a mapping
     gidx -> tag (what the store hands a sampler that sets ``uses_tags``) or TransferQueue's
@@ -152,12 +173,16 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         batch_index = 0 if batch_index is None else batch_index
         hit = self._cached(partition_id, task_name, dp_rank, batch_index)
         if hit is not None:
+            self._fetched(partition_id, task_name, str(dp_rank), str(batch_index))
             return hit
         if partition is None and ready_tags is not None:
-            partition = dict(zip(ready_indexes, ready_tags))
+            partition = _TagsOf(ready_indexes, ready_tags)
         waiting = self._waiting(partition_id, task_name)
         if waiting:  # rows of other ranks' shares they have not fetched yet: not chosen again
-            ready_indexes = [g for g in ready_indexes if g not in waiting]
+            keep = [i for i, g in enumerate(ready_indexes) if g not in waiting]
+            ready_indexes = [ready_indexes[i] for i in keep]
+            if kwargs.get("ready_seqs") is not None:  # (kept parallel: groups are told by them)
+                kwargs["ready_seqs"] = [kwargs["ready_seqs"][i] for i in keep]
         chosen, _ = super().sample(ready_indexes, batch_size * self.dp_size, partition_id=partition_id,
                                    task_name=task_name, **kwargs)
         if not chosen:
@@ -178,10 +203,12 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
             else:
                 shares = [[chosen[i] for i in part]
                           for part in get_seqlen_balanced_partitions(lengths, self.dp_size, equal_size=False)]
+        pending = self._pending_of(partition_id, task_name)
         for r in range(self.dp_size):
             self._remember(partition_id, task_name, r, batch_index, (shares[r], shares[r]))
             if r != dp_rank:  # (fetched 0 times: its rows wait for rank r, see _waiting)
                 self._task_state(partition_id, task_name)["cache"][str(r)][str(batch_index)][2] = 0
+                pending[(str(r), str(batch_index))] = list(shares[r])
         mine = shares[dp_rank] if 0 <= dp_rank < len(shares) else []
         return list(mine), list(mine)
 
@@ -189,8 +216,48 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         """The rows of cached shares their rank has not fetched yet.  Each rank's call marks
         only its own share consumed (TransferQueue's contract), so without this a rank running
         ahead would be handed rows of another rank's pending share a second time."""
-        cache = self._states.get(partition_id, {}).get(task_name, {}).get("cache", {})
-        return {g for per_bi in cache.values() for entry in per_bi.values() if entry[2] == 0 for g in entry[0]}
+        pending = self._pending_of(partition_id, task_name)
+        return set().union(*pending.values()) if pending else set()
+
+    def _pending_of(self, partition_id: str, task_name: str) -> Dict[Tuple[str, str], List[int]]:
+        """``{(rank, batch index): rows}`` of the shares not fetched yet (kept beside the cache:
+        built from it once, then changed with it, so a call does not scan every result cached)."""
+        index = self.__dict__.setdefault("_pending", {})
+        got = index.get((partition_id, task_name))
+        if got is None:
+            cache = self._states.get(partition_id, {}).get(task_name, {}).get("cache", {})
+            got = index[(partition_id, task_name)] = {
+                (rank, bi): list(entry[0]) for rank, per_bi in cache.items() for bi, entry in per_bi.items()
+                if entry[2] == 0}
+        return got
+
+    def _fetched(self, partition_id: str, task_name: str, rank: str, batch_index: str) -> None:
+        got = self.__dict__.get("_pending", {}).get((partition_id, task_name))
+        if got is not None:
+            got.pop((rank, batch_index), None)
+
+    def _forget_pending(self, partition_id: Optional[str] = None) -> None:
+        index = self.__dict__.get("_pending")
+        if index:
+            for key in [k for k in index if partition_id is None or k[0] == partition_id]:
+                del index[key]
+
+    # the cache changes outside sample(): the pending shares are taken from it again
+    def load_state_dict(self, partition_id: str, saved: Optional[Mapping[str, Any]]) -> None:
+        super().load_state_dict(partition_id, saved)
+        self._forget_pending(partition_id)
+
+    def clear_cache(self, partition_id: str, task_name: Optional[str] = None) -> None:
+        super().clear_cache(partition_id, task_name)
+        self._forget_pending(partition_id)
+
+    def forget_rows(self, partition_id: str, gidxs: Iterable[int]) -> None:
+        super().forget_rows(partition_id, gidxs)
+        self._forget_pending(partition_id)
+
+    def load_checkpoint(self, state: Mapping[str, Any]) -> None:
+        super().load_checkpoint(state)
+        self._forget_pending()
 
     @property
     def _balanced_cache(self) -> Dict[Tuple[str, str, str], Dict[str, List[int]]]:
