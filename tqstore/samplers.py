@@ -342,38 +342,49 @@ class GRPOGroupNSampler(BaseSampler):
 
     def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", ready_seqs=None, dp_rank=None,
                batch_index=None, n_samples_per_prompt=None, **kwargs) -> SampleResult:
-        n = int(n_samples_per_prompt or self.n_samples_per_prompt)
         if dp_rank is not None:
             hit = self._cached(partition_id, task_name, dp_rank, batch_index)
             if hit is not None:
                 return hit
-        if batch_size <= 0:
-            return [], []  # nothing asked: nothing handed out (as TransferQueue)
-        if batch_size % n:
-            raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
         seqs = ready_indexes if ready_seqs is None else ready_seqs  # without a store: gidx order
-        out = _first_whole_groups(ready_indexes, seqs, n, batch_size)
-        if len(out) < batch_size:
+        out = self._whole_groups(zip(ready_indexes, seqs), batch_size, n_samples_per_prompt)
+        if not out:
             return [], []
         if dp_rank is not None:
             self._remember(partition_id, task_name, dp_rank, batch_index, (out, out))
         return out, list(out)
 
+    def _whole_groups(self, pairs: Iterable[Tuple[int, int]], batch_size: int,
+                      n_samples_per_prompt: Optional[int] = None) -> List[int]:
+        """``batch_size`` rows of the oldest whole groups among ``pairs`` of (row, sequence
+        number), or [] when there are not enough.  Raises InvalidInputError when
+        ``batch_size`` is not a multiple of the group size."""
+        n = int(n_samples_per_prompt or self.n_samples_per_prompt)
+        if batch_size <= 0:
+            return []  # nothing asked: nothing handed out (as TransferQueue)
+        if batch_size % n:
+            raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
+        out = _first_whole_groups(pairs, n, batch_size)
+        return out if len(out) == batch_size else []
+
     def __repr__(self) -> str:
         return f"GRPOGroupNSampler(n_samples_per_prompt={self.n_samples_per_prompt})"
 
 
-def _first_whole_groups(rows: Sequence[int], seqs: Sequence[int], n: int, batch_size: int) -> List[int]:
+def _first_whole_groups(pairs: Iterable[Tuple[int, int]], n: int, batch_size: int) -> List[int]:
     """The rows of the oldest whole groups (``n`` rows with sequence numbers ``k*n .. k*n+n-1``)
-    among ``rows`` (``seqs`` parallel), oldest group first, each group's rows in sequence
-    order, up to ``batch_size`` rows.  Rows in sequence order (as a store gives them) are
-    read only as far as the groups taken; in any other order all of them are grouped."""
+    among ``pairs`` of (row, sequence number), oldest group first, each group's rows in
+    sequence order, up to ``batch_size`` rows.  Pairs in sequence order (as a store gives
+    them) are read only as far as the groups taken; in any other order all of them are grouped."""
     out: List[int] = []
     run: List[int] = []
+    seen: List[Tuple[int, int]] = []
     gid, last = None, -1
-    for g, sq in zip(rows, seqs):
+    it = iter(pairs)
+    for g, sq in it:
         if sq < last:
-            return _whole_groups_any_order(rows, seqs, n, batch_size)
+            return _whole_groups_any_order(seen + [(g, sq)] + list(it), n, batch_size)
+        seen.append((g, sq))
         last = sq
         if sq // n != gid:
             if len(run) == n:
@@ -387,9 +398,9 @@ def _first_whole_groups(rows: Sequence[int], seqs: Sequence[int], n: int, batch_
     return out
 
 
-def _whole_groups_any_order(rows: Sequence[int], seqs: Sequence[int], n: int, batch_size: int) -> List[int]:
+def _whole_groups_any_order(pairs: Iterable[Tuple[int, int]], n: int, batch_size: int) -> List[int]:
     members: Dict[int, List[Tuple[int, int]]] = {}
-    for g, sq in zip(rows, seqs):
+    for g, sq in pairs:
         members.setdefault(sq // n, []).append((sq, g))
     out: List[int] = []
     for gid in sorted(members):

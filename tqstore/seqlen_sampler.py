@@ -178,13 +178,11 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         if partition is None and ready_tags is not None:
             partition = _TagsOf(ready_indexes, ready_tags)
         waiting = self._waiting(partition_id, task_name)
+        seqs = kwargs.get("ready_seqs")
+        pairs = zip(ready_indexes, ready_indexes if seqs is None else seqs)
         if waiting:  # rows of other ranks' shares they have not fetched yet: not chosen again
-            keep = [i for i, g in enumerate(ready_indexes) if g not in waiting]
-            ready_indexes = [ready_indexes[i] for i in keep]
-            if kwargs.get("ready_seqs") is not None:  # (kept parallel: groups are told by them)
-                kwargs["ready_seqs"] = [kwargs["ready_seqs"][i] for i in keep]
-        chosen, _ = super().sample(ready_indexes, batch_size * self.dp_size, partition_id=partition_id,
-                                   task_name=task_name, **kwargs)
+            pairs = ((g, sq) for g, sq in pairs if g not in waiting)
+        chosen = self._whole_groups(pairs, batch_size * self.dp_size, kwargs.get("n_samples_per_prompt"))
         if not chosen:
             return [], []
         if partition is None:
