@@ -251,3 +251,28 @@ def test_watch_puts_calls_back_after_puts_until_stopped(store):
     assert store._data._watchers == [], "the raising watcher was dropped"
     with pytest.raises(tq.InvalidInputError, match="callable"):
         store.watch_puts(None)
+
+
+class _NoWatch:
+    """The store without ``watch_puts`` (as a Ray store's client): waits poll it."""
+
+    def __init__(self, store):
+        self._store = store
+
+    def __getattr__(self, name):
+        if name == "watch_puts":
+            raise AttributeError(name)
+        return getattr(self._store, name)
+
+
+def test_an_async_fetch_polls_a_store_that_does_not_notify_puts(store):
+    client = tq.TransferQueueClient(_NoWatch(store))
+
+    async def main():
+        waiter = asyncio.create_task(client.async_get_meta(["prompt"], 2, "n", task_name="t", timeout_s=60))
+        await asyncio.sleep(0.3)  # several polls find nothing
+        assert not waiter.done()
+        store.put(_rows(2), partition_id="n")
+        return await asyncio.wait_for(waiter, 20)
+
+    assert asyncio.run(main()).global_indexes == [0, 1]
