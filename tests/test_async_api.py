@@ -276,3 +276,41 @@ def test_an_async_fetch_polls_a_store_that_does_not_notify_puts(store):
         return await asyncio.wait_for(waiter, 20)
 
     assert asyncio.run(main()).global_indexes == [0, 1]
+
+
+def test_an_async_fetch_does_not_block_the_event_loop_while_a_state_switch_holds_the_store(store):
+    """A checkpoint load holds the store's metadata lock for as long as it runs: an
+    async_get_meta meanwhile waits off the loop (it registered its put watcher under that lock,
+    which froze every coroutine of the loop until the load ended)."""
+    import threading
+    client = tq.get_client()
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with store._data.lock:
+            held.set()
+            release.wait(30)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        threading.Thread(target=hold, daemon=True).start()
+        assert await asyncio.get_running_loop().run_in_executor(None, held.wait, 20)
+        beat = asyncio.create_task(ticker())
+        fetch = asyncio.create_task(client.async_get_meta(["prompt"], 1, "h", task_name="t", timeout_s=0.1))
+        await asyncio.sleep(0.5)
+        during = ticks
+        release.set()
+        got = await asyncio.wait_for(fetch, 20)
+        beat.cancel()
+        return during, got
+
+    during, got = asyncio.run(main())
+    assert during >= 10, f"the loop ran {during} times in 0.5 s: blocked by the fetch"
+    assert got.size == 0

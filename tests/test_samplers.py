@@ -378,3 +378,10 @@ def test_grpo_sampler_takes_the_oldest_whole_groups_in_any_row_order():
     got = g.sample([rows[i] for i in shuffled], 4, ready_seqs=[seqs[i] for i in shuffled])
     assert got == ([10, 11, 14, 15], [10, 11, 14, 15]), "the same groups, each in sequence order"
     assert g.sample(rows, 8, ready_seqs=seqs) == ([], [])
+
+
+def test_grpo_sampler_given_sequence_numbers_out_of_order_still_takes_the_oldest_groups():
+    from tqstore.samplers import GRPOGroupNSampler
+    g = GRPOGroupNSampler(n_samples_per_prompt=2)
+    assert g.sample([10, 11, 12, 0, 1], 2, ready_seqs=[2, 3, 4, 0, 1]) == ([0, 1], [0, 1])
+    assert g.sample([12, 13, 0, 1], 2) == ([0, 1], [0, 1]), "without sequence numbers: gidx order"

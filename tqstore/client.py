@@ -91,8 +91,9 @@ def _async_method(name: str) -> Callable:
         return await _executor.run(self._dispatch, store, name, *args, **kwargs)
 
     method.__name__ = method.__qualname__ = f"async_{name}"
-    method.__doc__ = f"Awaitable form of :meth:`TransferQueueClient.{name}` (runs on the API thread pool).\n\n" + \
-        (sync.__doc__ or "")
+    how = ("a fetch waits for producers on the event loop, each ask of the store runs on the API thread pool; "
+           "see tqstore.fetch_wait" if name == "get_meta" else "runs on the API thread pool")
+    method.__doc__ = f"Awaitable form of :meth:`TransferQueueClient.{name}` ({how}).\n\n" + (sync.__doc__ or "")
     method.__signature__ = inspect.signature(sync)  # type: ignore[attr-defined]
     return method
 

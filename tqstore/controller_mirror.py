@@ -36,6 +36,7 @@ import numpy as np
 from ._format.columns import take_rows
 from ._io.heap import trim_heap
 from .ports import PartitionInfo, RowBatch, RowInfo
+from .samplers import SeqsInOrder
 
 _MAX_VIEWS_PER_TASK = 8
 _I64 = np.int64
@@ -80,8 +81,9 @@ class _Ready:
         return list(self.rows)
 
     def seqs(self) -> List[int]:
-        """Sequence numbers parallel to :meth:`ordered` (call it first)."""
-        return list(self.rows.values())
+        """Sequence numbers parallel to :meth:`ordered` (call it first): ascending, and marked
+        so (:class:`~tqstore.samplers.SeqsInOrder`)."""
+        return SeqsInOrder(self.rows.values())
 
 
 def _grow(a: np.ndarray, n: int, fill: int) -> np.ndarray:

@@ -76,6 +76,7 @@ class SamplerHost:
     def __init__(self, controller: "Controller") -> None:
         self._ctrl = controller
         self.sampler: BaseSampler = make_sampler(None)
+        self.sampler.track_changes()
         self._loaded: Set[str] = set()  # partitions whose saved state the sampler holds
         self._numbers: Dict[str, Dict[EntryName, int]] = {}  # per partition: each cached result's record number
         self._next: Dict[str, int] = {}  # per partition: the next record number
@@ -84,6 +85,7 @@ class SamplerHost:
     def set(self, spec: Any) -> BaseSampler:
         """Use ``spec`` (see make_sampler) from now on; state is loaded per partition as needed."""
         s = make_sampler(spec)  # its own state (e.g. a custom sampler's rng set in __init__) is kept
+        s.track_changes()
         self.sampler = s
         self._loaded.clear()
         self._numbers.clear()
@@ -129,11 +131,10 @@ class SamplerHost:
         changed or dropped; None when nothing changed."""
         s = self.sampler
         names = s.take_changes(pid)
-        purge = self._purge.pop(pid, [])
-        if not names and not purge and not state_changed:
-            return None
+        if not names and not state_changed:
+            return None  # (another sampler's saved results stay until this one writes its state)
         numbers = self._numbers.setdefault(pid, {})
-        w = SamplerWrite(s.state_without_cache(pid), dels=purge)
+        w = SamplerWrite(s.state_without_cache(pid), dels=self._purge.pop(pid, []))
         for name in sorted(names):
             entry = s.cached_entry(pid, name)
             n = numbers.get(name)

@@ -139,6 +139,7 @@ class DataPlane:
         self.lock = lock
         self.cond = threading.Condition(lock)  # consumers waiting for rows; notified after puts
         self._watchers: List[Callable[[], None]] = []  # watch_puts callbacks, called with the condition
+        self._watch_lock = threading.Lock()  # guards _watchers only: (un)watching never waits for ``lock``
         self.check_open = check_open
         self._sampler: BaseSampler = make_sampler(None)
         controller.set_sampler(self._sampler)
@@ -179,16 +180,17 @@ class DataPlane:
         """Wake consumers waiting for rows, with ``lock`` held: the condition's waiters and
         every :meth:`watch_puts` callback."""
         self.cond.notify_all()
-        for cb in list(self._watchers):
+        with self._watch_lock:
+            watchers = list(self._watchers)
+        for cb in watchers:
             try:
                 cb()
             except Exception:  # a watcher whose event loop has closed: it no longer waits
                 log.debug("a put watcher failed; dropped", exc_info=True)
-                if cb in self._watchers:
-                    self._watchers.remove(cb)
+                self._unwatch(cb)
 
     def _unwatch(self, callback: Callable[[], None]) -> None:
-        with self.lock:
+        with self._watch_lock:
             try:
                 self._watchers.remove(callback)
             except ValueError:
@@ -202,11 +204,13 @@ class DataPlane:
         The callback runs in the thread that changed the store, with the store's metadata
         lock held: it must be quick and must not call the store (``loop.call_soon_threadsafe``
         of an event's ``set``, say).  One that raises is dropped.  A waiter still asks again
-        at least every 50 ms, as changes such as a load by key do not call it.
+        at least every 50 ms, as changes such as a load by key do not call it.  Neither this
+        call nor the function it returns waits for the store's locks (an event loop calls
+        them while a checkpoint load may hold the metadata lock for seconds).
         """
         if not callable(callback):
             raise InvalidInputError(f"watch_puts takes a callable, got {type(callback).__name__}")
-        with self.lock:
+        with self._watch_lock:  # (not ``lock``: an event loop calls this, and a state switch holds ``lock`` long)
             self._watchers.append(callback)
         return functools.partial(self._unwatch, callback)
 

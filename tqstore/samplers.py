@@ -81,7 +81,9 @@ class BaseSampler(ABC):
                 parallel to ``ready_indexes`` (None when called without a store, or when
                 the class sets ``uses_seqs = False``).
             ready_tags: (only for a class that sets ``uses_tags = True``) each ready row's
-                tag, parallel to ``ready_indexes``, as a copy.
+                tag, parallel to ``ready_indexes``: a sequence (``len``, indexing, slicing,
+                iteration; ``list(ready_tags)`` for a list) whose items are copies made as
+                they are read, valid during the call.
             **sampling_config: the ``sampling_config`` given to ``get_meta``.
 
         Returns:
@@ -135,8 +137,14 @@ class BaseSampler(ABC):
         # (created here too: a subclass may not have called BaseSampler.__init__)
         return self.__dict__.setdefault("_changed", {})
 
+    def track_changes(self) -> None:
+        """Record from now on which cached results change (:meth:`take_changes`); a store
+        turns this on for the sampler it uses (a sampler used alone records nothing)."""
+        self.__dict__["_tracks_changes"] = True
+
     def _touch(self, partition_id: str, task_name: str, dp_rank: Any, batch_index: Any) -> None:
-        self._change_log().setdefault(partition_id, set()).add((task_name, str(dp_rank), str(batch_index)))
+        if self.__dict__.get("_tracks_changes"):
+            self._change_log().setdefault(partition_id, set()).add((task_name, str(dp_rank), str(batch_index)))
 
     def load_state_dict(self, partition_id: str, saved: Optional[Mapping[str, Any]]) -> None:
         """Restore one partition's state saved by :meth:`state_dict` (None: start empty)."""
@@ -347,7 +355,8 @@ class GRPOGroupNSampler(BaseSampler):
             if hit is not None:
                 return hit
         seqs = ready_indexes if ready_seqs is None else ready_seqs  # without a store: gidx order
-        out = self._whole_groups(zip(ready_indexes, seqs), batch_size, n_samples_per_prompt)
+        out = self._whole_groups(zip(ready_indexes, seqs), batch_size, n_samples_per_prompt,
+                                 in_order=isinstance(ready_seqs, SeqsInOrder))
         if not out:
             return [], []
         if dp_rank is not None:
@@ -355,37 +364,41 @@ class GRPOGroupNSampler(BaseSampler):
         return out, list(out)
 
     def _whole_groups(self, pairs: Iterable[Tuple[int, int]], batch_size: int,
-                      n_samples_per_prompt: Optional[int] = None) -> List[int]:
+                      n_samples_per_prompt: Optional[int] = None, *, in_order: bool = False) -> List[int]:
         """``batch_size`` rows of the oldest whole groups among ``pairs`` of (row, sequence
-        number), or [] when there are not enough.  Raises InvalidInputError when
-        ``batch_size`` is not a multiple of the group size."""
+        number; ``in_order``: ascending sequence numbers), or [] when there are not enough.
+        Raises InvalidInputError when ``batch_size`` is not a multiple of the group size."""
         n = int(n_samples_per_prompt or self.n_samples_per_prompt)
         if batch_size <= 0:
             return []  # nothing asked: nothing handed out (as TransferQueue)
         if batch_size % n:
             raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
-        out = _first_whole_groups(pairs, n, batch_size)
+        out = _first_whole_groups(pairs, n, batch_size, in_order)
         return out if len(out) == batch_size else []
 
     def __repr__(self) -> str:
         return f"GRPOGroupNSampler(n_samples_per_prompt={self.n_samples_per_prompt})"
 
 
-def _first_whole_groups(pairs: Iterable[Tuple[int, int]], n: int, batch_size: int) -> List[int]:
+class SeqsInOrder(list):
+    """Sequence numbers in ascending order: what a store passes as ``ready_seqs`` (its ready
+    rows are oldest first), which lets grouping stop at the groups it needs."""
+
+    __slots__ = ()
+
+
+def _first_whole_groups(pairs: Iterable[Tuple[int, int]], n: int, batch_size: int, in_order: bool) -> List[int]:
     """The rows of the oldest whole groups (``n`` rows with sequence numbers ``k*n .. k*n+n-1``)
     among ``pairs`` of (row, sequence number), oldest group first, each group's rows in
-    sequence order, up to ``batch_size`` rows.  Pairs in sequence order (as a store gives
-    them) are read only as far as the groups taken; in any other order all of them are grouped."""
+    sequence order, up to ``batch_size`` rows.  Pairs known to be ``in_order`` of sequence
+    number (as a store gives them) are read only as far as the groups taken; others are all
+    grouped first."""
+    if not in_order:
+        return _whole_groups_any_order(pairs, n, batch_size)
     out: List[int] = []
     run: List[int] = []
-    seen: List[Tuple[int, int]] = []
-    gid, last = None, -1
-    it = iter(pairs)
-    for g, sq in it:
-        if sq < last:
-            return _whole_groups_any_order(seen + [(g, sq)] + list(it), n, batch_size)
-        seen.append((g, sq))
-        last = sq
+    gid = None
+    for g, sq in pairs:
         if sq // n != gid:
             if len(run) == n:
                 out.extend(run)
@@ -485,5 +498,5 @@ def make_sampler(spec: Union[None, str, BaseSampler, Type[BaseSampler], Mapping[
     raise ConfigError(f"sampler must be a name, a BaseSampler instance or subclass, or a mapping; got {spec!r}")
 
 
-__all__ = ["BaseSampler", "SequentialSampler", "RankAwareSampler", "GRPOGroupNSampler", "RandomSampler",
+__all__ = ["SeqsInOrder", "BaseSampler", "SequentialSampler", "RankAwareSampler", "GRPOGroupNSampler", "RandomSampler",
            "make_sampler"]

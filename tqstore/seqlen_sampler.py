@@ -13,7 +13,7 @@ import logging
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError
-from .samplers import GRPOGroupNSampler, SampleResult
+from .samplers import GRPOGroupNSampler, SampleResult, SeqsInOrder
 
 log = logging.getLogger("tqstore")
 
@@ -182,7 +182,8 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         pairs = zip(ready_indexes, ready_indexes if seqs is None else seqs)
         if waiting:  # rows of other ranks' shares they have not fetched yet: not chosen again
             pairs = ((g, sq) for g, sq in pairs if g not in waiting)
-        chosen = self._whole_groups(pairs, batch_size * self.dp_size, kwargs.get("n_samples_per_prompt"))
+        chosen = self._whole_groups(pairs, batch_size * self.dp_size, kwargs.get("n_samples_per_prompt"),
+                                    in_order=isinstance(seqs, SeqsInOrder))
         if not chosen:
             return [], []
         if partition is None:
