@@ -385,3 +385,20 @@ def test_grpo_sampler_given_sequence_numbers_out_of_order_still_takes_the_oldest
     g = GRPOGroupNSampler(n_samples_per_prompt=2)
     assert g.sample([10, 11, 12, 0, 1], 2, ready_seqs=[2, 3, 4, 0, 1]) == ([0, 1], [0, 1])
     assert g.sample([12, 13, 0, 1], 2) == ([0, 1], [0, 1]), "without sequence numbers: gidx order"
+
+
+@pytest.mark.parametrize("sampler", ["sequential", "rank_aware"])
+def test_a_fetch_hands_out_the_oldest_ready_rows_when_older_rows_become_ready_later(tmp_path, sampler):
+    """The sequential and rank-aware samplers are given only the oldest rows of the ready view:
+    rows produced out of insertion order must still come out oldest first."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(sampler)
+        meta = s.get_meta(["x"], 8, "p", mode="insert")
+        s.put({"x": torch.zeros(4, 1)}, metadata=meta.select_samples([4, 5, 6, 7]))
+        cfg = {"dp_rank": 0, "batch_index": 0}
+        assert s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg).global_indexes == [4, 5]
+        s.put({"x": torch.zeros(4, 1)}, metadata=meta.select_samples([0, 1, 2, 3]))  # older rows, ready now
+        got = [s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": b})
+               .global_indexes for b in (1, 2, 3)]
+        assert got == [[0, 1], [2, 3], [6, 7]]
+        assert s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": 4}).size == 0

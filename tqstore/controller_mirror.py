@@ -29,6 +29,7 @@ Layout (a few machine words per row, no Python object per row but its key string
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -74,11 +75,12 @@ class _Ready:
         else:
             self.last = seq
 
-    def ordered(self) -> List[int]:
+    def ordered(self, limit: Optional[int] = None) -> List[int]:
+        """The rows, oldest first (the first ``limit`` of them: O(limit) once sorted)."""
         if self.dirty:
             self.rows = dict(sorted(self.rows.items(), key=lambda kv: kv[1]))
             self.dirty = False
-        return list(self.rows)
+        return list(self.rows) if limit is None else list(islice(self.rows, limit))
 
     def seqs(self) -> List[int]:
         """Sequence numbers parallel to :meth:`ordered` (call it first): ascending, and marked

@@ -23,7 +23,7 @@ from .controller_mirror import copy_value, row_batch
 from .controller_sampler_store import EntryName, SamplerWrite
 from .errors import InvalidInputError
 from .ports import RowBatch
-from .samplers import BaseSampler, make_sampler
+from .samplers import BaseSampler, RankAwareSampler, SequentialSampler, make_sampler
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller
@@ -54,6 +54,11 @@ class ReadyTags(SequenceABC):
         if isinstance(i, slice):
             return [copy_value(self._tags.get(g)) for g in self._rows[i]]
         return copy_value(self._tags.get(self._rows[i]))
+
+
+#: samplers (these classes exactly, not subclasses) that read only the oldest ``batch_size``
+#: ready rows and whether there are that many
+_OLDEST_ONLY = (SequentialSampler, RankAwareSampler)
 
 
 def _may_sample(sampler: BaseSampler, ready: Sequence[int], batch_size: int, pid: str, task: str,
@@ -179,7 +184,10 @@ class SamplerHost:
         seqs: Optional[List[int]] = [] if sampler.uses_seqs else None
         if all(f in p.schema for f in need):
             v = p.ready_view(task, need, done)
-            ready = v.ordered()
+            # the sequential and rank-aware samplers read the oldest batch_size rows only (and
+            # their count, which the first batch_size + 1 tell): with a large backlog, a fetch
+            # then copies a batch, not every ready row
+            ready = v.ordered(batch_size + 1 if type(sampler) in _OLDEST_ONLY else None)
             if seqs is not None:
                 seqs = v.seqs()
         if not _may_sample(sampler, ready, batch_size, pid, task, cfg):
