@@ -16,11 +16,10 @@ consumption), so the state and the marks change together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from ._format import controller_records as R
 from ._format import sampler_records as S
-from ._format.records import RecordError
 
 EntryName = S.EntryName
 
@@ -56,18 +55,10 @@ def read(txn: Any, db: Any, pid: str) -> SamplerRecords:
         state, inline = S.split_state(state)
     numbers: Dict[EntryName, int] = {}
     entries = list(inline.items())
-    prefix = S.entry_prefix(pid)
-    cur = txn.cursor(db)
-    if cur.set_range(prefix):
-        for k, v in cur:
-            if not bytes(k).startswith(prefix):
-                break
-            _, n = S.decode_key(k)
-            name, entry = S.decode_entry(v)
-            if n is None:  # (cannot be: the key starts with pid NUL)
-                raise RecordError("sampler entry key without a number")
-            numbers[name] = n
-            entries.append((name, entry))
+    for k, v in _scan(txn, db, pid):
+        name, entry = S.decode_entry(v)
+        numbers[name] = S.decode_key(k)[1]
+        entries.append((name, entry))
     return SamplerRecords(S.join_state(state, entries), numbers, bool(inline))
 
 
@@ -80,22 +71,22 @@ def write(txn: Any, db: Any, pid: str, w: SamplerWrite) -> None:
         txn.put(S.entry_key(pid, n), S.encode_entry(name, entry), db=db)
 
 
-def _entry_keys(txn: Any, db: Any, pid: str) -> List[bytes]:
+def _scan(txn: Any, db: Any, pid: str) -> Iterator[Tuple[bytes, Any]]:
+    """``(key, value)`` of every result record of ``pid``, in number order."""
     prefix = S.entry_prefix(pid)
     cur = txn.cursor(db)
-    out: List[bytes] = []
     if cur.set_range(prefix):
-        for k in cur.iternext(values=False):
-            if not bytes(k).startswith(prefix):
+        for k, v in cur:
+            k = bytes(k)
+            if not k.startswith(prefix):
                 break
-            out.append(bytes(k))
-    return out
+            yield k, v
 
 
 def drop(txn: Any, db: Any, pid: str) -> None:
     """Delete every sampler record of ``pid`` (its partition is dropped)."""
     txn.delete(S.state_key(pid), db=db)
-    for k in _entry_keys(txn, db, pid):
+    for k in [k for k, _ in _scan(txn, db, pid)]:  # (listed first: no deletes under the cursor)
         txn.delete(k, db=db)
 
 

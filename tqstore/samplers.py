@@ -203,13 +203,12 @@ class BaseSampler(ABC):
         """
         if not isinstance(state, Mapping) or not isinstance(state.get("_states"), dict):
             raise InvalidInputError("load_checkpoint takes the mapping save_checkpoint returned ({'_states': {...}})")
-        for pid in set(self._states) | set(state["_states"]):  # every cached result, old and new, is saved again
-            for name in self.cached_names(pid):
-                self._touch(pid, *name)
-        self._states = state["_states"]
-        for pid in self._states:
-            for name in self.cached_names(pid):
-                self._touch(pid, *name)
+        for new in (False, True):  # every cached result, old (dropped) and new, is saved again
+            if new:
+                self._states = state["_states"]
+            for pid in self._states:
+                for name in self.cached_names(pid):
+                    self._touch(pid, *name)
 
     def clear_cache(self, partition_id: str, task_name: Optional[str] = None) -> None:
         """Forget the state of a partition (or of one task in it)."""
