@@ -16,10 +16,11 @@ consumption), so the state and the marks change together.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._format import controller_records as R
 from ._format import sampler_records as S
+from ._io.lmdbenv import prefixed
 
 EntryName = S.EntryName
 
@@ -55,7 +56,7 @@ def read(txn: Any, db: Any, pid: str) -> SamplerRecords:
         state, inline = S.split_state(state)
     numbers: Dict[EntryName, int] = {}
     entries = list(inline.items())
-    for k, v in _scan(txn, db, pid):
+    for k, v in prefixed(txn, db, S.entry_prefix(pid)):
         name, entry = S.decode_entry(v)
         numbers[name] = S.decode_key(k)[1]
         entries.append((name, entry))
@@ -71,22 +72,10 @@ def write(txn: Any, db: Any, pid: str, w: SamplerWrite) -> None:
         txn.put(S.entry_key(pid, n), S.encode_entry(name, entry), db=db)
 
 
-def _scan(txn: Any, db: Any, pid: str) -> Iterator[Tuple[bytes, Any]]:
-    """``(key, value)`` of every result record of ``pid``, in number order."""
-    prefix = S.entry_prefix(pid)
-    cur = txn.cursor(db)
-    if cur.set_range(prefix):
-        for k, v in cur:
-            k = bytes(k)
-            if not k.startswith(prefix):
-                break
-            yield k, v
-
-
 def drop(txn: Any, db: Any, pid: str) -> None:
     """Delete every sampler record of ``pid`` (its partition is dropped)."""
     txn.delete(S.state_key(pid), db=db)
-    for k in [k for k, _ in _scan(txn, db, pid)]:  # (listed first: no deletes under the cursor)
+    for k in [k for k, _ in prefixed(txn, db, S.entry_prefix(pid))]:  # (listed first: no deletes under the cursor)
         txn.delete(k, db=db)
 
 

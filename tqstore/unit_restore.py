@@ -42,7 +42,7 @@ from ._format.frame import check_run, first_fault
 from ._format.index import LOC_DTYPE, Loc
 from ._io.gilturn import bulk_index
 from ._io import files
-from ._io.lmdbenv import lmdb_commit_point, wrap_errors
+from ._io.lmdbenv import lmdb_commit_point, prefixed, wrap_errors
 from .errors import CorruptionError, InvalidInputError
 from .ports import RestoreImport
 
@@ -76,15 +76,7 @@ def restore_db(unit: "Unit", *, create: bool):
 
 def _entries(txn, db, tag: int, kind: int) -> List[tuple]:
     prefix = UR.restore_prefix(tag, kind)
-    out = []
-    cur = txn.cursor(db)
-    if cur.set_range(prefix):
-        for k, v in cur:
-            k = bytes(k)
-            if not k.startswith(prefix):
-                break
-            out.append((k[len(prefix):], bytes(v)))
-    return out
+    return [(k[len(prefix):], bytes(v)) for k, v in prefixed(txn, db, prefix)]
 
 
 def _closed(txn, db, tag: int) -> bool:

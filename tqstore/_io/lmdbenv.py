@@ -233,3 +233,15 @@ def warm_file(path: Path, *, chunk_bytes: int = 8 << 20) -> int:
                 return done
     finally:
         os.close(fd)
+
+
+def prefixed(txn: Any, db: Any, prefix: bytes) -> Iterator[tuple]:
+    """``(key, value)`` of every entry of ``db`` whose key starts with ``prefix``, in key order
+    (keys as bytes; values as the cursor gives them).  Do not write ``db`` while iterating."""
+    cur = txn.cursor(db)
+    if cur.set_range(prefix):
+        for k, v in cur:
+            k = bytes(k)
+            if not k.startswith(prefix):
+                break
+            yield k, v
