@@ -4,15 +4,18 @@ under the global index a cleared row gave up (tqstore.read_guard).
 A read asks the controller, then reads the units without the write lock.  Each test makes
 the race happen at the worst moment, deterministically: the store's unit read is wrapped so
 that, once, a clear (and a put that reuses the freed global index) runs between the
-controller's answer and the read of the payload.  Real store, real LMDB and segment files.
+controller's answer and the read of the payload.  A read racing a load by key never returns
+a payload the load's commit point has not reached.  Real store, real LMDB and segment files.
 """
 from __future__ import annotations
+
+import threading
 
 import pytest
 import torch
 
 import tqstore as tq
-from tqstore import KeyNotFoundError
+from tqstore import KeyNotFoundError, StorageIOError
 
 
 def _race_once(store, action):
@@ -138,3 +141,65 @@ def test_reads_of_live_rows_never_fail_while_clears_overwrites_and_compaction_re
     finally:
         s.close()
     assert reads[0] > 0 and wrong[0] == 0 and errors == [], (reads[0], wrong[0], sorted(set(errors))[:3])
+
+
+# ------------------------------------------------------------------ a read racing a load by key
+def _load_with_a_read_in_its_commit(tmp_path, monkeypatch, *, finish_fails: bool):
+    """Dump k0..k2 of one store into another that holds k0..k2 with other values; while the
+    load's units have published and the controller's finish has not run, another thread
+    reads k0.  Returns (the value the reader got, whether it got it before the finish
+    ran, k0's value in the dump, k0's value before the load)."""
+    from checkpoint_helpers import canon, fill
+    from restore_helpers import write_dump
+
+    with tq.open(tmp_path / "src", num_units=2, result_type="dict") as src:
+        keys = fill(src, "train", 3, seed=1)
+        dump = write_dump(src, tmp_path / "dump", keys, "train")
+        dumped = canon(src.kv_batch_get(keys[:1], "train"))
+    with tq.open(tmp_path / "dst", num_units=2, result_type="dict") as dst:
+        fill(dst, "train", 3, seed=2)
+        before = canon(dst.kv_batch_get(keys[:1], "train"))
+        real = dst.controller.finish_restore
+        seen = {}
+
+        def read():
+            seen["got"] = canon(dst.kv_batch_get(keys[:1], "train"))
+
+        def finish(rid):
+            reader = threading.Thread(target=read)
+            reader.start()
+            reader.join(0.5)  # a read that waits for the load's end does not end here
+            seen["before_finish"] = "got" in seen
+            seen["reader"] = reader
+            if finish_fails:
+                raise StorageIOError("the controller's disk is full (injected)")
+            return real(rid)
+
+        monkeypatch.setattr(dst.controller, "finish_restore", finish)
+        if finish_fails:
+            with pytest.raises(StorageIOError, match="injected"):
+                dst.load_data_by_key(dump)
+        else:
+            dst.load_data_by_key(dump)
+        seen["reader"].join(10)
+        assert not seen["reader"].is_alive()
+        after = canon(dst.kv_batch_get(keys[:1], "train"))
+    assert dumped != before
+    return seen["got"], seen["before_finish"], dumped, before, after
+
+
+def test_a_read_racing_a_load_that_fails_at_its_commit_never_sees_the_dumps_payload(tmp_path, monkeypatch):
+    """The units have published the dump's frames, then the controller's finish (the commit
+    point) fails and the load is undone: a read in between returns the old value (it waits
+    for the load to end), never the dump's, which no committed state ever held."""
+    got, early, dumped, before, after = _load_with_a_read_in_its_commit(tmp_path, monkeypatch, finish_fails=True)
+    assert after == before
+    assert got == before and not early
+
+
+def test_a_read_racing_a_committing_load_returns_the_committed_rows(tmp_path, monkeypatch):
+    """A read between the units' publish and the controller's finish waits for the commit and
+    returns the dump's rows (as the controller then lists them)."""
+    got, early, dumped, before, after = _load_with_a_read_in_its_commit(tmp_path, monkeypatch, finish_fails=False)
+    assert after == dumped
+    assert got == dumped and not early

@@ -15,6 +15,11 @@ gone: ``KeyNotFoundError``), and the last try holds the write lock, which remova
 a read always ends.  A read's result is therefore the rows' payload as of a moment when the
 controller's answer held.
 
+A load by key marks the window from its units' publish to the controller's commit point
+(or to the units' unpublish, when the commit fails) as a removal too (tqstore.dump.restore):
+a read racing it tries again and then waits for the write lock, so it never returns a
+restored payload that is not committed (and may never be).
+
 Puts that overwrite fields are not removals: as documented (docs/FORMAT.md, "Undo
 records"), a read racing an overwriting put may see new values on some units and old ones
 on others.

@@ -138,11 +138,16 @@ def _cancel(store, info: RestoreInfo) -> None:
 
 def _commit(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
     """Publish on every unit, check each published every frame its plan gives it, then the
-    controller's commit point, then settle.  A unit short of frames (its staged frames were
-    lost, say by a power loss after the controller recorded it complete) raises
-    CorruptionError before the commit point: the restore cannot complete, only be cancelled."""
+    controller's commit point, then settle; a read racing this returns the rows as they were
+    before it or as committed, never a published payload the commit point has not reached.  A
+    unit short of frames (its staged frames were lost, say by a power loss after the
+    controller recorded it complete) raises CorruptionError before the commit point: the
+    restore cannot complete, only be cancelled."""
     c: ControllerPort = store.controller
-    with store._write_lock:
+    # readers racing the window from the units' publish to the controller's finish (or the
+    # units' unpublish) try again and then wait for the write lock (tqstore.read_guard): a
+    # read never returns a restored payload before the commit point, nor one undone after
+    with store._write_lock, store.removals.removing():
         try:
             got = _each_unit(store, lambda u: u.publish_restore(info.tag))
             short = [u for u, (n, p) in enumerate(zip(got, plans)) if n != len(p)]
