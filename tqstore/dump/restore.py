@@ -213,11 +213,13 @@ def load(store, dump_dir) -> Dict[str, Any]:
     """See :meth:`DumpMixin.load_data_by_key`."""
     t0 = time.perf_counter()
     d = dump_path(dump_dir)
+    if P.present(d):  # (its marker's name must fit; a dump of an earlier version may not): before the lock file
+        P.check_name_fits(d)
     with dump_lock(d) as held:
         if not held:  # nothing of a dump at d when the call began (one published since is not read unlocked)
             why = "it is not a directory" if os.path.lexists(d) else "nothing is there"
             raise CheckpointNotFoundError(f"no dump at {d}: {why}")
-        P.check_name_fits(d)  # (its marker's name must fit; a dump of an earlier version may not)
+        P.check_name_fits(d)
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
