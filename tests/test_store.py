@@ -627,3 +627,21 @@ def test_a_store_missing_its_store_json_is_refused_not_taken_for_creation_debris
     (debris / "CURRENT").write_text("state-00000001\n")
     with tqstore.open(debris, num_units=2) as s:
         assert s.kv_list() == {}
+
+
+def test_opening_a_users_directory_is_refused_before_anything_is_written_into_it(tmp_path):
+    """A directory that is no store (a dump opened by mistake, a user's files) is refused with
+    ConfigError and left byte for byte as it was: not even the store's LOCK file is made."""
+    with tqstore.open(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 2)})
+        s.dump_data_by_key(tmp_path / "dump", ["a"], "p")
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    for d in (tmp_path / "dump", user):
+        before = sorted(os.listdir(d))
+        with pytest.raises(tqstore.ConfigError, match="holds no STORE.json"):
+            tqstore.open(d)
+        assert sorted(os.listdir(d)) == before
+    from tqstore.dump import verify_dump
+    assert verify_dump(tmp_path / "dump") == []

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 from ._format.store_files import (  # noqa: F401 - the names are re-exported for the engine
     CURRENT_FILE, STORE_FILE, STORE_FORMAT, STORE_VERSION, decode_current, decode_store_descriptor, encode_current,
@@ -64,3 +64,31 @@ def check_units(root: Path, d: dict, requested: Optional[int]) -> int:
                           f"without num_units, or save a checkpoint and load it into a new store with "
                           f"{requested} units")
     return n
+
+
+def creation_debris(root: Path, name: str) -> bool:
+    """What an interrupted store creation can leave (before STORE.json was published): its
+    pointer files and an empty state directory (one that holds anything is not debris)."""
+    if name in (CURRENT_FILE, CURRENT_FILE + ".tmp", STORE_FILE + ".tmp"):
+        return True
+    p = Path(root) / name
+    return parse_state_name(name) is not None and not p.is_symlink() and p.is_dir() and not files.listdir(p)
+
+
+def refuse_foreign(root: Path) -> List[str]:
+    """Check that ``root`` may hold a store: it is missing, or a store (STORE.json), or holds
+    nothing but ``LOCK`` and what an interrupted creation leaves (:func:`creation_debris`,
+    returned: the caller removes it once it holds the lock).  Reads only, so an open refuses
+    a user's directory (a dump, a checkpoint, anything) before it writes its LOCK file there.
+
+    Raises:
+        ConfigError: ``root`` holds other names and no STORE.json.
+    """
+    root = Path(root)
+    if not root.is_dir() or (root / STORE_FILE).exists():
+        return []
+    leftovers = [n for n in files.listdir(root) if n != "LOCK"]
+    if not all(creation_debris(root, n) for n in leftovers):
+        raise ConfigError(f"{root} is not empty and holds no {STORE_FILE}; refusing to use it as a store "
+                          f"(found {sorted(leftovers)[:5]})")
+    return leftovers

@@ -131,6 +131,7 @@ class Store(CheckpointMixin, DumpMixin):
                           compress=set(compress) if isinstance(compress, (list, tuple, set, frozenset)) else compress,
                           map_bytes=index_map_bytes)
         try:
+            L.refuse_foreign(self.root)  # a user's directory is refused before LOCK is written into it
             files.mkdir(self.root, exist_ok=True, parents=True)
         except OSError as e:
             raise StorageIOError(f"cannot create store directory {self.root}: {e}") from e
@@ -197,17 +198,12 @@ class Store(CheckpointMixin, DumpMixin):
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
         if d is None:
-            leftovers = [n for n in files.listdir(self.root) if n not in ("LOCK",)]
-            if leftovers and all(_creation_debris(self.root, n) for n in leftovers):
-                # a creation interrupted before STORE.json, its commit point: nothing was acknowledged
+            leftovers = L.refuse_foreign(self.root)  # (again, under the lock: ConfigError)
+            if leftovers:  # a creation interrupted before STORE.json, its commit point: nothing was acknowledged
                 log.info("removing the debris of an interrupted store creation in %s: %s", self.root, leftovers)
                 for name in leftovers:
                     p = self.root / name
                     files.rmtree(p) if p.is_dir() else files.unlink(p)
-                leftovers = []
-            if leftovers:
-                raise ConfigError(f"{self.root} is not empty and holds no {L.STORE_FILE}; refusing to use it as a "
-                                  f"store (found {leftovers[:5]})")
             n = num_units or 1
             files.mkdir(self.root / L.state_name(1))
             L.write_current(self.root, L.state_name(1))
@@ -583,15 +579,6 @@ class Store(CheckpointMixin, DumpMixin):
 for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and docstrings kept), each with the
     # GIL handed back quickly while it runs (tqstore._gilswitch)
     setattr(Store, _name, handing_off(forwarder(DataPlane, "_data", _name)))
-
-
-def _creation_debris(root: Path, name: str) -> bool:
-    """What an interrupted store creation can leave (before STORE.json was published): its
-    pointer files and an empty state directory (one that holds anything is not debris)."""
-    if name in (L.CURRENT_FILE, L.CURRENT_FILE + ".tmp", L.STORE_FILE + ".tmp"):
-        return True
-    p = root / name
-    return L.parse_state_name(name) is not None and not p.is_symlink() and p.is_dir() and not files.listdir(p)
 
 
 def open(path: Optional[PathLike] = None, **kwargs) -> Store:  # noqa: A001 - mirrors builtins.open
