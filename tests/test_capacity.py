@@ -102,3 +102,26 @@ def test_rows_a_load_by_key_brings_count_against_the_limit(tmp_path):
             s.kv_batch_put(["e"], "p", fields={"x": torch.zeros(1, 3)})
         s.kv_clear(["c"], "p")
         s.kv_batch_put(["e"], "p", fields={"x": torch.zeros(1, 3)})  # room for exactly one
+
+
+def test_a_load_by_key_past_the_limit_is_refused_before_anything_is_written(tmp_path):
+    """A load counts as the puts do: rows of new keys with data, and existing rows without
+    data that get some, on each unit; past a unit's share it raises CapacityError and the
+    store is as before (no restore, no marker); with room, the same dump loads."""
+    with tq.open(tmp_path / "src", num_units=2) as src:
+        src.kv_batch_put([f"k{i}" for i in range(6)], "p", fields={"x": torch.arange(18).view(6, 3)})
+        src.kv_batch_put(["tag-only"], "p", tags=[{"t": 1}])
+        src.dump_data_by_key(tmp_path / "dump", [f"k{i}" for i in range(6)] + ["tag-only"], "p")
+    with tq.open(tmp_path / "s", num_units=2, total_storage_size=4) as s:  # 2 rows per unit
+        s.kv_batch_put(["k0"], "p", tags=[{"empty": True}])  # exists, no data: gets some from the dump
+        before = s.kv_list()
+        with pytest.raises(CapacityError, match="nothing was written") as e:
+            s.load_data_by_key(tmp_path / "dump")
+        assert e.value.setting == "total_storage_size"
+        assert s.kv_list() == before and s.controller.restores() == []
+        assert not (tmp_path / "dump.restore").exists()
+        s.kv_batch_put(["z"], "p", fields={"x": torch.zeros(1, 3)})  # the count is still right
+    with tq.open(tmp_path / "t", num_units=2, total_storage_size=12) as t:  # room for 6 per unit
+        t.kv_batch_put(["k0"], "p", tags=[{"empty": True}])
+        assert t.load_data_by_key(tmp_path / "dump")["keys"] == 7
+        assert t.kv_batch_get(["k5"], "p")["x"].tolist() == [[15, 16, 17]]

@@ -10,7 +10,8 @@ So, as with TransferQueue, a put can be refused while the store as a whole holds
 than ``total_storage_size`` rows, when its rows fall unevenly on the units.
 
 A put that would take any unit past its share raises :class:`~tqstore.errors.CapacityError`
-(``setting="total_storage_size"``) before anything is written.  The per-unit counts are
+(``setting="total_storage_size"``) before anything is written; so does a load by key
+(:meth:`room` is what its ``begin_restore`` checks against).  The per-unit counts are
 values from the controller port (``claims``, counted once per controller and again after a
 partition is dropped) kept up to date by the store's puts and clears, all under the
 store's write lock.
@@ -72,6 +73,10 @@ class RowCapacity:
         grow = Counter(g % self.num_units for g in list(new) + empty)
         self.check_grow(controller, grow)
         return dict(grow)
+
+    def room(self, controller: ControllerPort) -> List[int]:
+        """Per unit, how many more rows with data it may hold (a load by key checks against it)."""
+        return [self.per_unit - h for h in self.held(controller)]
 
     def check_grow(self, controller: ControllerPort, grow: Mapping[int, int]) -> None:
         """Raise CapacityError when adding ``grow`` (unit -> rows with data) takes a unit past its share."""

@@ -37,9 +37,9 @@ from ._format.names import check_field_name, check_key, check_name
 from ._format.records import RecordError
 from ._format.values import check_value
 from ._io.lmdbenv import lmdb_commit_point, wrap_errors
-from .controller_mirror import Partition
+from .controller_mirror import Partition, row_batch
 from .controller_put import new_field_bits
-from .errors import CorruptionError, InvalidInputError, SchemaError
+from .errors import CapacityError, CorruptionError, InvalidInputError, SchemaError
 from .ports import RestoreInfo
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -93,6 +93,26 @@ def check_tags(tags: List[Any]) -> List[Any]:
                 continue
         out.append(check_value(t))
     return out
+
+
+def _check_room(p: Optional[Partition], recs: Sequence[R.RestoreRow], num_units: int,
+                room: Sequence[int]) -> None:
+    """Raise CapacityError when the restore gives a unit more rows with data than ``room[u]``
+    (rows of a new key with produced fields, and existing rows without data that get some;
+    unit ``gidx % num_units``), before anything is written."""
+    grow = [0] * num_units
+    empty_before = [r.gidx for r in recs if r.fields and not r.new]
+    if empty_before and p is not None:
+        had = row_batch(p, empty_before).fields
+        empty_before = [g for g, fs in zip(empty_before, had) if not fs]
+    for g in [r.gidx for r in recs if r.fields and r.new] + empty_before:
+        grow[g % num_units] += 1
+    for u, (n, free) in enumerate(zip(grow, room)):
+        if n > free:
+            raise CapacityError(
+                f"Storage capacity exceeded: the load gives unit {u} {n} more rows with data, its share under "
+                f"total_storage_size has room for {max(0, free)}; nothing was written (clear rows or raise "
+                f"total_storage_size)", setting="total_storage_size")
 
 
 class RestoreHost:
@@ -235,7 +255,8 @@ class RestoreHost:
 
     # ------------------------------------------------------------------ port methods
     def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
-                      schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True) -> RestoreInfo:
+                      schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True,
+                      unit_room: Optional[Sequence[int]] = None) -> RestoreInfo:
         c = self._c
         check_name("partition_id", pid)
         rid0 = self.of_partition(pid)
@@ -292,6 +313,8 @@ class RestoreHost:
                     g, next_g = next_g, next_g + 1
                 reserved.append(g)
             recs.append(row(key, src if type(src) is int else int(src), g, tag, fs, is_new))
+        if unit_room is not None:
+            _check_room(p, recs, c.num_units, unit_room)
         texts = R.restore_tag_texts(tags)  # (the rows chunks' and, at finish, the rows' tag values)
         rid = uuid.uuid4().hex
         tag_no = self.last_tag + 1

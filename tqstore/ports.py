@@ -419,15 +419,18 @@ class ControllerPort(Protocol):
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
     def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
-                      schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True) -> RestoreInfo:
+                      schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True,
+                      unit_room: Optional[Sequence[int]] = None) -> RestoreInfo:
         """Record a restore of ``entries`` (rows ``(key, gidx in the dump, tag, produced fields)``) into
         ``pid`` in one transaction: existing keys keep their gidx, new keys get reserved ones.
         With ``strict_dtypes=False`` a field whose dtype differs from the partition's becomes
-        mixed on finish (as a put's, see ``plan_put``).
+        mixed on finish (as a put's, see ``plan_put``).  ``unit_room``: per unit, how many
+        more rows with data it may hold (``total_storage_size``; None: no limit).
         Returns the info with the mapping.  Raises RestorePendingError (``pid`` has an
         unresolved restore), SchemaError (``schema`` clashes with the partition's: another
-        kind, or with ``strict_dtypes`` another dtype),
-        InvalidInputError (bad keys, tags, duplicate keys, fields not in ``schema``)."""
+        kind, or with ``strict_dtypes`` another dtype), CapacityError (a unit would get more
+        rows with data than its room), InvalidInputError (bad keys, tags, duplicate keys,
+        fields not in ``schema``); nothing is written then."""
 
     def claim_restore(self, rid: str, unit: int) -> int:
         """Mark unit ``unit`` of a running restore as importing; returns the attempt number

@@ -246,8 +246,10 @@ def load(store, dump_dir) -> Dict[str, Any]:
                 # undo records a failed put left must not put their old entries back over the
                 # restore's later (settled as an overwriting put would first)
                 store._settle_undo()
+                capacity = getattr(store, "_capacity", None)  # (total_storage_size: CapacityError before writing)
                 info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema(),
-                                                      strict_dtypes=store.strict_schema)
+                                                      strict_dtypes=store.strict_schema,
+                                                      unit_room=capacity.room(store.controller) if capacity else None)
         except BaseException:
             if not any(r.dump == str(d) for r in store.controller.restores()):
                 _unmark(d, store)

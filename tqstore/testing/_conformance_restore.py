@@ -20,7 +20,7 @@ import numpy as np
 
 from .._format.columns import to_column
 from .._format.segment import segment_name
-from ..errors import InvalidInputError, RestorePendingError, SchemaError, TqstoreError
+from ..errors import CapacityError, InvalidInputError, RestorePendingError, SchemaError, TqstoreError
 from ..ports import RestoreImport, RestoreInfo
 from ._conformance_base import pytest
 
@@ -77,6 +77,19 @@ class ControllerRestoreTests:
         with pytest.raises(InvalidInputError):
             c.begin_restore("p", "/d", [["a", 0, None, ["y"]]], {"x": _X})
         assert self.state(c) == before and c.restores() == []
+
+    def test_begin_restore_past_a_units_room_raises_capacity_error_before_writing_anything(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["a"])  # "a" holds data: the restore's rows of it add none
+        before = self.state(c)
+        with pytest.raises(CapacityError, match="nothing was written") as e:  # "new" adds one row with data
+            c.begin_restore("p", "/d", [["a", 0, None, ["x"]], ["new", 1, None, ["x"]], ["bare", 2, None, []]],
+                            {"x": _X}, unit_room=[0] * self.NUM_UNITS)
+        assert e.value.setting == "total_storage_size"
+        assert self.state(c) == before and c.restores() == []
+        info = c.begin_restore("p", "/d", [["a", 0, None, ["x"]], ["new", 1, None, ["x"]], ["bare", 2, None, []]],
+                               {"x": _X}, unit_room=[1] * self.NUM_UNITS)
+        assert info.new_keys == 2
 
     def test_claims_are_fenced_by_their_attempt_and_finish_commits_rows_tags_fields_schema(self, tmp_path):
         c = self.controller(tmp_path)
