@@ -17,7 +17,8 @@ Lifecycle (every step one controller transaction, the mirror updated after the c
 
 While a record exists the partition's clears, puts that would create or overwrite its keys,
 and puts of a field that clashes with its schema raise :class:`RestorePendingError` /
-:class:`SchemaError`.  A second restore into the partition waits for the first to resolve.
+:class:`SchemaError`.  A second restore into the partition raises
+:class:`RestorePendingError` until the first is resolved.
 """
 from __future__ import annotations
 

@@ -34,7 +34,8 @@ class RestoreInfo:
 
     def pending_error(self, refused: str) -> Any:
         """The :class:`~tqstore.errors.RestorePendingError` for a call this restore blocks:
-        which units are pending, running (claimed) or complete, and what to call (a decided
+        which units are pending, running (claimed) or complete, and what to do (wait for a load
+        still running; recover_data_load for one that failed or died; a decided
         restore, committed or cancelled, whose units are not all settled: that it is decided,
         and that recover_data_load settles it)."""
         from .errors import RestorePendingError
@@ -49,8 +50,9 @@ class RestoreInfo:
         what = "units pending %s, running %s, complete %s" % (by["pending"], by["claimed"], by["complete"])
         return RestorePendingError(
             f"{refused} refused: partition {self.pid!r} has an unresolved restore {self.rid} from dump "
-            f"{self.dump!r} ({what}); call recover_data_load({self.dump!r}) to complete it, or "
-            f"recover_data_load({self.dump!r}, cancel=True) to cancel it")
+            f"{self.dump!r} ({what}); if a load_data_by_key of it is still running, retry once it has "
+            f"returned; if it failed or its process died, call recover_data_load({self.dump!r}) to complete it, "
+            f"or recover_data_load({self.dump!r}, cancel=True) to cancel it")
 
 
 @dataclass

@@ -101,8 +101,12 @@ class DumpMixin:
             CheckpointNotFoundError: no dump at ``dump_dir`` (a FileNotFoundError).
             FormatVersionError: a dump file of another format version.
             CorruptionError: a missing, truncated or damaged file (names file and offset).
-            SchemaError: a field's kind or dtype clashes with the live partition's.
-            RestorePendingError: the partition has an unresolved restore.
+            SchemaError: a field's kind clashes with the live partition's (or its dtype, with
+                ``strict_schema=True``; else the field becomes mixed).
+            CapacityError: a unit would hold more rows with data than ``total_storage_size``
+                gives it (nothing is written).
+            RestorePendingError: the partition has an unresolved restore (or a load of it
+                is running).
             CheckpointError: the dump's restore marker ``<dir>.restore`` cannot be written,
                 or is there but cannot be read (it may list other stores' pending loads: it
                 is left as it is); or the dump's name is longer than 243 bytes (room for

@@ -29,7 +29,7 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
 
 A failure removes ``<dir>.tmp`` and leaves the previous dump at ``<dir>`` as it was.  The
 background machinery is the checkpoint writer's (one save or dump in flight per store; an
-error nobody retrieved surfaces on the next save, load or dump).
+error nobody retrieved surfaces on the next save, checkpoint load or dump).
 """
 from __future__ import annotations
 
