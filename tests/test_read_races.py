@@ -203,3 +203,31 @@ def test_a_read_racing_a_committing_load_returns_the_committed_rows(tmp_path, mo
     got, early, dumped, before, after = _load_with_a_read_in_its_commit(tmp_path, monkeypatch, finish_fails=False)
     assert after == dumped
     assert got == dumped and not early
+
+
+def test_verify_beside_overwrites_and_clears_reports_nothing_for_a_clean_store(tmp_path):
+    """A unit's verify reads one view of its index; an overwrite and a clear that run while it
+    reads make that view's segments dead, but they stay until the verify ends (pinned), so
+    nothing is reported missing; then they go."""
+    with tq.open(tmp_path / "s", num_units=1, segment_bytes=1 << 16) as s:
+        keys = [f"k{i}" for i in range(64)]
+        s.kv_batch_put(keys, "p", fields={"x": torch.zeros(64, 256)})  # 64 KiB of payload: several segments
+        unit = s.units[0]
+        old_segs = set(unit.segments())
+        orig = unit.read_frame
+        fired = []
+
+        def read_frame(*a, **kw):
+            if not fired:
+                fired.append(True)
+                s.kv_batch_put(keys, "p", fields={"x": torch.ones(64, 256)})  # every frame of the view dies
+                s.kv_clear(keys[:16], "p")
+            return orig(*a, **kw)
+
+        unit.read_frame = read_frame
+        assert unit.verify() == [] and fired
+        del unit.read_frame
+        assert not old_segs & set(unit.segments())  # unlinked once the verify let them go
+        assert not any((unit.path / f"seg-{i:08d}.tqs").exists() for i in old_segs)
+        assert s.verify() == []
+        assert s.kv_batch_get(keys[16:17], "p")["x"].tolist() == [[1.0] * 256]

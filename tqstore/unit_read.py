@@ -99,7 +99,8 @@ def _scan_lookup(cur, gidxs: Sequence[int], fields: Sequence[str]) -> Optional[D
 
 
 class UnitReader:
-    """The read methods of a unit (needs ``path``, ``env``, ``db_loc``, ``maps``, ``locs`` of the Unit)."""
+    """The read methods of a unit (needs ``path``, ``env``, ``db_loc``, ``maps``, ``locs`` of the Unit;
+    :meth:`verify` also its lock, segment records and pins)."""
 
     # The index is read through a transaction of its own or through a snapshot's (``snapshot``:
     # an id from :meth:`Unit.snapshot`, resolved by ``_snapshot_txn``).
@@ -448,23 +449,37 @@ class UnitReader:
         return True
 
     def verify(self) -> List[str]:
-        """Check every indexed frame and segment header; returns one line per problem."""
+        """Check every indexed frame and segment header of one view of the index (a read
+        transaction whose segments stay pinned meanwhile, so that clears, overwrites and
+        compaction running beside it unlink none of them: nothing they do is reported as
+        missing); returns one line per problem."""
         problems = []
-        segs = self._load_segs()
-        for s in segs:
-            p = self.path / segment_name(s)
+        with self._lock:
+            txn = self.env.begin()
             try:
-                with open(p, "rb") as f:
-                    decode_segment_header(f.read(SEGMENT_HEADER_SIZE), path=str(p))
-            except (OSError, CorruptionError) as e:
-                problems.append(str(e))
-        with self.env.begin() as txn:
+                segs = list(self._load_segs(txn))
+            except BaseException:
+                txn.abort()
+                raise
+            for s in segs:
+                self._pins[s] += 1
+        try:
+            for s in segs:
+                p = self.path / segment_name(s)
+                try:
+                    with open(p, "rb") as f:
+                        decode_segment_header(f.read(SEGMENT_HEADER_SIZE), path=str(p))
+                except (OSError, CorruptionError) as e:
+                    problems.append(str(e))
             for k, v in txn.cursor(self.db_loc):
                 loc = Loc.unpack(v)
                 try:
                     self.read_frame(loc)
                 except CorruptionError as e:
                     problems.append(str(e))
+        finally:
+            txn.abort()
+            self._unpin(segs)
         return problems
 
     def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
