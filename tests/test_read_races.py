@@ -231,3 +231,30 @@ def test_verify_beside_overwrites_and_clears_reports_nothing_for_a_clean_store(t
         assert not any((unit.path / f"seg-{i:08d}.tqs").exists() for i in old_segs)
         assert s.verify() == []
         assert s.kv_batch_get(keys[16:17], "p")["x"].tolist() == [[1.0] * 256]
+
+
+def test_row_shapes_racing_a_load_that_fails_at_its_commit_are_the_old_ones(tmp_path, monkeypatch):
+    """The shapes a BatchMeta reports are read from the frames' heads as the payload is: a
+    read between a load's publish and its failed commit gives the rows' old shapes."""
+    from restore_helpers import write_dump
+
+    with tq.open(tmp_path / "src", num_units=2) as src:
+        src.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 3)})
+        dump = write_dump(src, tmp_path / "dump", ["a", "b"], "p")
+    with tq.open(tmp_path / "dst", num_units=2) as dst:
+        dst.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 5)})
+        gidxs = dst.controller.resolve_keys("p", ["a", "b"])
+        seen = {}
+
+        def finish(rid):
+            reader = threading.Thread(target=lambda: seen.update(shapes=dst.row_shapes("p", gidxs, ["x"])))
+            reader.start()
+            reader.join(0.5)
+            seen["reader"] = reader
+            raise StorageIOError("injected")
+
+        monkeypatch.setattr(dst.controller, "finish_restore", finish)
+        with pytest.raises(StorageIOError, match="injected"):
+            dst.load_data_by_key(dump)
+        seen["reader"].join(10)
+        assert seen["shapes"] == {"x": [(5,), (5,)]}

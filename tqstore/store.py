@@ -518,9 +518,11 @@ class Store(CheckpointMixin, DumpMixin):
     def row_shapes(self, partition_id: str, gidxs: Sequence[int], fields: Sequence[str]
                    ) -> Dict[str, List[Optional[Tuple[int, ...]]]]:
         """Each field's stored row shape for rows ``gidxs`` (None where not produced), from the
-        frames' heads: what a BatchMeta's schema reports as ``shape`` / ``is_nested``."""
+        frames' heads: what a BatchMeta's schema reports as ``shape`` / ``is_nested``.  Read as
+        the payload is (tqstore.read_guard): tried again when a removal or a load's commit overlaps."""
         self._check_open()
-        return read_shapes(self.units, [int(g) for g in gidxs], fields)
+        rows = [int(g) for g in gidxs]
+        return self.removals.stable(lambda: read_shapes(self.units, rows, fields), self._write_lock)
 
     # ------------------------------------------------------------------ snapshots
     def snapshot(self) -> StoreSnapshot:
