@@ -611,3 +611,20 @@ def test_a_dump_name_with_no_room_for_the_loads_marker_is_refused_before_anythin
             t.load_data_by_key(long)
         assert t.kv_list() == {} and t.controller.restores() == []
         assert sorted(p.name for p in tmp_path.iterdir()) == before  # not even the lock file
+
+
+@pytest.mark.parametrize("bad", [None, 0, 1, "no"])
+def test_switches_that_are_not_bools_are_refused_before_anything_is_written(store, tmp_path, bad):
+    """``blocking`` (dumps, saves) and ``cancel`` (recover) are True or False: a truthy or
+    falsy stand-in (None, 0, "no") is refused with InvalidInputError, nothing written; a
+    numpy bool counts as a bool."""
+    keys = fill(store, "train", 2)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(InvalidInputError, match="blocking must be True or False"):
+        store.dump_data_by_key(tmp_path / "d", keys, "train", blocking=bad)
+    with pytest.raises(InvalidInputError, match="blocking must be True or False"):
+        store.save_checkpoint(tmp_path / "ck", blocking=bad)
+    with pytest.raises(InvalidInputError, match="cancel must be True or False"):
+        store.recover_data_load(tmp_path / "d", cancel=bad)
+    assert sorted(os.listdir(tmp_path)) == before
+    assert store.dump_data_by_key(tmp_path / "d", keys, "train", blocking=np.bool_(True))["keys"] == 2

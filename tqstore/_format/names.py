@@ -88,3 +88,14 @@ def check_key(partition_id: str, key: Any) -> None:
 
 __all__ = ["LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
            "check_field_name", "check_key", "max_key_bytes"]
+
+
+def check_flag(what: str, value: Any) -> bool:
+    """``value`` as a bool when it is one (``bool`` or ``numpy.bool_``); raises
+    InvalidInputError naming ``what`` for anything else (``None``, ``0``, ``"no"``: a
+    switch is never guessed from a truthy value)."""
+    t = type(value)
+    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
+        return bool(value)
+    raise InvalidInputError(f"{what} must be True or False, got {value!r}")
+

@@ -54,7 +54,8 @@ class CheckpointMixin:
             :class:`CheckpointInfo`, or a :class:`SaveHandle` with ``blocking=False``.
 
         Raises:
-            InvalidInputError: metadata is not JSON (nothing was cut).
+            InvalidInputError: metadata is not JSON, or ``blocking`` is not a bool (nothing was
+                cut).
             CheckpointError: the target is not a checkpoint, not empty, or inside a store,
                 a checkpoint or a generation root (nothing was cut or written); the save
                 failed (the previous checkpoint at the path is intact; or, when the message

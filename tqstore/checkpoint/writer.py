@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
+from .._format.names import check_flag
 from .._io import files, locks
 from ..errors import CheckpointError, DistributedError, TqstoreError
 from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
@@ -380,6 +381,7 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
     target) and checked with :func:`target.check_target` before the cut.
     """
     meta = M.check_metadata(metadata)
+    blocking = check_flag("blocking", blocking)
     final = T.check_target(checkpoint_dir, kind, live_store=store.root)
     if final.name in ("", ".", "..") or final.name.endswith(".old") or ".tmp-" in final.name:
         raise CheckpointError(f"{final} is not a usable checkpoint directory name")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List
 
+from .._format.names import check_flag
 from .._gcpause import paused
 from .._gilswitch import quick_handoff
 from .publish import lock_path, marker_path
@@ -57,7 +58,8 @@ class DumpMixin:
             ``partition_id``, ``stall_s``, ``write_s`` (or a handle whose ``result()`` is it).
 
         Raises:
-            InvalidInputError: ``keys`` is not a list of valid str keys (nothing written).
+            InvalidInputError: ``keys`` is not a list of valid str keys, or ``blocking`` is not a
+                bool (nothing written).
             PartitionNotFoundError, KeyNotFoundError: an unknown partition or key (nothing
                 written, no directory left; with ``blocking=False`` a key's error is raised by
                 the handle's ``result()``).
@@ -142,13 +144,14 @@ class DumpMixin:
             CorruptionError, FormatVersionError, CheckpointNotFoundError: completing needs the
                 dump and it does not check, or a unit lost frames it had imported (say, to a
                 power loss in the default durability); the restore stays pending: cancel it.
-            InvalidInputError: ``dump_dir`` is not a path.
+            InvalidInputError: ``dump_dir`` is not a path, or ``cancel`` is not a bool.
         """
         from . import restore
 
         self._check_open()
+        cancel = check_flag("cancel", cancel)
         with paused(), quick_handoff():
-            return restore.recover(self, dump_dir, cancel=bool(cancel))
+            return restore.recover(self, dump_dir, cancel=cancel)
 
 
 

@@ -44,7 +44,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from .. import _native
 from .._gcpause import paused
 from .._format import dump_records as D
-from .._format.names import check_key, check_name
+from .._format.names import check_flag, check_key, check_name
 from .._io import files
 from ..checkpoint import writer as W
 from ..errors import CheckpointError, InvalidInputError, KeyNotFoundError, TqstoreError
@@ -298,6 +298,7 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
     """``Store.dump_data_by_key`` (see :class:`tqstore.dump.DumpMixin`)."""
     t0 = time.perf_counter()
     store._check_open()
+    blocking = check_flag("blocking", blocking)
     keys = check_key_list(keys, partition_id)
     final = P.check_target(dump_dir, live_store=store.root)
     P.refuse_if_restoring(final)
