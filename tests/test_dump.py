@@ -628,3 +628,22 @@ def test_switches_that_are_not_bools_are_refused_before_anything_is_written(stor
         store.recover_data_load(tmp_path / "d", cancel=bad)
     assert sorted(os.listdir(tmp_path)) == before
     assert store.dump_data_by_key(tmp_path / "d", keys, "train", blocking=np.bool_(True))["keys"] == 2
+
+
+def test_a_users_dot_old_beside_the_target_is_refused_naming_the_target_and_the_leftover(store, tmp_path):
+    """A user's ``<dir>.old`` would be removed by the publication: the dump is refused, the
+    message names the dump's path (what was asked for) and the ``.old`` in its way, in a
+    dump's words; the user's files stay."""
+    keys = fill(store, "train", 2)
+    old = tmp_path / "h.old"
+    old.mkdir()
+    (old / "MANIFEST.json").write_text("{}")
+    with pytest.raises(CheckpointError) as e:
+        store.dump_data_by_key(tmp_path / "h", keys, "train")
+    msg = str(e.value)
+    assert msg.startswith(f"refusing to write a tqstore dump at {tmp_path / 'h'}: ")
+    assert f"{old} is a directory holding a MANIFEST.json that is not a tqstore checkpoint's or dump's" in msg
+    assert "a dump may replace only a tqstore dump" in msg
+    assert (old / "MANIFEST.json").read_text() == "{}" and not (tmp_path / "h").exists()
+    with pytest.raises(CheckpointError, match="the store being dumped lives at"):
+        store.dump_data_by_key(tmp_path, keys, "train")

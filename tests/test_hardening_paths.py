@@ -184,7 +184,7 @@ def test_save_refuses_a_directory_holding_a_foreign_manifest(store, tmp_path):
     d = tmp_path / "webapp"
     d.mkdir()
     (d / "MANIFEST.json").write_text('{"name": "my app"}')
-    with pytest.raises(CheckpointError, match="not a tqstore checkpoint manifest"):
+    with pytest.raises(CheckpointError, match="not a tqstore checkpoint's or dump's manifest"):
         store.save_checkpoint(d)
     assert (d / "MANIFEST.json").read_text() == '{"name": "my app"}'
 

@@ -248,7 +248,7 @@ def describe(p: Path) -> str:
     if STORE_FILE in names:
         return "a tqstore store directory (it holds STORE.json)"
     if M.MANIFEST_NAME in names and not is_checkpoint_dir(p) and not is_dump_dir(p):
-        return f"a directory holding a {M.MANIFEST_NAME} that is not a tqstore checkpoint manifest"
+        return f"a directory holding a {M.MANIFEST_NAME} that is not a tqstore checkpoint's or dump's manifest"
     if ROOT_LOCK_NAME in names or any(_ROOT_ENTRY.match(n) for n in names):
         foreign = [n for n in names if n != ROOT_LOCK_NAME and not (_ROOT_ENTRY.match(n) and real_dir(p / n))]
         if not foreign:
@@ -293,13 +293,13 @@ def check_target(path: PathLike, kind: TargetKind = CHECKPOINT, *, live_store: O
     if live_store is not None:
         sroot = real_path(live_store)
         if _within(sroot, real):
-            raise _refuse(path, kind, f"the store being saved lives at {sroot}")
+            raise _refuse(path, kind, f"the store being {'dumped' if kind.name == 'dump' else 'saved'} lives at {sroot}")
     _check_one(path, real, kind)
     if kind.published:
         old = os.fspath(real) + ".old"
         if os.path.lexists(old):
             old = Path(old)
-            _check_one(old, old, kind, what="the leftover of an interrupted replacement ", torn_ok=True)
+            _check_one(path, old, kind, what="the leftover of an interrupted replacement ", torn_ok=True)
     return real
 
 
@@ -319,7 +319,7 @@ def _check_one(path: PathLike, real: Path, kind: TargetKind, what: str = "", tor
     if empty or kind.is_own(real) or (torn_ok and kind.is_torn(real)):
         return
     if kind.published:
-        rule = f"a save may replace only {kind.label} or fill an empty directory"
+        rule = f"a {'dump' if kind.name == 'dump' else 'save'} may replace only {kind.label} or fill an empty directory"
     else:
         rule = f"{kind.label} must be missing, empty, or hold only what tqstore puts there"
     raise _refuse(path, kind, f"{what}{real} is {describe(real)}, and {rule}; move it away or choose another path")
