@@ -136,13 +136,11 @@ def _damage_unknown_version(dump):
     m.write_text(json.dumps(d))
 
 
-def _damage_schema_disagrees_with_frames(dump):
-    """A row index declaring another dtype than the frames hold, its CRCs made consistent
-    (only the frames' headers tell)."""
+def _rewrite_row_index(dump, change):
+    """``change(row index object)``, then the row index written with its CRCs made consistent."""
     from tqstore import _native
     ri = json.loads((dump / D.ROW_INDEX_NAME).read_text())
-    assert ri["schemas"]["input_ids"] == {"kind": "tensor", "dtype": "int64"}
-    ri["schemas"]["input_ids"]["dtype"] = "int32"
+    change(ri)
     raw = (json.dumps(ri) + "\n").encode()
     (dump / D.ROW_INDEX_NAME).write_bytes(raw)
     m = json.loads((dump / D.MANIFEST_NAME).read_text())
@@ -150,13 +148,30 @@ def _damage_schema_disagrees_with_frames(dump):
     m["row_index"].update(size=len(raw), crc32c=_native.crc32c(raw))
     m["manifest_crc32c"] = _native.crc32c(D._canonical(m))
     (dump / D.MANIFEST_NAME).write_text(json.dumps(m))
+
+
+def _damage_schema_disagrees_with_frames(dump):
+    """A row index declaring another dtype than the frames hold, its CRCs made consistent
+    (only the frames' headers tell)."""
+    def change(ri):
+        assert ri["schemas"]["input_ids"] == {"kind": "tensor", "dtype": "int64"}
+        ri["schemas"]["input_ids"]["dtype"] = "int32"
+    _rewrite_row_index(dump, change)
     assert [p for p in verify_dump(dump) if "int32" in p]  # verify_dump finds it too
+
+
+def _damage_key_tqstore_never_writes(dump):
+    """A row index (CRCs consistent) whose key holds a NUL, which no put accepts: the dump is
+    damaged, and the reader says so naming rows.json, as verify_dump does."""
+    _rewrite_row_index(dump, lambda ri: ri["rows"][0].update(key="k\0x"))
+    assert [p for p in verify_dump(dump) if "rows.json" in p and "NUL" in p]
 
 
 @pytest.mark.parametrize("damage,error", [
     (_damage_missing_shard, CorruptionError), (_damage_missing_index, CorruptionError),
     (_damage_truncated_shard, CorruptionError), (_damage_flipped_payload_byte, CorruptionError),
-    (_damage_unknown_version, FormatVersionError), (_damage_schema_disagrees_with_frames, CorruptionError)])
+    (_damage_unknown_version, FormatVersionError), (_damage_schema_disagrees_with_frames, CorruptionError),
+    (_damage_key_tqstore_never_writes, CorruptionError)])
 def test_damaged_dump_is_rejected_with_nothing_written(source, tmp_path, damage, error):
     src, keys = source
     dump = write_dump(src, tmp_path / "dump", keys, "train")

@@ -20,10 +20,11 @@ import numpy as np
 
 from .. import _native
 from .._version import __version__
-from ..errors import CorruptionError, FormatVersionError
+from ..errors import CorruptionError, FormatVersionError, InvalidInputError
 from .columns import KIND_NAMES
 from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from .layout import ALIGN
+from .names import check_field_name, check_key, check_name, max_key_bytes
 from .values import dumps as _dumps, loads as _loads
 
 MANIFEST_NAME = "MANIFEST.json"
@@ -349,7 +350,25 @@ def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
     cols = _row_columns(rows_in, schemas)
     if cols is None:
         _check_rows(rows_in, schemas, what, path)
+    _check_names(pid, schemas, cols[0], what, path)
     return RowIndex(pid, nu, schemas, *cols)
+
+
+def _check_names(pid: str, schemas: Mapping[str, Any], keys: List[str], what: str, path: Optional[str]) -> None:
+    """The partition id, field names and keys are ones a store accepts (as its puts check
+    them: no NUL, valid Unicode, within the byte limits); a dump never holds others, so one
+    that does is damaged (CorruptionError).  Short ASCII keys without NUL, the usual ones,
+    are checked all at once."""
+    try:
+        check_name("partition_id", pid)
+        for f in schemas:
+            check_field_name(f)
+        joined = "".join(keys)
+        if not (joined.isascii() and "\0" not in joined and max(map(len, keys), default=0) <= max_key_bytes(pid)):
+            for k in keys:
+                check_key(pid, k)
+    except InvalidInputError as e:
+        raise _bad(what, str(e), path) from None
 
 
 def encode_manifest(*, created_unix: float, partition_id: str, num_units: int, summary: Mapping[str, int],

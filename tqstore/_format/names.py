@@ -86,10 +86,6 @@ def check_key(partition_id: str, key: Any) -> None:
            why=f" in partition {partition_id[:40]!r} (510 minus the partition id's UTF-8 bytes)")
 
 
-__all__ = ["LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
-           "check_field_name", "check_key", "max_key_bytes"]
-
-
 def check_flag(what: str, value: Any) -> bool:
     """``value`` as a bool when it is one (``bool`` or ``numpy.bool_``); raises
     InvalidInputError naming ``what`` for anything else (``None``, ``0``, ``"no"``: a
@@ -99,3 +95,6 @@ def check_flag(what: str, value: Any) -> bool:
         return bool(value)
     raise InvalidInputError(f"{what} must be True or False, got {value!r}")
 
+
+__all__ = ["LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
+           "check_field_name", "check_key", "max_key_bytes", "check_flag"]
