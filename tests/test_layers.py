@@ -23,7 +23,7 @@ embedded       ``embedded`` (the embedded backend's entry: constructs the      e
                parts, reads their files of a checkpoint into values)           ports, io, format,
                                                                               native, base
 engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
-               ``store_open``,                                                ports, io (not
+               ``store_open``, ``running_loads``,                             ports, io (not
                ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,
                ``_gcpause``, ``_gilswitch``, ``_default``, ``capacity``,      ``_io.lmdbenv`` nor
                ``checkpoint/*``,
@@ -88,7 +88,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                      "controller_consumption", "controller_sampler_store")),
     ("embedded", ("embedded",)),
     ("engine", ("store", "store_open", "store_snapshot", "state_switch", "kv", "streaming", "reader", "read_guard", "meta", "meta_kv",
-                "meta_schema", "edge", "policy", "layout_dirs",
+                "meta_schema", "edge", "policy", "layout_dirs", "running_loads",
                 "capacity", "_gcpause", "_gilswitch", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),

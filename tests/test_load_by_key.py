@@ -531,3 +531,67 @@ def test_every_field_name_and_tag_a_put_takes_comes_back_through_a_load(tmp_path
         assert t.load_data_by_key(tmp_path / "d")["keys"] == 2
         assert rows_of(t, "p", ["a", "b"]) == want
         assert t.kv_list("p")["p"]["a"] == tag
+
+
+def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp_path):
+    """While one thread's load runs, another thread's calls that its restore blocks (a save, a
+    dump of the partition, a clear in it, a put of a restored key) wait for the load to end
+    and then run, instead of raising RestorePendingError; reads do not wait."""
+    import threading
+    from tqstore import verify_checkpoint
+
+    src, keys = source
+    picked = keys[:6]
+    dump = write_dump(src, tmp_path / "dump", picked, "train")
+    want = rows_of(src, "train", picked)
+    with tqstore.open(tmp_path / "dst", num_units=2, result_type="dict") as dst:
+        fill(dst, "train", 2, prefix="b", seed=4)  # bystanders b0, b1
+        release, importing = threading.Event(), threading.Event()
+        unit = dst.units[0]
+        real = unit.import_restore
+
+        def slow_import(*a, **kw):
+            importing.set()
+            assert release.wait(30)
+            return real(*a, **kw)
+
+        unit.import_restore = slow_import
+        loader = threading.Thread(target=dst.load_data_by_key, args=(dump,))
+        loader.start()
+        assert importing.wait(30)
+        out, errors = {}, []
+
+        def run(name, call):
+            def body():
+                try:
+                    out[name] = call()
+                except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+                    errors.append((name, e))
+            t = threading.Thread(target=body)
+            t.start()
+            return t
+
+        callers = [run("save", lambda: dst.save_checkpoint(tmp_path / "ck")),
+                   run("dump", lambda: dst.dump_data_by_key(tmp_path / "again", picked, "train")),
+                   run("clear", lambda: dst.kv_clear(["b0"], "train")),
+                   run("put", lambda: dst.kv_batch_put([picked[0]], "train", tags=[{"after": "load"}]))]
+        assert dst.kv_batch_get(["b1"], "train")  # a read of a bystander does not wait
+        for t in callers:
+            t.join(0.3)
+        assert all(t.is_alive() for t in callers) and not out and not errors, (out, errors)  # waiting, not refused
+        release.set()
+        loader.join(30)
+        for t in callers:
+            t.join(30)
+        assert not errors and set(out) == {"save", "dump", "clear", "put"}
+        del unit.import_restore
+        assert out["dump"]["keys"] == len(picked)  # the restored keys existed when it ran: after the load
+        with tqstore.open(tmp_path / "from_ck") as ck:  # the save ran after the load: it holds the restored keys
+            ck.load_checkpoint(tmp_path / "ck")
+            assert set(picked) <= set(ck.kv_list("train")["train"])
+        assert verify_checkpoint(tmp_path / "ck").problems == []
+        assert "b0" not in dst.kv_list("train")["train"]
+        assert dst.kv_list("train")["train"][picked[0]]["after"] == "load"  # the put ran after the load (tags merge)
+        assert {k: v for k, v in rows_of(dst, "train", picked[1:]).items()} == \
+            {k: v for k, v in want.items() if k != picked[0]}
+        assert dst.controller.restores() == [] and dst.verify() == []

@@ -111,7 +111,19 @@ class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
 
 
 class RestorePendingError(TqstoreError, RuntimeError):
-    """A selective restore into this partition is unresolved; run ``recover_data_load``."""
+    """A selective restore into this partition is unresolved (its load is running, or failed
+    or died: then run ``recover_data_load``); ``rid`` names the restore when known."""
+
+    def __init__(self, message: str, *, rid: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.rid = rid
+
+    def __reduce__(self):  # (pickled with its rid: it crosses processes)
+        return (_restore_pending_error, (self.args[0] if self.args else "", self.rid))
+
+
+def _restore_pending_error(message: str, rid: Optional[str]) -> "RestorePendingError":
+    return RestorePendingError(message, rid=rid)
 
 
 class DistributedError(TqstoreError, RuntimeError):

@@ -45,14 +45,14 @@ class RestoreInfo:
             return RestorePendingError(
                 f"{refused} refused: partition {self.pid!r} has a restore {self.rid} from dump {self.dump!r} that "
                 f"is {self.state} ({done}) but whose units are not all settled; call "
-                f"recover_data_load({self.dump!r}) to settle it (reopening the store does too)")
+                f"recover_data_load({self.dump!r}) to settle it (reopening the store does too)", rid=self.rid)
         by = {s: [u for u, x in enumerate(self.units) if x == s] for s in ("pending", "claimed", "complete")}
         what = "units pending %s, running %s, complete %s" % (by["pending"], by["claimed"], by["complete"])
         return RestorePendingError(
             f"{refused} refused: partition {self.pid!r} has an unresolved restore {self.rid} from dump "
             f"{self.dump!r} ({what}); if a load_data_by_key of it is still running, retry once it has "
             f"returned; if it failed or its process died, call recover_data_load({self.dump!r}) to complete it, "
-            f"or recover_data_load({self.dump!r}, cancel=True) to cancel it")
+            f"or recover_data_load({self.dump!r}, cancel=True) to cancel it", rid=self.rid)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from ._gcpause import pausing
 from .embedded import DEFAULT_SEGMENT_BYTES, EmbeddedParts
 from .ports import ControllerPort
 from .read_guard import RemovalGuard
+from .running_loads import waits_for_running_loads
 from .state_switch import join_retired
 from .store_snapshot import StoreSnapshot, take_cut
 from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
@@ -579,8 +580,9 @@ class Store(CheckpointMixin, DumpMixin):
 
 
 for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and docstrings kept), each with the
-    # GIL handed back quickly while it runs (tqstore._gilswitch)
-    setattr(Store, _name, handing_off(forwarder(DataPlane, "_data", _name)))
+    # GIL handed back quickly while it runs (tqstore._gilswitch), waiting for a load this process runs when
+    # they meet its restore (tqstore.running_loads)
+    setattr(Store, _name, handing_off(waits_for_running_loads(forwarder(DataPlane, "_data", _name))))
 
 
 def open(path: Optional[PathLike] = None, **kwargs) -> Store:  # noqa: A001 - mirrors builtins.open

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .._gilswitch import quick_handoff
+from ..running_loads import waits_for_running_loads
 from .loader import LoadInfo
 from .manager import CheckpointFallbackWarning, CheckpointManager
 from .retention import KeepAll, KeepAny, KeepEvery, KeepLast, KeepSteps, RetentionPolicy
@@ -20,6 +21,7 @@ from .writer import CheckpointInfo, SaveHandle
 class CheckpointMixin:
     """``save_checkpoint`` and ``load_checkpoint`` of :class:`~tqstore.Store`."""
 
+    @waits_for_running_loads
     def save_checkpoint(self, checkpoint_dir, *, include_storage: bool = True,
                         metadata: Optional[Mapping[str, Any]] = None, blocking: bool = True,
                         copy_segments: bool = False):
@@ -71,6 +73,7 @@ class CheckpointMixin:
             return writer.save(self, checkpoint_dir, include_storage=include_storage, metadata=metadata,
                                blocking=blocking, copy_segments=copy_segments)
 
+    @waits_for_running_loads
     def load_checkpoint(self, checkpoint_dir) -> LoadInfo:
         """Replace the whole store with the checkpoint at ``checkpoint_dir``, transactionally.
 

@@ -17,6 +17,7 @@ from typing import Any, Dict, List
 from .._format.names import check_flag
 from .._gcpause import paused
 from .._gilswitch import quick_handoff
+from ..running_loads import waits_for_running_loads
 from .publish import lock_path, marker_path
 from .reader import DumpIndex, describe_dump, open_dump, read_index, row_index_dict, verify_dump
 from .writer import DumpHandle
@@ -27,6 +28,7 @@ PathLike = Any
 class DumpMixin:
     """``dump_data_by_key``, ``load_data_by_key`` and ``recover_data_load`` of :class:`~tqstore.Store`."""
 
+    @waits_for_running_loads
     def dump_data_by_key(self, dump_dir: PathLike, keys: List[str], partition_id: str, *, blocking: bool = True):
         """Dump exactly ``keys`` of ``partition_id`` to the directory ``dump_dir``, atomically.
 
@@ -64,7 +66,9 @@ class DumpMixin:
                 written, no directory left; with ``blocking=False`` a key's error is raised by
                 the handle's ``result()``).
             RestorePendingError: ``<dir>.restore`` exists (a load may still read the dump;
-                call ``recover_data_load(dump_dir)``).
+                call ``recover_data_load(dump_dir)``), or the partition has an unresolved
+                restore (a load of it that another thread of this process runs is waited for
+                instead).
             CheckpointError: the target is a file, a user's directory, a store, a checkpoint,
                 or inside one of those; its name is longer than 243 bytes (a load writes
                 ``<dir>.restore.tmp`` beside it); a user's directory named ``<dir>.tmp`` or
@@ -78,6 +82,7 @@ class DumpMixin:
         with paused(), quick_handoff():  # thousands of small objects per call: no full collection in between
             return dump(self, dump_dir, keys, partition_id, blocking=blocking)
 
+    @waits_for_running_loads
     def load_data_by_key(self, dump_dir) -> Dict[str, Any]:
         """Merge the rows of the dump at ``dump_dir`` into the running store.
 
@@ -107,8 +112,8 @@ class DumpMixin:
                 ``strict_schema=True``; else the field becomes mixed).
             CapacityError: a unit would hold more rows with data than ``total_storage_size``
                 gives it (nothing is written).
-            RestorePendingError: the partition has an unresolved restore (or a load of it
-                is running).
+            RestorePendingError: the partition has an unresolved restore (a load of it that
+                another thread of this process runs is waited for instead).
             CheckpointError: the dump's restore marker ``<dir>.restore`` cannot be written,
                 or is there but cannot be read (it may list other stores' pending loads: it
                 is left as it is); or the dump's name is longer than 243 bytes (room for

@@ -38,6 +38,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 from ..errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 from . import publish as P
+from .. import running_loads
 from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
 from .load import Dump, mapping_of, plan_imports, prefetch, read_dump
 
@@ -240,6 +241,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
             _unmark(d, store)  # (a marker written before its fsync failed lists the store)
             raise
         marks = [t0, time.perf_counter()]
+        running = contextlib.ExitStack()  # (this thread runs the restore: calls it blocks wait for its end)
         try:
             with store._write_lock:
                 store._check_open()
@@ -250,20 +252,22 @@ def load(store, dump_dir) -> Dict[str, Any]:
                 info = store.controller.begin_restore(dump.partition_id, str(d), dump.restore_rows(), dump.schema(),
                                                       strict_dtypes=store.strict_schema,
                                                       unit_room=capacity.room(store.controller) if capacity else None)
+                running.enter_context(running_loads.of(store).running(info.rid))
         except BaseException:
             if not any(r.dump == str(d) for r in store.controller.restores()):
                 _unmark(d, store)
             raise
-        marks.append(time.perf_counter())
-        try:
-            plans = _plans(store, info, dump)
-            nbytes = _run_units(store, info, plans, range(store.num_units))
+        with running:
             marks.append(time.perf_counter())
-            _commit(store, info, plans, d)
-        except BaseException as err:
-            _abandon(store, info, d, err)
-            raise
-        _unmark(d, store)
+            try:
+                plans = _plans(store, info, dump)
+                nbytes = _run_units(store, info, plans, range(store.num_units))
+                marks.append(time.perf_counter())
+                _commit(store, info, plans, d)
+            except BaseException as err:
+                _abandon(store, info, d, err)
+                raise
+            _unmark(d, store)
     marks.append(time.perf_counter())
     new = info.new_keys
     log.info("loaded %d keys (%d new) of partition %r from dump %s: %d bytes in %.3f s", len(dump.rows), new,

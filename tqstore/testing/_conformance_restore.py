@@ -59,6 +59,7 @@ class ControllerRestoreTests:
             with pytest.raises(RestorePendingError, match="recover_data_load") as e:
                 call()
             assert "pending [" in str(e.value) and info.rid in str(e.value)
+            assert e.value.rid == info.rid  # (also across a process boundary: the error pickles with it)
         with pytest.raises(SchemaError):  # a field the restore writes, with another dtype
             c.plan_put("p", [to_column("x", np.zeros((1, 1), np.float32), 1)], keys=["zz"])
         self.put(c, "p", keys=["b"])  # other keys of the partition: fine
