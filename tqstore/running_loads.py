@@ -4,9 +4,10 @@ From its begin to its end, a load by key (:mod:`tqstore.dump.restore`) has a res
 record in the controller, and the calls that record blocks (clears of its partition, puts
 of its keys, dumps of it, full checkpoint saves and loads) raise
 :class:`~tqstore.errors.RestorePendingError` naming it.  For a load another thread of this
-process is running, that error would only say "too early": so a call made through
-:func:`waits_for_running_loads` that meets it waits for that load to end and runs again
-(the guards raise before anything is written, so the second run is the same call).  A
+process is running (or a ``recover_data_load`` is settling), that error would only say
+"too early": so a call made through :func:`waits_for_running_loads` that meets it waits
+for that load to end and runs again (the guards raise before anything is written, so the
+second run is the same call).  A
 restore no load of this store runs (left by a crash, or by an error its load could not
 undo) raises at once, as before, and so does a call made by the load's own thread or
 while the store's write or metadata lock is held (waiting there would block the load).

@@ -288,22 +288,23 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
             _unmark(d, store)  # a marker left by a crash after the record went
             return False
         info = pending[0]
-        if info.state == "committed" or (info.state == "running" and not cancel):
-            if info.state == "running":
-                with store._write_lock:
-                    store._settle_undo()  # (as a load does before it begins)
-                full = store.controller.restore(info.rid)
-                plans = _plans(store, full, read_dump(d))
-                _run_units(store, full, plans, [u for u, s in enumerate(full.units) if s != "complete"])
-                _commit(store, full, plans, d)
+        with running_loads.of(store).running(info.rid):  # (calls it blocks wait while this thread settles it)
+            if info.state == "committed" or (info.state == "running" and not cancel):
+                if info.state == "running":
+                    with store._write_lock:
+                        store._settle_undo()  # (as a load does before it begins)
+                    full = store.controller.restore(info.rid)
+                    plans = _plans(store, full, read_dump(d))
+                    _run_units(store, full, plans, [u for u, s in enumerate(full.units) if s != "complete"])
+                    _commit(store, full, plans, d)
+                else:
+                    if cancel:
+                        log.warning("restore %s from %s was committed before the crash: completing it instead of "
+                                    "cancelling", info.rid, d)
+                    with store._write_lock:
+                        _settle(store, info, committed=True)
             else:
-                if cancel:
-                    log.warning("restore %s from %s was committed before the crash: completing it instead of "
-                                "cancelling", info.rid, d)
-                with store._write_lock:
-                    _settle(store, info, committed=True)
-        else:
-            _cancel(store, info)
+                _cancel(store, info)
         _unmark(d, store)
         return True
 
