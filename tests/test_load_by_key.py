@@ -538,7 +538,8 @@ def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp
     dump of the partition, a clear in it, a put of a restored key) wait for the load to end
     and then run, instead of raising RestorePendingError; reads do not wait."""
     import threading
-    from tqstore import verify_checkpoint
+    from tqstore import CheckpointManager, verify_checkpoint
+    from tqstore.meta import BatchMeta
 
     src, keys = source
     picked = keys[:6]
@@ -546,6 +547,9 @@ def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp
     want = rows_of(src, "train", picked)
     with tqstore.open(tmp_path / "dst", num_units=2, result_type="dict") as dst:
         fill(dst, "train", 2, prefix="b", seed=4)  # bystanders b0, b1
+        dst.put({"input_ids": torch.zeros(3, 16, dtype=torch.int64)}, partition_id="a")
+        both = BatchMeta.concat([dst.get_meta(["input_ids"], 3, "a", task_name="c", mode="force_fetch"),
+                                 dst.get_meta(["input_ids"], 1, "train", task_name="c", mode="force_fetch")])
         release, importing = threading.Event(), threading.Event()
         unit = dst.units[0]
         real = unit.import_restore
@@ -574,16 +578,20 @@ def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp
         callers = [run("save", lambda: dst.save_checkpoint(tmp_path / "ck")),
                    run("dump", lambda: dst.dump_data_by_key(tmp_path / "again", picked, "train")),
                    run("clear", lambda: dst.kv_clear(["b0"], "train")),
-                   run("put", lambda: dst.kv_batch_put([picked[0]], "train", tags=[{"after": "load"}]))]
+                   run("put", lambda: dst.kv_batch_put([picked[0]], "train", tags=[{"after": "load"}])),
+                   run("generation", lambda: CheckpointManager(tmp_path / "gens", store=dst).save(1)),
+                   run("clear_samples", lambda: dst.clear_samples(both))]  # of "a" and "train"
         assert dst.kv_batch_get(["b1"], "train")  # a read of a bystander does not wait
         for t in callers:
             t.join(0.3)
         assert all(t.is_alive() for t in callers) and not out and not errors, (out, errors)  # waiting, not refused
+        assert len(dst.controller.first_rows("a")) == 3  # a clear of two partitions removes nothing before it waits
         release.set()
         loader.join(30)
         for t in callers:
             t.join(30)
-        assert not errors and set(out) == {"save", "dump", "clear", "put"}
+        assert not errors and set(out) == {"save", "dump", "clear", "put", "generation", "clear_samples"}
+        assert len(dst.controller.first_rows("a")) == 0
         del unit.import_restore
         assert out["dump"]["keys"] == len(picked)  # the restored keys existed when it ran: after the load
         with tqstore.open(tmp_path / "from_ck") as ck:  # the save ran after the load: it holds the restored keys
@@ -595,3 +603,42 @@ def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp
         assert {k: v for k, v in rows_of(dst, "train", picked[1:]).items()} == \
             {k: v for k, v in want.items() if k != picked[0]}
         assert dst.controller.restores() == [] and dst.verify() == []
+
+
+def test_a_call_meeting_a_restore_whose_load_ended_meanwhile_runs_again(source, tmp_path, monkeypatch):
+    """The race a waiting call must not lose: the call meets the running load's restore, then
+    the load ends before the call looks for it (forced here by delaying the look): the
+    restore is gone, so the call runs again instead of raising for a restore that no
+    longer exists."""
+    import threading
+    from tqstore import running_loads
+
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:3], "train")
+    with tqstore.open(tmp_path / "dst", num_units=2, result_type="dict") as dst:
+        release, importing = threading.Event(), threading.Event()
+        unit = dst.units[0]
+        real = unit.import_restore
+
+        def slow_import(*a, **kw):
+            importing.set()
+            assert release.wait(30)
+            return real(*a, **kw)
+
+        unit.import_restore = slow_import
+        loader = threading.Thread(target=dst.load_data_by_key, args=(dump,))
+        loader.start()
+        assert importing.wait(30)
+        real_holds = running_loads._holds_store_locks
+
+        def late_look(store):  # the caller is slow to look: the load ends first
+            if threading.current_thread() is threading.main_thread() and loader.is_alive():
+                release.set()
+                loader.join(30)
+            return real_holds(store)
+
+        monkeypatch.setattr(running_loads, "_holds_store_locks", late_look)
+        dst.kv_batch_put([keys[0]], "train", tags=[{"after": "load"}])
+        assert not loader.is_alive() and dst.controller.restores() == []
+        assert dst.kv_list("train")["train"][keys[0]]["after"] == "load"
+        del unit.import_restore

@@ -645,3 +645,22 @@ def test_opening_a_users_directory_is_refused_before_anything_is_written_into_it
         assert sorted(os.listdir(d)) == before
     from tqstore.dump import verify_dump
     assert verify_dump(tmp_path / "dump") == []
+
+
+def test_a_store_published_by_another_process_between_the_checks_is_not_called_foreign(tmp_path, monkeypatch):
+    """Two processes opening one new path together: the other's STORE.json may appear after
+    the open looked for it and before it lists the directory; that is a store, not a
+    user's directory (the open then meets the other's LOCK, as a retry would)."""
+    from tqstore import layout_dirs
+
+    root = tmp_path / "s"
+    (root / "state-00000001").mkdir(parents=True)
+    real = layout_dirs.files.listdir
+
+    def listdir_after_the_other_published(p):
+        (root / "STORE.json").write_text("{}")  # (the other creator's commit point, just now)
+        (root / "state-00000001" / "controller").mkdir(exist_ok=True)
+        return real(p)
+
+    monkeypatch.setattr(layout_dirs.files, "listdir", listdir_after_the_other_published)
+    assert layout_dirs.refuse_foreign(root) == []

@@ -11,17 +11,20 @@ than ``total_storage_size`` rows, when its rows fall unevenly on the units.
 
 A put that would take any unit past its share raises :class:`~tqstore.errors.CapacityError`
 (``setting="total_storage_size"``) before anything is written; so does a load by key
-(:meth:`room` is what its ``begin_restore`` checks against).  The per-unit counts are
+(:meth:`room` is what its ``begin_restore`` checks against), and the rows with data a
+running load will add are held in reserve (:meth:`reserving`) until it commits, so that
+puts and other loads meanwhile cannot take their room.  The per-unit counts are
 values from the controller port (``claims``, counted once per controller and again after a
 partition is dropped) kept up to date by the store's puts and clears, all under the
 store's write lock.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 from collections import Counter
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .errors import CapacityError, ConfigError
 from .ports import ControllerPort
@@ -52,6 +55,7 @@ class RowCapacity:
         self.per_unit = math.ceil(self.total_rows / num_units)
         self._held: Optional[List[int]] = None  # rows with data per unit; None: count again
         self._of: Optional[ControllerPort] = None  # the controller the counts are of
+        self._reserved: Dict[str, Dict[int, int]] = {}  # running load's restore id -> rows with data it adds per unit
         return self
 
     def held(self, controller: ControllerPort) -> List[int]:
@@ -74,13 +78,50 @@ class RowCapacity:
         self.check_grow(controller, grow)
         return dict(grow)
 
+    def _taken(self, controller: ControllerPort) -> List[int]:
+        """Per unit, rows with data held plus those running loads hold in reserve."""
+        taken = list(self.held(controller))
+        for grow in self._reserved.values():
+            for u, n in grow.items():
+                taken[u] += n
+        return taken
+
     def room(self, controller: ControllerPort) -> List[int]:
-        """Per unit, how many more rows with data it may hold (a load by key checks against it)."""
-        return [self.per_unit - h for h in self.held(controller)]
+        """Per unit, how many more rows with data it may hold (a load by key checks against it;
+        negative when a unit is past its share, say after a reopen with a smaller limit)."""
+        return [self.per_unit - t for t in self._taken(controller)]
+
+    def restore_growth(self, controller: ControllerPort, pid: str, gidxs: Sequence[int],
+                       fields: Sequence[Sequence[str]]) -> Dict[int, int]:
+        """Per unit, the rows with data a restore adds to ``pid`` once committed: its rows
+        ``gidxs`` with produced ``fields`` that are not rows of ``pid`` yet, or rows without data."""
+        with_data = [int(g) for g, fs in zip(gidxs, fields) if fs]
+        rows = controller.row_batch(pid, with_data) if with_data else None
+        grow: Counter = Counter()
+        for i, g in enumerate(with_data):
+            if rows is None or rows.seqs[i] is None or not rows.fields[i]:
+                grow[g % self.num_units] += 1
+        return dict(grow)
+
+    @contextlib.contextmanager
+    def reserving(self, rid: str, grow: Mapping[int, int]) -> Iterator[None]:
+        """Hold ``grow`` (unit -> rows with data) for the running load of restore ``rid`` until
+        :meth:`release` or the end of the ``with`` body: puts and other loads meanwhile count
+        it (under the store's write lock, as every check)."""
+        self._reserved[rid] = dict(grow)
+        try:
+            yield
+        finally:
+            self.release(rid)
+
+    def release(self, rid: str) -> None:
+        """The load of restore ``rid`` committed (its rows are counted as held now) or ended."""
+        self._reserved.pop(rid, None)
 
     def check_grow(self, controller: ControllerPort, grow: Mapping[int, int]) -> None:
-        """Raise CapacityError when adding ``grow`` (unit -> rows with data) takes a unit past its share."""
-        held = self.held(controller)
+        """Raise CapacityError when adding ``grow`` (unit -> rows with data) takes a unit past its
+        share (rows running loads hold in reserve count as held)."""
+        held = self._taken(controller)
         for u, n in sorted(grow.items()):
             if held[u] + n > self.per_unit:
                 raise CapacityError(

@@ -88,6 +88,8 @@ def refuse_foreign(root: Path) -> List[str]:
     if not root.is_dir() or (root / STORE_FILE).exists():
         return []
     leftovers = [n for n in files.listdir(root) if n != "LOCK"]
+    if STORE_FILE in leftovers:  # (published meanwhile, by a creation in another process)
+        return []
     if not all(creation_debris(root, n) for n in leftovers):
         raise ConfigError(f"{root} is not empty and holds no {STORE_FILE}; refusing to use it as a store "
                           f"(found {sorted(leftovers)[:5]})")

@@ -7,10 +7,12 @@ of its keys, dumps of it, full checkpoint saves and loads) raise
 process is running (or a ``recover_data_load`` is settling), that error would only say
 "too early": so a call made through :func:`waits_for_running_loads` that meets it waits
 for that load to end and runs again (the guards raise before anything is written, so the
-second run is the same call).  A
-restore no load of this store runs (left by a crash, or by an error its load could not
-undo) raises at once, as before, and so does a call made by the load's own thread or
-while the store's write or metadata lock is held (waiting there would block the load).
+second run is the same call; a call spanning partitions checks them all first).  The wait
+has no time limit: it lasts as long as the load.  A call that meets a restore whose load
+ended just before it looked runs again too.  A restore no load of this store runs (left by
+a crash, or by an error its load could not undo) raises at once, as before, and so does a
+call made by the load's own thread or while the store's write or metadata lock is held
+(waiting there would block the load).
 """
 from __future__ import annotations
 
@@ -30,6 +32,20 @@ class RunningLoads:
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._threads: Dict[str, threading.Thread] = {}
+        self._beginning = 0  # loads between the start of their begin and their registration
+
+    @contextlib.contextmanager
+    def beginning(self) -> Iterator[None]:
+        """Around a load's begin and its :meth:`running` registration: a caller that meets the
+        new restore's record before it is registered waits for the registration."""
+        with self._cond:
+            self._beginning += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._beginning -= 1
+                self._cond.notify_all()
 
     @contextlib.contextmanager
     def running(self, rid: str) -> Iterator[None]:
@@ -44,15 +60,23 @@ class RunningLoads:
                 self._threads.pop(rid, None)
                 self._cond.notify_all()
 
-    def wait(self, rid: Optional[str]) -> bool:
+    def wait(self, rid: Optional[str], gone: Callable[[str], bool]) -> bool:
         """Wait until the load of restore ``rid`` ends when another thread of this process
-        runs it; True then (the caller runs its call again), False at once otherwise."""
+        runs it; True then (the caller runs its call again).  When none runs it: True if the
+        restore is ``gone`` (its load ended just before this call looked), else False (a
+        restore left by a crash or an error: the caller raises)."""
+        if rid is None:
+            return False
         me = threading.current_thread()
         with self._cond:
-            if rid is None or self._threads.get(rid, me) is me:
+            self._cond.wait_for(lambda: not self._beginning)
+            runner = self._threads.get(rid)
+            if runner is me:
                 return False
-            self._cond.wait_for(lambda: rid not in self._threads)
-        return True
+            if runner is not None:
+                self._cond.wait_for(lambda: rid not in self._threads)
+                return True
+        return gone(rid)
 
 
 def of(store: Any) -> RunningLoads:
@@ -71,17 +95,29 @@ def _holds_store_locks(store: Any) -> bool:
     return False
 
 
-def waits_for_running_loads(fn: F) -> F:
-    """Wrap the store method ``fn`` so that a RestorePendingError for a load this process
-    runs in another thread waits for that load and calls ``fn`` again (module docstring)."""
+def _gone(store: Any) -> Callable[[str], bool]:
+    def gone(rid: str) -> bool:
+        controller = getattr(store, "controller", None)  # (a store served elsewhere has none here)
+        try:
+            return controller is not None and controller.restore(rid) is None
+        except Exception:  # noqa: BLE001 - cannot tell: the caller raises the error it met
+            return False
+    return gone
+
+
+def waits_for_running_loads(fn: F, *, store_of: Callable[[Any], Any] = lambda owner: owner) -> F:
+    """Wrap the method ``fn`` (of a store, or of an object whose store ``store_of`` gives) so
+    that a RestorePendingError for a load this process runs in another thread waits for that
+    load and calls ``fn`` again (module docstring)."""
 
     @functools.wraps(fn)
-    def call(store, *args, **kwargs):
+    def call(owner, *args, **kwargs):
         while True:
             try:
-                return fn(store, *args, **kwargs)
+                return fn(owner, *args, **kwargs)
             except RestorePendingError as e:
-                if _holds_store_locks(store) or not of(store).wait(getattr(e, "rid", None)):
+                store = store_of(owner)
+                if _holds_store_locks(store) or not of(store).wait(getattr(e, "rid", None), _gone(store)):
                     raise
 
     return call  # type: ignore[return-value]

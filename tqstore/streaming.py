@@ -27,7 +27,7 @@ from ._format.values import check_value
 from .edge import join_rows
 from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError
 from .meta import BatchMeta, KVBatchMeta
-from .ports import RowBatch
+from .ports import RowBatch, check_no_restore
 
 if TYPE_CHECKING:  # pragma: no cover
     from .kv import DataPlane
@@ -421,7 +421,11 @@ class Streaming:
             raise InvalidInputError(f"clear_samples takes a BatchMeta, got {type(metadata).__name__}")
         self._dp.check_open()
         with self._dp.write_lock:
-            for pid, (b, _, idx) in self._live_rows(metadata, strict=False).items():
+            live = self._live_rows(metadata, strict=False)
+            if len(live) > 1:  # every partition's pending restore checked before any row goes
+                for pid in live:
+                    check_no_restore(self._dp.controller, pid, f"clearing rows of partition {pid!r}")
+            for pid, (b, _, idx) in live.items():
                 self._dp.io.delete_rows(pid, _pick(b.gidxs, idx))
 
     # ------------------------------------------------------------------ status

@@ -21,6 +21,7 @@ reader never sees a generation half replaced or deleted under it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import secrets
@@ -30,6 +31,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional
 
 from .. import _default
 from .._io import files, locks
+from ..running_loads import waits_for_running_loads
 from ..errors import (
     CheckpointError, CheckpointNotFoundError, CorruptionError, InvalidInputError, StorageIOError, TqstoreError,
 )
@@ -198,6 +200,7 @@ class CheckpointManager:
                     out[e.origin] = Reusable(str(src / e.path), e.size, e.crc32c)
         return out
 
+    @functools.partial(waits_for_running_loads, store_of=lambda manager: manager.store)
     def save(self, step: int, metadata: Optional[Mapping[str, Any]] = None, *, blocking: bool = True,
              include_storage: bool = True):
         """Save the store as generation ``step`` (replacing an existing one atomically).

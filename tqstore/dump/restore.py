@@ -114,12 +114,15 @@ def _each_unit(store, call) -> List[Any]:
     return out
 
 
-def _rows_changed(store) -> None:
+def _rows_changed(store, rid: Optional[str] = None) -> None:
     """A committed restore added rows with data: ``total_storage_size``'s count (kept by the
-    store, updated by its own puts and clears) is taken again at the next put."""
+    store, updated by its own puts and clears) is taken again at the next put, and the rows
+    the load of restore ``rid`` held in reserve there are let go (they are counted now)."""
     capacity = getattr(store, "_capacity", None)
     if capacity:
         capacity.forget()
+        if rid is not None:
+            capacity.release(rid)
 
 
 def _settle(store, info: RestoreInfo, *, committed: bool) -> None:
@@ -144,11 +147,22 @@ def _commit(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
     unit short of frames (its staged frames were lost, say by a power loss after the
     controller recorded it complete) raises CorruptionError before the commit point: the
     restore cannot complete, only be cancelled."""
+    with store._write_lock:
+        _publish_and_finish(store, info, plans, d)
+        try:
+            _settle(store, info, committed=True)
+        except TqstoreError:
+            log.exception("restore %s committed; settling its units failed (settled on the next open)", info.rid)
+
+
+def _publish_and_finish(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
+    """Publish on every unit, then the controller's commit point; before it is reached, a
+    failure unpublishes (the live rows are the old ones again) and is raised.  Readers racing
+    this window try again and then wait for the write lock (tqstore.read_guard): a read never
+    returns a restored payload before the commit point, nor one undone after it.  (The settle
+    after it is no removal for readers: a segment it deletes under a read is tried again.)"""
     c: ControllerPort = store.controller
-    # readers racing the window from the units' publish to the controller's finish (or the
-    # units' unpublish) try again and then wait for the write lock (tqstore.read_guard): a
-    # read never returns a restored payload before the commit point, nor one undone after
-    with store._write_lock, store.removals.removing():
+    with store.removals.removing():
         try:
             got = _each_unit(store, lambda u: u.publish_restore(info.tag))
             short = [u for u, (n, p) in enumerate(zip(got, plans)) if n != len(p)]
@@ -159,7 +173,7 @@ def _commit(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
                     f"completed, as by a power loss); it cannot complete: cancel it with "
                     f"recover_data_load({str(d)!r}, cancel=True)")
             c.finish_restore(info.rid)
-            _rows_changed(store)
+            _rows_changed(store, info.rid)
         except BaseException:
             try:
                 decided = getattr(c.restore(info.rid), "state", None) == "committed"
@@ -170,10 +184,6 @@ def _commit(store, info: RestoreInfo, plans: Sequence[Any], d: Path) -> None:
                     with contextlib.suppress(TqstoreError):
                         u.unpublish_restore(info.tag)
             raise
-        try:
-            _settle(store, info, committed=True)
-        except TqstoreError:
-            log.exception("restore %s committed; settling its units failed (settled on the next open)", info.rid)
 
 
 def _report(info: RestoreInfo, dump: Dump, nbytes: int, marks: Sequence[float], new_keys: int) -> Dict[str, Any]:
@@ -243,7 +253,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
         marks = [t0, time.perf_counter()]
         running = contextlib.ExitStack()  # (this thread runs the restore: calls it blocks wait for its end)
         try:
-            with store._write_lock:
+            with store._write_lock, running_loads.of(store).beginning():
                 store._check_open()
                 # undo records a failed put left must not put their old entries back over the
                 # restore's later (settled as an overwriting put would first)
@@ -253,6 +263,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
                                                       strict_dtypes=store.strict_schema,
                                                       unit_room=capacity.room(store.controller) if capacity else None)
                 running.enter_context(running_loads.of(store).running(info.rid))
+                if capacity:  # its rows with data are held in reserve until it commits or ends
+                    running.enter_context(capacity.reserving(
+                        info.rid, capacity.restore_growth(store.controller, info.pid, info.gidxs, dump.rows.fields)))
         except BaseException:
             if not any(r.dump == str(d) for r in store.controller.restores()):
                 _unmark(d, store)
