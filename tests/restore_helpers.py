@@ -7,9 +7,11 @@ the units' segments), so the load tests do not depend on the dump half's progres
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
 from pathlib import Path
-from typing import Dict, List, Sequence
+from typing import Dict, Iterator, List, Sequence, Tuple
 
 from tqstore import _native
 from tqstore._format import dump_records as D
@@ -78,3 +80,29 @@ def first_frame_payload_offset(shard: Path) -> int:
 
 def truncate(path: Path, by: int) -> None:
     os.truncate(path, os.path.getsize(path) - by)
+
+
+@contextlib.contextmanager
+def load_held_in_import(store, dump) -> Iterator[Tuple[threading.Event, threading.Thread]]:
+    """Run ``store.load_data_by_key(dump)`` in a thread whose unit 0 import waits for
+    ``release.set()``; yields ``(release, loader)`` once the load waits there (its restore
+    begun, nothing imported).  On exit the load is released and joined, the unit restored."""
+    release, importing = threading.Event(), threading.Event()
+    unit = store.units[0]
+    real = unit.import_restore
+
+    def held_import(*a, **kw):
+        importing.set()
+        assert release.wait(30)
+        return real(*a, **kw)
+
+    unit.import_restore = held_import
+    loader = threading.Thread(target=store.load_data_by_key, args=(dump,))
+    loader.start()
+    try:
+        assert importing.wait(30)
+        yield release, loader
+    finally:
+        release.set()
+        loader.join(30)
+        del unit.import_restore

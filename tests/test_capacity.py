@@ -131,31 +131,16 @@ def test_rows_a_running_load_adds_are_held_in_reserve_against_puts(tmp_path):
     """While a load runs (its units importing), the rows with data it will add count against
     the limit: a put into another partition that would take the unit past its share with
     them is refused; once the load committed, they count as held."""
-    import threading
+    from restore_helpers import load_held_in_import
 
     with tq.open(tmp_path / "src", num_units=1) as src:
         src.kv_batch_put([f"k{i}" for i in range(6)], "p", fields={"x": torch.zeros(6, 3)})
         src.dump_data_by_key(tmp_path / "dump", [f"k{i}" for i in range(6)], "p")
     with tq.open(tmp_path / "s", num_units=1, total_storage_size=8) as s:
-        release, importing = threading.Event(), threading.Event()
-        unit = s.units[0]
-        real = unit.import_restore
-
-        def slow_import(*a, **kw):
-            importing.set()
-            assert release.wait(30)
-            return real(*a, **kw)
-
-        unit.import_restore = slow_import
-        loader = threading.Thread(target=s.load_data_by_key, args=(tmp_path / "dump",))
-        loader.start()
-        assert importing.wait(30)
-        with pytest.raises(CapacityError, match="holds 6 rows with data, the put adds 3"):
-            s.kv_batch_put(["q0", "q1", "q2"], "q", fields={"x": torch.zeros(3, 3)})
-        s.kv_batch_put(["q0", "q1"], "q", fields={"x": torch.zeros(2, 3)})  # exactly the room left
-        release.set()
-        loader.join(30)
-        del unit.import_restore
+        with load_held_in_import(s, tmp_path / "dump"):
+            with pytest.raises(CapacityError, match="holds 6 rows with data, the put adds 3"):
+                s.kv_batch_put(["q0", "q1", "q2"], "q", fields={"x": torch.zeros(3, 3)})
+            s.kv_batch_put(["q0", "q1"], "q", fields={"x": torch.zeros(2, 3)})  # exactly the room left
         assert len(s.kv_list("p")["p"]) == 6
         with pytest.raises(CapacityError):
             s.kv_batch_put(["q3"], "q", fields={"x": torch.zeros(1, 3)})

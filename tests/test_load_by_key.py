@@ -22,7 +22,7 @@ from tqstore._format import dump_records as D
 from tqstore.dump import verify_dump
 
 from checkpoint_helpers import canon, fill, state
-from restore_helpers import flip_byte, shard_paths, truncate, write_dump
+from restore_helpers import flip_byte, load_held_in_import, shard_paths, truncate, write_dump
 
 
 def rows_of(store, pid, keys):
@@ -550,49 +550,36 @@ def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp
         dst.put({"input_ids": torch.zeros(3, 16, dtype=torch.int64)}, partition_id="a")
         both = BatchMeta.concat([dst.get_meta(["input_ids"], 3, "a", task_name="c", mode="force_fetch"),
                                  dst.get_meta(["input_ids"], 1, "train", task_name="c", mode="force_fetch")])
-        release, importing = threading.Event(), threading.Event()
-        unit = dst.units[0]
-        real = unit.import_restore
+        with load_held_in_import(dst, dump) as (release, loader):
+            out, errors = {}, []
 
-        def slow_import(*a, **kw):
-            importing.set()
-            assert release.wait(30)
-            return real(*a, **kw)
+            def run(name, call):
+                def body():
+                    try:
+                        out[name] = call()
+                    except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+                        errors.append((name, e))
+                t = threading.Thread(target=body)
+                t.start()
+                return t
 
-        unit.import_restore = slow_import
-        loader = threading.Thread(target=dst.load_data_by_key, args=(dump,))
-        loader.start()
-        assert importing.wait(30)
-        out, errors = {}, []
-
-        def run(name, call):
-            def body():
-                try:
-                    out[name] = call()
-                except BaseException as e:  # noqa: BLE001 - reported by the assertion below
-                    errors.append((name, e))
-            t = threading.Thread(target=body)
-            t.start()
-            return t
-
-        callers = [run("save", lambda: dst.save_checkpoint(tmp_path / "ck")),
-                   run("dump", lambda: dst.dump_data_by_key(tmp_path / "again", picked, "train")),
-                   run("clear", lambda: dst.kv_clear(["b0"], "train")),
-                   run("put", lambda: dst.kv_batch_put([picked[0]], "train", tags=[{"after": "load"}])),
-                   run("generation", lambda: CheckpointManager(tmp_path / "gens", store=dst).save(1)),
-                   run("clear_samples", lambda: dst.clear_samples(both))]  # of "a" and "train"
-        assert dst.kv_batch_get(["b1"], "train")  # a read of a bystander does not wait
-        for t in callers:
-            t.join(0.3)
-        assert all(t.is_alive() for t in callers) and not out and not errors, (out, errors)  # waiting, not refused
-        assert len(dst.controller.first_rows("a")) == 3  # a clear of two partitions removes nothing before it waits
-        release.set()
-        loader.join(30)
-        for t in callers:
-            t.join(30)
-        assert not errors and set(out) == {"save", "dump", "clear", "put", "generation", "clear_samples"}
-        assert len(dst.controller.first_rows("a")) == 0
-        del unit.import_restore
+            callers = [run("save", lambda: dst.save_checkpoint(tmp_path / "ck")),
+                       run("dump", lambda: dst.dump_data_by_key(tmp_path / "again", picked, "train")),
+                       run("clear", lambda: dst.kv_clear(["b0"], "train")),
+                       run("put", lambda: dst.kv_batch_put([picked[0]], "train", tags=[{"after": "load"}])),
+                       run("generation", lambda: CheckpointManager(tmp_path / "gens", store=dst).save(1)),
+                       run("clear_samples", lambda: dst.clear_samples(both))]  # of "a" and "train"
+            assert dst.kv_batch_get(["b1"], "train")  # a read of a bystander does not wait
+            for t in callers:
+                t.join(0.3)
+            assert all(t.is_alive() for t in callers) and not out and not errors, (out, errors)  # waiting, not refused
+            assert len(dst.controller.first_rows("a")) == 3  # a clear of two partitions removes nothing before it waits
+            release.set()
+            loader.join(30)
+            for t in callers:
+                t.join(30)
+            assert not errors and set(out) == {"save", "dump", "clear", "put", "generation", "clear_samples"}
+            assert len(dst.controller.first_rows("a")) == 0
         assert out["dump"]["keys"] == len(picked)  # the restored keys existed when it ran: after the load
         with tqstore.open(tmp_path / "from_ck") as ck:  # the save ran after the load: it holds the restored keys
             ck.load_checkpoint(tmp_path / "ck")
@@ -615,20 +602,8 @@ def test_a_call_meeting_a_restore_whose_load_ended_meanwhile_runs_again(source, 
 
     src, keys = source
     dump = write_dump(src, tmp_path / "dump", keys[:3], "train")
-    with tqstore.open(tmp_path / "dst", num_units=2, result_type="dict") as dst:
-        release, importing = threading.Event(), threading.Event()
-        unit = dst.units[0]
-        real = unit.import_restore
-
-        def slow_import(*a, **kw):
-            importing.set()
-            assert release.wait(30)
-            return real(*a, **kw)
-
-        unit.import_restore = slow_import
-        loader = threading.Thread(target=dst.load_data_by_key, args=(dump,))
-        loader.start()
-        assert importing.wait(30)
+    with tqstore.open(tmp_path / "dst", num_units=2, result_type="dict") as dst, \
+            load_held_in_import(dst, dump) as (release, loader):
         real_holds = running_loads._holds_store_locks
 
         def late_look(store):  # the caller is slow to look: the load ends first
@@ -641,4 +616,3 @@ def test_a_call_meeting_a_restore_whose_load_ended_meanwhile_runs_again(source, 
         dst.kv_batch_put([keys[0]], "train", tags=[{"after": "load"}])
         assert not loader.is_alive() and dst.controller.restores() == []
         assert dst.kv_list("train")["train"][keys[0]]["after"] == "load"
-        del unit.import_restore
