@@ -156,3 +156,58 @@ def test_a_load_that_adds_no_rows_with_data_passes_a_unit_already_past_its_share
         s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 3)})  # an overwrite adds no row
         assert s.load_data_by_key(tmp_path / "dump")["keys"] == 2
         assert s.kv_batch_get(["a"], "p")["x"].tolist() == [[1.0, 1.0, 1.0]]
+
+
+def _dump_of_four(tmp_path):
+    with tq.open(tmp_path / "src", num_units=1) as src:
+        src.kv_batch_put([f"k{i}" for i in range(4)], "p", fields={"x": torch.ones(4, 3)})
+        src.dump_data_by_key(tmp_path / "dump", [f"k{i}" for i in range(4)], "p")
+    return tmp_path / "dump"
+
+
+def test_completing_a_pending_load_checks_the_room_again(tmp_path, monkeypatch):
+    """A load left pending (its error could not be undone) holds no room: puts may take it.
+    recover_data_load then refuses to complete it past total_storage_size (CapacityError,
+    nothing written, still pending) until rows are cleared; it completes within the limit."""
+    from tqstore.dump import restore as R
+
+    dump = _dump_of_four(tmp_path)
+    with tq.open(tmp_path / "s", num_units=1, total_storage_size=6) as s:
+        def no_disk(*a, **kw):
+            raise OSError("disk gone (injected)")
+
+        def no_cancel(store, info):
+            raise RuntimeError("cancel failed (injected)")
+        monkeypatch.setattr(s.units[0], "import_restore", no_disk)
+        monkeypatch.setattr(R, "_cancel", no_cancel)
+        with pytest.raises(OSError, match="disk gone"):
+            s.load_data_by_key(dump)
+        monkeypatch.undo()
+        assert [r.state for r in s.controller.restores()] == ["running"]
+        s.kv_batch_put([f"q{i}" for i in range(4)], "q", fields={"x": torch.zeros(4, 3)})  # the room is free
+        with pytest.raises(CapacityError, match="stays pending") as e:
+            s.recover_data_load(dump)
+        assert e.value.setting == "total_storage_size"
+        assert [r.state for r in s.controller.restores()] == ["running"] and "p" not in s.kv_list()
+        s.kv_clear(["q0", "q1", "q2"], "q")
+        assert s.recover_data_load(dump) is True
+        assert len(s.kv_list("p")["p"]) == 4 and s.controller.restores() == []
+        with pytest.raises(CapacityError):
+            s.kv_batch_put(["q9", "q8"], "q", fields={"x": torch.zeros(2, 3)})
+
+
+def test_a_failure_right_after_the_begin_undoes_the_load_and_lets_calls_go_on(tmp_path, monkeypatch):
+    """An error between the controller's begin and the units' import (here counting the rows
+    to hold in reserve) is undone as any later failure: the restore cancelled, its marker
+    gone, and no call waits for a load that is no longer running."""
+    dump = _dump_of_four(tmp_path)
+    with tq.open(tmp_path / "s", num_units=1, total_storage_size=6) as s:
+        def fails(*a, **kw):
+            raise MemoryError("injected")
+        monkeypatch.setattr(s._capacity, "restore_growth", fails)
+        with pytest.raises(MemoryError, match="injected"):
+            s.load_data_by_key(dump)
+        monkeypatch.undo()
+        assert s.controller.restores() == [] and not (tmp_path / "dump.restore").exists()
+        s.kv_batch_put(["k0"], "p", fields={"x": torch.zeros(1, 3)})  # no restore left to wait for
+        assert s.load_data_by_key(dump)["keys"] == 4

@@ -13,7 +13,9 @@ A put that would take any unit past its share raises :class:`~tqstore.errors.Cap
 (``setting="total_storage_size"``) before anything is written; so does a load by key
 (:meth:`room` is what its ``begin_restore`` checks against), and the rows with data a
 running load will add are held in reserve (:meth:`reserving`) until it commits, so that
-puts and other loads meanwhile cannot take their room.  The per-unit counts are
+puts and other loads meanwhile cannot take their room.  A restore left pending (by an error
+its load could not undo, or a crash) holds none: ``recover_data_load`` checks the room
+again before completing it.  The per-unit counts are
 values from the controller port (``claims``, counted once per controller and again after a
 partition is dropped) kept up to date by the store's puts and clears, all under the
 store's write lock.

@@ -149,6 +149,8 @@ class DumpMixin:
             CorruptionError, FormatVersionError, CheckpointNotFoundError: completing needs the
                 dump and it does not check, or a unit lost frames it had imported (say, to a
                 power loss in the default durability); the restore stays pending: cancel it.
+            CapacityError: completing it would take a unit past ``total_storage_size`` (a
+                pending restore holds no room; nothing is written, it stays pending).
             InvalidInputError: ``dump_dir`` is not a path, or ``cancel`` is not a bool.
         """
         from . import restore

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from ..errors import CheckpointNotFoundError, CorruptionError, TqstoreError
+from ..errors import CapacityError, CheckpointNotFoundError, CorruptionError, TqstoreError
 from . import publish as P
 from .. import running_loads
 from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
@@ -129,9 +129,30 @@ def _settle(store, info: RestoreInfo, *, committed: bool) -> None:
     """Settle a decided restore on every unit, then forget it (the reserved gidxs of a
     cancelled one are freed only now)."""
     if committed:
-        _rows_changed(store)
+        _rows_changed(store, info.rid)
     _each_unit(store, lambda u: u.settle_restore(info.tag, committed=committed))
     store.controller.forget_restore(info.rid)
+
+
+def _reserve_room(store, info: RestoreInfo, dump: Dump, reserved: contextlib.ExitStack) -> None:
+    """Completing a pending restore (it held no room while pending: puts may have taken it):
+    CapacityError when its rows with data no longer fit ``total_storage_size`` (nothing is
+    written; it stays pending: clear rows, or cancel it); else they are held in reserve in
+    ``reserved`` until it commits.  Under the store's write lock."""
+    capacity = getattr(store, "_capacity", None)
+    if not capacity:
+        return
+    grow = capacity.restore_growth(store.controller, info.pid, info.gidxs, dump.rows.fields)
+    room = capacity.room(store.controller)
+    short = [u for u, n in sorted(grow.items()) if n > room[u]]
+    if short:
+        u = short[0]
+        raise CapacityError(
+            f"Storage capacity exceeded: completing restore {info.rid} from dump {info.dump!r} gives unit {u} "
+            f"{grow[u]} more rows with data, its share under total_storage_size has room for {max(0, room[u])}; "
+            f"nothing was written and it stays pending (clear rows, or cancel it with "
+            f"recover_data_load({info.dump!r}, cancel=True))", setting="total_storage_size")
+    reserved.enter_context(capacity.reserving(info.rid, grow))
 
 
 def _cancel(store, info: RestoreInfo) -> None:
@@ -252,6 +273,7 @@ def load(store, dump_dir) -> Dict[str, Any]:
             raise
         marks = [t0, time.perf_counter()]
         running = contextlib.ExitStack()  # (this thread runs the restore: calls it blocks wait for its end)
+        info: Optional[RestoreInfo] = None
         try:
             with store._write_lock, running_loads.of(store).beginning():
                 store._check_open()
@@ -266,7 +288,11 @@ def load(store, dump_dir) -> Dict[str, Any]:
                 if capacity:  # its rows with data are held in reserve until it commits or ends
                     running.enter_context(capacity.reserving(
                         info.rid, capacity.restore_growth(store.controller, info.pid, info.gidxs, dump.rows.fields)))
-        except BaseException:
+        except BaseException as err:
+            if info is not None:  # begun: undone as a later failure would be (then it is no longer running)
+                with running:
+                    _abandon(store, info, d, err)
+                raise
             if not any(r.dump == str(d) for r in store.controller.restores()):
                 _unmark(d, store)
             raise
@@ -304,12 +330,15 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
         with running_loads.of(store).running(info.rid):  # (calls it blocks wait while this thread settles it)
             if info.state == "committed" or (info.state == "running" and not cancel):
                 if info.state == "running":
-                    with store._write_lock:
-                        store._settle_undo()  # (as a load does before it begins)
-                    full = store.controller.restore(info.rid)
-                    plans = _plans(store, full, read_dump(d))
-                    _run_units(store, full, plans, [u for u, s in enumerate(full.units) if s != "complete"])
-                    _commit(store, full, plans, d)
+                    dump = read_dump(d)
+                    with contextlib.ExitStack() as reserved:
+                        with store._write_lock:
+                            store._settle_undo()  # (as a load does before it begins)
+                            full = store.controller.restore(info.rid)
+                            _reserve_room(store, full, dump, reserved)
+                        plans = _plans(store, full, dump)
+                        _run_units(store, full, plans, [u for u, s in enumerate(full.units) if s != "complete"])
+                        _commit(store, full, plans, d)
                 else:
                     if cancel:
                         log.warning("restore %s from %s was committed before the crash: completing it instead of "
