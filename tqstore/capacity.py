@@ -29,7 +29,7 @@ from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .errors import CapacityError, ConfigError
-from .ports import ControllerPort
+from .ports import ControllerPort, rows_gaining_data
 
 log = logging.getLogger("tqstore")
 
@@ -98,12 +98,8 @@ class RowCapacity:
         """Per unit, the rows with data a restore adds to ``pid`` once committed: its rows
         ``gidxs`` with produced ``fields`` that are not rows of ``pid`` yet, or rows without data."""
         with_data = [int(g) for g, fs in zip(gidxs, fields) if fs]
-        rows = controller.row_batch(pid, with_data) if with_data else None
-        grow: Counter = Counter()
-        for i, g in enumerate(with_data):
-            if rows is None or rows.seqs[i] is None or not rows.fields[i]:
-                grow[g % self.num_units] += 1
-        return dict(grow)
+        return rows_gaining_data(with_data, controller.row_batch(pid, with_data) if with_data else None,
+                                 self.num_units)
 
     @contextlib.contextmanager
     def reserving(self, rid: str, grow: Mapping[int, int]) -> Iterator[None]:

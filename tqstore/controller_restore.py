@@ -41,7 +41,7 @@ from ._io.lmdbenv import lmdb_commit_point, wrap_errors
 from .controller_mirror import Partition, row_batch
 from .controller_put import new_field_bits
 from .errors import CapacityError, CorruptionError, InvalidInputError, SchemaError
-from .ports import RestoreInfo
+from .ports import RestoreInfo, rows_gaining_data
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller
@@ -101,15 +101,11 @@ def _check_room(p: Optional[Partition], recs: Sequence[R.RestoreRow], num_units:
     """Raise CapacityError when the restore gives a unit more rows with data than ``room[u]``
     (rows of a new key with produced fields, and existing rows without data that get some;
     unit ``gidx % num_units``), before anything is written."""
-    grow = [0] * num_units
-    empty_before = [r.gidx for r in recs if r.fields and not r.new]
-    if empty_before and p is not None:
-        had = row_batch(p, empty_before).fields
-        empty_before = [g for g, fs in zip(empty_before, had) if not fs]
-    for g in [r.gidx for r in recs if r.fields and r.new] + empty_before:
-        grow[g % num_units] += 1
-    for u, (n, free) in enumerate(zip(grow, room)):
-        if n and n > free:  # (a unit the load adds nothing to may be over its share already)
+    with_data = [r.gidx for r in recs if r.fields]  # (a new key's reserved gidx is no row yet)
+    grow = rows_gaining_data(with_data, row_batch(p, with_data) if p is not None else None, num_units)
+    for u, n in sorted(grow.items()):  # (a unit the load adds nothing to may be over its share already)
+        free = room[u]
+        if n > free:
             raise CapacityError(
                 f"Storage capacity exceeded: the load gives unit {u} {n} more rows with data, its share under "
                 f"total_storage_size has room for {max(0, free)}; nothing was written (clear rows or raise "

@@ -93,6 +93,18 @@ class RowBatch:
         return RowInfo(self.gidxs[i], self.keys[i], self.tags[i], self.fields[i], self.seqs[i])
 
 
+def rows_gaining_data(gidxs: Sequence[int], rows: Optional[RowBatch], num_units: int) -> Dict[int, int]:
+    """Per unit (``gidx % num_units``), how many of ``gidxs`` hold no data yet: not rows (as
+    ``rows``, the partition's answer for them, says; None: no such partition) or rows without
+    produced fields.  What giving each of them data adds against ``total_storage_size``."""
+    grow: Dict[int, int] = {}
+    for i, g in enumerate(gidxs):
+        if rows is None or rows.seqs[i] is None or not rows.fields[i]:
+            u = int(g) % num_units
+            grow[u] = grow.get(u, 0) + 1
+    return grow
+
+
 # ---------------------------------------------------------------------------- ports
 @runtime_checkable
 class UnitPort(Protocol):
@@ -478,4 +490,4 @@ def fill_or_copy(result: Any, into: Optional[np.ndarray], rows: Optional[np.ndar
 
 __all__ = ["SnapshotId", "RowInfo", "PartitionInfo", "RowBatch", "LINK", "REUSE", "COPY", "Reusable", "SegmentSource",
            "SegmentWrite", "plan_segment_writes", "UnitExport", "ShardInfo", "ControllerExport", "UnitImport", "UnitPort",
-           "ControllerPort", "fill_or_copy", "RestoreInfo", "RestoreImport", "check_no_restore"]
+           "ControllerPort", "fill_or_copy", "RestoreInfo", "RestoreImport", "check_no_restore", "rows_gaining_data"]
