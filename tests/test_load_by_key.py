@@ -9,6 +9,7 @@ partition's clears, puts of its keys, dumps and full checkpoints raise RestorePe
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -533,10 +534,12 @@ def test_every_field_name_and_tag_a_put_takes_comes_back_through_a_load(tmp_path
         assert t.kv_list("p")["p"]["a"] == tag
 
 
-def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp_path):
+def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp_path, caplog):
     """While one thread's load runs, another thread's calls that its restore blocks (a save, a
     dump of the partition, a clear in it, a put of a restored key) wait for the load to end
-    and then run, instead of raising RestorePendingError; reads do not wait."""
+    and then run, instead of raising RestorePendingError (each wait logged, naming the
+    restore); reads do not wait."""
+    import logging
     import threading
     from tqstore import CheckpointManager, verify_checkpoint
     from tqstore.meta import BatchMeta
@@ -545,6 +548,7 @@ def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp
     picked = keys[:6]
     dump = write_dump(src, tmp_path / "dump", picked, "train")
     want = rows_of(src, "train", picked)
+    caplog.set_level(logging.INFO, logger="tqstore")
     with tqstore.open(tmp_path / "dst", num_units=2, result_type="dict") as dst:
         fill(dst, "train", 2, prefix="b", seed=4)  # bystanders b0, b1
         dst.put({"input_ids": torch.zeros(3, 16, dtype=torch.int64)}, partition_id="a")
@@ -574,6 +578,14 @@ def test_calls_a_running_load_blocks_wait_for_it_in_the_same_process(source, tmp
                 t.join(0.3)
             assert all(t.is_alive() for t in callers) and not out and not errors, (out, errors)  # waiting, not refused
             assert len(dst.controller.first_rows("a")) == 3  # a clear of two partitions removes nothing before it waits
+            rid = dst.controller.restores()[0].rid
+
+            def waits():
+                return [r.getMessage() for r in caplog.records if "waits for the load by key" in r.getMessage()]
+            deadline = time.monotonic() + 20  # (a slow machine's callers may still be on their way)
+            while len(waits()) < len(callers) and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert len(waits()) == len(callers) and all(rid in m for m in waits()), waits()
             release.set()
             loader.join(30)
             for t in callers:
