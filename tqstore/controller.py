@@ -47,7 +47,7 @@ from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controll
 )
 from .controller_mirror import (
     GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, key_list, list_keys,
-    partition_info, production_status, row_batch, row_info, rows_of_slots,
+    partition_info, partition_order, production_status, row_batch, row_info, rows_of_slots,
 )
 from . import controller_persist, controller_put, controller_sampler_store as sampler_store
 from .controller_restore import RestoreHost, install_restore_calls
@@ -202,8 +202,8 @@ class Controller(SnapshotCalls, ConsumptionCalls):
     # ------------------------------------------------------------------ port: queries (values)
     @_locked
     def partitions(self) -> List[str]:
-        """Partition ids, sorted."""
-        return sorted(self.parts)
+        """Partition ids, oldest first (creation order, also after a reopen)."""
+        return partition_order(self.parts)
 
     @_locked
     def partition_info(self, pid: str) -> PartitionInfo:

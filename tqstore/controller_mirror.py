@@ -426,11 +426,18 @@ def row_batch(p: Partition, gidxs: Sequence[Optional[int]]) -> RowBatch:
                     [q if s >= 0 else None for q, s in zip(seqs, sll)])
 
 
+def partition_order(parts: Dict[str, Partition]) -> List[str]:
+    """The partition ids, oldest first: by partition number, which a new partition takes one
+    past the largest in use (docs/FORMAT.md, ``parts``), so this is their creation order
+    (TransferQueue's order), also after a reopen."""
+    return sorted(parts, key=lambda q: parts[q].num)
+
+
 def list_keys(parts: Dict[str, Partition], pid: Optional[str]) -> Dict[str, Dict[str, Any]]:
-    """``{partition: {key: tag}}`` of one partition (nothing when unknown) or all, keys in
-    insertion order."""
+    """``{partition: {key: tag}}`` of one partition (nothing when unknown) or all (oldest
+    partition first), keys in insertion order."""
     out: Dict[str, Dict[str, Any]] = {}
-    for q in (sorted(parts) if pid is None else [pid]):
+    for q in (partition_order(parts) if pid is None else [pid]):
         p = parts.get(q)
         if p is None:
             continue
@@ -498,4 +505,4 @@ def check_mirror(parts: Dict[str, Partition], gmap: GidxMap, consumed) -> None:
 
 
 __all__ = ["Row", "GidxMap", "Partition", "RowsView", "PutPlan", "copy_value", "row_info", "partition_info",
-           "row_batch", "rows_of_slots", "list_keys", "key_list", "production_status", "consumption_status", "check_mirror"]
+           "row_batch", "rows_of_slots", "partition_order", "list_keys", "key_list", "production_status", "consumption_status", "check_mirror"]

@@ -357,7 +357,8 @@ class DataPlane:
     def kv_list(self, partition_id: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
         """``{partition: {key: tag}}`` for one partition (empty dict if unknown) or all.
 
-        Keys are in insertion order; a key without a tag maps to ``{}``.  One dict is built per
+        Partitions oldest first (creation order), keys in insertion order; a key without a tag
+        maps to ``{}``.  One dict is built per
         partition, from the controller's key column (no per-key work but the entry and its ``{}``).
         """
         self.check_open()

@@ -294,7 +294,8 @@ class ControllerPort(Protocol):
     # Each costs O(what is asked) unless it says otherwise; an unknown partition is an
     # error only where the method says so (else None / empty).
     def partitions(self) -> List[str]:
-        """Partition ids, sorted."""
+        """Partition ids, oldest first (the order they were created in; a partition cleared and
+        made again is new)."""
 
     def partition_info(self, pid: str) -> PartitionInfo:
         """Schema and row count; raises PartitionNotFoundError."""
@@ -332,7 +333,8 @@ class ControllerPort(Protocol):
         schema; None for an unknown partition.  O(limit)."""
 
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
-        """``{partition: {key: tag}}`` in insertion order (tags as stored, None for none).  O(partition)."""
+        """``{partition: {key: tag}}`` (partitions oldest first, keys in insertion order; tags as
+        stored, None for none).  O(partition)."""
 
     def key_list(self, pid: str) -> Optional[Tuple[List[Optional[str]], Dict[str, Any]]]:
         """``(keys, tags)``: the keys of ``pid`` in insertion order (a list copied whole, so

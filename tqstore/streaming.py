@@ -484,7 +484,8 @@ class Streaming:
         return done
 
     def get_partition_list(self) -> List[str]:
-        """Partition ids, sorted."""
+        """Partition ids, oldest first (the order they were created in, as TransferQueue lists
+        them; a partition cleared and made again is the newest)."""
         self._dp.check_open()
         with self._dp.lock:
             return self._dp.controller.partitions()

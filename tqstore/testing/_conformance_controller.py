@@ -82,6 +82,18 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         assert isinstance(info, PartitionInfo) and info.rows == 2 and set(info.schema) == {"x"}
         assert [r.fields for r in c.row_infos("p", list(plan.gidxs))] == [frozenset({"x"})] * 2
 
+    def test_partitions_are_listed_oldest_first_also_after_a_reopen(self, tmp_path):
+        # (TransferQueue's order: get_partition_list()[-1] is the newest partition)
+        c = self.controller(tmp_path)
+        for pid in ["step_9", "step_10", "a", "step_2"]:
+            self.put(c, pid, keys=["k"])
+        c.drop_partition("a")
+        self.put(c, "a", keys=["k"])  # made again: the newest
+        want = ["step_9", "step_10", "step_2", "a"]
+        assert c.partitions() == want and list(c.list_keys()) == want
+        c = self.reopen(c)
+        assert c.partitions() == want and list(c.list_keys()) == want
+
     def test_global_indexes_are_unique_across_partitions(self, tmp_path):
         c = self.controller(tmp_path)
         got = self.put(c, "p", n=3) + self.put(c, "q", keys=["a", "b"]) + self.put(c, "p", keys=["c"])
