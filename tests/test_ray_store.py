@@ -89,6 +89,26 @@ def test_a_store_over_ray_actors_is_the_embedded_store_and_each_part_runs_in_its
         assert _picture(s) == want
 
 
+def test_every_dtype_and_jagged_rows_reach_the_unit_actors_bit_identical(tmp_path):
+    """Each unit actor gets its share of a put (uint16 and float8 tensors among them, which
+    torch itself does not unpickle: the share travels as its rows' bytes alone)."""
+    from tqstore.torch_adapter import TORCH_TO_CODE
+
+    with _ray_store(tmp_path / "r", num_units=3) as s:
+        keys = [f"k{i}" for i in range(6)]
+        for dtype in sorted(TORCH_TO_CODE, key=str):
+            t = torch.arange(6 * 4, dtype=torch.uint8).reshape(6, 4)
+            t = t.view(dtype) if torch.empty((), dtype=dtype).element_size() == 1 else t.to(torch.int64).to(dtype)
+            s.kv_batch_put(keys, "p", {f"x_{str(dtype).rpartition('.')[2]}": t})
+            got = s.kv_batch_get(keys, "p", select_fields=[f"x_{str(dtype).rpartition('.')[2]}"])
+            out = next(iter(got.values()))
+            assert out.dtype == dtype and torch.equal(out.view(torch.uint8), t.view(torch.uint8)), dtype
+        rows = [torch.arange(i + 1).to(torch.uint16) for i in range(6)]
+        s.kv_batch_put(keys, "p", {"jagged": rows})
+        back = s.kv_batch_get(keys, "p", select_fields=["jagged"])["jagged"]
+        assert [r.tolist() for r in back.unbind()] == [r.tolist() for r in rows]
+
+
 @pytest.mark.parametrize("load_units", [3, 2])
 def test_checkpoints_are_one_format_on_both_backends(tmp_path, load_units):
     with _ray_store(tmp_path / "r", num_units=3) as s:

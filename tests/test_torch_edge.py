@@ -163,7 +163,8 @@ def test_values_cross_a_process_boundary_as_numpy_bytes_and_come_back_equal():
     dense = [torch.randn(4, 3, generator=g), torch.randn(5, generator=g).to(torch.bfloat16),
              torch.tensor([True, False]), torch.arange(6, dtype=torch.int8).reshape(2, 3),
              torch.zeros(0, 4), torch.randn(3, 4, generator=g).t(),  # empty, and not contiguous
-             torch.ones(2, requires_grad=True), torch.tensor(7)]
+             torch.ones(2, requires_grad=True), torch.tensor(7),
+             torch.tensor([[1 + 2j, 3 - 4j]]).conj(), torch._neg_view(torch.tensor([[1.0, -2.0]]))]  # lazy views
     njt = torch.nested.nested_tensor([torch.arange(2.0), torch.arange(5.0)], layout=torch.jagged)
     td = to_tensordict({"x": torch.ones(2, 2), "t": ["a", "b"], "j": njt}, 2)
     arr = np.arange(3)
@@ -176,8 +177,8 @@ def test_values_cross_a_process_boundary_as_numpy_bytes_and_come_back_equal():
     assert isinstance(wired[1][0], WireTensorDict) and wired[1][1] is arr
     back = edge.from_wire(pickle.loads(blob))
     for a, b in zip(dense, back[0]["dense"]):
-        assert b.dtype == a.dtype and b.shape == a.shape and torch.equal(b, a.detach())
-        assert not b.requires_grad
+        assert b.dtype == a.dtype and b.shape == a.shape and torch.equal(b, a.detach().resolve_conj().resolve_neg())
+        assert not b.requires_grad and not b.is_conj() and not b.is_neg()
     assert [r.tolist() for r in back[0]["njt"].unbind()] == [[0.0, 1.0], [0.0, 1.0, 2.0, 3.0, 4.0]]
     out = back[1][0]
     assert isinstance(out, TensorDict) and out.batch_size == torch.Size([2])

@@ -312,7 +312,7 @@ def _wire_tensor(t: torch.Tensor) -> Any:
         return t
     if t.layout != torch.strided or t.device.type != "cpu" or t.is_quantized:
         return t  # pickled by torch, as it is
-    flat = t.detach().contiguous().reshape(-1)
+    flat = t.detach().resolve_conj().resolve_neg().contiguous().reshape(-1)  # (a lazy view: its values)
     raw = flat.view(torch.uint8).numpy() if flat.numel() else np.empty(0, np.uint8)
     return WireTensor(raw, str(t.dtype).rpartition(".")[2], tuple(t.shape))
 

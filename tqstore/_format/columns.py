@@ -75,6 +75,15 @@ class Column:
     def nbytes(self) -> int:
         return sum(memoryview(p).nbytes for p in self.payloads)
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """Pickled without ``keepalive``: the payloads pickle as copies of their own bytes, so
+        a process that receives a column (a unit actor given its share of a put) needs nothing
+        else; the source batch would travel whole with every share, and some tensors (uint16,
+        float8) do not even unpickle."""
+        state = dict(self.__dict__)
+        state["keepalive"] = None
+        return state
+
     def take(self, idx: Sequence[int]) -> "Column":
         """The rows at positions ``idx`` (views, no copy)."""
         idx = list(idx)
