@@ -183,6 +183,34 @@ def test_attaching_with_other_settings_is_refused_and_a_detached_client_leaves_t
     assert set(tq.client.FORWARDED) <= STORE_CALLS  # every call the module API and clients forward
 
 
+def test_relative_paths_are_the_callers_not_the_ray_workers(tmp_path, monkeypatch, closed_after):
+    """A relative store, checkpoint or dump path names a directory under the caller's working
+    directory, as on the embedded backend (the host actor's directory is the Ray worker's), and
+    a client elsewhere that names the store by a relative path meaning another directory is refused."""
+    from tqstore.ray.remote_store import connect
+
+    (tmp_path / "job").mkdir()
+    monkeypatch.chdir(tmp_path / "job")
+    owner = tq.init({"backend": "ray", "path": "run/buffer", "num_units": 2, "result_type": "dict",
+                     "ray": {"name": "relative"}})
+    assert owner.root == tmp_path / "job" / "run" / "buffer" and (owner.root / "STORE.json").is_file()
+    tq.kv_batch_put(["a", "b"], "p", {"x": torch.ones(2, 3)})
+    tq.save_checkpoint("run/ck")
+    assert tq.verify_checkpoint(tmp_path / "job" / "run" / "ck").ok
+    tq.save_checkpoint(checkpoint_dir="run/ck2", blocking=False).result(timeout=120)
+    assert tq.verify_checkpoint("run/ck2").ok
+    assert tq.dump_data_by_key("run/d", ["a"], "p")["keys"] == 1
+    assert set(tq.read_row_index(tmp_path / "job" / "run" / "d")["rows"]) == {"a"}
+    tq.kv_clear(["a"], "p")
+    assert tq.load_data_by_key("run/d")["keys"] == 1 and not tq.recover_data_load("run/d")
+    tq.load_checkpoint("run/ck")
+    assert sorted(tq.kv_list("p")["p"]) == ["a", "b"]
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match="path"):  # tmp_path/run/buffer: not the store
+        connect("relative", path="run/buffer")
+    connect("relative", path="job/run/buffer").close()  # the same directory: attached
+
+
 @slow
 def test_checkpoints_through_the_ray_store_load_into_it_and_into_an_embedded_store(tmp_path, closed_after):
     tq.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2, "result_type": "dict",

@@ -89,6 +89,20 @@ def test_a_store_over_ray_actors_is_the_embedded_store_and_each_part_runs_in_its
         assert _picture(s) == want
 
 
+def test_a_relative_store_path_is_the_callers_for_every_part_actor(tmp_path, monkeypatch):
+    """The part actors run in the Ray worker's directory: a store opened by a relative path
+    still has all its parts under the caller's directory."""
+    (tmp_path / "job").mkdir()
+    monkeypatch.chdir(tmp_path / "job")
+    with _ray_store("run/s", num_units=2) as s:
+        s.kv_batch_put(["a", "b"], "p", {"x": torch.ones(2, 3)})
+        s.dump_data_by_key("run/d", ["a"], "p")
+        s.kv_clear(["a"], "p")
+        assert s.load_data_by_key("run/d")["keys"] == 1
+    with tqstore.open(tmp_path / "job" / "run" / "s", result_type="dict") as s:  # the same store, in process
+        assert s.kv_batch_get(["a", "b"], "p")["x"].tolist() == [[1.0] * 3] * 2 and s.verify() == []
+
+
 def test_every_dtype_and_jagged_rows_reach_the_unit_actors_bit_identical(tmp_path):
     """Each unit actor gets its share of a put (uint16 and float8 tensors among them, which
     torch itself does not unpickle: the share travels as its rows' bytes alone)."""

@@ -170,6 +170,25 @@ def test_row_i_lives_on_unit_i_mod_n(tmp_path, num_units):
         assert same(out["x"], x) and out["v"] == list(range(20))
 
 
+def test_a_relative_path_names_the_same_store_after_the_process_changes_directory(tmp_path, monkeypatch):
+    """A store opened by a relative path keeps writing into that directory after a chdir (new
+    segment files, checkpoints of it); its ``root`` is absolute."""
+    (tmp_path / "job").mkdir()
+    monkeypatch.chdir(tmp_path / "job")
+    x = torch.arange(64 * 4096, dtype=torch.uint8).reshape(64, 4096)
+    with tqstore.open("run/s", num_units=2, segment_bytes=65536) as s:
+        assert s.root == tmp_path / "job" / "run" / "s"
+        s.kv_batch_put([f"a{i}" for i in range(64)], "p", {"x": x})
+        monkeypatch.chdir(tmp_path)
+        s.kv_batch_put([f"b{i}" for i in range(64)], "p", {"x": x})  # into new segment files
+        s.save_checkpoint(tmp_path / "ck")
+        assert s.verify() == []
+    assert not (tmp_path / "run").exists()
+    with tqstore.open(tmp_path / "job" / "run" / "s") as s:
+        assert torch.equal(s.kv_batch_get([f"b{i}" for i in range(64)], "p")["x"], x)
+        assert s.verify() == []
+
+
 def test_num_units_of_existing_store_must_match(tmp_path):
     Store(tmp_path / "s", num_units=3).close()
     with pytest.raises(ConfigError, match="3 units"):

@@ -64,8 +64,9 @@ class Store(CheckpointMixin, DumpMixin):
     ``write`` / ``read`` / ``delete_rows`` / ``drop_partition``, and forwards to.
 
     Args:
-        path: store directory (created if missing). ``None``: a private temporary store,
-            removed on close.
+        path: store directory (created if missing; a relative one is taken in the working
+            directory of the open, and ``root`` is absolute). ``None``: a private temporary
+            store, removed on close.
         num_units: storage units of a new store (default 1); for an existing one it must
             match or be None.
         durability: ``"checkpoint"`` (default; acknowledged writes survive a process kill,
@@ -119,10 +120,11 @@ class Store(CheckpointMixin, DumpMixin):
         self._remote_parts = bool(getattr(self._parts, "remote", False))  # (reads call their units at once)
         self._closed = True
         self._temporary = path is None
-        try:
-            self.root = files.make_temp_dir("tqstore-") if path is None else Path(path)
+        try:  # (absolute: a later chdir, or a part in another process, must find the same files)
+            self.root = files.make_temp_dir("tqstore-") if path is None else Path(path).absolute()
         except OSError as e:
-            raise StorageIOError(f"cannot create a temporary store directory: {e}") from e
+            what = "create a temporary store directory" if path is None else f"place store {str(path)!r}"
+            raise StorageIOError(f"cannot {what}: {e}") from e
         if path is not None:
             check_store_location(self.root)  # never inside a store, checkpoint or generation root
         self.durability = durability

@@ -17,6 +17,7 @@ other process it only detaches.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 import warnings
@@ -125,6 +126,8 @@ class RemoteStore:
     def _call(self, name: str, args: Any, kwargs: Dict[str, Any]) -> Any:
         if self._closed:
             raise StoreClosedError(f"{self._part} is closed in this process")
+        if name in PATH_ARGS:
+            args, kwargs = _absolute_path_arg(PATH_ARGS[name], args, kwargs)
         wire = self._edge.to_wire
         out = self._ask(self._host.call.remote(name, wire(tuple(args)), wire(dict(kwargs))))
         return RemoteHandle(self, out) if isinstance(out, HandleRef) else self._edge.from_wire(out)
@@ -226,6 +229,32 @@ class RemoteStore:
         return f"<RemoteStore {self.name!r} {self.root} ({self.num_units} units, {role}, {state})>"
 
 
+#: the store calls that take a path, and its parameter's name (first positional): made absolute in
+#: the caller's directory before the call goes to the host, whose working directory is the Ray
+#: worker's (a relative path would name another directory than the caller's)
+PATH_ARGS = {"save_checkpoint": "checkpoint_dir", "load_checkpoint": "checkpoint_dir",
+             "dump_data_by_key": "dump_dir", "load_data_by_key": "dump_dir", "recover_data_load": "dump_dir"}
+
+
+def absolute_path(path: Any) -> Any:
+    """``path`` (a str or path-like) as an absolute path string in this process's working
+    directory (symbolic links kept); any other value as it is (the store raises its error)."""
+    if isinstance(path, (str, os.PathLike)) and not isinstance(path, bytes):
+        try:
+            return os.path.join(os.getcwd(), os.fspath(path)) if not os.path.isabs(path) else os.fspath(path)
+        except (TypeError, ValueError, OSError):
+            return path
+    return path
+
+
+def _absolute_path_arg(param: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+    if args:
+        return (absolute_path(args[0]),) + tuple(args[1:]), kwargs
+    if param in kwargs:
+        return args, dict(kwargs, **{param: absolute_path(kwargs[param])})
+    return args, kwargs
+
+
 def _part_name(name: str) -> str:
     """How errors name the store ``name`` (a :class:`~tqstore.errors.DistributedError`'s part)."""
     return f"Ray store {name!r}"
@@ -234,7 +263,7 @@ def _part_name(name: str) -> str:
 def _check_attach(name: str, info: HostInfo, path: Optional[str], options: Dict[str, Any], sampler: Any) -> None:
     """An attaching init's settings must be the store's: ConfigError naming each that differs."""
     diff = []
-    if path is not None and (info.root is None or Path(path).resolve() != Path(info.root).resolve()):
+    if path is not None and (info.root is None or Path(absolute_path(path)).resolve() != Path(info.root).resolve()):
         diff.append(f"path {str(path)!r} (the store's: {info.root!r})")
     for k, v in sorted(options.items()):
         have = info.num_units if k == "num_units" else info.options.get(k)
@@ -292,7 +321,7 @@ def connect(name: str = "default", path: Optional[str] = None, options: Optional
             host = find_store_host(name)
         else:
             try:
-                info = answer(host.open.remote(None if path is None else str(path), options, sampler,
+                info = answer(host.open.remote(None if path is None else absolute_path(path), options, sampler,
                                                None if nodes is None else list(nodes)), _part_name(name))
             except BaseException:
                 ray.kill(host)  # asynchronous: wait for the name to be free, as close() does, so that an
