@@ -192,8 +192,9 @@ def test_handle_result_times_out_while_the_save_runs(store, tmp_path):
     with Gate() as gate:
         h = store.save_checkpoint(tmp_path / "ckpt", blocking=False)
         assert gate.reached.wait(30), "the background write never started"
-        with pytest.raises(TimeoutError):
+        with pytest.raises(tqstore.WaitTimeoutError, match="still running") as e:
             h.result(timeout=0.05)
+        assert isinstance(e.value, TimeoutError)
         assert "running" in repr(h)
         gate.open_.set()
         assert h.result(timeout=60).rows == 2

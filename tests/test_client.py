@@ -301,12 +301,20 @@ def test_get_data_reads_only_the_selected_fields(client):
     assert list(client.get_data(meta.select_fields(["y"])).keys()) == ["y"]
 
 
-def test_get_data_of_stale_metadata_raises(client):
+def test_get_data_of_stale_metadata_raises_what_transfer_queue_users_catch(client):
+    """A meta whose rows (or partition) were cleared since: StorageKeyNotFoundError, the name
+    TransferQueue code catches to skip such a batch (a KeyNotFoundError too; for a cleared
+    partition also a PartitionNotFoundError)."""
     meta = client.put(_prompts(2), partition_id="p")
     client.clear_samples(meta[:1])
-    with pytest.raises(KeyNotFoundError):
+    with pytest.raises(tq.StorageKeyNotFoundError) as e:
         client.get_data(meta)
+    assert isinstance(e.value, KeyNotFoundError) and isinstance(e.value, KeyError)
     assert client.get_data(meta[1:])["prompt"].tolist() == [[1]]
+    client.clear_partition("p")
+    with pytest.raises(tq.StorageKeyNotFoundError) as e:
+        client.get_data(meta[1:])
+    assert isinstance(e.value, tq.PartitionNotFoundError)
 
 
 # ---------------------------------------------------------------------------------- clears and status

@@ -16,7 +16,7 @@ EXPECTED = {
     "TqstoreError", "ConfigError", "InvalidInputError", "SchemaError", "UnsupportedTypeError", "NotFoundError",
     "PartitionNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
     "StorageIOError", "CorruptionError", "FormatVersionError", "CheckpointError", "CheckpointNotFoundError",
-    "RestorePendingError", "DistributedError",
+    "RestorePendingError", "DistributedError", "StorageKeyNotFoundError", "StalePartitionError", "WaitTimeoutError",
     # KV
     "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear", "KVBatchMeta",
     # streaming

@@ -8,7 +8,7 @@ import torch
 
 import tqstore as tq
 from tqstore.config import translate
-from tqstore.errors import ConfigError
+from tqstore.errors import ConfigError, StoreClosedError
 
 
 def test_translate_maps_transfer_queue_config_and_logs_what_does_not_apply(caplog):
@@ -59,11 +59,24 @@ def test_init_accepts_an_omegaconf_dictconfig_with_a_sampler_instance():
         tq.close()
 
 
+def test_init_takes_transfer_queues_conf_keyword_but_not_both_names():
+    store = tq.init(conf={"num_units": 2})
+    try:
+        assert store.num_units == 2
+    finally:
+        tq.close()
+    with pytest.raises(ConfigError, match="both config and conf"):
+        tq.init({"num_units": 2}, conf={"num_units": 3})
+    with pytest.raises(StoreClosedError):  # nothing was opened
+        tq.current_store()
+
+
 def test_polling_mode_false_waits_then_raises_timeout_like_transfer_queue():
     tq.init({"controller": {"polling_mode": False}, "get_meta_timeout_s": 0.05})
     try:
-        with pytest.raises(TimeoutError, match="sufficient data"):
-            tq.get_meta(["x"], 2, "p", task_name="t")
+        for caught_as in (TimeoutError, RuntimeError, tq.TqstoreError):  # (TransferQueue's client: RuntimeError)
+            with pytest.raises(caught_as, match="sufficient data"):
+                tq.get_meta(["x"], 2, "p", task_name="t")
         assert tq.get_meta(["x"], 2, "p", task_name="t", timeout_s=0).size == 0  # explicit timeout: tqstore's rule
     finally:
         tq.close()
@@ -173,7 +186,7 @@ def test_set_custom_meta_on_rows_made_by_put_and_refuses_a_stale_meta():
         assert c.get_meta(["x"], None, "p", mode="force_fetch").custom_meta == [{"s": 0}, {"s": 1}, {"s": 2}]
         tq.clear_samples(meta)
         c.put({"x": torch.zeros(3, 1)}, partition_id="p")  # global indexes reused by new rows
-        with pytest.raises(tq.KeyNotFoundError, match="stale"):
+        with pytest.raises(tq.StorageKeyNotFoundError, match="stale"):
             c.set_custom_meta(meta)
     finally:
         tq.close()

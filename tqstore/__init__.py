@@ -31,7 +31,8 @@ from .checkpoint import CheckpointManager, verify_checkpoint
 from .errors import (
     CapacityError, CheckpointError, CheckpointNotFoundError, ConfigError, CorruptionError, FieldNotFoundError,
     FormatVersionError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionNotFoundError,
-    DistributedError, RestorePendingError, SchemaError, StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError,
+    DistributedError, RestorePendingError, SchemaError, StalePartitionError, StorageIOError, StorageKeyNotFoundError,
+    StoreClosedError, TqstoreError, UnsupportedTypeError, WaitTimeoutError,
 )
 from .meta import BatchMeta, KVBatchMeta
 from .policy import checkpoint_interval, expected_overhead, young_interval
@@ -70,7 +71,7 @@ __all__ = [
     "TqstoreError", "ConfigError", "InvalidInputError", "SchemaError", "UnsupportedTypeError", "NotFoundError",
     "PartitionNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
     "StorageIOError", "CorruptionError", "FormatVersionError", "CheckpointError", "CheckpointNotFoundError",
-    "RestorePendingError", "DistributedError",
+    "RestorePendingError", "DistributedError", "StorageKeyNotFoundError", "StalePartitionError", "WaitTimeoutError",
     # data plane (issue 3)
     "get_client", "TransferQueueClient", "BatchMeta", "KVBatchMeta",
     "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear",

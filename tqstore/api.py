@@ -24,8 +24,9 @@ if TYPE_CHECKING:  # pragma: no cover
 _init_lock = threading.Lock()
 
 
-def init(config: Any = None) -> Union[Store, "RemoteStore"]:
-    """Open (or create) the default store from ``config`` and return it.
+def init(config: Any = None, *, conf: Any = None) -> Union[Store, "RemoteStore"]:
+    """Open (or create) the default store from ``config`` (or ``conf=``, TransferQueue's name
+    for it; giving both is a ``ConfigError``) and return it.
 
     Keys: ``path`` (store directory; without one, a private temporary store removed on
     close), ``num_units``, ``durability``, ``segment_bytes``, ``compress``, ``verify_reads``,
@@ -51,6 +52,10 @@ def init(config: Any = None) -> Union[Store, "RemoteStore"]:
     ``{"backend": "embedded"}`` for such a private store.
     Calling ``init`` again while a store is open raises ``ConfigError``; call ``close()`` first.
     """
+    if conf is not None:
+        if config is not None:
+            raise ConfigError("init() got both config and conf (TransferQueue's name for it): pass one")
+        config = conf
     cfg, sampler_spec, settings = _config.translate(config)
     sampler = make_sampler(sampler_spec)  # ConfigError before anything is opened
     with _init_lock:

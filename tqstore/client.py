@@ -18,7 +18,7 @@ import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _default, _executor, fetch_wait, metrics as _metrics
-from .errors import InvalidInputError, KeyNotFoundError, PartitionNotFoundError, StoreClosedError
+from .errors import InvalidInputError, PartitionNotFoundError, StorageKeyNotFoundError, StoreClosedError
 from .kv import DataPlane
 from .meta import BatchMeta
 from .streaming import check_tags
@@ -153,8 +153,8 @@ class _ClientBase:
             stale = [metadata.global_indexes[i] for i in pos if metadata.global_indexes[i] not in live
                      or metadata._seqs[i] not in (None, live[metadata.global_indexes[i]])]
             if stale:
-                raise KeyNotFoundError(f"set_custom_meta: rows {stale[:5]} of partition {pid!r} were cleared "
-                                       f"(the BatchMeta is stale)")
+                raise StorageKeyNotFoundError(f"set_custom_meta: rows {stale[:5]} of partition {pid!r} were "
+                                              f"cleared (the BatchMeta is stale)")
             tags = check_tags([metadata.custom_meta[i] for i in pos])  # (as a put checks them)
             plans.append((pid, [metadata.global_indexes[i] for i in pos], tags))
         for pid, gidxs, tags in plans:  # Store.write with no fields: a tag-only controller transaction
@@ -245,7 +245,8 @@ class TransferQueueClient(_ClientBase):
     def set_custom_meta(self, metadata: BatchMeta) -> None:
         """Store ``metadata.custom_meta`` as the rows' tags (replacing them; no field is written).
 
-        Raises KeyNotFoundError when the meta is stale (its rows were cleared).
+        Raises StorageKeyNotFoundError (a KeyNotFoundError) when the meta is stale (its rows
+        were cleared).
         """
         return self._call("set_custom_meta", metadata)
 

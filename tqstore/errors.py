@@ -52,6 +52,23 @@ class FieldNotFoundError(NotFoundError):
     """A requested field was never produced for a row."""
 
 
+class StorageKeyNotFoundError(KeyNotFoundError):
+    """Rows a ``BatchMeta`` names no longer exist: cleared since the meta was made (TransferQueue's
+    name for this race, whose callers catch it to skip such a batch); get fresh metadata."""
+
+
+class StalePartitionError(PartitionNotFoundError, StorageKeyNotFoundError):
+    """The partition a ``BatchMeta`` names no longer exists (cleared since the meta was made):
+    a :class:`PartitionNotFoundError` and, as in TransferQueue, a :class:`StorageKeyNotFoundError`."""
+
+
+class WaitTimeoutError(TqstoreError, TimeoutError, RuntimeError):
+    """A wait ran out of time: a fetch that waits for producers found too few rows (nothing
+    was taken), or a save's or dump's handle was asked for its result before it finished (it
+    goes on).  Catches as ``TimeoutError`` and, as TransferQueue's client raises it, as
+    ``RuntimeError``."""
+
+
 class StoreClosedError(TqstoreError, RuntimeError):
     """The store (or the module-level default store) is closed or was never opened."""
 
@@ -152,6 +169,9 @@ __all__ = [
     "PartitionNotFoundError",
     "KeyNotFoundError",
     "FieldNotFoundError",
+    "StorageKeyNotFoundError",
+    "StalePartitionError",
+    "WaitTimeoutError",
     "StoreClosedError",
     "CapacityError",
     "StorageIOError",

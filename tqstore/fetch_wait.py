@@ -3,7 +3,9 @@
 :func:`plan` reads a call's arguments and the store's compatibility settings
 (:class:`~tqstore.config.CompatSettings`): how long the fetch may wait (the call's
 ``timeout_s``; with ``polling_mode=False`` and no ``timeout_s``, the configured
-``get_meta_timeout_s``, after which an empty answer is TransferQueue's ``TimeoutError``).
+``get_meta_timeout_s``, after which an empty answer raises
+:class:`~tqstore.errors.WaitTimeoutError`: a ``TimeoutError`` and, as TransferQueue's client
+raises it, a ``RuntimeError``).
 
 The synchronous form waits inside the store.  :func:`fetch_async`, the form behind
 ``async_get_meta``, waits on the event loop instead, for two reasons:
@@ -32,6 +34,7 @@ import asyncio
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from . import _executor, config as _config
+from .errors import WaitTimeoutError
 from .meta import BatchMeta
 from .streaming import check_timeout
 
@@ -61,9 +64,10 @@ class FetchWait(NamedTuple):
     timeout_error: Optional[str]
 
     def result(self, meta: BatchMeta) -> BatchMeta:
-        """``meta``, or TimeoutError when it is empty and the call was to raise then."""
+        """``meta``, or WaitTimeoutError (a TimeoutError and a RuntimeError) when it is empty
+        and the call was to raise then."""
         if meta.size == 0 and self.timeout_error is not None:
-            raise TimeoutError(self.timeout_error)
+            raise WaitTimeoutError(self.timeout_error)
         return meta
 
 
@@ -82,7 +86,7 @@ def plan(store: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[
     settings = _config.settings_for(store)
     if settings.polling_mode or "timeout_s" in kwargs:
         return FetchWait(args, rest, check_timeout(kwargs.get("timeout_s")), None)
-    # TransferQueue with polling_mode=False: wait for enough rows, then TimeoutError
+    # TransferQueue with polling_mode=False: wait for enough rows, then WaitTimeoutError
     wait_s = settings.get_meta_timeout_s
     return FetchWait(args, rest, wait_s,
                      f"Timeout while waiting for sufficient data for task {bound['task_name']!r}. "

@@ -25,7 +25,10 @@ from ._format.layout import KIND_VALUE
 from ._format.names import check_name
 from ._format.values import check_value
 from .edge import join_rows
-from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError
+from .errors import (
+    FieldNotFoundError, InvalidInputError, PartitionNotFoundError, StalePartitionError,
+    StorageKeyNotFoundError,
+)
 from .meta import BatchMeta, KVBatchMeta
 from .ports import RowBatch, check_no_restore
 
@@ -146,7 +149,7 @@ def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = Fa
         elif placeholders:
             schema[f] = {"dtype": None, "kind": None, "is_non_tensor": None}
     if None in batch.seqs:
-        raise KeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
+        raise StorageKeyNotFoundError(f"a row of partition {batch.pid!r} was removed meanwhile; get fresh metadata")
     for entry in schema.values():
         entry.setdefault("shape", None)
         entry.setdefault("is_nested", None)
@@ -283,9 +286,9 @@ class Streaming:
         if strict and bad:
             i, pid, b = min(bad, key=lambda x: x[0])
             if b is None:
-                raise PartitionNotFoundError(f"partition {pid!r} of the BatchMeta does not exist (cleared?)")
-            raise KeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta no longer exists "
-                                   f"(cleared); get fresh metadata")
+                raise StalePartitionError(f"partition {pid!r} of the BatchMeta does not exist (cleared?)")
+            raise StorageKeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta no longer exists "
+                                          f"(cleared); get fresh metadata")
         return groups
 
     def put(self, data: Any, metadata: Optional[BatchMeta] = None, partition_id: Optional[str] = None) -> BatchMeta:
@@ -299,7 +302,8 @@ class Streaming:
 
         Raises:
             InvalidInputError: no partition_id and no metadata, an empty metadata, sizes.
-            KeyNotFoundError: the metadata's rows were cleared.
+            StorageKeyNotFoundError (a KeyNotFoundError): the metadata's rows were cleared
+                (StalePartitionError, also a PartitionNotFoundError: its partition was).
             SchemaError, UnsupportedTypeError: nothing written.
         """
         names = _field_names(data)
@@ -365,7 +369,8 @@ class Streaming:
         several partitions whose field has different kinds or dtypes there give a list of rows.
 
         Raises:
-            KeyNotFoundError, PartitionNotFoundError: the meta's rows were cleared.
+            StorageKeyNotFoundError (a KeyNotFoundError): the meta's rows were cleared
+                (StalePartitionError, also a PartitionNotFoundError: its partition was).
             FieldNotFoundError: a field is not produced for some row.
         """
         if isinstance(metadata, KVBatchMeta):

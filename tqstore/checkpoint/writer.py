@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from .._format.names import check_flag
 from .._io import files, locks
-from ..errors import CheckpointError, DistributedError, TqstoreError
+from ..errors import CheckpointError, DistributedError, TqstoreError, WaitTimeoutError
 from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
 from . import manifest as M
 from . import target as T
@@ -108,17 +108,21 @@ class SaveHandle:
         """Wait for the save to finish; False on timeout."""
         return self._event.wait(timeout)
 
+    def _timed_out(self, timeout: Optional[float]) -> WaitTimeoutError:
+        return WaitTimeoutError(f"{getattr(self, 'what', 'checkpoint save')} to {self.path} still running after "
+                                f"{timeout} s")
+
     def result(self, timeout: Optional[float] = None) -> CheckpointInfo:
         """The save's summary once it is durable and published.
 
         Raises:
-            TimeoutError: not finished within ``timeout`` seconds.
+            WaitTimeoutError (a TimeoutError): not finished within ``timeout`` seconds.
             CheckpointError, CorruptionError: the save failed (the previous checkpoint at
                 the path, if any, is intact, unless the message says the new one is in place
                 and only making it durable failed).
         """
         if not self._event.wait(timeout):
-            raise TimeoutError(f"checkpoint save to {self.path} still running after {timeout} s")
+            raise self._timed_out(timeout)
         if self._error is not None:
             self._reported = True
             raise self._error
@@ -128,7 +132,7 @@ class SaveHandle:
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """The save's error (None if it succeeded); waits like :meth:`result`."""
         if not self._event.wait(timeout):
-            raise TimeoutError(f"checkpoint save to {self.path} still running after {timeout} s")
+            raise self._timed_out(timeout)
         if self._error is not None:
             self._reported = True
         return self._error
