@@ -183,6 +183,27 @@ def test_attaching_with_other_settings_is_refused_and_a_detached_client_leaves_t
     assert set(tq.client.FORWARDED) <= STORE_CALLS  # every call the module API and clients forward
 
 
+def test_arguments_ray_cannot_send_and_unknown_nodes_are_tqstore_errors(tmp_path, closed_after):
+    """What cannot travel to the store's actor (a generator, a lock in a tag) is an
+    UnsupportedTypeError naming the argument, as short as the embedded store's, and nothing is
+    written; ``ray.nodes`` naming no alive node is a ConfigError before any actor starts."""
+    import threading
+
+    from tqstore.errors import InvalidInputError, UnsupportedTypeError
+    from tqstore.ray.store_host import find_store_host
+
+    with pytest.raises(ConfigError, match="ray.nodes.*'0123abcd'"):
+        tq.init({"backend": "ray", "path": str(tmp_path / "n"), "ray": {"name": "nodes", "nodes": ["0123abcd"]}})
+    assert find_store_host("nodes") is None and not (tmp_path / "n").exists()
+    tq.init({"backend": "ray", "path": str(tmp_path / "s"), "result_type": "dict", "ray": {"name": "unsendable"}})
+    with pytest.raises(InvalidInputError, match="argument 1 \\(generator\\)") as e:
+        tq.kv_batch_put((k for k in ["a"]), "p", fields={"x": torch.ones(1, 2)})
+    assert len(str(e.value)) < 300
+    with pytest.raises(UnsupportedTypeError, match="argument tags="):
+        tq.kv_batch_put(["a"], "p", fields={"x": torch.ones(1, 2)}, tags=[{"l": threading.Lock()}])
+    assert tq.kv_list() == {}
+
+
 def test_relative_paths_are_the_callers_not_the_ray_workers(tmp_path, monkeypatch, closed_after):
     """A relative store, checkpoint or dump path names a directory under the caller's working
     directory, as on the embedded backend (the host actor's directory is the Ray worker's), and

@@ -99,7 +99,8 @@ def _attach_and_put(name, node_rows):
 
 
 def test_a_store_started_by_init_on_one_node_is_attached_to_from_another(tmp_path, cluster):
-    """``tq.init({"backend": "ray"})`` in the driver, the parts on two nodes; a task placed
+    """``tq.init({"backend": "ray"})`` in the driver (the store's actor on the driver's node), the
+    parts on two nodes; a task placed
     on the third node attaches by name and writes; the driver reads it and saves a
     checkpoint that verifies."""
     import sys
@@ -115,6 +116,7 @@ def test_a_store_started_by_init_on_one_node_is_attached_to_from_another(tmp_pat
             scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[2], soft=False))
         node, back = ray.get(task.remote("across", 5))
         assert node == nodes[2] and store.owner
+        assert store.host_node == ray.get_runtime_context().get_node_id()  # the store's actor: on the owner's node
         assert back == [[float(3 * i + j) for j in range(3)] for i in range(5)]
         got = tqstore.kv_batch_get([f"w{i}" for i in range(5)], "train")
         assert got["x"].tolist() == back

@@ -19,8 +19,21 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..embedded import open_parts
+from ..errors import ConfigError
 from ..ports import ControllerPort, UnitPort
 from .port_actor import ActorController, ActorUnit, _ray, start_host
+
+
+def check_nodes(nodes: Optional[Sequence[str]]) -> None:
+    """ConfigError unless each of ``nodes`` is the id of an alive node of this process's Ray
+    cluster (``ray.nodes()``); None (every alive node) passes."""
+    if nodes is None:
+        return
+    alive = {n["NodeID"] for n in _ray().nodes() if n.get("Alive")}
+    bad = [n for n in nodes if n not in alive]
+    if bad:
+        raise ConfigError(f"ray.nodes: {bad[:5]!r} {'is not the id' if len(bad) == 1 else 'are not ids'} of an "
+                          f"alive node of this Ray cluster (alive: {sorted(alive)[:8]!r}; see ray.nodes())")
 
 
 class RayParts:
@@ -64,6 +77,8 @@ class RayParts:
         """As :func:`tqstore.embedded.open_parts`, each part an actor.  The actors of the parts
         not started yet start first, all at once (a start returns before its process has
         booted), in the order the parts open, so they are placed as one by one."""
+        if not self._hosts:
+            check_nodes(self._nodes)
         self._host("controller")
         for i in range(len(unit_dirs)):
             self._host(f"unit {i}")

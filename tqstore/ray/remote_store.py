@@ -24,7 +24,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, DistributedError, StoreClosedError
+from ..errors import ConfigError, DistributedError, StoreClosedError, UnsupportedTypeError
+from .parts import check_nodes
 from .port_actor import _ray, answer
 from .store_host import (STORE_CALLS, HandleRef, HostInfo, Warned, find_store_host, sampler_description,
                          start_store_host)
@@ -129,7 +130,12 @@ class RemoteStore:
         if name in PATH_ARGS:
             args, kwargs = _absolute_path_arg(PATH_ARGS[name], args, kwargs)
         wire = self._edge.to_wire
-        out = self._ask(self._host.call.remote(name, wire(tuple(args)), wire(dict(kwargs))))
+        args, kwargs = wire(tuple(args)), wire(dict(kwargs))
+        try:
+            ref = self._host.call.remote(name, args, kwargs)
+        except TypeError:  # Ray could not pickle an argument (nothing was sent)
+            raise _unsendable(name, args, kwargs, self._part) from None
+        out = self._ask(ref)
         return RemoteHandle(self, out) if isinstance(out, HandleRef) else self._edge.from_wire(out)
 
     def _put(self, args: Any, kwargs: Dict[str, Any]) -> Any:
@@ -255,6 +261,23 @@ def _absolute_path_arg(param: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]
     return args, kwargs
 
 
+def _unsendable(call: str, args: Tuple[Any, ...], kwargs: Dict[str, Any], part: str) -> Exception:
+    """The UnsupportedTypeError for a call whose arguments Ray cannot pickle, naming the first
+    argument that does not pickle (a generator, a lock, ...) by position or keyword."""
+    from ray import cloudpickle
+
+    named = [(f"argument {i + 1}", a) for i, a in enumerate(args)] + [(f"argument {k}=", v) for k, v in kwargs.items()]
+    for label, value in named:
+        try:
+            cloudpickle.dumps(value)
+        except Exception:  # noqa: BLE001 - any failure: this one cannot travel
+            return UnsupportedTypeError(f"{call}: {label} ({type(value).__name__}) cannot be sent to {part}: it does "
+                                        f"not pickle (pass lists, tensors, arrays and JSON values); nothing was "
+                                        f"written")
+    return UnsupportedTypeError(f"{call}: its arguments cannot be sent to {part} (they do not pickle); nothing was "
+                                f"written")
+
+
 def _part_name(name: str) -> str:
     """How errors name the store ``name`` (a :class:`~tqstore.errors.DistributedError`'s part)."""
     return f"Ray store {name!r}"
@@ -315,6 +338,7 @@ def connect(name: str = "default", path: Optional[str] = None, options: Optional
             f"with tq.init({{'backend': 'ray', ...}}), or pass {{'backend': 'embedded'}} for a store private to "
             f"this process")
     if host is None:
+        check_nodes(nodes)  # (ConfigError before a host starts)
         try:
             host = start_store_host(name)
         except ValueError:  # another process started it meanwhile

@@ -254,12 +254,17 @@ class StoreHost:
 
 def start_store_host(name: str) -> Any:
     """Start the named host of store ``name``, with no store open yet (:meth:`StoreHost.open`
-    opens it).  The caller owns it: it ends with the caller's process, or with ``ray.kill``.
-    Raises ValueError when a host of that name exists already (Ray's error)."""
+    opens it), on the caller's node (the store's own files are there, where the caller's
+    paths point; the parts go to ``ray.nodes``).  The caller owns it: it ends with the
+    caller's process, or with ``ray.kill``.  Raises ValueError when a host of that name
+    exists already (Ray's error)."""
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
+    here = NodeAffinitySchedulingStrategy(node_id=ray.get_runtime_context().get_node_id(), soft=False)
     actor = ray.remote(StoreHost).options(name=store_name(name), namespace=NAMESPACE, num_cpus=0,
-                                          max_concurrency=STORE_HOST_CONCURRENCY)  # (store_name: ConfigError first)
+                                          max_concurrency=STORE_HOST_CONCURRENCY,  # (store_name: ConfigError first)
+                                          scheduling_strategy=here)
     return actor.remote()
 
 
