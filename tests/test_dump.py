@@ -137,27 +137,6 @@ def test_a_restore_marker_stops_a_dump_and_names_recover_data_load(store, tmp_pa
     assert list(read_row_index(tmp_path / "d")["rows"]) == keys[:1]
 
 
-def test_a_dump_takes_its_own_store_off_a_marker_its_ended_load_left(store, tmp_path):
-    """A load whose part or process died after its restore was settled leaves the store on
-    the dump's marker; a dump from that store (which has no restore of the dump left) takes
-    it off instead of refusing for a load that no longer exists.  Another store listed still
-    stops the dump (its recover_data_load takes it off)."""
-    import json
-    import os
-
-    keys = fill(store, "train", 2)
-    store.dump_data_by_key(tmp_path / "d", keys[:1], "train")
-    marker = tmp_path / "d.restore"
-    me, other = os.path.realpath(store.root), str(tmp_path / "other-store")
-    marker.write_text(json.dumps({"stores": [me, other]}))
-    with pytest.raises(RestorePendingError, match="other-store"):
-        store.dump_data_by_key(tmp_path / "d", keys, "train")
-    assert list(read_row_index(tmp_path / "d")["rows"]) == keys[:1]
-    marker.write_text(json.dumps({"stores": [me]}))
-    store.dump_data_by_key(tmp_path / "d", keys, "train", blocking=False).result(timeout=60)
-    assert not marker.exists() and list(read_row_index(tmp_path / "d")["rows"]) == keys
-
-
 def test_a_re_dump_replaces_the_previous_one_whole(store, tmp_path):
     keys = fill(store, "train", 6)
     store.dump_data_by_key(tmp_path / "d", keys[:4], "train")

@@ -94,15 +94,11 @@ def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Pa
     return final
 
 
-def refuse_if_restoring(final: Path, *, ended: Optional[PathLike] = None) -> None:
-    """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists);
-    ``ended``: a store whose load of the dump has ended (it has no restore of the dump left),
-    so a marker that lists only it does not refuse (:func:`drop_stale_mark` takes it off)."""
+def refuse_if_restoring(final: Path) -> None:
+    """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists)."""
     m = sibling(final, ".restore")
     if os.path.lexists(m):
         listed = read_marker(final)
-        if listed and ended is not None and listed == _listing(listed, ended):
-            return
         stores = sorted(listed or ())
         who = f" by the store(s) {', '.join(stores)}" if stores else \
             " (the marker cannot be read: it names no store; remove it by hand once no store's load of the dump " \
@@ -186,36 +182,16 @@ def unmark(final: Path, store_root: PathLike) -> None:
     real path, or by the path as given (an earlier version wrote it unresolved, possibly
     relative).  A marker that cannot be read (:func:`read_marker`) is left as it is (logged):
     it may list other stores.  Called under the dump's lock."""
+    root = os.fspath(store_root)
+    me = os.path.realpath(root)
     stores = read_marker(final)
     if stores is None:
         log.warning("restore marker %s left in place: it cannot be read, and may list other stores than %s",
-                    sibling(final, ".restore"), os.path.realpath(os.fspath(store_root)))
+                    sibling(final, ".restore"), me)
         return
-    mine = _listing(stores, store_root)
+    mine = {s for s in stores if s in (me, root) or os.path.realpath(s) == me}
     if mine or not stores:
         _write_marker(final, stores - mine)
-
-
-def _listing(stores: Set[str], store_root: PathLike) -> Set[str]:
-    """The entries of a marker's ``stores`` that name the store at ``store_root``: its real
-    path, or the path as given (an earlier version wrote it unresolved, possibly relative)."""
-    root = os.fspath(store_root)
-    me = os.path.realpath(root)
-    return {s for s in stores if s in (me, root) or os.path.realpath(s) == me}
-
-
-def drop_stale_mark(final: Path, store_root: PathLike, *, pending: bool) -> None:
-    """Take the store off ``<dir>.restore`` when it lists it but the store has no restore of
-    the dump left (``pending`` False): its load ended without taking it off (a part or the
-    process died after the restore was settled), so that store no longer reads the dump.
-    The other stores the marker lists stay.  Called under the dump's lock, where no load of
-    the dump runs."""
-    if pending or not os.path.lexists(sibling(final, ".restore")):
-        return
-    stores = read_marker(final)
-    if stores and _listing(stores, store_root):
-        log.info("taking %s off the restore marker of %s: it has no restore of that dump left", store_root, final)
-        unmark(final, store_root)
 
 
 @contextlib.contextmanager
@@ -342,5 +318,5 @@ def readable_dir(final: Path) -> Optional[Path]:
 
 
 __all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "read_marker", "mark",
-           "unmark", "drop_stale_mark", "present", "locked", "locked_if_present", "repair",
+           "unmark", "present", "locked", "locked_if_present", "repair",
            "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]

@@ -233,8 +233,6 @@ class DumpJob:
             rows = self.rows()  # before the lock: a bad key leaves nothing behind, not even the lock file
             rows_s = time.perf_counter() - t0
             with P.locked(self.final):
-                pending = any(r.dump == str(self.final) for r in self.cut.snap.controller.restores())
-                P.drop_stale_mark(self.final, self.cut.store_root, pending=pending)
                 P.refuse_if_restoring(self.final)
                 P.check_target(self.final, live_store=self.cut.store_root)  # still ours to replace?
                 P.repair(self.final, writer=True)
@@ -303,8 +301,7 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
     blocking = check_flag("blocking", blocking)
     keys = check_key_list(keys, partition_id)
     final = P.check_target(dump_dir, live_store=store.root)
-    pending = any(r.dump == str(final) for r in store.controller.restores())
-    P.refuse_if_restoring(final, ended=None if pending else store.root)  # (again under the dump's lock)
+    P.refuse_if_restoring(final)
     # an unresolved restore of the partition first (its keys may not be rows yet; checked again at the cut)
     _ports.check_no_restore(store.controller, partition_id, f"a dump of partition {partition_id!r}")
     # blocking: the keys checked now, outside the write lock (the cut compares epochs); else by
