@@ -137,6 +137,26 @@ def test_a_restore_marker_stops_a_dump_and_names_recover_data_load(store, tmp_pa
     assert list(read_row_index(tmp_path / "d")["rows"]) == keys[:1]
 
 
+def test_a_marker_left_by_the_stores_own_ended_load_is_named_so_and_its_recover_takes_it_off(store, tmp_path):
+    """A load whose part or process died after its restore was settled leaves the store on
+    the dump's marker: a dump from that store still refuses (a store elsewhere at the same
+    path could have a pending restore), says that this store has no restore of it left,
+    and its recover_data_load (False: nothing pending) takes it off."""
+    import json
+    import os
+
+    keys = fill(store, "train", 2)
+    store.dump_data_by_key(tmp_path / "d", keys[:1], "train")
+    marker = tmp_path / "d.restore"
+    marker.write_text(json.dumps({"stores": [os.path.realpath(store.root)]}))
+    with pytest.raises(RestorePendingError, match="this store.*has no restore of it left.*returns False"):
+        store.dump_data_by_key(tmp_path / "d", keys, "train")
+    assert marker.exists() and list(read_row_index(tmp_path / "d")["rows"]) == keys[:1]
+    assert store.recover_data_load(tmp_path / "d") is False and not marker.exists()
+    store.dump_data_by_key(tmp_path / "d", keys, "train")
+    assert list(read_row_index(tmp_path / "d")["rows"]) == keys
+
+
 def test_a_re_dump_replaces_the_previous_one_whole(store, tmp_path):
     keys = fill(store, "train", 6)
     store.dump_data_by_key(tmp_path / "d", keys[:4], "train")

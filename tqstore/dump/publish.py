@@ -94,8 +94,13 @@ def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Pa
     return final
 
 
-def refuse_if_restoring(final: Path) -> None:
-    """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists)."""
+def refuse_if_restoring(final: Path, *, store_root: Optional[PathLike] = None, store_has_restore: bool = True) -> None:
+    """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists).
+    ``store_root`` is the store asking; when the marker lists it and ``store_has_restore`` is
+    False, the message says that this store's own load ended without taking it off (a part or
+    the process died after its restore was settled: its recover_data_load takes it off).  The
+    entry itself is left: a store elsewhere at the same path (another node's disk) may still
+    have a pending restore of the dump."""
     m = sibling(final, ".restore")
     if os.path.lexists(m):
         listed = read_marker(final)
@@ -103,10 +108,15 @@ def refuse_if_restoring(final: Path) -> None:
         who = f" by the store(s) {', '.join(stores)}" if stores else \
             " (the marker cannot be read: it names no store; remove it by hand once no store's load of the dump " \
             "is pending)" if listed is None else ""
+        ended = ""
+        if listed and store_root is not None and not store_has_restore and _listing(listed, store_root):
+            ended = (f" (this store, {os.path.realpath(os.fspath(store_root))}, has no restore of it left: its load "
+                     f"ended without taking it off the marker; its recover_data_load({str(final)!r}) returns False "
+                     f"and takes it off)")
         raise RestorePendingError(f"a load of dump {final}{who} is unresolved ({m} exists): it may still read the "
                                   f"dump, so it is not replaced; call recover_data_load({str(final)!r}) (or with "
                                   f"cancel=True) on {'each of those stores' if len(stores) > 1 else 'that store'} "
-                                  f"first")
+                                  f"first{ended}")
 
 
 # ---------------------------------------------------------------------------- the restore marker
@@ -189,9 +199,17 @@ def unmark(final: Path, store_root: PathLike) -> None:
         log.warning("restore marker %s left in place: it cannot be read, and may list other stores than %s",
                     sibling(final, ".restore"), me)
         return
-    mine = {s for s in stores if s in (me, root) or os.path.realpath(s) == me}
+    mine = _listing(stores, store_root)
     if mine or not stores:
         _write_marker(final, stores - mine)
+
+
+def _listing(stores: Set[str], store_root: PathLike) -> Set[str]:
+    """The entries of a marker's ``stores`` that name the store at ``store_root``: its real
+    path, or the path as given (an earlier version wrote it unresolved, possibly relative)."""
+    root = os.fspath(store_root)
+    me = os.path.realpath(root)
+    return {s for s in stores if s in (me, root) or os.path.realpath(s) == me}
 
 
 @contextlib.contextmanager
