@@ -188,6 +188,48 @@ def test_set_custom_meta_on_rows_made_by_put_and_refuses_a_stale_meta():
         c.put({"x": torch.zeros(3, 1)}, partition_id="p")  # global indexes reused by new rows
         with pytest.raises(tq.StorageKeyNotFoundError, match="stale"):
             c.set_custom_meta(meta)
+        tq.clear_partition("p")
+        with pytest.raises(tq.StorageKeyNotFoundError, match="stale") as e:  # (its whole partition)
+            c.set_custom_meta(meta)
+        assert isinstance(e.value, tq.PartitionNotFoundError)
+    finally:
+        tq.close()
+
+
+def test_set_custom_meta_holds_clears_off_between_its_check_and_its_write(monkeypatch):
+    """A clear (and a put reusing the cleared indexes) racing set_custom_meta waits for it:
+    the stale meta's tags never land on the new rows."""
+    import threading
+
+    store = tq.init()
+    try:
+        c = tq.get_client()
+        meta = c.put({"x": torch.zeros(2, 1)}, partition_id="p")
+        meta.update_custom_meta([{"s": 0}, {"s": 1}])
+        racers = []
+
+        def clear_and_reuse():
+            tq.clear_samples(meta)
+            c.put({"x": torch.zeros(2, 1)}, partition_id="p")  # the freed global indexes again
+
+        checked = store.get_meta
+
+        def get_meta(*args, **kwargs):  # set_custom_meta's check of the rows: the race runs right after it
+            out = checked(*args, **kwargs)
+            t = threading.Thread(target=clear_and_reuse)
+            t.start()
+            t.join(0.5)
+            racers.append(t)
+            return out
+
+        monkeypatch.setattr(store, "get_meta", get_meta)
+        c.set_custom_meta(meta)
+        monkeypatch.undo()
+        for t in racers:
+            t.join(30)
+        fresh = c.get_meta(["x"], None, "p", mode="force_fetch")
+        assert sorted(fresh.global_indexes) == sorted(meta.global_indexes)  # reused
+        assert not any(fresh.custom_meta), fresh.custom_meta
     finally:
         tq.close()
 

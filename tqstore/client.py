@@ -13,12 +13,15 @@ Every call is timed into :data:`tqstore.metrics.REGISTRY`.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 from . import _default, _executor, fetch_wait, metrics as _metrics
-from .errors import InvalidInputError, PartitionNotFoundError, StorageKeyNotFoundError, StoreClosedError
+from .errors import (
+    InvalidInputError, PartitionNotFoundError, StalePartitionError, StorageKeyNotFoundError, StoreClosedError,
+)
 from .kv import DataPlane
 from .meta import BatchMeta
 from .streaming import check_tags
@@ -146,9 +149,20 @@ class _ClientBase:
         by_pid: Dict[str, List[int]] = {}
         for i, pid in enumerate(metadata.partition_ids):
             by_pid.setdefault(pid, []).append(i)
+        # an in-process store's write lock holds clears off between the check and the write (a
+        # row index cleared and reused meanwhile would get these tags)
+        with getattr(store, "_write_lock", None) or contextlib.nullcontext():
+            self._write_custom_meta(store, metadata, by_pid)
+
+    @staticmethod
+    def _write_custom_meta(store: Any, metadata: BatchMeta, by_pid: Dict[str, List[int]]) -> None:
         plans = []
         for pid, pos in by_pid.items():  # check every partition before writing any
-            every = store.get_meta(None, None, pid, mode="force_fetch")
+            try:
+                every = store.get_meta(None, None, pid, mode="force_fetch")
+            except PartitionNotFoundError:
+                raise StalePartitionError(f"set_custom_meta: partition {pid!r} of the BatchMeta no longer exists "
+                                          f"(cleared; the BatchMeta is stale)") from None
             live = dict(zip(every.global_indexes, every._seqs))
             stale = [metadata.global_indexes[i] for i in pos if metadata.global_indexes[i] not in live
                      or metadata._seqs[i] not in (None, live[metadata.global_indexes[i]])]
