@@ -49,7 +49,7 @@ class CompatSettings:
         polling_mode: True (tqstore's behaviour): a ``fetch`` with too few ready rows
             returns an empty BatchMeta at once.  False (TransferQueue's default when its
             ``controller`` section is given): wait up to ``get_meta_timeout_s`` for rows,
-            then raise ``TimeoutError``.
+            then raise ``WaitTimeoutError`` (a ``TimeoutError`` and a ``RuntimeError``).
         get_meta_timeout_s: TransferQueue's ``TQ_CONTROLLER_GET_METADATA_TIMEOUT`` (1 s by default).
         metrics_enabled, metrics_port: TransferQueue's ``metrics`` section.
         ignored: the TransferQueue keys accepted without effect, dotted.

@@ -56,7 +56,7 @@ def _get_meta_args(data_fields: Any = None, batch_size: Any = None, partition_id
 
 class FetchWait(NamedTuple):
     """A fetch's call without its ``timeout_s``, how long it may wait, and the
-    ``TimeoutError`` message an empty answer raises (None: an empty answer is returned)."""
+    ``WaitTimeoutError`` message an empty answer raises (None: an empty answer is returned)."""
 
     args: Tuple[Any, ...]
     kwargs: Dict[str, Any]

@@ -295,7 +295,8 @@ class ControllerPort(Protocol):
     # error only where the method says so (else None / empty).
     def partitions(self) -> List[str]:
         """Partition ids, oldest first (the order they were created in; a partition cleared and
-        made again is new)."""
+        made again is new; the partitions of a store made before partition numbers existed
+        keep the id order they were numbered in)."""
 
     def partition_info(self, pid: str) -> PartitionInfo:
         """Schema and row count; raises PartitionNotFoundError."""

@@ -24,7 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ConfigError, DistributedError, StoreClosedError, UnsupportedTypeError
+from ..errors import ConfigError, DistributedError, StoreClosedError, UnsupportedTypeError, WaitTimeoutError
 from .parts import check_nodes
 from .port_actor import _ray, answer
 from .store_host import (STORE_CALLS, HandleRef, HostInfo, Warned, find_store_host, sampler_description,
@@ -80,12 +80,19 @@ class RemoteHandle:
         return _poll(self.done, timeout)
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        self.wait(timeout)
-        return self._ask("result", 0.0)  # (not finished: the handle's own TimeoutError)
+        """The handle's result (raises its error); WaitTimeoutError after ``timeout`` seconds."""
+        self._wait_or_raise(timeout)
+        return self._ask("result", 0.0)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
-        self.wait(timeout)
+        """The handle's error, or None; WaitTimeoutError after ``timeout`` seconds."""
+        self._wait_or_raise(timeout)
         return self._ask("exception", 0.0)
+
+    def _wait_or_raise(self, timeout: Optional[float]) -> None:
+        if not self.wait(timeout):
+            what = "dump" if self._ref.kind.lower().startswith("dump") else "checkpoint save"
+            raise WaitTimeoutError(f"{what} to {self.path} still running after {timeout} s")
 
     def __del__(self) -> None:  # pragma: no cover - best effort: the host drops it once finished
         try:
