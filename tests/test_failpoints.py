@@ -391,3 +391,32 @@ def test_failed_background_save_reports_on_its_handle_and_on_the_next_call(tmp_p
         assert store_state(s) == live
         s.save_checkpoint(ck)
         assert _loaded_state(tmp_path, ck) == live
+
+
+def test_where_hard_links_fail_saves_generations_and_loads_copy_instead(tmp_path):
+    """Two bind mounts of one file system share ``st_dev`` but refuse hard links (EXDEV), as
+    in a container whose store and checkpoints are separate volumes of one disk: a save, a
+    generation reusing its predecessor's segments and a load then copy the segments, and
+    every result verifies (injected: every ``link`` raises EXDEV)."""
+    import torch
+
+    from tqstore import CheckpointManager
+
+    with Store(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put([f"k{i}" for i in range(40)], "p", {"x": torch.arange(40 * 300).reshape(40, 300)})
+        want = s.kv_batch_get([f"k{i}" for i in range(40)], "p")["x"]
+        fp.arm("link", "exdev", repeat=True)
+        s.save_checkpoint(tmp_path / "ck")
+        gens = CheckpointManager(tmp_path / "g", store=s, keep_last=2)
+        gens.save(1)
+        s.kv_batch_put(["z"], "p", {"x": torch.zeros(1, 300, dtype=torch.int64)})
+        gens.save(2)
+        s.load_checkpoint(tmp_path / "ck")
+        assert torch.equal(s.kv_batch_get([f"k{i}" for i in range(40)], "p")["x"], want)
+        assert gens.restore() == 2 and "z" in s.kv_list("p")["p"]
+        assert s.verify() == []
+        fp.disarm()
+    for ck in (tmp_path / "ck", gens.path(1), gens.path(2)):
+        assert verify_checkpoint(ck).ok
+        assert all(p.stat().st_nlink == 1 for p in ck.rglob("*.tqs"))  # copies, never links
+    assert not list(tmp_path.rglob(".tqstore-link-probe-*"))

@@ -82,7 +82,7 @@ def _export(unit, view, dest: Path, *, link: bool, reuse: Mapping[str, Reusable]
     i = unit.unit_id
     files.mkdir(dest, exist_ok=True)  # (created if missing: the caller may have made it)
     files.mkdir(dest / "index")
-    link = link and files.same_filesystem(unit.path, dest)
+    link = link and files.can_link(unit.path, dest)
     # leftover undo records of an overwriting put (none unless a settle failed): the
     # checkpoint holds the state the controller committed, with no undo records
     undo = [(bytes(k), bytes(v)) for k, v in view.txn.cursor(db=unit.db_undo)]
@@ -157,9 +157,14 @@ def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], np.ndarray]
                 return int(w.crc32c), REUSE, 0  # type: ignore[arg-type]
         except FileNotFoundError:
             pass
+        except OSError as e:
+            if e.errno not in files.LINK_REFUSED:
+                raise
+            log.info("cannot link %s into %s (%s): copying", w.link_from, dst, e)
+            copy_only = True
         log.info("earlier generation's copy of %s is gone (or failed an fsync); writing it again", s.path)
         w = SegmentWrite(s, LINK if (s.sealed and s.file_size == s.size and not copy_only
-                                     and files.same_filesystem(s.path, dest)) else COPY, s.path, None)
+                                     and files.can_link(s.path, dest)) else COPY, s.path, None)
     if w.method == LINK and files.fsync_failed(s.path):
         # an fsync of this file failed earlier: its pages read back but may not be on disk, and
         # fsyncing it again would report success; write the bytes into a fresh file instead

@@ -7,7 +7,8 @@ write short, or kill the process (``os._exit``) at the N-th occurrence.
 
 Arm from code with :func:`arm`, or from the environment before import with
 ``TQSTORE_FAILPOINTS="rename=kill@3;fsync_file=eio@1"``.  Actions: ``eio``,
-``enospc``, ``short`` (only writes honour it), ``kill``.  ``@N`` (default 1) is the
+``enospc``, ``exdev`` (a hard link across two mounts of one file system), ``short``
+(only writes honour it), ``kill``.  ``@N`` (default 1) is the
 occurrence, counted from arming; ``@N+`` fires at N and every later one.
 
 The names (tests/test_io_boundary.py checks that no durable syscall of tqstore bypasses them):
@@ -71,7 +72,7 @@ def _refresh() -> None:
 
 def arm(name: str, action: str, at: int = 1, *, repeat: bool = False) -> None:
     """Arm failpoint ``name`` to perform ``action`` at its ``at``-th occurrence."""
-    if action not in ("eio", "enospc", "short", "kill"):
+    if action not in ("eio", "enospc", "exdev", "short", "kill"):
         raise ValueError(f"unknown failpoint action {action!r}")
     with _lock:
         _armed[name] = _Point(action, at, repeat)
@@ -142,6 +143,8 @@ def hit(name: str) -> None:
         raise OSError(errno.EIO, f"injected EIO at failpoint {name} #{n}")
     if p.action == "enospc":
         raise OSError(errno.ENOSPC, f"injected ENOSPC at failpoint {name} #{n}")
+    if p.action == "exdev":
+        raise OSError(errno.EXDEV, f"injected EXDEV at failpoint {name} #{n}")
     if p.action == "short":
         raise ShortWrite(name)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
+import secrets
 import shutil
 import stat
 import tempfile
@@ -17,6 +19,8 @@ from typing import Iterator, List, Optional, Sequence, Union
 
 from .. import _native
 from . import failpoints as fp
+
+log = logging.getLogger("tqstore")
 
 PathLike = Union[str, "os.PathLike[str]"]
 IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
@@ -423,9 +427,32 @@ def publish_dir(tmp: PathLike, final: PathLike) -> None:
             pass  # published; a stale <final>.old is removed by the next publish to ``final``
 
 
-def same_filesystem(a: PathLike, b: PathLike) -> bool:
-    """True if ``a`` and ``b`` (existing paths) live on one file system (hard links possible)."""
-    return os.stat(a).st_dev == os.stat(b).st_dev
+#: the errnos of a hard link the file system or mount refuses (copy instead)
+LINK_REFUSED = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP, errno.EOPNOTSUPP})
+
+
+def can_link(a: PathLike, b: PathLike) -> bool:
+    """True if a hard link from the file ``a`` (or from a regular file directly in the
+    directory ``a``) into the directory ``b`` works: one file system (``st_dev``) and one
+    mount of it, tried with a probe link in ``b`` removed at once (two bind mounts of one
+    file system share ``st_dev`` but refuse links with EXDEV; some file systems have no
+    hard links).  False when either path is missing: the caller copies, which always works."""
+    try:
+        if os.stat(a).st_dev != os.stat(b).st_dev:
+            return False
+        src = os.fspath(a)
+        if stat.S_ISDIR(os.stat(src).st_mode):
+            with os.scandir(src) as it:
+                src = next((e.path for e in it if e.is_file(follow_symlinks=False)), None)
+            if src is None:  # nothing to link from there: nothing will be linked
+                return True
+        probe = os.path.join(os.fspath(b), f".tqstore-link-probe-{secrets.token_hex(4)}")
+        link(src, probe)
+    except OSError as e:
+        log.debug("no hard links from %s into %s (%s): copying instead", a, b, e)
+        return False
+    unlink(probe)
+    return True
 
 
 #: Files :func:`fsync_tree` leaves alone: an LMDB environment's lock file holds no data (LMDB

@@ -206,7 +206,7 @@ class Builder:
         link = False
         if self.mode == "same":
             # a checkpoint file whose fsync failed in this process is copied, never linked and fsynced again
-            link = files.same_filesystem(self.src, new_dir) and not any(
+            link = files.can_link(self.src, new_dir) and not any(
                 files.fsync_failed(self.src / e.path) for i in range(self.num_units)
                 for e in self.man.segments(i).values())
             self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
