@@ -93,6 +93,35 @@ def test_restore_falls_back_past_a_torn_newest_generation(store, tmp_path, damag
     assert state(store) == want
 
 
+def test_a_save_below_a_damaged_newer_generation_is_kept_and_restored(store, tmp_path, caplog):
+    """After restore() fell back past a damaged newer generation, training goes on from the
+    older step: its saves are never pruned for being below the damaged one (keep_last keeps
+    the highest steps), so a generation that verifies always remains; the save says which
+    higher steps restore() would try first."""
+    import logging
+
+    every = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)  # (keeps all: 10 and 20)
+    fill(store, "train", 6)
+    every.save(10)
+    fill(store, "train", 6, start=6)
+    every.save(20)
+    m = CheckpointManager(tmp_path / "gens", keep_last=1, store=store, copy_segments=True)
+    seg = sorted(m.path(20).glob("unit-*/seg-*.tqs"))[-1]
+    flip_byte(seg, seg.stat().st_size - 70)  # bit rot
+    with pytest.warns(CheckpointFallbackWarning, match="generation 20"):
+        assert m.restore() == 10
+    fill(store, "train", 3, start=100)
+    want = state(store)
+    with caplog.at_level(logging.WARNING, logger="tqstore"):
+        m.save(11)
+    assert any("below generations [20]" in r.getMessage() for r in caplog.records)
+    assert m.steps() == [11, 20]  # 10 dropped by keep_last=1; 11, just written, kept
+    store.clear_partition("train")
+    with pytest.warns(CheckpointFallbackWarning, match="generation 20"):
+        assert m.restore() == 11
+    assert state(store) == want
+
+
 def test_restore_falls_back_several_generations_and_fails_when_none_verifies(store, tmp_path):
     m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)
     fill(store, "train", 4)

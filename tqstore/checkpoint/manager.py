@@ -27,7 +27,7 @@ import os
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
 
 from .. import _default
 from .._io import files, locks
@@ -207,15 +207,26 @@ class CheckpointManager:
 
         Returns a :class:`CheckpointInfo`, or with ``blocking=False`` a :class:`SaveHandle`
         right after the cut.  Generations the policy drops are deleted after this one is
-        durable.  Saving a step lower than kept ones is allowed; the policy then decides.
+        durable; this one never is (a policy of the highest steps would otherwise drop a
+        step saved below a damaged or abandoned higher one, and with it the only generation
+        that verifies).  Saving a step lower than existing ones is allowed and logged at
+        WARNING: :meth:`restore` picks the highest step that verifies, so after a crash it
+        resumes from those higher steps (a rolled-back run's) until they are removed.
         """
+        step = self._check_step(step)
+        higher = [s for s in self.steps() if s > step]
+        if higher:
+            log.warning("saving generation %d under %s below generations %s: restore() takes the highest step that "
+                        "verifies, so it would resume from %d, not %d, until those are removed", step, self.root,
+                        higher[:5], higher[-1], step)
         path = self.path(step)
         served = self._served("save", step, metadata, blocking=blocking, include_storage=include_storage)
         if served is not _LOCAL:
             return served
         return writer.save(self.store, path, include_storage=include_storage, metadata=metadata, blocking=blocking,
                            copy_segments=self.copy_segments, reuse=self._reusable(),
-                           lock_path=self.root / LOCK_NAME, on_published=lambda info: self.prune(), kind=T.GENERATION)
+                           lock_path=self.root / LOCK_NAME, on_published=lambda info: self._prune({step}),
+                           kind=T.GENERATION)
 
     def wait_until_finished(self) -> None:
         """Wait for a background save of the managed store; raise its error if unseen."""
@@ -239,6 +250,10 @@ class CheckpointManager:
         Raises:
             CheckpointError: the root is no longer a generation root (nothing deleted).
         """
+        return self._prune(())
+
+    def _prune(self, also_keep: Iterable[int]) -> List[int]:
+        """:meth:`prune`, keeping the steps ``also_keep`` too (a save's own)."""
         deleted = []
         with _os_errors(f"pruning checkpoint generations under {self.root}"), writer.path_lock(self.root / LOCK_NAME):
             T.check_target(self.root, T.GENERATION_ROOT)
@@ -250,7 +265,7 @@ class CheckpointManager:
                     files.rename(self.root / name, self.root / name[:-4])
                     files.fsync_dir(self.root)
             steps = self.steps()
-            keep = self.policy.keep(steps)
+            keep = self.policy.keep(steps) | frozenset(also_keep)
             doomed = [s for s in steps if s not in keep]
             for s in list(doomed):
                 foreign = [n for n in (step_name(s), step_name(s) + ".old") if os.path.lexists(self.root / n)
