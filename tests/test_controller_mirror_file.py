@@ -328,3 +328,29 @@ def test_a_fresh_compacted_index_copy_is_read_once_in_order_before_its_decode(tm
         assert seen == [(_ctrl_dir(root) / "data.mdb").stat().st_size] and "n0" in s.kv_list("p")["p"]
     assert lmdbenv.warm_file(tmp_path / "missing") == 0
     assert lmdbenv.warm_file(_mirror(root), chunk_bytes=4096) == _mirror(root).stat().st_size
+
+
+def test_verify_finds_a_damaged_index_that_the_mirror_hides(tmp_path, decodes):
+    """A cleanly closed store opens from its mirror file without decoding its index: a byte
+    of the index damaged afterwards (bit rot: the index's last transaction unchanged) would
+    surface only when a checkpoint of the store, which copies the index, is loaded.
+    ``Store.verify`` decodes the index, compares it with the served state and names it."""
+    _rich_store(tmp_path / "s")
+    with tqstore.open(tmp_path / "s") as s:
+        entry = b"next_gidx" + str(s.controller.next_gidx).encode()  # meta's entry: its key, then its value
+    data = _ctrl_dir(tmp_path / "s") / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    at = raw.find(entry)
+    assert at > 0
+    while at >= 0:  # (and stale copies in free pages)
+        raw[at + len(b"next_gidx")] = ord("9")  # its first digit: a next global index past every row
+        at = raw.find(entry, at + 1)
+    data.write_bytes(bytes(raw))
+    decodes.clear()
+    with tqstore.open(tmp_path / "s") as s:
+        assert not decodes  # (opened from the mirror)
+        problems = s.verify()
+        assert len(problems) == 1 and problems[0].startswith("controller:") and "data.mdb" in problems[0], problems
+    with tqstore.open(tmp_path / "u") as u:
+        u.kv_batch_put(["a"], "p", {"x": np.arange(1)})
+        assert u.verify() == []

@@ -94,8 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
              "file's presence, size and CRC32C, no unlisted files and (unless --quick) the indexes and every "
              "indexed frame against its CRC32C. A generation root: every generation (one without MANIFEST.json "
              "counts as damaged). A store: opens it (its crash recovery runs, as at any open; it must not be open "
-             "elsewhere) and checks every stored frame. A dump: every shard frame. One line per problem, naming "
-             "file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
+             "elsewhere), checks every stored frame and decodes the controller's index. A dump: every shard "
+             "frame. One line per problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
     v.add_argument("path", help="a store, a checkpoint, a CheckpointManager root or a dump directory")
     v.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     v.add_argument("--quick", action="store_true", help="checkpoints: the manifest and each file's size and "

@@ -65,7 +65,7 @@ def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
         for p in problems:
             out.write(f"    {p}\n")
     else:
-        out.write(f"ok  {path}: store with {units} units, every stored frame checked against its CRC32C\n")
+        out.write(f"ok  {path}: store with {units} units, every stored frame checked against its CRC32C, its controller index decoded\n")
     return EXIT_DAMAGED if problems else EXIT_OK
 
 

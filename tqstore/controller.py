@@ -36,6 +36,7 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
+import lmdb
 import numpy as np
 
 from ._format.columns import Column
@@ -193,6 +194,28 @@ class Controller(SnapshotCalls, ConsumptionCalls):
             if p is None:
                 return []
             return p.ready_view(task, need, self.consumed.get((pid, task), ())).ordered()
+
+    def verify_index(self) -> List[str]:
+        """See ControllerPort.  The read transaction and the served counts are taken together
+        under the lock; the decode runs outside it (puts go on meanwhile)."""
+        with self._lock:
+            txn = self.env.begin()
+            served = (self.num_units, self.next_gidx, {pid: (p.live, p.key_count()) for pid, p in self.parts.items()})
+        try:
+            st = decode_controller(txn, self.db, self.path)
+        except (CorruptionError, FormatVersionError) as e:
+            return [f"controller: {e}"]
+        except lmdb.Error as e:
+            return [f"controller: its index cannot be read ({self.path / 'data.mdb'}): {e}"]
+        finally:
+            txn.abort()
+        found = (st.num_units, st.next_gidx, {pid: (p.live, p.key_count()) for pid, p in st.parts.items()})
+        if found == served:
+            return []
+        return [f"controller: its index ({self.path / 'data.mdb'}) holds {found[0]} units, next global index "
+                f"{found[1]} and (rows, keys) per partition {dict(sorted(found[2].items()))!r:.300}, but the store "
+                f"serves {served[0]}, {served[1]} and {dict(sorted(served[2].items()))!r:.300} (its mirror file was "
+                f"read at open): the index is damaged; load the last good checkpoint into a new store"]
 
     def check_mirror(self) -> None:
         """Assert the incremental structures agree with the rows and consumption (tests)."""

@@ -298,6 +298,13 @@ class ControllerPort(Protocol):
         made again is new; the partitions of a store made before partition numbers existed
         keep the id order they were numbered in)."""
 
+    def verify_index(self) -> List[str]:
+        """Decode and check every entry of the controller's durable index (as an open that
+        has no mirror file to read does) and compare its counts with the state the
+        controller serves; one line per problem (empty when clean).  A damaged index that
+        the mirror file hides would otherwise surface only when a checkpoint of the store
+        is loaded."""
+
     def partition_info(self, pid: str) -> PartitionInfo:
         """Schema and row count; raises PartitionNotFoundError."""
 

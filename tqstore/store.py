@@ -564,9 +564,10 @@ class Store(CheckpointMixin, DumpMixin):
             return sum(self._pool.map(lambda u: u.compact(live_ratio=live_ratio), self.units))
 
     def verify(self) -> List[str]:
-        """Check every stored frame; returns one line per problem (empty when clean)."""
+        """Check every stored frame and the controller's index; returns one line per problem
+        (empty when clean)."""
         self._check_open()
-        out: List[str] = []
+        out: List[str] = list(self.controller.verify_index())
         for probs in self._pool.map(lambda u: u.verify(), self.units):
             out.extend(probs)
         return out

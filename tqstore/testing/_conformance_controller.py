@@ -82,6 +82,16 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         assert isinstance(info, PartitionInfo) and info.rows == 2 and set(info.schema) == {"x"}
         assert [r.fields for r in c.row_infos("p", list(plan.gidxs))] == [frozenset({"x"})] * 2
 
+    def test_verify_index_finds_nothing_in_an_index_it_wrote(self, tmp_path):
+        c = self.controller(tmp_path)
+        g = self.put(c, "p", keys=["a", "b", "c"], tags=[{"i": 1}, None, None])
+        self.put(c, "q", n=2)
+        c.clear_rows("p", g[:1])
+        c.fetch("p", "t", ["x"], 1)
+        assert c.verify_index() == []
+        c = self.reopen(c)
+        assert c.verify_index() == []
+
     def test_partitions_are_listed_oldest_first_also_after_a_reopen(self, tmp_path):
         # (TransferQueue's order: get_partition_list()[-1] is the newest partition)
         c = self.controller(tmp_path)
