@@ -189,6 +189,30 @@ def test_a_relative_path_names_the_same_store_after_the_process_changes_director
         assert s.verify() == []
 
 
+@pytest.mark.parametrize("index", ["controller", "unit-001/index"])
+def test_a_truncated_lmdb_index_is_a_corruption_error_not_a_dead_process(tmp_path, index):
+    """LMDB maps its file and follows the page numbers of its meta page: a truncated index
+    would end the process with SIGBUS at open.  The open (and inspect, ls, verify) raises
+    CorruptionError naming the file instead (run in a child: a regression kills only it)."""
+    from tqstore.testing import run_forked
+
+    with tqstore.open(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put([f"k{i}" for i in range(300)], "p", {"x": torch.arange(300 * 8).reshape(300, 8)},
+                       tags=[{"i": i} for i in range(300)])
+        data = s.state_dir / index / "data.mdb"
+    os.truncate(data, 8192)  # its two meta pages stay
+
+    def opening():
+        try:
+            tqstore.open(tmp_path / "s").close()
+        except tqstore.CorruptionError as e:
+            return str(e)
+        return None
+
+    res = run_forked(opening)
+    assert res.exitcode == 0 and res.value and "truncated" in res.value and str(data) in res.value, res
+
+
 def test_num_units_of_existing_store_must_match(tmp_path):
     Store(tmp_path / "s", num_units=3).close()
     with pytest.raises(ConfigError, match="3 units"):

@@ -19,7 +19,7 @@ from ._format import controller_records as CR
 from ._format.lmdb_pages import LmdbPageError
 from ._format.records import RecordError
 from ._io import files
-from ._io.lmdbenv import check_env_pages, copy_env, copy_env_file, copy_txn_compact, open_env
+from ._io.lmdbenv import check_env_pages, check_extent, copy_env, copy_env_file, copy_txn_compact, open_env
 from ._io.scan import seal_index_file
 from .controller_decode import CONTROLLER_DBS, decode_controller
 from .errors import CorruptionError, StorageIOError, TqstoreError
@@ -137,6 +137,7 @@ def read_controller(ctrl_dir: Path, *, shared: bool = False) -> Dict[str, Any]:
     """
     p = Path(ctrl_dir)
     if shared and os.access(p / "lock.mdb", os.W_OK):  # a reader slot: safe while the store is open elsewhere
+        check_extent(p / INDEX_FILE)  # (CorruptionError, not SIGBUS, for a truncated file)
         try:
             env = lmdb.open(str(p), readonly=True, lock=True, max_dbs=12, subdir=True, create=False)
         except lmdb.Error as e:

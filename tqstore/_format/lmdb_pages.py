@@ -102,7 +102,9 @@ class PageFile:
     ``main`` and ``free_list`` are that meta page's database records.  Only the two meta
     pages are read until a database's entries are asked for."""
 
-    def __init__(self, buf: Any, txnid: Optional[int] = None) -> None:
+    def __init__(self, buf: Any, txnid: Optional[int] = None, *, file_size: Optional[int] = None) -> None:
+        """``file_size``: the whole file's, when ``buf`` holds only its head (the meta pages
+        checked against it alone: :func:`check_extent`)."""
         self.b = np.frombuffer(buf, dtype=np.uint8)
         if len(self.b) < 2 * PAGEHDRSZ + META.size + 2 * DB_RECORD.size + 16:
             raise LmdbPageError("shorter than a meta page")
@@ -111,7 +113,7 @@ class PageFile:
         if psize < 512 or psize & (psize - 1) or len(self.b) < 2 * psize:
             raise LmdbPageError(f"page size {psize}")
         self.psize = psize
-        self.npages = len(self.b) // psize
+        self.npages = (len(self.b) if file_size is None else file_size) // psize
         best = None
         for pg in (0, 1):
             raw = bytes(self.b[pg * psize:pg * psize + PAGEHDRSZ + META.size + 2 * DB_RECORD.size + 16])
@@ -307,6 +309,17 @@ class Packed:
             self._starts = np.cumsum(self.lens) - self.lens
         buf = self.buf if isinstance(self.buf, bytes) else bytes(self.buf)
         return [buf[a:a + n] for a, n in zip(self._starts[idx].tolist(), self.lens[idx].tolist())]
+
+
+#: the bytes of an LMDB data file's head read to check its extent (two meta pages of the largest page size)
+HEAD_BYTES = 2 * 65536
+
+
+def check_extent(head: bytes, file_size: int) -> None:
+    """Raise LmdbPageError unless the newest meta page in ``head`` (the file's first bytes)
+    names only pages inside a file of ``file_size`` bytes: LMDB maps the file and follows
+    that page number, so a truncated file would end the process with SIGBUS."""
+    PageFile(head, file_size=file_size)
 
 
 def packed_chunks(c: Columns, size: int, start: int = 0, stop: Optional[int] = None):

@@ -11,8 +11,9 @@ from typing import Any, Dict, Iterator, Optional, Sequence
 import lmdb
 
 from .. import _native
+from .._format import lmdb_pages
 from .._format.lmdb_pages import LmdbPageError, PageFile, read_databases
-from ..errors import CapacityError, StorageIOError, TqstoreError
+from ..errors import CapacityError, CorruptionError, StorageIOError, TqstoreError
 from . import failpoints as fp
 from . import files
 from .lmdbschema import check_schema
@@ -32,12 +33,34 @@ def open_env(path: Path, *, max_dbs: int = 16, sync: bool = False, map_bytes: in
     Raises:
         StorageIOError: the environment cannot be opened (message names the path).
     """
+    check_extent(Path(path) / "data.mdb")
     try:
         return lmdb.open(str(path), map_size=map_bytes, max_dbs=max_dbs, subdir=True, sync=sync,
                          metasync=sync, readahead=False, max_readers=1024, lock=not readonly,
                          readonly=readonly, create=create and not readonly)
     except lmdb.Error as e:
         raise StorageIOError(f"cannot open LMDB index at {path}: {e}") from e
+
+
+def check_extent(data: Path) -> None:
+    """CorruptionError when the LMDB data file ``data`` is shorter than its newest meta page
+    says (truncated: mapping it would end the process with SIGBUS) or has no valid meta
+    page; nothing when it does not exist yet (LMDB creates it)."""
+    try:
+        size = os.stat(data).st_size
+        if size == 0:
+            return  # (created, never written: LMDB initialises it)
+        with open(data, "rb") as f:
+            head = f.read(lmdb_pages.HEAD_BYTES)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise StorageIOError(f"cannot read LMDB index {data}: {e}") from e
+    try:
+        lmdb_pages.check_extent(head, size)
+    except lmdb_pages.LmdbPageError as e:
+        raise CorruptionError(f"LMDB index is damaged or truncated ({e}): it cannot be opened safely",
+                              path=str(data)) from None
 
 
 @contextlib.contextmanager
