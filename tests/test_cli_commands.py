@@ -221,6 +221,21 @@ def test_compact_rewrites_mostly_dead_segments_and_keeps_the_data(tmp_path, as_j
     assert run("verify", tmp_path / "s")[0] == EXIT_OK
 
 
+def test_verify_of_a_store_whose_open_dropped_rows_of_a_missing_segment_is_not_clean(tmp_path):
+    """Verify opens the store, and the open's crash recovery takes a missing sealed segment
+    for power-loss debris and marks its rows' fields not produced: verify reports what it
+    dropped (exit 1) instead of calling the repaired store clean."""
+    with tqstore.open(tmp_path / "s", num_units=1, segment_bytes=65536) as s:
+        for i in range(8):  # (a segment fills and is sealed every few batches)
+            fill(s, "train", 40, start=40 * i)
+        segs = sorted((s.state_dir / "unit-000").glob("seg-*.tqs"))
+    assert len(segs) > 2
+    segs[1].unlink()  # a sealed one
+    code, out, err = run("verify", tmp_path / "s")
+    assert code == EXIT_DAMAGED and "at open:" in out and "lost fields" in out, (out, err)
+    assert run("verify", tmp_path / "s")[0] == EXIT_OK  # (the open's repair is done: the store is clean now)
+
+
 def test_compact_and_verify_of_a_store_open_in_another_process_exit_2(tmp_path):
     tqstore.open(tmp_path / "s").close()
     code = "import tqstore, sys, time; s = tqstore.open(sys.argv[1]); print('open', flush=True); time.sleep(60)"

@@ -10,6 +10,7 @@ Nothing here writes, except that ``verify STORE`` opens the store like any open 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
@@ -53,10 +54,30 @@ def generation_reports(path: Path, err: TextIO, quick: bool) -> List[Tuple[int, 
     return reports
 
 
+class _Warnings(logging.Handler):
+    """The tqstore logger's WARNING and ERROR messages while it is attached."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
 def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
-    with open_store(path, "verify") as s:
-        problems = s.verify()
-        units = len(s.units)
+    """Verify a store; what its open's crash recovery warned of (missing or short segment
+    files, rows that lost fields) counts as problems too: the open repaired the store by
+    dropping what it could not read, so verify must not then call it clean."""
+    seen, logger = _Warnings(), logging.getLogger("tqstore")
+    logger.addHandler(seen)
+    try:
+        with open_store(path, "verify") as s:
+            opened = [f"at open: {m}" for m in seen.lines]
+            problems = opened + s.verify()
+            units = len(s.units)
+    finally:
+        logger.removeHandler(seen)
     if as_json:
         out.write(json.dumps({"path": str(path), "kind": "store", "ok": not problems, "num_units": units,
                               "problems": problems}, indent=1) + "\n")
@@ -65,7 +86,8 @@ def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
         for p in problems:
             out.write(f"    {p}\n")
     else:
-        out.write(f"ok  {path}: store with {units} units, every stored frame checked against its CRC32C, its controller index decoded\n")
+        out.write(f"ok  {path}: store with {units} units, every stored frame checked against its CRC32C, its "
+                  f"controller index decoded\n")
     return EXIT_DAMAGED if problems else EXIT_OK
 
 
