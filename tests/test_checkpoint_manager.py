@@ -122,6 +122,20 @@ def test_a_save_below_a_damaged_newer_generation_is_kept_and_restored(store, tmp
     assert state(store) == want
 
 
+def test_a_torn_generation_is_pruned_like_any_other_once_the_policy_drops_it(store, tmp_path):
+    """A generation directory that lost its MANIFEST.json counts among the steps keep_last
+    keeps: it is deleted once newer saves push it out (it stayed forever, and `ls` and
+    `verify` of the root reported it damaged forever)."""
+    m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
+    fill(store, "train", 3)
+    m.save(4)
+    (m.path(4) / "MANIFEST.json").unlink()  # torn
+    m.save(5)
+    assert m.path(4).exists()  # (the two newest: 4 and 5)
+    m.save(6)
+    assert not m.path(4).exists() and m.steps() == [5, 6] and not m._torn_steps()
+
+
 def test_restore_falls_back_several_generations_and_fails_when_none_verifies(store, tmp_path):
     m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)
     fill(store, "train", 4)

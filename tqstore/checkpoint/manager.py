@@ -237,9 +237,10 @@ class CheckpointManager:
             writer.settle(st)
 
     def prune(self) -> List[int]:
-        """Delete the generations the policy does not keep (and leftovers of interrupted
-        saves and prunes; a generation left at ``step-N.old`` by an interrupted replacement
-        is moved back to ``step-N``). Returns the steps deleted.
+        """Delete the generations the policy does not keep, torn ones (a generation directory
+        that lost its manifest) counted among them, and leftovers of interrupted saves and
+        prunes (a generation left at ``step-N.old`` by an interrupted replacement is moved
+        back to ``step-N``).  Returns the steps deleted.
 
         Runs under the root's lock held exclusively (waits for readers of the root).  The
         root is checked again first: if it now holds anything a manager does not put there,
@@ -264,7 +265,7 @@ class CheckpointManager:
                     log.info("restoring %s left by an interrupted replacement", name)
                     files.rename(self.root / name, self.root / name[:-4])
                     files.fsync_dir(self.root)
-            steps = self.steps()
+            steps = sorted(set(self.steps()) | set(self._torn_steps()))  # (a torn one is pruned like any other)
             keep = self.policy.keep(steps) | frozenset(also_keep)
             doomed = [s for s in steps if s not in keep]
             for s in list(doomed):
