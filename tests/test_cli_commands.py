@@ -251,6 +251,36 @@ def test_compact_and_verify_of_a_store_open_in_another_process_exit_2(tmp_path):
         p.wait()
 
 
+def test_a_reader_that_goes_away_ends_the_output_quietly(tmp_path):
+    """``python -m tqstore ls ROOT | head -1``: the closed pipe is no error (it printed
+    "error: [Errno 32] Broken pipe" and exited 2)."""
+    with tqstore.open(tmp_path / "s") as s:
+        fill(s, "train", 2)
+        m = CheckpointManager(tmp_path / "g", store=s)
+        for step in range(3):
+            m.save(step)
+    p = subprocess.run(f"{sys.executable} -m tqstore ls {tmp_path / 'g'} | head -c 1", shell=True, cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    out, err = io.StringIO(), io.StringIO()
+
+    class Closed(io.StringIO):
+        def write(self, s):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    assert main(["ls", str(tmp_path / "g")], out=Closed(), err=err) == EXIT_OK and err.getvalue() == ""
+
+
+def test_a_generation_root_with_no_generation_yet_is_a_root(tmp_path):
+    """A CheckpointManager root holds only its lock file until the first save: the commands
+    know it as a root (they called it neither a checkpoint nor a root, exit 2)."""
+    (tmp_path / "g").mkdir()
+    (tmp_path / "g" / ".tqstore-checkpoints.lock").touch()
+    code, out, err = run("inspect", tmp_path / "g")
+    assert code == EXIT_OK and "0" in out and "neither" not in err, (out, err)
+    assert run("ls", tmp_path / "g")[0] == EXIT_OK
+
+
 def test_every_command_has_help_with_an_example():
     for command in ("demo", "inspect", "verify", "ls", "prune", "compact"):
         r = subprocess.run([sys.executable, "-m", "tqstore", command, "--help"], capture_output=True, text=True,

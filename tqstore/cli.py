@@ -19,6 +19,7 @@ installed: the ``progress`` extra).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Callable, Dict, Optional, Sequence, TextIO
 
@@ -166,6 +167,12 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
     except KeyboardInterrupt:
         err.write("interrupted\n")
         return 130
+    except BrokenPipeError:  # the reader of the output went away (| head): nothing to say, and no one to say it to
+        try:
+            sys.stdout = open(os.devnull, "w")  # (the interpreter's own flush at exit must not fail again)
+        except OSError:
+            pass
+        return EXIT_OK
     except CliDamaged as e:
         err.write(f"error: {e}\n")
         return EXIT_DAMAGED

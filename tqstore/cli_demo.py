@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -249,8 +250,8 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
         else:
             _print_summary(doc, out.write)
             if keep:
-                out.write(f"\ntry: python -m tqstore ls {base / 'generations'}\n"
-                          f"     python -m tqstore inspect {base / 'store'}\n")
+                out.write(f"\ntry: python -m tqstore ls {shlex.quote(str(base / 'generations'))}\n"
+                          f"     python -m tqstore inspect {shlex.quote(str(base / 'store'))}\n")
         return EXIT_OK if doc["check"]["ok"] else EXIT_DAMAGED
     finally:
         if not keep:

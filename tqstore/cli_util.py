@@ -95,6 +95,7 @@ def kind_of(path: Path) -> str:
     still names a checkpoint (verify reports it)."""
     from .checkpoint.manager import _STEP
     from .checkpoint.manifest import MANIFEST_NAME
+    from .checkpoint.target import ROOT_LOCK_NAME, is_generation_root
 
     if _is_dump(path):
         return "dump"
@@ -107,8 +108,9 @@ def kind_of(path: Path) -> str:
         return "other"
     if (path / "STORE.json").is_file():
         return "store"
-    if any(_STEP.match(n) for n in os.listdir(path)):
-        return "root"
+    names = os.listdir(path)
+    if any(_STEP.match(n) for n in names) or (ROOT_LOCK_NAME in names and is_generation_root(path)):
+        return "root"  # (a root with no generation yet holds only its lock file)
     return "other"
 
 
