@@ -436,7 +436,9 @@ def can_link(a: PathLike, b: PathLike) -> bool:
     directory ``a``) into the directory ``b`` works: one file system (``st_dev``) and one
     mount of it, tried with a probe link in ``b`` removed at once (two bind mounts of one
     file system share ``st_dev`` but refuse links with EXDEV; some file systems have no
-    hard links).  False when either path is missing: the caller copies, which always works."""
+    hard links).  False when either path is missing: the caller copies, which always works.
+
+    Raises OSError: the probe failed otherwise (an I/O error: the caller's own step fails)."""
     try:
         if os.stat(a).st_dev != os.stat(b).st_dev:
             return False
@@ -446,9 +448,16 @@ def can_link(a: PathLike, b: PathLike) -> bool:
                 src = next((e.path for e in it if e.is_file(follow_symlinks=False)), None)
             if src is None:  # nothing to link from there: nothing will be linked
                 return True
-        probe = os.path.join(os.fspath(b), f".tqstore-link-probe-{secrets.token_hex(4)}")
+    except OSError:
+        return False
+    probe = os.path.join(os.fspath(b), f".tqstore-link-probe-{secrets.token_hex(4)}")
+    try:
         link(src, probe)
+    except FileNotFoundError:
+        return False
     except OSError as e:
+        if e.errno not in LINK_REFUSED:
+            raise
         log.debug("no hard links from %s into %s (%s): copying instead", a, b, e)
         return False
     unlink(probe)
