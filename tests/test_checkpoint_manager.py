@@ -122,18 +122,24 @@ def test_a_save_below_a_damaged_newer_generation_is_kept_and_restored(store, tmp
     assert state(store) == want
 
 
-def test_a_torn_generation_is_pruned_like_any_other_once_the_policy_drops_it(store, tmp_path):
-    """A generation directory that lost its MANIFEST.json counts among the steps keep_last
-    keeps: it is deleted once newer saves push it out (it stayed forever, and `ls` and
-    `verify` of the root reported it damaged forever)."""
-    m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
+def test_a_torn_generation_is_pruned_once_older_than_every_kept_one_and_never_holds_a_slot(store, tmp_path):
+    """A generation directory that lost its MANIFEST.json is deleted once it is older than
+    every generation the policy keeps (it stayed forever, and `ls` and `verify` of the root
+    reported it damaged forever); it never takes a slot of keep_last from a generation that
+    verifies, so a prune never leaves only a torn one."""
+    m = CheckpointManager(tmp_path / "gens", keep_last=1, store=store)
     fill(store, "train", 3)
-    m.save(4)
-    (m.path(4) / "MANIFEST.json").unlink()  # torn
-    m.save(5)
-    assert m.path(4).exists()  # (the two newest: 4 and 5)
-    m.save(6)
-    assert not m.path(4).exists() and m.steps() == [5, 6] and not m._torn_steps()
+    m.save(10)
+    want = state(store)
+    fill(store, "train", 3, start=3)
+    CheckpointManager(tmp_path / "gens", store=store).save(20)  # (keeps all)
+    (m.path(20) / "MANIFEST.json").unlink()  # torn, the newest
+    assert m.prune() == [] and m.steps() == [10] and m._torn_steps() == [20]
+    store.clear_partition("train")
+    m.restore()
+    assert state(store) == want
+    m.save(30)  # 10 dropped by the policy, the torn 20 older than every generation kept
+    assert m.steps() == [30] and m._torn_steps() == [] and not m.path(20).exists()
 
 
 def test_restore_falls_back_several_generations_and_fails_when_none_verifies(store, tmp_path):

@@ -24,7 +24,7 @@ import sys
 from typing import Callable, Dict, Optional, Sequence, TextIO
 
 from ._version import __version__
-from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, CliDamaged, CliUsage
+from .cli_util import EXIT_BROKEN_PIPE, EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, CliDamaged, CliUsage
 from .errors import CorruptionError, TqstoreError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_DAMAGED", "EXIT_USAGE"]
@@ -167,12 +167,15 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
     except KeyboardInterrupt:
         err.write("interrupted\n")
         return 130
-    except BrokenPipeError:  # the reader of the output went away (| head): nothing to say, and no one to say it to
-        try:
-            sys.stdout = open(os.devnull, "w")  # (the interpreter's own flush at exit must not fail again)
-        except OSError:
-            pass
-        return EXIT_OK
+    except BrokenPipeError:  # the reader of the output went away (| head): nothing more to say, no one to say it to
+        if out is sys.stdout:  # (the interpreter's flush at exit must not fail again)
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, sys.stdout.fileno())
+                os.close(devnull)
+            except (OSError, ValueError):
+                pass
+        return EXIT_BROKEN_PIPE
     except CliDamaged as e:
         err.write(f"error: {e}\n")
         return EXIT_DAMAGED

@@ -43,10 +43,9 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
         return EXIT_DAMAGED
     policy = KeepAny(KeepLast(args.keep), KeepSteps({valid}))
     m = CheckpointManager(path, policy=policy)
-    if args.dry_run:  # (as prune: torn generations count too)
-        every = sorted(set(m.steps()) | set(m._torn_steps()))
-        keep = policy.keep(every)
-        deleted = [s for s in every if s not in keep]
+    if args.dry_run:  # (as prune: torn generations older than every kept one go too)
+        keep = policy.keep(m.steps())
+        deleted = [s for s in m.steps() if s not in keep] + [t for t in m._torn_steps() if keep and t < min(keep)]
     else:
         deleted = m.prune()
     doc.update(deleted=deleted, kept=[s for s in (m.steps() if not args.dry_run else before) if s not in deleted],

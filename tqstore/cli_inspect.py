@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
@@ -55,19 +56,22 @@ def generation_reports(path: Path, err: TextIO, quick: bool) -> List[Tuple[int, 
 
 
 class _Warnings(logging.Handler):
-    """The tqstore logger's WARNING and ERROR messages while it is attached."""
+    """The messages of the tqstore logger that report data an open's crash recovery dropped
+    (marked ``tqstore_lost_data``), from this thread, while it is attached."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
         self.lines: List[str] = []
+        self._thread = threading.get_ident()
 
     def emit(self, record: logging.LogRecord) -> None:
-        self.lines.append(record.getMessage())
+        if getattr(record, "tqstore_lost_data", False) and record.thread == self._thread:
+            self.lines.append(record.getMessage())
 
 
 def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
-    """Verify a store; what its open's crash recovery warned of (missing or short segment
-    files, rows that lost fields) counts as problems too: the open repaired the store by
+    """Verify a store; what its open's crash recovery dropped (rows of missing or short
+    segment files, fields rows lost) counts as problems too: the open repaired the store by
     dropping what it could not read, so verify must not then call it clean."""
     seen, logger = _Warnings(), logging.getLogger("tqstore")
     logger.addHandler(seen)

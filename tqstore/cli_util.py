@@ -13,6 +13,7 @@ from typing import Any, Callable, Optional, TextIO
 EXIT_OK = 0
 EXIT_DAMAGED = 1
 EXIT_USAGE = 2
+EXIT_BROKEN_PIPE = 141  # (128 + SIGPIPE, as a tool the signal ended: the reader of the output went away)
 
 KINDS = ("checkpoint", "root", "store", "dump", "missing", "other")
 

@@ -87,7 +87,8 @@ def full_reconcile(store: "Store") -> None:
             missing[g] |= fs
     if missing:
         log.warning("reconcile: %d rows lost fields their units no longer hold (power loss without "
-                    "durability='commit'?); those fields are marked not produced", len(missing))
+                    "durability='commit'?); those fields are marked not produced", len(missing),
+                    extra={"tqstore_lost_data": True})
         store.controller.drop_fields(missing)
 
 

@@ -134,7 +134,7 @@ def check_segment_headers(unit: "Unit", segs: Dict[int, SegInfo]) -> None:
 
 def drop_entries_past(unit: "Unit", short: Dict[int, int]) -> None:
     log.warning("unit %d: segments %s are shorter than recorded (power loss?); dropping the rows "
-                "past their end", unit.unit_id, sorted(short))
+                "past their end", unit.unit_id, sorted(short), extra={"tqstore_lost_data": True})
     with unit.env.begin(write=True) as txn:
         cur = txn.cursor(unit.db_loc)
         drop = [k for k, v in cur if Loc.unpack(v).seg in short

@@ -102,9 +102,7 @@ class PageFile:
     ``main`` and ``free_list`` are that meta page's database records.  Only the two meta
     pages are read until a database's entries are asked for."""
 
-    def __init__(self, buf: Any, txnid: Optional[int] = None, *, file_size: Optional[int] = None) -> None:
-        """``file_size``: the whole file's, when ``buf`` holds only its head (the meta pages
-        checked against it alone: :func:`check_extent`)."""
+    def __init__(self, buf: Any, txnid: Optional[int] = None) -> None:
         self.b = np.frombuffer(buf, dtype=np.uint8)
         if len(self.b) < 2 * PAGEHDRSZ + META.size + 2 * DB_RECORD.size + 16:
             raise LmdbPageError("shorter than a meta page")
@@ -113,7 +111,7 @@ class PageFile:
         if psize < 512 or psize & (psize - 1) or len(self.b) < 2 * psize:
             raise LmdbPageError(f"page size {psize}")
         self.psize = psize
-        self.npages = (len(self.b) if file_size is None else file_size) // psize
+        self.npages = len(self.b) // psize
         best = None
         for pg in (0, 1):
             raw = bytes(self.b[pg * psize:pg * psize + PAGEHDRSZ + META.size + 2 * DB_RECORD.size + 16])
@@ -316,10 +314,27 @@ HEAD_BYTES = 2 * 65536
 
 
 def check_extent(head: bytes, file_size: int) -> None:
-    """Raise LmdbPageError unless the newest meta page in ``head`` (the file's first bytes)
-    names only pages inside a file of ``file_size`` bytes: LMDB maps the file and follows
-    that page number, so a truncated file would end the process with SIGBUS."""
-    PageFile(head, file_size=file_size)
+    """Raise LmdbPageError unless both meta pages in ``head`` (the file's first bytes) are
+    LMDB's and the root pages of their main and free-list databases lie inside a file of
+    ``file_size`` bytes: LMDB maps the file and reads those pages first, so a truncated file
+    would end the process with SIGBUS.  (Their last-page number may lie past the end in a
+    healthy file: a page a transaction allocated and freed again is never written.)"""
+    if len(head) < PAGEHDRSZ + META.size + 2 * DB_RECORD.size:
+        raise LmdbPageError("shorter than a meta page")
+    psize = DB_RECORD.unpack_from(head, PAGEHDRSZ + META.size)[0]
+    if psize < 512 or psize & (psize - 1) or len(head) < 2 * psize:
+        raise LmdbPageError(f"page size {psize}")
+    npages = file_size // psize
+    for pg in (0, 1):
+        at = pg * psize
+        flags = struct.unpack_from("<H", head, at + 10)[0]
+        magic, version, _addr, _size = META.unpack_from(head, at + PAGEHDRSZ)
+        if not flags & P_META or magic != MDB_MAGIC or version != MDB_DATA_VERSION:
+            raise LmdbPageError("not an LMDB meta page")
+        for rec in (at + PAGEHDRSZ + META.size, at + PAGEHDRSZ + META.size + DB_RECORD.size):
+            root = _record(head, rec).root
+            if root != P_INVALID and root >= npages:
+                raise LmdbPageError(f"root page {root} past the file's {npages} pages")
 
 
 def packed_chunks(c: Columns, size: int, start: int = 0, stop: Optional[int] = None):

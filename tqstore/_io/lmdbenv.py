@@ -43,15 +43,16 @@ def open_env(path: Path, *, max_dbs: int = 16, sync: bool = False, map_bytes: in
 
 
 def check_extent(data: Path) -> None:
-    """CorruptionError when the LMDB data file ``data`` is shorter than its newest meta page
-    says (truncated: mapping it would end the process with SIGBUS) or has no valid meta
-    page; nothing when it does not exist yet (LMDB creates it)."""
+    """CorruptionError when the LMDB data file ``data`` has no valid meta pages or is too
+    short for the root pages they name (truncated: LMDB would end the process with SIGBUS
+    at its first read); nothing when it does not exist yet (LMDB creates it).  A file cut
+    elsewhere can still fail later, as before."""
     try:
-        size = os.stat(data).st_size
-        if size == 0:
-            return  # (created, never written: LMDB initialises it)
-        with open(data, "rb") as f:
+        with open(data, "rb") as f:  # (the head first, then the size: a writer elsewhere only grows the file)
             head = f.read(lmdb_pages.HEAD_BYTES)
+            size = os.fstat(f.fileno()).st_size
+        if not head:
+            return  # (created, never written: LMDB initialises it)
     except FileNotFoundError:
         return
     except OSError as e:

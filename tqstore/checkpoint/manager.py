@@ -238,8 +238,8 @@ class CheckpointManager:
 
     def prune(self) -> List[int]:
         """Delete the generations the policy does not keep, torn ones (a generation directory
-        that lost its manifest) counted among them, and leftovers of interrupted saves and
-        prunes (a generation left at ``step-N.old`` by an interrupted replacement is moved
+        that lost its manifest) older than every generation kept, and leftovers of interrupted
+        saves and prunes (a generation left at ``step-N.old`` by an interrupted replacement is moved
         back to ``step-N``).  Returns the steps deleted.
 
         Runs under the root's lock held exclusively (waits for readers of the root).  The
@@ -265,9 +265,11 @@ class CheckpointManager:
                     log.info("restoring %s left by an interrupted replacement", name)
                     files.rename(self.root / name, self.root / name[:-4])
                     files.fsync_dir(self.root)
-            steps = sorted(set(self.steps()) | set(self._torn_steps()))  # (a torn one is pruned like any other)
+            steps = self.steps()
             keep = self.policy.keep(steps) | frozenset(also_keep)
             doomed = [s for s in steps if s not in keep]
+            # a torn one goes once it is older than every generation kept (it never holds a slot of the policy)
+            doomed += [t for t in self._torn_steps() if keep and t < min(keep)]
             for s in list(doomed):
                 foreign = [n for n in (step_name(s), step_name(s) + ".old") if os.path.lexists(self.root / n)
                            and not T.GENERATION.is_own(self.root / n)]
