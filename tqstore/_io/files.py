@@ -432,13 +432,11 @@ LINK_REFUSED = frozenset({errno.EXDEV, errno.EPERM, errno.EMLINK, errno.ENOTSUP,
 
 
 def can_link(a: PathLike, b: PathLike) -> bool:
-    """True if a hard link from the file ``a`` (or from a regular file directly in the
-    directory ``a``) into the directory ``b`` works: one file system (``st_dev``) and one
-    mount of it, tried with a probe link in ``b`` removed at once (two bind mounts of one
-    file system share ``st_dev`` but refuse links with EXDEV; some file systems have no
-    hard links).  False when either path is missing: the caller copies, which always works.
-
-    Raises OSError: the probe failed otherwise (an I/O error: the caller's own step fails)."""
+    """True if a hard link from the file ``a`` (or a regular file in the directory ``a``)
+    into the directory ``b`` works: one file system and one mount of it, tried with a probe
+    link in ``b`` removed at once (two bind mounts of one file system share ``st_dev`` but
+    refuse links: EXDEV).  False when either path is missing: the caller copies.  Raises
+    OSError when the probe fails otherwise (an I/O error: the caller's own step fails)."""
     try:
         if os.stat(a).st_dev != os.stat(b).st_dev:
             return False
