@@ -281,6 +281,17 @@ def test_a_generation_root_with_no_generation_yet_is_a_root(tmp_path):
     assert run("ls", tmp_path / "g")[0] == EXIT_OK
 
 
+def test_inspect_of_a_root_with_an_unreadable_generation_lists_it_and_exits_1(tmp_path):
+    with tqstore.open(tmp_path / "s") as s:
+        fill(s, "train", 2)
+        m = CheckpointManager(tmp_path / "g", store=s)
+        m.save(1)
+        m.save(2)
+    (m.path(2) / "MANIFEST.json").write_text("torn")
+    code, out, err = run("inspect", tmp_path / "g")
+    assert code == EXIT_DAMAGED and "step 1: " in out and "step 2: unreadable" in out, (out, err)
+
+
 def test_every_command_has_help_with_an_example():
     for command in ("demo", "inspect", "verify", "ls", "prune", "compact"):
         r = subprocess.run([sys.executable, "-m", "tqstore", command, "--help"], capture_output=True, text=True,

@@ -85,7 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
              "Summarise what PATH holds: a checkpoint (format version, rows, partitions, units, frames, bytes, "
              "metadata), a CheckpointManager root (each generation: step, rows, units, size, format version, "
              "time), a store directory (units, segments, rows per partition, bytes) or a selective dump (its "
-             "describe_dump report). Reads only and verifies nothing beyond parsing (use verify).",
+             "describe_dump report). Reads only and verifies nothing beyond parsing (use verify); a "
+             "generation whose manifest does not parse is listed as unreadable and makes the exit status 1.",
              "python -m tqstore inspect run/generations/step-0000000100", "store, checkpoint, root or dump")
     i.add_argument("path", help="a store, a checkpoint, a CheckpointManager root or a dump directory")
     i.add_argument("--json", action="store_true", help="print a JSON document on stdout")

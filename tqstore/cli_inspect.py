@@ -295,6 +295,8 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
         out.write(json.dumps(doc, indent=1, default=str) + "\n")
     else:
         _write_inspect(doc, out.write)
+    if kind == "root" and not all(g["manifest_ok"] for g in doc["generations"]):
+        return EXIT_DAMAGED  # (listed all the same: a generation whose manifest does not read)
     return EXIT_OK
 
 
