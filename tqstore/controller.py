@@ -198,9 +198,12 @@ class Controller(SnapshotCalls, ConsumptionCalls):
     def verify_index(self) -> List[str]:
         """See ControllerPort.  The read transaction and the served counts are taken together
         under the lock; the decode runs outside it (puts go on meanwhile)."""
+        def counts(num_units: int, next_gidx: int, parts: Mapping[str, Partition]) -> Tuple[Any, ...]:
+            return num_units, next_gidx, {pid: (p.live, p.key_count()) for pid, p in parts.items()}
+
         with self._lock:
             txn = self.env.begin()
-            served = (self.num_units, self.next_gidx, {pid: (p.live, p.key_count()) for pid, p in self.parts.items()})
+            served = counts(self.num_units, self.next_gidx, self.parts)
         try:
             st = decode_controller(txn, self.db, self.path)
         except (CorruptionError, FormatVersionError) as e:
@@ -209,7 +212,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
             return [f"controller: its index cannot be read ({self.path / 'data.mdb'}): {e}"]
         finally:
             txn.abort()
-        found = (st.num_units, st.next_gidx, {pid: (p.live, p.key_count()) for pid, p in st.parts.items()})
+        found = counts(st.num_units, st.next_gidx, st.parts)
         if found == served:
             return []
         return [f"controller: its index ({self.path / 'data.mdb'}) holds {found[0]} units, next global index "

@@ -68,6 +68,11 @@ class WaitTimeoutError(TqstoreError, TimeoutError, RuntimeError):
     goes on).  Catches as ``TimeoutError`` and, as TransferQueue's client raises it, as
     ``RuntimeError``."""
 
+    @classmethod
+    def still_running(cls, what: str, path, timeout) -> "WaitTimeoutError":
+        """The error of a save's or dump's handle asked for its result too early."""
+        return cls(f"{what} to {path} still running after {timeout} s")
+
 
 class StoreClosedError(TqstoreError, RuntimeError):
     """The store (or the module-level default store) is closed or was never opened."""

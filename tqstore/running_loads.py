@@ -8,8 +8,8 @@ process is running (or a ``recover_data_load`` is settling), that error would on
 "too early": so a call made through :func:`waits_for_running_loads` that meets it waits
 for that load to end and runs again (the guards raise before anything is written, so the
 second run is the same call; a call spanning partitions checks them all first).  The wait
-has no time limit: it lasts as long as the load (its start and end are logged at INFO).  A call that meets a restore whose load
-ended just before it looked runs again too.  A restore no load of this store runs (left by
+has no time limit: it lasts as long as the load (its start and end are logged at
+INFO).  A call that meets a restore whose load ended just before it looked runs again too.  A restore no load of this store runs (left by
 a crash, or by an error its load could not undo) raises at once, as before, and so does a
 call made by the load's own thread or while the store's write or metadata lock is held
 (waiting there would block the load).
@@ -82,7 +82,8 @@ class RunningLoads:
                          me.name, rid, runner.name)
                 t0 = time.monotonic()
                 self._cond.wait_for(lambda: rid not in self._threads)
-                log.info("thread %r waited %.3f s for restore %s; its call runs again", me.name, time.monotonic() - t0, rid)
+                log.info("thread %r waited %.3f s for restore %s; its call runs again", me.name,
+                         time.monotonic() - t0, rid)
                 return True
         return gone(rid)
 

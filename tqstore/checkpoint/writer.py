@@ -109,8 +109,7 @@ class SaveHandle:
         return self._event.wait(timeout)
 
     def _timed_out(self, timeout: Optional[float]) -> WaitTimeoutError:
-        return WaitTimeoutError(f"{getattr(self, 'what', 'checkpoint save')} to {self.path} still running after "
-                                f"{timeout} s")
+        return WaitTimeoutError.still_running(getattr(self, "what", "checkpoint save"), self.path, timeout)
 
     def result(self, timeout: Optional[float] = None) -> CheckpointInfo:
         """The save's summary once it is durable and published.

@@ -92,7 +92,7 @@ class RemoteHandle:
     def _wait_or_raise(self, timeout: Optional[float]) -> None:
         if not self.wait(timeout):
             what = "dump" if self._ref.kind.lower().startswith("dump") else "checkpoint save"
-            raise WaitTimeoutError(f"{what} to {self.path} still running after {timeout} s")
+            raise WaitTimeoutError.still_running(what, self.path, timeout)
 
     def __del__(self) -> None:  # pragma: no cover - best effort: the host drops it once finished
         try:
@@ -251,16 +251,18 @@ PATH_ARGS = {"save_checkpoint": "checkpoint_dir", "load_checkpoint": "checkpoint
 
 def absolute_path(path: Any) -> Any:
     """``path`` (a str or path-like) as an absolute path string in this process's working
-    directory (symbolic links kept); any other value as it is (the store raises its error)."""
-    if isinstance(path, (str, os.PathLike)) and not isinstance(path, bytes):
+    directory, as :class:`~tqstore.store.Store` takes its root (symbolic links kept); any
+    other value as it is (the store raises its error)."""
+    if isinstance(path, (str, os.PathLike)):
         try:
-            return os.path.join(os.getcwd(), os.fspath(path)) if not os.path.isabs(path) else os.fspath(path)
+            return str(Path(path).absolute())
         except (TypeError, ValueError, OSError):
             return path
     return path
 
 
-def _absolute_path_arg(param: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
+def _absolute_path_arg(param: str, args: Tuple[Any, ...],
+                       kwargs: Dict[str, Any]) -> Tuple[Tuple[Any, ...], Dict[str, Any]]:
     if args:
         return (absolute_path(args[0]),) + tuple(args[1:]), kwargs
     if param in kwargs:
