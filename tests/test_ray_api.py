@@ -284,6 +284,15 @@ def test_put_updates_the_callers_meta_and_only_fetch_waits_as_in_the_embedded_st
     got = tq.get_data(meta)
     assert sorted(got.keys()) == ["prompt", "response"] and got["response"].tolist() == [[1.0] * 3] * 2
     assert tq.get_meta(None, None, "p", mode="force_fetch").custom_meta == [{"r": 1}, {"r": 2}]
+    # set_custom_meta is one call of the host (its check and write under the store's write lock)
+    meta.update_custom_meta([{"s": 1}, {"s": 2}])
+    tq.current_store().set_custom_meta(meta)  # (a served store answers it, as an embedded one does)
+    assert tq.get_meta(None, None, "p", mode="force_fetch").custom_meta == [{"r": 1, "s": 1}, {"r": 2, "s": 2}]
+    tq.clear_samples(meta)
+    tq.put({"prompt": torch.zeros(2, 2)}, partition_id="p")  # the cleared indexes again
+    with pytest.raises(tq.StorageKeyNotFoundError):
+        tq.get_client().set_custom_meta(meta)
+    assert not any(tq.get_meta(None, None, "p", mode="force_fetch").custom_meta)
     tq.put({"x": torch.zeros(1, 1)}, partition_id="empty")
     tq.clear_partition("empty")
     t0 = time.monotonic()

@@ -13,18 +13,14 @@ Every call is timed into :data:`tqstore.metrics.REGISTRY`.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, List, Optional, Union
 
 from . import _default, _executor, fetch_wait, metrics as _metrics
-from .errors import (
-    InvalidInputError, PartitionNotFoundError, StalePartitionError, StorageKeyNotFoundError, StoreClosedError,
-)
+from .errors import InvalidInputError, PartitionNotFoundError, StoreClosedError
 from .kv import DataPlane
 from .meta import BatchMeta
-from .streaming import check_tags
 
 #: Store methods a client (and the module API) forwards, in documentation order.
 FORWARDED = (
@@ -33,7 +29,7 @@ FORWARDED = (
     "get_partition_list", "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear",
 )
 
-#: calls a client adds over public Store methods (TransferQueue's client surface)
+#: calls a client adds over the module API (TransferQueue's client surface)
 EXTRA = ("set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "save_controller_checkpoint",
          "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint", "dump_data_by_key",
          "load_data_by_key", "recover_data_load")
@@ -142,37 +138,9 @@ class _ClientBase:
 
     # ------------------------------------------------------------------ bodies (store passed explicitly)
     def _set_custom_meta(self, store: Any, metadata: BatchMeta) -> None:
-        if not isinstance(metadata, BatchMeta):
-            raise InvalidInputError(f"set_custom_meta takes a BatchMeta, got {type(metadata).__name__}")
-        if metadata.size == 0:
-            return
-        by_pid: Dict[str, List[int]] = {}
-        for i, pid in enumerate(metadata.partition_ids):
-            by_pid.setdefault(pid, []).append(i)
-        # an in-process store's write lock holds clears off between the check and the write (a
-        # row index cleared and reused meanwhile would get these tags)
-        with getattr(store, "_write_lock", None) or contextlib.nullcontext():
-            self._write_custom_meta(store, metadata, by_pid)
-
-    @staticmethod
-    def _write_custom_meta(store: Any, metadata: BatchMeta, by_pid: Dict[str, List[int]]) -> None:
-        plans = []
-        for pid, pos in by_pid.items():  # check every partition before writing any
-            try:
-                every = store.get_meta(None, None, pid, mode="force_fetch")
-            except PartitionNotFoundError:
-                raise StalePartitionError(f"set_custom_meta: partition {pid!r} of the BatchMeta no longer exists "
-                                          f"(cleared; the BatchMeta is stale)") from None
-            live = dict(zip(every.global_indexes, every._seqs))
-            stale = [metadata.global_indexes[i] for i in pos if metadata.global_indexes[i] not in live
-                     or metadata._seqs[i] not in (None, live[metadata.global_indexes[i]])]
-            if stale:
-                raise StorageKeyNotFoundError(f"set_custom_meta: rows {stale[:5]} of partition {pid!r} were "
-                                              f"cleared (the BatchMeta is stale)")
-            tags = check_tags([metadata.custom_meta[i] for i in pos])  # (as a put checks them)
-            plans.append((pid, [metadata.global_indexes[i] for i in pos], tags))
-        for pid, gidxs, tags in plans:  # Store.write with no fields: a tag-only controller transaction
-            store.write(pid, {}, gidxs=gidxs, tags=tags)
+        # the store checks the rows and writes the tags under its write lock (in the Ray host
+        # for a served store): a clear and a put reusing the indexes cannot come between them
+        call_store(store, "set_custom_meta", metadata)
 
     def _kv_retrieve_meta(self, store: Any, keys: Union[str, List[str]], partition_id: str,
                           create: bool = False) -> BatchMeta:

@@ -286,9 +286,10 @@ class Streaming:
         if strict and bad:
             i, pid, b = min(bad, key=lambda x: x[0])
             if b is None:
-                raise StalePartitionError(f"partition {pid!r} of the BatchMeta does not exist (cleared?)")
+                raise StalePartitionError(f"partition {pid!r} of the BatchMeta does not exist (cleared: the "
+                                          f"BatchMeta is stale)")
             raise StorageKeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta no longer exists "
-                                          f"(cleared); get fresh metadata")
+                                          f"(cleared: the BatchMeta is stale); get fresh metadata")
         return groups
 
     def put(self, data: Any, metadata: Optional[BatchMeta] = None, partition_id: Optional[str] = None) -> BatchMeta:
@@ -360,6 +361,35 @@ class Streaming:
                     metadata.custom_meta[i] = _tag_out(tag)
             metadata.production_status = status
         return metadata
+
+    def set_custom_meta(self, metadata: BatchMeta) -> None:
+        """Store ``metadata.custom_meta`` as the tags of the meta's rows (replacing them; no
+        field is written), in one controller transaction per partition.
+
+        The rows are checked and written under the store's write lock: a clear (and a put
+        reusing the cleared indexes) waits until the tags are written, so a stale meta's
+        tags never land on other rows.  Every tag of every partition is checked before any
+        is written.  An empty meta does nothing.
+
+        Raises:
+            InvalidInputError: not a BatchMeta; UnsupportedTypeError / InvalidInputError: a
+                tag that cannot be stored (nothing written).
+            StorageKeyNotFoundError (a KeyNotFoundError): the meta's rows were cleared
+                (StalePartitionError, also a PartitionNotFoundError: its partition was).
+        """
+        if not isinstance(metadata, BatchMeta):
+            raise InvalidInputError(f"set_custom_meta takes a BatchMeta, got {type(metadata).__name__}")
+        if metadata.size == 0:
+            return
+        dp = self._dp
+        dp.check_open()
+        with dp.write_lock:
+            plans = []
+            for pid, (b, pos, idx) in self._live_rows(metadata, strict=True).items():
+                tags = check_tags([metadata.custom_meta[i] for i in pos])  # (as a put checks them)
+                plans.append((pid, _pick(b.gidxs, idx), tags))
+            for pid, gidxs, tags in plans:  # a write with no fields: a tag-only controller transaction
+                dp.io.write(pid, {}, gidxs=gidxs, tags=tags)
 
     def get_data(self, metadata: Union[BatchMeta, KVBatchMeta]) -> Any:
         """Read the fields of a BatchMeta (``metadata.field_names``) for its rows, in order, as the
@@ -499,6 +529,6 @@ class Streaming:
 #: the public calls of :class:`Streaming`, in documentation order
 STREAMING_CALLS = ("get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
                    "get_production_status", "check_consumption_status", "check_production_status",
-                   "reset_consumption", "get_partition_list")
+                   "reset_consumption", "get_partition_list", "set_custom_meta")
 
 __all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from", "check_timeout"]
