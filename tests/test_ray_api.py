@@ -293,6 +293,10 @@ def test_put_updates_the_callers_meta_and_only_fetch_waits_as_in_the_embedded_st
     with pytest.raises(tq.StorageKeyNotFoundError):
         tq.get_client().set_custom_meta(meta)
     assert not any(tq.get_meta(None, None, "p", mode="force_fetch").custom_meta)
+    tq.kv_put("k", "p", tag={"t": 1})
+    got = tq.get_client().kv_retrieve_meta(["k", "missing"], "p")  # (one call of the host each)
+    assert got.keys == ["k"] and got.custom_meta == [{"t": 1}]
+    assert tq.get_client().kv_retrieve_keys(got.global_indexes + [10 ** 6], "p") == ["k", None]
     tq.put({"x": torch.zeros(1, 1)}, partition_id="empty")
     tq.clear_partition("empty")
     t0 = time.monotonic()

@@ -362,3 +362,34 @@ def test_streaming_dataset_says_why_it_waits_when_fewer_rows_than_a_batch_are_le
         assert list(it) == [], "every row consumed: the iteration ends"
     finally:
         tq.close()
+
+
+def test_kv_retrieve_meta_and_keys_look_up_only_the_rows_asked_for(monkeypatch):
+    """TransferQueue's key <-> row lookups answer in key order (missing keys left out, a
+    repeated key repeated) from the rows asked for: they never list the whole partition (a
+    million-row partition made each call cost a second).  ``create`` with a missing key given
+    twice creates it once; an index no row can have is None, not an OverflowError."""
+    store = tq.init()
+    try:
+        c = tq.get_client()
+        tq.kv_batch_put(["a", "b", "c"], "p", {"x": torch.arange(3)[:, None]}, tags=[{"t": 1}, None, {"t": 3}])
+
+        def whole_partition(*args, **kwargs):
+            raise AssertionError("the whole partition was listed")
+
+        monkeypatch.setattr(store.controller, "first_rows", whole_partition)
+        monkeypatch.setattr(store.controller, "key_list", whole_partition)
+        m = c.kv_retrieve_meta(["c", "zz", "a", "c"], "p")
+        assert (m.keys, m.global_indexes, m.custom_meta) == (["c", "a", "c"], [2, 0, 2], [{"t": 3}, {"t": 1}, {"t": 3}])
+        assert m.field_names == ["x"] and m.production_status.tolist() == [1, 1, 1]
+        m = store.kv_retrieve_meta(["n1", "a", "n1"], "p", create=True)  # (a store method too)
+        assert m.keys == ["n1", "a", "n1"] and m.production_status.tolist() == [0, 1, 0]
+        assert m.global_indexes[0] == m.global_indexes[2] == 3
+        assert c.kv_retrieve_keys([0, 2, -1, 2 ** 70, 3, 99], "p") == ["a", "c", None, None, "n1", None]
+        assert c.kv_retrieve_meta("a", "nope").size == 0
+        with pytest.raises(RuntimeError, match="no corresponding keys"):
+            c.kv_retrieve_keys(0, "nope")
+        with pytest.raises(TypeError):
+            c.kv_retrieve_meta([1], "p")
+    finally:
+        tq.close()

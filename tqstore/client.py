@@ -18,7 +18,7 @@ import inspect
 from typing import Any, Callable, List, Optional, Union
 
 from . import _default, _executor, fetch_wait, metrics as _metrics
-from .errors import InvalidInputError, PartitionNotFoundError, StoreClosedError
+from .errors import StoreClosedError
 from .kv import DataPlane
 from .meta import BatchMeta
 
@@ -33,6 +33,10 @@ FORWARDED = (
 EXTRA = ("set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "save_controller_checkpoint",
          "load_controller_checkpoint", "save_storage_checkpoint", "load_storage_checkpoint", "dump_data_by_key",
          "load_data_by_key", "recover_data_load")
+
+#: the calls of EXTRA that are store methods (a served store answers each in one call of its host:
+#: set_custom_meta checks the rows and writes the tags under the store's write lock)
+STORE_EXTRA = ("set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys")
 
 _ROW_OPS = {"put", "kv_put", "kv_batch_put", "get_data", "kv_batch_get", "kv_batch_get_by_meta", "get_meta"}
 
@@ -132,57 +136,11 @@ class _ClientBase:
         return self._dispatch(self.store, name, *args, **kwargs)
 
     def _dispatch(self, store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-        if name in FORWARDED:
+        if name in FORWARDED or name in STORE_EXTRA:
             return call_store(store, name, *args, **kwargs)
         return getattr(self, "_" + name)(store, *args, **kwargs)
 
     # ------------------------------------------------------------------ bodies (store passed explicitly)
-    def _set_custom_meta(self, store: Any, metadata: BatchMeta) -> None:
-        # the store checks the rows and writes the tags under its write lock (in the Ray host
-        # for a served store): a clear and a put reusing the indexes cannot come between them
-        call_store(store, "set_custom_meta", metadata)
-
-    def _kv_retrieve_meta(self, store: Any, keys: Union[str, List[str]], partition_id: str,
-                          create: bool = False) -> BatchMeta:
-        if isinstance(keys, str):
-            keys = [keys]
-        elif isinstance(keys, list):
-            if not keys:
-                raise InvalidInputError("Received an empty list as keys.")
-            if not all(isinstance(k, str) for k in keys):
-                raise TypeError("Not all elements in `keys` are strings.")
-        else:
-            raise TypeError("Only string or list of strings are allowed as `keys`.")
-        if create:
-            have = store.kv_list(partition_id).get(partition_id, {})
-            missing = [k for k in keys if k not in have]
-            if missing:
-                store.kv_batch_put(missing, partition_id, tags=[{}] * len(missing))
-        try:
-            every = store.get_meta(None, None, partition_id, mode="force_fetch")
-        except PartitionNotFoundError:
-            return BatchMeta.empty()
-        pos = {k: i for i, k in enumerate(every.keys) if k is not None}
-        return every.select_samples([pos[k] for k in keys if k in pos])
-
-    def _kv_retrieve_keys(self, store: Any, global_indexes: Union[int, List[int]], partition_id: str) -> List[str]:
-        if isinstance(global_indexes, int):
-            global_indexes = [global_indexes]
-        elif isinstance(global_indexes, list):
-            if not global_indexes:
-                raise InvalidInputError("Received an empty list as `global_indexes`.")
-            if not all(isinstance(i, int) for i in global_indexes):
-                raise TypeError("Not all elements in `global_indexes` are int.")
-        else:
-            raise TypeError("Only int or list of int are allowed as `global_indexes`.")
-        try:
-            every = store.get_meta(None, None, partition_id, mode="force_fetch")
-        except PartitionNotFoundError:  # TransferQueue: the controller answers [], the client raises
-            raise RuntimeError(f"Some global_indexes have no corresponding keys! (partition {partition_id!r} "
-                               f"not found)") from None
-        key_of = dict(zip(every.global_indexes, every.keys))
-        return [key_of.get(g) for g in global_indexes]  # None: no row, or a row without a key (as TransferQueue)
-
     def _save_controller_checkpoint(self, store: Any, path: str) -> Any:
         with _metrics.REGISTRY.timed("save_checkpoint"):
             return store.save_checkpoint(path, include_storage=False)

@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from ._gcpause import pausing
 from .edge import NumpyEdge
 from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError
-from .meta import KVBatchMeta
+from .meta import BatchMeta, KVBatchMeta
 from .ports import ControllerPort, RowBatch
 from .samplers import BaseSampler, make_sampler
 from .streaming import (
@@ -388,6 +388,76 @@ class DataPlane:
         log.debug("kv_clear %d keys of %r", len(gidxs), partition_id)
 
 
+    # ------------------------------------------------------------------ TransferQueue's key <-> row lookups
+    def kv_retrieve_meta(self, keys: Union[str, List[str]], partition_id: str, create: bool = False) -> BatchMeta:
+        """A BatchMeta of the rows of ``keys`` (in their order; keys that are not in the
+        partition are left out, as TransferQueue's client does), over every field of the
+        partition's schema.  ``create``: missing keys are created first (rows without data,
+        tag ``{}``).  An unknown partition gives an empty meta.  The work is that of the keys
+        asked for, whatever the partition's size.
+
+        Raises:
+            TypeError: ``keys`` is not a str or a list of str (TransferQueue's error).
+            InvalidInputError: an empty list, a bad partition id or key.
+        """
+        if isinstance(keys, str):
+            keys = [keys]
+        elif isinstance(keys, list):
+            if not keys:
+                raise InvalidInputError("Received an empty list as keys.")
+            if not all(isinstance(k, str) for k in keys):
+                raise TypeError("Not all elements in `keys` are strings.")
+        else:
+            raise TypeError("Only string or list of strings are allowed as `keys`.")
+        _check_pid(partition_id)
+        self.check_open()
+        if create:
+            rows = self.controller.rows_by_key(partition_id, keys)
+            missing = list(keys) if rows is None else [keys[i] for i in rows.missing()]
+            if missing:
+                missing = list(dict.fromkeys(missing))
+                self.kv_batch_put(missing, partition_id, tags=[{}] * len(missing))
+        rows = self.controller.rows_by_key(partition_id, keys)
+        if rows is None:
+            return BatchMeta.empty()
+        found = [i for i, q in enumerate(rows.seqs) if q is not None]
+        if len(found) != len(rows):
+            rows = RowBatch(rows.pid, rows.schema, *([col[i] for i in found] for col in
+                                                    (rows.gidxs, rows.keys, rows.tags, rows.fields, rows.seqs)))
+        return self.streaming._meta(rows, list(rows.schema))
+
+    def kv_retrieve_keys(self, global_indexes: Union[int, List[int]], partition_id: str) -> List[Optional[str]]:
+        """The key of each of ``global_indexes`` in the partition (None for an index that is
+        not a row of it, or a row without a key, as TransferQueue); the work is that of the
+        indexes asked for, whatever the partition's size.
+
+        Raises:
+            TypeError: ``global_indexes`` is not an int or a list of ints (TransferQueue's error).
+            InvalidInputError: an empty list, a bad partition id.
+            RuntimeError: the partition does not exist ("Some global_indexes have no
+                corresponding keys!", TransferQueue's error).
+        """
+        if isinstance(global_indexes, int):
+            global_indexes = [global_indexes]
+        elif isinstance(global_indexes, list):
+            if not global_indexes:
+                raise InvalidInputError("Received an empty list as `global_indexes`.")
+            if not all(isinstance(i, int) for i in global_indexes):
+                raise TypeError("Not all elements in `global_indexes` are int.")
+        else:
+            raise TypeError("Only int or list of int are allowed as `global_indexes`.")
+        _check_pid(partition_id)
+        self.check_open()
+        gidxs = [int(g) for g in global_indexes]
+        asked = [g for g in gidxs if 0 <= g < 1 << 63]  # (any other int is no row)
+        rows = self.controller.row_batch(partition_id, asked)
+        if rows is None:  # TransferQueue: the controller answers [], the client raises
+            raise RuntimeError(f"Some global_indexes have no corresponding keys! (partition {partition_id!r} "
+                               f"not found)")
+        key_of = {g: k for g, k, q in zip(rows.gidxs, rows.keys, rows.seqs) if q is not None}
+        return [key_of.get(g) for g in gidxs]
+
+
 def forwarder(cls: type, attr: str, name: str) -> Callable:
     """A method calling ``self.<attr>.<name>`` (an instance of ``cls``), with the signature
     and docstring of ``cls.<name>`` (composition: the owner forwards, nothing is mixed in)."""
@@ -407,6 +477,6 @@ for _name in STREAMING_CALLS:
 
 #: the public calls of a DataPlane that a Store forwards (the client's FORWARDED, set_sampler and watch_puts)
 PUBLIC_CALLS = STREAMING_CALLS + ("kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list",
-                                  "kv_clear", "set_sampler", "watch_puts")
+                                  "kv_clear", "kv_retrieve_meta", "kv_retrieve_keys", "set_sampler", "watch_puts")
 
 __all__ = ["DataPlane", "PayloadIO", "PUBLIC_CALLS", "forwarder"]
