@@ -58,6 +58,40 @@ def test_force_fetch_answers_the_first_rows_in_insertion_order_after_clears(tmp_
         assert s.get_meta(["x"], 100, "p", mode="force_fetch").size == 10
 
 
+def test_force_fetch_of_a_few_rows_finds_them_past_a_long_run_of_cleared_ones(tmp_path):
+    """The first rows after thousands of cleared ones (the scan for them goes chunk by
+    chunk), and after more clears in between, are those of the whole listing."""
+    with _store(tmp_path) as s:
+        s.put({"x": np.arange(10000)[:, None]}, partition_id="p")
+        every = s.get_meta(["x"], None, "p", mode="force_fetch")
+        s.clear_samples(every.select_samples(list(range(5000)) + list(range(9000, 9003)) + [5001, 5003]))
+        left = s.get_meta(["x"], None, "p", mode="force_fetch")
+        for n in (1, 7, 4996, 4997, 10 ** 6):
+            m = s.get_meta(["x"], n, "p", mode="force_fetch")
+            assert m.global_indexes == left.global_indexes[:n], n
+        assert left.global_indexes[:3] == [every.global_indexes[i] for i in (5000, 5002, 5004)]
+
+
+def test_sequential_fetches_stay_in_order_while_consumed_and_cleared_rows_leave_the_ready_view(tmp_path):
+    """A task consuming thousands of rows batch by batch, with clears in between, gets every
+    remaining row once, oldest first (the ready view rebuilds itself as rows leave it)."""
+    with _store(tmp_path) as s:
+        s.put({"x": np.arange(6000)[:, None]}, partition_id="p")
+        every = s.get_meta(["x"], None, "p", mode="force_fetch").global_indexes
+        seen = []
+        for step in range(40):
+            m = s.get_meta(["x"], 100, "p", mode="fetch", task_name="t")
+            seen += m.global_indexes
+            if step == 20:
+                s.clear_samples(s.get_meta(["x"], None, "p", mode="force_fetch").select_samples(
+                    list(range(2100, 2600))))
+            s.controller.check_mirror()
+        cleared = set(every[2100:2600])  # (the next 500 rows not consumed yet)
+        assert seen == [g for g in every if g not in cleared][:4000]
+        rest = s.get_meta(["x"], 1500, "p", mode="fetch", task_name="t").global_indexes
+        assert seen + rest == [g for g in every if g not in cleared]
+
+
 def test_kv_put_meta_holds_fresh_tags_and_the_common_fields(tmp_path):
     with _store(tmp_path) as s:
         s.kv_batch_put(["a", "b"], "p", {"x": np.arange(2)})

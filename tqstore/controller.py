@@ -284,10 +284,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         p = self.parts.get(pid)
         if p is None:
             return None
-        sl = p.live_slots()
-        if limit is not None:
-            sl = sl[:max(0, limit)]  # O(limit) Python objects, not O(rows)
-        return rows_of_slots(p, sl)
+        return rows_of_slots(p, p.live_slots(limit))  # (the scan stops at limit)
 
     @_locked
     def list_keys(self, pid: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
@@ -460,9 +457,9 @@ class Controller(SnapshotCalls, ConsumptionCalls):
             if gone or drop_partition:
                 self._removals += 1  # (before the mirror changes: an epoch read after this call sees it)
             p.remove(gone)
+            for v in all_views:
+                v.remove(gone)
             for g in gone:
-                for v in all_views:
-                    v.rows.pop(g, None)
                 heapq.heappush(self.free, g)
                 for t in tasks:
                     self.consumed[(pid, t)].discard(g)

@@ -49,8 +49,7 @@ class ConsumptionCalls:
             p = self.parts.get(pid)
             if p is not None and gidxs:
                 for v in p.ready.get(task, {}).values():
-                    for g in gidxs:
-                        v.rows.pop(g, None)
+                    v.remove(gidxs)
 
     def reset_consumption(self, pid: str, task: Optional[str] = None) -> bool:
         """Forget consumption of ``pid`` by ``task`` (all tasks when None) and the sampler's

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import islice
+from operator import itemgetter
 from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
@@ -59,12 +60,27 @@ class _Ready:
     """Rows of one partition ready for one ``(task, need)``: gidx -> seq, seq-ordered unless
     ``dirty`` (a row older than the newest one became ready; sorted on next use)."""
 
-    __slots__ = ("rows", "last", "dirty")
+    __slots__ = ("rows", "last", "dirty", "_gone")
 
     def __init__(self, rows: Dict[int, int]) -> None:
         self.rows = rows
         self.last = max(rows.values(), default=-1)
         self.dirty = False
+        self._gone = 0  # rows removed since ``rows`` was last built
+
+    def remove(self, gidxs: Sequence[int]) -> None:
+        """Take ``gidxs`` out (consumed or cleared; absent ones ignored).  A dict keeps the
+        slots of removed entries until it is rebuilt, and the oldest rows are the ones
+        removed, so :meth:`ordered` would walk them all on every fetch: the dict is rebuilt
+        once more rows were removed than it holds."""
+        rows = self.rows
+        before = len(rows)
+        for g in gidxs:
+            rows.pop(g, None)
+        self._gone += before - len(rows)
+        if self._gone > max(1024, len(rows)):
+            self.rows = dict(rows)
+            self._gone = 0
 
     def add(self, gidx: int, seq: int) -> None:
         if gidx in self.rows:
@@ -78,8 +94,9 @@ class _Ready:
     def ordered(self, limit: Optional[int] = None) -> List[int]:
         """The rows, oldest first (the first ``limit`` of them: O(limit) once sorted)."""
         if self.dirty:
-            self.rows = dict(sorted(self.rows.items(), key=lambda kv: kv[1]))
+            self.rows = dict(sorted(self.rows.items(), key=itemgetter(1)))
             self.dirty = False
+            self._gone = 0
         return list(self.rows) if limit is None else list(islice(self.rows, limit))
 
     def seqs(self) -> List[int]:
@@ -241,8 +258,23 @@ class Partition:
         part = self.gmap.part
         return 0 <= g < len(part) and int(part[g]) == self.num
 
-    def live_slots(self) -> np.ndarray:
-        return np.flatnonzero(self.s_gidx[:self.n] >= 0)
+    def live_slots(self, limit: Optional[int] = None) -> np.ndarray:
+        """Slots of the live rows in insertion order (the first ``limit`` of them: the scan
+        stops once it has them, so a partition's first rows cost the same at any size)."""
+        n = self.n
+        if limit is None:
+            return np.flatnonzero(self.s_gidx[:n] >= 0)
+        limit = max(0, min(int(limit), self.live))
+        if self.live == n:  # no removed row below n: the first slots
+            return np.arange(limit, dtype=np.intp)
+        found: List[np.ndarray] = []
+        got, lo, step = 0, 0, max(4096, 2 * limit)
+        while got < limit and lo < n:
+            hi = min(n, lo + step)
+            found.append(np.flatnonzero(self.s_gidx[lo:hi] >= 0) + lo)
+            got += len(found[-1])
+            lo, step = hi, 2 * step
+        return np.concatenate(found)[:limit] if found else np.zeros(0, dtype=np.intp)
 
     def gidxs(self) -> List[int]:
         """Row gidxs in insertion order."""
