@@ -139,3 +139,25 @@ def test_a_sampler_answering_rows_outside_the_partition_is_refused_and_marks_not
             s.get_meta(["x"], 2, "p", task_name="t")
         s.set_sampler("sequential")
         assert s.get_meta(["x"], 4, "p", task_name="t").size == 4
+
+
+def test_consumption_status_is_sorted_by_index_and_flags_exactly_the_consumed_rows_after_reuse(tmp_path):
+    """Cleared indexes reused by later rows (slots no longer in index order), rows consumed
+    before and after: the status lists every live row by index, 1 exactly where consumed."""
+    with _store(tmp_path) as s:
+        s.put({"x": np.arange(50)[:, None]}, partition_id="p")
+        got = s.get_meta(["x"], 20, "p", mode="fetch", task_name="t").global_indexes
+        every = s.get_meta(["x"], None, "p", mode="force_fetch")
+        gone = [every.global_indexes[i] for i in (1, 3, 30, 31, 40)]
+        s.clear_samples(every.select_samples([1, 3, 30, 31, 40]))
+        s.put({"x": np.arange(8)[:, None]}, partition_id="p")  # reuses the 5 freed indexes, then new ones
+        got += s.get_meta(["x"], 30, "p", mode="fetch", task_name="t").global_indexes
+        live = s.get_meta(["x"], None, "p", mode="force_fetch").global_indexes
+        assert set(gone) <= set(live)  # (reused)
+        g, done = s.get_consumption_status("t", "p")
+        assert g.tolist() == sorted(live)
+        assert done.tolist() == [1 if x in set(got) else 0 for x in sorted(live)]
+        assert not s.check_consumption_status("t", "p")
+        s.get_meta(["x"], len(live) - int(done.sum()), "p", mode="fetch", task_name="t")
+        assert s.check_consumption_status("t", "p") and s.get_consumption_status("t", "p")[1].all()
+        assert s.get_consumption_status("other", "p")[1].tolist() == [0] * len(live)

@@ -509,9 +509,20 @@ def production_status(p: Partition, fields: Sequence[str]) -> Tuple[np.ndarray, 
 
 
 def consumption_status(p: Partition, done) -> Tuple[np.ndarray, np.ndarray]:
-    """``(sorted gidxs, int8 flags: 1 in done)``."""
-    g = np.sort(p.s_gidx[p.live_slots()])
-    return g.astype(np.int64), np.array([x in done for x in g.tolist()], dtype=np.int8)
+    """``(sorted gidxs, int8 flags: 1 in done)``: array work only (a million rows in some ms;
+    ``done`` may name gidxs that are no rows of ``p``)."""
+    sl = p.live_slots()
+    g = p.s_gidx[sl]
+    flags = np.zeros(len(sl), dtype=np.int8)
+    if done and len(sl):
+        s = p.slots(np.fromiter(done, dtype=_I64, count=len(done)))
+        by_slot = np.zeros(p.n, dtype=np.int8)
+        by_slot[s[s >= 0]] = 1
+        flags = by_slot[sl]
+    if len(g) > 1 and not bool((g[1:] > g[:-1]).all()):  # (in order unless freed indexes were reused)
+        order = np.argsort(g, kind="stable")
+        g, flags = g[order], flags[order]
+    return g.astype(np.int64), flags
 
 
 def check_mirror(parts: Dict[str, Partition], gmap: GidxMap, consumed) -> None:
