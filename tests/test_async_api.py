@@ -314,3 +314,168 @@ def test_an_async_fetch_does_not_block_the_event_loop_while_a_state_switch_holds
     during, got = asyncio.run(main())
     assert during >= 10, f"the loop ran {during} times in 0.5 s: blocked by the fetch"
     assert got.size == 0
+
+
+def test_a_cancel_of_a_waiting_fetch_is_never_lost_while_puts_keep_waking_it(store):
+    """Puts wake the waiting fetch every millisecond (never enough rows for its batch): a
+    ``cancel()`` arriving as a put wakes it still ends the task at once.  (With
+    ``asyncio.wait_for`` between asks, Python 3.11 dropped such a cancellation: about one in
+    two; the fetch went on waiting, and could take rows.)"""
+    import threading
+    import time
+
+    stop = threading.Event()
+
+    def producer():
+        while not stop.is_set():
+            store.put(_rows(1), partition_id="w")
+            time.sleep(0.0005)
+
+    async def main():
+        client = tq.get_client()
+        lost = 0
+        for i in range(30):
+            t = asyncio.ensure_future(client.async_get_meta(["prompt"], 10 ** 7, "w", task_name="t", timeout_s=5))
+            await asyncio.sleep(0.002 + (i % 7) * 0.0007)
+            t.cancel()
+            done, _ = await asyncio.wait([t], timeout=1.0)
+            if not done:
+                lost += 1
+                await asyncio.wait([t])
+            assert t.cancelled()
+        return lost
+
+    th = threading.Thread(target=producer, daemon=True)
+    th.start()
+    try:
+        assert asyncio.run(main()) == 0, "cancellations were lost"
+    finally:
+        stop.set()
+        th.join(10)
+
+
+def test_a_timeout_block_whose_fetch_took_rows_ends_in_timeout_error_with_the_rows(store):
+    """``asyncio.timeout`` fires while the fetch is taking rows (a slow sampler): the fetch
+    returns them and the block ends in TimeoutError at its next ``await``, never in a
+    CancelledError that kills a task nobody cancelled."""
+    import time
+
+    class SlowSampler(tq.SequentialSampler):
+        def sample(self, ready_indexes, batch_size, **kw):
+            time.sleep(0.3)
+            return super().sample(ready_indexes, batch_size, **kw)
+
+    store.put(_rows(4), partition_id="s")
+    store.set_sampler(SlowSampler())
+    client = tq.get_client()
+
+    async def main():
+        meta = None
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.1):
+                meta = await client.async_get_meta(["prompt"], 2, "s", task_name="t")
+                await asyncio.sleep(5)
+        assert asyncio.current_task().cancelling() == 0
+        await asyncio.sleep(0.01)  # not cancelled later either
+        return meta
+
+    if not hasattr(asyncio, "timeout"):
+        pytest.skip("asyncio.timeout is Python 3.11+")
+    assert asyncio.run(main()).global_indexes == [0, 1]
+
+
+def test_a_fetch_cancelled_while_queued_behind_busy_pool_threads_never_runs(store, monkeypatch):
+    """Every thread of the API pool is busy: a fetch cancelled before its ask started is
+    withdrawn (CancelledError at once, no row taken), not run later with its rows lost."""
+    import threading
+
+    from tqstore import _executor
+
+    monkeypatch.setenv("TQSTORE_ASYNC_WORKERS", "2")
+    _executor.shutdown()  # (a pool of 2 threads from here on)
+    store.put(_rows(2), partition_id="q")
+    client = tq.get_client()
+    release = threading.Event()
+
+    async def main():
+        busy = [asyncio.ensure_future(_executor.run(release.wait, 30)) for _ in range(2)]
+        await asyncio.sleep(0.05)
+        t = asyncio.ensure_future(client.async_get_meta(["prompt"], 2, "q", task_name="t", timeout_s=5))
+        await asyncio.sleep(0.05)
+        t.cancel()
+        done, _ = await asyncio.wait([t], timeout=1.0)
+        release.set()
+        await asyncio.gather(*busy)
+        await asyncio.sleep(0.1)  # (a fetch that ran anyway has run by now)
+        return done, t
+
+    try:
+        done, t = asyncio.run(main())
+    finally:
+        release.set()
+        _executor.shutdown()
+        monkeypatch.delenv("TQSTORE_ASYNC_WORKERS")
+    assert done and t.cancelled()
+    assert store.get_consumption_status("t", "q")[1].tolist() == [0, 0]
+
+
+def test_async_calls_work_in_a_child_forked_after_the_parent_used_them(tmp_path):
+    """A child forked after the parent's async calls started the API pool has none of its
+    threads: its async calls start a pool of their own (they hung forever)."""
+    import multiprocessing as mp
+
+    tq.init({"path": str(tmp_path / "parent")})
+    try:
+        asyncio.run(tq.async_kv_put("a", "p", fields={"x": torch.zeros(2)}))  # the parent's pool runs
+    finally:
+        tq.close()  # (before the fork: the child must not share the parent's open store)
+
+    def child(q):
+        tq.init({"path": str(tmp_path / "child")})
+
+        async def go():
+            await tq.async_kv_put("k", "p", fields={"x": torch.zeros(2)})
+            return sorted((await tq.async_kv_list("p"))["p"])
+
+        try:
+            q.put(asyncio.run(asyncio.wait_for(go(), 20)))
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            q.put(repr(e))
+        finally:
+            tq.close()
+
+    ctx = mp.get_context("fork")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(q,))
+    p.start()
+    try:
+        assert q.get(timeout=60) == ["k"]
+    finally:
+        p.join(30)
+        if p.is_alive():
+            p.kill()
+
+
+def test_a_put_wakes_only_the_watchers_of_its_partition_and_those_of_every_partition(store):
+    """Waiting consumers of other partitions are not woken by a put (each wake is an ask on
+    the API pool the producers' puts run on): 200 waiters of one partition made puts to
+    another ten times slower."""
+    calls = []
+    store.watch_puts(lambda: calls.append("a"), partition_id="a")
+    store.watch_puts(lambda: calls.append("b"), partition_id="b")
+    store.watch_puts(lambda: calls.append("any"))
+    store.put(_rows(1), partition_id="a")
+    assert sorted(calls) == ["a", "any"]
+    calls.clear()
+    store.kv_put("k", "b", fields={"prompt": torch.tensor([7])})
+    assert sorted(calls) == ["any", "b"]
+    calls.clear()
+    store.get_meta(["prompt"], 1, "b", task_name="t")
+    store.reset_consumption("b", "t")
+    assert sorted(calls) == ["any", "b"]
+
+
+def test_kv_batch_put_refuses_tags_that_are_no_list_before_writing(store):
+    with pytest.raises(tq.InvalidInputError, match="tags must be a list"):
+        store.kv_batch_put(["k"], "p", {"prompt": torch.tensor([[1]])}, tags=5)
+    assert store.kv_list("p") == {}

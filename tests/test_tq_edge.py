@@ -393,3 +393,34 @@ def test_kv_retrieve_meta_and_keys_look_up_only_the_rows_asked_for(monkeypatch):
             c.kv_retrieve_meta([1], "p")
     finally:
         tq.close()
+
+
+def test_streaming_dataset_left_early_resumes_with_the_rest_of_its_batch_and_takes_one_field_as_a_str():
+    """A ``break`` after the first micro-batch of a batch: the next iteration yields the
+    batch's other micro-batches, then the next batches (each row once; they were lost).  A
+    str ``data_fields`` is that one field (it became its characters and waited forever)."""
+    tq.init()
+    try:
+        tq.put({"score": torch.arange(12).view(12, 1)}, partition_id="train")
+        ds = tq.StreamingDataset(None, batch_size=4, micro_batch_size=2, data_fields="score",
+                                 partition_id="train", task_name="actor", dp_rank=0,
+                                 should_check_consumption_status=True)
+        assert ds.data_fields == ["score"]
+        seen = []
+        for td, meta in ds:
+            seen += meta.global_indexes
+            break
+        for td, meta in ds:
+            seen += meta.global_indexes
+            assert td["score"][:, 0].tolist() == meta.global_indexes
+        assert seen == list(range(12))
+        ds.reset()
+        assert sum((m.global_indexes for _, m in ds), []) == list(range(12))  # reset replays the buffer
+        for bad in ({"dp_rank": None}, {"partition_id": 5}, {"task_name": None}, {"data_fields": [1]}):
+            kw = dict(batch_size=4, micro_batch_size=2, data_fields=["score"], partition_id="train",
+                      task_name="actor", dp_rank=0)
+            kw.update(bad)
+            with pytest.raises(tq.InvalidInputError):
+                tq.StreamingDataset(None, **kw)
+    finally:
+        tq.close()

@@ -104,10 +104,16 @@ class StreamingDataset(IterableDataset):
         fetch_batch_fn: replaces :func:`default_fetch_batch_fn`.
         process_batch_fn: replaces :func:`chunk_batch_fn`.
 
+    An iteration left early (``break`` after some micro-batches of a batch) loses nothing:
+    the next iteration resumes with the batch's next micro-batch (TransferQueue's dataset
+    starts with the next batch, and the rest of that one, consumed, is never yielded).
+    ``data_fields`` may be one field name as a str.
+
     Raises:
         InvalidInputError: ``batch_size`` or ``micro_batch_size`` not a positive int,
             ``micro_batch_size`` larger than ``batch_size`` (with the default
-            ``process_batch_fn``), no ``data_fields``, a negative ``dp_rank``.
+            ``process_batch_fn``), no ``data_fields``, a ``dp_rank`` that is not an int
+            of at least 0, a ``partition_id`` or ``task_name`` that is not a non-empty str.
     """
 
     def __init__(self, config: Any, batch_size: int, micro_batch_size: int, data_fields: List[str],
@@ -119,10 +125,18 @@ class StreamingDataset(IterableDataset):
         if process_batch_fn is None and micro_batch_size > batch_size:  # (else the first batch would be
             # consumed, then refused by chunk_batch_fn)
             raise InvalidInputError(f"micro_batch_size ({micro_batch_size}) exceeds batch_size ({batch_size})")
-        if len(data_fields) < 1:
-            raise InvalidInputError(f"data_fields must be a list with at least one field name, got {data_fields}")
+        if isinstance(data_fields, str):  # one field (as get_meta takes it), not its characters
+            data_fields = [data_fields]
+        if isinstance(data_fields, (bytes, dict)) or not hasattr(data_fields, "__iter__") or len(data_fields) < 1 \
+                or not all(isinstance(f, str) for f in data_fields):
+            raise InvalidInputError(f"data_fields must be a list with at least one field name, got {data_fields!r}")
+        if isinstance(dp_rank, bool) or not isinstance(dp_rank, int):
+            raise InvalidInputError(f"dp_rank must be an int, got {dp_rank!r}")
         if dp_rank < 0:
             raise InvalidInputError(f"dp_rank {dp_rank} must be greater than or equal to 0")
+        for name, v in (("partition_id", partition_id), ("task_name", task_name)):
+            if not isinstance(v, str) or not v:
+                raise InvalidInputError(f"{name} must be a non-empty str, got {v!r}")
         super().__init__()
         self.config = config
         self.batch_size = batch_size
@@ -137,6 +151,7 @@ class StreamingDataset(IterableDataset):
         self.sampling_config = {"dp_rank": dp_rank, "task_name": task_name}
         self.buffer: List[Tuple[Any, BatchMeta]] = []
         self.batch_index = 0
+        self._micro_done = 0  # micro-batches of buffer[batch_index] already yielded
         self._tq_client: Any = None
 
     def _client(self) -> Any:
@@ -176,8 +191,13 @@ class StreamingDataset(IterableDataset):
         while True:
             if self.batch_index < len(self.buffer):
                 current = self.buffer[self.batch_index]
+                done = self._micro_done  # (an iteration left early resumes after what it yielded)
+                for i, micro in enumerate(self.process_batch_fn(*current, micro_batch_size=self.micro_batch_size)):
+                    if i >= done:
+                        self._micro_done = i + 1
+                        yield micro
                 self.batch_index += 1
-                yield from self.process_batch_fn(*current, micro_batch_size=self.micro_batch_size)
+                self._micro_done = 0
                 continue
             data, meta = self.fetch_batch_fn(tq_client=client, data_fields=self.data_fields,
                                              batch_size=self.batch_size, partition_id=self.partition_id,
@@ -201,11 +221,13 @@ class StreamingDataset(IterableDataset):
     def reset(self) -> None:
         """Iterate the buffered batches again from the first."""
         self.batch_index = 0
+        self._micro_done = 0
 
     def step(self, partition_id: str) -> None:
         """Switch to another partition, dropping the buffer."""
         self.buffer = []
         self.batch_index = 0
+        self._micro_done = 0
         self.partition_id = partition_id
 
 

@@ -21,12 +21,21 @@ asks, awaits the store's put notification (``Store.watch_puts``; at most 50 ms),
 a store without one such as a Ray store's client, sleeps 10 ms growing to 100 ms.
 
 Cancellation: while the call waits between asks (nearly all of its time) a cancellation
-raises ``CancelledError`` at once, and no row was taken.  The store cannot give rows
-back, so a cancellation that arrives while an ask is running (milliseconds) lets that ask
-finish.  If it took no rows, ``CancelledError`` is raised.  If it took rows, the call
-returns them: ``asyncio.wait_for`` and ``asyncio.timeout`` return them as the result, and
-a task cancelled directly is cancelled again at its next ``await`` (unless a timeout
-claimed the cancellation), so the cancellation is not lost either.
+raises ``CancelledError`` at once, and no row was taken; so does one that arrives while its
+ask is still queued behind busy pool threads (the ask is withdrawn and never runs).  The
+store cannot give rows back, so a cancellation that arrives while an ask is running
+(milliseconds) lets that ask finish.  If it took no rows, ``CancelledError`` is raised.  If
+it took rows, the call returns them: ``asyncio.wait_for`` and ``asyncio.timeout`` return
+them as the result (an ``asyncio.timeout`` block then ends in ``TimeoutError`` at its next
+``await``), and a task cancelled directly is cancelled again at its next ``await`` (unless
+a timeout claimed the cancellation), so the cancellation is not lost either.  One case
+stays: the fetch running as a task of its own (``asyncio.gather``, the inner task of
+``asyncio.wait_for``) whose awaiter is cancelled in those milliseconds: asyncio drops the
+rows that task returns, and they stay consumed (``reset_consumption`` hands them out
+again).
+
+Between asks the wait is woken by puts into the fetch's partition only (and by changes of
+the whole store), so consumers waiting on other partitions cost a producer nothing.
 """
 from __future__ import annotations
 
@@ -62,6 +71,7 @@ class FetchWait(NamedTuple):
     kwargs: Dict[str, Any]
     wait_s: float
     timeout_error: Optional[str]
+    partition_id: Any = None  # (the puts that wake the wait between asks)
 
     def result(self, meta: BatchMeta) -> BatchMeta:
         """``meta``, or WaitTimeoutError (a TimeoutError and a RuntimeError) when it is empty
@@ -85,13 +95,13 @@ def plan(store: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[
     rest = {k: v for k, v in kwargs.items() if k != "timeout_s"}
     settings = _config.settings_for(store)
     if settings.polling_mode or "timeout_s" in kwargs:
-        return FetchWait(args, rest, check_timeout(kwargs.get("timeout_s")), None)
+        return FetchWait(args, rest, check_timeout(kwargs.get("timeout_s")), None, bound["partition_id"])
     # TransferQueue with polling_mode=False: wait for enough rows, then WaitTimeoutError
     wait_s = settings.get_meta_timeout_s
     return FetchWait(args, rest, wait_s,
                      f"Timeout while waiting for sufficient data for task {bound['task_name']!r}. "
                      f"Required: {bound['batch_size']} rows with fields {bound['data_fields']} in partition "
-                     f"{bound['partition_id']!r} (waited {wait_s} s; polling_mode=False)")
+                     f"{bound['partition_id']!r} (waited {wait_s} s; polling_mode=False)", bound["partition_id"])
 
 
 def fetch(store: Any, how: FetchWait) -> BatchMeta:
@@ -100,15 +110,18 @@ def fetch(store: Any, how: FetchWait) -> BatchMeta:
 
 
 async def _ask(store: Any, how: FetchWait) -> BatchMeta:
-    """One fetch that does not wait, run on the pool; a cancellation meanwhile lets it finish
-    (see the module docstring)."""
-    job = asyncio.ensure_future(_executor.run(store.get_meta, *how.args, **how.kwargs, timeout_s=0.0))
+    """One fetch that does not wait, run on the pool; a cancellation meanwhile withdraws it
+    while it is queued, else lets it finish (see the module docstring)."""
+    queued = _executor.submit(store.get_meta, *how.args, **how.kwargs, timeout_s=0.0)
+    job = asyncio.wrap_future(queued)
     cancelled = False
     while not job.done():
         try:
             await asyncio.wait((job,))  # (a cancellation of this task does not reach the job)
         except asyncio.CancelledError:
             cancelled = True
+            if queued.cancel():  # not started (the pool's threads were busy): it never runs
+                raise
     if job.cancelled():  # (the pool shut down before it ran)
         raise asyncio.CancelledError()
     if job.exception() is not None:
@@ -119,15 +132,39 @@ async def _ask(store: Any, how: FetchWait) -> BatchMeta:
     if cancelled:
         if meta.size == 0:
             raise asyncio.CancelledError()
-        task = asyncio.current_task()
-        pending = getattr(task, "cancelling", None)  # Python 3.11+: cancellations not yet claimed
-
-        def cancel_again() -> None:
-            if task is not None and not task.done() and (pending is None or pending() > 0):
-                task.cancel()
-
-        asyncio.get_running_loop().call_soon(cancel_again)
+        _cancel_again(asyncio.current_task())
     return meta
+
+
+def _cancel_again(task: Optional["asyncio.Task[Any]"]) -> None:
+    """Deliver the cancellation this task's fetch held back (it returns the rows it took) at
+    the task's next ``await``, unless a timeout claimed it meanwhile (Python 3.11+: the
+    task's count of pending cancellations is 0 then).  The count is left as it was, so an
+    ``asyncio.timeout`` block around that ``await`` still ends in TimeoutError, not in a
+    CancelledError it cannot tell from one of its own."""
+    if task is None:
+        return
+    pending = getattr(task, "cancelling", None)
+
+    def again() -> None:
+        if task.done() or (pending is not None and pending() == 0):
+            return
+        task.cancel()
+        if pending is not None:
+            task.uncancel()  # (the cancellation redelivered, not a new one)
+
+    asyncio.get_running_loop().call_soon(again)
+
+
+async def _woken_or_timeout(woken: asyncio.Event, timeout: float) -> None:
+    """Wait until ``woken`` is set or ``timeout`` seconds pass.  (Not ``asyncio.wait_for``:
+    before Python 3.12 it drops a cancellation that arrives as the event is set, and the
+    cancelled fetch went on waiting and took rows.)"""
+    waiter = asyncio.ensure_future(woken.wait())
+    try:
+        await asyncio.wait((waiter,), timeout=timeout)
+    finally:
+        waiter.cancel()
 
 
 async def fetch_async(store: Any, how: FetchWait) -> BatchMeta:
@@ -136,7 +173,8 @@ async def fetch_async(store: Any, how: FetchWait) -> BatchMeta:
     deadline = loop.time() + how.wait_s
     woken = asyncio.Event()
     watch = getattr(store, "watch_puts", None)
-    stop = watch(lambda: loop.call_soon_threadsafe(woken.set)) if watch is not None else None
+    stop = watch(lambda: loop.call_soon_threadsafe(woken.set), partition_id=how.partition_id) \
+        if watch is not None else None
     try:
         delay = WATCHED_POLL_S if stop is not None else POLL_S
         while True:
@@ -145,10 +183,7 @@ async def fetch_async(store: Any, how: FetchWait) -> BatchMeta:
             left = deadline - loop.time()
             if meta.size or left <= 0:
                 return how.result(meta)
-            try:
-                await asyncio.wait_for(woken.wait(), min(left, delay))
-            except asyncio.TimeoutError:
-                pass
+            await _woken_or_timeout(woken, min(left, delay))
             if stop is None:
                 delay = min(POLL_MAX_S, delay * 1.5)
     finally:

@@ -138,7 +138,7 @@ class DataPlane:
         self.write_lock = write_lock
         self.lock = lock
         self.cond = threading.Condition(lock)  # consumers waiting for rows; notified after puts
-        self._watchers: List[Callable[[], None]] = []  # watch_puts callbacks, called with the condition
+        self._watchers: List[Tuple[Callable[[], None], Optional[str]]] = []  # watch_puts (callback, partition)
         self._watch_lock = threading.Lock()  # guards _watchers only: (un)watching never waits for ``lock``
         self.check_open = check_open
         self._sampler: BaseSampler = make_sampler(None)
@@ -171,35 +171,39 @@ class DataPlane:
             self._sampler = s
         return s
 
-    def notify(self) -> None:
-        """Wake consumers waiting for rows (after a put)."""
+    def notify(self, partition_id: Optional[str] = None) -> None:
+        """Wake consumers waiting for rows (after a put into ``partition_id``; None: any)."""
         with self.lock:
-            self.wake_locked()
+            self.wake_locked(partition_id)
 
-    def wake_locked(self) -> None:
+    def wake_locked(self, partition_id: Optional[str] = None) -> None:
         """Wake consumers waiting for rows, with ``lock`` held: the condition's waiters and
-        every :meth:`watch_puts` callback."""
+        the :meth:`watch_puts` callbacks of ``partition_id`` (None: every one)."""
         self.cond.notify_all()
         with self._watch_lock:
             watchers = list(self._watchers)
-        for cb in watchers:
+        for entry in watchers:
+            cb, pid = entry
+            if partition_id is not None and pid is not None and pid != partition_id:
+                continue
             try:
                 cb()
             except Exception:  # a watcher whose event loop has closed: it no longer waits
                 log.debug("a put watcher failed; dropped", exc_info=True)
-                self._unwatch(cb)
+                self._unwatch(entry)
 
-    def _unwatch(self, callback: Callable[[], None]) -> None:
+    def _unwatch(self, entry: Tuple[Callable[[], None], Optional[str]]) -> None:
         with self._watch_lock:
             try:
-                self._watchers.remove(callback)
+                self._watchers.remove(entry)
             except ValueError:
                 pass
 
-    def watch_puts(self, callback: Callable[[], None]) -> Callable[[], None]:
+    def watch_puts(self, callback: Callable[[], None], partition_id: Optional[str] = None) -> Callable[[], None]:
         """Call ``callback()`` whenever a waiting ``get_meta(mode="fetch")`` would look
-        again for rows (after every put, consumption reset and state switch); returns the
-        function that stops it (idempotent).
+        again for rows (after every put, consumption reset and state switch; with
+        ``partition_id``, only those of that partition and those of the whole store);
+        returns the function that stops it (idempotent).
 
         The callback runs in the thread that changed the store, with the store's metadata
         lock held: it must be quick and must not call the store (``loop.call_soon_threadsafe``
@@ -210,9 +214,10 @@ class DataPlane:
         """
         if not callable(callback):
             raise InvalidInputError(f"watch_puts takes a callable, got {type(callback).__name__}")
+        entry = (callback, None if partition_id is None else str(partition_id))
         with self._watch_lock:  # (not ``lock``: an event loop calls this, and a state switch holds ``lock`` long)
-            self._watchers.append(callback)
-        return functools.partial(self._unwatch, callback)
+            self._watchers.append(entry)
+        return functools.partial(self._unwatch, entry)
 
     def _rows_for_keys(self, pid: str, keys: List[str]) -> RowBatch:
         """Row metadata of ``keys``; raises PartitionNotFoundError / KeyNotFoundError."""
@@ -276,7 +281,11 @@ class DataPlane:
         if tags is not None:
             if isinstance(tags, (Mapping, str, bytes)):  # (a dict would silently become its keys)
                 raise InvalidInputError(f"tags must be a list with one tag per key, got {type(tags).__name__}")
-            tags = list(tags)
+            try:
+                tags = list(tags)
+            except TypeError:
+                raise InvalidInputError(f"tags must be a list with one tag per key, got {type(tags).__name__}") \
+                    from None
             if len(tags) != len(keys):
                 raise InvalidInputError(f"{len(tags)} tags for {len(keys)} keys")
         with self.write_lock:
@@ -286,7 +295,7 @@ class DataPlane:
                 old = self.controller.rows_by_key(partition_id, keys)
                 merged = [_merge_tag(o, t) for o, t in zip(old.tags if old is not None else [None] * len(keys), tags)]
             gidxs = self.io.write(partition_id, fields if fields is not None else {}, keys=keys, tags=merged)
-            self.notify()
+            self.notify(partition_id)
             meta = self._kv_meta(partition_id, keys, gidxs)
         log.debug("kv_batch_put %d keys into %r (fields %s)", len(keys), partition_id, meta.fields)
         return meta

@@ -318,7 +318,7 @@ class Streaming:
             _check_pid(partition_id)
             with dp.write_lock:
                 gidxs = dp.io.write(partition_id, data, new_rows=True)
-                dp.notify()
+                dp.notify(partition_id)
                 return self._batch_meta(partition_id, gidxs, names)
         if not isinstance(metadata, BatchMeta):
             raise InvalidInputError(f"metadata must be a BatchMeta, got {type(metadata).__name__}")
@@ -341,7 +341,7 @@ class Streaming:
                 dp.io.check_writes(plans)
             for pid, part, gidxs, tags in plans:
                 dp.io.write(pid, part, gidxs=gidxs, tags=tags)
-            dp.notify()
+            dp.notify(plans[0][0] if len(plans) == 1 else None)
             after = {pid: dp.controller.row_batch(pid, gidxs) for pid, _, gidxs, _ in plans}
             for f in names:
                 for pid in groups:
@@ -515,7 +515,7 @@ class Streaming:
         with self._dp.lock:
             done = self._dp.controller.reset_consumption(partition_id, task_name)
             if done:
-                self._dp.wake_locked()
+                self._dp.wake_locked(partition_id)
         return done
 
     def get_partition_list(self) -> List[str]:
