@@ -161,3 +161,34 @@ def test_consumption_status_is_sorted_by_index_and_flags_exactly_the_consumed_ro
         s.get_meta(["x"], len(live) - int(done.sum()), "p", mode="fetch", task_name="t")
         assert s.check_consumption_status("t", "p") and s.get_consumption_status("t", "p")[1].all()
         assert s.get_consumption_status("other", "p")[1].tolist() == [0] * len(live)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fetches_serve_the_oldest_ready_rows_while_reservations_are_filled_out_of_order(tmp_path, seed):
+    """Insert-mode reservations filled in random order (rows becoming ready after newer
+    ones, as partial rollouts finish), fetches in between: every fetch gets the oldest ready
+    rows not consumed yet, in insertion order, whether few or many rows came late."""
+    import random
+
+    rnd = random.Random(seed)
+    with _store(tmp_path) as s:
+        meta = s.get_meta(["x"], 600, "p", mode="insert")
+        order = list(range(600))
+        rnd.shuffle(order)
+        ready, consumed = [], set()
+        i = 0
+        while i < len(order):
+            n = rnd.choice([1, 3, 40, 200])
+            pos = sorted(order[i:i + n])
+            i += n
+            s.put({"x": np.asarray(pos)[:, None]}, metadata=meta.select_samples(pos))
+            ready += [meta.global_indexes[j] for j in pos]
+            for _ in range(rnd.choice([0, 1, 2])):
+                b = rnd.choice([1, 5, 32])
+                want = sorted(g for g in ready if g not in consumed)[:b]  # (gidx order is insertion order here)
+                got = s.get_meta(["x"], b, "p", mode="fetch", task_name="t").global_indexes
+                assert got == (want if len(want) == b else []), (i, b)
+                consumed.update(got)
+            if rnd.random() < 0.1:
+                s.controller.check_mirror()
+        s.controller.check_mirror()

@@ -28,7 +28,8 @@ Layout (a few machine words per row, no Python object per row but its key string
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import heapq
+from dataclasses import dataclass
 from itertools import islice
 from operator import itemgetter
 from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
@@ -57,51 +58,69 @@ class Row:
 
 
 class _Ready:
-    """Rows of one partition ready for one ``(task, need)``: gidx -> seq, seq-ordered unless
-    ``dirty`` (a row older than the newest one became ready; sorted on next use)."""
+    """Rows of one partition ready for one ``(task, need)``: ``rows`` (gidx -> seq, in seq
+    order) and ``late`` (gidx -> seq, unordered: rows that became ready after a newer one,
+    as insert-mode reservations filled out of order do).  The oldest ``limit`` rows are a
+    merge of ``rows``' front with the sorted late rows, O(limit + late log late): a fetch
+    never sorts the whole backlog for a few late rows.  The late rows are folded into
+    ``rows`` (one pass over it) once there are many of them, or when every row is asked for."""
 
-    __slots__ = ("rows", "last", "dirty", "_gone")
+    __slots__ = ("rows", "late", "last", "_gone")
 
     def __init__(self, rows: Dict[int, int]) -> None:
         self.rows = rows
+        self.late: Dict[int, int] = {}
         self.last = max(rows.values(), default=-1)
-        self.dirty = False
-        self._gone = 0  # rows removed since ``rows`` was last built
+        self._gone = 0  # rows removed from ``rows`` since it was last built
+
+    def __len__(self) -> int:
+        return len(self.rows) + len(self.late)
 
     def remove(self, gidxs: Sequence[int]) -> None:
         """Take ``gidxs`` out (consumed or cleared; absent ones ignored).  A dict keeps the
         slots of removed entries until it is rebuilt, and the oldest rows are the ones
         removed, so :meth:`ordered` would walk them all on every fetch: the dict is rebuilt
         once more rows were removed than it holds."""
-        rows = self.rows
+        rows, late = self.rows, self.late
         before = len(rows)
         for g in gidxs:
-            rows.pop(g, None)
+            if rows.pop(g, None) is None and late:
+                late.pop(g, None)
         self._gone += before - len(rows)
         if self._gone > max(1024, len(rows)):
             self.rows = dict(rows)
             self._gone = 0
 
     def add(self, gidx: int, seq: int) -> None:
-        if gidx in self.rows:
+        if gidx in self.rows or gidx in self.late:
             return
-        self.rows[gidx] = seq
         if seq < self.last:
-            self.dirty = True
+            self.late[gidx] = seq
         else:
+            self.rows[gidx] = seq
             self.last = seq
 
+    def _fold(self) -> None:
+        """Merge the late rows into ``rows`` (timsort of one sorted run and a short one)."""
+        merged = list(self.rows.items())
+        merged.extend(self.late.items())
+        merged.sort(key=itemgetter(1))
+        self.rows, self.late, self._gone = dict(merged), {}, 0
+
     def ordered(self, limit: Optional[int] = None) -> List[int]:
-        """The rows, oldest first (the first ``limit`` of them: O(limit) once sorted)."""
-        if self.dirty:
-            self.rows = dict(sorted(self.rows.items(), key=itemgetter(1)))
-            self.dirty = False
-            self._gone = 0
+        """The rows, oldest first (the first ``limit`` of them: O(limit + late rows))."""
+        if self.late:
+            if limit is None or len(self.late) > max(256, len(self.rows) >> 4):
+                self._fold()
+            else:
+                late = sorted(self.late.items(), key=itemgetter(1))
+                front = islice(self.rows.items(), limit)
+                return [g for g, _q in islice(heapq.merge(front, late, key=itemgetter(1)), limit)]
         return list(self.rows) if limit is None else list(islice(self.rows, limit))
 
     def seqs(self) -> List[int]:
-        """Sequence numbers parallel to :meth:`ordered` (call it first): ascending, and marked
-        so (:class:`~tqstore.samplers.SeqsInOrder`)."""
+        """Sequence numbers parallel to :meth:`ordered` without a limit (call it first):
+        ascending, and marked so (:class:`~tqstore.samplers.SeqsInOrder`)."""
         return SeqsInOrder(self.rows.values())
 
 
