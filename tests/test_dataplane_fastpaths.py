@@ -60,16 +60,18 @@ def test_force_fetch_answers_the_first_rows_in_insertion_order_after_clears(tmp_
 
 def test_force_fetch_of_a_few_rows_finds_them_past_a_long_run_of_cleared_ones(tmp_path):
     """The first rows after thousands of cleared ones (the scan for them goes chunk by
-    chunk), and after more clears in between, are those of the whole listing."""
+    chunk: fewer holes than live rows, so the partition keeps them), and after more clears
+    in between, are those of the whole listing."""
     with _store(tmp_path) as s:
-        s.put({"x": np.arange(10000)[:, None]}, partition_id="p")
+        s.put({"x": np.arange(20000)[:, None]}, partition_id="p")
         every = s.get_meta(["x"], None, "p", mode="force_fetch")
-        s.clear_samples(every.select_samples(list(range(5000)) + list(range(9000, 9003)) + [5001, 5003]))
+        s.clear_samples(every.select_samples(list(range(9000)) + list(range(15000, 15003)) + [9001, 9003]))
+        assert s.controller.parts["p"].n == 20000  # (holes kept: the scan below meets them)
         left = s.get_meta(["x"], None, "p", mode="force_fetch")
-        for n in (1, 7, 4996, 4997, 10 ** 6):
+        for n in (1, 7, 5996, 5997, 10995, 10 ** 6):
             m = s.get_meta(["x"], n, "p", mode="force_fetch")
             assert m.global_indexes == left.global_indexes[:n], n
-        assert left.global_indexes[:3] == [every.global_indexes[i] for i in (5000, 5002, 5004)]
+        assert left.global_indexes[:3] == [every.global_indexes[i] for i in (9000, 9002, 9004)]
 
 
 def test_sequential_fetches_stay_in_order_while_consumed_and_cleared_rows_leave_the_ready_view(tmp_path):

@@ -12,6 +12,7 @@ The batch is a ``TensorDict`` whatever the store's result type (the torch adapte
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import time
 from typing import Any, Callable, Iterator, List, Optional, Tuple
@@ -130,8 +131,12 @@ class StreamingDataset(IterableDataset):
         if isinstance(data_fields, (bytes, dict)) or not hasattr(data_fields, "__iter__") or len(data_fields) < 1 \
                 or not all(isinstance(f, str) for f in data_fields):
             raise InvalidInputError(f"data_fields must be a list with at least one field name, got {data_fields!r}")
-        if isinstance(dp_rank, bool) or not isinstance(dp_rank, int):
-            raise InvalidInputError(f"dp_rank must be an int, got {dp_rank!r}")
+        try:
+            if isinstance(dp_rank, bool):
+                raise TypeError
+            dp_rank = operator.index(dp_rank)  # (an int, or a numpy integer)
+        except TypeError:
+            raise InvalidInputError(f"dp_rank must be an int, got {dp_rank!r}") from None
         if dp_rank < 0:
             raise InvalidInputError(f"dp_rank {dp_rank} must be greater than or equal to 0")
         for name, v in (("partition_id", partition_id), ("task_name", task_name)):

@@ -28,11 +28,13 @@ store cannot give rows back, so a cancellation that arrives while an ask is runn
 it took rows, the call returns them: ``asyncio.wait_for`` and ``asyncio.timeout`` return
 them as the result (an ``asyncio.timeout`` block then ends in ``TimeoutError`` at its next
 ``await``), and a task cancelled directly is cancelled again at its next ``await`` (unless
-a timeout claimed the cancellation), so the cancellation is not lost either.  One case
-stays: the fetch running as a task of its own (``asyncio.gather``, the inner task of
-``asyncio.wait_for``) whose awaiter is cancelled in those milliseconds: asyncio drops the
-rows that task returns, and they stay consumed (``reset_consumption`` hands them out
-again).
+a timeout claimed the cancellation), so the cancellation is not lost either.  That holds
+for the task the fetch runs in.  When it runs as a task of its own and the task awaiting it
+is cancelled in those milliseconds, asyncio decides: awaited directly (``await
+asyncio.create_task(...)``), the rows come back and the awaiting task's cancellation is
+lost (as with any task that finishes instead of being cancelled); under ``asyncio.gather``,
+and as the inner task of ``asyncio.wait_for`` before Python 3.12, the rows are dropped and
+stay consumed (``reset_consumption`` hands them out again).
 
 Between asks the wait is woken by puts into the fetch's partition only (and by changes of
 the whole store), so consumers waiting on other partitions cost a producer nothing.

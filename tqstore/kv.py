@@ -421,12 +421,14 @@ class DataPlane:
         _check_pid(partition_id)
         self.check_open()
         if create:
-            rows = self.controller.rows_by_key(partition_id, keys)
+            with self.lock:
+                rows = self.controller.rows_by_key(partition_id, keys)
             missing = list(keys) if rows is None else [keys[i] for i in rows.missing()]
             if missing:
                 missing = list(dict.fromkeys(missing))
                 self.kv_batch_put(missing, partition_id, tags=[{}] * len(missing))
-        rows = self.controller.rows_by_key(partition_id, keys)
+        with self.lock:  # (not during a state switch: the answer is of one state)
+            rows = self.controller.rows_by_key(partition_id, keys)
         if rows is None:
             return BatchMeta.empty()
         found = [i for i, q in enumerate(rows.seqs) if q is not None]
@@ -459,7 +461,8 @@ class DataPlane:
         self.check_open()
         gidxs = [int(g) for g in global_indexes]
         asked = [g for g in gidxs if 0 <= g < 1 << 63]  # (any other int is no row)
-        rows = self.controller.row_batch(partition_id, asked)
+        with self.lock:
+            rows = self.controller.row_batch(partition_id, asked)
         if rows is None:  # TransferQueue: the controller answers [], the client raises
             raise RuntimeError(f"Some global_indexes have no corresponding keys! (partition {partition_id!r} "
                                f"not found)")
