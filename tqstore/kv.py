@@ -409,15 +409,8 @@ class DataPlane:
             TypeError: ``keys`` is not a str or a list of str (TransferQueue's error).
             InvalidInputError: an empty list, a bad partition id or key.
         """
-        if isinstance(keys, str):
-            keys = [keys]
-        elif isinstance(keys, list):
-            if not keys:
-                raise InvalidInputError("Received an empty list as keys.")
-            if not all(isinstance(k, str) for k in keys):
-                raise TypeError("Not all elements in `keys` are strings.")
-        else:
-            raise TypeError("Only string or list of strings are allowed as `keys`.")
+        keys = _one_or_list(keys, str, "Received an empty list as keys.", "Not all elements in `keys` are strings.",
+                            "Only string or list of strings are allowed as `keys`.")
         _check_pid(partition_id)
         self.check_open()
         if create:
@@ -448,15 +441,9 @@ class DataPlane:
             RuntimeError: the partition does not exist ("Some global_indexes have no
                 corresponding keys!", TransferQueue's error).
         """
-        if isinstance(global_indexes, int):
-            global_indexes = [global_indexes]
-        elif isinstance(global_indexes, list):
-            if not global_indexes:
-                raise InvalidInputError("Received an empty list as `global_indexes`.")
-            if not all(isinstance(i, int) for i in global_indexes):
-                raise TypeError("Not all elements in `global_indexes` are int.")
-        else:
-            raise TypeError("Only int or list of int are allowed as `global_indexes`.")
+        global_indexes = _one_or_list(global_indexes, int, "Received an empty list as `global_indexes`.",
+                                      "Not all elements in `global_indexes` are int.",
+                                      "Only int or list of int are allowed as `global_indexes`.")
         _check_pid(partition_id)
         self.check_open()
         gidxs = [int(g) for g in global_indexes]
@@ -468,6 +455,20 @@ class DataPlane:
                                f"not found)")
         key_of = {g: k for g, k, q in zip(rows.gidxs, rows.keys, rows.seqs) if q is not None}
         return [key_of.get(g) for g in gidxs]
+
+
+def _one_or_list(value: Any, typ: type, empty: str, mixed: str, wrong: str) -> list:
+    """``[value]`` for one ``typ``, a non-empty list of them as it is; else TransferQueue's
+    errors with its messages: InvalidInputError ``empty``, TypeError ``mixed`` / ``wrong``."""
+    if isinstance(value, typ):
+        return [value]
+    if not isinstance(value, list):
+        raise TypeError(wrong)
+    if not value:
+        raise InvalidInputError(empty)
+    if not all(isinstance(v, typ) for v in value):
+        raise TypeError(mixed)
+    return value
 
 
 def forwarder(cls: type, attr: str, name: str) -> Callable:
