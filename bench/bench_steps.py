@@ -135,6 +135,9 @@ def main(argv=None) -> int:
 
             bench("fetch after an out-of-order fill", lambda p, a: store.get_meta(F, B, p, task_name="actor"),
                   setup=out_of_order)
+            store.set_sampler({"name": "grpo_group_n", "n_samples_per_prompt": 8})
+            bench("get_meta fetch (GRPO, groups of 8)", lambda p, a: store.get_meta(F, B, p, task_name="grpo"))
+            store.set_sampler("sequential")
             print("answers covering the whole partition (scale by definition):")
             bench("[whole partition] kv_list", lambda p, a: store.kv_list(p), reps=3)
             bench("[whole partition] get_consumption_status", lambda p, a: store.get_consumption_status("actor", p),

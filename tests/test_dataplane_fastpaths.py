@@ -194,3 +194,44 @@ def test_fetches_serve_the_oldest_ready_rows_while_reservations_are_filled_out_o
             if rnd.random() < 0.1:
                 s.controller.check_mirror()
         s.controller.check_mirror()
+
+
+def test_grpo_fetches_from_the_oldest_rows_equal_those_from_every_ready_row(tmp_path, monkeypatch):
+    """The GRPO sampler is asked first with the oldest rows only (a fetch copies a few
+    batches, not a million-row backlog): with groups filled out of order and some left
+    partial, every fetch hands out exactly what it hands out when given every ready row."""
+    import random
+
+    from tqstore import controller_sampling
+
+    def run(path, seed):
+        rnd = random.Random(seed)
+        got = []
+        with tq.open(path, num_units=2, result_type="dict") as s:
+            s.set_sampler({"name": "grpo_group_n", "n_samples_per_prompt": 4})
+            meta = s.get_meta(["x"], 400, "p", mode="insert")
+            order = list(range(400))
+            rnd.shuffle(order)
+            skip = set(rnd.sample(range(400), 30))  # rows never filled: their groups stay partial
+            order = [i for i in order if i not in skip]
+            i = 0
+            while i < len(order):
+                n = rnd.choice([1, 4, 9, 60])
+                pos = sorted(order[i:i + n])
+                i += n
+                s.put({"x": np.asarray(pos)[:, None]}, metadata=meta.select_samples(pos))
+                for _ in range(rnd.choice([0, 1, 2])):
+                    got.append(s.get_meta(["x"], rnd.choice([4, 8, 16]), "p", mode="fetch",
+                                          task_name="t").global_indexes)
+            while got[-1:] != [[]]:  # what is left, in batches of two groups
+                got.append(s.get_meta(["x"], 8, "p", mode="fetch", task_name="t").global_indexes)
+            s.controller.check_mirror()
+        return got
+
+    for seed in range(3):
+        fronted = run(tmp_path / f"a{seed}", seed)
+        monkeypatch.setattr(controller_sampling, "FRONT_ROWS_PER_ROW", 10 ** 9)  # every ready row
+        whole = run(tmp_path / f"b{seed}", seed)
+        monkeypatch.undo()
+        assert fronted == whole
+        assert sum(map(len, fronted)) > 200  # (groups were handed out)

@@ -107,16 +107,29 @@ class _Ready:
         merged.sort(key=itemgetter(1))
         self.rows, self.late, self._gone = dict(merged), {}, 0
 
-    def ordered(self, limit: Optional[int] = None) -> List[int]:
-        """The rows, oldest first (the first ``limit`` of them: O(limit + late rows))."""
+    def _front(self, limit: int) -> List[Tuple[int, int]]:
+        """(gidx, seq) of the oldest ``limit`` rows, oldest first: O(limit + late rows)."""
         if self.late:
-            if limit is None or len(self.late) > max(256, len(self.rows) >> 4):
+            if len(self.late) > max(256, len(self.rows) >> 4):
                 self._fold()
             else:
                 late = sorted(self.late.items(), key=itemgetter(1))
-                front = islice(self.rows.items(), limit)
-                return [g for g, _q in islice(heapq.merge(front, late, key=itemgetter(1)), limit)]
-        return list(self.rows) if limit is None else list(islice(self.rows, limit))
+                return list(islice(heapq.merge(islice(self.rows.items(), limit), late, key=itemgetter(1)), limit))
+        return list(islice(self.rows.items(), limit))
+
+    def ordered(self, limit: Optional[int] = None) -> List[int]:
+        """The rows, oldest first (the first ``limit`` of them: O(limit + late rows))."""
+        if limit is not None:
+            return [g for g, _q in self._front(limit)]
+        if self.late:
+            self._fold()
+        return list(self.rows)
+
+    def front(self, limit: int) -> Tuple[List[int], List[int]]:
+        """The oldest ``limit`` rows and their sequence numbers (ascending, marked so:
+        :class:`~tqstore.samplers.SeqsInOrder`), oldest first."""
+        pairs = self._front(limit)
+        return [g for g, _q in pairs], SeqsInOrder(q for _g, q in pairs)
 
     def seqs(self) -> List[int]:
         """Sequence numbers parallel to :meth:`ordered` without a limit (call it first):

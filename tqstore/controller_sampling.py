@@ -23,7 +23,7 @@ from .controller_mirror import copy_value, row_batch
 from .controller_sampler_store import EntryName, SamplerWrite
 from .errors import InvalidInputError
 from .ports import RowBatch
-from .samplers import BaseSampler, RankAwareSampler, SequentialSampler, make_sampler
+from .samplers import BaseSampler, GRPOGroupNSampler, RankAwareSampler, SequentialSampler, make_sampler
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controller import Controller
@@ -59,6 +59,12 @@ class ReadyTags(SequenceABC):
 #: samplers (these classes exactly, not subclasses) that read only the oldest ``batch_size``
 #: ready rows and whether there are that many
 _OLDEST_ONLY = (SequentialSampler, RankAwareSampler)
+#: samplers (exactly) that take the oldest whole groups of ready rows in sequence order: asked
+#: first with the oldest FRONT_ROWS_PER_ROW * batch_size rows (a group whole among them is one
+#: the whole list holds, and every group whole in the list but not among them is newer), and
+#: with every ready row only when those hold too few whole groups
+_OLDEST_GROUPS = (GRPOGroupNSampler,)
+FRONT_ROWS_PER_ROW = 4
 
 
 def _may_sample(sampler: BaseSampler, ready: Sequence[int], batch_size: int, pid: str, task: str,
@@ -182,13 +188,22 @@ class SamplerHost:
         sampler = self._for(pid)
         ready: List[int] = []
         seqs: Optional[List[int]] = [] if sampler.uses_seqs else None
+        v = None
+        partial = False  # ready (and seqs) are the oldest ready rows only, not all of them
         if all(f in p.schema for f in need):
             v = p.ready_view(task, need, done)
             # the sequential and rank-aware samplers read the oldest batch_size rows only (and
             # their count, which the first batch_size + 1 tell): with a large backlog, a fetch
             # then copies a batch, not every ready row
-            ready = v.ordered(batch_size + 1 if type(sampler) in _OLDEST_ONLY else None)
-            if seqs is not None:
+            if type(sampler) in _OLDEST_ONLY:
+                ready = v.ordered(batch_size + 1)
+            elif type(sampler) in _OLDEST_GROUPS and seqs is not None and batch_size > 0:
+                limit = FRONT_ROWS_PER_ROW * batch_size
+                ready, seqs = v.front(limit)
+                partial = len(v) > limit
+            else:
+                ready = v.ordered()
+            if seqs is not None and not partial and type(sampler) not in _OLDEST_GROUPS:
                 seqs = v.seqs()
         if not _may_sample(sampler, ready, batch_size, pid, task, cfg):
             return row_batch(p, [])
@@ -197,6 +212,11 @@ class SamplerHost:
             extra = {"ready_tags": ReadyTags(p.tags, ready)} if sampler.uses_tags else {}
             sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task, ready_seqs=seqs,
                                         **extra, **cfg)
+            if partial and not sampled and not consumed and v is not None:  # too few whole groups among
+                # the oldest rows: every ready row (the first call changed nothing: it found no result)
+                ready = v.ordered()
+                sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task,
+                                            ready_seqs=v.seqs(), **cfg)
             sampled, consumed = [int(g) for g in sampled], [int(g) for g in consumed]
             both = sampled + consumed
             bad = []
