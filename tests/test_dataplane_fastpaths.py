@@ -165,6 +165,20 @@ def test_consumption_status_is_sorted_by_index_and_flags_exactly_the_consumed_ro
         assert s.get_consumption_status("other", "p")[1].tolist() == [0] * len(live)
 
 
+def _filled_out_of_order(s, meta, positions, rnd, chunks):
+    """Fill the rows ``positions`` of the insert-mode ``meta`` in random order, a random
+    number (of ``chunks``) at a time, yielding each chunk's positions once it is put."""
+    order = list(positions)
+    rnd.shuffle(order)
+    i = 0
+    while i < len(order):
+        n = rnd.choice(chunks)
+        pos = sorted(order[i:i + n])
+        i += n
+        s.put({"x": np.asarray(pos)[:, None]}, metadata=meta.select_samples(pos))
+        yield pos
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fetches_serve_the_oldest_ready_rows_while_reservations_are_filled_out_of_order(tmp_path, seed):
     """Insert-mode reservations filled in random order (rows becoming ready after newer
@@ -175,21 +189,14 @@ def test_fetches_serve_the_oldest_ready_rows_while_reservations_are_filled_out_o
     rnd = random.Random(seed)
     with _store(tmp_path) as s:
         meta = s.get_meta(["x"], 600, "p", mode="insert")
-        order = list(range(600))
-        rnd.shuffle(order)
         ready, consumed = [], set()
-        i = 0
-        while i < len(order):
-            n = rnd.choice([1, 3, 40, 200])
-            pos = sorted(order[i:i + n])
-            i += n
-            s.put({"x": np.asarray(pos)[:, None]}, metadata=meta.select_samples(pos))
+        for pos in _filled_out_of_order(s, meta, range(600), rnd, [1, 3, 40, 200]):
             ready += [meta.global_indexes[j] for j in pos]
             for _ in range(rnd.choice([0, 1, 2])):
                 b = rnd.choice([1, 5, 32])
                 want = sorted(g for g in ready if g not in consumed)[:b]  # (gidx order is insertion order here)
                 got = s.get_meta(["x"], b, "p", mode="fetch", task_name="t").global_indexes
-                assert got == (want if len(want) == b else []), (i, b)
+                assert got == (want if len(want) == b else []), (len(ready), b)
                 consumed.update(got)
             if rnd.random() < 0.1:
                 s.controller.check_mirror()
@@ -210,16 +217,8 @@ def test_grpo_fetches_from_the_oldest_rows_equal_those_from_every_ready_row(tmp_
         with tq.open(path, num_units=2, result_type="dict") as s:
             s.set_sampler({"name": "grpo_group_n", "n_samples_per_prompt": 4})
             meta = s.get_meta(["x"], 400, "p", mode="insert")
-            order = list(range(400))
-            rnd.shuffle(order)
             skip = set(rnd.sample(range(400), 30))  # rows never filled: their groups stay partial
-            order = [i for i in order if i not in skip]
-            i = 0
-            while i < len(order):
-                n = rnd.choice([1, 4, 9, 60])
-                pos = sorted(order[i:i + n])
-                i += n
-                s.put({"x": np.asarray(pos)[:, None]}, metadata=meta.select_samples(pos))
+            for _pos in _filled_out_of_order(s, meta, [i for i in range(400) if i not in skip], rnd, [1, 4, 9, 60]):
                 for _ in range(rnd.choice([0, 1, 2])):
                     got.append(s.get_meta(["x"], rnd.choice([4, 8, 16]), "p", mode="fetch",
                                           task_name="t").global_indexes)
