@@ -188,8 +188,7 @@ class SamplerHost:
         sampler = self._for(pid)
         ready: List[int] = []
         seqs: Optional[List[int]] = [] if sampler.uses_seqs else None
-        v = None
-        partial = False  # ready (and seqs) are the oldest ready rows only, not all of them
+        partial = None  # the ready view, when ready (and seqs) are its oldest rows only
         if all(f in p.schema for f in need):
             v = p.ready_view(task, need, done)
             # the sequential and rank-aware samplers read the oldest batch_size rows only (and
@@ -200,11 +199,11 @@ class SamplerHost:
             elif type(sampler) in _OLDEST_GROUPS and seqs is not None and batch_size > 0:
                 limit = FRONT_ROWS_PER_ROW * batch_size
                 ready, seqs = v.front(limit)
-                partial = len(v) > limit
+                partial = v if len(v) > limit else None
             else:
                 ready = v.ordered()
-            if seqs is not None and not partial and type(sampler) not in _OLDEST_GROUPS:
-                seqs = v.seqs()
+                if seqs is not None:
+                    seqs = v.seqs()
         if not _may_sample(sampler, ready, batch_size, pid, task, cfg):
             return row_batch(p, [])
         before = _snapshot(sampler, pid)
@@ -212,11 +211,11 @@ class SamplerHost:
             extra = {"ready_tags": ReadyTags(p.tags, ready)} if sampler.uses_tags else {}
             sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task, ready_seqs=seqs,
                                         **extra, **cfg)
-            if partial and not sampled and not consumed and v is not None:  # too few whole groups among
-                # the oldest rows: every ready row (the first call changed nothing: it found no result)
-                ready = v.ordered()
+            if partial is not None and not sampled and not consumed:  # too few whole groups among the
+                # oldest rows: every ready row (the first call changed nothing: it found no result)
+                ready = partial.ordered()
                 sampled, consumed = sampler(ready, batch_size, partition_id=pid, task_name=task,
-                                            ready_seqs=v.seqs(), **cfg)
+                                            ready_seqs=partial.seqs(), **cfg)
             sampled, consumed = [int(g) for g in sampled], [int(g) for g in consumed]
             both = sampled + consumed
             bad = []
