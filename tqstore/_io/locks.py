@@ -7,7 +7,10 @@
   created (read-only directory, read-only file system) or cannot be flocked (a file
   system without flock) is skipped with a DEBUG log: the reader goes on without it, as a
   reader of a directory it cannot write into (no writer without write access can publish
-  there either).  An exclusive lock that cannot be taken raises ``OSError``.
+  there either).  An exclusive lock that cannot be taken raises ``OSError``, unless asked
+  with ``read_only_ok`` (a load from a location this process cannot write): then an
+  existing lock file is locked through a read-only descriptor, and a missing one (or a
+  file system without flock) is skipped like a shared lock's.
 * :func:`hold_dir` / :func:`dir_in_use`: a writer holds an exclusive flock on the open
   directory it is filling; a cleaner removes a directory only when it can take that flock
   itself (its writer is gone, e.g. killed).  The mark vanishes with the process.
@@ -35,8 +38,9 @@ _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
 
 
 def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
-    """The fd of the lock file at ``path`` (created if missing), or None for a shared lock
-    whose file does not exist and cannot be created."""
+    """The fd of the lock file at ``path`` (created if missing), or, with ``shared`` (a
+    lock that may be skipped), a read-only fd of an existing one in a location this process
+    cannot write, or None when it does not exist and cannot be created."""
     if fp.active:
         fp.hit(LOCK_OPEN)
         fp.observe(LOCK_OPEN, str(path))
@@ -55,17 +59,19 @@ def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
 
 
 @contextlib.contextmanager
-def flocked(path: PathLike, *, shared: bool = False) -> Iterator[bool]:
+def flocked(path: PathLike, *, shared: bool = False, read_only_ok: bool = False) -> Iterator[bool]:
     """Hold an flock on the lock file ``path`` (blocking) for the ``with`` body.
 
-    Yields True when the lock is held, False when a shared lock was skipped (see the module
-    docstring).  Failpoint ``lock_open``.
+    Yields True when the lock is held, False when a shared lock (or an exclusive one with
+    ``read_only_ok``) was skipped (see the module docstring).  Failpoint ``lock_open``.
 
     Raises:
-        OSError: the lock file cannot be opened or locked (for a shared lock: for another
-            reason than a read-only location or a file system without flock).
+        OSError: the lock file cannot be opened or locked (for a shared lock, or with
+            ``read_only_ok``: for another reason than a read-only location or a file system
+            without flock).
     """
-    fd = _open_lock_file(path, shared=shared)
+    skippable = shared or read_only_ok
+    fd = _open_lock_file(path, shared=skippable)
     if fd is None:
         yield False
         return
@@ -73,7 +79,9 @@ def flocked(path: PathLike, *, shared: bool = False) -> Iterator[bool]:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
         except OSError as e:
-            if not shared or e.errno not in _NO_FLOCK:
+            # (EBADF: an exclusive flock through a read-only descriptor where flock is
+            # emulated with POSIX locks, as on NFS)
+            if not skippable or e.errno not in _NO_FLOCK + ((errno.EBADF,) if read_only_ok else ()):
                 raise
             log.debug("cannot flock %s (%s); reading without the lock", path, e.strerror)
             yield False

@@ -95,7 +95,9 @@ class DumpMixin:
         the dumped fields' values replace theirs), new keys get fresh ones; other keys,
         partitions, sampler and consumption state are untouched.  Any source unit count onto
         any target count.  Holds ``<dir>.lock`` exclusively and keeps a ``<dir>.restore``
-        marker while the load may read the dump.
+        marker while the load may read the dump; a dump on read-only storage (a read-only
+        file system, a directory this process may not write) is loaded creating nothing
+        beside it: under its lock file when there is one, without a marker.
 
         Returns:
             a report: ``keys``, ``new_keys``, ``existing_keys``, ``rows_with_data``,

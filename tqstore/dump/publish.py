@@ -200,7 +200,7 @@ def unmark(final: Path, store_root: PathLike) -> None:
                     sibling(final, ".restore"), me)
         return
     mine = _listing(stores, store_root)
-    if mine or not stores:
+    if mine or (not stores and os.path.lexists(sibling(final, ".restore"))):
         _write_marker(final, stores - mine)
 
 
@@ -213,30 +213,41 @@ def _listing(stores: Set[str], store_root: PathLike) -> Set[str]:
 
 
 @contextlib.contextmanager
-def locked(final: Path, *, shared_ok: bool = False) -> Iterator[bool]:
+def locked(final: Path, *, shared_ok: bool = False, read_only_ok: bool = False) -> Iterator[bool]:
     """Hold the exclusive lock ``<dir>.lock`` (blocking) for the body; yields True.
 
     ``shared_ok``: a reader in a location where the lock file cannot be created (read-only)
-    goes on without it and yields False (it must not repair).  Failpoint ``lock_open``.
+    goes on without it and yields False (it must not repair).  ``read_only_ok``: a load of a
+    dump in a location this process cannot write (:func:`writable`) locks an existing lock
+    file through a read-only descriptor and goes on without the lock (yielding False) when
+    there is none; it must not repair or write either.  Failpoint ``lock_open``.
 
     Raises CheckpointError: the lock cannot be taken."""
     lp = lock_path(final)
     try:
         files.mkdir(final.parent, exist_ok=True, parents=True)
     except OSError as e:
-        if not shared_ok:
+        if not (shared_ok or read_only_ok):
             raise CheckpointError(f"cannot create the parent directory of dump {final}: {e}") from e
     stack = contextlib.ExitStack()
     try:
-        stack.enter_context(locks.flocked(lp))
-        held = True
+        held = stack.enter_context(locks.flocked(lp, read_only_ok=read_only_ok))
     except OSError as e:
-        if not (shared_ok and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)):
+        if not ((shared_ok or read_only_ok) and e.errno in (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOENT)):
             raise CheckpointError(f"cannot take the lock {lp} of dump {final}: {e}") from e
-        log.debug("cannot take the lock %s (%s); reading dump %s without it", lp, e.strerror, final)
         held = False
+    if not held:
+        log.debug("cannot take the lock %s; reading dump %s without it (a location this process cannot write)",
+                  lp, final)
     with stack:
         yield held
+
+
+def writable(final: Path) -> bool:
+    """Whether this process may create files beside ``<dir>`` (its lock file, its marker):
+    False on a read-only file system or in a directory it may not write, where no dump can
+    be written or replaced through this process either."""
+    return os.access(final.parent, os.W_OK)
 
 
 def present(final: Path) -> bool:
@@ -247,12 +258,13 @@ def present(final: Path) -> bool:
             or any(_left_by_dump(sibling(final, s)) for s in (".old", ".tmp")))
 
 
-def locked_if_present(final: Path, *, shared_ok: bool = False):
+def locked_if_present(final: Path, *, shared_ok: bool = False, read_only_ok: bool = False):
     """:func:`locked` when :func:`present`; else a context yielding False that creates nothing
     (no lock file, no parent directory): reading or loading a path that holds no dump leaves
     nothing behind (a caller that gets False must not go on as if it held the lock: a dump
     may be published there meanwhile).  For loads; a dump takes :func:`locked`."""
-    return locked(final, shared_ok=shared_ok) if present(final) else contextlib.nullcontext(False)
+    return locked(final, shared_ok=shared_ok, read_only_ok=read_only_ok) if present(final) \
+        else contextlib.nullcontext(False)
 
 
 def _left_by_dump(d: Path) -> bool:
@@ -336,5 +348,5 @@ def readable_dir(final: Path) -> Optional[Path]:
 
 
 __all__ = ["resolve", "lock_path", "marker_path", "check_target", "refuse_if_restoring", "read_marker", "mark",
-           "unmark", "present", "locked", "locked_if_present", "repair",
+           "unmark", "present", "locked", "locked_if_present", "writable", "repair",
            "fresh_tmp", "publish", "readable_dir", "SUFFIXES"]

@@ -55,11 +55,21 @@ def dump_path(dump_dir) -> Path:
 def dump_lock(d: Path) -> Iterator[bool]:
     """Hold ``<dir>.lock`` exclusively (as every dump, load and read of the path does) and
     repair an interrupted publication first; yields True.  When nothing of a dump is at
-    ``d`` it creates nothing (no lock file, no directory) and yields False."""
-    with P.locked_if_present(d) as held:
-        if held:
-            P.repair(d)
-        yield held
+    ``d`` it creates nothing (no lock file, no directory) and yields False.
+
+    A dump in a location this process cannot write (a read-only file system, a directory
+    it may not write: :func:`~tqstore.dump.publish.writable`) is locked only when its lock
+    file is there (through a read-only descriptor) and not repaired; yields True all the
+    same when it is present (no dump can be published there through this process)."""
+    if P.writable(d):
+        with P.locked_if_present(d) as held:
+            if held:
+                P.repair(d)
+            yield held
+        return
+    present = P.present(d)
+    with P.locked(d, read_only_ok=True) if present else contextlib.nullcontext(False):
+        yield present
 
 
 def _unmark(d: Path, store) -> None:
@@ -256,18 +266,24 @@ def load(store, dump_dir) -> Dict[str, Any]:
         if mine:  # its marker is the pending restore's: left alone
             raise mine[0].pending_error(f"a new load of dump {str(d)!r}")
         # the marker's fsyncs run beside the checks of the dump (whose small reads go first),
-        # then the frames' reads start (a hint) beside the controller's begin
-        marked = store._pool.submit(P.mark, d, store.root)
+        # then the frames' reads start (a hint) beside the controller's begin; a dump this
+        # process cannot write beside gets no marker (nothing replaces it through this
+        # process; a replacement by another writer fails the units' checks of every frame)
+        marked = store._pool.submit(P.mark, d, store.root) if P.writable(d) else None
+        if marked is None:
+            log.info("dump %s is in a location this process cannot write: loading it without its restore marker", d)
         try:
             dump = read_dump(d)
         except BaseException:
-            with contextlib.suppress(BaseException):  # the dump's error is the one to raise
-                marked.result()
-            _unmark(d, store)
+            if marked is not None:
+                with contextlib.suppress(BaseException):  # the dump's error is the one to raise
+                    marked.result()
+                _unmark(d, store)
             raise
         threading.Thread(target=prefetch, args=(d,), daemon=True, name="tqstore-prefetch").start()
         try:
-            marked.result()
+            if marked is not None:
+                marked.result()
         except BaseException:
             _unmark(d, store)  # (a marker written before its fsync failed lists the store)
             raise
@@ -319,8 +335,9 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
     d = dump_path(dump_dir)
     if not P.present(d) and not any(r.dump == str(d) for r in store.controller.restores()):
         return False  # nothing to settle, nothing on disk (and nothing created: no lock file)
-    with P.locked(d) if os.path.isdir(d.parent) else contextlib.nullcontext(False) as held:
-        if held:
+    writable = P.writable(d)
+    with P.locked(d, read_only_ok=not writable) if os.path.isdir(d.parent) else contextlib.nullcontext(False) as held:
+        if held and writable:
             P.repair(d)
         pending = [r for r in store.controller.restores() if r.dump == str(d)]
         if not pending:
