@@ -280,6 +280,59 @@ def test_a_global_index_reused_in_the_same_partition_is_not_read_through_a_stale
     assert store.kv_list("p") == {"p": {"b": {}}}
 
 
+@pytest.mark.parametrize("reopen", [False, True])
+def test_a_stale_meta_of_a_partition_cleared_and_created_again_touches_none_of_its_new_rows(tmp_path, reopen):
+    """A trainer clears "train" every step and puts the next step's rows into a new "train":
+    the new rows get the same global indexes; a consumer still holding the last step's meta
+    must not read, overwrite, tag or delete them (also after a reopen in between)."""
+    path = tmp_path / "s"
+    s = tqstore.open(path, num_units=2)
+    try:
+        s.put({"x": torch.tensor([1, 2])}, partition_id="train")
+        old = s.get_meta(["x"], 2, "train", mode="force_fetch")
+        s.clear_partition("train")
+        if reopen:
+            s.close()
+            s = tqstore.open(path)
+        s.put({"x": torch.tensor([100, 200])}, partition_id="train")
+        fresh = s.get_meta(["x"], 2, "train", mode="force_fetch")
+        assert fresh.global_indexes == old.global_indexes  # the indexes really were reused
+        with pytest.raises(KeyNotFoundError):
+            s.get_data(old)
+        with pytest.raises(KeyNotFoundError):
+            s.put({"x": torch.tensor([-1, -1])}, metadata=old)
+        old.update_custom_meta([{"bad": 1}, {"bad": 2}])
+        with pytest.raises(KeyNotFoundError):
+            s.set_custom_meta(old)
+        s.clear_samples(old)  # stale: nothing of the new partition's is deleted
+        assert torch.equal(s.get_data(fresh)["x"], torch.tensor([100, 200]))
+        assert s.get_meta(["x"], 2, "train", mode="force_fetch").custom_meta == [{}, {}]
+    finally:
+        s.close()
+
+
+def test_a_partition_created_again_by_a_load_by_key_or_a_checkpoint_load_keeps_stale_metas_out(tmp_path):
+    with tqstore.open(tmp_path / "src", num_units=2) as src:
+        src.kv_batch_put(["a", "b"], "train", {"x": torch.tensor([[5], [6]])})
+        src.dump_data_by_key(tmp_path / "dump", ["a", "b"], "train")
+    with tqstore.open(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put(["a", "b"], "train", {"x": torch.tensor([[1], [2]])})
+        old = s.get_meta(["x"], 2, "train", mode="force_fetch")
+        s.clear_partition("train")
+        s.load_data_by_key(tmp_path / "dump")  # creates "train" again, on the same indexes
+        assert sorted(s.kv_retrieve_meta(["a", "b"], "train").global_indexes) == sorted(old.global_indexes)
+        with pytest.raises(KeyNotFoundError):
+            s.get_data(old)
+        s.save_checkpoint(tmp_path / "ck")
+        s.clear_partition("train")
+        s.load_checkpoint(tmp_path / "ck")
+        s.clear_partition("train")
+        s.kv_batch_put(["a", "b"], "train", {"x": torch.tensor([[7], [8]])})
+        with pytest.raises(KeyNotFoundError):
+            s.get_data(old)
+        assert torch.equal(s.kv_batch_get(["a", "b"], "train")["x"], torch.tensor([[7], [8]]))
+
+
 # ---------------------------------------------------------------------------------- persistence
 
 def test_keys_tags_and_values_survive_reopen(tmp_path):

@@ -123,9 +123,20 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         self.parts, self.gmap, self.consumed, self.free = st.parts, st.gmap, st.consumed, st.free
         self._by_num = {p.num: p for p in self.parts.values()}
         heapq.heapify(self.free)
+        self.seq_floor = self._read_seq_floor()
         if st.format != CONTROLLER_FORMAT:
             self._migrate(st.format)  # (the ``restores`` records are format-independent: kept as they are)
         self._restores.load()
+
+    def _read_seq_floor(self) -> int:
+        """``meta/seq_floor`` (0 when absent: an index that never dropped a partition, or one
+        written before it existed).  Raises CorruptionError for a malformed value."""
+        with self.env.begin() as txn:
+            raw = txn.get(R.META_SEQ_FLOOR, db=self.db["meta"])
+        try:
+            return R.decode_optional_decimal(raw)
+        except RecordError as e:
+            raise CorruptionError(f"controller index: meta/seq_floor: {e}", path=str(self.path / "data.mdb")) from e
 
     def _migrate(self, fmt: int) -> None:
         """Rewrite a version-``fmt`` index as version 3, in one transaction (a crash leaves it at ``fmt``).
@@ -446,6 +457,8 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                             txn.delete(self._cons_key(t, pid, g), db=m["cons"])
                 if drop_partition:
                     txn.delete(R.parts_key(pid), db=m["parts"])
+                    floor = max(self.seq_floor, p.next_seq)  # (a partition created again starts past it)
+                    txn.put(R.META_SEQ_FLOOR, R.encode_decimal(floor), db=m["meta"])
                     for f in p.schema:
                         txn.delete(R.schema_key(pid, f), db=m["schema"])
                     for t in tasks:
@@ -464,6 +477,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                 for t in tasks:
                     self.consumed[(pid, t)].discard(g)
             if drop_partition:
+                self.seq_floor = floor
                 del self.parts[pid]
                 self._by_num.pop(p.num, None)
                 for t in tasks:

@@ -85,7 +85,7 @@ def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, ta
         raise InvalidInputError("a field appears twice in one batch")
     c._restores.check_put(pid, keys, gidxs, {col.field: (col.kind, col.dtype) for col in columns},
                           strict_dtypes=strict_dtypes)
-    seq0 = p.next_seq if p is not None else 0
+    seq0 = p.next_seq if p is not None else c.seq_floor
     existing: List[int] = []
     new_keys: List[Optional[str]] = []
     if keys is not None:
@@ -149,7 +149,7 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
     m = c.db
     p = c.parts.get(plan.pid)
     if p is None:
-        p = Partition(plan.pid, c.new_partition_number(), c.gmap)
+        p = Partition(plan.pid, c.new_partition_number(), c.gmap, next_seq=c.seq_floor)
     F = frozenset(plan.fields)
     bits = dict(p.bits)
     new_bits = new_field_bits(p, plan.schema_new)

@@ -377,7 +377,7 @@ class RestoreHost:
         if waiting:
             raise InvalidInputError(f"restore {rid}: units {waiting} are not complete")
         m = c.db
-        p = c.parts.get(rec.pid) or Partition(rec.pid, c.new_partition_number(), c.gmap)
+        p = c.parts.get(rec.pid) or Partition(rec.pid, c.new_partition_number(), c.gmap, next_seq=c.seq_floor)
         schema = {f: _merged(p.schema.get(f), kd, False) or kd for f, kd in rec.schema.items()}
         changed = {f: kd for f, kd in schema.items() if p.schema.get(f) != kd}
         new_bits = new_field_bits(p, changed)  # a field already in the partition keeps its bit

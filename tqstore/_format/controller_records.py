@@ -62,6 +62,10 @@ META_NUM_UNITS = b"num_units"
 META_NEXT_GIDX = b"next_gidx"
 META_PUT_TOKEN = b"put_token"
 META_RESTORE_TAG = b"restore_tag"  # the last restore tag handed out (absent: none yet)
+#: the first sequence number of a new partition: at least the ``next_seq`` of every partition
+#: dropped before (absent: 0), so a partition created again under a dropped one's id never
+#: repeats its numbers and a stale BatchMeta of the dropped one matches none of its rows
+META_SEQ_FLOOR = b"seq_floor"
 META_CLEAN = b"clean"  # the clean-close marker (absent: the store was not closed cleanly; see encode_clean)
 
 GIDX_BYTES = 8
@@ -529,7 +533,7 @@ __all__ = [
     "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag",
     "encode_tags",
     "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
-    "META_RESTORE_TAG", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
+    "META_RESTORE_TAG", "META_SEQ_FLOOR", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
     "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows", "restore_tag_texts", "tag_values",
     "decode_restore_rows", "RESTORE_CHUNK_ROWS",
     "RecordError", "RowRecord",
