@@ -378,6 +378,33 @@ def test_read_errors_name_what_is_missing(store):
     assert isinstance(FieldNotFoundError("x"), KeyError)
 
 
+@pytest.mark.parametrize("kw", [
+    {"num_units": 2 ** 62}, {"num_units": True}, {"num_units": "2"}, {"segment_bytes": "1M"},
+    {"segment_bytes": 2 ** 70}, {"index_map_bytes": "1G"}, {"index_map_bytes": 1}, {"index_map_bytes": 2 ** 70},
+    {"max_workers": -1}, {"max_workers": "2"}, {"max_workers": 0},
+])
+def test_an_option_out_of_range_is_a_config_error_before_anything_is_created(tmp_path, kw):
+    with pytest.raises(ConfigError, match=next(iter(kw))):
+        Store(tmp_path / "s", **kw)
+    assert not (tmp_path / "s").exists()
+
+
+def test_a_bad_option_when_reopening_leaves_the_store_openable(tmp_path):
+    Store(tmp_path / "s", num_units=2).close()
+    with pytest.raises(ConfigError, match="max_workers"):
+        Store(tmp_path / "s", max_workers=-1)
+    with Store(tmp_path / "s", num_units=np.int64(2)) as s:  # (a numpy integer is an int)
+        assert s.num_units == 2
+
+
+def test_a_store_descriptor_naming_too_many_units_is_damaged_not_opened(tmp_path):
+    Store(tmp_path / "s", num_units=2).close()
+    p = tmp_path / "s" / "STORE.json"
+    p.write_text(p.read_text().replace('"num_units": 2', '"num_units": 4611686018427387904'))
+    with pytest.raises(tqstore.CorruptionError, match="num_units"):
+        Store(tmp_path / "s")
+
+
 def test_bad_config_raises_config_error(tmp_path):
     with pytest.raises(ConfigError):
         Store(tmp_path / "a", durability="sometimes")

@@ -33,6 +33,7 @@ from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoun
                      StoreClosedError, TqstoreError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
+from .config import MAX_MAP_BYTES, MAX_UNITS, MIN_MAP_BYTES, check_int_option
 from ._gilswitch import handing_off
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
@@ -67,12 +68,14 @@ class Store(CheckpointMixin, DumpMixin):
         path: store directory (created if missing; a relative one is taken in the working
             directory of the open, and ``root`` is absolute). ``None``: a private temporary
             store, removed on close.
-        num_units: storage units of a new store (default 1); for an existing one it must
-            match or be None.
+        num_units: storage units of a new store (default 1, at most 4096); for an existing
+            one it must match or be None.
         durability: ``"checkpoint"`` (default; acknowledged writes survive a process kill,
             fsync happens at checkpoints) or ``"commit"`` (every acknowledged write is
             fsynced and survives power loss).
-        segment_bytes: size at which a unit's active segment is sealed.
+        segment_bytes: size at which a unit's active segment is sealed (64 KiB to 1 TiB).
+        max_workers: threads of the store's pool (default: the unit count, at most 8).
+        index_map_bytes: the LMDB map size of each index (1 MiB to 64 TiB; default 64 GiB).
         compress: None, ``"zstd"`` (every field) or a collection of field names to compress.
         verify_reads: check CRC32C on every read (default True).
         result_type: what reads return: ``"tensordict"`` (a TensorDict, as TransferQueue; the
@@ -108,12 +111,12 @@ class Store(CheckpointMixin, DumpMixin):
                  parts: Any = None) -> None:
         if durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
-        if num_units is not None and (not isinstance(num_units, int) or num_units < 1):
-            raise ConfigError(f"num_units must be a positive int, got {num_units!r}")
+        num_units = check_int_option("num_units", num_units, 1, MAX_UNITS)
         if compress not in (None, "zstd") and not isinstance(compress, (list, tuple, set, frozenset)):
             raise ConfigError(f"compress must be None, 'zstd' or a collection of field names, got {compress!r}")
-        if int(segment_bytes) < 1 << 16:
-            raise ConfigError(f"segment_bytes must be at least 65536, got {segment_bytes}")
+        segment_bytes = check_int_option("segment_bytes", segment_bytes, 1 << 16, 1 << 40, optional=False)
+        max_workers = check_int_option("max_workers", max_workers, 1)
+        index_map_bytes = check_int_option("index_map_bytes", index_map_bytes, MIN_MAP_BYTES, MAX_MAP_BYTES)
         capacity = None if total_storage_size is None else RowCapacity(total_storage_size)  # ConfigError
         check_result_type(result_type)  # (the edge itself is made once the parts are open: it may import torch)
         self._parts = EmbeddedParts() if parts is None else parts

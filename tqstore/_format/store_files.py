@@ -15,6 +15,9 @@ STORE_FILE = "STORE.json"
 CURRENT_FILE = "CURRENT"
 STORE_FORMAT = "tqstore-store"
 STORE_VERSION = 1
+#: the most units a store may have (each an LMDB environment with its own files; a store
+#: refuses more, and a descriptor naming more is damaged)
+MAX_UNITS = 4096
 
 
 def state_name(n: int) -> str:
@@ -44,7 +47,8 @@ def decode_store_descriptor(data: bytes, *, path: str) -> Dict[str, Any]:
     """The checked ``STORE.json`` object.
 
     Raises:
-        CorruptionError: not UTF-8 JSON, not a store descriptor, ``num_units`` not an int >= 1, or
+        CorruptionError: not UTF-8 JSON, not a store descriptor, ``num_units`` not an int in
+            ``[1, MAX_UNITS]``, or
             ``created`` (when present) not a unix time.
         FormatVersionError: another version.
     """
@@ -58,7 +62,7 @@ def decode_store_descriptor(data: bytes, *, path: str) -> Dict[str, Any]:
         raise FormatVersionError(f"store format version {d.get('version')} is not supported (reads "
                                  f"{STORE_VERSION})", path=path)
     n = d.get("num_units")
-    if type(n) is not int or n < 1:
+    if type(n) is not int or not 1 <= n <= MAX_UNITS:
         raise CorruptionError(f"{STORE_FILE} has num_units {n!r}, not a positive int (damaged descriptor: it must "
                               f"match the controller's unit count)", path=path)
     c = d.get("created")
