@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tqstore.checkpoint import CheckpointManager
-from tqstore.cli_demo import check
+from tqstore.cli_demo import _published, check
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,8 +51,39 @@ def test_demo_text_summary(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "summary" in r.stdout and "check:            PASS" in r.stdout and "stall per save" in r.stdout
     assert "from the dump of pending samples" not in r.stdout or "pending mode" in r.stdout
+    assert "no (--no-kill): one run, nothing restored" in r.stdout and "came back" not in r.stdout
+    assert "32 of 32 samples consumed, 0 missing, 0 twice\n" in r.stdout
     assert [ln.split(":")[0] for ln in r.stdout.splitlines() if ln.startswith("step ")] == [
         "step   1", "step   2", "step   3", "step   4"]
+
+
+def test_the_demo_kills_the_loop_only_once_it_can_resume_from_a_published_generation(tmp_path):
+    """A save's temporary directory holds a MANIFEST.json before it is renamed in, and in
+    pending mode a generation without its pending samples' dump is not one the loop resumes
+    from: killing the loop then made it start over."""
+    base = tmp_path / "d"
+    gens, pend = base / "generations", base / "pending"
+    tmp_gen = gens / "step-0000000002.tmp-0123abcd"
+    tmp_gen.mkdir(parents=True)
+    (tmp_gen / "MANIFEST.json").write_text("{}")
+    assert not _published(base, "full") and not _published(base, "pending")
+    gen = gens / "step-0000000002"
+    tmp_gen.rename(gen)
+    assert _published(base, "full") and not _published(base, "pending")
+    (pend / "step-0000000002.tmp").mkdir(parents=True)
+    (pend / "step-0000000002.tmp" / "MANIFEST.json").write_text("{}")
+    assert not _published(base, "pending")
+    (pend / "step-0000000002.tmp").rename(pend / "step-0000000002")
+    assert _published(base, "pending")
+
+
+@pytest.mark.parametrize("seed", [2, 5])
+def test_a_killed_demo_always_restores_a_generation(tmp_path, seed):
+    r = _demo("--steps", 6, "--rows", 16, "--group", 4, "--save-every", 2, "--tokens", 64, "--seed", seed, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["killed_during_step"] is not None and doc["restored_step"], r.stderr
+    assert "starting over" not in r.stderr and doc["check"]["ok"]
 
 
 def test_demo_rejects_bad_options_with_exit_2(tmp_path):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -57,7 +58,7 @@ def _child(cfg: Dict[str, Any], out: TextIO, events: List[str], kill_after: Opti
         out.write(line)
         out.flush()
         if kill_after is not None and line.startswith("step ") and int(line[5:].split(":")[0]) >= kill_after \
-                and _published(base / "generations"):  # at the chosen step or, if no generation is yet, later
+                and _published(base, cfg["mode"]):  # at the chosen step or, if none is resumable yet, later
             kill_after = int(line[5:].split(":")[0])
             time.sleep(delay_s)
             os.kill(proc.pid, signal.SIGKILL)
@@ -73,9 +74,22 @@ def _child(cfg: Dict[str, Any], out: TextIO, events: List[str], kill_after: Opti
     return rc, killed, "".join(errs)
 
 
-def _published(root: Path) -> bool:
-    """Whether a generation has been published under ``root`` (its MANIFEST.json is there)."""
-    return root.is_dir() and any((d / "MANIFEST.json").is_file() for d in root.iterdir() if d.name.startswith("step-"))
+_GENERATION = re.compile(r"step-\d+")  # (not a save's temporary step-N.tmp-XXXXXXXX)
+
+
+def _published(base: Path, mode: str) -> bool:
+    """Whether the loop in ``base`` published a generation it can resume from: a generation
+    directory ``generations/step-N`` holding its MANIFEST.json (renamed in whole: not a
+    save's temporary directory) and, in pending mode, the dump of that step's pending
+    samples, ``pending/step-N``, holding its own (the loop resumes only from both)."""
+    root = base / "generations"
+    if not root.is_dir():
+        return False
+    for d in root.iterdir():
+        if _GENERATION.fullmatch(d.name) and (d / "MANIFEST.json").is_file() and \
+                (mode == "full" or (base / "pending" / d.name / "MANIFEST.json").is_file()):
+            return True
+    return False
 
 
 def check(events: List[Dict[str, Any]], total_prompts: int, group: int) -> Dict[str, Any]:
@@ -169,12 +183,15 @@ def _print_summary(doc: Dict[str, Any], w) -> None:
     w(f"  steps:            {doc['steps']} x {doc['samples_per_step']} samples (groups of {doc['group']}), "
       f"seed {doc['seed']}\n")
     if doc["killed_during_step"] is not None:
-        w(f"  killed:           SIGKILL during step {doc['killed_during_step']}; restored generation "
-          f"{doc['restored_step']}\n")
-    w(f"  samples resumed:  {doc['samples_resumed']} pending samples came back "
-      f"({doc['partial_groups_resumed']} partial groups finished after the restart),"
-      + (" from the dump of pending samples beside the generation\n" if doc["mode"] == "pending" else
-         " from the generation (this build has no load_data_by_key: no dump)\n"))
+        restored = doc["restored_step"]
+        w(f"  killed:           SIGKILL during step {doc['killed_during_step']}; "
+          + (f"restored generation {restored}\n" if restored else "no generation restored (started over)\n"))
+        w(f"  samples resumed:  {doc['samples_resumed']} pending samples came back "
+          f"({doc['partial_groups_resumed']} partial groups finished after the restart),"
+          + (" from the dump of pending samples beside the generation\n" if doc["mode"] == "pending" else
+             " from the generation (full mode: it holds the whole buffer)\n"))
+    else:
+        w("  killed:           no (--no-kill): one run, nothing restored\n")
     what = ("the cut of a blocking=False save" if doc["mode"] == "full" else
             "a metadata-only generation, then the cut of a blocking=False dump")
     w(f"  stall per save:   median {fmt(doc['stall_ms_median'], '.2f')} ms, max {fmt(doc['stall_ms_max'], '.2f')} ms "
@@ -187,7 +204,8 @@ def _print_summary(doc: Dict[str, Any], w) -> None:
           f"every frame verified)\n")
     verdict = "PASS" if rep["ok"] else "FAIL"
     w(f"  check:            {verdict}: {rep['consumed']} of {rep['expected']} samples consumed, {rep['missing']} "
-      f"missing, {rep['twice']} twice; every sample acknowledged before the cut came back\n"
+      f"missing, {rep['twice']} twice"
+      + ("; every sample acknowledged before the cut came back\n" if doc["killed_during_step"] is not None else "\n")
       if rep["ok"] else f"  check:            {verdict}\n")
     for p in rep["problems"]:
         w(f"    {p}\n")

@@ -285,7 +285,8 @@ class Loop:
             else:
                 step, extra, pend_dir = self._restore_pending_mode(m)
         except (self.tq.CheckpointNotFoundError, self.tq.CheckpointError):
-            self.say("resume: no generation was published before the kill; starting over")
+            what = "generation" if self.mode == "full" else "generation with its pending dump"
+            self.say(f"resume: no {what} was published before the kill; starting over")
             self.tq.kv_clear(self._pending(), PARTITION)
             self.log.write("restored", step=0, fresh=True)
             self.stats["restore"] = {"step": 0, "fresh": True}
