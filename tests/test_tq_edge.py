@@ -427,3 +427,56 @@ def test_streaming_dataset_left_early_resumes_with_the_rest_of_its_batch_and_tak
                 tq.StreamingDataset(None, **kw)
     finally:
         tq.close()
+
+
+def _two_partition_meta(s):
+    s.put({"x": torch.tensor([1, 2])}, partition_id="a")
+    s.put({"x": torch.tensor([3, 4])}, partition_id="b")
+    return tq.BatchMeta.concat([s.get_meta(["x"], 1, "a", mode="force_fetch"),
+                                s.get_meta(["x"], 1, "b", mode="force_fetch")], validate=False)
+
+
+def _picture(s):
+    return {p: (s.get_meta(None, None, p, mode="force_fetch").field_names,
+                s.get_meta(None, None, p, mode="force_fetch").custom_meta) for p in ("a", "b")}
+
+
+@pytest.mark.parametrize("data", [{"y": torch.tensor([10, 20, 30])}, {"z": ["u", "v", "w", "x"]},
+                                  {"w": torch.tensor([5])}])
+def test_a_put_through_a_meta_of_two_partitions_refuses_a_batch_of_another_length(tmp_path, data):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        m = _two_partition_meta(s)
+        before = _picture(s)
+        with pytest.raises(tq.InvalidInputError, match="rows, the BatchMeta 2"):
+            s.put(data, metadata=m)  # (it wrote the first rows and dropped the rest)
+        assert _picture(s) == before
+        s.put({"v": torch.tensor([7, 8])}, metadata=m)
+        assert s.get_data(m)["v"].tolist() == [7, 8]
+
+
+@pytest.mark.parametrize("bad", ["xy", {"a": 1}, [{}]])
+def test_a_custom_meta_that_is_not_one_entry_per_row_is_refused_before_anything_is_written(tmp_path, bad):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.put({"x": torch.tensor([1, 2])}, partition_id="a")
+        s.put({"x": torch.tensor([3, 4])}, partition_id="b")
+        before = _picture(s)
+        m = s.get_meta(["x"], 2, "a", mode="force_fetch")
+        m.custom_meta = bad
+        with pytest.raises(tq.InvalidInputError, match="custom_meta must be a list of 2"):
+            s.put({"y": torch.tensor([7, 8])}, metadata=m)
+        with pytest.raises(tq.InvalidInputError, match="custom_meta must be a list of 2"):
+            s.set_custom_meta(m)
+        assert _picture(s) == before
+
+
+def test_a_tuple_or_none_custom_meta_is_taken_and_the_put_completes(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.put({"x": torch.tensor([1, 2])}, partition_id="a")
+        m = s.get_meta(["x"], 2, "a", mode="force_fetch")
+        m.custom_meta = ({"r": 1}, {"r": 2})  # (the put wrote, then failed to fill the tuple in)
+        s.put({"y": torch.tensor([7, 8])}, metadata=m)
+        assert m.custom_meta == [{"r": 1}, {"r": 2}] and m.is_ready
+        assert s.get_meta(["y"], 2, "a", mode="force_fetch").custom_meta == [{"r": 1}, {"r": 2}]
+        m.custom_meta = None  # no metadata for any row
+        s.set_custom_meta(m)
+        assert s.get_meta(["y"], 2, "a", mode="force_fetch").custom_meta == [{}, {}]

@@ -126,7 +126,8 @@ class BatchMeta:
 
     @custom_meta.setter
     def custom_meta(self, value: List[Any]) -> None:
-        self._custom_meta, self._lazy_tags = value, None
+        """(None: no metadata for any row, as the constructor takes it.)"""
+        self._custom_meta, self._lazy_tags = ([{} for _ in range(self.size)] if value is None else value), None
 
     @property
     def _custom_backend_meta(self) -> List[Dict[str, Any]]:

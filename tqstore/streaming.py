@@ -162,6 +162,33 @@ def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = Fa
 
 
 # ---------------------------------------------------------------------------- streaming
+def _checked_custom_meta(meta: BatchMeta) -> List[Any]:
+    """``meta.custom_meta``: a list of one entry per row (a tuple becomes a list).
+
+    Raises InvalidInputError (before anything is written) for anything else: a str, a
+    dict, a list of another length."""
+    cm = meta.custom_meta
+    if isinstance(cm, tuple):
+        cm = meta.custom_meta = list(cm)
+    if not isinstance(cm, list) or len(cm) != meta.size:
+        got = f"a list of {len(cm)}" if isinstance(cm, list) else f"a {type(cm).__name__}"
+        raise InvalidInputError(f"BatchMeta.custom_meta must be a list of {meta.size} entries (one per row), "
+                                f"got {got}")
+    return cm
+
+
+def _check_rows(edge: Any, data: Any, names: Sequence[str], n: int) -> None:
+    """Every field of ``data`` has ``n`` rows (a put through a meta of several partitions,
+    split by row before the writes). Raises InvalidInputError naming the first that has not."""
+    for f in names:
+        try:
+            got = edge.batch_len(data[f])
+        except TypeError:
+            raise InvalidInputError(f"field {f!r} has no batch dimension") from None
+        if got != n:
+            raise InvalidInputError(f"field {f!r} has {got} rows, the BatchMeta {n}")
+
+
 class Streaming:
     """The streaming calls of a :class:`~tqstore.kv.DataPlane` (see the module docstring)."""
 
@@ -324,8 +351,11 @@ class Streaming:
             raise InvalidInputError(f"metadata must be a BatchMeta, got {type(metadata).__name__}")
         if metadata.size == 0:
             raise InvalidInputError("metadata is empty")
+        _checked_custom_meta(metadata)
         with dp.write_lock:
             groups = self._live_rows(metadata, strict=True)
+            if len(groups) > 1:  # (one partition: its write checks the rows against the meta's)
+                _check_rows(dp.edge, data, names, metadata.size)
             plans = []
             for pid, (b, pos, idx) in groups.items():
                 gidxs = _pick(b.gidxs, idx)
@@ -381,6 +411,7 @@ class Streaming:
             raise InvalidInputError(f"set_custom_meta takes a BatchMeta, got {type(metadata).__name__}")
         if metadata.size == 0:
             return
+        _checked_custom_meta(metadata)
         dp = self._dp
         dp.check_open()
         with dp.write_lock:
