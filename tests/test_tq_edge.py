@@ -480,3 +480,30 @@ def test_a_tuple_or_none_custom_meta_is_taken_and_the_put_completes(tmp_path):
         m.custom_meta = None  # no metadata for any row
         s.set_custom_meta(m)
         assert s.get_meta(["y"], 2, "a", mode="force_fetch").custom_meta == [{}, {}]
+
+
+def test_an_empty_batch_put_writes_nothing_and_fixes_no_schema(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        for empty in ({"reward": []}, {"reward": torch.zeros(0)}, {"a": [], "b": torch.zeros(0, 3)}):
+            assert s.put(empty, partition_id="new").size == 0
+        assert s.kv_list() == {}  # no partition was made
+        s.put({"reward": torch.tensor([0.5, 1.0])}, partition_id="new")  # (it raised SchemaError: "value none")
+        assert s.get_data(s.get_meta(["reward"], 2, "new", mode="force_fetch"))["reward"].tolist() == [0.5, 1.0]
+        with pytest.raises(tq.InvalidInputError, match="2 values given, expected 0"):
+            s.put({"a": [], "b": [1, 2]}, partition_id="new")
+
+
+@pytest.mark.parametrize("bad", ["resp\x00", "", "f" * 300])
+def test_an_insert_for_a_field_no_put_can_write_reserves_nothing(tmp_path, bad):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        with pytest.raises(tq.InvalidInputError):
+            s.get_meta([bad], 2, "p", mode="insert")
+        assert s.kv_list() == {}
+
+
+def test_a_batch_size_past_two_to_the_forty_is_an_invalid_input(tmp_path):
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.put({"x": torch.tensor([1, 2])}, partition_id="a")
+        for mode in ("fetch", "force_fetch", "insert"):
+            with pytest.raises(tq.InvalidInputError, match="batch_size"):
+                s.get_meta(["x"], 2 ** 63, "a", mode=mode, task_name="t")

@@ -22,7 +22,7 @@ import numpy as np
 
 from ._format.columns import KIND_NAMES
 from ._format.layout import KIND_VALUE
-from ._format.names import check_name
+from ._format.names import check_field_name, check_name
 from ._format.values import check_value
 from .edge import join_rows
 from .errors import (
@@ -39,6 +39,7 @@ log = logging.getLogger("tqstore")
 
 MODES = ("fetch", "force_fetch", "insert")
 MAX_INSERT_ROWS = 1 << 24  # rows one get_meta(mode="insert") may reserve
+MAX_BATCH_ROWS = 1 << 40  # the largest batch_size of any get_meta
 _POLL_S = 0.05
 
 
@@ -177,6 +178,15 @@ def _checked_custom_meta(meta: BatchMeta) -> List[Any]:
     return cm
 
 
+def _no_rows(edge: Any, data: Any, names: Sequence[str]) -> bool:
+    """Whether every field of ``data`` has 0 rows (a field without a batch dimension: False,
+    the write names it)."""
+    try:
+        return all(edge.batch_len(data[f]) == 0 for f in names)
+    except TypeError:
+        return False
+
+
 def _check_rows(edge: Any, data: Any, names: Sequence[str], n: int) -> None:
     """Every field of ``data`` has ``n`` rows (a put through a meta of several partitions,
     split by row before the writes). Raises InvalidInputError naming the first that has not."""
@@ -235,8 +245,8 @@ class Streaming:
         _check_pid(partition_id)
         if batch_size is not None:
             if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
-                    or batch_size < 1:
-                raise InvalidInputError(f"batch_size must be a positive int, got {batch_size!r}")
+                    or not 1 <= batch_size <= MAX_BATCH_ROWS:
+                raise InvalidInputError(f"batch_size must be a positive int (at most 2**40), got {batch_size!r}")
             batch_size = int(batch_size)
         if mode != "force_fetch" and batch_size is None:
             raise InvalidInputError(f"mode {mode!r} needs a batch_size")
@@ -248,6 +258,8 @@ class Streaming:
         if mode == "insert":
             if fields is None:
                 raise InvalidInputError("mode 'insert' needs data_fields")
+            for f in fields:  # (rows reserved for a field no put can write would never be filled)
+                check_field_name(f)
             if batch_size > MAX_INSERT_ROWS:
                 raise InvalidInputError(f"mode 'insert' reserves at most {MAX_INSERT_ROWS} rows per call, got "
                                         f"batch_size={batch_size}; reserve them in several calls")
@@ -323,7 +335,8 @@ class Streaming:
         """Write a batch of fields.
 
         Without ``metadata``, appends ``len(batch)`` new rows to ``partition_id`` (created
-        when missing).  With it, writes the fields to the meta's rows (e.g. from
+        when missing; a batch of 0 rows writes nothing, creates nothing and returns an empty
+        BatchMeta).  With it, writes the fields to the meta's rows (e.g. from
         ``get_meta(mode="insert")`` or ``"fetch"``); the meta's ``custom_meta`` is stored as
         the rows' tags.  Returns the meta (updated in place with the new fields and
         production status when given).
@@ -343,6 +356,10 @@ class Streaming:
             if partition_id is None:
                 raise InvalidInputError("put needs metadata or a partition_id")
             _check_pid(partition_id)
+            if _no_rows(dp.edge, data, names):  # an empty batch: nothing written, no partition or schema made
+                for f in names:
+                    check_field_name(f)
+                return BatchMeta.empty()
             with dp.write_lock:
                 gidxs = dp.io.write(partition_id, data, new_rows=True)
                 dp.notify(partition_id)
