@@ -304,3 +304,12 @@ def test_manager_with_a_custom_policy(store, tmp_path):
     for step in range(1, 6):
         m.save(step)
     assert m.steps() == [2, 4, 5]
+
+
+@pytest.mark.parametrize("kw", [{"policy": "keep"}, {"policy": 3}, {"store": "x"}, {"copy_segments": "no"}])
+def test_a_manager_with_a_bad_policy_or_store_is_refused_before_any_save(store, tmp_path, kw):
+    """A policy that is not one was only found at the first prune, logged, and no save ever
+    pruned: generations piled up."""
+    with pytest.raises(InvalidInputError, match=next(iter(kw))):
+        CheckpointManager(tmp_path / "gens", **{"store": store, **kw})
+    assert not (tmp_path / "gens").exists()

@@ -97,6 +97,13 @@ class CheckpointManager:
                  policy: Optional[RetentionPolicy] = None, copy_segments: bool = False) -> None:
         if policy is not None and keep_last is not None:
             raise InvalidInputError("give keep_last or policy, not both")
+        if policy is not None and not callable(getattr(policy, "keep", None)):  # (else no save ever prunes)
+            raise InvalidInputError(f"policy must be a RetentionPolicy (KeepLast, KeepEvery, KeepAny, ...), "
+                                    f"got {policy!r:.80}")
+        if store is not None and not callable(getattr(store, "save_checkpoint", None)):
+            raise InvalidInputError(f"store must be a tqstore store (tqstore.open, tq.init), got {store!r:.80}")
+        if not isinstance(copy_segments, bool):
+            raise InvalidInputError(f"copy_segments must be a bool, got {copy_segments!r:.80}")
         self.root = T.real_path(root)  # (as a save resolves a path: symbolic links, then "..")
         self.policy: RetentionPolicy = policy or (KeepLast(keep_last) if keep_last is not None else KeepAll())
         self.copy_segments = copy_segments
