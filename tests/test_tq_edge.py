@@ -507,3 +507,22 @@ def test_a_batch_size_past_two_to_the_forty_is_an_invalid_input(tmp_path):
         for mode in ("fetch", "force_fetch", "insert"):
             with pytest.raises(tq.InvalidInputError, match="batch_size"):
                 s.get_meta(["x"], 2 ** 63, "a", mode=mode, task_name="t")
+
+
+@pytest.mark.parametrize("bad", [["a"], None, 5, ""])
+def test_a_partition_id_that_is_not_a_str_is_refused_by_every_call_that_takes_one(tmp_path, bad):
+    """A list raised a bare TypeError (unhashable); None, an int or '' were taken silently:
+    clear_partition(None) did nothing, get_consumption_status(None, ...) answered zeros."""
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put(["k"], "a", {"x": torch.ones(1, 1)})
+        calls = [lambda p: s.kv_batch_get("k", p), lambda p: s.kv_clear("k", p), lambda p: s.clear_partition(p),
+                 lambda p: s.get_consumption_status("t", p), lambda p: s.check_consumption_status("t", p),
+                 lambda p: s.get_production_status(["x"], p), lambda p: s.check_production_status(["x"], p),
+                 lambda p: s.reset_consumption(p)] + ([] if bad is None else [lambda p: s.kv_list(p)])
+        for call in calls:
+            with pytest.raises(tq.InvalidInputError, match="partition_id"):
+                call(bad)
+        for call in (lambda: s.get_consumption_status(bad, "a"), lambda: s.reset_consumption("a", bad or 5)):
+            with pytest.raises(tq.InvalidInputError, match="task_name"):
+                call()
+        assert s.kv_list() == {"a": {"k": {}}}

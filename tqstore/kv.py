@@ -326,6 +326,7 @@ class DataPlane:
         """
         keys = _key_list(keys)
         sel = _field_list(select_fields)
+        _check_pid(partition_id)
         self.check_open()
 
         def attempt() -> Any:
@@ -370,6 +371,8 @@ class DataPlane:
         maps to ``{}``.  One dict is built per
         partition, from the controller's key column (no per-key work but the entry and its ``{}``).
         """
+        if partition_id is not None:
+            _check_pid(partition_id)
         self.check_open()
         with self.lock:
             pids = self.controller.partitions() if partition_id is None else [partition_id]
@@ -386,6 +389,7 @@ class DataPlane:
     def kv_clear(self, keys: Union[str, Sequence[str]], partition_id: str) -> None:
         """Remove keys with their data (idempotent: unknown keys or partition are ignored)."""
         keys = _key_list(keys)
+        _check_pid(partition_id)
         self.check_open()
         with self.write_lock:
             rows = self.controller.rows_by_key(partition_id, keys)

@@ -80,6 +80,12 @@ def _check_pid(pid: Any) -> str:
     return pid
 
 
+def _check_task(task: Any) -> str:
+    if not isinstance(task, str) or not task:
+        raise InvalidInputError(f"task_name must be a non-empty str, got {task!r:.80}")
+    return task
+
+
 def _tag_out(tag: Any) -> Any:
     return {} if tag is None else tag
 
@@ -483,7 +489,10 @@ class Streaming:
 
     # ------------------------------------------------------------------ clears
     def clear_partition(self, partition_id: str) -> None:
-        """Remove a partition with all its rows, consumption and sampler state (idempotent)."""
+        """Remove a partition with all its rows, consumption and sampler state (idempotent).
+
+        Raises InvalidInputError: ``partition_id`` is not a non-empty str."""
+        _check_pid(partition_id)
         self._dp.check_open()
         with self._dp.write_lock:
             gone = self._dp.io.drop_partition(partition_id)
@@ -513,6 +522,8 @@ class Streaming:
 
     # ------------------------------------------------------------------ status
     def _consumption(self, task_name: str, partition_id: str) -> Optional[Tuple[np.ndarray, np.ndarray]]:
+        _check_pid(partition_id)
+        _check_task(task_name)
         self._dp.check_open()
         with self._dp.lock:
             return self._dp.controller.consumption_status(partition_id, task_name)
@@ -520,6 +531,7 @@ class Streaming:
     def _production(self, data_fields: Union[str, Sequence[str]], partition_id: str
                     ) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         fields = _field_list(data_fields, "data_fields") or []
+        _check_pid(partition_id)
         self._dp.check_open()
         with self._dp.lock:
             return self._dp.controller.production_status(partition_id, fields)
@@ -557,8 +569,12 @@ class Streaming:
     def reset_consumption(self, partition_id: str, task_name: Optional[str] = None) -> bool:
         """Forget what ``task_name`` (every task when None) consumed, and its sampler cache.
 
-        Returns False when the partition does not exist.
+        Returns False when the partition does not exist.  InvalidInputError: a partition id
+        that is not a non-empty str, a task name that is neither None nor one.
         """
+        _check_pid(partition_id)
+        if task_name is not None:
+            _check_task(task_name)
         self._dp.check_open()
         with self._dp.lock:
             done = self._dp.controller.reset_consumption(partition_id, task_name)
