@@ -302,3 +302,13 @@ def test_every_command_has_help_with_an_example():
 def test_console_script_is_declared():
     text = (ROOT / "pyproject.toml").read_text()
     assert 'tqstore = "tqstore.cli:main"' in text
+
+
+def test_prune_and_its_dry_run_report_a_torn_generation_it_leaves_the_same_way(tmp_path):
+    root = _root(tmp_path)
+    (root / f"step-{3:010d}" / "MANIFEST.json").unlink()  # torn, newer than the newest valid (2)
+    _flip_first_frame(root / f"step-{4:010d}")  # damaged: kept as the newest, 2 as the newest valid
+    dry = json.loads(run("prune", root, "--keep", "1", "--dry-run", "--json")[1])
+    real = json.loads(run("prune", root, "--keep", "1", "--json")[1])
+    assert dry["deleted"] == real["deleted"] == [1]
+    assert dry["kept"] == real["kept"] == [2, 3, 4] and (root / f"step-{3:010d}").exists()

@@ -29,7 +29,8 @@ from .errors import CorruptionError, TqstoreError
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_DAMAGED", "EXIT_USAGE"]
 
-_EXIT = "Exit status: 0 clean, 1 damaged or unreadable, 2 usage or PATH is not a {what}."
+_EXIT = ("Exit status: 0 clean, 1 damaged or unreadable, 2 usage or PATH is not a {what}, 141 the reader of the "
+         "output went away (| head).")
 
 
 def _add(sub, name: str, help_: str, description: str, example: str, what: str = "kind this command takes",
@@ -92,11 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print a JSON document on stdout")
 
     v = _add(sub, "verify", "check a store, a checkpoint, every generation of a root, or a dump",
-             "Check PATH without changing what it holds. A checkpoint: its manifest and checksum, every listed "
+             "Check PATH (checkpoints, roots and dumps are only read). A checkpoint: its manifest and checksum, every listed "
              "file's presence, size and CRC32C, no unlisted files and (unless --quick) the indexes and every "
              "indexed frame against its CRC32C. A generation root: every generation (one without MANIFEST.json "
-             "counts as damaged). A store: opens it (its crash recovery runs, as at any open; it must not be open "
-             "elsewhere), checks every stored frame and decodes the controller's index. A dump: every shard "
+             "counts as damaged). A store: opens it (its crash recovery runs and repairs it, as at any open, so "
+             "what recovery dropped is reported by the first verify only; it must not be open elsewhere), checks "
+             "every stored frame and decodes the controller's index. A dump: every shard "
              "frame. One line per problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
     v.add_argument("path", help="a store, a checkpoint, a CheckpointManager root or a dump directory")
     v.add_argument("--json", action="store_true", help="print a JSON report on stdout")
@@ -131,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
              "Acknowledged data is kept; segments a checkpoint hard-linked stay valid in the checkpoint.",
              "python -m tqstore compact run/buffer --live-ratio 0.5", "store directory")
     c.add_argument("path", help="a store directory")
-    c.add_argument("--live-ratio", type=float, default=0.5, help="compact segments less live than this (0-1]")
+    c.add_argument("--live-ratio", type=float, default=0.5, help="compact segments less live than this, in (0, 1] (default 0.5)")
     c.add_argument("--json", action="store_true", help="print a JSON report on stdout")
 
     return p

@@ -48,8 +48,7 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
         deleted = [s for s in m.steps() if s not in keep] + [t for t in m._torn_steps() if keep and t < min(keep)]
     else:
         deleted = m.prune()
-    doc.update(deleted=deleted, kept=[s for s in (m.steps() if not args.dry_run else before) if s not in deleted],
-               ok=True)
+    doc.update(deleted=deleted, kept=[s for s in before if s not in deleted], ok=True)  # (torn ones left: kept)
     if args.json:
         out.write(json.dumps(doc, indent=1) + "\n")
     else:

@@ -165,6 +165,8 @@ def rows_column(field: str, kind: int, rows: Sequence[Tuple[int, Tuple[int, ...]
 def describe_kind_dtype(kd: Tuple[int, int]) -> str:
     """``(kind code, dtype code)`` in words, e.g. "tensor float32" or "ndarray of several
     dtypes" (code 255); unknown codes by number."""
+    if kd[0] == KIND_VALUE:  # (its dtype code says nothing: "value none" read oddly)
+        return "non-tensor values"
     kind = KIND_NAMES.get(kd[0], f"kind {kd[0]}")
     return f"{kind} of several dtypes" if kd[1] == dtypes.SCHEMA_MIXED else \
         f"{kind} {dtypes.DTYPE_NAMES.get(kd[1], f'dtype {kd[1]}')}"
