@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -526,3 +527,40 @@ def test_a_partition_id_that_is_not_a_str_is_refused_by_every_call_that_takes_on
             with pytest.raises(tq.InvalidInputError, match="task_name"):
                 call()
         assert s.kv_list() == {"a": {"k": {}}}
+
+
+def test_a_meta_made_by_hand_for_rows_that_do_not_exist_is_refused_by_name(tmp_path):
+    """Such a meta has no sequence numbers: it took the one-partition fast path ([None] ==
+    [None]) and failed deep inside (TypeError), or overflowed (2**64)."""
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.put({"x": torch.tensor([1, 2])}, partition_id="a")
+        for g in (999, -1, 2 ** 64):
+            m = tq.BatchMeta([g], ["a"], field_schema={"x": {}})
+            with pytest.raises(tq.KeyNotFoundError, match=f"row {g} "):
+                s.get_data(m)
+            with pytest.raises(tq.KeyNotFoundError):
+                s.put({"x": torch.tensor([5])}, metadata=m)
+            with pytest.raises(tq.KeyNotFoundError):
+                s.set_custom_meta(m)
+            s.clear_samples(m)  # (idempotent: nothing to clear)
+        ok = tq.BatchMeta([0, 1], ["a", "a"], field_schema={"x": {}})  # by hand, rows that exist: read
+        assert s.get_data(ok)["x"].tolist() == [1, 2]
+        for bad in (["x"], [3.7]):
+            with pytest.raises(tq.InvalidInputError, match="global indexes must be ints"):
+                tq.BatchMeta(bad, ["a"])
+        assert tq.BatchMeta([np.int64(1), torch.tensor(0)], ["a", "a"]).global_indexes == [1, 0]
+
+
+def test_paths_and_switches_that_are_not_usable_are_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(tq.ConfigError, match="path must be a str"):
+        tq.open(5)
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        s.put({"x": torch.tensor([1, 2])}, partition_id="a")
+        for bad in ("/", str(tmp_path / ("n" * 300)), str(tmp_path / "ck\udcff")):
+            with pytest.raises(tq.InvalidInputError):
+                s.save_checkpoint(bad)
+            with pytest.raises(tq.InvalidInputError):
+                s.load_checkpoint(bad)
+        with pytest.raises(tq.InvalidInputError, match="include_storage"):
+            s.save_checkpoint(tmp_path / "ck", include_storage="no")  # (it saved, reporting include_storage='no')
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import operator
 from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
@@ -56,7 +57,10 @@ class BatchMeta:
                  *, _custom_backend_meta: Optional[Sequence[Dict[str, Any]]] = None,
                  _shape_source: Optional[Callable[..., Dict[str, List[Any]]]] = None):
         self._lazy_tags = None
-        self.global_indexes = [int(g) for g in global_indexes]
+        try:  # (ints, numpy integers, integer tensors of one element; not 3.7 or "3")
+            self.global_indexes = [operator.index(g) for g in global_indexes]
+        except TypeError as e:
+            raise InvalidInputError(f"BatchMeta: global indexes must be ints ({e})") from None
         self.partition_ids = list(partition_ids)
         n = len(self.global_indexes)
         if len(self.partition_ids) != n:

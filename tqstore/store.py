@@ -122,6 +122,8 @@ class Store(CheckpointMixin, DumpMixin):
         self._parts = EmbeddedParts() if parts is None else parts
         self._remote_parts = bool(getattr(self._parts, "remote", False))  # (reads call their units at once)
         self._closed = True
+        if path is not None and not isinstance(path, (str, os.PathLike)):
+            raise ConfigError(f"path must be a str or os.PathLike (or None: a temporary store), got {path!r:.80}")
         self._temporary = path is None
         try:  # (absolute: a later chdir, or a part in another process, must find the same files)
             self.root = files.make_temp_dir("tqstore-") if path is None else Path(path).absolute()

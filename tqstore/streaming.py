@@ -80,6 +80,10 @@ def _check_pid(pid: Any) -> str:
     return pid
 
 
+_GIDX_END = 1 << 63  # (global indexes are int64)
+_NO_ROW: Any = object()  # a meta's row whose index no row can have
+
+
 def _check_task(task: Any) -> str:
     if not isinstance(task, str) or not task:
         raise InvalidInputError(f"task_name must be a non-empty str, got {task!r:.80}")
@@ -304,16 +308,19 @@ class Streaming:
         gi, want = meta.global_indexes, meta._seqs
         pids = meta.partition_ids
         asked: Dict[str, Optional[RowBatch]] = {}
-        if pids and pids.count(pids[0]) == len(pids):  # one partition (the usual case)
+        no_index = [i for i, g in enumerate(gi) if not 0 <= g < _GIDX_END]  # (a forged meta's: no row has it)
+        if pids and pids.count(pids[0]) == len(pids) and not no_index:  # one partition (the usual case)
             b = asked[pids[0]] = ctrl.row_batch(pids[0], gi)
-            if b is not None and b.seqs == want:  # and every row is live: C-speed checks
+            if b is not None and b.seqs == want and None not in want:  # and every row is live: C-speed checks
                 every = range(len(gi))
                 return {pids[0]: (b, every, every)}
         positions: Dict[str, List[int]] = defaultdict(list)
+        skip = set(no_index)
         for i, pid in enumerate(pids):
-            positions[pid].append(i)
+            if i not in skip:
+                positions[pid].append(i)
         groups: Dict[str, Tuple[RowBatch, Sequence[int], Sequence[int]]] = {}
-        bad: List[Tuple[int, str, Optional[RowBatch]]] = []
+        bad: List[Tuple[int, str, Optional[RowBatch]]] = [(i, pids[i], _NO_ROW) for i in no_index]
         for pid, pos in positions.items():
             b = asked[pid] if pid in asked else ctrl.row_batch(pid, [gi[i] for i in pos])
             if b is None:
@@ -330,6 +337,8 @@ class Streaming:
                 groups[pid] = (b, live_pos, live_idx)
         if strict and bad:
             i, pid, b = min(bad, key=lambda x: x[0])
+            if b is _NO_ROW:
+                raise StorageKeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta is no row index")
             if b is None:
                 raise StalePartitionError(f"partition {pid!r} of the BatchMeta does not exist (cleared: the "
                                           f"BatchMeta is stale)")

@@ -52,8 +52,10 @@ assert DR.MANIFEST_NAME == M.MANIFEST_NAME  # enclosing_owner looks for one name
 def real_path(path: PathLike) -> Path:
     """``path`` (a str or an ``os.PathLike`` giving one) as an absolute path, symlinks resolved.
 
-    Raises InvalidInputError: another type (None, a number, bytes), an empty string, or a NUL
-    character (nothing is touched)."""
+    Raises InvalidInputError: another type (None, a number, bytes), an empty string, a NUL
+    character, text that is not valid UTF-8 (an undecodable byte a file name carried in, as
+    a surrogate: LMDB takes UTF-8 paths), a name longer than 255 bytes, or the file
+    system root (nothing is touched)."""
     try:
         p = os.fspath(path)
     except TypeError:
@@ -62,7 +64,20 @@ def real_path(path: PathLike) -> Path:
         raise InvalidInputError(f"a path must be a str (or os.PathLike giving one), got {type(p).__name__}")
     if not p or "\0" in p:
         raise InvalidInputError(f"a path must be a non-empty str without NUL characters, got {p!r:.80}")
-    return Path(os.path.realpath(p))
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInputError(f"a path must be valid UTF-8 text, got {p!r:.80}") from None
+    if any(len(part.encode()) > NAME_MAX for part in p.split(os.sep)):
+        raise InvalidInputError(f"a path's names are at most {NAME_MAX} bytes each, got {p!r:.80}")
+    real = Path(os.path.realpath(p))
+    if real.parent == real:
+        raise InvalidInputError(f"{p!r} is the file system root: no checkpoint, root or dump can be there")
+    return real
+
+
+#: the longest file name (bytes) a path may hold
+NAME_MAX = 255
 
 
 def is_checkpoint_dir(d: PathLike) -> bool:

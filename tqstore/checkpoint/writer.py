@@ -385,6 +385,8 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
     """
     meta = M.check_metadata(metadata)
     blocking = check_flag("blocking", blocking)
+    include_storage = check_flag("include_storage", include_storage)
+    copy_segments = check_flag("copy_segments", copy_segments)
     final = T.check_target(checkpoint_dir, kind, live_store=store.root)
     if final.name in ("", ".", "..") or final.name.endswith(".old") or ".tmp-" in final.name:
         raise CheckpointError(f"{final} is not a usable checkpoint directory name")
