@@ -14,7 +14,7 @@ EXPECTED = {
     "init", "close", "current_store", "Store", "open", "get_client", "TransferQueueClient",
     # errors
     "TqstoreError", "ConfigError", "InvalidInputError", "SchemaError", "UnsupportedTypeError", "NotFoundError",
-    "PartitionNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
+    "PartitionNotFoundError", "PartitionKeysNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
     "StorageIOError", "CorruptionError", "FormatVersionError", "CheckpointError", "CheckpointNotFoundError",
     "RestorePendingError", "DistributedError", "StorageKeyNotFoundError", "StalePartitionError", "WaitTimeoutError",
     # KV

@@ -564,3 +564,17 @@ def test_paths_and_switches_that_are_not_usable_are_refused_before_anything_is_w
         with pytest.raises(tq.InvalidInputError, match="include_storage"):
             s.save_checkpoint(tmp_path / "ck", include_storage="no")  # (it saved, reporting include_storage='no')
         assert sorted(p.name for p in tmp_path.iterdir()) == ["s"]
+
+
+def test_kv_retrieve_errors_are_transfer_queues_and_tqstores_at_once(tmp_path):
+    with tq.open(tmp_path / "s") as s:
+        s.kv_batch_put(["a", "b"], "p", {"x": torch.ones(2, 1)})
+        assert s.kv_retrieve_keys(np.int64(0), "p") == ["a"] and s.kv_retrieve_keys([np.int64(1), 0], "p") == ["b", "a"]
+        for call in (lambda: s.kv_retrieve_keys(True, "p"), lambda: s.kv_retrieve_keys([0, "1"], "p"),
+                     lambda: s.kv_retrieve_meta(None, "p"), lambda: s.kv_retrieve_meta(("a",), "p")):
+            with pytest.raises(tq.UnsupportedTypeError) as e:  # (a TypeError, as TransferQueue raises)
+                call()
+            assert isinstance(e.value, TypeError)
+        with pytest.raises(tq.PartitionNotFoundError) as e:
+            s.kv_retrieve_keys([0], "nope")
+        assert isinstance(e.value, RuntimeError) and "no corresponding keys" in str(e.value)

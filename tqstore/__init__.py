@@ -30,7 +30,7 @@ from .client import AsyncTransferQueueClient, TransferQueueClient
 from .checkpoint import CheckpointManager, verify_checkpoint
 from .errors import (
     CapacityError, CheckpointError, CheckpointNotFoundError, ConfigError, CorruptionError, FieldNotFoundError,
-    FormatVersionError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionNotFoundError,
+    FormatVersionError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionKeysNotFoundError, PartitionNotFoundError,
     DistributedError, RestorePendingError, SchemaError, StalePartitionError, StorageIOError, StorageKeyNotFoundError,
     StoreClosedError, TqstoreError, UnsupportedTypeError, WaitTimeoutError,
 )
@@ -69,7 +69,7 @@ __all__ = [
     "__version__",
     "init", "close", "current_store", "Store", "open",
     "TqstoreError", "ConfigError", "InvalidInputError", "SchemaError", "UnsupportedTypeError", "NotFoundError",
-    "PartitionNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
+    "PartitionNotFoundError", "PartitionKeysNotFoundError", "KeyNotFoundError", "FieldNotFoundError", "StoreClosedError", "CapacityError",
     "StorageIOError", "CorruptionError", "FormatVersionError", "CheckpointError", "CheckpointNotFoundError",
     "RestorePendingError", "DistributedError", "StorageKeyNotFoundError", "StalePartitionError", "WaitTimeoutError",
     # data plane (issue 3)

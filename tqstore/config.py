@@ -14,13 +14,11 @@ mapping interface).
 from __future__ import annotations
 
 import logging
-import operator
 import os
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from ._format.store_files import MAX_UNITS  # noqa: F401 - (the most units a store may have)
 from .errors import ConfigError
 
 log = logging.getLogger("tqstore")
@@ -41,30 +39,6 @@ _EMBEDDED_BACKENDS = {"SimpleStorage", "embedded"}
 #: TransferQueue's sampler class names that live outside tqstore.samplers' registry
 _EXTRA_SAMPLERS = {"seqlenbalancedsampler": "tqstore.seqlen_sampler:SeqlenBalancedSampler",
                    "seqlen_balanced": "tqstore.seqlen_sampler:SeqlenBalancedSampler"}
-
-
-#: bounds of ``index_map_bytes`` (the LMDB map of each index: virtual address space)
-MIN_MAP_BYTES, MAX_MAP_BYTES = 1 << 20, 1 << 46
-
-
-def check_int_option(name: str, value: Any, least: int, most: Optional[int] = None, *,
-                     optional: bool = True) -> Optional[int]:
-    """A store option that must be an int (a numpy integer too; not a bool) in
-    ``[least, most]`` (None allowed when ``optional``); returns it as an int.
-
-    Raises ConfigError naming the option, before anything is opened or written."""
-    if value is None and optional:
-        return None
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an int, got {value!r:.80}") from None
-    if v < least or (most is not None and v > most):
-        bound = f"between {least} and {most}" if most is not None else f"at least {least}"
-        raise ConfigError(f"{name} must be {bound}, got {v}")
-    return v
 
 
 @dataclass

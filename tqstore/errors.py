@@ -44,6 +44,11 @@ class PartitionNotFoundError(NotFoundError):
     """The partition does not exist."""
 
 
+class PartitionKeysNotFoundError(PartitionNotFoundError, RuntimeError):
+    """``kv_retrieve_keys`` of a partition that does not exist (a RuntimeError, as TransferQueue's
+    client raises there)."""
+
+
 class KeyNotFoundError(NotFoundError):
     """A key does not exist in the partition."""
 
@@ -172,6 +177,7 @@ __all__ = [
     "UnsupportedTypeError",
     "NotFoundError",
     "PartitionNotFoundError",
+    "PartitionKeysNotFoundError",
     "KeyNotFoundError",
     "FieldNotFoundError",
     "StorageKeyNotFoundError",

@@ -30,12 +30,16 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import operator
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
+import numpy as np
+
 from ._gcpause import pausing
 from .edge import NumpyEdge
-from .errors import FieldNotFoundError, InvalidInputError, KeyNotFoundError
+from .errors import (FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionKeysNotFoundError,
+                     UnsupportedTypeError)
 from .meta import BatchMeta, KVBatchMeta
 from .ports import ControllerPort, RowBatch
 from .samplers import BaseSampler, make_sampler
@@ -410,7 +414,8 @@ class DataPlane:
         asked for, whatever the partition's size.
 
         Raises:
-            TypeError: ``keys`` is not a str or a list of str (TransferQueue's error).
+            UnsupportedTypeError (a TypeError, TransferQueue's error): ``keys`` is not a str
+                or a list of str.
             InvalidInputError: an empty list, a bad partition id or key.
         """
         keys = _one_or_list(keys, str, "Received an empty list as keys.", "Not all elements in `keys` are strings.",
@@ -440,10 +445,12 @@ class DataPlane:
         indexes asked for, whatever the partition's size.
 
         Raises:
-            TypeError: ``global_indexes`` is not an int or a list of ints (TransferQueue's error).
+            UnsupportedTypeError (a TypeError, TransferQueue's error): ``global_indexes`` is not
+                an int or a list of ints (numpy integers count; bools do not).
             InvalidInputError: an empty list, a bad partition id.
-            RuntimeError: the partition does not exist ("Some global_indexes have no
-                corresponding keys!", TransferQueue's error).
+            PartitionKeysNotFoundError (a PartitionNotFoundError and a RuntimeError,
+                TransferQueue's error): the partition does not exist ("Some global_indexes
+                have no corresponding keys!").
         """
         global_indexes = _one_or_list(global_indexes, int, "Received an empty list as `global_indexes`.",
                                       "Not all elements in `global_indexes` are int.",
@@ -454,25 +461,38 @@ class DataPlane:
         asked = [g for g in gidxs if 0 <= g < 1 << 63]  # (any other int is no row)
         with self.lock:
             rows = self.controller.row_batch(partition_id, asked)
-        if rows is None:  # TransferQueue: the controller answers [], the client raises
-            raise RuntimeError(f"Some global_indexes have no corresponding keys! (partition {partition_id!r} "
-                               f"not found)")
+        if rows is None:  # TransferQueue: the controller answers [], the client raises (a RuntimeError)
+            raise PartitionKeysNotFoundError(f"Some global_indexes have no corresponding keys! (partition "
+                                             f"{partition_id!r} not found)")
         key_of = {g: k for g, k, q in zip(rows.gidxs, rows.keys, rows.seqs) if q is not None}
         return [key_of.get(g) for g in gidxs]
 
 
 def _one_or_list(value: Any, typ: type, empty: str, mixed: str, wrong: str) -> list:
-    """``[value]`` for one ``typ``, a non-empty list of them as it is; else TransferQueue's
-    errors with its messages: InvalidInputError ``empty``, TypeError ``mixed`` / ``wrong``."""
-    if isinstance(value, typ):
-        return [value]
+    """``[value]`` for one ``typ``, a non-empty list of them; else TransferQueue's errors with
+    its messages: InvalidInputError ``empty``, UnsupportedTypeError (a TypeError, as
+    TransferQueue raises) ``mixed`` / ``wrong``.  For ``int``: numpy integers and one-element
+    integer tensors count (as ints), bools do not."""
+    one = _as_int if typ is int else (lambda v: v if isinstance(v, typ) else None)
+    if one(value) is not None:
+        return [one(value)]
     if not isinstance(value, list):
-        raise TypeError(wrong)
+        raise UnsupportedTypeError(wrong)
     if not value:
         raise InvalidInputError(empty)
-    if not all(isinstance(v, typ) for v in value):
-        raise TypeError(mixed)
-    return value
+    out = [one(v) for v in value]
+    if None in out:
+        raise UnsupportedTypeError(mixed)
+    return out
+
+
+def _as_int(v: Any) -> Optional[int]:
+    if isinstance(v, (bool, np.bool_)) or isinstance(v, (list, tuple, str, bytes)):
+        return None
+    try:
+        return operator.index(v)
+    except TypeError:
+        return None
 
 
 def forwarder(cls: type, attr: str, name: str) -> Callable:

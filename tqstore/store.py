@@ -33,7 +33,8 @@ from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoun
                      StoreClosedError, TqstoreError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
-from .config import MAX_MAP_BYTES, MAX_UNITS, MIN_MAP_BYTES, check_int_option
+from ._format.names import check_int_option
+from ._format.store_files import MAX_UNITS  # (the most units a store may have)
 from ._gilswitch import handing_off
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
 from ._gcpause import pausing
@@ -49,6 +50,7 @@ from .streaming import _no_partition, check_produced, common_fields
 log = logging.getLogger("tqstore")
 
 DURABILITY = ("checkpoint", "commit")
+MIN_MAP_BYTES, MAX_MAP_BYTES = 1 << 20, 1 << 46  # index_map_bytes' bounds (an index's LMDB map: address space)
 # realpath of every store root open in this process -> the pid that opened it (a forked
 # child inherits the dict but not the store): a second open says so instead of blaming
 # "another process" for the flock it holds itself

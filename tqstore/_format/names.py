@@ -18,9 +18,10 @@ anything is written; a violation raises :class:`~tqstore.errors.InvalidInputErro
 """
 from __future__ import annotations
 
-from typing import Any
+import operator
+from typing import Any, Optional
 
-from ..errors import InvalidInputError
+from ..errors import ConfigError, InvalidInputError
 
 LMDB_MAX_KEY_BYTES = 511
 MAX_NAME_BYTES = 250    # partition ids and task names
@@ -96,5 +97,26 @@ def check_flag(what: str, value: Any) -> bool:
     raise InvalidInputError(f"{what} must be True or False, got {value!r}")
 
 
-__all__ = ["LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
+def check_int_option(name: str, value: Any, least: int, most: Optional[int] = None, *,
+                     optional: bool = True) -> Optional[int]:
+    """A store option that must be an int (a numpy integer too; not a bool) in
+    ``[least, most]`` (None allowed when ``optional``); returns it as an int.
+
+    Raises ConfigError naming the option, before anything is opened or written."""
+    if value is None and optional:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        v = operator.index(value)
+    except TypeError:
+        raise ConfigError(f"{name} must be an int, got {value!r:.80}") from None
+    if v < least or (most is not None and v > most):
+        bound = f"between {least} and {most}" if most is not None else f"at least {least}"
+        raise ConfigError(f"{name} must be {bound}, got {v}")
+    return v
+
+
+__all__ = ["check_int_option", "LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
            "check_field_name", "check_key", "max_key_bytes", "check_flag"]
+
