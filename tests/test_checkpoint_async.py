@@ -198,3 +198,26 @@ def test_handle_result_times_out_while_the_save_runs(store, tmp_path):
         assert "running" in repr(h)
         gate.open_.set()
         assert h.result(timeout=60).rows == 2
+
+
+@pytest.mark.parametrize("kind", ["save", "dump"])
+def test_a_failure_whose_handle_was_asked_for_is_not_raised_by_another_threads_save(store, tmp_path, kind):
+    """A trainer's dump thread waits in its handle's result() while its checkpoint thread
+    saves: a failure of the dump was raised twice, by the handle and by the unrelated save
+    (which then never happened)."""
+    keys = fill(store, "train", 4)
+    with Gate() as gate:
+        if kind == "save":
+            fp.arm("fsync_dir", "eio", 1)
+            h = store.save_checkpoint(tmp_path / "first", blocking=False)
+        else:
+            h = store.dump_data_by_key(tmp_path / "dump", keys + ["gone"], "train", blocking=False)
+        with pytest.raises((tqstore.WaitTimeoutError, tqstore.KeyNotFoundError)):  # (a dump's keys: at once)
+            h.result(timeout=0.01)  # the owner asks (and will again): the error is its own
+        waiting = threading.Thread(target=lambda: pytest.raises(Exception, h.result, timeout=60))
+        waiting.start()
+    store.save_checkpoint(tmp_path / "second")  # another thread's save: not failed by the first
+    fp.disarm()
+    waiting.join(60)
+    assert not waiting.is_alive() and h.exception() is not None
+    verify_checkpoint(tmp_path / "second")

@@ -88,8 +88,9 @@ class SaveHandle:
 
     The cut is taken when the handle is returned; the write runs in a background thread.
     :meth:`result` waits and returns the :class:`CheckpointInfo` or raises the save's
-    error.  An error not retrieved through :meth:`result` is raised by the store's next
-    checkpoint call instead.
+    error.  An error is raised by the store's next save, load or dump instead only when
+    nobody asked for it: a handle whose :meth:`result` or :meth:`exception` was called
+    (also one still waiting there, in another thread) reports its error there alone.
     """
 
     def __init__(self, path: Path, stall_s: float) -> None:
@@ -99,6 +100,7 @@ class SaveHandle:
         self._info: Optional[CheckpointInfo] = None
         self._error: Optional[BaseException] = None
         self._reported = False
+        self._claimed = False  # result() or exception() was called: the error is its caller's
 
     def done(self) -> bool:
         """True once the save has finished (published or failed)."""
@@ -120,6 +122,7 @@ class SaveHandle:
                 the path, if any, is intact, unless the message says the new one is in place
                 and only making it durable failed).
         """
+        self._claimed = True
         if not self._event.wait(timeout):
             raise self._timed_out(timeout)
         if self._error is not None:
@@ -130,11 +133,18 @@ class SaveHandle:
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """The save's error (None if it succeeded); waits like :meth:`result`."""
+        self._claimed = True
         if not self._event.wait(timeout):
             raise self._timed_out(timeout)
         if self._error is not None:
             self._reported = True
         return self._error
+
+    def claim(self) -> None:
+        """Take the handle's error for its caller (as :meth:`result` does when it starts
+        waiting): the store's next call will not raise it.  (A Ray store's handle claims its
+        host's before it polls.)"""
+        self._claimed = True
 
     def _finish(self, info: Optional[CheckpointInfo], error: Optional[BaseException]) -> None:
         self._info, self._error = info, error
@@ -161,13 +171,15 @@ def state_of(store) -> _State:
 
 
 def settle(state: _State) -> None:
-    """Wait for the in-flight save; raise its error if nobody has seen it yet."""
+    """Wait for the in-flight save; raise its error if nobody asked for it (no caller of its
+    handle's ``result``/``exception``, which another thread may be waiting in: the error is
+    that caller's alone)."""
     h = state.inflight
     if h is None:
         return
     h.wait()
     state.inflight = None
-    if h._error is not None and not h._reported:
+    if h._error is not None and not h._reported and not h._claimed:
         h._reported = True
         raise CheckpointError(f"the background {getattr(h, 'what', 'checkpoint save')} to {h.path} failed: "
                               f"{h._error}") from h._error

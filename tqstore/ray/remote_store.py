@@ -80,12 +80,15 @@ class RemoteHandle:
         return _poll(self.done, timeout)
 
     def result(self, timeout: Optional[float] = None) -> Any:
-        """The handle's result (raises its error); WaitTimeoutError after ``timeout`` seconds."""
+        """The handle's result (raises its error); WaitTimeoutError after ``timeout`` seconds.
+        The error is this caller's from the start of the wait (see SaveHandle)."""
+        self._ask("claim")
         self._wait_or_raise(timeout)
         return self._ask("result", 0.0)
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """The handle's error, or None; WaitTimeoutError after ``timeout`` seconds."""
+        self._ask("claim")
         self._wait_or_raise(timeout)
         return self._ask("exception", 0.0)
 

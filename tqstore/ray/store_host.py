@@ -49,7 +49,7 @@ STORE_CALLS = frozenset({
     "set_sampler", "set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "verify", "compact",
 })
 #: the methods of a non-blocking save's or dump's handle a caller may ask for
-HANDLE_CALLS = frozenset({"done", "wait", "result", "exception"})
+HANDLE_CALLS = frozenset({"done", "wait", "result", "exception", "claim"})
 #: the methods of a CheckpointManager that run in the host, beside its store (the others only read the root)
 MANAGER_CALLS = frozenset({"save", "restore", "wait_until_finished"})
 #: finished save and dump handles a host keeps for its callers to ask about (the oldest are dropped first)
