@@ -22,7 +22,7 @@ engine-impl    ``unit``, ``unit_*``, ``controller``, ``controller_*``      polic
 embedded       ``embedded`` (the embedded backend's entry: constructs the      engine-impl, policies,
                parts, reads their files of a checkpoint into values)           ports, io, format,
                                                                               native, base
-engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``reader``,  embedded, policies,
+engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``call_checks``, ``reader``,  embedded, policies,
                ``store_open``, ``running_loads``,                             ports, io (not
                ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,
                ``_gcpause``, ``_gilswitch``, ``_default``, ``capacity``,      ``_io.lmdbenv`` nor
@@ -87,7 +87,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                      "controller_export", "controller_dump", "controller_restore", "controller_snapshots",
                      "controller_consumption", "controller_sampler_store")),
     ("embedded", ("embedded",)),
-    ("engine", ("store", "store_open", "store_snapshot", "state_switch", "kv", "streaming", "reader", "read_guard", "meta", "meta_kv",
+    ("engine", ("store", "store_open", "store_snapshot", "state_switch", "kv", "streaming", "call_checks", "reader", "read_guard", "meta", "meta_kv",
                 "meta_schema", "edge", "policy", "layout_dirs", "running_loads",
                 "capacity", "_gcpause", "_gilswitch", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),

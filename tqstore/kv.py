@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ._gcpause import pausing
+from .call_checks import check_pid as _check_pid
 from .edge import NumpyEdge
 from .errors import (FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionKeysNotFoundError,
                      UnsupportedTypeError)
@@ -44,7 +45,7 @@ from .meta import BatchMeta, KVBatchMeta
 from .ports import ControllerPort, RowBatch
 from .samplers import BaseSampler, make_sampler
 from .streaming import (
-    STREAMING_CALLS, Streaming, _check_pid, _field_list, _no_partition, check_produced, common_fields,
+    STREAMING_CALLS, Streaming, _field_list, _no_partition, check_produced, common_fields,
 )
 
 try:  # Python 3.8+: typing.Protocol

@@ -24,6 +24,9 @@ from ._format.columns import KIND_NAMES
 from ._format.layout import KIND_VALUE
 from ._format.names import check_field_name, check_name
 from ._format.values import check_value
+from .call_checks import (GIDX_END as _GIDX_END, NO_ROW as _NO_ROW, check_pid as _check_pid,
+                          check_rows as _check_rows, check_task as _check_task,
+                          checked_custom_meta as _checked_custom_meta, no_rows as _no_rows)
 from .edge import join_rows
 from .errors import (
     FieldNotFoundError, InvalidInputError, PartitionNotFoundError, StalePartitionError,
@@ -72,22 +75,6 @@ def _field_list(fields: Union[None, str, Sequence[str]], what: str = "select_fie
     if len(set(fields)) != len(fields):
         raise InvalidInputError(f"{what} names a field twice: {list(fields)}")
     return list(fields)
-
-
-def _check_pid(pid: Any) -> str:
-    if not isinstance(pid, str) or not pid:
-        raise InvalidInputError(f"partition_id must be a non-empty str, got {pid!r}")
-    return pid
-
-
-_GIDX_END = 1 << 63  # (global indexes are int64)
-_NO_ROW: Any = object()  # a meta's row whose index no row can have
-
-
-def _check_task(task: Any) -> str:
-    if not isinstance(task, str) or not task:
-        raise InvalidInputError(f"task_name must be a non-empty str, got {task!r:.80}")
-    return task
 
 
 def _tag_out(tag: Any) -> Any:
@@ -173,42 +160,6 @@ def meta_from(batch: RowBatch, fields: Sequence[str], *, placeholders: bool = Fa
 
 
 # ---------------------------------------------------------------------------- streaming
-def _checked_custom_meta(meta: BatchMeta) -> List[Any]:
-    """``meta.custom_meta``: a list of one entry per row (a tuple becomes a list).
-
-    Raises InvalidInputError (before anything is written) for anything else: a str, a
-    dict, a list of another length."""
-    cm = meta.custom_meta
-    if isinstance(cm, tuple):
-        cm = meta.custom_meta = list(cm)
-    if not isinstance(cm, list) or len(cm) != meta.size:
-        got = f"a list of {len(cm)}" if isinstance(cm, list) else f"a {type(cm).__name__}"
-        raise InvalidInputError(f"BatchMeta.custom_meta must be a list of {meta.size} entries (one per row), "
-                                f"got {got}")
-    return cm
-
-
-def _no_rows(edge: Any, data: Any, names: Sequence[str]) -> bool:
-    """Whether every field of ``data`` has 0 rows (a field without a batch dimension: False,
-    the write names it)."""
-    try:
-        return all(edge.batch_len(data[f]) == 0 for f in names)
-    except TypeError:
-        return False
-
-
-def _check_rows(edge: Any, data: Any, names: Sequence[str], n: int) -> None:
-    """Every field of ``data`` has ``n`` rows (a put through a meta of several partitions,
-    split by row before the writes). Raises InvalidInputError naming the first that has not."""
-    for f in names:
-        try:
-            got = edge.batch_len(data[f])
-        except TypeError:
-            raise InvalidInputError(f"field {f!r} has no batch dimension") from None
-        if got != n:
-            raise InvalidInputError(f"field {f!r} has {got} rows, the BatchMeta {n}")
-
-
 class Streaming:
     """The streaming calls of a :class:`~tqstore.kv.DataPlane` (see the module docstring)."""
 
