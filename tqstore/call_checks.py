@@ -8,6 +8,9 @@ from typing import Any, List, Sequence
 from .errors import InvalidInputError
 from .meta import BatchMeta
 
+GIDX_END = 1 << 63  # (global indexes are int64)
+NO_ROW: Any = object()  # a meta's row whose index no row can have
+
 
 def check_pid(pid: Any) -> str:
     if not isinstance(pid, str) or not pid:
@@ -15,16 +18,10 @@ def check_pid(pid: Any) -> str:
     return pid
 
 
-GIDX_END = 1 << 63  # (global indexes are int64)
-NO_ROW: Any = object()  # a meta's row whose index no row can have
-
-
 def check_task(task: Any) -> str:
     if not isinstance(task, str) or not task:
         raise InvalidInputError(f"task_name must be a non-empty str, got {task!r:.80}")
     return task
-
-
 
 
 def checked_custom_meta(meta: BatchMeta) -> List[Any]:

@@ -30,12 +30,10 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import operator
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
+from ._format.names import as_int
 from ._gcpause import pausing
 from .call_checks import check_pid as _check_pid
 from .edge import NumpyEdge
@@ -474,9 +472,10 @@ def _one_or_list(value: Any, typ: type, empty: str, mixed: str, wrong: str) -> l
     its messages: InvalidInputError ``empty``, UnsupportedTypeError (a TypeError, as
     TransferQueue raises) ``mixed`` / ``wrong``.  For ``int``: numpy integers and one-element
     integer tensors count (as ints), bools do not."""
-    one = _as_int if typ is int else (lambda v: v if isinstance(v, typ) else None)
-    if one(value) is not None:
-        return [one(value)]
+    one = as_int if typ is int else (lambda v: v if isinstance(v, typ) else None)
+    single = one(value)
+    if single is not None:
+        return [single]
     if not isinstance(value, list):
         raise UnsupportedTypeError(wrong)
     if not value:
@@ -486,14 +485,6 @@ def _one_or_list(value: Any, typ: type, empty: str, mixed: str, wrong: str) -> l
         raise UnsupportedTypeError(mixed)
     return out
 
-
-def _as_int(v: Any) -> Optional[int]:
-    if isinstance(v, (bool, np.bool_)) or isinstance(v, (list, tuple, str, bytes)):
-        return None
-    try:
-        return operator.index(v)
-    except TypeError:
-        return None
 
 
 def forwarder(cls: type, attr: str, name: str) -> Callable:

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import copy
 import logging
-import operator
 from types import MappingProxyType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 import numpy as np
 
+from ._format.names import as_int
 from .errors import InvalidInputError
 from .meta_schema import (
     batch_len_of as _batch_len_of, chunk_bounds as _chunk_bounds, extract_field_schema, merge_extra as _merge_extra,
@@ -57,10 +57,10 @@ class BatchMeta:
                  *, _custom_backend_meta: Optional[Sequence[Dict[str, Any]]] = None,
                  _shape_source: Optional[Callable[..., Dict[str, List[Any]]]] = None):
         self._lazy_tags = None
-        try:  # (ints, numpy integers, integer tensors of one element; not 3.7 or "3")
-            self.global_indexes = [operator.index(g) for g in global_indexes]
-        except TypeError as e:
-            raise InvalidInputError(f"BatchMeta: global indexes must be ints ({e})") from None
+        self.global_indexes = [g if type(g) is int else as_int(g) for g in global_indexes]  # (not 3.7, "3", True)
+        if None in self.global_indexes:
+            bad = list(global_indexes)[self.global_indexes.index(None)]
+            raise InvalidInputError(f"BatchMeta: global indexes must be ints, got {bad!r:.80}")
         self.partition_ids = list(partition_ids)
         n = len(self.global_indexes)
         if len(self.partition_ids) != n:

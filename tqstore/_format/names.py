@@ -97,6 +97,18 @@ def check_flag(what: str, value: Any) -> bool:
     raise InvalidInputError(f"{what} must be True or False, got {value!r}")
 
 
+def as_int(value: Any) -> Optional[int]:
+    """``value`` as an int when it is an integer (an int, a numpy integer, a one-element
+    integer tensor: what ``operator.index`` takes) and not a bool; else None."""
+    t = type(value)
+    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def check_int_option(name: str, value: Any, least: int, most: Optional[int] = None, *,
                      optional: bool = True) -> Optional[int]:
     """A store option that must be an int (a numpy integer too; not a bool) in
@@ -105,18 +117,15 @@ def check_int_option(name: str, value: Any, least: int, most: Optional[int] = No
     Raises ConfigError naming the option, before anything is opened or written."""
     if value is None and optional:
         return None
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        v = operator.index(value)
-    except TypeError:
-        raise ConfigError(f"{name} must be an int, got {value!r:.80}") from None
+    v = as_int(value)
+    if v is None:
+        raise ConfigError(f"{name} must be an int, got {value!r:.80}")
     if v < least or (most is not None and v > most):
         bound = f"between {least} and {most}" if most is not None else f"at least {least}"
         raise ConfigError(f"{name} must be {bound}, got {v}")
     return v
 
 
-__all__ = ["check_int_option", "LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
+__all__ = ["as_int", "check_int_option", "LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
            "check_field_name", "check_key", "max_key_bytes", "check_flag"]
 
