@@ -333,6 +333,53 @@ def test_a_partition_created_again_by_a_load_by_key_or_a_checkpoint_load_keeps_s
         assert torch.equal(s.kv_batch_get(["a", "b"], "train")["x"], torch.tensor([[7], [8]]))
 
 
+@pytest.mark.parametrize("include_storage", [True, False])
+def test_a_stale_meta_taken_after_a_checkpoint_touches_no_row_after_a_rollback_to_it(tmp_path, include_storage):
+    """A trainer rolls back to its last checkpoint (a diverged step) in the same process while a
+    consumer still holds a meta of rows put after that checkpoint: the rows put after the
+    rollback get the same global indexes; the stale meta must not read, overwrite, tag or
+    delete them, before and after a reopen.  A meta of rows the checkpoint holds still names them."""
+    path = tmp_path / "s"
+    s = tqstore.open(path, num_units=2)
+    try:
+        s.put({"x": torch.tensor([1, 2])}, partition_id="train")
+        kept = s.get_meta(["x"], 2, "train", mode="force_fetch")
+        s.save_checkpoint(tmp_path / "ck", include_storage=include_storage)
+        s.put({"x": torch.tensor([3, 4])}, partition_id="train")
+        s.put({"x": torch.tensor([9])}, partition_id="other")
+        s.get_meta(["x"], 2, "train", mode="fetch", task_name="t")
+        old = s.get_meta(["x"], 2, "train", mode="fetch", task_name="t")  # (the rows put after the checkpoint)
+        assert sorted(s.get_data(old)["x"].tolist()) == [3, 4]
+        stale_other = s.get_meta(["x"], 1, "other", mode="force_fetch")
+        s.load_checkpoint(tmp_path / "ck")
+        if not include_storage:  # (no payload in the checkpoint: the kept rows are put again)
+            s.put({"x": torch.tensor([1, 2])}, metadata=kept)
+        s.put({"x": torch.tensor([30, 40])}, partition_id="train")
+        s.put({"x": torch.tensor([90])}, partition_id="other")
+        fresh = s.get_meta(["x"], 4, "train", mode="force_fetch")
+        assert set(old.global_indexes) <= set(fresh.global_indexes)  # the indexes really were reused
+        for reopen in (False, True):
+            if reopen:
+                s.close()
+                s = tqstore.open(path)
+            for stale in (old, stale_other):
+                with pytest.raises(KeyNotFoundError):
+                    s.get_data(stale)
+                with pytest.raises(KeyNotFoundError):
+                    s.put({"x": torch.tensor([-1] * stale.size)}, metadata=stale)
+                stale.update_custom_meta([{"bad": 1}] * stale.size)
+                with pytest.raises(KeyNotFoundError):
+                    s.set_custom_meta(stale)
+                s.clear_samples(stale)  # stale: nothing of the loaded or the new rows is deleted
+            now = s.get_meta(["x"], 4, "train", mode="force_fetch")
+            assert sorted(s.get_data(now)["x"].tolist()) == [1, 2, 30, 40]
+            assert now.custom_meta == [{}, {}, {}, {}]
+            assert s.get_data(s.get_meta(["x"], 1, "other", mode="force_fetch"))["x"].tolist() == [90]
+            assert sorted(s.get_data(kept)["x"].tolist()) == [1, 2]
+    finally:
+        s.close()
+
+
 # ---------------------------------------------------------------------------------- persistence
 
 def test_keys_tags_and_values_survive_reopen(tmp_path):

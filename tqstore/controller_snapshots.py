@@ -1,6 +1,6 @@
 """The controller's side of MVCC cuts and checkpoints (:class:`~tqstore.ports.ControllerPort`:
 ``snapshot``, ``release``, ``export_snapshot``, ``snapshot_rows``, ``stage_import``,
-``sync_staged``), a mixin of :class:`~tqstore.controller.Controller`.
+``sync_staged``, ``seq_high``, ``raise_seq_floor``), a mixin of :class:`~tqstore.controller.Controller`.
 
 A snapshot is an LMDB read transaction opened under the controller's lock: it sees the
 index as of that instant whatever commits after it, until :meth:`SnapshotCalls.release`
@@ -15,15 +15,16 @@ import contextlib
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
+from ._format import controller_records as R
 from ._io import files
-from ._io.lmdbenv import wrap_errors
+from ._io.lmdbenv import lmdb_commit_point, wrap_errors
 from .errors import InvalidInputError
 from .ports import RowBatch
 
 
 class SnapshotCalls:
     """Snapshots, export and staged import of the controller's index (see the module
-    docstring); the host class provides ``env``, ``db``, ``path``, ``parts``, ``_lock``,
+    docstring); the host class provides ``env``, ``db``, ``path``, ``parts``, ``seq_floor``, ``_lock``,
     ``_snapshots``, ``_next_snapshot`` and ``drop_fields``."""
 
     def snapshot(self) -> int:
@@ -83,6 +84,29 @@ class SnapshotCalls:
     def sync_staged(self, target_dir) -> None:
         with wrap_errors("sync the staged controller", target_dir):
             files.fsync_tree(Path(target_dir))
+
+    def seq_high(self) -> int:
+        with self._lock:
+            return max([self.seq_floor] + [p.next_seq for p in self.parts.values()])
+
+    def raise_seq_floor(self, floor: int) -> None:
+        if type(floor) is not int or floor < 0:
+            raise InvalidInputError(f"raise_seq_floor: floor must be an int >= 0, got {floor!r}")
+        with self._lock:
+            low = [p for p in self.parts.values() if p.next_seq < floor]
+            if floor <= self.seq_floor and not low:
+                return
+            m = self.db
+            with wrap_errors("raise the sequence floor", self.path), self.env.begin(write=True) as txn:
+                txn.put(R.META_SEQ_FLOOR, R.encode_decimal(max(floor, self.seq_floor)), db=m["meta"])
+                for p in low:
+                    txn.put(R.parts_key(p.pid), R.encode_partition(floor, p.meta, p.num), db=m["parts"])
+                lmdb_commit_point("controller_commit")
+            with wrap_errors("sync the raised sequence floor", self.path):
+                self.env.sync(True)
+            self.seq_floor = max(floor, self.seq_floor)
+            for p in low:
+                p.next_seq = floor
 
     def claims_all(self) -> Dict[int, frozenset]:
         """Every row with its produced fields (rows without any left out)."""

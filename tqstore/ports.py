@@ -439,6 +439,19 @@ class ControllerPort(Protocol):
         """Make the directory ``target_dir`` staged by :meth:`stage_import` durable (every
         file and the directory fsynced).  Raises StorageIOError when a sync fails."""
 
+    def seq_high(self) -> int:
+        """A sequence number past every one this index has given out: the largest of
+        ``meta/seq_floor`` and every partition's ``next_seq`` (docs/FORMAT.md)."""
+
+    def raise_seq_floor(self, floor: int) -> None:
+        """Make ``floor`` the least sequence number this index gives out from now on: raise
+        ``meta/seq_floor`` and every partition's ``next_seq`` below it to ``floor``, in one
+        transaction, durable when this returns (nothing lower is left alone).  Called on the
+        new state of a checkpoint load before it is switched in, with the replaced state's
+        :meth:`seq_high`: a BatchMeta of the replaced state (each row's gidx and seq) then
+        matches none of the rows put after the load, though their gidxs are reused.  Raises
+        InvalidInputError for a negative or non-int ``floor``, StorageIOError."""
+
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
     def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
                       schema: Mapping[str, Tuple[int, int]], *, strict_dtypes: bool = True,

@@ -5,7 +5,10 @@ validates it), and switched in with one atomic rename of the ``CURRENT`` pointer
 failure before the switch removes the new directory and leaves the live store exactly
 as it was; a crash in between is settled on the next open (an abandoned ``state-N``
 directory is removed).  The replaced state is removed in the background once the switch
-is done (:func:`retire_state`): nothing refers to it any more.
+is done (:func:`retire_state`): nothing refers to it any more.  Right before the switch
+the new controller's sequence numbers are raised past the replaced one's
+(``ControllerPort.raise_seq_floor``), so a BatchMeta of the replaced state names no row put
+after the switch.
 """
 from __future__ import annotations
 
@@ -80,6 +83,9 @@ def install_state(store: "Store", build: Callable[..., Any], *, reconcile: bool 
             new = (store.controller, store.units)
             store.controller, store.units = old[0], old[1]
             try:
+                # past every sequence number of the replaced state: its BatchMetas (gidx, seq) match
+                # no row put after the switch, though the loaded state gives their gidxs again
+                new[0].raise_seq_floor(old[0].seq_high())
                 if before_switch is not None:
                     before_switch()
                 L.write_current(store.root, new_dir.name)

@@ -82,9 +82,12 @@ class CheckpointMixin:
         as it was.  Works into a store holding data (the result equals the checkpoint) and
         onto any unit count (rows re-routed by global index, each unit reading only its
         rows' byte ranges).  New rows never collide with loaded ones (the allocator state
-        is part of the checkpoint).  The load holds the path's lock file shared (see
-        :func:`target.reading`): a save replacing that checkpoint meanwhile, in any
-        process, publishes only after the load, so the load sees one complete checkpoint.
+        is part of the checkpoint), and a BatchMeta taken before the load (a rollback) names
+        none of the rows put after it: reading, putting, tagging or clearing through it raises
+        ``KeyNotFoundError`` or touches nothing, though those rows reuse its global indexes.
+        The load holds the path's lock file shared (see :func:`target.reading`): a save
+        replacing that checkpoint meanwhile, in any process, publishes only after the load,
+        so the load sees one complete checkpoint.
 
         Raises:
             CheckpointNotFoundError: no directory or no MANIFEST.json (a FileNotFoundError).
