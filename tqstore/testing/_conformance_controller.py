@@ -269,6 +269,21 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         again = self.put(c, "p", keys=["a"])  # a new partition of the same name
         assert again[0] in g and _pairs(c.consumption_status("p", "t")) == (again, [0])
 
+    def test_raise_seq_floor_makes_later_rows_sequence_numbers_start_past_it_and_survives_a_reopen(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", keys=["a", "b"])
+        self.put(c, "q", n=5)
+        assert (high := c.seq_high()) >= 5 and c.first_rows("p").seqs == [0, 1]
+        c.raise_seq_floor(high + 10)
+        c.raise_seq_floor(3)  # (lower: nothing changes)
+        c = self.reopen(c)
+        assert c.seq_high() == high + 10 and c.first_rows("p").seqs == [0, 1]  # rows keep theirs
+        self.put(c, "p", keys=["c"])
+        self.put(c, "new", n=1)
+        assert c.first_rows("p").seqs[-1] == high + 10 and c.first_rows("new").seqs == [high + 10]
+        with pytest.raises(InvalidInputError):
+            c.raise_seq_floor(-1)
+
     # consumption ----------------------------------------------------------------
     def test_fetch_marks_the_rows_it_hands_out_consumed_by_the_task(self, tmp_path):
         c = self.controller(tmp_path)
