@@ -291,10 +291,11 @@ class Streaming:
             if b is _NO_ROW:
                 raise StorageKeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta is no row index")
             if b is None:
-                raise StalePartitionError(f"partition {pid!r} of the BatchMeta does not exist (cleared: the "
-                                          f"BatchMeta is stale)")
+                raise StalePartitionError(f"partition {pid!r} of the BatchMeta does not exist (cleared or replaced "
+                                          f"by a checkpoint load since: the BatchMeta is stale)")
             raise StorageKeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta no longer exists "
-                                          f"(cleared: the BatchMeta is stale); get fresh metadata")
+                                          f"(cleared or replaced by a checkpoint load since: the BatchMeta is "
+                                          f"stale); get fresh metadata")
         return groups
 
     def put(self, data: Any, metadata: Optional[BatchMeta] = None, partition_id: Optional[str] = None) -> BatchMeta:
