@@ -66,6 +66,15 @@ def _attached_worker(name, lo, hi, driver_keys):
         tq.close()
 
 
+def _with_the_given_store(store, key):
+    """In another process: the owner's store object, received as an argument, used and closed."""
+    import torch
+
+    with store:
+        store.kv_batch_put([key], "train", {"ids": [torch.arange(2)], "reward": torch.zeros(1, 1)})
+    return store.owner, store.closed
+
+
 def test_a_store_started_by_init_is_shared_by_another_process_and_ended_by_its_owner(tmp_path, closed_after):
     store = tq.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2, "ray": {"name": "shared"}})
     assert isinstance(store, RemoteStore) and store.owner and store.num_units == 2
@@ -84,6 +93,9 @@ def test_a_store_started_by_init_is_shared_by_another_process_and_ended_by_its_o
     assert [r.tolist() for r in back["ids"].unbind()] == [t.tolist() for t in _rows(100, 104)[1]["ids"]]
     assert tq.kv_list("train")["train"]["k101"] == {"w": 1}
     assert got == [t.tolist() for t in fields["ids"][2:4]]  # the driver took rows 0-1: the worker got 2-3
+    # the owner's store object sent to a task is attached there: its close (a with block) only detaches
+    assert ray.get(ray.remote(_with_the_given_store).remote(store, "given")) == (False, True)
+    assert find_store_host("shared") is not None and "given" in tq.kv_list("train")["train"]
 
     # consumers waiting for producers wait in their own process: more of them than the host runs calls
     # at once still leave room for the put that wakes them (each gets one of its rows)
@@ -201,6 +213,22 @@ def test_arguments_ray_cannot_send_and_unknown_nodes_are_tqstore_errors(tmp_path
     assert len(str(e.value)) < 300
     with pytest.raises(UnsupportedTypeError, match="argument tags="):
         tq.kv_batch_put(["a"], "p", fields={"x": torch.ones(1, 2)}, tags=[{"l": threading.Lock()}])
+    assert tq.kv_list() == {}
+    # a value of a class only the caller can import (a module on the driver's node alone): it pickles
+    # here, the store's actor cannot read it
+    import sys
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "driver_only.py").write_text("import enum\n\n\nclass Status(enum.Enum):\n    DONE = 1\n")
+    sys.path.insert(0, str(tmp_path / "mods"))
+    try:
+        import driver_only
+
+        with pytest.raises(UnsupportedTypeError, match="cannot be read there.*driver_only"):
+            tq.kv_batch_put(["a"], "p", fields={"x": torch.ones(1, 2)}, tags=[{"s": driver_only.Status.DONE}])
+    finally:
+        sys.path.remove(str(tmp_path / "mods"))
+        sys.modules.pop("driver_only", None)
     assert tq.kv_list() == {}
 
 

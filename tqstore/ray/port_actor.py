@@ -29,7 +29,7 @@ import numpy as np
 
 from .._io import failpoints
 from ..embedded import open_controller, open_unit
-from ..errors import ConfigError, DistributedError, StoreClosedError
+from ..errors import ConfigError, DistributedError, StoreClosedError, UnsupportedTypeError
 from ..port_calls import RemotePort, portable
 from ..ports import ControllerPort, UnitPort
 
@@ -89,18 +89,32 @@ def answer(ref: Any, part: str) -> Any:
     """The value of the actor task ``ref`` (a call on ``part``), the caller's own
     (:func:`writable`).  An error the task raised is raised as itself; an actor that died or
     cannot be reached raises :class:`~tqstore.errors.DistributedError` naming ``part``, with
-    ``outcomes`` ``{part: "unreachable: ..."}``."""
+    ``outcomes`` ``{part: "unreachable: ..."}``.  An argument the actor could not read (its
+    class is not importable there: a module only the caller's node has) raises
+    :class:`~tqstore.errors.UnsupportedTypeError`; the call did not run."""
     ray = _ray()
     try:
         return writable(ray.get(ref))
     except ray.exceptions.RayTaskError as e:
         cause = getattr(e, "cause", None)
+        if isinstance(cause, ray.exceptions.RaySystemError) and _unreadable_argument(cause):
+            raise UnsupportedTypeError(
+                f"{part}: an argument of this call cannot be read there ({cause.client_exc!r}: its class is not "
+                f"importable in the store's actors); pass lists, tensors, arrays and JSON values; nothing was "
+                f"written") from None
         if isinstance(cause, Exception):
             raise cause from None
         raise
     except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
         raise DistributedError(f"{part}: its actor is unreachable ({type(e).__name__}: {e})",
                                outcomes={part: f"unreachable: {type(e).__name__}"}) from e
+
+
+def _unreadable_argument(err: Any) -> bool:
+    """Whether a task's RaySystemError is its arguments' deserialization failing (an import or
+    a lookup of a class that process does not have)."""
+    exc = getattr(err, "client_exc", None)
+    return isinstance(exc, (ImportError, AttributeError)) and "deserializ" in str(getattr(err, "traceback_str", ""))
 
 
 class PortHost:

@@ -12,7 +12,8 @@ the store's.
 reach the caller as themselves (a ``KeyNotFoundError`` is caught as one), and a host that
 is gone (closed by its owner, or dead) raises :class:`~tqstore.errors.DistributedError`.
 ``close()`` in the owner closes the store and ends the host and the parts' actors; in any
-other process it only detaches.
+other process it only detaches.  A copy of a RemoteStore (pickled: a Ray task's argument, say)
+is attached, never the owner, so its ``close()`` or ``with`` exit leaves the store running.
 """
 from __future__ import annotations
 
@@ -233,6 +234,12 @@ class RemoteStore:
             if not _poll(lambda: find_store_host(self.name) is None, CLOSE_WAIT_S):
                 log.warning("%s: its actor still holds its name %.0f s after the close", self._part, CLOSE_WAIT_S)
 
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        """A copy is attached: only the process that started the host ends the store."""
+        info = HostInfo(None if self.root is None else str(self.root), self.num_units, {}, "", self.host_node,
+                        self.host_pid)
+        return (_attached_copy, (self._host, self.name, info))
+
     def __enter__(self) -> "RemoteStore":
         return self
 
@@ -243,6 +250,11 @@ class RemoteStore:
         state = "closed" if self._closed else "open"
         role = "owner" if self.owner else "attached"
         return f"<RemoteStore {self.name!r} {self.root} ({self.num_units} units, {role}, {state})>"
+
+
+def _attached_copy(host: Any, name: str, info: HostInfo) -> RemoteStore:
+    """An unpickled :class:`RemoteStore`: attached (see :meth:`RemoteStore.__reduce__`)."""
+    return RemoteStore(host, name, info, owner=False)
 
 
 #: the store calls that take a path, and its parameter's name (first positional): made absolute in
