@@ -266,6 +266,39 @@ def test_failed_put_step_raises_clearly_and_changes_nothing(tmp_path, durability
     assert failures >= (4 if durability == "commit" else 2)
 
 
+@pytest.mark.parametrize("action", ["enospc", "eio"])
+def test_a_failed_overwriting_put_whose_rollback_fails_too_is_never_read(tmp_path, action):
+    """The disk fills during an overwriting put: a unit's index commit fails, and so does
+    putting back what the put replaced on the unit that had written (that needs an index
+    commit too).  Reads give the rows as before the put, never the failed put's values: while
+    the disk stays full, once it has room again (nothing settled yet), after the next
+    overwriting put settles it, and after a reopen."""
+    keys = ["a0", "a1", "a2", "a3"]  # (rows on both units)
+    with _store(tmp_path / "s") as s:
+        _fill(s, "a", 4, 1)
+        before = store_state(s)
+        fp.arm("unit_commit", action, 2, repeat=True)  # the second unit's write, then every settle
+        try:
+            with pytest.raises(StorageIOError):
+                s.write("p", batch(keys, salt=9), keys=keys)
+            assert fp.armed() and store_state(s) == before  # (read with the disk still full)
+            # nothing else is written while the rollback cannot be finished: a put of new rows or a
+            # clear raises, so no row the held-back entries name is cleared or given again meanwhile
+            with pytest.raises(StorageIOError):
+                s.write("p", batch(["n0"], salt=3), keys=["n0"])
+            with pytest.raises(StorageIOError):
+                s.delete_rows("p", [0])
+            assert store_state(s) == before
+        finally:
+            fp.disarm()
+        assert store_state(s) == before
+        s.write("p", batch(["a0"], salt=5), keys=["a0"])  # settles the failed one first
+        after = store_state(s)
+        assert after != before
+    with _store(tmp_path / "s", num_units=None) as s:
+        assert store_state(s) == after
+
+
 # ---------------------------------------------------------------------------- no fsync retry
 class FsyncLog:
     """Records the inode of every fsync attempt and of every failed one.

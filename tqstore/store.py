@@ -28,6 +28,7 @@ from ._io import files, locks
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .dump import DumpMixin
+from .store_undo import UndoSettling
 from . import store_open
 from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoundError, StorageIOError,
                      StoreClosedError, TqstoreError)
@@ -59,7 +60,7 @@ _OPEN_LOCK = threading.Lock()
 PathLike = Union[str, "os.PathLike[str]"]
 
 
-class Store(CheckpointMixin, DumpMixin):
+class Store(CheckpointMixin, DumpMixin, UndoSettling):
     """An open tqstore store. Use as a context manager; :meth:`close` is idempotent.
 
     The data-plane calls (``kv_*``, ``get_meta``, ``put``, ``get_data``, ...) are those of
@@ -358,6 +359,7 @@ class Store(CheckpointMixin, DumpMixin):
                 # replaced entries stay undoable until the controller commits (the put is atomic)
                 self._settle_undo()
                 token = self.controller.put_token + 1
+            self._settle_first()
             if cols and n:
                 self._write_units(plan, cols, token)
             try:
@@ -388,23 +390,6 @@ class Store(CheckpointMixin, DumpMixin):
                 grows.append(self._capacity.check(self.controller, pid, plan))
         if len(grows) > 1:
             self._capacity.check_sum(self.controller, grows)
-
-    def _settle_units(self, token: int, *, committed: bool, units: Optional[Sequence[int]] = None) -> None:
-        """Settle an overwriting put on the units (best effort: leftovers are settled before the
-        next overwriting put and on open)."""
-        for u in (range(self.num_units) if units is None else units):
-            try:
-                self.units[u].settle(token, committed=committed)
-            except TqstoreError:
-                log.exception("unit %d: could not settle put %d (settled on the next overwrite or reopen)", u,
-                              token)
-
-    def _settle_undo(self) -> None:
-        """Settle undo records left by a crash or a failed settle: committed iff the controller
-        recorded their token."""
-        for u in self.units:
-            for t in u.undo_tokens():
-                u.settle(t, committed=t <= self.controller.put_token)
 
     def _write_units(self, plan: Any, cols: List[Column], token: Optional[int] = None) -> None:
         g_all = np.asarray(plan.gidxs, dtype=np.int64)
@@ -453,6 +438,7 @@ class Store(CheckpointMixin, DumpMixin):
         """Remove rows (idempotent). Controller first, then the units' entries."""
         self._check_open()
         with self._write_lock:
+            self._settle_first()
             with self.removals.removing():
                 with self._meta_lock:
                     held = self._capacity.holding(self.controller, partition_id, gidxs) if self._capacity else []
@@ -466,6 +452,7 @@ class Store(CheckpointMixin, DumpMixin):
         """Remove a partition with all its rows (idempotent)."""
         self._check_open()
         with self._write_lock:
+            self._settle_first()
             with self.removals.removing():
                 with self._meta_lock:
                     gone = self.controller.drop_partition(partition_id)

@@ -39,6 +39,7 @@ from ._io.lmdbenv import lmdb_commit_point, open_env, put_items, wrap_errors
 from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
+from .unit_held import HeldBack
 from .unit_locs import GidxArrays, LocCache, write_sets
 from .unit_read import UnitReader, UnitView
 from .unit_restore import install_restore_calls, open_restore_db
@@ -79,7 +80,7 @@ def _key_order(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]], Opt
     return out
 
 
-class Unit(UnitReader):
+class Unit(HeldBack, UnitReader):
     """One storage unit. Thread-safe: appends and index updates are serialised by a lock.
 
     Implements :class:`tqstore.ports.UnitPort` (the checkpoint export and import are in
@@ -115,6 +116,7 @@ class Unit(UnitReader):
         self._next_snapshot = 1
         # the index's locations in memory (tqstore.unit_locs); this unit's rows are gidx ≡ unit_id mod ``stride``
         self.locs = LocCache(lambda: self.env.info()["last_txnid"], stride=stride, residue=unit_id)
+        self.held_back: Dict[int, Dict[bytes, bytes]] = {}  # (see unit_held)
         try:
             with wrap_errors(f"open unit {unit_id}", self.path):
                 recover(self)
@@ -359,10 +361,8 @@ class Unit(UnitReader):
                 raise CorruptionError(f"unit index: malformed undo entry: {e}",
                                       path=str(self.path / "index" / "data.mdb")) from e
 
-    def settle(self, token: int, *, committed: bool) -> int:
-        """Settle the overwriting put ``token``: committed, the frames it replaced become dead;
-        not committed, the replaced entries are put back (its new frames become dead).
-        Returns the undo records settled."""
+    def _settle(self, token: int, *, committed: bool) -> int:
+        """:meth:`HeldBack.settle` without its holding back (see :mod:`tqstore.unit_held`)."""
         prefix = UR.undo_prefix(token)
         with self._lock, wrap_errors(f"unit {self.unit_id} settle", self.path):
             with self.env.begin() as rtxn:

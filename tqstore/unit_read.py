@@ -116,8 +116,9 @@ class UnitReader:
             db = self.db_loc
             key = INDEX_KEY_HEAD.pack
             unpack = Loc.unpack
+            held = self.held_loc if own and self.held_back else None
             for g in gidxs:
-                v = get(key(g) + f, db=db)
+                v = (held(key(g) + f) if held else None) or get(key(g) + f, db=db)
                 out.append(None if v is None else unpack(v))
             return out
         finally:
@@ -137,7 +138,8 @@ class UnitReader:
         (:mod:`tqstore.unit_locs`); what the index gives for the latest state is kept there."""
         out: Optional[Dict[str, Optional[np.ndarray]]] = None
         own = snapshot is None
-        if own:
+        held = own and bool(self.held_back)  # (a failed put's rollback pending: no cache, see unit_held)
+        if own and not held:
             out = self.locs.get(gidxs, fields)
             if out is not None:
                 return out
@@ -160,7 +162,9 @@ class UnitReader:
                     pairs = cur.getmulti(keys)
                     out[field] = (np.frombuffer(b"".join([v for _k, v in pairs]), LOC_DTYPE)
                                   if len(pairs) == len(keys) else None)
-            if own and len(gidxs):
+            if held:
+                self.patch_held(gidxs, fields, out)
+            elif own and len(gidxs):
                 self.locs.populate(txn.id(), gidxs, out)
         finally:
             if own:
