@@ -5,6 +5,7 @@ Runs with the C record path and with the pure-Python one (``record_path`` fixtur
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,7 +20,7 @@ from tqstore.torch_adapter import TORCH_TO_CODE
 from tqstore._format.layout import CODEC_RAW, CODEC_ZSTD
 from tqstore._io import failpoints as fp
 from tqstore.errors import (
-    ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
+    ConfigError, CorruptionError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError,
     StorageIOError, UnsupportedTypeError,
 )
 
@@ -734,3 +735,46 @@ def test_a_store_published_by_another_process_between_the_checks_is_not_called_f
 
     monkeypatch.setattr(layout_dirs.files, "listdir", listdir_after_the_other_published)
     assert layout_dirs.refuse_foreign(root) == []
+
+
+def _files_under(root: Path) -> dict:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.tqs"))}
+
+
+@pytest.mark.parametrize("lost", ["controller", "unit index"])
+def test_a_store_whose_index_file_was_lost_refuses_to_open_and_removes_no_payload(tmp_path, lost):
+    """A store's controller index or a unit's index deleted by hand (or lost with a disk):
+    opening must not take the units' frames for debris of a crash and delete them; it raises
+    CorruptionError naming the missing file, and every segment file is left as it was."""
+    path = tmp_path / "s"
+    with Store(path, num_units=2) as s:
+        s.write("p", {"x": np.arange(40, dtype=np.int64).reshape(20, 2)}, keys=[f"k{i}" for i in range(20)])
+        s.save_checkpoint(tmp_path / "ck")  # (seals the segments)
+        s.write("p", {"x": np.arange(8, dtype=np.int64).reshape(4, 2)}, keys=[f"j{i}" for i in range(4)])
+    state = next(path.glob("state-*"))
+    gone = state / "controller" / "data.mdb" if lost == "controller" else state / "unit-001" / "index" / "data.mdb"
+    gone.unlink()
+    segments = _files_under(path)
+    assert segments
+    for _ in range(2):
+        with pytest.raises(CorruptionError, match="missing") as e:
+            Store(path)
+        assert "data.mdb" in str(e.value)
+        assert _files_under(path) == segments
+    for command in ["verify"] + (["inspect", "ls"] if lost == "controller" else []):  # (1: damaged)
+        r = subprocess.run([sys.executable, "-m", "tqstore", command, str(path)], capture_output=True, text=True)
+        assert r.returncode == 1 and "missing" in r.stderr, (command, r.stdout, r.stderr)
+    assert _files_under(path) == segments and not gone.exists()
+
+
+def test_a_store_created_but_never_written_opens_without_its_index_files(tmp_path):
+    """A crash right after a store's creation (STORE.json written) and before its indexes
+    were: the next open creates them; nothing was ever stored."""
+    path = tmp_path / "s"
+    Store(path, num_units=2).close()
+    state = next(path.glob("state-*"))
+    for p in [state / "controller"] + [state / f"unit-00{i}" for i in range(2)]:
+        shutil.rmtree(p)
+    with Store(path) as s:
+        s.write("p", {"x": np.arange(4, dtype=np.int64).reshape(2, 2)}, keys=["a", "b"])
+        assert s.num_units == 2

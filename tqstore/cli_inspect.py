@@ -196,7 +196,7 @@ def _store_doc(path: Path) -> Dict[str, Any]:
     doc: Dict[str, Any] = {"kind": "store", "path": str(path), "format_version": d.get("version"),
                            "num_units": d.get("num_units"),
                            "created_unix": d.get("created"), "state": cur, "units": store_units(path),
-                           "partitions": _store_partitions(path) if cur else []}  # checked decoder: damage raises
+                           "partitions": _store_partitions(path)}  # checked decoder: damage raises
     doc["rows"] = sum(p["rows"] for p in doc["partitions"])
     doc["total_bytes"] = sum(u["segment_bytes"] for u in doc["units"])
     return doc
@@ -311,8 +311,14 @@ def _store_partitions(path: Path) -> List[Dict[str, Any]]:
     cur = L.read_current(path)
     if cur is None:
         raise CorruptionError(f"store has no {L.CURRENT_FILE} pointer", path=str(path / L.CURRENT_FILE))
+    if not (path / cur).is_dir():
+        raise CorruptionError(f"{L.CURRENT_FILE} names the state directory {cur}, which does not exist",
+                              path=str(path / L.CURRENT_FILE))
     ctrl = L.controller_dir(path / cur)
     if not (ctrl / "data.mdb").is_file():
+        if any(u["segments"] for u in store_units(path)):  # (as the store's open refuses it)
+            raise CorruptionError("the controller index is missing while the units hold segment files",
+                                  path=str(ctrl / "data.mdb"))
         return []  # created, never opened past its descriptor
     st = controller_summary(ctrl, shared=True)  # a reader slot: safe while the store is open elsewhere
     return [{"partition": pid, "rows": q["rows"], "keys": q["keys"]} for pid, q in st["partitions"].items()]

@@ -42,6 +42,7 @@ import numpy as np
 from ._format.columns import Column
 from ._format import controller_records as R
 from ._format.controller_records import RecordError, decode_row  # noqa: F401 - decode_row re-exported (CLI)
+from ._io import files
 from ._io.lmdbenv import lmdb_commit_point, open_env, read_columns, warm_file, wrap_errors
 from .controller_decode import (  # noqa: F401 - CONTROLLER_DBS, decode_controller re-exported for verify
     CONTROLLER_DBS, CONTROLLER_FORMAT, ControllerState, decode_controller,
@@ -84,6 +85,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
     def __init__(self, path: Path, *, num_units: int, sync: bool = False, map_bytes: Optional[int] = None) -> None:
         self.path = Path(path)
         kw = {"map_bytes": map_bytes} if map_bytes else {}
+        self.created = not os.path.lexists(self.path / "data.mdb")  # (ControllerPort.created)
         self.env = open_env(self.path, max_dbs=12, sync=sync, **kw)
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
         self._lock = threading.RLock()
@@ -520,6 +522,11 @@ class Controller(SnapshotCalls, ConsumptionCalls):
             for sid in list(self._snapshots):
                 self.release(sid)
         self.env.close()
+
+    def close_created(self) -> None:
+        self.close()
+        if self.created:
+            files.unlink(self.path / "data.mdb")
 
 
 install_restore_calls(Controller, _locked)  # ControllerPort's selective restores, under the controller's lock

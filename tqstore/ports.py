@@ -276,6 +276,9 @@ class ControllerPort(Protocol):
 
     num_units: int
     put_token: int
+    #: True when this open created the index (it did not exist): the store refuses an index
+    #: lost from a store whose units hold data rather than take their rows for a crash's debris
+    created: bool
 
     # puts -------------------------------------------------------------------
     def plan_put(self, pid: str, columns: Sequence[Any], *, keys: Optional[Sequence[str]] = None,
@@ -494,6 +497,10 @@ class ControllerPort(Protocol):
 
     def restore(self, rid: str) -> Optional[RestoreInfo]:
         """The restore ``rid`` with its key -> gidx mapping; None when unknown."""
+
+    def close_created(self) -> None:
+        """Close, and remove the index file if this open created it (``created``): a store that
+        refuses such an index (its units hold data) leaves it missing, as it found it."""
 
     def close(self) -> None:
         """Close (idempotent)."""

@@ -208,6 +208,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
 
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
+        new = d is None
         if d is None:
             leftovers = L.refuse_foreign(self.root)  # (again, under the lock: ConfigError)
             if leftovers:  # a creation interrupted before STORE.json, its commit point: nothing was acknowledged
@@ -234,6 +235,14 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
                 log.info("removing abandoned state directory %s", name)
                 files.rmtree(self.root / name)
         self._open_parts(self.state_dir)
+        if not new and self.controller.created and any(u.keys() for u in self.units):
+            self.controller.close_created()  # (nothing else was changed: reconcile has not run)
+            for u in self.units:
+                u.close()
+            raise CorruptionError(
+                f"store {self.root}: its controller index {L.CURRENT_FILE} -> {current}/controller/data.mdb is "
+                f"missing while its units hold data; nothing was removed: load the store's last checkpoint into a new "
+                f"store", path=str(L.controller_dir(self.state_dir) / "data.mdb"))
         if self.durability == "commit":
             # directories LMDB and the units created must be durable before a commit is acknowledged
             for p in [self.state_dir, L.controller_dir(self.state_dir)] + [

@@ -43,7 +43,7 @@ from .unit_held import HeldBack
 from .unit_locs import GidxArrays, LocCache, write_sets
 from .unit_read import UnitReader, UnitView
 from .unit_restore import install_restore_calls, open_restore_db
-from .unit_recover import check_index_format, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
+from .unit_recover import check_index_format, check_index_present, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
 log = logging.getLogger("tqstore")
 
@@ -94,6 +94,7 @@ class Unit(HeldBack, UnitReader):
         self.sync = durability == "commit"
         self.segment_bytes = int(segment_bytes)
         self.compress = compress  # None | "zstd" | set of field names
+        check_index_present(self.path, unit_id)
         files.mkdir(self.path, exist_ok=True, parents=True)
         kw = {"map_bytes": map_bytes} if map_bytes else {}
         self.env = open_env(self.path / "index", max_dbs=8, sync=self.sync, **kw)

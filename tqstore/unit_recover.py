@@ -8,6 +8,7 @@ the unit calls them while it opens.
 from __future__ import annotations
 
 import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Tuple
@@ -29,6 +30,21 @@ if TYPE_CHECKING:  # pragma: no cover
     from .unit import Unit
 
 log = logging.getLogger("tqstore")
+
+
+def check_index_present(unit_dir: Path, unit_id: int) -> None:
+    """Before a unit opens: its index file must exist when the unit holds segment files (a
+    segment is only ever written after its index was created).  An index lost with them
+    there (deleted by hand, a damaged disk) would open empty and its frames be removed as
+    unnamed debris: CorruptionError instead, nothing removed."""
+    index = unit_dir / "index" / "data.mdb"
+    if os.path.lexists(index) or not os.path.isdir(unit_dir):
+        return
+    segs = sorted(n for n in files.listdir(unit_dir) if parse_segment_name(n) is not None)
+    if segs:
+        raise CorruptionError(f"unit {unit_id}: its index file index/data.mdb is missing but the unit holds "
+                              f"{len(segs)} segment file(s) ({segs[0]}, ...); nothing was removed: load the "
+                              f"store's last checkpoint into a new store", path=str(index))
 
 
 def check_index_format(env: lmdb.Environment, path: Path, *, create: bool) -> None:

@@ -435,7 +435,9 @@ class UnitPortTests(UnitRestoreTests, _PortTests):
         self.write(u, "x", np.ones((1, 3), np.int64), self.g(5), fresh=True)
         assert self.payloads(u, self.g(5), "x") == [_raw(np.ones(3, np.int64))]
 
-    def test_a_failed_settle_changes_nothing(self, tmp_path):
+    def test_a_failed_settle_writes_nothing_and_reads_give_the_decided_values(self, tmp_path):
+        """A settle that cannot commit (a full disk) leaves its undo records; meanwhile reads
+        give what was decided: a put rolled back is never read (unit_held), a committed one is."""
         u = self.unit(tmp_path)
         g = self.g(0)
         self.write(u, "x", np.zeros((1, 3), np.int64), g)
@@ -443,9 +445,14 @@ class UnitPortTests(UnitRestoreTests, _PortTests):
         with self._failing("unit_commit"):
             with pytest.raises(TqstoreError):
                 u.settle(4, committed=False)
-        assert u.undo_tokens() == [4] and self.payloads(u, g, "x") == [_raw(np.ones(3, np.int64))]
+        assert u.undo_tokens() == [4] and self.payloads(u, g, "x") == [_raw(np.zeros(3, np.int64))]
         u.settle(4, committed=False)
-        assert self.payloads(u, g, "x") == [_raw(np.zeros(3, np.int64))]
+        assert u.undo_tokens() == [] and self.payloads(u, g, "x") == [_raw(np.zeros(3, np.int64))]
+        self.write(u, "x", np.full((1, 3), 2, np.int64), g, token=5)
+        with self._failing("unit_commit"):
+            with pytest.raises(TqstoreError):
+                u.settle(5, committed=True)
+        assert u.undo_tokens() == [5] and self.payloads(u, g, "x") == [_raw(np.full(3, 2, np.int64))]
 
     # the store's clean close ------------------------------------------------------
     def test_index_state_counts_entries_and_advances_only_on_a_change(self, tmp_path):
