@@ -251,3 +251,31 @@ def test_a_publication_whose_last_fsync_fails_says_the_new_one_is_in_place(tmp_p
             assert verify_checkpoint(target, raise_on_error=False).ok
         save(["a3"])
     assert not os.path.lexists(str(target) + ".old")
+
+
+def test_a_load_that_cannot_undo_its_writes_stays_cancelled_and_recover_says_so(tmp_path, caplog):
+    """The disk fills during a load by key: a unit's import fails, the load cancels the restore
+    in the controller, and the units cannot drop what they wrote.  The error's note says the
+    restore was cancelled (not that it may be completed); recover_data_load() then finishes the
+    cancel with a warning (none of its keys were loaded) and the dump loads again."""
+    with _store(tmp_path / "src") as src:
+        _fill(src, "k", 6, 1)
+        src.dump_data_by_key(tmp_path / "dump", [f"k{i}" for i in range(6)], "p")
+    with _store(tmp_path / "s") as s:
+        _fill(s, "a", 2, 2)
+        before = store_state(s)
+        fp.arm("unit_commit", "enospc", 1, repeat=True)  # the first import's commit, then every settle
+        try:
+            with pytest.raises(StorageIOError) as e:
+                s.load_data_by_key(tmp_path / "dump")
+        finally:
+            fp.disarm()
+        note = " ".join(getattr(e.value, "__notes__", []))
+        assert "it was cancelled" in note and "load the dump again" in note, note
+        assert [r.state for r in s.controller.restores()] == ["cancelled"]
+        assert store_state(s) == before
+        with caplog.at_level("WARNING", logger="tqstore"):
+            assert s.recover_data_load(tmp_path / "dump") is True
+        assert "finishing the cancel instead of completing it" in caplog.text
+        assert store_state(s) == before and not s.controller.restores()
+        assert s.load_data_by_key(tmp_path / "dump")["keys"] == 6

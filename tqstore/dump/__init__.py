@@ -142,7 +142,9 @@ class DumpMixin:
         could not undo, or by the death of its process): complete it (the units not complete
         re-import their frames; the dump is checked again) or, with ``cancel=True``, cancel
         it (units drop what it wrote, then its reserved indexes are freed).  A restore that
-        was committed before a crash is completed either way.
+        was committed before a crash is completed either way; one a failed load had already
+        cancelled (it could not undo its writes: a full disk) is cancelled either way, with a
+        warning: none of its keys were loaded, so load the dump again.
 
         Returns True when a restore of ``dump_dir`` was pending and is settled now, False when
         none was (so repeating the call after a lost reply is safe).

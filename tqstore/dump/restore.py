@@ -242,8 +242,18 @@ def _abandon(store, info: RestoreInfo, d: Path, err: BaseException) -> None:
         elif now is not None:
             _cancel(store, now)
     except Exception:  # noqa: BLE001 - err is the one raised; this one is logged
-        note = (f"restore {info.rid} of partition {info.pid!r} stays pending: call recover_data_load({str(d)!r}) "
-                f"to settle it (completed, or cancelled with cancel=True)")
+        try:
+            now = store.controller.restore(info.rid)  # (what was decided before this failed)
+        except Exception:  # noqa: BLE001
+            now = None
+        if now is not None and now.state != "running":  # decided: recover can only finish what was decided
+            how = ("its keys were loaded" if now.state == "committed" else
+                   "it was cancelled: none of its keys were loaded; load the dump again after")
+            note = (f"restore {info.rid} of partition {info.pid!r} stays pending: call recover_data_load({str(d)!r}) "
+                    f"to finish settling it ({how})")
+        else:
+            note = (f"restore {info.rid} of partition {info.pid!r} stays pending: call "
+                    f"recover_data_load({str(d)!r}) to settle it (completed, or cancelled with cancel=True)")
         log.exception("restore %s could not be cancelled or settled after %r; %s", info.rid, err, note)
         if hasattr(err, "add_note"):  # (Python 3.11+)
             err.add_note(note)
@@ -363,6 +373,9 @@ def recover(store, dump_dir, *, cancel: bool = False) -> bool:
                     with store._write_lock:
                         _settle(store, info, committed=True)
             else:
+                if not cancel:  # (a failed load decided it before it stopped: it cannot complete now)
+                    log.warning("restore %s from %s was cancelled before it stopped: finishing the cancel instead of "
+                                "completing it; none of its keys were loaded (load the dump again)", info.rid, d)
                 _cancel(store, info)
         _unmark(d, store)
         return True
