@@ -453,3 +453,23 @@ def test_where_hard_links_fail_saves_generations_and_loads_copy_instead(tmp_path
         assert verify_checkpoint(ck).ok
         assert all(p.stat().st_nlink == 1 for p in ck.rglob("*.tqs"))  # copies, never links
     assert not list(tmp_path.rglob(".tqstore-link-probe-*"))
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_save_whose_index_copy_runs_out_of_space_raises_checkpoint_error(tmp_path, blocking):
+    """The disk fills while a save copies a unit's or the controller's index: CheckpointError
+    (what a save's failure is documented to raise), saying the previous checkpoint is intact."""
+    with _store(tmp_path / "s") as s:
+        _fill(s, "a", 4, 1)
+        s.save_checkpoint(tmp_path / "ck")
+        _fill(s, "b", 2, 2)
+        fp.arm("copy", "enospc", 1)
+        try:
+            with pytest.raises(CheckpointError, match="previous checkpoint there is intact"):
+                out = s.save_checkpoint(tmp_path / "ck", blocking=blocking)
+                if not blocking:
+                    out.result()
+        finally:
+            fp.disarm()
+        assert verify_checkpoint(tmp_path / "ck", raise_on_error=False).ok
+        s.save_checkpoint(tmp_path / "ck")

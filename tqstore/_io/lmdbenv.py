@@ -151,9 +151,13 @@ def read_columns(env: lmdb.Environment, txn: lmdb.Transaction, names: Sequence[b
 def copy_txn_compact(env: lmdb.Environment, dst: Path, txn: lmdb.Transaction) -> None:
     """Write a compacted copy of the open environment ``env`` as read transaction ``txn``
     sees it into the existing, empty directory ``dst`` (``dst/data.mdb``): a snapshot's
-    index copy.  Failpoint ``copy``.  Raises ``lmdb.Error`` (the caller adds context)."""
+    index copy.  Failpoint ``copy`` (raised as the ``lmdb.Error`` LMDB's copy gives for that
+    errno).  Raises ``lmdb.Error`` (the caller adds context)."""
     if fp.active:
-        fp.hit("copy")
+        try:
+            fp.hit("copy")
+        except OSError as e:
+            raise lmdb.Error(f"mdb_env_copy3: {e.strerror}") from e
         fp.observe("copy", str(env.path()), str(dst))
     env.copy(str(dst), compact=True, txn=txn)
 

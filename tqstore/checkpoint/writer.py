@@ -46,7 +46,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from .._format.names import check_flag
 from .._io import files, locks
-from ..errors import CheckpointError, DistributedError, TqstoreError, WaitTimeoutError
+from ..errors import CheckpointError, DistributedError, StorageIOError, TqstoreError, WaitTimeoutError
 from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
 from . import manifest as M
 from . import target as T
@@ -278,6 +278,8 @@ class SaveJob:
         t0 = time.perf_counter()
         try:
             info = self._run_locked(t0)
+        except StorageIOError as e:  # (a part's I/O error: the save failed as any other write would)
+            raise write_error(f"saving checkpoint {self.final}", "checkpoint", e) from e
         except TqstoreError:
             raise
         except OSError as e:

@@ -47,7 +47,7 @@ from .._format import dump_records as D
 from .._format.names import check_flag, check_key, check_name
 from .._io import files
 from ..checkpoint import writer as W
-from ..errors import CheckpointError, InvalidInputError, KeyNotFoundError, TqstoreError
+from ..errors import CheckpointError, InvalidInputError, KeyNotFoundError, StorageIOError, TqstoreError
 from .. import ports as _ports
 from ..ports import RowBatch, ShardInfo
 from . import publish as P
@@ -246,6 +246,8 @@ class DumpJob:
                 except BaseException:
                     files.rmtree(tmp, ignore_errors=True)
                     raise
+        except StorageIOError as e:  # (a unit's I/O error: the dump failed as any other write would)
+            raise W.write_error(f"dumping to {self.final}", "dump", e) from e
         except TqstoreError:
             raise
         except OSError as e:
