@@ -473,3 +473,29 @@ def test_a_save_whose_index_copy_runs_out_of_space_raises_checkpoint_error(tmp_p
             fp.disarm()
         assert verify_checkpoint(tmp_path / "ck", raise_on_error=False).ok
         s.save_checkpoint(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("action", ["enospc", "short"])
+def test_an_atomic_replacement_that_fails_leaves_no_temporary_file(tmp_path, action):
+    """A replacement whose write fails (a full disk: the store's mirror at close, a marker,
+    CURRENT) removes its ``.tmp``: left there it would hold the space the failure lacked, and
+    come back at every close.  The file it was to replace is as it was."""
+    target = tmp_path / "f"
+    target.write_bytes(b"old")
+    for replace in (lambda: files.write_buffers_atomic(target, [b"new" * 1000]),
+                    lambda: files.write_file_atomic(target, b"new" * 1000)):
+        fp.arm("write", action, 1)
+        try:
+            with pytest.raises(OSError):
+                replace()
+        finally:
+            fp.disarm()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["f"] and target.read_bytes() == b"old"
+    with _store(tmp_path / "s") as s:  # the mirror a clean close writes
+        _fill(s, "a", 4, 1)
+        fp.arm("write", action, 1, repeat=True)
+        try:
+            s.close()
+        finally:
+            fp.disarm()
+    assert not list((tmp_path / "s").rglob("*.tmp"))

@@ -237,11 +237,16 @@ def _groups(buffers: Sequence, nbytes: int) -> Iterator[List]:
 def write_file_atomic(path: PathLike, data: bytes, *, fsync: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically: temp sibling, fsync, rename, fsync parent.
 
-    After a crash the file holds either the old or the new content, never a mix.
+    After a crash the file holds either the old or the new content, never a mix.  A write
+    that fails removes its temp sibling.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    write_file(tmp, data, fsync=fsync)
+    try:
+        write_file(tmp, data, fsync=fsync)
+    except BaseException:
+        _drop_tmp(tmp)
+        raise
     rename(tmp, path)
     if fsync:
         fsync_dir(path.parent)
@@ -250,17 +255,31 @@ def write_file_atomic(path: PathLike, data: bytes, *, fsync: bool = True) -> Non
 def write_buffers_atomic(path: PathLike, buffers: Sequence, *, fsync: bool = True) -> int:
     """Replace ``path`` with ``buffers`` written back to back, atomically: ``<name>.tmp``
     (one a crash left is removed first), fsync, rename over ``path``, fsync of the
-    directory.  After a crash ``path`` holds the old or the new content, never a mix.
-    Returns bytes written.  Failpoints ``unlink``, ``create``, ``write``, ``fsync_file``,
+    directory.  After a crash ``path`` holds the old or the new content, never a mix; a
+    write that fails removes ``<name>.tmp``.  Returns bytes written.  Failpoints ``unlink``, ``create``, ``write``, ``fsync_file``,
     ``rename``, ``fsync_dir``."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     unlink(tmp)
-    n = write_buffers(tmp, buffers, fsync=fsync)
+    try:
+        n = write_buffers(tmp, buffers, fsync=fsync)
+    except BaseException:
+        _drop_tmp(tmp)
+        raise
     rename(tmp, path)
     if fsync:
         fsync_dir(path.parent)
     return n
+
+
+def _drop_tmp(tmp: Path) -> None:
+    """Remove the temporary file of a replacement that failed before its rename (best effort:
+    on a full disk it would hold the space the failure lacked; one left is removed by the
+    next replacement of the same file)."""
+    try:
+        unlink(tmp)
+    except OSError:
+        pass
 
 
 def read_regular(path: PathLike, *, max_bytes: int) -> Optional[bytearray]:
