@@ -279,3 +279,34 @@ def test_a_load_that_cannot_undo_its_writes_stays_cancelled_and_recover_says_so(
         assert "finishing the cancel instead of completing it" in caplog.text
         assert store_state(s) == before and not s.controller.restores()
         assert s.load_data_by_key(tmp_path / "dump")["keys"] == 6
+
+
+def _open_files_under(root: Path) -> list:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            out.append(target)
+    maps = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(root) in line]
+    return sorted(out) + maps
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_a_failed_dump_leaves_no_segment_open_or_mapped_after_close(tmp_path):
+    """A dump whose shard write fails (a full disk): the error (kept by the caller, with its
+    traceback) must not keep the store's segment files open and mapped after the store
+    closes, or their space is not returned when they are deleted."""
+    s = _store(tmp_path / "s")
+    _fill(s, "a", 8, 1)
+    fp.arm("write", "enospc", 1, repeat=True)
+    try:
+        with pytest.raises(CheckpointError) as e:
+            s.dump_data_by_key(tmp_path / "dump", [f"a{i}" for i in range(8)], "p")
+    finally:
+        fp.disarm()
+    s.close()
+    assert e.value.__traceback__ is not None  # (the error is still held)
+    assert _open_files_under(tmp_path / "s") == []

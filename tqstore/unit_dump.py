@@ -71,26 +71,32 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     nbytes = int(locs["length"].astype(np.int64).sum())
     header = D.encode_shard_header(unit.unit_id, num_units, len(locs), nbytes, table)
     bufs: List = [header]
+    views: List[memoryview] = []  # (released however this ends: an error's traceback must not pin a mapping)
     crc = _native.crc32c(header)  # the shard's CRC32C, as its bytes are laid out
-    for seg in np.unique(locs["seg"]).tolist():
-        sel = locs["seg"] == seg
-        ls, ggs = locs[sel], gs[sel]
-        m = unit._map_to(seg, int((ls["offset"] + ls["length"]).max()))
-        path = unit._seg_path(seg)
-        res = check_run(m, ls, ggs)
-        _raise_first(m, ls, res, ggs, path=path)
-        # (checked: each trailer holds its covered bytes' CRC32C, so only the tails are read)
-        crc = _native.crc32c_frames(m, ls["offset"].astype(np.int64), ls["length"].astype(np.int64), crc)
-        mv = memoryview(m)
-        bufs.extend(mv[a:b] for a, b in _runs(ls))
-    bufs.append(table)
-    crc = _native.crc32c(table, crc)
-    want = len(header) + nbytes + len(table)
-    early = WRITEBACK_BYTES if want <= WRITEBACK_MAX_SHARD else 0
     try:
+        for seg in np.unique(locs["seg"]).tolist():
+            sel = locs["seg"] == seg
+            ls, ggs = locs[sel], gs[sel]
+            m = unit._map_to(seg, int((ls["offset"] + ls["length"]).max()))
+            path = unit._seg_path(seg)
+            res = check_run(m, ls, ggs)
+            _raise_first(m, ls, res, ggs, path=path)
+            # (checked: each trailer holds its covered bytes' CRC32C, so only the tails are read)
+            crc = _native.crc32c_frames(m, ls["offset"].astype(np.int64), ls["length"].astype(np.int64), crc)
+            views.append(memoryview(m))
+            runs = [views[-1][a:b] for a, b in _runs(ls)]
+            views.extend(runs)
+            bufs.extend(runs)
+        bufs.append(table)
+        crc = _native.crc32c(table, crc)
+        want = len(header) + nbytes + len(table)
+        early = WRITEBACK_BYTES if want <= WRITEBACK_MAX_SHARD else 0
         size = files.write_buffers(dest, bufs, fsync=False, writeback_bytes=early)
     finally:
         del bufs
+        for v in reversed(views):
+            v.release()
+        m = None  # noqa: F841 - (nor its last mapping: a live mmap holds the segment's file open)
     if size != want:
         raise CorruptionError(f"dump shard holds {size} bytes, {want} were to be written", path=str(dest))
     files.fsync_file(dest)

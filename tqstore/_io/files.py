@@ -49,9 +49,18 @@ def pwrite_all(fd: int, buffers: Sequence, offset: int) -> int:
     """Write ``buffers`` back to back at ``offset`` (handles partial writes and IOV_MAX).
 
     Returns bytes written. Failpoint ``write`` (``short`` writes half the data then raises EIO).
+    The views it makes of ``buffers`` are released when it returns or raises (an error's
+    traceback then pins no mapping a buffer views).
     """
     views = [memoryview(b).cast("B") for b in buffers]
-    views = [v for v in views if v.nbytes]
+    try:
+        return _pwrite_views(fd, [v for v in views if v.nbytes], offset)
+    finally:
+        for v in views:
+            v.release()
+
+
+def _pwrite_views(fd: int, views: List[memoryview], offset: int) -> int:
     total = sum(v.nbytes for v in views)
     if fp.active:
         try:
