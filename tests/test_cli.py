@@ -145,3 +145,19 @@ def test_python_dash_m_exit_codes_without_traceback(saved, tmp_path):
                            env=env, timeout=120)
         assert r.returncode == want, (path, r.stdout, r.stderr)
         assert "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("what", ["ckpt", "gens", "store"])
+def test_json_nested_too_deeply_for_the_parser_is_damage_not_a_traceback(saved, tmp_path, what):
+    """A manifest or store descriptor of 100,000 nested arrays (no file tqstore writes): every
+    read command says it is damaged in one line (exit 1), as for any other bad JSON."""
+    import shutil
+
+    bad = tmp_path / what
+    shutil.copytree(saved / what, bad)
+    name = {"ckpt": "MANIFEST.json", "store": "STORE.json"}.get(what)
+    target = bad / name if name else sorted(bad.glob("step-*"))[0] / "MANIFEST.json"
+    target.write_text("[" * 100_000 + "]" * 100_000)
+    for command in ("verify", "inspect", "ls"):
+        code, out, err = run(command, bad)
+        assert code == EXIT_DAMAGED and "Traceback" not in err and "RecursionError" not in err, (command, out, err)

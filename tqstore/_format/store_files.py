@@ -54,7 +54,7 @@ def decode_store_descriptor(data: bytes, *, path: str) -> Dict[str, Any]:
     """
     try:
         d = json.loads(data.decode("utf-8"))
-    except (ValueError, UnicodeDecodeError) as e:
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:  # (nested too deeply: not ours)
         raise CorruptionError(f"unreadable {STORE_FILE}: {e}", path=path) from e
     if not isinstance(d, dict) or d.get("format") != STORE_FORMAT:
         raise CorruptionError(f"{STORE_FILE} is not a tqstore store descriptor", path=path)

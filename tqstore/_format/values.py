@@ -174,15 +174,19 @@ def loads(data) -> Any:
     """Parse JSON text or UTF-8 bytes written by :func:`dumps` (integers of any size).
 
     Raises:
-        UnicodeDecodeError, json.JSONDecodeError, ValueError: not UTF-8 JSON.
+        UnicodeDecodeError, json.JSONDecodeError, ValueError: not UTF-8 JSON, or nested too
+            deeply for the parser (no value tqstore writes is).
     """
     text = data if isinstance(data, str) else bytes(data).decode("utf-8")
     try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        raise
-    except ValueError:  # an integer past sys.get_int_max_str_digits()
-        return json.loads(text, parse_int=_parse_int)
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            raise
+        except ValueError:  # an integer past sys.get_int_max_str_digits()
+            return json.loads(text, parse_int=_parse_int)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 _SCAN = json.scanner.make_scanner(json.JSONDecoder())  # C: (value, end) of the JSON value at an index

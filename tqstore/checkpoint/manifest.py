@@ -241,7 +241,7 @@ def parse(data: bytes, *, path: str = MANIFEST_NAME) -> Manifest:
         raise _bad(f"{len(data)} bytes is larger than any manifest tqstore writes", path)
     try:
         d = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:  # (nested too deeply: not ours)
         raise CorruptionError(f"{MANIFEST_NAME} is not valid JSON (torn or foreign file): {e}", path=path) from e
     if not isinstance(d, dict) or d.get("format") != FORMAT_NAME:
         raise CorruptionError(f"not a tqstore checkpoint manifest (format is "

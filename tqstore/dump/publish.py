@@ -140,7 +140,7 @@ def read_marker(final: Path) -> Optional[Set[str]]:
         doc = json.loads(bytes(raw)) if raw is not None else None
     except FileNotFoundError:
         return set()
-    except (OSError, ValueError, files.NotRegularFile) as e:
+    except (OSError, ValueError, RecursionError, files.NotRegularFile) as e:
         log.warning("restore marker %s cannot be read (%s)", m, e)
         return None
     if isinstance(doc, dict) and isinstance(doc.get("stores"), list) and \
