@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import tqstore
 from tqstore.checkpoint import CheckpointManager
@@ -161,3 +162,33 @@ def test_json_nested_too_deeply_for_the_parser_is_damage_not_a_traceback(saved, 
     for command in ("verify", "inspect", "ls"):
         code, out, err = run(command, bad)
         assert code == EXIT_DAMAGED and "Traceback" not in err and "RecursionError" not in err, (command, out, err)
+
+
+def test_a_store_index_with_a_flipped_byte_is_reported_never_a_crash(tmp_path):
+    """One byte flipped in a page of a store's LMDB index (a node pointer: LMDB may then read past
+    the file, and its reader die of SIGBUS, which no try catches, or fail inside a read): verify
+    walks the indexes in a child process first, so it reports damage (exit 1) or nothing wrong,
+    and never dies of a signal or prints a traceback (inspect and ls walk the controller's)."""
+    import shutil
+
+    src = tmp_path / "store"
+    with tqstore.open(src, num_units=2) as s:
+        for j in range(12):
+            s.kv_batch_put([f"k{j}-{i}" for i in range(150)], "train", {"x": torch.arange(150 * 16, dtype=torch.float32).reshape(150, 16)})
+    seen = set()
+    for kind, rel in (("unit", "unit-000/index/data.mdb"),):
+        size = (src / "state-00000001" / rel).stat().st_size
+        for page in range(2, min(size // 4096, 10)):
+            bad = tmp_path / f"{kind}-{page}"
+            shutil.copytree(src, bad)
+            f = bad / "state-00000001" / rel
+            raw = bytearray(f.read_bytes())
+            raw[page * 4096 + 17] ^= 0xFF
+            f.write_bytes(bytes(raw))
+            for command in ("verify",):
+                r = subprocess.run([sys.executable, "-m", "tqstore", command, str(bad)], capture_output=True,
+                                   text=True, timeout=120)
+                assert r.returncode in (EXIT_OK, EXIT_DAMAGED) and "Traceback" not in r.stderr, \
+                    (kind, page, command, r.returncode, r.stderr[-500:])
+                seen.add(r.returncode)
+    assert EXIT_DAMAGED in seen

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from .cli_util import (EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, Progress, dump_function, human, kind_of, not_a_target,
-                       open_store, when)
+                       open_store, walk_store_indexes, when)
 from .errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 
 
@@ -320,6 +320,7 @@ def _store_partitions(path: Path) -> List[Dict[str, Any]]:
             raise CorruptionError("the controller index is missing while the units hold segment files",
                                   path=str(ctrl / "data.mdb"))
         return []  # created, never opened past its descriptor
+    walk_store_indexes(path, units=False)  # (a damaged page must not kill this process)
     st = controller_summary(ctrl, shared=True)  # a reader slot: safe while the store is open elsewhere
     return [{"partition": pid, "rows": q["rows"], "keys": q["keys"]} for pid, q in st["partitions"].items()]
 

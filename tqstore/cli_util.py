@@ -152,6 +152,7 @@ def open_store(path: Path, what: str):
     import tqstore
     from .errors import CorruptionError, StorageIOError, TqstoreError
 
+    walk_store_indexes(path, units=True)
     try:
         return tqstore.open(path)
     except StorageIOError as e:
@@ -160,3 +161,34 @@ def open_store(path: Path, what: str):
         raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e
     except (CorruptionError, TqstoreError) as e:
         raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e
+
+
+def walk_store_indexes(path: Path, *, units: bool) -> None:
+    """Before this process maps a store's LMDB files (``units``: the unit indexes too, else the
+    controller's alone): walk them in a child process (:mod:`tqstore._io.lmdbwalk`), since a
+    damaged page makes LMDB's reader die of SIGBUS, which no ``try`` catches.  A problem raises
+    :class:`CliDamaged` naming the file.  Skipped while the store is open in another process
+    (its indexes are live; the walk takes no reader slot) and when it has no state yet."""
+    from . import layout_dirs as L
+    from ._io import locks
+    from ._io.lmdbwalk import LmdbWalk
+
+    d, cur = L.read_store_file(path), L.read_current(path)
+    if d is None or cur is None or not (path / cur).is_dir():
+        return  # (the open or the decoder says what is wrong)
+    try:
+        fd = locks.lock_exclusive_nowait(path / "LOCK")
+    except OSError:  # held (BlockingIOError), or not ours to take
+        return
+    try:
+        state = path / cur
+        targets = [(L.controller_dir(state), "controller")]
+        if units:
+            targets += [(L.unit_dir(state, i) / "index", "unit_index") for i in range(int(d.get("num_units") or 0))]
+        targets = [(str(t), schema) for t, schema in targets if (t / "data.mdb").is_file()]
+        problems = LmdbWalk(targets).result() if targets else []
+    finally:
+        locks.unlock(fd)
+    if problems:
+        p = problems[0]
+        raise CliDamaged(f"{p.path}: {p.message}")
