@@ -667,3 +667,32 @@ def test_a_users_dot_old_beside_the_target_is_refused_naming_the_target_and_the_
     assert (old / "MANIFEST.json").read_text() == "{}" and not (tmp_path / "h").exists()
     with pytest.raises(CheckpointError, match="the store being dumped lives at"):
         store.dump_data_by_key(tmp_path, keys, "train")
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_restore_marker_entry_a_killed_load_left_does_not_block_the_stores_next_dump(tmp_path, blocking):
+    """A load killed right after it listed the store on ``<dir>.restore`` (before its restore
+    began), or after its restore was settled (before it took the store off): the reopened store
+    has no restore of the dump, so its entry is stale; the store's next dump to that path takes
+    it off and publishes (a trainer re-dumping a fixed path must not fail on every restart).  An
+    entry of another store is not ours to judge: the dump is still refused."""
+    from tqstore.dump import publish as P
+
+    d = tmp_path / "dump"
+    with tqstore.open(tmp_path / "s", num_units=2) as s:
+        fill(s, "train", 6)
+        keys = list(s.kv_list("train")["train"])
+        s.dump_data_by_key(d, keys[:3], "train")
+        P.mark(d, s.root)  # (what the killed load left)
+        out = s.dump_data_by_key(d, keys[:4], "train", blocking=blocking)
+        out = out if blocking else out.result()
+        assert out["keys"] == 4 and not os.path.lexists(P.marker_path(d))
+        P.mark(d, s.root)
+        P.mark(d, tmp_path / "other-store")  # another store's load of the same dump may be pending
+        with pytest.raises(RestorePendingError, match="other-store"):
+            s.dump_data_by_key(d, keys[:2], "train")
+        me = os.path.realpath(s.root)  # this path's entry written on another machine (a shared file system)
+        P._write_marker(d, {me}, {me: "another-machine"})
+        with pytest.raises(RestorePendingError, match="has no restore of it left"):
+            s.dump_data_by_key(d, keys[:2], "train")
+        assert read_row_index(d)["rows"].keys() == set(keys[:4])

@@ -24,8 +24,9 @@ import errno
 import json
 import logging
 import os
+import socket
 from pathlib import Path
-from typing import Any, Iterator, Optional, Set
+from typing import Any, Dict, Iterator, Optional, Set
 
 from .._format import dump_records as DR
 from .._io import files, locks
@@ -94,16 +95,42 @@ def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Pa
     return final
 
 
+def _stale_entry(final: Path, listed: Set[str], store_root: PathLike) -> Set[str]:
+    """The entries of ``listed`` naming the store at ``store_root`` that were written on this
+    host (an entry of an earlier version, or of a store at the same path on another machine
+    sharing the dump's file system, is not this store's to judge)."""
+    hosts, here = marker_hosts(final), this_host()
+    return {s for s in _listing(listed, store_root) if hosts.get(s) == here}
+
+
+def take_off_stale(final: Path, store_root: PathLike, store_has_restore: bool) -> None:
+    """Under the dump's lock, before a dump by the store at ``store_root``: when
+    ``<dir>.restore`` lists that store (an entry written on this host) and it has no restore
+    of the dump (``store_has_restore`` False), the entry was left by a load that died after
+    its restore was settled or before it began (a kill): no load of the store reads the dump
+    (its loads hold the lock for their whole run), so the entry is taken off (the marker goes
+    with its last entry).  Entries of other stores stay."""
+    if store_has_restore or not os.path.lexists(sibling(final, ".restore")):
+        return
+    listed = read_marker(final)
+    if listed and _stale_entry(final, listed, store_root):
+        log.info("restore marker of %s: taking off the entry of %s, whose load of it ended without taking it off "
+                 "(it has no restore of it)", final, os.path.realpath(os.fspath(store_root)))
+        unmark(final, store_root)
+
+
 def refuse_if_restoring(final: Path, *, store_root: Optional[PathLike] = None, store_has_restore: bool = True) -> None:
     """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists).
-    ``store_root`` is the store asking; when the marker lists it and ``store_has_restore`` is
-    False, the message says that this store's own load ended without taking it off (a part or
-    the process died after its restore was settled: its recover_data_load takes it off).  The
-    entry itself is left: a store elsewhere at the same path (another node's disk) may still
-    have a pending restore of the dump."""
+    ``store_root`` is the store asking; when the marker lists it alone and ``store_has_restore``
+    is False, nothing is raised: the entry is stale, and the dump takes it off under the lock
+    (:func:`take_off_stale`).  Entries of other stores are left: a store elsewhere at the same
+    path (another node's disk) may still have a pending restore of the dump."""
     m = sibling(final, ".restore")
     if os.path.lexists(m):
         listed = read_marker(final)
+        if listed and store_root is not None and not store_has_restore and \
+                not listed - _stale_entry(final, listed, store_root):
+            return  # (only this store's stale entry: the dump takes it off under the lock)
         stores = sorted(listed or ())
         who = f" by the store(s) {', '.join(stores)}" if stores else \
             " (the marker cannot be read: it names no store; remove it by hand once no store's load of the dump " \
@@ -152,11 +179,33 @@ def read_marker(final: Path) -> Optional[Set[str]]:
     return None
 
 
-def _write_marker(final: Path, stores: Set[str]) -> None:
+def marker_hosts(final: Path) -> Dict[str, str]:
+    """The host each entry of ``<dir>.restore`` was written on (``{"hosts": {path: host}}``;
+    entries of earlier versions have none).  Read leniently: {} when there is none."""
+    try:
+        raw = files.read_regular(sibling(final, ".restore"), max_bytes=MARKER_MAX_BYTES)
+        doc = json.loads(bytes(raw)) if raw is not None else None
+    except (OSError, ValueError, RecursionError, files.NotRegularFile):
+        return {}
+    hosts = doc.get("hosts") if isinstance(doc, dict) else None
+    return {k: v for k, v in hosts.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(hosts, dict) else {}
+
+
+def this_host() -> str:
+    """How a marker names the machine an entry was written on (its host name)."""
+    return socket.gethostname()
+
+
+def _write_marker(final: Path, stores: Set[str], hosts: Optional[Dict[str, str]] = None) -> None:
     m = sibling(final, ".restore")
     if stores:
+        doc: Dict[str, Any] = {"stores": sorted(stores)}
+        kept = {s: h for s, h in (hosts or {}).items() if s in stores}
+        if kept:
+            doc["hosts"] = dict(sorted(kept.items()))
         try:
-            files.write_file_atomic(m, json.dumps({"stores": sorted(stores)}).encode() + b"\n")
+            files.write_file_atomic(m, json.dumps(doc).encode() + b"\n")
         except BaseException:
             with contextlib.suppress(OSError):  # (its temporary file; the marker is the old or the new one)
                 files.unlink(m.with_name(m.name + ".tmp"))
@@ -179,8 +228,9 @@ def mark(final: Path, store_root: PathLike) -> None:
                               f"list other stores whose loads of the dump are unresolved, so it is neither rewritten "
                               f"nor removed; check it, and remove it only when no store has a pending restore of "
                               f"that dump (recover_data_load settles one)")
+    me = os.path.realpath(os.fspath(store_root))
     try:
-        _write_marker(final, stores | {os.path.realpath(os.fspath(store_root))})
+        _write_marker(final, stores | {me}, dict(marker_hosts(final), **{me: this_host()}))
     except OSError as e:
         raise CheckpointError(f"writing the restore marker {m} of dump {final} failed: {e}; nothing was "
                               f"loaded") from e
@@ -201,7 +251,7 @@ def unmark(final: Path, store_root: PathLike) -> None:
         return
     mine = _listing(stores, store_root)
     if mine or (not stores and os.path.lexists(sibling(final, ".restore"))):
-        _write_marker(final, stores - mine)
+        _write_marker(final, stores - mine, marker_hosts(final))
 
 
 def _listing(stores: Set[str], store_root: PathLike) -> Set[str]:

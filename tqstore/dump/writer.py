@@ -233,6 +233,9 @@ class DumpJob:
             rows = self.rows()  # before the lock: a bad key leaves nothing behind, not even the lock file
             rows_s = time.perf_counter() - t0
             with P.locked(self.final):
+                ctrl = self.cut.snap.controller  # (a stale entry of this store's own, left by a kill, goes)
+                P.take_off_stale(self.final, self.cut.store_root,
+                                 ctrl is None or any(r.dump == str(self.final) for r in ctrl.restores()))
                 P.refuse_if_restoring(self.final)
                 P.check_target(self.final, live_store=self.cut.store_root)  # still ours to replace?
                 P.repair(self.final, writer=True)
