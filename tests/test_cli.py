@@ -192,3 +192,19 @@ def test_a_store_index_with_a_flipped_byte_is_reported_never_a_crash(tmp_path):
                     (kind, page, command, r.returncode, r.stderr[-500:])
                 seen.add(r.returncode)
     assert EXIT_DAMAGED in seen
+
+
+def test_read_commands_list_and_verify_a_root_that_also_holds_a_stray_file(saved, tmp_path):
+    """A note left in a generation root (an entry no manager puts there): saving into the root
+    is refused, but verify, inspect and ls still read its generations (they write nothing)."""
+    import shutil
+
+    root = tmp_path / "gens"
+    shutil.copytree(saved / "gens", root)
+    (root / "notes.txt").write_text("x")
+    for command in ("verify", "inspect", "ls"):
+        code, out, err = run(command, root)
+        assert code == EXIT_OK and "refusing" not in err and "2" in out, (command, out, err)
+    code, out, _ = run("ls", root, "--json")
+    assert [g["step"] for g in json.loads(out)] == [1, 2]
+    assert (root / "notes.txt").read_text() == "x"

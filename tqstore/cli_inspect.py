@@ -44,7 +44,7 @@ def generation_reports(path: Path, err: TextIO, quick: bool) -> List[Tuple[int, 
     from .checkpoint.manager import CheckpointManager
     from .checkpoint.verify import CheckpointReport, Problem
 
-    m = CheckpointManager(path)
+    m = CheckpointManager.for_reading(path)
     reports = [(s, verify_one(m.path(s), err, quick)) for s in m.steps()]
     for step in m._torn_steps():
         p = m.path(step)
@@ -207,7 +207,7 @@ def root_doc(path: Path) -> Dict[str, Any]:
     from .checkpoint.manager import CheckpointManager
     from .checkpoint.verify import read_manifest
 
-    m = CheckpointManager(path)
+    m = CheckpointManager.for_reading(path)
     gens = []
     for s in m.steps():
         g: Dict[str, Any] = {"step": s, "path": str(m.path(s))}
@@ -400,7 +400,7 @@ def newest_valid_step(path: Path, err: TextIO, quick: bool = False) -> Optional[
     checking from the newest down and stopping at the first valid one; None when none does."""
     from .checkpoint.manager import CheckpointManager
 
-    m = CheckpointManager(path)
+    m = CheckpointManager.for_reading(path)
     for s in sorted(m.steps(), reverse=True):
         if verify_one(m.path(s), err, quick).ok:
             return s

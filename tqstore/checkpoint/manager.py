@@ -115,6 +115,16 @@ class CheckpointManager:
             raise StorageIOError(f"cannot create the checkpoint root {self.root}: {e}") from e
         locks.ensure_lock_file(self.root / LOCK_NAME)  # marks the root (best effort: it may be read-only)
 
+    @classmethod
+    def for_reading(cls, root) -> "CheckpointManager":
+        """A manager of the existing root ``root`` for reading its generations (``steps``,
+        ``path``, verifying; the command line's read commands): it creates nothing, and takes a
+        root that also holds entries no manager puts there (they are no generations, and are
+        left alone), which the constructor refuses to write into."""
+        m = cls.__new__(cls)
+        m.root, m.policy, m.copy_segments, m._store = T.real_path(root), KeepAll(), False, None
+        return m
+
     def __repr__(self) -> str:
         return f"CheckpointManager({str(self.root)!r}, policy={self.policy!r})"
 
