@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import tqstore
 from tqstore.checkpoint import CheckpointFallbackWarning, CheckpointManager
@@ -312,3 +313,17 @@ def test_prune_and_its_dry_run_report_a_torn_generation_it_leaves_the_same_way(t
     real = json.loads(run("prune", root, "--keep", "1", "--json")[1])
     assert dry["deleted"] == real["deleted"] == [1]
     assert dry["kept"] == real["kept"] == [2, 3, 4] and (root / f"step-{3:010d}").exists()
+
+
+def test_prune_and_compact_name_what_the_path_is_when_it_is_not_theirs(tmp_path):
+    """prune of a checkpoint, compact of a checkpoint or of a generation root: exit 2, and the
+    message says what the path is (it said "no MANIFEST.json" of a checkpoint that has one)."""
+    with tqstore.open(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put(["a"], "p", {"x": torch.ones(1, 2)})
+        s.save_checkpoint(tmp_path / "ck")
+        tqstore.CheckpointManager(tmp_path / "gens", store=s).save(1)
+    for argv, says in ((["prune", tmp_path / "ck", "--keep", "1"], "is a checkpoint, not a directory of checkpoint"),
+                       (["compact", tmp_path / "ck"], "is a checkpoint, not a store directory"),
+                       (["compact", tmp_path / "gens"], "is a directory of checkpoint generations, not a store")):
+        code, _out, err = run(*argv)
+        assert code == 2 and says in err and "no MANIFEST.json" not in err, (argv, err)

@@ -123,6 +123,10 @@ def not_a_target(path: Path, kind: str, what: str = "a checkpoint") -> str:
         return f"{path} is a store directory, not {what}"
     if kind == "dump":
         return f"{path} is a selective dump, not {what}"
+    if kind == "checkpoint":
+        return f"{path} is a checkpoint, not {what}"
+    if kind == "root":
+        return f"{path} is a directory of checkpoint generations, not {what}"
     return (f"{path} is neither a checkpoint or dump (no MANIFEST.json), a store (no STORE.json) nor a directory of "
             f"checkpoint generations")
 
