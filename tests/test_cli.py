@@ -208,3 +208,27 @@ def test_read_commands_list_and_verify_a_root_that_also_holds_a_stray_file(saved
     code, out, _ = run("ls", root, "--json")
     assert [g["step"] for g in json.loads(out)] == [1, 2]
     assert (root / "notes.txt").read_text() == "x"
+
+
+@pytest.mark.parametrize("change", [("created_unix", 1e300), ("created_unix", -1e18), ("rows", "x"),
+                                    ("payload_bytes", "x")])
+def test_a_re_signed_manifest_with_values_no_save_writes_is_damage_not_a_traceback(saved, tmp_path, change):
+    """MANIFEST.json edited and re-signed (its checksum recomputed: FORMAT.md says a manifest
+    can be): a creation time no clock shows, a count that is no int.  Every read command says
+    it is malformed (exit 1), naming the member."""
+    import shutil
+
+    from tqstore import _native
+    from tqstore.checkpoint import manifest as M
+
+    ck = tmp_path / "ck"
+    shutil.copytree(saved / "ckpt", ck)
+    doc = json.loads((ck / "MANIFEST.json").read_text())
+    key, value = change
+    (doc if key == "created_unix" else doc["snapshot"])[key] = value
+    doc.pop("manifest_crc32c")
+    doc["manifest_crc32c"] = _native.crc32c(M._canonical(doc))
+    (ck / "MANIFEST.json").write_text(json.dumps(doc, sort_keys=True, indent=1))
+    for command in ("verify", "inspect", "ls"):
+        code, out, err = run(command, ck)
+        assert code == EXIT_DAMAGED and f"'{key}'" in out + err, (command, out, err)

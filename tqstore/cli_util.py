@@ -29,7 +29,10 @@ def human(n: float) -> str:
 
 def when(t: Optional[float]) -> str:
     """A unix time as local ``YYYY-mm-dd HH:MM:SS`` (``?`` when unknown)."""
-    return "?" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    try:
+        return "?" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    except (OverflowError, OSError, ValueError, TypeError):  # (a time no clock shows: a hand-edited file)
+        return "?"
 
 
 class Progress:

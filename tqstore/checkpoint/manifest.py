@@ -172,6 +172,12 @@ def build(*, created_unix: float, include_storage: bool, num_units: int, snapsho
     return (json.dumps(body, sort_keys=True, indent=1, allow_nan=False) + "\n").encode("ascii")
 
 
+#: the largest ``created_unix`` a reader takes (the year 5138); the counts of ``snapshot`` that
+#: must be ints >= 0 when present
+CREATED_MAX = 1e11
+SNAPSHOT_COUNTS = ("rows", "partitions", "next_gidx", "frames", "payload_bytes", "segments")
+
+
 def _bad(msg: str, path: str) -> CorruptionError:
     return CorruptionError(f"{MANIFEST_NAME} is malformed: {msg}", path=path)
 
@@ -268,8 +274,11 @@ def parse(data: bytes, *, path: str = MANIFEST_NAME) -> Manifest:
     if not isinstance(snapshot, dict) or not isinstance(metadata, dict):
         raise _bad("'snapshot' and 'metadata' must be objects", path)
     created = d.get("created_unix")
-    if not isinstance(created, (int, float)) or isinstance(created, bool):
-        raise _bad("'created_unix' must be a number", path)
+    if not isinstance(created, (int, float)) or isinstance(created, bool) or not 0 <= created < CREATED_MAX:
+        raise _bad(f"'created_unix' must be a number of seconds in [0, {CREATED_MAX:.0e}), got {created!r:.40}", path)
+    for k in SNAPSHOT_COUNTS:  # (the counts a save records: readers print and sum them)
+        if k in snapshot:
+            _int(snapshot, k, path)
     flist = d.get("files")
     if not isinstance(flist, list):
         raise _bad("'files' must be a list", path)
