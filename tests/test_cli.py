@@ -232,3 +232,25 @@ def test_a_re_signed_manifest_with_values_no_save_writes_is_damage_not_a_traceba
     for command in ("verify", "inspect", "ls"):
         code, out, err = run(command, ck)
         assert code == EXIT_DAMAGED and f"'{key}'" in out + err, (command, out, err)
+
+
+def test_a_store_with_a_directory_where_a_file_belongs_is_damaged_exit_1(saved, tmp_path):
+    """A segment replaced by a directory: the open names it (nothing removed or mapped) and
+    verify exits 1; CURRENT a directory: inspect and ls exit 1 (unreadable), not 2 (usage)."""
+    import shutil
+
+    seg_dir = tmp_path / "seg"
+    shutil.copytree(saved / "store", seg_dir)
+    seg = sorted(seg_dir.glob("state-*/unit-000/seg-*.tqs"))[0]
+    seg.unlink()
+    seg.mkdir()
+    code, out, err = run("verify", seg_dir)
+    assert code == EXIT_DAMAGED and "is not a regular file" in err and seg.name in err, (out, err)
+    assert seg.is_dir()
+    cur_dir = tmp_path / "cur"
+    shutil.copytree(saved / "store", cur_dir)
+    (cur_dir / "CURRENT").unlink()
+    (cur_dir / "CURRENT").mkdir()
+    for command in ("inspect", "ls", "verify"):
+        code, out, err = run(command, cur_dir)
+        assert code == EXIT_DAMAGED and "Traceback" not in err, (command, out, err)

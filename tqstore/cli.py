@@ -187,4 +187,6 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
         return EXIT_USAGE
     except (TqstoreError, OSError) as e:
         err.write(f"error: {e}\n")
-        return EXIT_DAMAGED if isinstance(e, CorruptionError) else EXIT_USAGE
+        # damaged, or unreadable (a system call failed: permissions, a directory where a file
+        # belongs, a full disk); any other error is the call's (usage)
+        return EXIT_DAMAGED if isinstance(e, (CorruptionError, OSError)) else EXIT_USAGE

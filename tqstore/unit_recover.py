@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, Tuple
@@ -98,6 +99,10 @@ def recover(unit: "Unit") -> None:
     unit._maybe_dead.update(segs)  # the first change after opening looks at every segment
     on_disk = {parse_segment_name(n): n for n in files.listdir(unit.path)}
     on_disk.pop(None, None)
+    for name in on_disk.values():  # (a segment's name on something else: nothing is removed or mapped)
+        if not stat.S_ISREG(os.lstat(unit.path / name).st_mode):
+            raise CorruptionError(f"unit {unit.unit_id}: segment {name} is not a regular file (a directory, a "
+                                  f"symbolic link or a device); nothing was removed", path=str(unit.path / name))
     for seg_id, name in on_disk.items():
         if seg_id not in segs:
             log.info("unit %d: removing segment %s not named by the index", unit.unit_id, name)
