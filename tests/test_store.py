@@ -778,3 +778,34 @@ def test_a_store_created_but_never_written_opens_without_its_index_files(tmp_pat
     with Store(path) as s:
         s.write("p", {"x": np.arange(4, dtype=np.int64).reshape(2, 2)}, keys=["a", "b"])
         assert s.num_units == 2
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB file system (a tmpfs; root only, skipped otherwise), unmounted after."""
+    d = tmp_path / "small"
+    d.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(d)],
+                                           capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here: no small file system to fill")
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], capture_output=True)
+
+
+def test_a_put_on_a_full_disk_says_the_disk_may_be_full_and_loses_nothing(small_disk):
+    """Puts until the disk is full: the failing put raises StorageIOError whose message says the
+    file system is (nearly) full (LMDB reports a write cut short as an I/O error, which reads as
+    failing hardware); the last acknowledged row reads back."""
+    path = small_disk / "s"
+    done = []
+    with Store(path, num_units=2) as s:
+        with pytest.raises(StorageIOError) as e:
+            for i in range(10_000):
+                s.write("p", {"x": np.full((4, 4096), i, dtype=np.int64)}, keys=[f"k{i}-{j}" for j in range(4)])
+                done.append(i)
+        assert "may be full" in str(e.value), str(e.value)
+        assert len(done) > 10
+        got = s.read("p", s.controller.resolve_keys("p", [f"k{done[-1]}-0"]), ["x"])
+        assert int(np.asarray(got["x"]).reshape(-1)[0]) == done[-1]

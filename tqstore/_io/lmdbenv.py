@@ -75,9 +75,25 @@ def wrap_errors(what: str, path) -> Iterator[None]:
         raise CapacityError(f"{what}: LMDB index at {path} is full; raise the 'index_map_bytes' setting",
                             setting="index_map_bytes") from e
     except lmdb.Error as e:
-        raise StorageIOError(f"{what}: LMDB error in {path}: {e}") from e
+        raise StorageIOError(f"{what}: LMDB error in {path}: {e}{_space_note(path)}") from e
     except OSError as e:
-        raise StorageIOError(f"{what} failed in {path}: {e}") from e
+        raise StorageIOError(f"{what} failed in {path}: {e}{_space_note(path)}") from e
+
+
+#: free bytes under which an I/O error's message says the file system is (nearly) full
+LOW_SPACE_BYTES = 64 << 20
+
+
+def _space_note(path) -> str:
+    """``"; the file system ... is full"`` when the one holding ``path`` has less than
+    :data:`LOW_SPACE_BYTES` free (LMDB reports a write cut short by a full disk as an
+    "Input/output error", which reads as failing hardware), else ``""``."""
+    try:
+        st = os.statvfs(os.fspath(path))
+    except (OSError, TypeError, ValueError):
+        return ""
+    free = st.f_bavail * st.f_frsize
+    return f" (its file system has {free} bytes free: it may be full)" if free < LOW_SPACE_BYTES else ""
 
 
 def lmdb_commit_point(name: str) -> None:
