@@ -127,3 +127,19 @@ def resign_manifest(ckpt: Path, d: dict) -> None:
     d = {k: v for k, v in d.items() if k != "manifest_crc32c"}
     d["manifest_crc32c"] = _native.crc32c(M._canonical(d))
     rewrite(Path(ckpt) / M.MANIFEST_NAME, (json.dumps(d, sort_keys=True, indent=1) + "\n").encode())
+
+
+def open_files_under(root: Path, *, mapped: bool = False) -> list:
+    """Files under ``root`` this process holds open (``/proc/self/fd``), and with ``mapped`` the
+    lines of ``/proc/self/maps`` naming a file under it."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith(str(root)):
+            out.append(target)
+    if mapped:
+        out = sorted(out) + [line for line in Path("/proc/self/maps").read_text().splitlines() if str(root) in line]
+    return out

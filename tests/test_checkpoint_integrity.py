@@ -22,7 +22,7 @@ from tqstore import CheckpointError, CorruptionError
 from tqstore._io import failpoints as fp
 from tqstore.checkpoint import resolve_checkpoint_dir, verify_checkpoint
 
-from checkpoint_helpers import first_segment, flip_byte, payload_offset_of_first_frame, rewrite, state, truncate, fill
+from checkpoint_helpers import first_segment, open_files_under, flip_byte, payload_offset_of_first_frame, rewrite, state, truncate, fill
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -304,17 +304,6 @@ def test_checkpoint_scans_check_exact_extents_padding_and_versions(pristine, liv
             s.load_checkpoint(ckpt)
 
 
-def _open_files_under(root: Path):
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(root)):
-            out.append(target)
-    return out
-
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 def test_a_load_failing_after_the_staged_controller_opened_closes_it_and_the_next_load_succeeds(
@@ -380,7 +369,7 @@ def _a_failed_load_changes_nothing(live, pristine, monkeypatch, match: str) -> N
         live.load_checkpoint(pristine[0])
     assert state(live) == before and live.state_dir == state_dir
     assert [p.name for p in live.root.glob("state-*")] == [state_dir.name]
-    assert not [p for p in _open_files_under(live.root) if state_dir.name not in p and not p.endswith("LOCK")]
+    assert not [p for p in open_files_under(live.root) if state_dir.name not in p and not p.endswith("LOCK")]
     monkeypatch.undo()
     live.load_checkpoint(pristine[0])
     assert state(live) == pristine[1]

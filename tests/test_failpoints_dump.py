@@ -28,6 +28,7 @@ from tqstore.store import Store
 
 from crash.model import store_state
 from crash.scenarios import SEG, batch
+from checkpoint_helpers import open_files_under
 from failpoint_helpers import FAULT_NAMES, fail_each_occurrence, names_the_fault
 
 @pytest.fixture(autouse=True)
@@ -281,19 +282,6 @@ def test_a_load_that_cannot_undo_its_writes_stays_cancelled_and_recover_says_so(
         assert s.load_data_by_key(tmp_path / "dump")["keys"] == 6
 
 
-def _open_files_under(root: Path) -> list:
-    out = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith(str(root)):
-            out.append(target)
-    maps = [line for line in Path("/proc/self/maps").read_text().splitlines() if str(root) in line]
-    return sorted(out) + maps
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_a_failed_dump_leaves_no_segment_open_or_mapped_after_close(tmp_path):
     """A dump whose shard write fails (a full disk): the error (kept by the caller, with its
@@ -309,4 +297,4 @@ def test_a_failed_dump_leaves_no_segment_open_or_mapped_after_close(tmp_path):
         fp.disarm()
     s.close()
     assert e.value.__traceback__ is not None  # (the error is still held)
-    assert _open_files_under(tmp_path / "s") == []
+    assert open_files_under(tmp_path / "s", mapped=True) == []
