@@ -172,30 +172,10 @@ def open_store(path: Path, what: str):
 
 def walk_store_indexes(path: Path, *, units: bool) -> None:
     """Before this process maps a store's LMDB files (``units``: the unit indexes too, else the
-    controller's alone): walk them in a child process (:mod:`tqstore._io.lmdbwalk`), since a
-    damaged page makes LMDB's reader die of SIGBUS, which no ``try`` catches.  A problem raises
-    :class:`CliDamaged` naming the file.  Skipped while the store is open in another process
-    (its indexes are live; the walk takes no reader slot) and when it has no state yet."""
-    from . import layout_dirs as L
-    from ._io import locks
-    from ._io.lmdbwalk import LmdbWalk
+    controller's alone): walk them in a child process (:mod:`tqstore.store_check`); a problem
+    raises :class:`CliDamaged` naming the file."""
+    from .store_check import index_walk_problems
 
-    d, cur = L.read_store_file(path), L.read_current(path)
-    if d is None or cur is None or not (path / cur).is_dir():
-        return  # (the open or the decoder says what is wrong)
-    try:
-        fd = locks.lock_exclusive_nowait(path / "LOCK")
-    except OSError:  # held (BlockingIOError), or not ours to take
-        return
-    try:
-        state = path / cur
-        targets = [(L.controller_dir(state), "controller")]
-        if units:
-            targets += [(L.unit_dir(state, i) / "index", "unit_index") for i in range(int(d.get("num_units") or 0))]
-        targets = [(str(t), schema) for t, schema in targets if (t / "data.mdb").is_file()]
-        problems = LmdbWalk(targets).result() if targets else []
-    finally:
-        locks.unlock(fd)
+    problems = index_walk_problems(path, units=units)
     if problems:
-        p = problems[0]
-        raise CliDamaged(f"{p.path}: {p.message}")
+        raise CliDamaged("{}: {}".format(*problems[0]))

@@ -1,0 +1,44 @@
+"""Walking a store's LMDB index files out of process before this process maps them.
+
+LMDB follows the page numbers it finds in its file: a damaged page makes the reading
+*process* die of SIGBUS, which no ``try`` catches.  The command line's read commands
+(verify, compact, inspect, ls) take stores from anywhere, so before they map one's indexes,
+:func:`index_walk_problems` has a child process walk them (:mod:`tqstore._io.lmdbwalk`: every
+entry of every database, checked against the file's schema); a crash of the child is a
+problem of the file it walked.  A store open in another process is not walked: its indexes
+are live, and the walk takes no reader slot.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Tuple
+
+from . import layout_dirs as L
+from ._io import locks
+from ._io.lmdbwalk import LmdbWalk
+
+
+def index_walk_problems(root: Path, *, units: bool) -> List[Tuple[str, str]]:
+    """``(file, problem)`` of the store at ``root``'s controller index (and with ``units``
+    every unit index) walked in a child process; empty when they read clean, when the store
+    is open elsewhere (its ``LOCK`` held) or has no state yet (its open or decoder says what
+    is wrong).  Raises nothing for a damaged file."""
+    d, cur = L.read_store_file(root), L.read_current(root)
+    if d is None or cur is None or not (root / cur).is_dir():
+        return []
+    try:
+        fd = locks.lock_exclusive_nowait(root / "LOCK")
+    except OSError:  # held (BlockingIOError), or not ours to take
+        return []
+    try:
+        state = root / cur
+        targets = [(L.controller_dir(state), "controller")]
+        if units:
+            targets += [(L.unit_dir(state, i) / "index", "unit_index") for i in range(int(d.get("num_units") or 0))]
+        targets = [(str(t), schema) for t, schema in targets if (t / "data.mdb").is_file()]
+        return [(p.path, p.message) for p in LmdbWalk(targets).result()] if targets else []
+    finally:
+        locks.unlock(fd)
+
+
+__all__ = ["index_walk_problems"]
