@@ -436,8 +436,8 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
                 if u not in dict(errors) and new:
                     try:
                         self.units[u].delete([g for g in per_unit[u][1] if g in new])
-                    except TqstoreError:
-                        log.exception("could not undo a partial write on unit %d (reopen reconciles it)", u)
+                    except TqstoreError as e:  # (the put's own error is raised: this one is logged, no traceback)
+                        log.error("could not undo a partial write on unit %d (reopen reconciles it): %s", u, e)
             u, e = errors[0]
             if isinstance(e, TqstoreError):
                 raise e

@@ -30,10 +30,10 @@ class UndoSettling:
         for u in (range(self.num_units) if units is None else units):
             try:
                 self.units[u].settle(token, committed=committed)
-            except TqstoreError:
+            except TqstoreError as e:  # (logged without a traceback: the put raises its own error)
                 self._unsettled = True
-                log.exception("unit %d: could not settle put %d (settled before the next put or clear, or on "
-                              "reopen)", u, token)
+                log.error("unit %d: could not settle put %d (settled before the next put or clear, or on reopen): %s",
+                          u, token, e)
 
     def _settle_undo(self) -> None:
         """Settle undo records left by a crash or a failed settle: committed iff the controller
