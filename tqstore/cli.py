@@ -93,10 +93,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print a JSON document on stdout")
 
     v = _add(sub, "verify", "check a store, a checkpoint, every generation of a root, or a dump",
-             "Check PATH (checkpoints, roots and dumps are only read). A checkpoint: its manifest and checksum, every listed "
+             "Check PATH (checkpoints, roots and dumps are only read; their lock files are created when missing). "
+             "A checkpoint: its manifest and checksum, every listed "
              "file's presence, size and CRC32C, no unlisted files and (unless --quick) the indexes and every "
              "indexed frame against its CRC32C. A generation root: every generation (one without MANIFEST.json "
-             "counts as damaged). A store: opens it (its crash recovery runs and repairs it, as at any open, so "
+             "counts as damaged). A store: walks its index files in a child process (a damaged LMDB page is "
+             "reported, not fatal), then opens it (its crash recovery runs and repairs it, as at any open, so "
              "what recovery dropped is reported by the first verify only; it must not be open elsewhere), checks "
              "every stored frame and decodes the controller's index. A dump: every shard "
              "frame. One line per problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
