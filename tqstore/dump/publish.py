@@ -26,7 +26,7 @@ import logging
 import os
 import socket
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Set
+from typing import Any, Dict, Iterator, Optional, Set, Tuple
 
 from .._format import dump_records as DR
 from .._io import files, locks
@@ -95,11 +95,11 @@ def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Pa
     return final
 
 
-def _stale_entry(final: Path, listed: Set[str], store_root: PathLike) -> Set[str]:
+def _stale_entry(listed: Set[str], hosts: Dict[str, str], store_root: PathLike) -> Set[str]:
     """The entries of ``listed`` naming the store at ``store_root`` that were written on this
-    host (an entry of an earlier version, or of a store at the same path on another machine
-    sharing the dump's file system, is not this store's to judge)."""
-    hosts, here = marker_hosts(final), this_host()
+    host (``hosts``; an entry of an earlier version, or of a store at the same path on another
+    machine sharing the dump's file system, is not this store's to judge)."""
+    here = this_host()
     return {s for s in _listing(listed, store_root) if hosts.get(s) == here}
 
 
@@ -112,8 +112,8 @@ def take_off_stale(final: Path, store_root: PathLike, store_has_restore: bool) -
     with its last entry).  Entries of other stores stay."""
     if store_has_restore or not os.path.lexists(sibling(final, ".restore")):
         return
-    listed = read_marker(final)
-    if listed and _stale_entry(final, listed, store_root):
+    listed, hosts = read_marker_entries(final)
+    if listed and _stale_entry(listed, hosts, store_root):
         log.info("restore marker of %s: taking off the entry of %s, whose load of it ended without taking it off "
                  "(it has no restore of it)", final, os.path.realpath(os.fspath(store_root)))
         unmark(final, store_root)
@@ -127,9 +127,9 @@ def refuse_if_restoring(final: Path, *, store_root: Optional[PathLike] = None, s
     path (another node's disk) may still have a pending restore of the dump."""
     m = sibling(final, ".restore")
     if os.path.lexists(m):
-        listed = read_marker(final)
+        listed, hosts = read_marker_entries(final)
         if listed and store_root is not None and not store_has_restore and \
-                not listed - _stale_entry(final, listed, store_root):
+                not listed - _stale_entry(listed, hosts, store_root):
             return  # (only this store's stale entry: the dump takes it off under the lock)
         stores = sorted(listed or ())
         who = f" by the store(s) {', '.join(stores)}" if stores else \
@@ -159,37 +159,33 @@ def read_marker(final: Path) -> Optional[Set[str]]:
     that), logged: its list is unknown, so it must be neither rewritten nor removed.  Both
     forms are read: ``{"stores": [path, ...]}`` and the one-store ``{"store": path}`` of
     earlier versions."""
+    return read_marker_entries(final)[0]
+
+
+def read_marker_entries(final: Path) -> Tuple[Optional[Set[str]], Dict[str, str]]:
+    """``(stores, hosts)`` of ``<dir>.restore``: :func:`read_marker`'s answer, and the host each
+    entry was written on (``"hosts": {path: host}``; none for entries of earlier versions)."""
     m = sibling(final, ".restore")
     try:
         raw = files.read_regular(m, max_bytes=MARKER_MAX_BYTES)
         if raw is None and not os.path.lexists(m):
-            return set()
+            return set(), {}
         doc = json.loads(bytes(raw)) if raw is not None else None
     except FileNotFoundError:
-        return set()
+        return set(), {}
     except (OSError, ValueError, RecursionError, files.NotRegularFile) as e:
         log.warning("restore marker %s cannot be read (%s)", m, e)
-        return None
+        return None, {}
+    hosts = doc.get("hosts") if isinstance(doc, dict) else None
+    hosts = {k: v for k, v in hosts.items() if isinstance(k, str) and isinstance(v, str)} \
+        if isinstance(hosts, dict) else {}
     if isinstance(doc, dict) and isinstance(doc.get("stores"), list) and \
             all(isinstance(x, str) for x in doc["stores"]):
-        return set(doc["stores"])
+        return set(doc["stores"]), hosts
     if isinstance(doc, dict) and isinstance(doc.get("store"), str):
-        return {doc["store"]}
+        return {doc["store"]}, {}
     log.warning("restore marker %s is not a marker (or holds more than %d bytes)", m, MARKER_MAX_BYTES)
-    return None
-
-
-def marker_hosts(final: Path) -> Dict[str, str]:
-    """The host each entry of ``<dir>.restore`` was written on (``{"hosts": {path: host}}``;
-    entries of earlier versions have none).  Read leniently: {} when there is none."""
-    try:
-        raw = files.read_regular(sibling(final, ".restore"), max_bytes=MARKER_MAX_BYTES)
-        doc = json.loads(bytes(raw)) if raw is not None else None
-    except (OSError, ValueError, RecursionError, files.NotRegularFile):
-        return {}
-    hosts = doc.get("hosts") if isinstance(doc, dict) else None
-    return {k: v for k, v in hosts.items() if isinstance(k, str) and isinstance(v, str)} \
-        if isinstance(hosts, dict) else {}
+    return None, {}
 
 
 def this_host() -> str:
@@ -221,7 +217,7 @@ def mark(final: Path, store_root: PathLike) -> None:
     cannot be read (:func:`read_marker`): rewriting it could drop another store's pending
     load from it; CheckpointError too when the marker cannot be written (the marker is then
     the old one or the new one)."""
-    stores = read_marker(final)
+    stores, hosts = read_marker_entries(final)
     m = sibling(final, ".restore")
     if stores is None:
         raise CheckpointError(f"the restore marker {m} of dump {final} cannot be read as one (see the log): it may "
@@ -230,7 +226,7 @@ def mark(final: Path, store_root: PathLike) -> None:
                               f"that dump (recover_data_load settles one)")
     me = os.path.realpath(os.fspath(store_root))
     try:
-        _write_marker(final, stores | {me}, dict(marker_hosts(final), **{me: this_host()}))
+        _write_marker(final, stores | {me}, dict(hosts, **{me: this_host()}))
     except OSError as e:
         raise CheckpointError(f"writing the restore marker {m} of dump {final} failed: {e}; nothing was "
                               f"loaded") from e
@@ -244,14 +240,14 @@ def unmark(final: Path, store_root: PathLike) -> None:
     it may list other stores.  Called under the dump's lock."""
     root = os.fspath(store_root)
     me = os.path.realpath(root)
-    stores = read_marker(final)
+    stores, hosts = read_marker_entries(final)
     if stores is None:
         log.warning("restore marker %s left in place: it cannot be read, and may list other stores than %s",
                     sibling(final, ".restore"), me)
         return
     mine = _listing(stores, store_root)
     if mine or (not stores and os.path.lexists(sibling(final, ".restore"))):
-        _write_marker(final, stores - mine, marker_hosts(final))
+        _write_marker(final, stores - mine, hosts)
 
 
 def _listing(stores: Set[str], store_root: PathLike) -> Set[str]:
