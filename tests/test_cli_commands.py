@@ -327,3 +327,41 @@ def test_prune_and_compact_name_what_the_path_is_when_it_is_not_theirs(tmp_path)
                        (["compact", tmp_path / "gens"], "is a directory of checkpoint generations, not a store")):
         code, _out, err = run(*argv)
         assert code == 2 and says in err and "no MANIFEST.json" not in err, (argv, err)
+
+
+@pytest.mark.skipif(not HAS_DUMP, reason="this build has no selective dumps")
+def test_a_command_waiting_for_a_lock_held_elsewhere_says_so_then_finishes(tmp_path, caplog):
+    """A verify of a dump whose lock another holder has (a dump or load of that path in
+    progress) waits, and says on stderr what it waits for at once, not after it; the library
+    logs the same at INFO (a trainer's save that seems stuck behind another process)."""
+    import fcntl
+    import os
+    import threading
+    import time
+
+    with tqstore.open(tmp_path / "s") as s:
+        keys = fill(s, "train", 4)
+        s.dump_data_by_key(tmp_path / "d", keys, "train")
+    fd = os.open(tmp_path / "d.lock", os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # (another open file description: conflicts as another process would)
+    out, err, res = io.StringIO(), io.StringIO(), []
+    t = threading.Thread(target=lambda: res.append(main(["verify", str(tmp_path / "d")], out=out, err=err)))
+    try:
+        t.start()
+        deadline = time.monotonic() + 30
+        while "note: waiting for the lock" not in err.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "note: waiting for the lock" in err.getvalue() and str(tmp_path / "d.lock") in err.getvalue()
+        assert t.is_alive() and not res and out.getvalue() == ""  # still waiting, nothing verified yet
+    finally:
+        os.close(fd)
+        t.join(60)
+    assert res == [EXIT_OK] and "ok" in out.getvalue()
+    with open(tmp_path / "d.lock", "rb") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        with caplog.at_level("INFO", logger="tqstore"), tqstore.open(tmp_path / "s") as s:
+            h = threading.Timer(0.5, fcntl.flock, (f.fileno(), fcntl.LOCK_UN))
+            h.start()
+            s.dump_data_by_key(tmp_path / "d", keys[:2], "train")
+            h.join()
+    assert any("waiting for the lock" in r.getMessage() for r in caplog.records)

@@ -93,7 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true", help="print a JSON document on stdout")
 
     v = _add(sub, "verify", "check a store, a checkpoint, every generation of a root, or a dump",
-             "Check PATH (checkpoints, roots and dumps are only read; their lock files are created when missing). "
+             "Check PATH (checkpoints, roots and dumps are only read; their lock files are created when missing; "
+             "while a save, dump, load or prune of PATH holds its lock, waits for it, saying so on stderr). "
              "A checkpoint: its manifest and checksum, every listed "
              "file's presence, size and CRC32C, no unlisted files and (unless --quick) the indexes and every "
              "indexed frame against its CRC32C. A generation root: every generation (one without MANIFEST.json "
@@ -167,8 +168,11 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
     if not args.command:
         parser.print_help(out)
         return EXIT_USAGE
+    from .checkpoint import telling_waits  # (here: --help and usage errors import no engine)
+
     try:
-        return _commands()[args.command](args, out, err)
+        with telling_waits(lambda note: _note(err, note)):
+            return _commands()[args.command](args, out, err)
     except KeyboardInterrupt:
         err.write("interrupted\n")
         return 130
@@ -192,3 +196,12 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
         # damaged, or unreadable (a system call failed: permissions, a directory where a file
         # belongs, a full disk); any other error is the call's (usage)
         return EXIT_DAMAGED if isinstance(e, (CorruptionError, OSError)) else EXIT_USAGE
+
+
+def _note(err: TextIO, note: str) -> None:
+    """Write ``note: ...`` to stderr at once (a command blocked on a lock says what it waits for)."""
+    try:
+        err.write(f"note: {note}\n")
+        err.flush()
+    except (OSError, ValueError):
+        pass

@@ -25,7 +25,7 @@ import errno
 import fcntl
 import logging
 import os
-from typing import Iterator, Optional, Union
+from typing import Callable, Iterator, List, Optional, Union
 
 from . import failpoints as fp
 
@@ -60,7 +60,8 @@ def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
 
 @contextlib.contextmanager
 def flocked(path: PathLike, *, shared: bool = False, read_only_ok: bool = False) -> Iterator[bool]:
-    """Hold an flock on the lock file ``path`` (blocking) for the ``with`` body.
+    """Hold an flock on the lock file ``path`` (blocking; when it must wait, an INFO record
+    says so first) for the ``with`` body.
 
     Yields True when the lock is held, False when a shared lock (or an exclusive one with
     ``read_only_ok``) was skipped (see the module docstring).  Failpoint ``lock_open``.
@@ -77,7 +78,7 @@ def flocked(path: PathLike, *, shared: bool = False, read_only_ok: bool = False)
         return
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            _flock_waiting(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, path)
         except OSError as e:
             # (EBADF: an exclusive flock through a read-only descriptor where flock is
             # emulated with POSIX locks, as on NFS)
@@ -89,6 +90,38 @@ def flocked(path: PathLike, *, shared: bool = False, read_only_ok: bool = False)
         yield True
     finally:
         os.close(fd)
+
+
+def _flock_waiting(fd: int, op: int, path: PathLike) -> None:
+    """``flock(fd, op)``, blocking; when the lock is held elsewhere, one INFO record (and the
+    listeners of :func:`telling_waits`) say what the call waits for first, so a caller that
+    seems stuck behind another process's save, dump or load is not left guessing."""
+    try:
+        fcntl.flock(fd, op | fcntl.LOCK_NB)
+        return
+    except OSError as e:
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+    note = (f"waiting for the lock {path}: another process or call holds it (a save, dump, load or prune of "
+            f"that path in progress)")
+    log.info("%s", note)
+    for tell in list(_WAIT_LISTENERS):
+        tell(note)
+    fcntl.flock(fd, op)
+
+
+_WAIT_LISTENERS: List[Callable[[str], None]] = []
+
+
+@contextlib.contextmanager
+def telling_waits(tell: Callable[[str], None]) -> Iterator[None]:
+    """For the ``with`` body, call ``tell(note)`` whenever a :func:`flocked` lock must wait for
+    another holder (the command-line tool writes the note to stderr)."""
+    _WAIT_LISTENERS.append(tell)
+    try:
+        yield
+    finally:
+        _WAIT_LISTENERS.remove(tell)
 
 
 def lock_exclusive_nowait(path: PathLike) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, Optional
 
 from .._gilswitch import quick_handoff
+from .._io.locks import telling_waits  # (for the command line: a wait on a path's lock said on stderr)
 from ..running_loads import waits_for_running_loads
 from .loader import LoadInfo
 from .manager import CheckpointFallbackWarning, CheckpointManager
