@@ -7,7 +7,7 @@ function, counts.  Layers, and what each may import besides its own layer:
 =============  ============================================================  ==========================
 layer          modules                                                        may import
 =============  ============================================================  ==========================
-base           ``errors``, ``_version``                                       nothing of tqstore
+base           ``errors``, ``_version``, ``_interrupts``                      nothing of tqstore
 native         ``_native/*`` (record hot path, C or pure Python)              base
 format         ``_format/*`` (bytes in, objects out; never opens a file)      native, base
 io             ``_io/*`` (every syscall, LMDB envs, failpoints)               format, native, base
@@ -76,7 +76,7 @@ PKG = Path(__file__).resolve().parents[1] / "tqstore"
 
 # (layer, module-name prefixes, without the leading "tqstore.")
 LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
-    ("base", ("errors", "_version")),
+    ("base", ("errors", "_version", "_interrupts")),
     ("native", ("_native",)),
     ("format", ("_format",)),
     ("io", ("_io",)),

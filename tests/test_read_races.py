@@ -258,3 +258,91 @@ def test_row_shapes_racing_a_load_that_fails_at_its_commit_are_the_old_ones(tmp_
             dst.load_data_by_key(dump)
         seen["reader"].join(10)
         assert seen["shapes"] == {"x": [(5,), (5,)]}
+
+
+# ------------------------------------------------------------------ a checkpoint load (the whole state switched)
+def _two_checkpoints(s, tmp_path):
+    """Checkpoints A (keys a0..a7, values 1000+i) and B (b0..b7, 2000+i) whose rows share
+    their global indexes; the store holds A's state afterwards."""
+    a, b = [f"a{i}" for i in range(8)], [f"b{i}" for i in range(8)]
+    s.kv_batch_put(a, "p", fields={"x": torch.arange(8).reshape(8, 1) + 1000})
+    s.save_checkpoint(tmp_path / "A")
+    g = s.controller.resolve_keys("p", ["a5"])
+    s.kv_clear(a, "p")
+    s.kv_batch_put(b, "p", fields={"x": torch.arange(8).reshape(8, 1) + 2000})
+    assert s.controller.resolve_keys("p", ["b5"]) == g  # (the rows share their global indexes)
+    s.save_checkpoint(tmp_path / "B")
+    s.load_checkpoint(tmp_path / "A")
+    return a, b
+
+
+def test_kv_get_racing_a_checkpoint_load_never_returns_the_loaded_rows_payload(tmp_path):
+    """The controller answered from the replaced state (a5 at global index 5); the load
+    switches to B, whose b5 lies at index 5: the read tries again and finds a5 gone."""
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        _two_checkpoints(s, tmp_path)
+        assert s.kv_batch_get(["a5"], "p")["x"].tolist() == [[1005]]
+        state = _race_once(s, lambda: s.load_checkpoint(tmp_path / "B"))
+        with pytest.raises(KeyNotFoundError):
+            s.kv_batch_get(["a5"], "p")
+        assert state["done"]
+        assert s.kv_batch_get(["b5"], "p")["x"].tolist() == [[2005]]
+
+
+def _pause_in_unit_reads(store):
+    """Pause the next unit read (inside the unit's read, its index lookup begun) of ``store``'s
+    current units until ``go`` is set; ``inside`` is set once a read is paused there."""
+    inside, go, once = threading.Event(), threading.Event(), []
+    for u in store.units:
+        orig = u.locs.get
+
+        def get(*a, _orig=orig, **kw):
+            if not once:
+                once.append(1)
+                inside.set()
+                assert go.wait(30)
+            return _orig(*a, **kw)
+
+        u.locs.get = get
+    return inside, go
+
+
+def test_a_checkpoint_load_waits_for_a_unit_read_it_would_close_and_the_read_tries_again(tmp_path):
+    """Closing a unit's index under a read of another thread crashed the process or raised
+    lmdb.Error: the switch now waits for the read, which then tries again (never B's value)."""
+    with tq.open(tmp_path / "s", num_units=2) as s:
+        _two_checkpoints(s, tmp_path)
+        inside, go = _pause_in_unit_reads(s)
+        got = []
+
+        def read():
+            try:
+                got.append(s.kv_batch_get(["a5"], "p")["x"].tolist())
+            except BaseException as e:  # noqa: BLE001 - asserted below
+                got.append(e)
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        assert inside.wait(30)
+        loader = threading.Thread(target=s.load_checkpoint, args=(tmp_path / "B",))
+        loader.start()
+        loader.join(0.5)
+        assert loader.is_alive()  # the switch waits for the read on the unit it closes
+        go.set()
+        loader.join(60)
+        reader.join(60)
+        assert not loader.is_alive() and not reader.is_alive()
+        assert len(got) == 1 and isinstance(got[0], KeyNotFoundError), got
+        assert s.kv_batch_get(["b5"], "p")["x"].tolist() == [[2005]]
+        assert s.verify() == []
+
+
+def test_a_read_of_a_closed_unit_raises_store_closed_not_an_lmdb_error(tmp_path):
+    s = tq.open(tmp_path / "s", num_units=2)
+    s.kv_batch_put(["a"], "p", fields=_val(1))
+    u = s.units[0]
+    s.close()
+    with pytest.raises(tq.StoreClosedError):
+        u.lookup([0], ["x"])
+    with pytest.raises(tq.StoreClosedError):
+        u.keys()

@@ -20,6 +20,12 @@ A load by key marks the window from its units' publish to the controller's commi
 a read racing it tries again and then waits for the write lock, so it never returns a
 restored payload that is not committed (and may never be).
 
+A checkpoint load (:func:`tqstore.state_switch.install_state`) marks its switch, from closing
+the replaced state's units and controller to the data plane's use of the new ones, as a
+removal too: a read whose controller answer came from the replaced state tries again (a
+unit closed under it raises ``StoreClosedError``, which counts as overlapped), so it never
+returns a loaded row's payload under a replaced row's global index.
+
 Puts that overwrite fields are not removals: as documented (docs/FORMAT.md, "Undo
 records"), a read racing an overwriting put may see new values on some units and old ones
 on others.
@@ -38,7 +44,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, ContextManager, Iterator, TypeVar
 
-from .errors import CorruptionError, FieldNotFoundError
+from .errors import CorruptionError, FieldNotFoundError, StoreClosedError
 
 T = TypeVar("T")
 
@@ -78,7 +84,7 @@ class RemovalGuard:
 
         Raises what ``attempt`` raises: ``KeyNotFoundError`` / ``PartitionNotFoundError`` when
         the controller says the rows are gone; ``FieldNotFoundError`` for a missing payload
-        only if no removal overlapped the read (then the store is inconsistent);
+        (``StoreClosedError`` for a closed unit) only if no removal overlapped the read;
         ``CorruptionError`` only from the try under the lock (see the module docstring).
         """
         for _ in range(ATTEMPTS_WITHOUT_LOCK):
@@ -89,7 +95,7 @@ class RemovalGuard:
                 continue
             try:
                 out = attempt()
-            except FieldNotFoundError:
+            except (FieldNotFoundError, StoreClosedError):  # (closed units: a checkpoint load switched them)
                 if self._count == before:
                     raise
                 continue

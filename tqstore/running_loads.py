@@ -88,6 +88,21 @@ class RunningLoads:
         return gone(rid)
 
 
+    def wait_others(self) -> None:
+        """Wait until no other thread of this process runs (or begins) a load by key or a
+        recovery of this store (``Store.close``: their units and pool must stay open)."""
+        me = threading.current_thread()
+
+        def idle() -> bool:
+            return not self._beginning and all(t is me for t in self._threads.values())
+
+        with self._cond:
+            if not idle():
+                log.info("close of the store waits for the load by key of thread(s) %s to end",
+                         sorted({t.name for t in self._threads.values() if t is not me}))
+                self._cond.wait_for(idle)
+
+
 def of(store: Any) -> RunningLoads:
     """The :class:`RunningLoads` of ``store`` (made on first use)."""
     loads = store.__dict__.get("_tq_running_loads")

@@ -99,12 +99,14 @@ def install_state(store: "Store", build: Callable[..., Any], *, reconcile: bool 
                 early.close()
             files.rmtree(new_dir, ignore_errors=True)
             raise
-        try:
-            store._close_parts()
-        except Exception as e:  # noqa: BLE001 - CURRENT names the new state: the switch stands
-            log.warning("closing the parts of the replaced state %s failed (%s); the new state is in place", old[2], e)
-        store.controller, store.units, store.state_dir = new[0], new[1], new_dir
-        store._data.rebind(store.controller)
+        with store.removals.removing():  # (a read racing the switch tries again: tqstore.read_guard)
+            try:
+                store._close_parts()
+            except Exception as e:  # noqa: BLE001 - CURRENT names the new state: the switch stands
+                log.warning("closing the parts of the replaced state %s failed (%s); the new state is in place",
+                            old[2], e)
+            store.controller, store.units, store.state_dir = new[0], new[1], new_dir
+            store._data.rebind(store.controller)
         retire_state(store, old[2])
         if reconcile:
             store._reconcile()

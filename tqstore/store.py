@@ -29,6 +29,7 @@ from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .dump import DumpMixin
 from .store_undo import UndoSettling
+from . import _interrupts as interrupts
 from . import store_open
 from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoundError, StorageIOError,
                      StoreClosedError, TqstoreError)
@@ -278,11 +279,21 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
     def close(self) -> None:
         """Close the store (idempotent). A temporary store is deleted.  Every part is closed
         and the store's lock released even when a step fails (the clean-close marker, a part
-        that is gone); that step's error is raised after, and the next open reconciles."""
+        that is gone); that step's error is raised after, and the next open reconciles.
+
+        Saves, dumps (blocking or not) and loads by key that other threads are running end
+        first (they use the parts); such a call made while close waits raises
+        StoreClosedError once the store is closed, having written nothing.  A read racing
+        the close returns its rows or raises StoreClosedError."""
         if getattr(self, "_closed", True):
             return
-        self._checkpoint_wait()  # a background checkpoint save holds a snapshot of the parts
+        with self._long_calls_ended():  # saves, dumps and loads by key of other threads use the parts: they end first
+            self._close_now()
+
+    def _close_now(self) -> None:
         with self._write_lock, self._meta_lock:
+            if self._closed:  # (another thread's close ran while this one waited)
+                return
             self._closed = True
             self._pool.shutdown(wait=True)
             try:
@@ -356,7 +367,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         else:
             raise InvalidInputError("write needs keys, gidxs or new_rows=True")
         cols = [self.edge.to_column(f, v, n) for f, v in items]
-        with self._write_lock:
+        with self._write_lock, interrupts.deferred():  # (a Ctrl-C waits for the put to be whole)
             self._check_open()
             with self._meta_lock:
                 plan = self.controller.plan_put(partition_id, cols, keys=keys, gidxs=gidxs,
@@ -439,14 +450,14 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
                     except TqstoreError as e:  # (the put's own error is raised: this one is logged, no traceback)
                         log.error("could not undo a partial write on unit %d (reopen reconciles it): %s", u, e)
             u, e = errors[0]
-            if isinstance(e, TqstoreError):
+            if isinstance(e, TqstoreError) or not isinstance(e, Exception):  # (KeyboardInterrupt stays one)
                 raise e
             raise StorageIOError(f"write to unit {u} of {self.root} failed: {e}") from e
 
     def delete_rows(self, partition_id: str, gidxs: Sequence[int]) -> List[int]:
         """Remove rows (idempotent). Controller first, then the units' entries."""
         self._check_open()
-        with self._write_lock:
+        with self._write_lock, interrupts.deferred():
             self._settle_first()
             with self.removals.removing():
                 with self._meta_lock:
@@ -460,7 +471,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
     def drop_partition(self, partition_id: str) -> List[int]:
         """Remove a partition with all its rows (idempotent)."""
         self._check_open()
-        with self._write_lock:
+        with self._write_lock, interrupts.deferred():
             self._settle_first()
             with self.removals.removing():
                 with self._meta_lock:

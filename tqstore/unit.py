@@ -41,7 +41,7 @@ from .errors import CorruptionError, InvalidInputError
 
 from .unit_held import HeldBack
 from .unit_locs import GidxArrays, LocCache, write_sets
-from .unit_read import UnitReader, UnitView
+from .unit_read import ReadGate, UnitReader, UnitView
 from .unit_restore import install_restore_calls, open_restore_db
 from .unit_recover import check_index_format, check_index_present, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 
@@ -91,6 +91,7 @@ class Unit(HeldBack, UnitReader):
                  map_bytes: Optional[int] = None, stride: int = 1) -> None:
         self.path = Path(path)
         self.unit_id = unit_id
+        self._reads = ReadGate(f"unit {unit_id} at {self.path}")  # (close waits for running reads)
         self.sync = durability == "commit"
         self.segment_bytes = int(segment_bytes)
         self.compress = compress  # None | "zstd" | set of field names
@@ -575,7 +576,10 @@ class Unit(HeldBack, UnitReader):
             return _index_state(self, sync=sync)
 
     def close(self) -> None:
-        """Close (idempotent); snapshots still held end with it."""
+        """Close (idempotent), once the reads running on other threads have ended (closing
+        the index or a segment mapping under them would crash the process); snapshots still
+        held end with it; reads then raise StoreClosedError."""
+        self._reads.close()
         with self._lock:
             for v in self._views.values():
                 v._released = True

@@ -7,12 +7,15 @@ here writes.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
+import threading
 from collections import defaultdict
 from itertools import islice
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import lmdb
 import numpy as np
 import zstandard
 
@@ -32,7 +35,7 @@ from ._format.segment import decode_segment_header, segment_name
 from ._io import files
 from ._io.lmdbenv import read_columns
 from ._format.unit_records import SegInfo
-from .errors import CorruptionError
+from .errors import CorruptionError, StoreClosedError
 
 log = logging.getLogger("tqstore")
 
@@ -98,6 +101,61 @@ def _scan_lookup(cur, gidxs: Sequence[int], fields: Sequence[str]) -> Optional[D
     return out
 
 
+class ReadGate:
+    """The reads running on one unit, so that its close waits for them: closing its LMDB
+    environment or unmapping a segment under a read of another thread would crash the
+    process.  A read that starts once the close began raises StoreClosedError."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.closed = False
+        self._running = 0
+        self._mutex = threading.Lock()
+        self._idle = threading.Event()  # (set once closed and no read runs)
+
+    def enter(self) -> None:
+        with self._mutex:
+            if self.closed:
+                raise StoreClosedError(f"{self.what} is closed")
+            self._running += 1
+
+    def leave(self) -> None:
+        with self._mutex:
+            self._running -= 1
+            if self.closed and not self._running:
+                self._idle.set()
+
+    def close(self) -> None:
+        """Refuse new reads, then wait for the running ones to end (idempotent)."""
+        with self._mutex:
+            self.closed = True
+            if not self._running:
+                self._idle.set()
+        self._idle.wait()
+
+
+def _open_unit_read(fn):
+    """A read of a unit through its :class:`ReadGate` (``_reads``): the unit's close waits for
+    it, and a read of a closed unit raises StoreClosedError (the data plane's read guard,
+    :mod:`tqstore.read_guard`, tries it again when a checkpoint load switched the store to
+    new units meanwhile); LMDB's error about a closed environment never reaches the caller."""
+    @functools.wraps(fn)
+    def read(self, *args, **kwargs):
+        gate = self.__dict__.get("_reads")
+        if gate is None:  # (a reader without a gate: nothing closes it under a read)
+            return fn(self, *args, **kwargs)
+        gate.enter()
+        try:
+            return fn(self, *args, **kwargs)
+        except lmdb.Error as e:
+            if gate.closed:
+                raise StoreClosedError(f"{gate.what} was closed during the read") from e
+            raise
+        finally:
+            gate.leave()
+    return read
+
+
 class UnitReader:
     """The read methods of a unit (needs ``path``, ``env``, ``db_loc``, ``maps``, ``locs`` of the Unit;
     :meth:`verify` also its lock, segment records and pins)."""
@@ -105,6 +163,7 @@ class UnitReader:
     # The index is read through a transaction of its own or through a snapshot's (``snapshot``:
     # an id from :meth:`Unit.snapshot`, resolved by ``_snapshot_txn``).
 
+    @_open_unit_read
     def locate(self, gidxs: Sequence[int], field: str, *, snapshot: Optional[int] = None) -> List[Optional[Loc]]:
         """The :class:`Loc` of ``field`` for each gidx (None where absent), in one transaction."""
         f = field.encode()
@@ -125,6 +184,7 @@ class UnitReader:
             if own:
                 txn.abort()
 
+    @_open_unit_read
     def lookup(self, gidxs: Sequence[int], fields: Sequence[str], *, snapshot: Optional[int] = None
                ) -> Dict[str, Optional[np.ndarray]]:
         """Locations of each field for the rows ``gidxs``: a :data:`LOC_DTYPE` array in the order of
@@ -175,6 +235,7 @@ class UnitReader:
         """Where the frame at ``loc`` lives (its segment file's path), for error messages."""
         return self._seg_path(int(loc[0]))
 
+    @_open_unit_read
     def read_uniform(self, locs: np.ndarray, gidxs: np.ndarray, template: Tuple[bytes, bytes],
                      payload_start: int, payload_len: int, *, into: Optional[np.ndarray] = None,
                      rows: Optional[np.ndarray] = None, verify: bool = True):
@@ -246,6 +307,7 @@ class UnitReader:
             raise CorruptionError(f"segment missing or truncated: {e}", path=self._seg_path(seg),
                                   offset=offset) from e
 
+    @_open_unit_read
     def read_frame(self, loc: Loc, *, verify: bool = True) -> Frame:
         """The verified frame at ``loc``; its payload is a zero-copy view of the mmapped segment."""
         m = self._map_to(loc.seg, loc.offset + loc.length, loc.offset)
@@ -261,6 +323,7 @@ class UnitReader:
                 raise CorruptionError(f"zstd payload does not decode: {e}", path=None) from e
         return fr.payload
 
+    @_open_unit_read
     def read_heads(self, locs: Sequence[Loc]) -> List[FrameHead]:
         """Parse the head of each frame with a small positional read (no mapping of payloads)."""
         out = []
@@ -281,6 +344,7 @@ class UnitReader:
             _raise_truncated(self._seg_path(loc.seg), loc.offset)
         return parse_head(raw, 0, loc.length if len(raw) == want else None, path=self._seg_path(loc.seg)), raw
 
+    @_open_unit_read
     def read_head(self, loc: Loc) -> Tuple[FrameHead, bytes]:
         """The parsed head of the frame at ``loc`` and its bytes up to the payload start
         (one positional read: ``HEAD_READ_BYTES`` covers the largest payload start); the
@@ -304,6 +368,7 @@ class UnitReader:
                 raise CorruptionError("segment file missing", path=self._seg_path(seg)) from e
         return fd
 
+    @_open_unit_read
     def read_into(self, locs: Sequence[Loc], heads: Sequence[FrameHead], into: Optional[Sequence] = None, *,
                   verify: bool = True) -> Optional[List[bytearray]]:
         """Read each frame's payload straight into the writable buffer ``into[i]`` (sized from
@@ -361,6 +426,7 @@ class UnitReader:
                 os.close(fd)
         return None
 
+    @_open_unit_read
     def read_frames(self, locs: Sequence[Loc], gidxs: Sequence[int], *, verify: bool = True
                     ) -> List[Tuple[FrameHead, object]]:
         """Read frames through the segment mmaps, checked in bulk (one native call per segment).
@@ -452,6 +518,7 @@ class UnitReader:
                                       offset=offl[r], expected_crc=int(crcs[r]), actual_crc=int(act[r]))
         return True
 
+    @_open_unit_read
     def verify(self) -> List[str]:
         """Check every indexed frame and segment header of one view of the index (a read
         transaction whose segments stay pinned meanwhile, so that clears, overwrites and
@@ -486,10 +553,12 @@ class UnitReader:
             self._unpin(segs)
         return problems
 
+    @_open_unit_read
     def keys(self, *, snapshot: Optional[int] = None) -> List[Tuple[int, str]]:
         """All (gidx, field) pairs in the index (at ``snapshot``, or now)."""
         return self._loc_keys(snapshot, lambda ks: [decode_index_key(k) for k in ks])
 
+    @_open_unit_read
     def field_rows(self, *, snapshot: Optional[int] = None) -> dict:
         """field -> sorted int64 gidxs holding it (at ``snapshot``, or now); decoded in bulk,
         the keys read in bulk from the index's pages when the file allows."""

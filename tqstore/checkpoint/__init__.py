@@ -7,10 +7,12 @@ docs/FORMAT.md, "Checkpoints".
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, Optional
+import contextlib
+from typing import Any, Iterator, Mapping, Optional
 
 from .._gilswitch import quick_handoff
 from .._io.locks import telling_waits  # (for the command line: a wait on a path's lock said on stderr)
+from .. import running_loads
 from ..running_loads import waits_for_running_loads
 from .loader import LoadInfo
 from .manager import CheckpointFallbackWarning, CheckpointManager
@@ -107,11 +109,20 @@ class CheckpointMixin:
             with reading(checkpoint_dir), quick_handoff():
                 return loader.load(self, checkpoint_dir)
 
-    def _checkpoint_wait(self) -> None:
-        """Wait for a background save (called by ``close``)."""
+    @contextlib.contextmanager
+    def _long_calls_ended(self) -> Iterator[None]:
+        """For ``close``: the ``with`` body runs once the long calls of other threads have
+        ended, holding the store's checkpoint lock, which a blocking save or dump holds for
+        its whole run (one called meanwhile waits for it, then finds the store closed): a
+        background save or dump is waited for (its error logged), then every load by key (or
+        recovery) another thread runs."""
         from . import writer
 
-        writer.wait_quietly(self)
+        st = writer.state_of(self)
+        with st.lock:
+            writer.wait_quietly(self)
+            running_loads.of(self).wait_others()
+            yield
 
 
 __all__ = [
