@@ -267,5 +267,9 @@ class StreamingDataLoader(DataLoader):
     def step(self, partition_id: str) -> None:
         self.dataset.step(partition_id)
 
+    def get_buffer(self) -> List[Tuple[Any, BatchMeta]]:
+        """The dataset's buffer of fetched ``(batch, BatchMeta)`` pairs (TransferQueue's name)."""
+        return self.dataset.buffer
+
 
 __all__ = ["StreamingDataset", "StreamingDataLoader", "chunk_batch_fn", "default_fetch_batch_fn", "to_tensordict"]

@@ -57,6 +57,27 @@ MIN_MAP_BYTES, MAX_MAP_BYTES = 1 << 20, 1 << 46  # index_map_bytes' bounds (an i
 # child inherits the dict but not the store): a second open says so instead of blaming
 # "another process" for the flock it holds itself
 _OPEN_ROOTS: Dict[str, int] = {}
+_LOCK_FDS: Dict[str, int] = {}  # (the descriptors holding their LOCK flocks, by real root)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child closes its copies of the stores' LOCK descriptors: an flock belongs to
+    the open file, which the child's copy kept alive, so the parent's close did not free the
+    store while any child lived (its reopen, and every other process's open, were refused).
+    The child may not use the parent's stores anyway (``Store._check_open``)."""
+    for fd in _LOCK_FDS.values():
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _LOCK_FDS.clear()
+    _OPEN_ROOTS.clear()
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()  # (another thread of the parent may have held it at the fork)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 _OPEN_LOCK = threading.Lock()
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -147,6 +168,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             files.mkdir(self.root, exist_ok=True, parents=True)
         except OSError as e:
             raise StorageIOError(f"cannot create store directory {self.root}: {e}") from e
+        self._pid = os.getpid()  # (a forked child may not use the store: _check_open)
         self._lock_fd = self._take_lock()
         try:
             try:
@@ -198,6 +220,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             except OSError as e:
                 raise StorageIOError(f"cannot lock store {self.root} (its LOCK file): {e}") from e
             _OPEN_ROOTS[real] = os.getpid()
+            _LOCK_FDS[real] = fd
         self._real_root = real
         return fd
 
@@ -205,6 +228,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         with _OPEN_LOCK:
             if _OPEN_ROOTS.get(self._real_root) == os.getpid():
                 del _OPEN_ROOTS[self._real_root]
+                _LOCK_FDS.pop(self._real_root, None)
             locks.unlock(self._lock_fd)
 
     def _open_state(self, num_units: Optional[int]) -> None:
@@ -275,6 +299,12 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosedError(f"store {self.root} is closed")
+        if os.getpid() != self._pid:
+            raise StoreClosedError(
+                f"store {self.root} was opened by process {self._pid}; this process ({os.getpid()}) is a fork of it "
+                f"and may not use it (its open index files and locks are the parent's: using them here loses data). "
+                f"Open a store in the child instead, or pass it data; a torch DataLoader over tqstore needs "
+                f"num_workers=0")
 
     def close(self) -> None:
         """Close the store (idempotent). A temporary store is deleted.  Every part is closed
@@ -286,6 +316,10 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         StoreClosedError once the store is closed, having written nothing.  A read racing
         the close returns its rows or raises StoreClosedError."""
         if getattr(self, "_closed", True):
+            return
+        if os.getpid() != self._pid:  # a forked child's copy: the store is the parent's, left as it is
+            self._closed = True
+            log.debug("close of store %s in a forked child: the parent's store is left as it is", self.root)
             return
         with self._long_calls_ended():  # saves, dumps and loads by key of other threads use the parts: they end first
             self._close_now()

@@ -33,12 +33,14 @@ gone (a unit's or the controller's actor, on the Ray backend) the save raises
 """
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import secrets
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -163,11 +165,32 @@ class _State:
         self.inflight: Optional[SaveHandle] = None
 
 
+_STATES: "weakref.WeakSet[_State]" = weakref.WeakSet()  # every store's, for the wait at interpreter exit
+
+
 def state_of(store) -> _State:
     st = store.__dict__.get("_tq_checkpoint_state")
     if st is None:
         st = store.__dict__.setdefault("_tq_checkpoint_state", _State())
+        _STATES.add(st)
     return st
+
+
+def _finish_at_exit() -> None:
+    """At interpreter exit, before thread pools refuse new work: wait for every store's
+    background save or dump in flight, so that it publishes (it needs its pools to finish; a
+    save still starting was dropped with "cannot schedule new futures after interpreter
+    shutdown").  Errors are logged, as at ``close``."""
+    for st in list(_STATES):
+        h = st.inflight
+        if h is not None:
+            h.wait()
+            if h._error is not None and not h._reported:
+                log.error("background %s to %s failed: %s", getattr(h, "what", "checkpoint save"), h.path, h._error)
+
+
+# (threading's exit hooks run before the executors' own, which stop new work: atexit's run after those)
+getattr(threading, "_register_atexit", atexit.register)(_finish_at_exit)
 
 
 def settle(state: _State) -> None:
@@ -430,8 +453,8 @@ def background_pool() -> ThreadPoolExecutor:
     non-blocking save needs one (:func:`save` calls this first), so handing a save over costs
     a queue put, not a thread start: ``Thread.start`` waits for the new thread, which then
     runs the save holding the GIL, and the caller's stall became that thread's first
-    time slice.  Joined at interpreter exit like any executor's (a running save finishes
-    first, as the non-daemon thread it replaces did); made anew in a forked child."""
+    time slice.  At interpreter exit, a save or dump in flight is waited for before any pool
+    stops taking work (:func:`_finish_at_exit`), so it publishes; made anew in a forked child."""
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:

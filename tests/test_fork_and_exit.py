@@ -1,0 +1,147 @@
+"""A store across ``fork`` and interpreter exit, as trainers meet them: a forked child (a
+DataLoader worker, a multiprocessing pool) may not use its parent's store and gets a clear
+StoreClosedError (before, its puts and fetches went through the parent's LMDB environments:
+rows lost, rows handed out twice, a damaged index); its ``close`` leaves the parent's store
+alone (a temporary store was deleted under the parent); it holds no copy of the store's
+lock (the parent's reopen was refused while any child lived); and a background save still
+running when the script ends is published (it was dropped).  Real stores, real processes."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import tqstore as tq
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="fork only")
+
+
+def _put(s, keys, v=1):
+    s.kv_batch_put(keys, "p", {"x": np.full((len(keys), 2), v, np.int64)})
+
+
+def _in_child(fn) -> int:
+    """Run ``fn()`` in a forked child; its exit status (0: it returned True)."""
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 1
+        try:
+            code = 0 if fn() else 3
+        except BaseException:  # noqa: BLE001
+            code = 2
+        finally:
+            os._exit(code)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def test_a_forked_child_cannot_use_the_parents_store_and_the_parents_store_is_whole(tmp_path):
+    s = tq.open(tmp_path / "s", num_units=2)
+    try:
+        _put(s, ["a", "b"])
+        c = tq.get_client(s)
+        put = c.put({"x": torch.arange(4).reshape(4, 1)}, partition_id="q")
+
+        def child() -> bool:
+            for call in (lambda: _put(s, ["c"]), lambda: c.get_meta(["x"], 2, "q", task_name="t"),
+                         lambda: s.kv_batch_get(["a"], "p"), lambda: s.save_checkpoint(tmp_path / "ck")):
+                try:
+                    call()
+                    return False
+                except tq.StoreClosedError as e:
+                    if "fork" not in str(e) or "num_workers=0" not in str(e):
+                        return False
+            s.close()  # (the child's copy only)
+            return True
+
+        assert _in_child(child) == 0
+        assert sorted(s.kv_list("p")["p"]) == ["a", "b"]  # nothing of the child's
+        assert sorted(c.get_meta(["x"], 4, "q", task_name="t").global_indexes) == sorted(put.global_indexes)
+        assert not (tmp_path / "ck").exists()
+        assert s.verify() == []
+    finally:
+        s.close()
+    with tq.open(tmp_path / "s") as s:
+        assert s.verify() == [] and sorted(s.kv_list("p")["p"]) == ["a", "b"]
+
+
+def test_a_forked_childs_close_of_a_temporary_store_leaves_it_to_the_parent(tmp_path):
+    s = tq.open(None)  # a temporary store (tq.init() without a path)
+    try:
+        _put(s, ["a"], 5)
+        assert _in_child(lambda: s.close() is None) == 0
+        assert s.root.exists()
+        _put(s, ["b"], 6)
+        assert s.kv_batch_get(["a", "b"], "p")["x"][:, 0].tolist() == [5, 6]
+    finally:
+        s.close()
+    assert not s.root.exists()
+
+
+def test_a_living_forked_child_does_not_keep_the_closed_store_locked(tmp_path):
+    s = tq.open(tmp_path / "s")
+    _put(s, ["a"])
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child: lives until the parent lets it go
+        os.close(w)
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    try:
+        s.close()
+        with tq.open(tmp_path / "s") as s2:  # refused ("open in another process") while the child lived
+            assert sorted(s2.kv_list("p")["p"]) == ["a"]
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+
+
+def test_a_dataloader_with_forked_workers_over_the_store_raises_instead_of_duplicating_rows():
+    tq.init()
+    try:
+        tq.put({"x": torch.arange(32).reshape(32, 1)}, partition_id="train")
+        ds = tq.StreamingDataset(None, batch_size=4, micro_batch_size=4, data_fields=["x"], partition_id="train",
+                                 task_name="actor", dp_rank=0, should_check_consumption_status=True)
+        loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
+                                             multiprocessing_context="fork", collate_fn=lambda b: b)
+        with pytest.raises(Exception, match="num_workers=0"):
+            list(loader)
+        meta = tq.get_meta(["x"], 32, "train", task_name="actor")
+        assert sorted(meta.global_indexes) == list(range(32))  # the workers consumed nothing
+        assert tq.StreamingDataLoader(ds).get_buffer() is ds.buffer  # (TransferQueue's name)
+    finally:
+        tq.close()
+
+
+@pytest.mark.parametrize("what", ["save", "dump"])
+def test_a_background_save_or_dump_running_when_the_script_ends_is_published(tmp_path, what):
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import numpy as np
+        import tqstore as tq
+        def run():
+            s = tq.init({{"path": {str(tmp_path / "s")!r}, "num_units": 2}})
+            keys = [f"k{{i}}" for i in range(64)]
+            s.kv_batch_put(keys, "p", {{"x": np.ones((64, 1024), np.float32)}})
+            if {what!r} == "save":
+                s.save_checkpoint({str(tmp_path / "out")!r}, blocking=False)
+            else:
+                s.dump_data_by_key({str(tmp_path / "out")!r}, keys, "p", blocking=False)
+        run()  # the handle is dropped; the script ends while the write runs
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0, r.stderr
+    assert "cannot schedule" not in r.stderr and "failed" not in r.stderr, r.stderr
+    assert (tmp_path / "out" / "MANIFEST.json").exists()
+    v = subprocess.run([sys.executable, "-m", "tqstore", "verify", str(tmp_path / "out")], capture_output=True,
+                       text=True, timeout=120, cwd=ROOT)
+    assert v.returncode == 0, v.stdout + v.stderr
