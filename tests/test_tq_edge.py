@@ -384,7 +384,7 @@ def test_kv_retrieve_meta_and_keys_look_up_only_the_rows_asked_for(monkeypatch):
         assert (m.keys, m.global_indexes, m.custom_meta) == (["c", "a", "c"], [2, 0, 2], [{"t": 3}, {"t": 1}, {"t": 3}])
         assert m.field_names == ["x"] and m.production_status.tolist() == [1, 1, 1]
         m = store.kv_retrieve_meta(["n1", "a", "n1"], "p", create=True)  # (a store method too)
-        assert m.keys == ["n1", "a", "n1"] and m.production_status.tolist() == [0, 1, 0]
+        assert m.keys == ["n1", "a", "n1"] and m.field_names == []  # (fields every row has: TransferQueue's)
         assert m.global_indexes[0] == m.global_indexes[2] == 3
         assert c.kv_retrieve_keys([0, 2, -1, 2 ** 70, 3, 99], "p") == ["a", "c", None, None, "n1", None]
         assert c.kv_retrieve_meta("a", "nope").size == 0
@@ -578,3 +578,33 @@ def test_kv_retrieve_errors_are_transfer_queues_and_tqstores_at_once(tmp_path):
         with pytest.raises(tq.PartitionNotFoundError) as e:
             s.kv_retrieve_keys([0], "nope")
         assert isinstance(e.value, RuntimeError) and "no corresponding keys" in str(e.value)
+
+
+def test_kv_retrieve_meta_lists_the_fields_every_row_has_so_get_data_reads_it():
+    """TransferQueue's kv_retrieve_meta gives the fields all the keys' rows produced; listing
+    the partition's every field made ``get_data`` of the meta raise FieldNotFoundError."""
+    tq.init()
+    try:
+        tq.kv_put("a", "p", fields={"x": torch.tensor([1])})
+        tq.kv_put("b", "p", fields={"x": torch.tensor([2]), "y": torch.tensor([3])})
+        c = tq.get_client()
+        m = c.kv_retrieve_meta(["a", "b"], "p")
+        assert m.field_names == ["x"]
+        assert c.get_data(m)["x"].reshape(-1).tolist() == [1, 2]
+        assert c.kv_retrieve_meta(["b"], "p").field_names == ["x", "y"]
+    finally:
+        tq.close()
+
+
+def test_get_production_status_of_unknown_or_repeated_fields_is_transferqueues():
+    tq.init()
+    try:
+        tq.put({"x": torch.ones(2, 1), "y": torch.ones(2, 1)}, partition_id="p")
+        c = tq.get_client()
+        assert c.get_production_status(["x", "nope"], "p") == (None, None)
+        assert c.get_production_status([], "p") == (None, None)
+        g, st = c.get_production_status(["y", "x", "y"], "p")
+        assert g.tolist() == [0, 1] and st.tolist() == [[1, 1], [1, 1]]
+        assert c.check_production_status(["x", "nope"], "p") is False
+    finally:
+        tq.close()

@@ -407,8 +407,9 @@ class DataPlane:
     # ------------------------------------------------------------------ TransferQueue's key <-> row lookups
     def kv_retrieve_meta(self, keys: Union[str, List[str]], partition_id: str, create: bool = False) -> BatchMeta:
         """A BatchMeta of the rows of ``keys`` (in their order; keys that are not in the
-        partition are left out, as TransferQueue's client does), over every field of the
-        partition's schema.  ``create``: missing keys are created first (rows without data,
+        partition are left out, as TransferQueue's client does), over the fields every one of
+        those rows has produced (in the partition's schema order, as TransferQueue: so that
+        ``get_data`` of it reads them; a row created here has none).  ``create``: missing keys are created first (rows without data,
         tag ``{}``).  An unknown partition gives an empty meta.  The work is that of the keys
         asked for, whatever the partition's size.
 
@@ -436,7 +437,8 @@ class DataPlane:
         if len(found) != len(rows):
             rows = RowBatch(rows.pid, rows.schema, *([col[i] for i in found] for col in
                                                     (rows.gidxs, rows.keys, rows.tags, rows.fields, rows.seqs)))
-        return self.streaming._meta(rows, list(rows.schema))
+        common = common_fields(rows.fields) if len(rows) else set()
+        return self.streaming._meta(rows, [f for f in rows.schema if f in common])
 
     def kv_retrieve_keys(self, global_indexes: Union[int, List[int]], partition_id: str) -> List[Optional[str]]:
         """The key of each of ``global_indexes`` in the partition (None for an index that is
