@@ -145,3 +145,15 @@ def test_a_background_save_or_dump_running_when_the_script_ends_is_published(tmp
     v = subprocess.run([sys.executable, "-m", "tqstore", "verify", str(tmp_path / "out")], capture_output=True,
                        text=True, timeout=120, cwd=ROOT)
     assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_pickling_a_store_raises_a_clear_error(tmp_path):
+    """A spawned DataLoader worker or a process pool pickles what it is given: a store is
+    this process's open files (it failed with "cannot pickle 'Environment' object")."""
+    import pickle
+
+    with tq.open(tmp_path / "s") as s:
+        with pytest.raises(tq.UnsupportedTypeError, match="num_workers=0"):
+            pickle.dumps(s)
+        with pytest.raises(TypeError):  # (a TypeError, as pickle's own)
+            pickle.dumps({"store": s})

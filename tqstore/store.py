@@ -32,7 +32,7 @@ from .store_undo import UndoSettling
 from . import _interrupts as interrupts
 from . import store_open
 from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoundError, StorageIOError,
-                     StoreClosedError, TqstoreError)
+                     StoreClosedError, TqstoreError, UnsupportedTypeError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
 from ._format.names import check_int_option
@@ -295,6 +295,15 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         ran = store_open.reconcile(self)
         self._reconciled = True
         return ran
+
+    def __reduce__(self):
+        """A store is this process's open files: it cannot be pickled (to a spawned DataLoader
+        worker, a multiprocessing pool, a Ray task); UnsupportedTypeError says what to do."""
+        raise UnsupportedTypeError(
+            f"a tqstore Store ({self.root}) cannot be pickled into another process: it is this process's open "
+            f"index files. Open the store in that process (after this one closed it), use tqstore's Ray backend "
+            f"(tq.init({{'backend': 'ray'}})) to share one store between processes, or pass the data instead; a "
+            f"torch DataLoader over tqstore needs num_workers=0")
 
     def _check_open(self) -> None:
         if self._closed:
