@@ -608,3 +608,26 @@ def test_get_production_status_of_unknown_or_repeated_fields_is_transferqueues()
         assert c.check_production_status(["x", "nope"], "p") is False
     finally:
         tq.close()
+
+
+def test_an_object_array_or_non_tensor_stack_of_per_row_arrays_is_stored_as_those_arrays():
+    """TransferQueue stores per-row numpy arrays given as an object array or a NonTensorStack;
+    tqstore refused them (UnsupportedTypeError): they are a numpy field of jagged rows."""
+    from tensordict import NonTensorStack
+
+    tq.init()
+    try:
+        o = np.empty(2, dtype=object)
+        o[0], o[1] = np.array([1, 2], np.int32), np.array([3, 4, 5], np.int32)
+        tq.kv_batch_put(["a", "b"], "p", fields={"o": o})
+        tq.kv_batch_put(["c", "d"], "p", fields={"o": NonTensorStack(np.array([6], np.int32),
+                                                                       np.array([7, 8], np.int32))})
+        got = tq.kv_batch_get(["a", "b", "c", "d"], "p")["o"]
+        assert [np.asarray(r).tolist() for r in got] == [[1, 2], [3, 4, 5], [6], [7, 8]]
+        mixed = np.empty(2, dtype=object)
+        mixed[0], mixed[1] = np.array([1]), None
+        with pytest.raises(tq.UnsupportedTypeError):  # an array beside a row that is none: refused, nothing written
+            tq.kv_batch_put(["e", "f"], "q", fields={"o": mixed})
+        assert "q" not in tq.kv_list()
+    finally:
+        tq.close()

@@ -221,6 +221,9 @@ def _ndarray_column(field: str, a: np.ndarray, n: int) -> Column:
         if a.ndim == 0 or a.shape[0] != n:
             raise InvalidInputError(
                 f"field {field!r}: batch dimension is {a.shape[0] if a.ndim else 'missing'}, expected {n} rows")
+        if a.dtype.kind == "O" and a.ndim == 1 and n and \
+                all(isinstance(v, np.ndarray) and v.dtype.kind not in "OUSV" for v in a):
+            return _array_rows_column(field, list(a), n)  # an object array of per-row arrays: a numpy field
         return values_column(field, a.tolist(), n)
     if a.dtype not in dtypes.NUMPY_TO_CODE:
         raise UnsupportedTypeError(f"field {field!r}: numpy dtype {a.dtype} is not supported")
