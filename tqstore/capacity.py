@@ -28,6 +28,7 @@ import math
 from collections import Counter
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
+from ._format.names import as_int
 from .errors import CapacityError, ConfigError
 from .ports import ControllerPort, rows_gaining_data
 
@@ -46,9 +47,10 @@ class RowCapacity:
     """
 
     def __init__(self, total_rows: int, num_units: int = 1) -> None:
-        if isinstance(total_rows, bool) or not isinstance(total_rows, int) or total_rows < 1:
+        rows = as_int(total_rows)  # (a numpy integer too, as num_units takes)
+        if rows is None or rows < 1:
             raise ConfigError(f"total_storage_size must be a positive int (rows) or None, got {total_rows!r}")
-        self.total_rows = total_rows
+        self.total_rows = rows
         self.for_units(num_units)
 
     def for_units(self, num_units: int) -> "RowCapacity":

@@ -19,7 +19,7 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
-from .errors import ConfigError
+from .errors import ConfigError, TqstoreError
 
 log = logging.getLogger("tqstore")
 
@@ -99,11 +99,22 @@ def to_plain(cfg: Any) -> Any:
 
 
 def _sampler_spec(spec: Any) -> Any:
-    """TransferQueue's sampler value (class name, class, instance) as what make_sampler takes."""
-    if isinstance(spec, str) and spec.lower() in _EXTRA_SAMPLERS:
+    """TransferQueue's sampler value (class name, class, instance, or ``{"name": ...,
+    **constructor arguments}``) as what make_sampler takes.
+
+    Raises ConfigError: bad constructor arguments of a sampler named here."""
+    name = spec.get("name", spec.get("type")) if isinstance(spec, Mapping) else spec
+    if isinstance(name, str) and name.lower() in _EXTRA_SAMPLERS:
         import importlib
-        mod, _, name = _EXTRA_SAMPLERS[spec.lower()].partition(":")
-        return getattr(importlib.import_module(mod), name)
+        mod, _, attr = _EXTRA_SAMPLERS[name.lower()].partition(":")
+        cls = getattr(importlib.import_module(mod), attr)
+        if not isinstance(spec, Mapping):
+            return cls
+        kwargs = {k: v for k, v in spec.items() if k not in ("name", "type")}
+        try:
+            return cls(**kwargs)
+        except TypeError as e:
+            raise ConfigError(f"bad arguments for sampler {name!r}: {e}") from e
     return spec
 
 
@@ -119,7 +130,13 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
         ConfigError: an unknown top-level key, a backend tqstore does not provide, or a
             value of the wrong type.
     """
-    cfg = to_plain(config) or {}
+    try:
+        cfg = to_plain(config) or {}
+    except TqstoreError:
+        raise
+    except Exception as e:  # noqa: BLE001 - an OmegaConf node that does not resolve (a missing value, a bad interpolation)
+        first = (str(e).splitlines() or [""])[0]
+        raise ConfigError(f"the config does not resolve: {type(e).__name__}: {first}") from e
     if not isinstance(cfg, dict):
         raise ConfigError(f"config must be a mapping or an OmegaConf DictConfig, got {type(config).__name__}")
     settings = CompatSettings()

@@ -367,7 +367,7 @@ class GRPOGroupNSampler(BaseSampler):
         """``batch_size`` rows of the oldest whole groups among ``pairs`` of (row, sequence
         number; ``in_order``: ascending sequence numbers), or [] when there are not enough.
         Raises InvalidInputError when ``batch_size`` is not a multiple of the group size."""
-        n = int(n_samples_per_prompt or self.n_samples_per_prompt)
+        n = self.n_samples_per_prompt if n_samples_per_prompt is None else _group_size(n_samples_per_prompt)
         if batch_size <= 0:
             return []  # nothing asked: nothing handed out (as TransferQueue)
         if batch_size % n:
@@ -461,6 +461,17 @@ _REGISTRY: Dict[str, Type[BaseSampler]] = {}
 for _cls in (SequentialSampler, RankAwareSampler, GRPOGroupNSampler, RandomSampler):
     _REGISTRY[_cls.name] = _cls
     _REGISTRY[_cls.__name__.lower()] = _cls
+
+
+def _group_size(n: Any) -> int:
+    """A per-call ``sampling_config["n_samples_per_prompt"]``: a positive int (a numpy integer
+    too).  Raises InvalidInputError for anything else (-2 gave no rows at every fetch, "2" and
+    2.5 were taken as 2, 0 as the sampler's own)."""
+    t = type(n)
+    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")) or not isinstance(n, (int, np.integer)) \
+            or n < 1:
+        raise InvalidInputError(f"sampling_config n_samples_per_prompt must be a positive int, got {n!r:.40}")
+    return int(n)
 
 
 def make_sampler(spec: Union[None, str, BaseSampler, Type[BaseSampler], Mapping[str, Any]]) -> BaseSampler:

@@ -12,6 +12,7 @@ Guarantees:
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import threading
@@ -35,7 +36,7 @@ from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoun
                      StoreClosedError, TqstoreError, UnsupportedTypeError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
-from ._format.names import check_int_option
+from ._format.names import check_bool_option, check_int_option
 from ._format.store_files import MAX_UNITS  # (the most units a store may have)
 from ._gilswitch import handing_off
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
@@ -137,8 +138,11 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         if durability not in DURABILITY:
             raise ConfigError(f"durability must be one of {DURABILITY}, got {durability!r}")
         num_units = check_int_option("num_units", num_units, 1, MAX_UNITS)
-        if compress not in (None, "zstd") and not isinstance(compress, (list, tuple, set, frozenset)):
-            raise ConfigError(f"compress must be None, 'zstd' or a collection of field names, got {compress!r}")
+        if compress not in (None, "zstd") and not (isinstance(compress, (list, tuple, set, frozenset)) and
+                                                   all(isinstance(f, str) for f in compress)):
+            raise ConfigError(f"compress must be None, 'zstd' or a collection of field names, got {compress!r:.80}")
+        verify_reads = check_bool_option("verify_reads", verify_reads)
+        strict_schema = check_bool_option("strict_schema", strict_schema)
         segment_bytes = check_int_option("segment_bytes", segment_bytes, 1 << 16, 1 << 40, optional=False)
         max_workers = check_int_option("max_workers", max_workers, 1)
         index_map_bytes = check_int_option("index_map_bytes", index_map_bytes, MIN_MAP_BYTES, MAX_MAP_BYTES)
@@ -149,9 +153,12 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         self._closed = True
         if path is not None and not isinstance(path, (str, os.PathLike)):
             raise ConfigError(f"path must be a str or os.PathLike (or None: a temporary store), got {path!r:.80}")
+        if path is not None and os.fspath(path) in ("", b""):
+            raise ConfigError("path is empty: give the store's directory ('.' for the current one), or None for a "
+                              "temporary store")
         self._temporary = path is None
         try:  # (absolute: a later chdir, or a part in another process, must find the same files)
-            self.root = files.make_temp_dir("tqstore-") if path is None else Path(path).absolute()
+            self.root = files.make_temp_dir("tqstore-") if path is None else Path(path).expanduser().absolute()
         except OSError as e:
             what = "create a temporary store directory" if path is None else f"place store {str(path)!r}"
             raise StorageIOError(f"cannot {what}: {e}") from e
@@ -646,5 +653,13 @@ for _name in PUBLIC_CALLS:  # the data plane's calls, forwarded (signatures and 
 
 
 def open(path: Optional[PathLike] = None, **kwargs) -> Store:  # noqa: A001 - mirrors builtins.open
-    """Open or create a store; see :class:`Store` for arguments. Use ``with tqstore.open(p) as s:``."""
+    """Open or create a store; see :class:`Store` for arguments. Use ``with tqstore.open(p) as s:``.
+
+    Raises ConfigError for an argument :class:`Store` does not take (naming the ones it takes)."""
+    unknown = sorted(set(kwargs) - _STORE_ARGS)
+    if unknown:
+        raise ConfigError(f"tqstore.open got unknown argument(s) {unknown}; it takes {sorted(_STORE_ARGS)}")
     return Store(path, **kwargs)
+
+
+_STORE_ARGS = frozenset(inspect.signature(Store.__init__).parameters) - {"self", "path"}

@@ -492,8 +492,7 @@ class Streaming:
     def _production(self, data_fields: Union[str, Sequence[str]], partition_id: str, *, known_only: bool = False
                     ) -> Optional[Tuple[np.ndarray, np.ndarray]]:
         """The controller's answer for ``data_fields`` (a name given twice counted once); with
-        ``known_only``, None also when no field is asked or one is not in the partition's
-        schema (TransferQueue's get_production_status)."""
+        ``known_only``, None also when no field is asked (TransferQueue's get_production_status)."""
         if isinstance(data_fields, (list, tuple)):
             data_fields = list(dict.fromkeys(data_fields)) if all(isinstance(f, str) for f in data_fields) \
                 else data_fields
@@ -501,15 +500,8 @@ class Streaming:
         _check_pid(partition_id)
         self._dp.check_open()
         with self._dp.lock:
-            if known_only:
-                if not fields:
-                    return None
-                try:
-                    schema = self._dp.controller.partition_info(partition_id).schema
-                except PartitionNotFoundError:
-                    return None
-                if any(f not in schema for f in fields):
-                    return None
+            if known_only and not fields:
+                return None
             return self._dp.controller.production_status(partition_id, fields)
 
     def get_consumption_status(self, task_name: str, partition_id: str) -> Tuple[Any, Any]:
@@ -528,8 +520,9 @@ class Streaming:
 
         ``produced`` is an int8 tensor of shape ``(rows, fields)``, a column per field in the
         order asked (a field named twice has one column; TransferQueue orders the columns by
-        the fields' first put instead).  ``(None, None)`` when the partition does not exist,
-        no field is asked, or one of them was never put into the partition (as TransferQueue).
+        the fields' first put instead); a field no row has produced has a column of 0.
+        ``(None, None)`` when the partition does not exist or no field is asked (as
+        TransferQueue).
         """
         st = self._production(data_fields, partition_id, known_only=True)
         return (None, None) if st is None else (self._dp.edge.status(st[0]), self._dp.edge.status(st[1]))

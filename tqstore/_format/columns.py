@@ -191,12 +191,10 @@ def schema_changes(pid: str, schema: Mapping[str, Tuple[int, int]], columns: Seq
         if have is None:
             out[col.field] = want
         elif have != want:
-            what = f"holds {KIND_NAMES[have[0]]} rows of several dtypes" if have[1] == dtypes.SCHEMA_MIXED else \
-                f"holds {KIND_NAMES[have[0]]} {dtypes.DTYPE_NAMES[have[1]]}"
             if have[0] != want[0] or strict:
                 hint = "" if have[0] != want[0] else " (strict_schema=True; the default False lets a dtype change)"
-                raise SchemaError(f"field {col.field!r} of partition {pid!r} {what}, got {KIND_NAMES[want[0]]} "
-                                  f"{dtypes.DTYPE_NAMES[want[1]]}{hint}")
+                raise SchemaError(f"field {col.field!r} of partition {pid!r} holds {describe_kind_dtype(have)}, got "
+                                  f"{describe_kind_dtype(want)}{hint}")
             if have[1] != dtypes.SCHEMA_MIXED:
                 out[col.field] = (have[0], dtypes.SCHEMA_MIXED)
     return out

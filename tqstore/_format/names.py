@@ -126,6 +126,22 @@ def check_int_option(name: str, value: Any, least: int, most: Optional[int] = No
     return v
 
 
-__all__ = ["as_int", "check_int_option", "LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
+def check_bool_option(name: str, value: Any) -> bool:
+    """A store option that is a switch: a bool (``numpy.bool_`` too), 0 or 1, or the strings
+    "true"/"false" in any case (what a config file or an environment variable gives); returns
+    it as a bool.  Raises ConfigError naming the option for anything else (``bool("false")``
+    is True, ``None`` is not "off")."""
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    t = type(value)
+    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
+        return bool(value)
+    v = as_int(value)
+    if v in (0, 1):
+        return bool(v)
+    raise ConfigError(f"{name} must be true or false, got {value!r:.80}")
+
+
+__all__ = ["as_int", "check_int_option", "check_bool_option", "LMDB_MAX_KEY_BYTES", "MAX_NAME_BYTES", "MAX_FIELD_BYTES", "MIN_KEY_BYTES", "check_name",
            "check_field_name", "check_key", "max_key_bytes", "check_flag"]
 
