@@ -500,3 +500,28 @@ def test_calls_on_a_closed_store_raise_store_closed(tmp_path):
         s.kv_batch_put(["a"], "p", {"x": np.ones((1, 1))})
     with pytest.raises(StoreClosedError):
         s.get_meta(["x"], 1, "p", task_name="t")
+
+
+def test_a_batch_meta_of_another_store_or_of_a_state_another_stores_checkpoint_replaced_names_no_row(tmp_path):
+    """Two stores gave out the same (global index, sequence number) pairs, so a meta of store A
+    read, overwrote and consumed-marked store B's rows; a new store's sequence numbers start
+    at a random offset (FORMAT.md, meta/seq_floor), so it names none of them."""
+    from tqstore import StorageKeyNotFoundError
+
+    with tq.open(tmp_path / "a") as a, tq.open(tmp_path / "b") as b, tq.open(tmp_path / "c") as c:
+        a.put({"x": torch.tensor([[10], [11]])}, partition_id="p")
+        b.put({"x": torch.tensor([[90], [91]])}, partition_id="p")
+        c.put({"x": torch.tensor([[40], [41]])}, partition_id="p")
+        meta_a = a.get_meta(["x"], 2, "p", task_name="t")
+        meta_c = c.get_meta(["x"], 2, "p", task_name="t")
+        assert meta_a.global_indexes == meta_c.global_indexes == [0, 1]
+        with pytest.raises(StorageKeyNotFoundError):
+            b.get_data(meta_a)
+        with pytest.raises(StorageKeyNotFoundError):
+            b.put({"adv": torch.tensor([[1.0], [2.0]])}, metadata=meta_a)
+        assert b.get_data(b.get_meta(["x"], 2, "p", mode="force_fetch"))["x"].tolist() == [[90], [91]]
+        a.save_checkpoint(tmp_path / "ck")
+        c.load_checkpoint(tmp_path / "ck")  # (C now holds A's rows at the same global indexes)
+        with pytest.raises(StorageKeyNotFoundError):
+            c.get_data(meta_c)
+        assert c.get_data(meta_a)["x"].tolist() == [[10], [11]]  # (A's own meta: the rows it names)

@@ -19,6 +19,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import tqstore
+import tqstore.controller as controller_module
 from tqstore import CorruptionError, FormatVersionError
 from tqstore._format import controller_records as CR, unit_records as UR
 from tqstore._format.dtypes import DTYPE_NAMES
@@ -82,7 +83,8 @@ def _raw(env_dir: Path, db: bytes, k: bytes) -> bytes:
         env.close()
 
 
-def test_a_store_written_through_the_engine_holds_exactly_these_bytes(tmp_path):
+def test_a_store_written_through_the_engine_holds_exactly_these_bytes(tmp_path, monkeypatch):
+    monkeypatch.setattr(controller_module.secrets, "randbelow", lambda n: 0)  # (a new store's first seq: 0 here)
     root = tmp_path / "s"
     with tqstore.open(root, num_units=2) as s:
         s.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 3)}, tags=[{"n": 1, "u": "\u00e9"}, None])
@@ -393,8 +395,10 @@ def test_a_damaged_version_2_row_is_a_corruption_error_naming_the_index(tmp_path
         tqstore.open(root)
 
 
-def test_read_row_reads_one_row_of_a_transaction_in_either_format(tmp_path):
+def test_read_row_reads_one_row_of_a_transaction_in_either_format(tmp_path, monkeypatch):
     from tqstore.controller_decode import read_row
+
+    monkeypatch.setattr(controller_module.secrets, "randbelow", lambda n: 0)  # (a new store's first seq: 0 here)
 
     root = tmp_path / "s"
     with tqstore.open(root) as s:

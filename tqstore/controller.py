@@ -32,6 +32,7 @@ import functools
 import heapq
 import logging
 import os
+import secrets
 import threading
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
@@ -115,6 +116,11 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                 txn.put(R.META_FORMAT, R.encode_decimal(CONTROLLER_FORMAT), db=self.db["meta"])
                 txn.put(R.META_NEXT_GIDX, R.encode_decimal(0), db=self.db["meta"])
                 txn.put(R.META_NUM_UNITS, R.encode_decimal(num_units), db=self.db["meta"])
+                # a new store's sequence numbers start at a random multiple of 2**20 below 2**60, so
+                # that a BatchMeta of another store (or of its checkpoint) names no row of this one
+                start = secrets.randbelow(1 << 40) << 20
+                if start:
+                    txn.put(R.META_SEQ_FLOOR, R.encode_decimal(start), db=self.db["meta"])
             # an existing format is checked by decode_controller
 
     def _load(self) -> None:

@@ -59,8 +59,8 @@ class FieldNotFoundError(NotFoundError):
 
 class StorageKeyNotFoundError(KeyNotFoundError):
     """Rows a ``BatchMeta`` names no longer exist: cleared since the meta was made, or replaced by
-    a ``load_checkpoint`` since (TransferQueue's name for this race, whose callers catch it to
-    skip such a batch); get fresh metadata."""
+    a ``load_checkpoint`` since, or the meta is another store's (TransferQueue's name for this
+    race, whose callers catch it to skip such a batch); get fresh metadata."""
 
 
 class StalePartitionError(PartitionNotFoundError, StorageKeyNotFoundError):

@@ -294,7 +294,7 @@ class Streaming:
                 raise StalePartitionError(f"partition {pid!r} of the BatchMeta does not exist (cleared or replaced "
                                           f"by a checkpoint load since: the BatchMeta is stale)")
             raise StorageKeyNotFoundError(f"row {gi[i]} of partition {pid!r} in the BatchMeta no longer exists "
-                                          f"(cleared or replaced by a checkpoint load since: the BatchMeta is "
+                                          f"(cleared or replaced by a checkpoint load since, or of another store: the BatchMeta is "
                                           f"stale); get fresh metadata")
         return groups
 
