@@ -90,10 +90,14 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
     :class:`~tqstore.kv.DataPlane`, which the store composes over its controller and its own
     ``write`` / ``read`` / ``delete_rows`` / ``drop_partition``, and forwards to.
 
+    ``num_units`` is the store's, fixed when it is created; every other argument applies to
+    this open only (a reopen may change them: data written compressed reads back after a
+    reopen without compression, a reopen with another durability applies it from then on).
+
     Args:
         path: store directory (created if missing; a relative one is taken in the working
-            directory of the open, and ``root`` is absolute). ``None``: a private temporary
-            store, removed on close.
+            directory of the open, ``~`` expanded, and ``root`` is absolute; an empty path
+            is refused). ``None``: a private temporary store, removed on close.
         num_units: storage units of a new store (default 1, at most 4096); for an existing
             one it must match or be None.
         durability: ``"checkpoint"`` (default; acknowledged writes survive a process kill,
