@@ -81,3 +81,16 @@ def test_a_kind_clash_names_both_kinds_in_words(tmp_path):
         s.kv_batch_put(["a"], "p", {"x": [None]})
         with pytest.raises(SchemaError, match="holds non-tensor values, got tensor float32"):
             s.kv_batch_put(["b"], "p", {"x": torch.ones(1, 1)})
+
+
+def test_a_misspelled_transferqueue_key_is_warned_about_and_a_known_one_is_not(caplog):
+    with caplog.at_level("DEBUG", logger="tqstore"):
+        s = tq.init({"backend": {"storage_backend": "SimpleStorage",
+                                 "SimpleStorage": {"num_data_storage_unit": 4, "zmq_info": None}},
+                     "controller": {"zmq_info": None, "pollingmode": True}})
+        tq.close()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert s.num_units == 1
+    assert any("num_data_storage_unit" in m and "typo" in m for m in warned)
+    assert any("pollingmode" in m for m in warned)
+    assert not any("zmq_info" in m for m in warned)  # (TransferQueue's own key, documented as ignored)

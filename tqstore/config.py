@@ -118,8 +118,16 @@ def _sampler_spec(spec: Any) -> Any:
     return spec
 
 
+#: keys of TransferQueue's config (its config.yaml) that tqstore ignores without a word
+_TQ_IGNORED = {"controller.zmq_info", "backend.SimpleStorage.zmq_info"}
+
+
 def _ignore(settings: CompatSettings, dotted: str, value: Any) -> None:
     settings.ignored.append(dotted)
+    if dotted.startswith(("controller.", "backend.SimpleStorage.")) and dotted not in _TQ_IGNORED:
+        # (no key of TransferQueue's own config: a typo, say num_data_storage_unit, would go unseen)
+        log.warning("tq.init: %s=%r is no TransferQueue config key tqstore knows (a typo?); ignored", dotted, value)
+        return
     log.debug("tq.init: TransferQueue key %s=%r does not apply to tqstore; ignored", dotted, value)
 
 
