@@ -89,13 +89,18 @@ def test_a_living_forked_child_does_not_keep_the_closed_store_locked(tmp_path):
     s = tq.open(tmp_path / "s")
     _put(s, ["a"])
     r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child: lives until the parent lets it go
+    if pid == 0:  # pragma: no cover - the child (its fork hooks have run): lives until the parent lets it go
         os.close(w)
+        os.write(ready_w, b"!")
         os.read(r, 1)
         os._exit(0)
     os.close(r)
+    os.close(ready_w)
     try:
+        assert os.read(ready_r, 1) == b"!"
+        os.close(ready_r)
         s.close()
         with tq.open(tmp_path / "s") as s2:  # refused ("open in another process") while the child lived
             assert sorted(s2.kv_list("p")["p"]) == ["a"]
@@ -157,3 +162,85 @@ def test_pickling_a_store_raises_a_clear_error(tmp_path):
             pickle.dumps(s)
         with pytest.raises(TypeError):  # (a TypeError, as pickle's own)
             pickle.dumps({"store": s})
+
+
+def test_a_child_forked_during_a_background_save_exits_and_the_save_publishes(tmp_path):
+    """The child inherited the parent's save in flight and waited for it at its exit, forever
+    (its thread is not in the child)."""
+    import multiprocessing
+    import threading
+
+    s = tq.open(tmp_path / "s", num_units=2)
+    try:
+        _put(s, [f"k{i}" for i in range(16)])
+        go, orig = threading.Event(), s.units[1].export_snapshot
+
+        def paused(*a, **kw):
+            assert go.wait(60)
+            return orig(*a, **kw)
+
+        s.units[1].export_snapshot = paused
+        h = s.save_checkpoint(tmp_path / "ck", blocking=False)
+        child = multiprocessing.get_context("fork").Process(target=_child_opens_its_own_store,
+                                                             args=(str(tmp_path / "own"),))
+        child.start()
+        child.join(30)
+        alive = child.is_alive()
+        if alive:
+            child.kill()
+        go.set()
+        assert not alive and child.exitcode == 0
+        assert h.result(timeout=60).path.exists()
+    finally:
+        s.close()
+
+
+def _child_opens_its_own_store(path: str) -> None:
+    with tq.open(path) as own:
+        _put(own, ["c"])
+
+
+def test_a_forked_child_keeps_no_lock_another_thread_of_the_parent_held(tmp_path):
+    """A flock held by another thread at the fork (a save publishing) stayed held by the
+    child's copy of the descriptor until the child ended."""
+    import fcntl
+    import threading
+
+    from tqstore._io import locks
+
+    lock = tmp_path / "x.lock"
+    held, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def holder():
+        with locks.flocked(lock):
+            held.set()
+            release.wait(30)
+        done.set()
+
+    t = threading.Thread(target=holder)
+    t.start()
+    assert held.wait(30)
+    r, w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child (its fork hooks have run): lives until the parent lets it go
+        os.close(w)
+        os.write(ready_w, b"!")
+        os.read(r, 1)
+        os._exit(0)
+    os.close(r)
+    os.close(ready_w)
+    try:
+        assert os.read(ready_r, 1) == b"!"
+        os.close(ready_r)
+        release.set()
+        assert done.wait(30)
+        fd = os.open(lock, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while the child kept it)
+        finally:
+            os.close(fd)
+    finally:
+        os.close(w)
+        os.waitpid(pid, 0)
+        t.join()

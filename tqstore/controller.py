@@ -52,7 +52,6 @@ from .controller_mirror import (
     GidxMap, Partition, PutPlan, RowsView, check_mirror, consumption_status, key_list, list_keys,
     partition_info, partition_order, production_status, row_batch, row_info, rows_of_slots,
 )
-from . import _interrupts as interrupts
 from . import controller_persist, controller_put, controller_sampler_store as sampler_store
 from .controller_restore import RestoreHost, install_restore_calls
 from .controller_sampling import SamplerHost
@@ -90,8 +89,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         self.created = not os.path.lexists(self.path / "data.mdb")  # (ControllerPort.created)
         self.env = open_env(self.path, max_dbs=12, sync=sync, **kw)
         self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
-        # (Ctrl-C held back while held: a commit and the mirror's update happen together, tqstore._interrupts)
-        self._lock = interrupts.DeferringRLock()
+        self._lock = threading.RLock()
         self._sampling = SamplerHost(self)
         self._restores = RestoreHost(self)  # selective restores: records, lifecycle, guards
         self._snapshots: Dict[int, Any] = {}  # snapshot id -> read transaction (the controller's side of a cut)
@@ -110,7 +108,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
 
     # ------------------------------------------------------------------ open
     def _init_meta(self, num_units: int) -> None:
-        with self._write_txn() as txn:
+        with self.env.begin(write=True) as txn:
             fmt = txn.get(R.META_FORMAT, db=self.db["meta"])
             if fmt is None:
                 txn.put(R.META_FORMAT, R.encode_decimal(CONTROLLER_FORMAT), db=self.db["meta"])
@@ -155,7 +153,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         partition's cached sampler results inside its ``sampler`` record are read from there
         and moved to records of their own by the next write of its sampler state)."""
         m = self.db
-        with self._write_txn() as txn:
+        with self.env.begin(write=True) as txn:
             if fmt < 2:
                 self._rewrite_v1(txn)
             txn.put(R.META_FORMAT, R.encode_decimal(CONTROLLER_FORMAT), db=m["meta"])
@@ -454,7 +452,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
             m = self.db
             tasks = [t for (pp, t) in self.consumed if pp == pid]
             forget = None if drop_partition or not gone else (lambda s: s.forget_rows(pid, gone))
-            with self._sampling.change(pid, forget) as sw, self._write_txn() as txn:
+            with self._sampling.change(pid, forget) as sw, self.env.begin(write=True) as txn:
                 if sw is not None:
                     sampler_store.write(txn, m["sampler"], pid, sw)
                 for g, key in zip(gone, gone_keys):
@@ -516,7 +514,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                     changed.append((p, g, s, p.fs_id(before - frozenset(fs))))
             if not changed:
                 return
-            with self._write_txn() as txn:
+            with self.env.begin(write=True) as txn:
                 for p, g, s, f in changed:
                     txn.put(_g(g), R.encode_row2(p.num, p.s_key[s] is not None, int(p.s_seq[s]), p.fs_masks[f],
                                                  R.encode_tag(p.tags.get(g))), db=self.db["rows"])
@@ -524,13 +522,6 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                 p.s_fs[s] = f
             for p in self.parts.values():  # rebuilt on the next fetch
                 p.ready.clear()
-
-    def _write_txn(self):
-        """A write transaction of the index.  From here to the release of the controller's lock
-        (the mirror's update follows the commit), Ctrl-C and a SIGTERM handler's exception are
-        held back (:mod:`tqstore._interrupts`)."""
-        self._lock.hold_until_released()
-        return self.env.begin(write=True)
 
     def close(self) -> None:
         with self._lock:

@@ -34,7 +34,7 @@ class ConsumptionCalls:
         whole state, replacing the saved one of ``sampler_key``, default ``pid``)."""
         check_name("task_name", task)
         with self._lock, wrap_errors("mark consumed", self.path):
-            with self._write_txn() as txn:
+            with self.env.begin(write=True) as txn:
                 if gidxs:
                     prefix = R.cons_prefix(task, pid)  # as R.cons_key
                     raw = np.asarray(gidxs, dtype=">u8").tobytes()  # the gidx keys in bulk (R.gidx_key)
@@ -59,7 +59,7 @@ class ConsumptionCalls:
                 return False
             tasks = [t for (pp, t) in list(self.consumed) if pp == pid and (task is None or t == task)]
             with self._sampling.change(pid, lambda s: s.clear_cache(pid, task)) as w, \
-                    self._write_txn() as txn:
+                    self.env.begin(write=True) as txn:
                 if w is not None:
                     sampler_store.write(txn, self.db["sampler"], pid, w)
                 for t in tasks:
@@ -94,5 +94,5 @@ class ConsumptionCalls:
     def set_sampler_state(self, key: str, state: Any) -> None:
         """Replace the saved sampler state of partition ``key`` (as ``state_dict`` gives it)."""
         with self._lock, wrap_errors("save sampler state", self.path):
-            with self._write_txn() as txn:
+            with self.env.begin(write=True) as txn:
                 sampler_store.replace(txn, self.db["sampler"], key, state)

@@ -206,7 +206,7 @@ def mark_clean(c: "Controller", digest: int) -> None:
     with wrap_errors("mark clean", c.path):
         commit = c.env.info()["last_txnid"]
         raw = R.encode_clean(save(c, digest, commit), commit)
-        with c._write_txn() as txn:
+        with c.env.begin(write=True) as txn:
             txn.put(R.META_CLEAN, raw, db=c.db["meta"])
         sync_env(c.env)
 
@@ -217,7 +217,7 @@ def take_clean(c: "Controller") -> Optional[int]:
     malformed: logged).  Raises StorageIOError."""
     with wrap_errors("take clean", c.path):
         last = c.env.info()["last_txnid"]
-        with c._write_txn() as txn:
+        with c.env.begin(write=True) as txn:
             raw = txn.pop(R.META_CLEAN, db=c.db["meta"])
         if raw is None:
             return None

@@ -200,7 +200,7 @@ def commit_put(c, plan: PutPlan, token: Optional[int]) -> None:
     values = R.encode_rows2(p.num, keyed, seqs, masks, tag_json)
     next_after = max(c.next_gidx, max(plan.new_gidxs) + 1) if n_new else c.next_gidx
     next_seq = plan.seq0 + n_new if n_new else p.next_seq
-    with c._write_txn() as txn:
+    with c.env.begin(write=True) as txn:
         # a put of only new rows: fresh gidxs from next_gidx, ascending, appended at the table's end
         put_items(txn.cursor(m["rows"]), list(zip(R.gidx_keys(g_all), values)), ascending=n_new == n)
         if n_new:

@@ -245,7 +245,7 @@ class RestoreHost:
         return rec
 
     def _put_header(self, rid: str, rec: R.RestoreRecord, what: str) -> None:
-        with wrap_errors(what, self._c.path), self._c._write_txn() as txn:
+        with wrap_errors(what, self._c.path), self._c.env.begin(write=True) as txn:
             txn.put(R.restore_key(rid), R.encode_restore(rec), db=self._c.db["restores"])
             lmdb_commit_point("controller_commit")
         self.active[rid] = rec
@@ -320,7 +320,7 @@ class RestoreHost:
                               {f: k for f, k in sch.items() if not (p and p.schema.get(f) == k)}, len(recs), time.time(),
                               (c.next_gidx, max(next_g, c.next_gidx)))
         m = c.db
-        with wrap_errors("begin restore", c.path), c._write_txn() as txn:
+        with wrap_errors("begin restore", c.path), c.env.begin(write=True) as txn:
             txn.put(R.META_RESTORE_TAG, R.encode_decimal(tag_no), db=m["meta"])
             for g in reserved:
                 if g < c.next_gidx:
@@ -413,7 +413,7 @@ class RestoreHost:
         new_pos = np.flatnonzero(new).tolist()
         new_keys = [rows[i].key for i in new_pos]
         g_new = g[new]
-        with wrap_errors("finish restore", c.path), c._write_txn() as txn:
+        with wrap_errors("finish restore", c.path), c.env.begin(write=True) as txn:
             txn.cursor(m["rows"]).putmulti(list(zip(R.gidx_keys(g), values)))
             if new_keys:
                 pre = R.keys_key(rec.pid, "")
@@ -468,7 +468,7 @@ class RestoreHost:
         lower = freed and c.next_gidx == after and before < after  # nothing allocated past them since
         if lower:  # the allocator exactly as before the restore
             freed = [g for g in freed if g < before]
-        with wrap_errors("forget restore", c.path), c._write_txn() as txn:
+        with wrap_errors("forget restore", c.path), c.env.begin(write=True) as txn:
             for k in self._chunk_keys(rid):
                 txn.delete(k, db=c.db["restores"])
             txn.delete(R.restore_key(rid), db=c.db["restores"])

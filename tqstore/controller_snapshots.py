@@ -97,7 +97,7 @@ class SnapshotCalls:
             if floor <= self.seq_floor and not low:
                 return
             m = self.db
-            with wrap_errors("raise the sequence floor", self.path), self._write_txn() as txn:
+            with wrap_errors("raise the sequence floor", self.path), self.env.begin(write=True) as txn:
                 txn.put(R.META_SEQ_FLOOR, R.encode_decimal(max(floor, self.seq_floor)), db=m["meta"])
                 for p in low:
                     txn.put(R.parts_key(p.pid), R.encode_partition(floor, p.meta, p.num), db=m["parts"])

@@ -23,6 +23,7 @@ import numpy as np
 from ._format.columns import KIND_NAMES
 from ._format.layout import KIND_VALUE
 from ._format.names import check_field_name, check_name
+from . import _interrupts as interrupts
 from ._format.values import check_value
 from .call_checks import (GIDX_END as _GIDX_END, NO_ROW as _NO_ROW, check_pid as _check_pid,
                           check_rows as _check_rows, check_task as _check_task,
@@ -240,7 +241,8 @@ class Streaming:
         with dp.lock:
             while True:
                 dp.check_open()
-                batch = dp.controller.fetch(partition_id, task_name, fields, batch_size, cfg)
+                with interrupts.deferred():  # (its consumption commit and the mirror's update together)
+                    batch = dp.controller.fetch(partition_id, task_name, fields, batch_size, cfg)
                 if batch is not None and len(batch):
                     return self._meta(batch, list(batch.schema) if fields is None else fields)
                 left = deadline - time.monotonic()
@@ -548,7 +550,8 @@ class Streaming:
             _check_task(task_name)
         self._dp.check_open()
         with self._dp.lock:
-            done = self._dp.controller.reset_consumption(partition_id, task_name)
+            with interrupts.deferred():
+                done = self._dp.controller.reset_consumption(partition_id, task_name)
             if done:
                 self._dp.wake_locked(partition_id)
         return done

@@ -25,7 +25,8 @@ import errno
 import fcntl
 import logging
 import os
-from typing import Callable, Iterator, List, Optional, Union
+import threading
+from typing import Callable, Dict, Iterator, List, Optional, Union
 
 from . import failpoints as fp
 
@@ -76,6 +77,7 @@ def flocked(path: PathLike, *, shared: bool = False, read_only_ok: bool = False)
     if fd is None:
         yield False
         return
+    _HELD[fd] = threading.get_ident()
     try:
         try:
             _flock_waiting(fd, fcntl.LOCK_SH if shared else fcntl.LOCK_EX, path)
@@ -89,6 +91,7 @@ def flocked(path: PathLike, *, shared: bool = False, read_only_ok: bool = False)
             return
         yield True
     finally:
+        _HELD.pop(fd, None)
         os.close(fd)
 
 
@@ -171,13 +174,38 @@ def hold_dir(path: PathLike) -> Optional[int]:
         os.close(fd)
         log.debug("cannot mark %s as in use (%s)", path, e)
         return None
+    _HELD[fd] = threading.get_ident()
     return fd
 
 
 def release_dir(fd: Optional[int]) -> None:
     """Drop the mark of :func:`hold_dir` (None: nothing to drop)."""
     if fd is not None:
+        _HELD.pop(fd, None)
         os.close(fd)
+
+
+#: descriptors holding a :func:`flocked` lock or a :func:`hold_dir` mark -> the thread that holds it
+_HELD: Dict[int, int] = {}
+
+
+def _after_fork_in_child() -> None:
+    """A forked child closes its copies of the descriptors other threads of the parent hold
+    locks through: a flock belongs to the open file, which the child's copy kept alive, so a
+    save's publication (or a cleaner) waited for the child to end.  The forking thread's own
+    are kept (its ``with`` blocks go on in the child and close them)."""
+    me = threading.get_ident()
+    for fd, tid in list(_HELD.items()):
+        if tid != me:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            del _HELD[fd]
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def dir_in_use(path: PathLike) -> bool:

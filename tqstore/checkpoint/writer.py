@@ -507,9 +507,12 @@ def export_pool(workers: int) -> ThreadPoolExecutor:
 
 
 def _forget_pool() -> None:
+    """In a forked child: none of the parent's pools, nor its saves in flight (the child's
+    exit must not wait for them: their threads are not in the child)."""
     global _POOL, _POOL_LOCK
     _POOL, _POOL_LOCK = None, threading.Lock()
     _EXPORT_POOLS.clear()
+    _STATES.clear()
 
 
 if hasattr(os, "register_at_fork"):
