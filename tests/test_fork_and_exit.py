@@ -7,6 +7,7 @@ lock (the parent's reopen was refused while any child lived); and a background s
 running when the script ends is published (it was dropped).  Real stores, real processes."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -85,13 +86,13 @@ def test_a_forked_childs_close_of_a_temporary_store_leaves_it_to_the_parent(tmp_
     assert not s.root.exists()
 
 
-def test_a_living_forked_child_does_not_keep_the_closed_store_locked(tmp_path):
-    s = tq.open(tmp_path / "s")
-    _put(s, ["a"])
+@contextlib.contextmanager
+def _living_child():
+    """A forked child that idles (its fork hooks have run when this yields) until the block ends."""
     r, w = os.pipe()
     ready_r, ready_w = os.pipe()
     pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child (its fork hooks have run): lives until the parent lets it go
+    if pid == 0:  # pragma: no cover - the child
         os.close(w)
         os.write(ready_w, b"!")
         os.read(r, 1)
@@ -101,12 +102,19 @@ def test_a_living_forked_child_does_not_keep_the_closed_store_locked(tmp_path):
     try:
         assert os.read(ready_r, 1) == b"!"
         os.close(ready_r)
-        s.close()
-        with tq.open(tmp_path / "s") as s2:  # refused ("open in another process") while the child lived
-            assert sorted(s2.kv_list("p")["p"]) == ["a"]
+        yield pid
     finally:
         os.close(w)
         os.waitpid(pid, 0)
+
+
+def test_a_living_forked_child_does_not_keep_the_closed_store_locked(tmp_path):
+    s = tq.open(tmp_path / "s")
+    _put(s, ["a"])
+    with _living_child():
+        s.close()
+        with tq.open(tmp_path / "s") as s2:  # refused ("open in another process") while the child lived
+            assert sorted(s2.kv_list("p")["p"]) == ["a"]
 
 
 def test_a_dataloader_with_forked_workers_over_the_store_raises_instead_of_duplicating_rows():
@@ -220,27 +228,15 @@ def test_a_forked_child_keeps_no_lock_another_thread_of_the_parent_held(tmp_path
     t = threading.Thread(target=holder)
     t.start()
     assert held.wait(30)
-    r, w = os.pipe()
-    ready_r, ready_w = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child (its fork hooks have run): lives until the parent lets it go
-        os.close(w)
-        os.write(ready_w, b"!")
-        os.read(r, 1)
-        os._exit(0)
-    os.close(r)
-    os.close(ready_w)
     try:
-        assert os.read(ready_r, 1) == b"!"
-        os.close(ready_r)
-        release.set()
-        assert done.wait(30)
-        fd = os.open(lock, os.O_RDWR)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while the child kept it)
-        finally:
-            os.close(fd)
+        with _living_child():
+            release.set()
+            assert done.wait(30)
+            fd = os.open(lock, os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (BlockingIOError while the child kept it)
+            finally:
+                os.close(fd)
     finally:
-        os.close(w)
-        os.waitpid(pid, 0)
+        release.set()
         t.join()

@@ -23,7 +23,7 @@ embedded       ``embedded`` (the embedded backend's entry: constructs the      e
                parts, reads their files of a checkpoint into values)           ports, io, format,
                                                                               native, base
 engine         ``store``, ``state_switch``, ``kv``, ``streaming``, ``call_checks``, ``reader``,  embedded, policies,
-               ``store_open``, ``store_undo``, ``store_check``,               ports, io (not
+               ``store_open``, ``store_undo``, ``store_check``, ``store_lock``, ports, io (not
                ``running_loads``,
                ``meta``, ``meta_schema``, ``edge``, ``policy``, ``layout_dirs``,
                ``_gcpause``, ``_gilswitch``, ``_default``, ``capacity``,      ``_io.lmdbenv`` nor
@@ -83,12 +83,12 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("ports", ("ports", "ports_restore", "ports_transfer", "port_calls")),
     ("policies", ("samplers", "seqlen_sampler")),
     ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "unit_restore",
-                     "unit_locs", "unit_compact", "unit_held",
+                     "unit_locs", "unit_compact", "unit_held", "unit_gate",
                      "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling", "controller_persist",
                      "controller_export", "controller_dump", "controller_restore", "controller_snapshots",
                      "controller_consumption", "controller_sampler_store")),
     ("embedded", ("embedded",)),
-    ("engine", ("store", "store_open", "store_snapshot", "store_undo", "store_check", "state_switch", "kv", "streaming", "call_checks", "reader", "read_guard", "meta", "meta_kv",
+    ("engine", ("store", "store_open", "store_lock", "store_snapshot", "store_undo", "store_check", "state_switch", "kv", "streaming", "call_checks", "reader", "read_guard", "meta", "meta_kv",
                 "meta_schema", "edge", "policy", "layout_dirs", "running_loads",
                 "capacity", "_gcpause", "_gilswitch", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),

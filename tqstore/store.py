@@ -21,17 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
 from . import layout_dirs as L
-from ._format.columns import Column, approx_bytes as _approx_bytes
-from ._io import files, locks
+from ._io import files
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .dump import DumpMixin
 from .store_undo import UndoSettling
 from . import _interrupts as interrupts
-from . import store_open
+from . import store_lock, store_open
 from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoundError, StorageIOError,
                      StoreClosedError, TqstoreError, UnsupportedTypeError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
@@ -47,39 +44,13 @@ from .read_guard import RemovalGuard
 from .running_loads import waits_for_running_loads
 from .state_switch import join_retired
 from .store_snapshot import StoreSnapshot, take_cut
-from .reader import PARALLEL_MIN_BYTES, read_fields, read_shapes
+from .reader import read_fields, read_shapes
 from .streaming import _no_partition, check_produced, common_fields
 
 log = logging.getLogger("tqstore")
 
 DURABILITY = ("checkpoint", "commit")
 MIN_MAP_BYTES, MAX_MAP_BYTES = 1 << 20, 1 << 46  # index_map_bytes' bounds (an index's LMDB map: address space)
-# realpath of every store root open in this process -> the pid that opened it (a forked
-# child inherits the dict but not the store): a second open says so instead of blaming
-# "another process" for the flock it holds itself
-_OPEN_ROOTS: Dict[str, int] = {}
-_LOCK_FDS: Dict[str, int] = {}  # (the descriptors holding their LOCK flocks, by real root)
-
-
-def _after_fork_in_child() -> None:
-    """A forked child closes its copies of the stores' LOCK descriptors: an flock belongs to
-    the open file, which the child's copy kept alive, so the parent's close did not free the
-    store while any child lived (its reopen, and every other process's open, were refused).
-    The child may not use the parent's stores anyway (``Store._check_open``)."""
-    for fd in _LOCK_FDS.values():
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _LOCK_FDS.clear()
-    _OPEN_ROOTS.clear()
-    global _OPEN_LOCK
-    _OPEN_LOCK = threading.Lock()  # (another thread of the parent may have held it at the fork)
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-_OPEN_LOCK = threading.Lock()
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -219,28 +190,11 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
 
     # ------------------------------------------------------------------ open / close
     def _take_lock(self) -> int:
-        real = os.path.realpath(self.root)
-        with _OPEN_LOCK:
-            if _OPEN_ROOTS.get(real) == os.getpid():
-                raise StorageIOError(f"store {self.root} is already open in this process; use the open Store "
-                                     f"(or close it first)")
-            try:
-                fd = locks.lock_exclusive_nowait(self.root / "LOCK")
-            except BlockingIOError as e:
-                raise StorageIOError(f"store {self.root} is open in another process (LOCK is held)") from e
-            except OSError as e:
-                raise StorageIOError(f"cannot lock store {self.root} (its LOCK file): {e}") from e
-            _OPEN_ROOTS[real] = os.getpid()
-            _LOCK_FDS[real] = fd
-        self._real_root = real
+        fd, self._real_root = store_lock.take(self.root)
         return fd
 
     def _release_lock(self) -> None:
-        with _OPEN_LOCK:
-            if _OPEN_ROOTS.get(self._real_root) == os.getpid():
-                del _OPEN_ROOTS[self._real_root]
-                _LOCK_FDS.pop(self._real_root, None)
-            locks.unlock(self._lock_fd)
+        store_lock.release(self._real_root, self._lock_fd)
 
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
@@ -320,11 +274,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         if self._closed:
             raise StoreClosedError(f"store {self.root} is closed")
         if os.getpid() != self._pid:
-            raise StoreClosedError(
-                f"store {self.root} was opened by process {self._pid}; this process ({os.getpid()}) is a fork of it "
-                f"and may not use it (its open index files and locks are the parent's: using them here loses data). "
-                f"Open a store in the child instead, or pass it data; a torch DataLoader over tqstore needs "
-                f"num_workers=0")
+            raise store_lock.fork_error(self.root, self._pid)
 
     def close(self) -> None:
         """Close the store (idempotent). A temporary store is deleted.  Every part is closed
@@ -464,49 +414,6 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
                 grows.append(self._capacity.check(self.controller, pid, plan))
         if len(grows) > 1:
             self._capacity.check_sum(self.controller, grows)
-
-    def _write_units(self, plan: Any, cols: List[Column], token: Optional[int] = None) -> None:
-        g_all = np.asarray(plan.gidxs, dtype=np.int64)
-        owner = g_all % self.num_units
-        per_unit: Dict[int, Tuple[List[int], List[int]]] = {}
-        for u in (np.unique(owner).tolist() if self.num_units > 1 else [0] if len(g_all) else []):
-            pos = np.flatnonzero(owner == u) if self.num_units > 1 else np.arange(len(g_all))
-            per_unit[u] = (pos.tolist(), g_all[pos].tolist())
-        fresh = not plan.overwrites
-
-        def one(u: int):
-            positions, gs = per_unit[u]
-            return self.units[u].write([(c, positions, gs) for c in cols], fresh=fresh, token=token)
-
-        errors = []
-        if len(per_unit) > 1 and _approx_bytes(cols) >= PARALLEL_MIN_BYTES:
-            futures = {u: self._pool.submit(one, u) for u in per_unit}
-            for u, fut in futures.items():
-                try:
-                    fut.result()
-                except BaseException as e:  # noqa: BLE001 - collected and re-raised below
-                    errors.append((u, e))
-        else:  # a small put: handing it to the pool costs more than it saves
-            for u in per_unit:
-                try:
-                    one(u)
-                except BaseException as e:  # noqa: BLE001 - collected and re-raised below
-                    errors.append((u, e))
-        if errors:
-            if token is not None:  # put back the entries the units that succeeded replaced
-                self._settle_units(token, committed=False, units=[u for u in per_unit if u not in dict(errors)])
-            # undo entries of rows that did not exist before on units that succeeded
-            new = set(plan.new_gidxs)
-            for u in per_unit:
-                if u not in dict(errors) and new:
-                    try:
-                        self.units[u].delete([g for g in per_unit[u][1] if g in new])
-                    except TqstoreError as e:  # (the put's own error is raised: this one is logged, no traceback)
-                        log.error("could not undo a partial write on unit %d (reopen reconciles it): %s", u, e)
-            u, e = errors[0]
-            if isinstance(e, TqstoreError) or not isinstance(e, Exception):  # (KeyboardInterrupt stays one)
-                raise e
-            raise StorageIOError(f"write to unit {u} of {self.root} failed: {e}") from e
 
     def delete_rows(self, partition_id: str, gidxs: Sequence[int]) -> List[int]:
         """Remove rows (idempotent). Controller first, then the units' entries."""

@@ -41,7 +41,8 @@ from .errors import CorruptionError, InvalidInputError
 
 from .unit_held import HeldBack
 from .unit_locs import GidxArrays, LocCache, write_sets
-from .unit_read import ReadGate, UnitReader, UnitView
+from .unit_gate import ReadGate
+from .unit_read import UnitReader, UnitView
 from .unit_restore import install_restore_calls, open_restore_db
 from .unit_recover import check_index_format, check_index_present, index_state as _index_state, recover, seg_info as _seg_info  # noqa: F401 - check_index_format re-exported
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import threading
 from collections import defaultdict
 from itertools import islice
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -36,6 +35,7 @@ from ._io import files
 from ._io.lmdbenv import read_columns
 from ._format.unit_records import SegInfo
 from .errors import CorruptionError, StoreClosedError
+from .unit_gate import ReadGate
 
 log = logging.getLogger("tqstore")
 
@@ -99,39 +99,6 @@ def _scan_lookup(cur, gidxs: Sequence[int], fields: Sequence[str]) -> Optional[D
         col = locs[:, names.index(f)]
         out[field] = np.ascontiguousarray(col if inv is None else col[inv.reshape(-1)])
     return out
-
-
-class ReadGate:
-    """The reads running on one unit, so that its close waits for them: closing its LMDB
-    environment or unmapping a segment under a read of another thread would crash the
-    process.  A read that starts once the close began raises StoreClosedError."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.closed = False
-        self._running = 0
-        self._mutex = threading.Lock()
-        self._idle = threading.Event()  # (set once closed and no read runs)
-
-    def enter(self) -> None:
-        with self._mutex:
-            if self.closed:
-                raise StoreClosedError(f"{self.what} is closed")
-            self._running += 1
-
-    def leave(self) -> None:
-        with self._mutex:
-            self._running -= 1
-            if self.closed and not self._running:
-                self._idle.set()
-
-    def close(self) -> None:
-        """Refuse new reads, then wait for the running ones to end (idempotent)."""
-        with self._mutex:
-            self.closed = True
-            if not self._running:
-                self._idle.set()
-        self._idle.wait()
 
 
 def _open_unit_read(fn):

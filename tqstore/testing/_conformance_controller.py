@@ -273,10 +273,9 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         c = self.controller(tmp_path)
         self.put(c, "p", keys=["a", "b"])
         self.put(c, "q", n=5)
-        s0 = c.first_rows("p").seqs[0]  # (a new store's first sequence number is random: FORMAT.md)
+        s0 = c.first_rows("p").seqs[0]  # (a new store's first is random: FORMAT.md)
         assert (high := c.seq_high()) >= s0 + 5 and c.first_rows("p").seqs == [s0, s0 + 1]
-        c.raise_seq_floor(high + 10)
-        c.raise_seq_floor(3)  # (lower: nothing changes)
+        c.raise_seq_floor(high + 10), c.raise_seq_floor(3)  # (the lower one changes nothing)
         c = self.reopen(c)
         assert c.seq_high() == high + 10 and c.first_rows("p").seqs == [s0, s0 + 1]  # rows keep theirs
         self.put(c, "p", keys=["c"])
