@@ -409,9 +409,9 @@ class DataPlane:
         """A BatchMeta of the rows of ``keys`` (in their order; keys that are not in the
         partition are left out, as TransferQueue's client does), over the fields every one of
         those rows has produced (in the partition's schema order, as TransferQueue: so that
-        ``get_data`` of it reads them; a row created here has none).  ``create``: missing keys are created first (rows without data,
-        tag ``{}``).  An unknown partition gives an empty meta.  The work is that of the keys
-        asked for, whatever the partition's size.
+        ``get_data`` of it reads them; a row created here has none).  ``create``: missing keys
+        are created first (rows without data, tag ``{}``).  An unknown partition gives an
+        empty meta.  The work is that of the keys asked for, whatever the partition's size.
 
         Raises:
             UnsupportedTypeError (a TypeError, TransferQueue's error): ``keys`` is not a str

@@ -87,7 +87,6 @@ class RunningLoads:
                 return True
         return gone(rid)
 
-
     def wait_others(self) -> None:
         """Wait until no other thread of this process runs (or begins) a load by key or a
         recovery of this store (``Store.close``: their units and pool must stay open)."""
