@@ -343,10 +343,19 @@ def test_shards_written_in_writeback_groups_hold_the_same_bytes(tmp_path, monkey
         pick = [keys[9], keys[2], keys[5], keys[11], keys[0]]
         monkeypatch.setattr(unit_dump, "WRITEBACK_BYTES", 0)
         s.dump_data_by_key(tmp_path / "once", pick, "train")
-        groups = []
+        groups = []  # (offset, bytes) of each writeback started from Python: the header and table groups
+        ranged = []  # (writeback, bytes) of each run of frames written by the native call
         real = unit_dump.files.start_writeback
         monkeypatch.setattr(unit_dump.files, "start_writeback", lambda fd, at, n: groups.append((at, n)) or
                             real(fd, at, n))
+        real_ranges = unit_dump.files._native.pwrite_ranges
+
+        def pwrite_ranges(fd, src, offs, lens, pos, writeback):
+            n = real_ranges(fd, src, offs, lens, pos, writeback)
+            ranged.append((writeback, n))
+            return n
+
+        monkeypatch.setattr(unit_dump.files._native, "pwrite_ranges", pwrite_ranges)
         monkeypatch.setattr(unit_dump, "WRITEBACK_BYTES", 1000)
         s.dump_data_by_key(tmp_path / "grouped", pick, "train")
         expect = _batch_picture(s.kv_batch_get(pick, "train"))
@@ -354,20 +363,22 @@ def test_shards_written_in_writeback_groups_hold_the_same_bytes(tmp_path, monkey
         s.close()
     shards = sorted(n for n in os.listdir(tmp_path / "grouped") if n.startswith("shard-"))
     sizes = {n: (tmp_path / "grouped" / n).stat().st_size for n in shards}
-    assert len(groups) > 2 * len(shards)  # several groups a shard
-    assert sum(n for _at, n in groups) == sum(sizes.values())
+    assert {wb for wb, _n in ranged} == {1000}  # the frames' writeback started every 1000 bytes
+    assert sum(n for _wb, n in ranged) > 2 * 1000 * len(shards)  # several groups a shard
+    assert sum(n for _at, n in groups) + sum(n for _wb, n in ranged) == sum(sizes.values())
     once = {n: (tmp_path / "once" / n).read_bytes() for n in os.listdir(tmp_path / "once") if n != "MANIFEST.json"}
     grouped = {n: (tmp_path / "grouped" / n).read_bytes() for n in os.listdir(tmp_path / "grouped")
                if n != "MANIFEST.json"}
     assert grouped == once and verify_dump(tmp_path / "grouped") == []
     groups.clear()
+    ranged.clear()
     monkeypatch.setattr(unit_dump, "WRITEBACK_MAX_SHARD", min(sizes.values()) - 1)  # every shard larger
     s = tqstore.open(tmp_path / "store")
     try:
         s.dump_data_by_key(tmp_path / "whole", pick, "train")
     finally:
         s.close()
-    assert groups == []  # written whole, then fsynced
+    assert groups == [] and ranged and {wb for wb, _n in ranged} == {0}  # written whole, then fsynced
     assert {n: (tmp_path / "whole" / n).read_bytes() for n in once} == once
     t = tqstore.open(tmp_path / "target", num_units=3)
     try:

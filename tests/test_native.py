@@ -69,6 +69,7 @@ def test_surface_and_layout_constants():
     assert P.IMPLEMENTATION == "pure"
     for name in ("crc32c", "build_header", "frame_head", "frame_tail", "encode_frames", "encode_rows",
                  "check_frames", "gather_frames", "copy_ranges", "restamp_frames", "crc32c_frames", "pread_ranges",
+                 "pwrite_ranges",
                  "leaf_room",
                  "leaf_columns", "place_keys"):
         assert callable(getattr(F, name)) and callable(getattr(P, name))
@@ -1270,3 +1271,52 @@ def test_place_keys_refuses_bad_arguments_before_placing():
     assert run_both("place_keys", ok[0], ok[1], ok[2], np.array([0, 1], np.int64), [None]) == ("err", ValueError)
     assert run_both("place_keys", *ok, (None,)) == ("err", TypeError)
     assert run_both("place_keys", ok[0], np.array([4], np.int32), *ok[2:], [None]) == ("err", ValueError)
+
+
+# ---- pwrite_ranges ------------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.data())
+def test_pwrite_ranges_writes_the_ranges_back_to_back_from_pos(tmp_path_factory, seed, data):
+    rng = np.random.default_rng(seed)
+    src = rng.integers(0, 256, int(rng.integers(1, 300_000)), dtype=np.uint8).tobytes()
+    n = data.draw(st.integers(0, 2100))  # (past one vectored write of 1024 ranges)
+    offs = rng.integers(0, len(src), n).astype("<i8")
+    lens = np.minimum(rng.integers(0, 300, n), len(src) - offs).astype("<i8")
+    pos = data.draw(st.integers(0, 5000))
+    writeback = data.draw(st.sampled_from([0, 1, 4096, 1 << 20]))
+    want = b"".join(src[o:o + m] for o, m in zip(offs.tolist(), lens.tolist()))
+    d = tmp_path_factory.mktemp("pwrite")
+    for mod in (F, P):
+        path = d / mod.IMPLEMENTATION
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            assert mod.pwrite_ranges(fd, src, offs, lens, pos, writeback) == len(want)
+        finally:
+            os.close(fd)
+        got = path.read_bytes()
+        assert got[pos:] == want and got[:pos] == bytes(len(got[:pos]))  # (a hole before pos, when anything follows)
+
+
+def test_pwrite_ranges_refuses_bad_arguments_before_writing(tmp_path):
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    src = bytes(range(256))
+    try:
+        for offs, lens, pos in (([0, 250], [4, 10], 0), ([-1], [4], 0), ([0], [-4], 0), ([0], [4], -1),
+                                ([257], [0], 0)):
+            assert run_both("pwrite_ranges", fd, src, np.asarray(offs, "<i8"), np.asarray(lens, "<i8"), pos, 0) == \
+                ("err", ValueError)
+        assert run_both("pwrite_ranges", fd, src, np.zeros(1, "<i8"), np.zeros(2, "<i8"), 0, 0) == ("err", ValueError)
+        assert run_both("pwrite_ranges", fd, src, np.zeros(1, "<i4"), np.ones(1, "<i8"), 0, 0) == ("err", ValueError)
+        assert os.path.getsize(path) == 0  # nothing was written
+        assert run_both("pwrite_ranges", fd, src, np.asarray([3], "<i8"), np.asarray([0], "<i8"), 0, 0) == ("ok", 0)
+    finally:
+        os.close(fd)
+    ro = os.open(path, os.O_RDONLY)
+    try:  # a failed write: OSError (here EBADF: a descriptor not open for writing)
+        assert run_both("pwrite_ranges", ro, src, np.zeros(1, "<i8"), np.ones(1, "<i8"), 0, 0) == ("err", OSError)
+    finally:
+        os.close(ro)
+    assert run_both("pwrite_ranges", ro, src, np.zeros(1, "<i8"), np.ones(1, "<i8"), 0, 0) == ("err", OSError)

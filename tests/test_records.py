@@ -451,3 +451,31 @@ def test_restore_rows_with_tags_encoded_once_are_the_same_bytes(rows):
     assert CR.tag_values(texts) == CR.encode_tags(tags)
     with pytest.raises(ValueError):
         CR.encode_restore_rows(recs, texts + ["null"])
+
+
+_tag_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=6),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=6)
+
+
+@settings(max_examples=150, deadline=None)
+@given(rows=st.lists(st.tuples(st.text(min_size=1, max_size=6), st.integers(0, 2**64 - 1), _tag_values,
+                               st.sets(st.sampled_from(["a", "b", "t\u00e9", "d\"q"]))), max_size=8),
+       schemas=st.dictionaries(st.sampled_from(["a", "b", "t\u00e9", "d\"q"]), st.tuples(st.sampled_from([0, 1]),
+                                                                                    st.sampled_from([1, 2, 3])),
+                               max_size=4))
+def test_the_dump_row_index_text_is_that_of_its_document(rows, schemas):
+    """A dump's rows.json is put together row by row from texts made in bulk: byte for byte the
+    compact ASCII JSON of the document (non-ASCII keys, tags and field names escaped, huge
+    integers, NaN and infinities, field sets as frozensets or lists in any order), and its
+    rows decode back."""
+    from tqstore._format import dump_records as DR
+
+    as_lists = [(k, g, t, sorted(fs, reverse=True)) for k, g, t, fs in rows]
+    frozen = [(k, g, t, frozenset(fs)) for k, g, t, fs in rows]
+    want = DR.encode_row_index_doc("p\u00e9", 3, schemas, frozen)
+    assert DR.encode_row_index("p\u00e9", 3, schemas, frozen) == want
+    assert DR.encode_row_index("p\u00e9", 3, schemas, as_lists) == want
+    doc = json.loads(want)
+    assert [(r["key"], r["gidx"], r["fields"]) for r in doc["rows"]] == [(k, g, sorted(fs)) for k, g, _t, fs in rows]

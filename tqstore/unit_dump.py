@@ -4,7 +4,8 @@ Owner-side I/O: the unit resolves the dumped rows' frames in its snapshot's inde
 each with the frame-check kernel where it lies (the mapped sealed segment: structure,
 exact extent, gidx, end magic, padding, CRC32C and the CRC its index recorded), and writes
 them byte for byte, in segment order, with vectored writes straight from the mapping into
-the new shard file, then the table, then the file is fsynced.  The shard's CRC32C is not
+the new shard file (one native call per segment, without the GIL:
+:class:`tqstore._io.files.Ranges`), then the table, then the file is fsynced.  The shard's CRC32C is not
 computed by reading the file back: it is the header's CRC combined with each checked
 frame's (from its trailer CRC, which covers all of the frame but its trailer and padding:
 :func:`tqstore._native.crc32c_frames`) and the table's.  The asked frames' locations come
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -71,7 +72,6 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     nbytes = int(locs["length"].astype(np.int64).sum())
     header = D.encode_shard_header(unit.unit_id, num_units, len(locs), nbytes, table)
     bufs: List = [header]
-    views: List[memoryview] = []  # (released however this ends: an error's traceback must not pin a mapping)
     crc = _native.crc32c(header)  # the shard's CRC32C, as its bytes are laid out
     try:
         for seg in np.unique(locs["seg"]).tolist():
@@ -83,19 +83,15 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
             _raise_first(m, ls, res, ggs, path=path)
             # (checked: each trailer holds its covered bytes' CRC32C, so only the tails are read)
             crc = _native.crc32c_frames(m, ls["offset"].astype(np.int64), ls["length"].astype(np.int64), crc)
-            views.append(memoryview(m))
-            runs = [views[-1][a:b] for a, b in _runs(ls)]
-            views.extend(runs)
-            bufs.extend(runs)
+            starts, ends = _runs(ls)
+            bufs.append(files.Ranges(m, starts, ends - starts))  # (written without the GIL, no view per frame)
         bufs.append(table)
         crc = _native.crc32c(table, crc)
         want = len(header) + nbytes + len(table)
         early = WRITEBACK_BYTES if want <= WRITEBACK_MAX_SHARD else 0
         size = files.write_buffers(dest, bufs, fsync=False, writeback_bytes=early)
     finally:
-        del bufs
-        for v in reversed(views):
-            v.release()
+        del bufs  # (however this ends: an error's traceback must not pin a mapping)
         m = None  # noqa: F841 - (nor its last mapping: a live mmap holds the segment's file open)
     if size != want:
         raise CorruptionError(f"dump shard holds {size} bytes, {want} were to be written", path=str(dest))
@@ -195,13 +191,14 @@ def _index_keys(gidxs: np.ndarray, name: bytes) -> List[bytes]:
     return [blob[i:i + w] for i in range(0, n * w, w)]
 
 
-def _runs(locs: np.ndarray):
-    """``(start, end)`` byte ranges of the frames (sorted by offset), adjacent frames merged."""
-    if not len(locs):
-        return []
+def _runs(locs: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """``(starts, ends)`` (i64 arrays) of the byte ranges of the frames (sorted by offset),
+    adjacent frames merged."""
     starts = locs["offset"].astype(np.int64)
     ends = starts + locs["length"].astype(np.int64)
+    if not len(locs):
+        return starts, ends
     brk = np.flatnonzero(starts[1:] != ends[:-1]) + 1
     first = np.concatenate(([0], brk))
     last = np.concatenate((brk - 1, [len(locs) - 1]))
-    return list(zip(starts[first].tolist(), ends[last].tolist()))
+    return starts[first], ends[last]

@@ -25,7 +25,9 @@ from .columns import KIND_NAMES
 from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from .layout import ALIGN
 from .names import check_field_name, check_key, check_name, max_key_bytes
-from .values import dumps as _dumps, loads as _loads
+from .values import dumps as _dumps, dumps_each as _dumps_each, loads as _loads
+
+_json_str_ascii = json.encoder.encode_basestring_ascii  # (a str as JSON text, non-ASCII escaped: C)
 
 MANIFEST_NAME = "MANIFEST.json"
 ROW_INDEX_NAME = "rows.json"
@@ -247,12 +249,42 @@ def _str(d: Mapping[str, Any], k: str, what: str, path: Optional[str]) -> str:
 def encode_row_index(pid: str, num_units: int, schemas: Mapping[str, Tuple[int, int]],
                      rows: Sequence[Tuple[str, int, Any, Sequence[str]]]) -> bytes:
     """``rows.json``: the dumped rows ``(key, source gidx, tag, produced fields)`` in dump
-    order and the partition's field schemas ``field -> (kind code, dtype code)``."""
-    doc = {"format": ROW_INDEX_FORMAT, "version": DUMP_VERSION, "partition_id": pid, "num_units": int(num_units),
-           "schemas": {f: {"kind": KIND_NAMES[k], "dtype": schema_dtype_name(d)}
-                       for f, (k, d) in sorted(schemas.items())},
-           "rows": [{"key": k, "gidx": int(g), "tag": t, "fields": sorted(fs)} for k, g, t, fs in rows]}
-    return (_dumps(doc, ensure_ascii=True) + "\n").encode("ascii")
+    order and the partition's field schemas ``field -> (kind code, dtype code)``.
+
+    The text is that of one compact ASCII JSON document (:func:`encode_row_index_doc`), put
+    together row by row from texts made in bulk (the keys' by the C string encoder, the
+    tags' by one C encoder, one text per distinct field list): no object per row, which
+    halves the time of a dump's row index of thousands of rows."""
+    head = _dumps(_row_index_doc(pid, num_units, schemas, []), ensure_ascii=True)
+    if not head.endswith('"rows":[]}'):  # (the rows last: the document's member order)
+        raise AssertionError("row index head out of order")  # pragma: no cover
+    keys, gidxs, tags, fields = (list(c) for c in zip(*rows)) if rows else ([], [], [], [])
+    by_fields: Dict[Any, str] = {}
+    field_texts = []
+    for fs in fields:
+        fk = fs if isinstance(fs, frozenset) else tuple(fs)
+        t = by_fields.get(fk)
+        if t is None:
+            t = by_fields[fk] = _dumps(sorted(fs), ensure_ascii=True)
+        field_texts.append(t)
+    body = ",".join([f'{{"key":{k},"gidx":{int(g)},"tag":{t},"fields":{f}}}' for k, g, t, f in
+                     zip(map(_json_str_ascii, keys), gidxs, _dumps_each(tags, ensure_ascii=True), field_texts)])
+    return (head[:-2] + body + "]}\n").encode("ascii")
+
+
+def encode_row_index_doc(pid: str, num_units: int, schemas: Mapping[str, Tuple[int, int]],
+                         rows: Sequence[Tuple[str, int, Any, Sequence[str]]]) -> bytes:
+    """:func:`encode_row_index` by way of one document object (the reference its text must
+    equal, byte for byte)."""
+    return (_dumps(_row_index_doc(pid, num_units, schemas, rows), ensure_ascii=True) + "\n").encode("ascii")
+
+
+def _row_index_doc(pid: str, num_units: int, schemas: Mapping[str, Tuple[int, int]],
+                   rows: Sequence[Tuple[str, int, Any, Sequence[str]]]) -> Dict[str, Any]:
+    return {"format": ROW_INDEX_FORMAT, "version": DUMP_VERSION, "partition_id": pid, "num_units": int(num_units),
+            "schemas": {f: {"kind": KIND_NAMES[k], "dtype": schema_dtype_name(d)}
+                        for f, (k, d) in sorted(schemas.items())},
+            "rows": [{"key": k, "gidx": int(g), "tag": t, "fields": sorted(fs)} for k, g, t, fs in rows]}
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ is not set to ``1``; otherwise ``_pure``.  Both expose the same stateless functi
 ``layout``), ``gather_frames`` (the same checks against a head template, copying the
 payloads; the same codes), ``copy_ranges``, ``restamp_frames``, ``crc32c_frames`` (the
 CRC32C of checked frames back to back, from their trailers' CRCs), ``pread_ranges`` (byte
-ranges of an open file read into one buffer without the GIL: reads only), ``leaf_room``
+ranges of an open file read into one buffer without the GIL: reads only), ``pwrite_ranges``
+(byte ranges of a buffer written back to back into an open file without the GIL), ``leaf_room``
 and ``leaf_columns`` (the entries of an LMDB database's leaf pages, every page and node
 checked, keys and inline values copied into the caller's arrays without the GIL;
 ``leaf_room`` sizes them; ``_format.lmdb_pages`` walks the branch levels to the leaves),
@@ -53,6 +54,7 @@ copy_ranges = impl.copy_ranges
 restamp_frames = impl.restamp_frames
 crc32c_frames = impl.crc32c_frames
 pread_ranges = impl.pread_ranges
+pwrite_ranges = impl.pwrite_ranges
 leaf_room = impl.leaf_room
 leaf_columns = impl.leaf_columns
 place_keys = impl.place_keys
@@ -71,6 +73,7 @@ __all__ = [
     "restamp_frames",
     "crc32c_frames",
     "pread_ranges",
+    "pwrite_ranges",
     "leaf_room",
     "leaf_columns",
     "place_keys",

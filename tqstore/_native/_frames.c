@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <stddef.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(TQSTORE_NO_SSE42)
@@ -1613,6 +1615,125 @@ done:
     return result;
 }
 
+/* pwrite_ranges: the byte ranges (i64 offsets, lengths) of `src` (say, a mapped segment) written
+ * back to back into the open file `fd` from its offset `pos`, with vectored writes of up to
+ * 1024 ranges (repeated on a short write), without the GIL: a shard of many small frames costs
+ * a system call per 1024 frames, not a Python call and a memoryview per frame.  `writeback` > 0:
+ * every time that many more bytes are written, their writeback is started
+ * (posix_fadvise(DONTNEED): it starts the writeback without waiting and drops clean pages), so
+ * a later fsync finds little left; a hint, its errors are ignored.  Every range is checked to
+ * lie inside `src` before anything is written (ValueError).  Returns the bytes written; OSError
+ * for a failed write (some ranges may be written). */
+#define PWRITE_IOV 1024
+static PyObject *py_pwrite_ranges(PyObject *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    static const char *const names[] = {"fd", "src", "offsets", "lengths", "pos", "writeback"};
+    PyObject *a[6];
+    if (parse_args("pwrite_ranges", args, nargs, kwnames, names, 6, 6, a) < 0) return NULL;
+    Py_buffer vs = {0}, vo = {0}, vl = {0};
+    PyObject *result = NULL;
+    Py_ssize_t n = 0, nl = 0;
+    int fd = PyObject_AsFileDescriptor(a[0]);
+    if (fd < 0) return NULL;
+    long long pos0 = PyLong_AsLongLong(a[4]);
+    if (pos0 == -1 && PyErr_Occurred()) return NULL;
+    long long wb = PyLong_AsLongLong(a[5]);
+    if (wb == -1 && PyErr_Occurred()) return NULL;
+    if (pos0 < 0) {
+        PyErr_SetString(PyExc_ValueError, "pos must not be negative");
+        return NULL;
+    }
+    if (get_contig(a[1], &vs, "src", 0) < 0) goto done;
+    if (get_i64s(a[2], &vo, "offsets", &n) < 0) goto done;
+    if (get_i64s(a[3], &vl, "lengths", &nl) < 0) goto done;
+    if (n != nl) {
+        PyErr_SetString(PyExc_ValueError, "offsets and lengths must have the same length");
+        goto done;
+    }
+    const uint8_t *po = (const uint8_t *)vo.buf, *pl = (const uint8_t *)vl.buf;
+    uint64_t size = (uint64_t)vs.len;
+    uint64_t *rng = PyMem_Malloc(sizeof(uint64_t) * 2 * (size_t)(n ? n : 1));
+    if (!rng) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) { /* copied as checked: the loop below reads these */
+        uint64_t off = get_le64(po + 8 * i), len = get_le64(pl + 8 * i);
+        if ((int64_t)off < 0 || (int64_t)len < 0 || off > size || len > size - off) {
+            PyErr_Format(PyExc_ValueError, "range %zd ([%lld, +%lld)) is not inside src (%llu bytes)", i,
+                         (long long)off, (long long)len, (unsigned long long)size);
+            PyMem_Free(rng);
+            goto done;
+        }
+        rng[2 * i] = off;
+        rng[2 * i + 1] = len;
+    }
+    {
+        const uint8_t *src = (const uint8_t *)vs.buf;
+        uint64_t pos = (uint64_t)pos0, mark = (uint64_t)pos0;
+        int err = 0;
+        Py_BEGIN_ALLOW_THREADS
+        struct iovec iov[PWRITE_IOV];
+        Py_ssize_t i = 0;
+        uint64_t skip = 0; /* bytes of range i written by a short write */
+        while (i < n && !err) {
+            int k = 0;
+            Py_ssize_t j = i;
+            for (; j < n && k < PWRITE_IOV; j++) {
+                uint64_t off = rng[2 * j] + (j == i ? skip : 0), len = rng[2 * j + 1] - (j == i ? skip : 0);
+                if (!len) continue;
+                iov[k].iov_base = (void *)(src + off);
+                iov[k].iov_len = (size_t)len;
+                k++;
+            }
+            if (!k) break;
+            ssize_t w = pwritev(fd, iov, k, (off_t)pos);
+            if (w < 0) {
+                if (errno == EINTR) continue;
+                err = errno;
+                break;
+            }
+            if (w == 0) {
+                err = EIO;
+                break;
+            }
+            pos += (uint64_t)w;
+            uint64_t left = (uint64_t)w; /* advance past what was written */
+            while (left && i < n) {
+                uint64_t rest = rng[2 * i + 1] - skip;
+                if (left >= rest) {
+                    left -= rest;
+                    i++;
+                    skip = 0;
+                } else {
+                    skip += left;
+                    left = 0;
+                }
+            }
+            while (i < n && rng[2 * i + 1] == skip) { /* empty ranges */
+                i++;
+                skip = 0;
+            }
+            if (wb > 0 && pos - mark >= (uint64_t)wb) {
+                (void)posix_fadvise(fd, (off_t)mark, (off_t)(pos - mark), POSIX_FADV_DONTNEED);
+                mark = pos;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        PyMem_Free(rng);
+        if (err) {
+            errno = err;
+            PyErr_SetFromErrno(PyExc_OSError);
+            goto done;
+        }
+        result = PyLong_FromUnsignedLongLong(pos - (uint64_t)pos0);
+    }
+done:
+    if (vs.obj) PyBuffer_Release(&vs);
+    if (vo.obj) PyBuffer_Release(&vo);
+    if (vl.obj) PyBuffer_Release(&vl);
+    return result;
+}
+
 /* ---- leaf_columns: the leaf level of an LMDB B+tree ---------------------------------- */
 
 /* LMDB 0.9, 64-bit (lmdb/libraries/liblmdb/mdb.c; tqstore/_format/lmdb_pages.py): a page
@@ -2104,6 +2225,10 @@ static PyMethodDef methods[] = {
      "pread_ranges(fd, offsets, lengths, dst)\n--\n\n"
      "Read the byte ranges (i64 offsets, lengths) of the open file ``fd`` back to back into ``dst``,\n"
      "without the GIL; returns the bytes read (fewer only when the file ends first)."},
+    {"pwrite_ranges", (PyCFunction)(void (*)(void))py_pwrite_ranges, METH_FASTCALL | METH_KEYWORDS,
+     "pwrite_ranges(fd, src, offsets, lengths, pos, writeback)\n--\n\n"
+     "Write the byte ranges (i64 offsets, lengths) of ``src`` back to back into the open file ``fd`` from\n"
+     "``pos``, without the GIL, starting the writeback of every ``writeback`` bytes (> 0); returns the bytes."},
     {"leaf_room", (PyCFunction)(void (*)(void))py_leaf_room, METH_FASTCALL | METH_KEYWORDS,
      "leaf_room(buf, pgnos, page_size)\n--\n\n"
      "(nodes, room) of the LMDB leaf pages ``pgnos`` of ``buf``, their headers checked: leaf_columns' output sizes."},

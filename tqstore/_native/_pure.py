@@ -5,6 +5,7 @@ extension is missing or ``TQSTORE_PURE=1``.  Holds no state.
 """
 from __future__ import annotations
 
+import errno
 import math
 import os
 import operator
@@ -479,6 +480,49 @@ def copy_ranges(src, offsets, lengths, dst) -> int:
         d[pos:pos + n] = s[o:o + n]
         pos += n
     return total
+
+
+def pwrite_ranges(fd, src, offsets, lengths, pos, writeback) -> int:
+    """Write the byte ranges ``offsets[i], lengths[i]`` (little-endian i64) of ``src`` back to
+    back into the open file ``fd`` from its offset ``pos`` (vectored writes of up to 1024
+    ranges, repeated on a short write); ``writeback`` > 0 starts the writeback of every that
+    many bytes written (``posix_fadvise(DONTNEED)``, a hint; its errors are ignored).  Returns
+    the bytes written.  Raises ValueError (before writing) for a range outside ``src`` or a
+    negative ``pos``, OSError for a failed write."""
+    fd = fd if isinstance(fd, int) else fd.fileno()
+    pos, writeback = operator.index(pos), operator.index(writeback)
+    if pos < 0:
+        raise ValueError("pos must not be negative")
+    s = _contig(src, "src")
+    offs, lens = _i64s(offsets, "offsets"), _i64s(lengths, "lengths")
+    if len(offs) != len(lens):
+        raise ValueError("offsets and lengths must have the same length")
+    size = s.nbytes
+    for i, (o, n) in enumerate(zip(offs, lens)):
+        if o < 0 or n < 0 or o > size or n > size - o:
+            raise ValueError(f"range {i} ([{o}, +{n})) is not inside src ({size} bytes)")
+    views = [s[o:o + n] for o, n in zip(offs, lens) if n]
+    start = mark = pos
+    i = 0
+    while i < len(views):
+        w = os.pwritev(fd, views[i:i + 1024], pos)
+        if w == 0:
+            raise OSError(errno.EIO, "pwritev wrote nothing")
+        pos += w
+        while w and i < len(views):
+            if w >= views[i].nbytes:
+                w -= views[i].nbytes
+                i += 1
+            else:
+                views[i] = views[i][w:]
+                w = 0
+        if writeback > 0 and pos - mark >= writeback:
+            try:
+                os.posix_fadvise(fd, mark, pos - mark, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass
+            mark = pos
+    return pos - start
 
 
 def pread_ranges(fd, offsets, lengths, dst) -> int:
