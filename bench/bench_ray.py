@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     gib = args.gib if args.gib is not None else (0.0625 if args.quick else 0.25)
     batches, nbytes = rows_of(int(gib * GiB))
     log(f"{sum(len(b[0]) for b in batches)} rows, {nbytes / GiB:.3f} GiB of payload, {args.units} units")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
     base = Path(args.dir or tempfile.mkdtemp(prefix="tqstore-bench-ray-"))
     got = {"embedded": [], "ray": [], "served": []}
     try:

@@ -27,7 +27,7 @@ slow = pytest.mark.slow
 def ray_cluster():
     import sys
 
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # its tasks travel by value: workers cannot import it
     yield
     ray.shutdown()
