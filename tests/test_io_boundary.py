@@ -59,7 +59,7 @@ EXEMPT: Dict[Tuple[str, str], str] = {
 }
 #: functions outside _io that make a durable call, and why that is fine
 EXEMPT_OUTSIDE_IO: Dict[Tuple[str, str], str] = {
-    ("_native/_pure.py", "pwrite_ranges"): "the pure twin of the C kernel (which no scan sees); only "
+    ("_native/_pure.py", "_pwritev_views"): "pwrite_ranges, the pure twin of the C kernel (which no scan sees); only "
                                            "_io.files.write_buffers calls it, and with failpoints active it "
                                            "writes the ranges as views through pwrite_all instead",
 }

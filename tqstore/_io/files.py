@@ -210,10 +210,6 @@ class Ranges(NamedTuple):
     offsets: Any
     lengths: Any
 
-    @property
-    def nbytes(self) -> int:
-        return int(sum(self.lengths.tolist()))
-
     def views(self, made: List[memoryview]) -> List[memoryview]:
         """One view of ``src`` per range (the slow path: failpoints active); every view made
         is appended to ``made`` too, for the caller to release."""

@@ -502,6 +502,14 @@ def pwrite_ranges(fd, src, offsets, lengths, pos, writeback) -> int:
         if o < 0 or n < 0 or o > size or n > size - o:
             raise ValueError(f"range {i} ([{o}, +{n})) is not inside src ({size} bytes)")
     views = [s[o:o + n] for o, n in zip(offs, lens) if n]
+    try:
+        return _pwritev_views(fd, views, pos, writeback)
+    finally:  # (an error's traceback must not pin ``src``: a mapping with views cannot close)
+        for v in views:
+            v.release()
+
+
+def _pwritev_views(fd: int, views: list, pos: int, writeback: int) -> int:
     start = mark = pos
     i = 0
     while i < len(views):
