@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -385,8 +386,9 @@ def test_a_timeout_block_whose_fetch_took_rows_ends_in_timeout_error_with_the_ro
 
 
 def test_a_fetch_cancelled_while_queued_behind_busy_pool_threads_never_runs(store, monkeypatch):
-    """Every thread of the API pool is busy: a fetch cancelled before its ask started is
-    withdrawn (CancelledError at once, no row taken), not run later with its rows lost."""
+    """Every thread of the API pool's read lane (where a fetch's asks run) is busy: a fetch
+    cancelled before its ask started is withdrawn (CancelledError at once, no row taken), not
+    run later with its rows lost."""
     import threading
 
     from tqstore import _executor
@@ -398,7 +400,7 @@ def test_a_fetch_cancelled_while_queued_behind_busy_pool_threads_never_runs(stor
     release = threading.Event()
 
     async def main():
-        busy = [asyncio.ensure_future(_executor.run(release.wait, 30)) for _ in range(2)]
+        busy = [asyncio.ensure_future(_executor.run_on("read", release.wait, 30)) for _ in range(2)]
         await asyncio.sleep(0.05)
         t = asyncio.ensure_future(client.async_get_meta(["prompt"], 2, "q", task_name="t", timeout_s=5))
         await asyncio.sleep(0.05)
@@ -479,3 +481,54 @@ def test_kv_batch_put_refuses_tags_that_are_no_list_before_writing(store):
     with pytest.raises(tq.InvalidInputError, match="tags must be a list"):
         store.kv_batch_put(["k"], "p", {"prompt": torch.tensor([[1]])}, tags=5)
     assert store.kv_list("p") == {}
+
+
+def test_reads_and_fetches_never_queue_behind_puts_waiting_for_the_write_lock(store, monkeypatch):
+    """Producers' puts waiting their turn for the store's write lock hold only the write
+    lane's threads: a fetch's ``timeout_s`` and a small read keep their time (with one pool,
+    4 puts waiting held every thread and the 0.2 s fetch and the read waited for the lock)."""
+    import threading
+
+    from tqstore import _executor
+
+    monkeypatch.setenv("TQSTORE_ASYNC_WORKERS", "2")
+    _executor.shutdown()  # (pools of 2 threads from here on)
+    store.put(_rows(2), partition_id="q")
+    client = tq.get_client()
+    meta = client.get_meta(["prompt"], 2, "q", task_name="reader")
+    held, release = threading.Event(), threading.Event()
+
+    def long_put():  # holds the write lock up to 5 s, as a long put would
+        with store._write_lock:
+            held.set()
+            release.wait(5.0)
+
+    holder = threading.Thread(target=long_put)
+    holder.start()
+    held.wait()
+
+    async def main():
+        puts = [asyncio.ensure_future(client.async_put(_rows(2), partition_id="w")) for _ in range(4)]
+        await asyncio.sleep(0.2)  # (every write-lane thread is now waiting for the lock)
+        t0 = time.monotonic()
+        empty = await client.async_get_meta(["prompt"], 2, "nothing-here", task_name="t", timeout_s=0.2)
+        fetch_s = time.monotonic() - t0
+        t0 = time.monotonic()
+        got = await client.async_get_data(meta)
+        read_s = time.monotonic() - t0
+        waiting = not any(p.done() for p in puts)
+        release.set()
+        await asyncio.gather(*puts)
+        return empty, fetch_s, got, read_s, waiting
+
+    try:
+        empty, fetch_s, got, read_s, waiting = asyncio.run(main())
+    finally:
+        release.set()
+        holder.join()
+        _executor.shutdown()
+        monkeypatch.delenv("TQSTORE_ASYNC_WORKERS")
+    assert empty.size == 0 and fetch_s < 2.0, fetch_s  # about its 0.2 s, not the lock's 5 s
+    assert got["prompt"].shape[0] == 2 and read_s < 2.0, read_s
+    assert waiting  # the puts were waiting for the lock all along
+    assert len(store.get_consumption_status("any", "w")[1]) == 8  # and all 4 puts landed after it

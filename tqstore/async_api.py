@@ -22,7 +22,7 @@ def _async_function(name: str) -> Callable:
 
     async def fn(*args: Any, **kwargs: Any) -> Any:
         store = _default.get_default()
-        return await _executor.run(call_store, store, name, *args, **kwargs)
+        return await _executor.run_on(_executor.lane_of(name), call_store, store, name, *args, **kwargs)
 
     sig = inspect.signature(target)
     fn.__signature__ = sig.replace(parameters=list(sig.parameters.values())[1:])  # type: ignore[attr-defined]

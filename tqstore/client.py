@@ -65,7 +65,7 @@ async def _async_get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
     """``get_meta`` for the async forms: a fetch waits on the event loop (:mod:`tqstore.fetch_wait`)."""
     how = fetch_wait.plan(store, args, kwargs)
     if how is None:
-        return await _executor.run(call_store, store, "get_meta", *args, **kwargs)
+        return await _executor.run(call_store, store, "get_meta", *args, **kwargs)  # (it may create rows)
     with _metrics.REGISTRY.timed("get_meta") as box:
         out = await fetch_wait.fetch_async(store, how)
         box["rows"] = _metrics.rows_of(out)
@@ -91,7 +91,7 @@ def _async_method(name: str) -> Callable:
         store = self.store  # resolved on the loop: StoreClosedError at once, before the hop
         if name == "get_meta":  # a fetch waits on the loop, not on a pool thread
             return await _async_get_meta(store, *args, **kwargs)
-        return await _executor.run(self._dispatch, store, name, *args, **kwargs)
+        return await _executor.run_on(_executor.lane_of(name), self._dispatch, store, name, *args, **kwargs)
 
     method.__name__ = method.__qualname__ = f"async_{name}"
     how = ("a fetch waits for producers on the event loop, each ask of the store runs on the API thread pool; "

@@ -114,7 +114,7 @@ def fetch(store: Any, how: FetchWait) -> BatchMeta:
 async def _ask(store: Any, how: FetchWait) -> BatchMeta:
     """One fetch that does not wait, run on the pool; a cancellation meanwhile withdraws it
     while it is queued, else lets it finish (see the module docstring)."""
-    queued = _executor.submit(store.get_meta, *how.args, **how.kwargs, timeout_s=0.0)
+    queued = _executor.submit_on("read", store.get_meta, *how.args, **how.kwargs, timeout_s=0.0)
     job = asyncio.wrap_future(queued)
     cancelled = False
     while not job.done():
