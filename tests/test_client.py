@@ -525,3 +525,14 @@ def test_a_batch_meta_of_another_store_or_of_a_state_another_stores_checkpoint_r
         with pytest.raises(StorageKeyNotFoundError):
             c.get_data(meta_c)
         assert c.get_data(meta_a)["x"].tolist() == [[10], [11]]  # (A's own meta: the rows it names)
+
+
+def test_a_client_made_with_transfer_queues_client_id_first_says_so():
+    """TransferQueue's clients take the client id first: here the first argument is the store,
+    so a str is refused at once, naming client_id (every call raised AttributeError before)."""
+    for cls in (tq.TransferQueueClient, tq.AsyncTransferQueueClient):
+        with pytest.raises(tq.InvalidInputError, match="client_id="):
+            cls("trainer-0")
+        with pytest.raises(tq.InvalidInputError, match="must be a tqstore store"):
+            cls(42)
+    assert tq.AsyncTransferQueueClient(client_id="trainer-0").client_id == "trainer-0"

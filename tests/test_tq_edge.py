@@ -326,6 +326,35 @@ def test_a_replica_of_a_dp_group_gets_its_share_after_the_first_replica_consumed
         tq.close()
 
 
+def test_a_finite_dataset_ends_under_polling_mode_false_and_raises_only_while_rows_are_missing():
+    """A TransferQueue config (a ``controller`` section: polling_mode False, so an empty fetch
+    raises after ``get_meta_timeout_s``): a finite dataset over a full partition ends cleanly
+    after its last batch (it raised WaitTimeoutError out of the loop); while rows are still
+    missing the timeout is raised, as TransferQueue's loop raises it."""
+    tq.init({"controller": {"polling_mode": False}, "get_meta_timeout_s": 0.2})
+    try:
+        tq.put({"x": torch.arange(12).view(6, 2)}, partition_id="train")
+        got = [m.global_indexes for _, m in tq.StreamingDataLoader(_finite_dataset())]
+        assert got == [[0, 1, 2], [3, 4, 5]]
+        tq.put({"x": torch.arange(4).view(2, 2)}, partition_id="train")  # 2 rows: fewer than a batch
+        with pytest.raises(tq.WaitTimeoutError, match="sufficient data"):
+            list(tq.StreamingDataLoader(_finite_dataset()))
+    finally:
+        tq.close()
+
+
+def test_a_finite_dataset_warns_that_tq_pre_alloc_sample_num_reserves_nothing(monkeypatch, caplog):
+    """TransferQueue's advice for streamed production (TQ_PRE_ALLOC_SAMPLE_NUM) does nothing
+    here: a finite dataset says so (else it ends early, silently, when the consumer catches up)."""
+    monkeypatch.setenv("TQ_PRE_ALLOC_SAMPLE_NUM", "32")
+    with caplog.at_level("WARNING", logger="tqstore"):
+        _finite_dataset()
+        assert "TQ_PRE_ALLOC_SAMPLE_NUM" in caplog.text
+        caplog.clear()
+        _finite_dataset(should_check_consumption_status=False)  # (it never ends on its own: no matter)
+        assert "TQ_PRE_ALLOC_SAMPLE_NUM" not in caplog.text
+
+
 def test_streaming_dataset_refuses_a_micro_batch_larger_than_its_batch_before_consuming_rows():
     tq.init()
     try:

@@ -18,7 +18,7 @@ import inspect
 from typing import Any, Callable, List, Optional, Union
 
 from . import _default, _executor, fetch_wait, metrics as _metrics
-from .errors import StoreClosedError
+from .errors import InvalidInputError, StoreClosedError
 from .kv import DataPlane
 from .meta import BatchMeta
 
@@ -103,6 +103,11 @@ def _async_method(name: str) -> Callable:
 
 class _ClientBase:
     def __init__(self, store: Optional[Any] = None, *, client_id: Optional[str] = None) -> None:
+        if store is not None and not callable(getattr(store, "get_meta", None)):
+            hint = (" (TransferQueue's first argument is the client id: pass client_id=... by keyword)"
+                    if isinstance(store, str) else "")
+            raise InvalidInputError(f"{type(self).__name__}: store must be a tqstore store or None (the default "
+                                    f"store), got {type(store).__name__} {store!r:.60}{hint}")
         self._store = store
         self._closed = False
         self.client_id = client_id or f"tqstore-client-{id(self):x}"
@@ -179,6 +184,10 @@ class TransferQueueClient(_ClientBase):
         store: the store to use; None (default) means the default store of ``tq.init``,
             looked up at each call (StoreClosedError when there is none).
         client_id: a name for logs and errors.
+
+    Raises:
+        InvalidInputError: ``store`` is neither None nor a store (a str: TransferQueue's
+            first argument is the client id).
     """
 
     # ------------------------------------------------------------------ TransferQueue's extra calls

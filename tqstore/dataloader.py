@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .errors import InvalidInputError, TqstoreError
+from .errors import InvalidInputError, TqstoreError, WaitTimeoutError
 from .meta import BatchMeta
 from .torch_adapter import to_tensordict
 
@@ -102,6 +102,10 @@ class StreamingDataset(IterableDataset):
             ``task_name`` (so a replica still gets the share another replica of its
             ``dp_rank`` consumed for it).  The fetch waits for whole batches: rows left over
             when fewer than ``batch_size`` remain keep it waiting (logged once at WARNING).
+            With ``polling_mode=False`` (an empty fetch raises ``WaitTimeoutError``) the
+            iteration ends there too when every row is consumed; else the error is raised.
+            No rows are reserved ahead (TransferQueue's ``TQ_PRE_ALLOC_SAMPLE_NUM``: a warning
+            when it is set): the iteration ends once every row put so far is consumed.
         fetch_batch_fn: replaces :func:`default_fetch_batch_fn`.
         process_batch_fn: replaces :func:`chunk_batch_fn`.
 
@@ -142,6 +146,10 @@ class StreamingDataset(IterableDataset):
         for name, v in (("partition_id", partition_id), ("task_name", task_name)):
             if not isinstance(v, str) or not v:
                 raise InvalidInputError(f"{name} must be a non-empty str, got {v!r}")
+        if should_check_consumption_status and os.environ.get("TQ_PRE_ALLOC_SAMPLE_NUM"):
+            log.warning("StreamingDataset: TQ_PRE_ALLOC_SAMPLE_NUM is set, but tqstore reserves no rows ahead: "
+                        "with should_check_consumption_status=True the iteration ends as soon as every row put so "
+                        "far is consumed, even while producers are still putting (docs/MIGRATING.md)")
         super().__init__()
         self.config = config
         self.batch_size = batch_size
@@ -204,10 +212,15 @@ class StreamingDataset(IterableDataset):
                 self.batch_index += 1
                 self._micro_done = 0
                 continue
-            data, meta = self.fetch_batch_fn(tq_client=client, data_fields=self.data_fields,
-                                             batch_size=self.batch_size, partition_id=self.partition_id,
-                                             task_name=self.task_name, sampling_config=self.sampling_config,
-                                             batch_index=self.batch_index)
+            try:
+                data, meta = self.fetch_batch_fn(tq_client=client, data_fields=self.data_fields,
+                                                 batch_size=self.batch_size, partition_id=self.partition_id,
+                                                 task_name=self.task_name, sampling_config=self.sampling_config,
+                                                 batch_index=self.batch_index)
+            except WaitTimeoutError:  # (polling_mode=False: an empty fetch raises) the end, or no rows in time
+                if self._finished(client):
+                    return
+                raise
             if data is not None:
                 self.buffer.append((data, meta))
                 continue
