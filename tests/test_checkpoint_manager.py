@@ -313,3 +313,124 @@ def test_a_manager_with_a_bad_policy_or_store_is_refused_before_any_save(store, 
     with pytest.raises(InvalidInputError, match=next(iter(kw))):
         CheckpointManager(tmp_path / "gens", **{"store": store, **kw})
     assert not (tmp_path / "gens").exists()
+
+
+def _shared_segment(m, older, newer):
+    """A segment file of generation ``newer`` that generation ``older`` holds too (same origin)."""
+    names = {p.relative_to(m.path(older)) for p in m.path(older).glob("unit-*/seg-*.tqs")}
+    return sorted(p for p in m.path(newer).glob("unit-*/seg-*.tqs") if p.relative_to(m.path(newer)) in names)[0]
+
+
+@pytest.mark.parametrize("copy_segments", [False, True])
+def test_a_save_never_carries_an_earlier_generations_damaged_file_into_the_new_one(store, tmp_path,
+                                                                                 copy_segments):
+    """Generation 2's copy of a segment generation 1 shares is damaged (a separate file in
+    place of the link): the next save must not link that file into generation 3 (it did, in
+    both modes, and with keep_last=2 the prune after it deleted generation 1: no generation
+    verified).  Generation 3 verifies and restores; so does generation 1 after a fallback."""
+    m = CheckpointManager(tmp_path / "gens", keep_last=3, store=store, copy_segments=copy_segments)
+    fill(store, "train", 40)
+    m.save(1)
+    fill(store, "train", 4, start=40, seed=3)
+    m.save(2)
+    bad = _shared_segment(m, 1, 2)
+    flip_byte(bad, payload_offset_of_first_frame(bad))
+    want = state(store)
+    m.save(3)
+    assert verify_checkpoint(m.path(3)).ok
+    store.clear_partition("train")
+    assert m.restore() == 3 and state(store) == want
+    shutil.rmtree(m.path(3))
+    with pytest.warns(CheckpointFallbackWarning):
+        assert m.restore() == 1
+
+
+def test_prune_keeps_the_generation_restore_fell_back_to(store, tmp_path):
+    """keep_last=1 with a damaged newest generation: the one restore fell back to is the only
+    one that verifies, and prune() keeps it (it deleted it); a later good save lets it go."""
+    first_run = CheckpointManager(tmp_path / "gens", store=store)  # (kept every generation)
+    fill(store, "train", 6)
+    first_run.save(10)
+    first_run.save(20)
+    m = CheckpointManager(tmp_path / "gens", keep_last=1, store=store)  # the next run keeps one
+    seg = first_segment(m.path(20))
+    flip_byte(seg, payload_offset_of_first_frame(seg))
+    with pytest.warns(CheckpointFallbackWarning):
+        assert m.restore() == 10
+    assert m.prune() == [] and m.steps() == [10, 20]
+    with pytest.warns(CheckpointFallbackWarning):
+        assert m.restore() == 10
+    m.save(30)
+    assert m.steps() == [30]
+
+
+def test_a_root_whose_generations_all_lost_their_manifests_is_damaged_not_empty(store, tmp_path):
+    """A trainer catching CheckpointNotFoundError to start afresh must not start afresh over a
+    root whose generations are all there but damaged."""
+    m = CheckpointManager(tmp_path / "gens", store=store)
+    fill(store, "train", 3)
+    m.save(7)
+    os.unlink(m.path(7) / "MANIFEST.json")
+    with pytest.raises(CheckpointError, match="no generation .* verifies") as e:
+        m.restore()
+    assert not isinstance(e.value, CheckpointNotFoundError)
+    shutil.rmtree(m.path(7))
+    with pytest.raises(CheckpointNotFoundError):
+        m.restore()
+
+
+def test_a_save_into_a_root_holding_a_foreign_file_is_refused_before_the_cut(store, tmp_path):
+    """A root that came to hold someone else's file: the save says so at once (it published,
+    and every prune after it failed, logged only, so retention stopped and the next run could
+    not make its manager)."""
+    m = CheckpointManager(tmp_path / "gens", keep_last=1, store=store)
+    fill(store, "train", 3)
+    m.save(1)
+    (tmp_path / "gens" / "NOTES.txt").write_text("mine")
+    for blocking in (True, False):
+        with pytest.raises(CheckpointError, match="NOTES.txt|hold only what tqstore puts there"):
+            m.save(2, blocking=blocking)
+    assert m.steps() == [1]
+
+
+def test_restore_falls_back_past_a_generation_whose_files_do_not_read_back(store, tmp_path, monkeypatch):
+    """A bad sector in the newest generation (reads of its files fail with EIO) falls back as
+    damage does (it raised CheckpointError); an I/O error on the store's side is raised."""
+    import errno
+
+    m = CheckpointManager(tmp_path / "gens", store=store)
+    fill(store, "train", 6)
+    m.save(1)
+    want = state(store)
+    fill(store, "train", 3, start=6, seed=4)
+    m.save(2)
+    bad_dir = os.fspath(m.path(2))
+
+    def failing(real):
+        def call(fd, *args):
+            try:
+                path = os.readlink(f"/proc/self/fd/{fd}")
+            except OSError:
+                path = ""
+            if path.startswith(bad_dir + os.sep):
+                raise OSError(errno.EIO, "Input/output error")
+            return real(fd, *args)
+        return call
+
+    monkeypatch.setattr(os, "preadv", failing(os.preadv))
+    monkeypatch.setattr(os, "pread", failing(os.pread))
+    with pytest.warns(CheckpointFallbackWarning):
+        assert m.restore() == 1
+    assert state(store) == want
+
+
+def test_a_manager_root_given_with_a_tilde_is_under_the_home_directory(store, tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    m = CheckpointManager("~/run/gens", store=store)
+    fill(store, "train", 3)
+    m.save(1)
+    assert m.root == (tmp_path / "home" / "run" / "gens").resolve() and m.path(1).is_dir()
+    assert not (tmp_path / "~").exists()
+    store.save_checkpoint("~/one")
+    assert (tmp_path / "home" / "one" / "MANIFEST.json").is_file()

@@ -149,12 +149,15 @@ def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], np.ndarray]
     dst = dest / segment_name(s.seg)
     if w.method == REUSE:
         try:
-            if os.stat(w.link_from).st_size == s.size and not files.fsync_failed(w.link_from):
-                # durable since that generation was published (its files were fsynced before its
-                # manifest): no fsync of the file again, the directory's fsync makes the new name
-                # durable (a fixed cost per reused segment kept out of every generation)
-                files.link(w.link_from, dst)
-                return int(w.crc32c), REUSE, 0  # type: ignore[arg-type]
+            old = os.stat(w.link_from)
+            if old.st_size == s.size and not files.fsync_failed(w.link_from):
+                summed = _reuse_check(w, old, frames, copy_only=copy_only)
+                if summed is not None:
+                    # durable since that generation was published (its files were fsynced before
+                    # its manifest): no fsync of the file again, the directory's fsync makes the
+                    # new name durable (a fixed cost per reused segment kept out of every generation)
+                    files.link(w.link_from, dst)
+                    return int(w.crc32c), REUSE, summed  # type: ignore[arg-type]
         except FileNotFoundError:
             pass
         except OSError as e:
@@ -162,7 +165,8 @@ def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], np.ndarray]
                 raise
             log.info("cannot link %s into %s (%s): copying", w.link_from, dst, e)
             copy_only = True
-        log.info("earlier generation's copy of %s is gone (or failed an fsync); writing it again", s.path)
+        log.info("earlier generation's copy of %s is gone, failed an fsync or is not to be reused; writing it "
+                 "again", s.path)
         w = SegmentWrite(s, LINK if (s.sealed and s.file_size == s.size and not copy_only
                                      and files.can_link(s.path, dest)) else COPY, s.path, None)
     if w.method == LINK and files.fsync_failed(s.path):
@@ -191,6 +195,38 @@ def _write_segment(w: SegmentWrite, dest: Path, frames: Callable[[], np.ndarray]
     flush.join()
     remember_crc(s.identity, crc)
     return crc, COPY, s.size
+
+
+def _reuse_check(w: SegmentWrite, old: os.stat_result, frames: Callable[[], np.ndarray], *,
+                 copy_only: bool) -> Optional[int]:
+    """Whether an earlier generation's file may stand for segment ``w.source`` in a new one:
+    the bytes read to check it (0: none needed), or None (write the segment again).  It may
+    when it is the store's own file (the same inode: the generation linked it), or, when the
+    save copies, when its frames and its CRC32C check against the manifest's (a separate file,
+    which a copy-mode generation holds or someone put in place of a link: a damaged copy is
+    never carried into the new generation, where the prune after it could leave no
+    generation that verifies).  A link-mode save links the store's own file instead of a
+    separate one."""
+    s = w.source
+    try:
+        live = os.stat(s.path)
+        if (live.st_dev, live.st_ino) == (old.st_dev, old.st_ino):
+            return 0
+    except FileNotFoundError:
+        pass
+    if not copy_only:
+        log.info("earlier generation's %s is not the store's file %s: linking the store's", w.link_from, s.path)
+        return None
+    try:
+        crc = _scan_or_raise(w.link_from, s.size, frames(), what="earlier generation's segment")
+    except (CorruptionError, OSError) as e:  # (damaged, or a bad sector of the old file)
+        log.warning("earlier generation's copy of segment %s does not verify (%s): copying it again", s.path, e)
+        return None
+    if crc != w.crc32c:
+        log.warning("earlier generation's copy of segment %s holds CRC32C %08x, its manifest %08x: copying it "
+                    "again", s.path, crc, w.crc32c)
+        return None
+    return s.size
 
 
 class _Flush:

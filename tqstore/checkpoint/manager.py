@@ -108,6 +108,7 @@ class CheckpointManager:
         self.policy: RetentionPolicy = policy or (KeepLast(keep_last) if keep_last is not None else KeepAll())
         self.copy_segments = copy_segments
         self._store = store
+        self._known_valid: set = set()  # steps this manager published or restored: never pruned as the newest of them
         T.check_target(self.root, T.GENERATION_ROOT)
         try:
             files.mkdir(self.root, exist_ok=True, parents=True)
@@ -161,7 +162,10 @@ class CheckpointManager:
             if not m:
                 continue
             d = self.root / name
-            if not (d / M.MANIFEST_NAME).is_file():
+            try:
+                if not (d / M.MANIFEST_NAME).is_file():
+                    continue
+            except OSError:  # (a directory this process may not search: a damaged generation, as a torn one)
                 continue
             if m.group(2) and os.path.lexists(self.root / name[:-4]):
                 continue
@@ -240,10 +244,15 @@ class CheckpointManager:
         served = self._served("save", step, metadata, blocking=blocking, include_storage=include_storage)
         if served is not _LOCAL:
             return served
+        T.check_target(self.root, T.GENERATION_ROOT)  # (else the save would publish and every prune after it fail)
         return writer.save(self.store, path, include_storage=include_storage, metadata=metadata, blocking=blocking,
                            copy_segments=self.copy_segments, reuse=self._reusable(),
-                           lock_path=self.root / LOCK_NAME, on_published=lambda info: self._prune({step}),
+                           lock_path=self.root / LOCK_NAME, on_published=lambda info: self._published(step),
                            kind=T.GENERATION)
+
+    def _published(self, step: int) -> None:
+        self._known_valid.add(step)
+        self._prune({step})
 
     def wait_until_finished(self) -> None:
         """Wait for a background save of the managed store; raise its error if unseen."""
@@ -257,7 +266,9 @@ class CheckpointManager:
         """Delete the generations the policy does not keep, torn ones (a generation directory
         that lost its manifest) older than every generation kept, and leftovers of interrupted
         saves and prunes (a generation left at ``step-N.old`` by an interrupted replacement is moved
-        back to ``step-N``).  Returns the steps deleted.
+        back to ``step-N``).  Returns the steps deleted.  The newest generation this manager
+        published or restored is kept too (say, the one :meth:`restore` fell back to when the
+        newer ones the policy keeps do not verify).
 
         Runs under the root's lock held exclusively (waits for readers of the root).  The
         root is checked again first: if it now holds anything a manager does not put there,
@@ -284,6 +295,9 @@ class CheckpointManager:
                     files.fsync_dir(self.root)
             steps = self.steps()
             keep = self.policy.keep(steps) | frozenset(also_keep)
+            valid = [v for v in self._known_valid if v in steps]
+            if valid:  # the newest generation known to verify stays (the policy's may be damaged)
+                keep |= {max(valid)}
             doomed = [s for s in steps if s not in keep]
             # a torn one goes once it is older than every generation kept (it never holds a slot of the policy)
             doomed += [t for t in self._torn_steps() if keep and t < min(keep)]
@@ -316,7 +330,11 @@ class CheckpointManager:
         falling back past torn or corrupt generations with a :class:`CheckpointFallbackWarning`.
 
         Returns the step restored.  Raises CheckpointNotFoundError when there is no
-        generation, and the load's error when ``step`` is given or none verifies.
+        generation, the load's error when ``step`` is given, and CheckpointError when none
+        verifies (also when the only generations left lost their manifests).  A load that
+        fails with an I/O error falls back too when the generation's own files do not read
+        back (:func:`verify_checkpoint`; a bad sector), and raises when they do (the
+        store's side failed: a full disk, say).
 
         The root's lock is held shared from listing the generations to the end of the load
         (after the store's own background save, if any, has finished): no save publishes
@@ -329,6 +347,7 @@ class CheckpointManager:
         store = self.store
         if step is not None:
             store.load_checkpoint(self.path(step))
+            self._known_valid.add(step)
             return step
         st = writer.state_of(store)
         with st.lock:  # re-entered by load_checkpoint; our own save must publish before we lock
@@ -339,6 +358,10 @@ class CheckpointManager:
     def _restore_newest(self, store) -> int:
         steps = sorted(self.steps(), reverse=True)
         if not steps:
+            torn = self._torn_steps()
+            if torn:  # (not "no generation": a trainer would start afresh)
+                raise CheckpointError(f"no generation under {self.root} verifies: generation(s) {torn} have no "
+                                      f"{M.MANIFEST_NAME} (damaged)")
             raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}")
         failures = []
         for s in self._torn_steps():
@@ -350,7 +373,9 @@ class CheckpointManager:
         for s in steps:
             try:
                 store.load_checkpoint(self.path(s))
-            except (CorruptionError, CheckpointNotFoundError) as e:
+            except (CorruptionError, CheckpointNotFoundError, CheckpointError) as e:
+                if type(e) is CheckpointError and not self._unreadable(s):  # (the store's side failed: raise)
+                    raise
                 failures.append((s, e))
                 msg = f"checkpoint generation {s} under {self.root} does not verify ({e}); trying an older one"
                 log.warning(msg)
@@ -358,6 +383,16 @@ class CheckpointManager:
                 continue
             if failures:
                 log.warning("restored generation %d after skipping %s", s, [f[0] for f in failures])
+            self._known_valid.add(s)
             return s
         s, e = failures[0]
         raise CheckpointError(f"no generation under {self.root} verifies (newest {s}: {e})") from e
+
+    def _unreadable(self, step: int) -> bool:
+        """Whether generation ``step``'s own files fail a check (a load that failed with an
+        I/O error: a bad sector of the generation falls back like damage, a failure on the
+        store's side does not)."""
+        try:
+            return not verify_checkpoint(self.path(step), raise_on_error=False).ok
+        except TqstoreError:
+            return True

@@ -50,7 +50,8 @@ assert DR.MANIFEST_NAME == M.MANIFEST_NAME  # enclosing_owner looks for one name
 
 
 def real_path(path: PathLike) -> Path:
-    """``path`` (a str or an ``os.PathLike`` giving one) as an absolute path, symlinks resolved.
+    """``path`` (a str or an ``os.PathLike`` giving one) as an absolute path, ``~`` expanded,
+    symlinks resolved.
 
     Raises InvalidInputError: another type (None, a number, bytes), an empty string, a NUL
     character, text that is not valid UTF-8 (an undecodable byte a file name carried in, as
@@ -64,6 +65,7 @@ def real_path(path: PathLike) -> Path:
         raise InvalidInputError(f"a path must be a str (or os.PathLike giving one), got {type(p).__name__}")
     if not p or "\0" in p:
         raise InvalidInputError(f"a path must be a non-empty str without NUL characters, got {p!r:.80}")
+    p = os.path.expanduser(p)  # ("~/run/gens" as the store's own path takes it, not ./~/run/gens)
     try:
         p.encode("utf-8")
     except UnicodeEncodeError:
