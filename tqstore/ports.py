@@ -24,7 +24,7 @@ Rules every implementation keeps (and :mod:`tqstore.testing.conformance` tests):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 try:  # Python 3.8+: typing.Protocol
     from typing import Protocol, runtime_checkable
@@ -363,6 +363,10 @@ class ControllerPort(Protocol):
 
     def claim_counts(self) -> List[int]:
         """Per unit, how many (row, produced field) pairs the controller says it holds."""
+
+    def drop_fields(self, missing: Mapping[int, Set[str]]) -> None:
+        """Mark the fields ``missing[g]`` of rows ``g`` not produced (the reconcile after a
+        power loss: no unit holds their payload any more); a row that is gone is skipped."""
 
     def mark_clean(self, digest: int) -> None:
         """Record the clean-close marker with the units' ``digest`` (an int in [0, 2**63)),

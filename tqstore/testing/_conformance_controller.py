@@ -14,6 +14,7 @@ from ..errors import (
 )
 from ..ports import PartitionInfo, RowBatch, RowInfo
 from ._conformance_base import _PortTests, pytest
+from ._conformance_reconcile import ControllerReconcileTests
 from ._conformance_restore import ControllerRestoreTests
 
 RANK0 = {"dp_rank": 0, "batch_index": 0}
@@ -27,7 +28,7 @@ def _pairs(status: Any) -> Any:
     return None if status is None else tuple(np.asarray(x).tolist() for x in status)
 
 
-class ControllerPortTests(ControllerRestoreTests, _PortTests):
+class ControllerPortTests(ControllerRestoreTests, ControllerReconcileTests, _PortTests):
     """Conformance of a :class:`~tqstore.ports.ControllerPort` implementation.
 
     Subclasses define :meth:`make_controller`."""
@@ -546,55 +547,6 @@ class ControllerPortTests(ControllerRestoreTests, _PortTests):
         if callable(getattr(c, "export_snapshot", None)):
             with pytest.raises(TqstoreError):
                 c.export_snapshot(987654, str(tmp_path / "x"))
-
-    # the store's clean close ------------------------------------------------------
-    def test_claim_counts_count_the_produced_fields_of_each_units_rows(self, tmp_path):
-        c = self.controller(tmp_path)
-        self._needs(c, "claim_counts")
-        assert c.claim_counts() == [0] * self.NUM_UNITS
-        g = self.put(c, "p", keys=["a", "b", "c"], fields=("x", "y"))
-        self.put(c, "q", n=2)
-        self.put(c, "p", keys=["e"], fields=())
-        c.clear_rows("p", g[:1])
-        want = [0] * self.NUM_UNITS
-        for u in range(self.NUM_UNITS):
-            want[u] = sum(len(f) for f in c.claims(u).values())
-        assert c.claim_counts() == want and sum(want) == 2 * 2 + 2
-
-    def test_a_clean_mark_is_taken_once_and_only_while_nothing_was_committed_after_it(self, tmp_path):
-        c = self.controller(tmp_path)
-        self._needs(c, "mark_clean")
-        assert c.take_clean() is None
-        self.put(c, "p", keys=["a"])
-        c.mark_clean(12345)
-        c = self.reopen(c)
-        assert c.take_clean() == 12345
-        assert c.take_clean() is None  # taken: removed
-        c.mark_clean(7)
-        self.put(c, "p", keys=["b"])  # a commit after the mark: stale
-        assert c.take_clean() is None
-        c = self.reopen(c)
-        assert c.take_clean() is None and c.list_keys() == {"p": {"a": None, "b": None}}
-        for bad in (-1, 1 << 63, "1"):
-            with pytest.raises(TqstoreError):
-                c.mark_clean(bad)
-
-    def test_a_controller_reopened_after_a_clean_mark_answers_as_before_and_so_after_it_was_taken(self, tmp_path):
-        c = self.controller(tmp_path)
-        self._needs(c, "mark_clean")
-        g = self.put(c, "p", keys=["a", "b", "c", "d"], fields=("x", "y"), tags=[{"s": 1}, None, [1.5], "t"])
-        self.put(c, "q", n=3)
-        self.put(c, "p", keys=["e"], fields=())
-        c.clear_rows("p", g[1:2])
-        c.fetch("p", "t", ["x"], 2, RANK0)
-        want = self.state(c)
-        c.mark_clean(4242)
-        c = self.reopen(c)  # an implementation may read a persisted mirror here: the answers are the same
-        assert self.state(c) == want
-        assert c.take_clean() == 4242
-        c = self.reopen(c)  # no mark: the index itself
-        assert self.state(c) == want
-        assert c.take_clean() is None
 
 
 __all__ = ["ControllerPortTests"]
