@@ -29,8 +29,8 @@ from .dump import DumpMixin
 from .store_undo import UndoSettling
 from . import _interrupts as interrupts
 from . import store_lock, store_open
-from .errors import (ConfigError, CorruptionError, InvalidInputError, KeyNotFoundError, StorageIOError,
-                     StoreClosedError, TqstoreError, UnsupportedTypeError)
+from .errors import (ConfigError, CorruptionError, DistributedError, InvalidInputError, KeyNotFoundError,
+                     StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
 from ._format.names import check_bool_option, check_int_option
@@ -389,6 +389,8 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             try:
                 with self._meta_lock:
                     self.controller.commit_put(plan, token=token)
+            except DistributedError:  # no answer (its host died): committed or not, unknown; the
+                raise  # replaced entries stay undoable, settled by the controller's put token later
             except BaseException:
                 if token is not None:
                     self._settle_units(token, committed=False)

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence
 
-from ..errors import CapacityError, CheckpointNotFoundError, CorruptionError, TqstoreError
+from ..errors import CapacityError, CheckpointNotFoundError, CorruptionError, DistributedError, TqstoreError
 from . import publish as P
 from .. import running_loads
 from ..ports import ControllerPort, RestoreInfo, UnitPort  # noqa: F401 - UnitPort: the units' type
@@ -206,11 +206,14 @@ def _publish_and_finish(store, info: RestoreInfo, plans: Sequence[Any], d: Path)
             c.finish_restore(info.rid)
             _rows_changed(store, info.rid)
         except BaseException:
+            decided: Optional[bool]
             try:
                 decided = getattr(c.restore(info.rid), "state", None) == "committed"
+            except DistributedError:  # the controller does not answer: the outcome is unknown; the
+                decided = None  # units keep what they published, settled by its record later
             except TqstoreError:
                 decided = False
-            if not decided:  # (decided: the finish committed, then failed: the units keep what they published)
+            if decided is False:  # (decided: the finish committed, then failed: the units keep what they published)
                 for u in store.units:  # not decided: the live rows are the old ones again
                     with contextlib.suppress(TqstoreError):
                         u.unpublish_restore(info.tag)
