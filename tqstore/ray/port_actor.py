@@ -23,7 +23,7 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 
@@ -105,8 +105,23 @@ def answer(ref: Any, part: str) -> Any:
         if isinstance(cause, Exception):
             raise cause from None
         raise
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as e:
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.RaySystemError) as e:
         raise DistributedError(f"{part}: its actor is unreachable ({type(e).__name__}: {e})",
+                               outcomes={part: f"unreachable: {type(e).__name__}"}) from e
+
+
+def send(part: str, submit: Callable[[], Any]) -> Any:
+    """``submit()`` (an actor method's ``.remote(...)``): its object ref.  Ray refusing to
+    submit the call (the actor is gone, or this process's Ray was shut down, or started again:
+    "Failed to submit task to actor ...") raises :class:`~tqstore.errors.DistributedError`
+    naming ``part``; the call did not run.  A TypeError (an argument Ray cannot pickle) is
+    the caller's to raise."""
+    try:
+        return submit()
+    except TypeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - Ray raises plain Exception here
+        raise DistributedError(f"{part}: the call could not be sent ({type(e).__name__}: {e})",
                                outcomes={part: f"unreachable: {type(e).__name__}"}) from e
 
 
@@ -219,22 +234,22 @@ class ActorPort(RemotePort):
             return True
         has = self._known.get(name)
         if has is None:
-            has = self._known[name] = self._get(self._host.has.remote(self._oid, name))
+            has = self._known[name] = self._get(send(self._part, lambda: self._host.has.remote(self._oid, name)))
         return has
 
     def _fetch(self, name: str) -> Any:
-        return self._get(self._host.attr.remote(self._oid, name))
+        return self._get(send(self._part, lambda: self._host.attr.remote(self._oid, name)))
 
     def _send(self, name: str, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
         if name == "close":
             return self._close()
-        return self._get(self._host.call.remote(self._oid, name, args, kwargs))
+        return self._get(send(self._part, lambda: self._host.call.remote(self._oid, name, args, kwargs)))
 
     def _close(self) -> None:
         if self._closed:
             return
         try:
-            self._get(self._host.close.remote(self._oid))
+            self._get(send(self._part, lambda: self._host.close.remote(self._oid)))
         finally:
             self._closed = True
 

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import ConfigError, DistributedError, StoreClosedError, UnsupportedTypeError, WaitTimeoutError
 from .parts import check_nodes
-from .port_actor import _ray, answer
+from .port_actor import _ray, answer, send
 from .store_host import (STORE_CALLS, HandleRef, HostInfo, Warned, find_store_host, sampler_description,
                          start_store_host)
 
@@ -70,7 +70,8 @@ class RemoteHandle:
         self.stall_s = ref.stall_s
 
     def _ask(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._store._ask(self._store._host.handle.remote(self._ref.hid, name, args, kwargs))
+        return self._store._ask(send(self._store._part,
+                                     lambda: self._store._host.handle.remote(self._ref.hid, name, args, kwargs)))
 
     def done(self) -> bool:
         return self._ask("done")
@@ -143,7 +144,7 @@ class RemoteStore:
         wire = self._edge.to_wire
         args, kwargs = wire(tuple(args)), wire(dict(kwargs))
         try:
-            ref = self._host.call.remote(name, args, kwargs)
+            ref = send(self._part, lambda: self._host.call.remote(name, args, kwargs))
         except TypeError:  # Ray could not pickle an argument (nothing was sent)
             raise _unsendable(name, args, kwargs, self._part) from None
         out = self._ask(ref)
@@ -184,7 +185,8 @@ class RemoteStore:
         process (``save``, ``restore``, ``wait_until_finished``), run by the host beside its store."""
         if self._closed:
             raise StoreClosedError(f"{self._part} is closed in this process")
-        out = self._ask(self._host.checkpoint_manager.remote(root, options, name, args, kwargs))
+        out = self._ask(send(self._part, lambda: self._host.checkpoint_manager.remote(root, options, name, args,
+                                                                                    kwargs)))
         if isinstance(out, Warned):  # raised again here, where the caller sees them
             for category, message in out.warnings:
                 warnings.warn(message, category, stacklevel=3)
@@ -221,7 +223,7 @@ class RemoteStore:
             return
         ray = _ray()
         try:
-            self._ask(self._host.close.remote())
+            self._ask(send(self._part, lambda: self._host.close.remote()))
         except DistributedError as e:
             log.warning("%s was gone before its close: %s", self._part, e)
         finally:
