@@ -434,3 +434,27 @@ def test_a_manager_root_given_with_a_tilde_is_under_the_home_directory(store, tm
     assert not (tmp_path / "~").exists()
     store.save_checkpoint("~/one")
     assert (tmp_path / "home" / "one" / "MANIFEST.json").is_file()
+
+
+def test_a_save_parses_each_kept_generations_manifest_once(store, tmp_path, monkeypatch):
+    """The caller of save(blocking=False) waits while the manager lists what the kept
+    generations share: each manifest is parsed once while it stays the same file (every save
+    parsed every kept generation's manifest again: 0.5 s with 100 generations); a generation
+    saved again is parsed again."""
+    from tqstore.checkpoint import manager as manager_module
+
+    parsed = []
+    real = manager_module.read_manifest
+    monkeypatch.setattr(manager_module, "read_manifest", lambda p: parsed.append(os.path.basename(p)) or real(p))
+    m = CheckpointManager(tmp_path / "gens", store=store)
+    for step in range(1, 6):
+        fill(store, "train", 2, start=2 * step, seed=step)
+        m.save(step)
+    assert sorted(parsed) == [f"step-{s:010d}" for s in range(1, 5)]  # each once, by the save after it
+    parsed.clear()
+    m.save(3)  # replaced: a new manifest
+    m.save(6)
+    assert sorted(parsed) == ["step-0000000003", "step-0000000005"]
+    want = state(store)
+    store.clear_partition("train")
+    assert m.restore() == 6 and state(store) == want

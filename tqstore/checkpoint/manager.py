@@ -109,6 +109,7 @@ class CheckpointManager:
         self.copy_segments = copy_segments
         self._store = store
         self._known_valid: set = set()  # steps this manager published or restored: never pruned as the newest of them
+        self._reuse_cache: Dict[str, Any] = {}  # generation dir -> (its manifest's identity, reusable segments)
         T.check_target(self.root, T.GENERATION_ROOT)
         try:
             files.mkdir(self.root, exist_ok=True, parents=True)
@@ -207,18 +208,32 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
     def _reusable(self) -> Dict[str, Reusable]:
-        """Identity -> file of an existing generation holding those bytes (newest first)."""
+        """Identity -> file of an existing generation holding those bytes (newest first).
+        Each generation's manifest is parsed once while it stays the same file (a save
+        blocks its caller for this: parsing every kept generation's manifest again at every
+        save made ``blocking=False`` stall for 0.5 s with 100 generations)."""
         out: Dict[str, Reusable] = {}
+        cache: Dict[str, Any] = {}
         for s in reversed(self.steps()):
             try:
                 src = resolve_checkpoint_dir(self.path(s))
-                man = read_manifest(src)
-            except (CorruptionError, CheckpointNotFoundError) as e:
+                st = os.stat(src / M.MANIFEST_NAME)
+                key = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+                hit = self._reuse_cache.get(str(src))
+                if hit is not None and hit[0] == key:
+                    entries = hit[1]
+                else:
+                    man = read_manifest(src)
+                    entries = [(e.origin, Reusable(str(src / e.path), e.size, e.crc32c))
+                               for e in man.by_role(M.ROLE_SEGMENT) if e.origin]
+                cache[str(src)] = (key, entries)
+            except (CorruptionError, CheckpointNotFoundError, OSError) as e:
                 log.info("generation %d is not reusable for sharing: %s", s, e)
                 continue
-            for e in man.by_role(M.ROLE_SEGMENT):
-                if e.origin and e.origin not in out:
-                    out[e.origin] = Reusable(str(src / e.path), e.size, e.crc32c)
+            for origin, r in entries:
+                if origin not in out:
+                    out[origin] = r
+        self._reuse_cache = cache  # (the generations listed now: pruned ones are forgotten)
         return out
 
     @functools.partial(waits_for_running_loads, store_of=lambda manager: manager.store)
