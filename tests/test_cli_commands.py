@@ -365,3 +365,26 @@ def test_a_command_waiting_for_a_lock_held_elsewhere_says_so_then_finishes(tmp_p
             s.dump_data_by_key(tmp_path / "d", keys[:2], "train")
             h.join()
     assert any("waiting for the lock" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("command", ["ls", "verify"])
+def test_a_generation_a_trainer_prunes_while_the_root_is_listed_is_left_out_not_damaged(tmp_path, monkeypatch,
+                                                                                         command):
+    """A trainer's save prunes a generation while ``ls``/``verify`` of the root runs: it is
+    gone, not damaged (monitoring saw exit 1 and "does not exist" errors for a healthy root)."""
+    from tqstore.checkpoint import verify as verify_module
+
+    _root(tmp_path, steps=(1, 2, 3))
+    real = verify_module.verify_checkpoint
+
+    def pruned_meanwhile(path, *args, **kwargs):
+        if Path(path).name == "step-0000000001" and Path(path).exists():
+            shutil.rmtree(path)  # (as a prune: renamed away and removed)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(verify_module, "verify_checkpoint", pruned_meanwhile)
+    code, out, err = run(command, tmp_path / "gens")
+    assert code == EXIT_OK, (out, err)
+    assert "Traceback" not in err and "does not exist" not in err
+    if command == "ls":
+        assert [ln.split()[0] for ln in out.splitlines()] == ["2", "3"]

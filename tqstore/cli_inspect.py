@@ -45,7 +45,16 @@ def generation_reports(path: Path, err: TextIO, quick: bool) -> List[Tuple[int, 
     from .checkpoint.verify import CheckpointReport, Problem
 
     m = CheckpointManager.for_reading(path)
-    reports = [(s, verify_one(m.path(s), err, quick)) for s in m.steps()]
+    reports = []
+    for s in m.steps():
+        try:
+            rep = verify_one(m.path(s), err, quick)
+        except CheckpointNotFoundError:
+            if _gone(m, s):
+                continue
+            raise
+        if rep.ok or not _gone(m, s):  # (a generation a trainer pruned meanwhile is not damaged: left out)
+            reports.append((s, rep))
     for step in m._torn_steps():
         p = m.path(step)
         reports.append((step, CheckpointReport(p, problems=[Problem(str(p / "MANIFEST.json"),
@@ -53,6 +62,13 @@ def generation_reports(path: Path, err: TextIO, quick: bool) -> List[Tuple[int, 
                                                                     "(torn)")])))
     reports.sort(key=lambda x: x[0])
     return reports
+
+
+def _gone(m: Any, step: int) -> bool:
+    """Generation ``step`` of manager ``m``'s root is no longer there (a save's prune deleted it
+    while the root was being listed: neither ``step-N`` nor ``step-N.old`` is left)."""
+    p = m.path(step)
+    return not os.path.lexists(p) and not os.path.lexists(str(p) + ".old")
 
 
 class _Warnings(logging.Handler):
@@ -217,6 +233,8 @@ def root_doc(path: Path) -> Dict[str, Any]:
                      total_bytes=man.total_bytes, format_version=man.version, metadata=man.metadata,
                      manifest_ok=True)
         except (CorruptionError, CheckpointNotFoundError) as e:
+            if _gone(m, s):  # pruned meanwhile by a trainer's save
+                continue
             g.update(manifest_ok=False, error=str(e))
         gens.append(g)
     for s in m._torn_steps():
@@ -328,6 +346,8 @@ def _store_partitions(path: Path) -> List[Dict[str, Any]]:
 def _ls_root(path: Path, out: TextIO, err: TextIO, as_json: bool, deep: bool) -> int:
     doc = root_doc(path)
     reports = dict(generation_reports(path, err, quick=not deep))
+    doc["generations"] = [g for g in doc["generations"]  # (one pruned since it was listed is left out)
+                          if g["step"] in reports or os.path.lexists(g["path"]) or os.path.lexists(g["path"] + ".old")]
     for g in doc["generations"]:
         rep = reports.get(g["step"])
         g["valid"] = bool(rep is not None and rep.ok)
