@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
+import numpy as np
 import pytest
 
 import tqstore
@@ -281,9 +282,19 @@ def test_bad_arguments(store, tmp_path):
     with pytest.raises(ValueError):
         CheckpointManager(tmp_path / "g", keep_last=0)
     m = CheckpointManager(tmp_path / "g", store=store)
-    for bad in (-1, 1.5, "3", True):
+    for bad in (-1, 1.5, "3", True, np.int64(-2), np.float64(3.0)):
         with pytest.raises(InvalidInputError):
             m.save(bad)
+
+
+def test_numpy_integer_steps_and_keep_last_are_taken_as_ints(store, tmp_path):
+    """A trainer's step counter is often a numpy integer (it was refused)."""
+    m = CheckpointManager(tmp_path / "g", store=store, keep_last=np.int64(2))
+    fill(store, "train", 3)
+    for step in np.arange(1, 4):
+        m.save(step)
+    assert m.steps() == [2, 3] and all(type(x) is int for x in m.steps()) and m.policy.n == 2
+    assert type(m.restore(np.int32(2))) is int and m.path(np.uint8(3)).name == "step-0000000003"
 
 
 def test_retention_policies_are_pure():

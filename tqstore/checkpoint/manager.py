@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import operator
 import os
 import secrets
 import warnings
@@ -150,7 +151,13 @@ class CheckpointManager:
 
     @staticmethod
     def _check_step(step: Any) -> int:
-        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        try:  # (an int, or a numpy integer: a trainer's step counter often is one)
+            if isinstance(step, bool):
+                raise TypeError
+            step = operator.index(step)
+        except TypeError:
+            raise InvalidInputError(f"step must be an int >= 0, got {step!r}") from None
+        if step < 0:
             raise InvalidInputError(f"step must be an int >= 0, got {step!r}")
         return step
 
@@ -361,6 +368,7 @@ class CheckpointManager:
             return served
         store = self.store
         if step is not None:
+            step = self._check_step(step)
             store.load_checkpoint(self.path(step))
             self._known_valid.add(step)
             return step

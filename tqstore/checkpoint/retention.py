@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, Sequence, Tuple
 
+import numpy as np
+
 from ..errors import InvalidInputError
 
 
@@ -34,7 +36,11 @@ class KeepLast(RetentionPolicy):
     n: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or isinstance(self.n, bool) or self.n < 1:
+        n = self.n
+        if isinstance(n, np.integer) and not isinstance(n, bool):  # (a numpy integer: taken as the int)
+            n = int(n)
+            object.__setattr__(self, "n", n)
+        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
             raise InvalidInputError(f"keep_last must be an int >= 1, got {self.n!r}")
 
     def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
