@@ -11,7 +11,9 @@ starts, nothing moves to another node), and the store's close ends them all
 (``STORE.json``, ``CURRENT``, its lock, the write lock that serialises puts, and the
 checks of a checkpoint's files) stays with the process that opened it, so that process
 drives the store; its directory and the checkpoint directories must be reachable by the
-same path from every node the parts run on (one machine, or a shared file system).
+same path from every node the parts run on (one machine, or a shared file system): the
+open checks that each part's node reads the store's ``STORE.json`` as the opener does, and
+raises ConfigError otherwise.
 """
 from __future__ import annotations
 
@@ -21,7 +23,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..embedded import open_parts
 from ..errors import ConfigError
 from ..ports import ControllerPort, UnitPort
-from .port_actor import ActorController, ActorUnit, _ray, start_host
+from .._format.store_files import STORE_FILE
+from .port_actor import ActorController, ActorUnit, _ray, send, start_host
 
 
 def check_nodes(nodes: Optional[Sequence[str]]) -> None:
@@ -82,9 +85,31 @@ class RayParts:
         self._host("controller")
         for i in range(len(unit_dirs)):
             self._host(f"unit {i}")
+        self._check_shared(Path(controller_dir).parent.parent)
         return open_parts(controller_dir, unit_dirs, durability=durability, segment_bytes=segment_bytes,
                           compress=compress, map_bytes=map_bytes, controller=controller,
                           unit_opener=self.open_unit, controller_opener=self.open_controller)
+
+    def _check_shared(self, root: Path) -> None:
+        """ConfigError unless every part's node sees the store directory ``root`` as this
+        process does (its ``STORE.json``, which holds the store's creation time, byte for
+        byte): a node-local directory of the same path would open an empty store there (a
+        reopen with the parts on other nodes showed an empty store, and every save failed
+        with "No such file")."""
+        mine = root / STORE_FILE
+        try:
+            want = mine.read_bytes()
+        except OSError:
+            return  # (no store directory here: nothing to compare)
+        ray = _ray()
+        parts = list(self._hosts)
+        seen = ray.get([send(p, lambda h=self._hosts[p]: h.read_small.remote(str(mine))) for p in parts])
+        bad = [p for p, got in zip(parts, seen) if got != want]
+        if bad:
+            where = [ray.get(self._hosts[p].where.remote())[0] for p in bad]
+            raise ConfigError(f"{', '.join(bad)} of store {root} run on node(s) {sorted(set(where))} that do not see "
+                              f"{mine} as this process does (missing or another store's): the store's directory must "
+                              f"be on a file system every node of its parts shares, by the same path")
 
     def close(self) -> None:
         """End every part's actor (after the store closed its parts; idempotent)."""

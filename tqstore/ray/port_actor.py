@@ -153,6 +153,16 @@ class PortHost:
             raise StoreClosedError(f"port {oid} of this host is closed or was never opened")
         return port
 
+    def read_small(self, path: str, limit: int = 1 << 16) -> Optional[bytes]:
+        """The bytes of the regular file ``path`` as this host's node sees it (at most
+        ``limit``), or None when it is missing or not readable there: the store's
+        ``STORE.json``, compared with the opener's (:meth:`~tqstore.ray.RayParts.open_parts`)."""
+        try:
+            with open(path, "rb") as f:
+                return f.read(limit)
+        except OSError:
+            return None
+
     def where(self) -> Tuple[str, int]:
         """``(node id, pid)`` of the host's process."""
         try:
