@@ -7,6 +7,7 @@ import dataclasses
 from collections import namedtuple
 
 import numpy as np
+import pytest
 
 from tqstore.ray.port_actor import writable
 
@@ -35,3 +36,25 @@ def test_read_only_arrays_are_copied_wherever_they_sit_and_nothing_else_is():
     assert all(a.flags.writeable and a is not ro and a.tolist() == [0, 1, 2] for a in arrays)
     assert type(out[1]) is _NT and out[1].y == 2 and out[2]["j"] == 1 and out[5] == 7
     assert not ro.flags.writeable  # the original is left as it was
+
+
+@pytest.mark.parametrize("lost", ["ObjectLostError", "OwnerDiedError", "ObjectReconstructionFailedError",
+                                  "RaySystemError"])
+def test_an_answer_lost_with_its_node_is_a_distributed_error(monkeypatch, lost):
+    """The answer of a part's call lost with its node (or Ray's system failing) leaves the
+    outcome unknown, as an actor's death does: DistributedError naming the part, not Ray's
+    own error."""
+    ray = pytest.importorskip("ray")
+    from tqstore.errors import DistributedError
+    from tqstore.ray.port_actor import answer
+
+    cls = getattr(ray.exceptions, lost)
+    err = cls("boom") if lost == "RaySystemError" else cls("ab" * 14, None, "")
+
+    def get(ref):
+        raise err
+
+    monkeypatch.setattr(ray, "get", get)
+    with pytest.raises(DistributedError, match="unit 1: its actor is unreachable") as e:
+        answer(object(), "unit 1")
+    assert e.value.outcomes == {"unit 1": f"unreachable: {lost}"}

@@ -105,7 +105,8 @@ def answer(ref: Any, part: str) -> Any:
         if isinstance(cause, Exception):
             raise cause from None
         raise
-    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.RaySystemError) as e:
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError, ray.exceptions.RaySystemError,
+            ray.exceptions.ObjectLostError) as e:  # (an answer lost with its node: the outcome is unknown too)
         raise DistributedError(f"{part}: its actor is unreachable ({type(e).__name__}: {e})",
                                outcomes={part: f"unreachable: {type(e).__name__}"}) from e
 
