@@ -402,3 +402,46 @@ def test_a_fetch_hands_out_the_oldest_ready_rows_when_older_rows_become_ready_la
                .global_indexes for b in (1, 2, 3)]
         assert got == [[0, 1], [2, 3], [6, 7]]
         assert s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": 4}).size == 0
+
+
+def test_a_grpo_batch_size_no_group_fits_is_refused_before_any_row_exists(tmp_path):
+    """batch_size 6 with groups of 4: refused at the fetch's first ask, also of a partition
+    that is empty or missing (it waited out its timeout and returned nothing, and raised only
+    once rows existed); the seqlen sampler checks the batch of all its ranks."""
+    import time
+
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(tq.GRPOGroupNSampler(n_samples_per_prompt=4))
+        t0 = time.monotonic()
+        with pytest.raises(InvalidInputError, match="multiple of n_samples_per_prompt 4"):
+            s.get_meta(["x"], 6, "missing", task_name="t", timeout_s=5)
+        assert time.monotonic() - t0 < 2.5
+        with pytest.raises(InvalidInputError, match="multiple of n_samples_per_prompt 2"):
+            s.get_meta(["x"], 3, "missing", task_name="t", sampling_config={"n_samples_per_prompt": 2})
+        assert s.get_meta(["x"], 8, "missing", task_name="t").size == 0
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=4, dp_size=2))
+        assert s.get_meta(["x"], 2, "missing", task_name="t", sampling_config={"dp_rank": 0}).size == 0
+        with pytest.raises(InvalidInputError, match="multiple of n_samples_per_prompt 4"):
+            s.get_meta(["x"], 3, "missing", task_name="t", sampling_config={"dp_rank": 0})
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 12, 24])
+def test_grpo_groups_are_counted_from_the_partitions_first_row_whatever_the_stores_start(tmp_path, n):
+    """Groups are the first n rows put, the next n, ...: in every new store (each starts its
+    sequence numbers at a random point), in a partition dropped and created again, and across
+    a checkpoint load that raises the sequence numbers (a group begun before it is completed by
+    the rows put after it).  With starts that were multiples of 2**20, n=3 gave [2, 3, 4]."""
+    for i in range(4):
+        with _open(tmp_path / f"s{i}", GRPOGroupNSampler(n_samples_per_prompt=n)) as s:
+            for round_ in range(2):
+                _put(s, 2 * n + 1, field="x")  # two whole groups and one row of the third
+                got = s.get_meta(["x"], n, "p", task_name="t").global_indexes
+                assert _values(s, s.get_meta(["x"], n, "p", task_name="u"), "x") == list(range(n))
+                assert len(got) == n
+                if round_ == 0:
+                    s.clear_partition("p")  # dropped: created again past its sequence numbers
+            s.save_checkpoint(tmp_path / f"ck{i}")
+            s.load_checkpoint(tmp_path / f"ck{i}")  # (raises the loaded index's numbers)
+            _put(s, n - 1, start=2 * n + 1, field="x")  # the third group's other rows
+            metas = [s.get_meta(["x"], n, "p", task_name="v") for _ in range(3)]
+            assert [_values(s, m, "x") for m in metas] == [list(range(k * n, (k + 1) * n)) for k in range(3)]

@@ -114,9 +114,9 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                 txn.put(R.META_FORMAT, R.encode_decimal(CONTROLLER_FORMAT), db=self.db["meta"])
                 txn.put(R.META_NEXT_GIDX, R.encode_decimal(0), db=self.db["meta"])
                 txn.put(R.META_NUM_UNITS, R.encode_decimal(num_units), db=self.db["meta"])
-                # a new store's sequence numbers start at a random multiple of 2**20 below 2**60, so
-                # that a BatchMeta of another store (or of its checkpoint) names no row of this one
-                start = secrets.randbelow(1 << 40) << 20
+                # a new store's sequence numbers start at a random multiple of SEQ_ALIGN below 2**62,
+                # so that a BatchMeta of another store (or of its checkpoint) names no row of this one
+                start = secrets.randbelow((1 << 62) // R.SEQ_ALIGN) * R.SEQ_ALIGN
                 if start:
                     txn.put(R.META_SEQ_FLOOR, R.encode_decimal(start), db=self.db["meta"])
             # an existing format is checked by decode_controller
@@ -141,8 +141,8 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         written before it existed).  Raises CorruptionError for a malformed value."""
         with self.env.begin() as txn:
             raw = txn.get(R.META_SEQ_FLOOR, db=self.db["meta"])
-        try:
-            return R.decode_optional_decimal(raw)
+        try:  # (an index written before floors were aligned: new partitions start aligned anyway)
+            return R.seq_aligned(R.decode_optional_decimal(raw))
         except RecordError as e:
             raise CorruptionError(f"controller index: meta/seq_floor: {e}", path=str(self.path / "data.mdb")) from e
 
@@ -465,7 +465,7 @@ class Controller(SnapshotCalls, ConsumptionCalls):
                             txn.delete(self._cons_key(t, pid, g), db=m["cons"])
                 if drop_partition:
                     txn.delete(R.parts_key(pid), db=m["parts"])
-                    floor = max(self.seq_floor, p.next_seq)  # (a partition created again starts past it)
+                    floor = R.seq_aligned(max(self.seq_floor, p.next_seq))  # (one created again starts past it)
                     txn.put(R.META_SEQ_FLOOR, R.encode_decimal(floor), db=m["meta"])
                     for f in p.schema:
                         txn.delete(R.schema_key(pid, f), db=m["schema"])

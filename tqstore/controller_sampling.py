@@ -180,6 +180,9 @@ class SamplerHost:
               cfg: Dict[str, Any]) -> Optional[RowBatch]:
         """See ControllerPort.fetch."""
         c = self._ctrl
+        check = getattr(self.sampler, "check_batch_size", None)
+        if check is not None:  # a batch the sampler can never give: raised now, not once rows exist
+            check(batch_size, cfg)
         p = c.parts.get(pid)
         if p is None:
             return None

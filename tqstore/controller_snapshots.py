@@ -94,19 +94,21 @@ class SnapshotCalls:
             raise InvalidInputError(f"raise_seq_floor: floor must be an int >= 0, got {floor!r}")
         with self._lock:
             low = [p for p in self.parts.values() if p.next_seq < floor]
-            if floor <= self.seq_floor and not low:
+            new_floor = R.seq_aligned(max(floor, self.seq_floor))
+            if new_floor == self.seq_floor and not low:
                 return
+            raised = {p.pid: R.seq_raised(p.next_seq, floor) for p in low}  # (groups go on where they were)
             m = self.db
             with wrap_errors("raise the sequence floor", self.path), self.env.begin(write=True) as txn:
-                txn.put(R.META_SEQ_FLOOR, R.encode_decimal(max(floor, self.seq_floor)), db=m["meta"])
+                txn.put(R.META_SEQ_FLOOR, R.encode_decimal(new_floor), db=m["meta"])
                 for p in low:
-                    txn.put(R.parts_key(p.pid), R.encode_partition(floor, p.meta, p.num), db=m["parts"])
+                    txn.put(R.parts_key(p.pid), R.encode_partition(raised[p.pid], p.meta, p.num), db=m["parts"])
                 lmdb_commit_point("controller_commit")
             with wrap_errors("sync the raised sequence floor", self.path):
                 self.env.sync(True)
-            self.seq_floor = max(floor, self.seq_floor)
+            self.seq_floor = new_floor
             for p in low:
-                p.next_seq = floor
+                p.next_seq = raised[p.pid]
 
     def claims_all(self) -> Dict[int, frozenset]:
         """Every row with its produced fields (rows without any left out)."""

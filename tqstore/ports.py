@@ -452,8 +452,10 @@ class ControllerPort(Protocol):
 
     def raise_seq_floor(self, floor: int) -> None:
         """Make ``floor`` the least sequence number this index gives out from now on: raise
-        ``meta/seq_floor`` and every partition's ``next_seq`` below it to ``floor``, in one
-        transaction, durable when this returns (nothing lower is left alone).  Called on the
+        ``meta/seq_floor`` to ``floor`` (rounded up to a multiple of ``SEQ_ALIGN``) and every
+        partition's ``next_seq`` below it past it by a multiple of ``SEQ_ALIGN`` (so its GRPO
+        groups go on where they were), in one transaction, durable when this returns
+        (nothing lower is left alone).  Called on the
         new state of a checkpoint load before it is switched in, with the replaced state's
         :meth:`seq_high`: a BatchMeta of the replaced state (each row's gidx and seq) then
         matches none of the rows put after the load, though their gidxs are reused.  Raises

@@ -362,6 +362,22 @@ class GRPOGroupNSampler(BaseSampler):
             self._remember(partition_id, task_name, dp_rank, batch_index, (out, out))
         return out, list(out)
 
+    def check_batch_size(self, batch_size: int, cfg: Dict[str, Any]) -> None:
+        """Raise InvalidInputError when ``batch_size`` is not a multiple of the group size
+        (``cfg``'s ``n_samples_per_prompt``, else the sampler's): a fetch checks it before it
+        looks for rows, so a misconfigured consumer fails at once instead of waiting out its
+        timeout while the partition is empty or missing.  (A subclass with a ``sample`` of
+        its own decides for itself: nothing is checked here unless it overrides this too.)"""
+        if type(self).sample is not GRPOGroupNSampler.sample:
+            return
+        self._check_group_multiple(batch_size, cfg)
+
+    def _check_group_multiple(self, batch_size: int, cfg: Dict[str, Any]) -> None:
+        n = cfg.get("n_samples_per_prompt")
+        n = self.n_samples_per_prompt if n is None else _group_size(n)
+        if batch_size > 0 and batch_size % n:
+            raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
+
     def _whole_groups(self, pairs: Iterable[Tuple[int, int]], batch_size: int,
                       n_samples_per_prompt: Optional[int] = None, *, in_order: bool = False) -> List[int]:
         """``batch_size`` rows of the oldest whole groups among ``pairs`` of (row, sequence

@@ -167,6 +167,11 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         super().__init__(n_samples_per_prompt=n_samples_per_prompt)
         self.dp_size = dp_size
 
+    def check_batch_size(self, batch_size: int, cfg: Dict[str, Any]) -> None:
+        """As :meth:`GRPOGroupNSampler.check_batch_size`, of the ``batch_size * dp_size`` rows
+        a fetch chooses for all the ranks."""
+        self._check_group_multiple(batch_size * self.dp_size, cfg)
+
     def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=0,
                batch_index=0, ready_tags=None, **kwargs) -> SampleResult:
         dp_rank = 0 if dp_rank is None else dp_rank

@@ -66,6 +66,22 @@ META_RESTORE_TAG = b"restore_tag"  # the last restore tag handed out (absent: no
 #: dropped before (absent: 0), so a partition created again under a dropped one's id never
 #: repeats its numbers and a stale BatchMeta of the dropped one matches none of its rows
 META_SEQ_FLOOR = b"seq_floor"
+#: every partition's first sequence number is a multiple of SEQ_ALIGN (2**8 * 3**3 * 5**2 * 7 *
+#: 11 * ... * 31: a multiple of every group size up to 32, and of 36, 40, 48, 64, 128, 256, ...),
+#: and a raise keeps each partition's next_seq the same modulo it: GRPO groups, the rows with
+#: sequence numbers k*n .. k*n+n-1, are counted from the partition's first row (docs/FORMAT.md)
+SEQ_ALIGN = 2**8 * 3**3 * 5**2 * 7 * 11 * 13 * 17 * 19 * 23 * 29 * 31
+
+
+def seq_aligned(seq: int) -> int:
+    """The first multiple of :data:`SEQ_ALIGN` at or above ``seq``."""
+    return -(-int(seq) // SEQ_ALIGN) * SEQ_ALIGN
+
+
+def seq_raised(next_seq: int, floor: int) -> int:
+    """``next_seq`` raised past ``floor - 1`` by a multiple of :data:`SEQ_ALIGN` (unchanged when
+    it is there already): a partition's groups go on where they were."""
+    return next_seq if next_seq >= floor else next_seq + seq_aligned(floor - next_seq)
 META_CLEAN = b"clean"  # the clean-close marker (absent: the store was not closed cleanly; see encode_clean)
 
 GIDX_BYTES = 8
@@ -533,7 +549,7 @@ __all__ = [
     "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag",
     "encode_tags",
     "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
-    "META_RESTORE_TAG", "META_SEQ_FLOOR", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
+    "META_RESTORE_TAG", "META_SEQ_FLOOR", "SEQ_ALIGN", "seq_aligned", "seq_raised", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
     "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows", "restore_tag_texts", "tag_values",
     "decode_restore_rows", "RESTORE_CHUNK_ROWS",
     "RecordError", "RowRecord",

@@ -9,6 +9,7 @@ from typing import Any, List, Optional, Sequence
 import numpy as np
 
 from .._format.columns import to_column
+from .._format.controller_records import SEQ_ALIGN
 from ..errors import (
     InvalidInputError, KeyNotFoundError, PartitionNotFoundError, SchemaError, TqstoreError,
 )
@@ -271,17 +272,23 @@ class ControllerPortTests(ControllerRestoreTests, ControllerReconcileTests, _Por
         assert again[0] in g and _pairs(c.consumption_status("p", "t")) == (again, [0])
 
     def test_raise_seq_floor_makes_later_rows_sequence_numbers_start_past_it_and_survives_a_reopen(self, tmp_path):
+        """A raise keeps each partition's sequence numbers the same modulo SEQ_ALIGN (its GRPO
+        groups go on where they were); a partition's first is a multiple of it."""
         c = self.controller(tmp_path)
         self.put(c, "p", keys=["a", "b"])
         self.put(c, "q", n=5)
         s0 = c.first_rows("p").seqs[0]  # (a new store's first is random: FORMAT.md)
+        assert s0 % SEQ_ALIGN == 0 and c.first_rows("q").seqs[0] % SEQ_ALIGN == 0
         assert (high := c.seq_high()) >= s0 + 5 and c.first_rows("p").seqs == [s0, s0 + 1]
         c.raise_seq_floor(high + 10), c.raise_seq_floor(3)  # (the lower one changes nothing)
         c = self.reopen(c)
-        assert c.seq_high() == high + 10 and c.first_rows("p").seqs == [s0, s0 + 1]  # rows keep theirs
+        assert c.seq_high() >= high + 10 and c.first_rows("p").seqs == [s0, s0 + 1]  # rows keep theirs
         self.put(c, "p", keys=["c"])
         self.put(c, "new", n=1)
-        assert c.first_rows("p").seqs[-1] == high + 10 and c.first_rows("new").seqs == [high + 10]
+        after = c.first_rows("p").seqs[-1]
+        assert after >= high + 10 and (after - (s0 + 2)) % SEQ_ALIGN == 0
+        first_new = c.first_rows("new").seqs[0]
+        assert first_new >= high + 10 and first_new % SEQ_ALIGN == 0
         with pytest.raises(InvalidInputError):
             c.raise_seq_floor(-1)
 
