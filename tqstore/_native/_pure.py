@@ -459,19 +459,26 @@ def _copy_runs(seg, offs, dest, pstart: int, plen: int, flen: int, vo) -> None:
         dst[dest[order[a:b]]] = src
 
 
-def copy_ranges(src, offsets, lengths, dst) -> int:
-    """Copy the byte ranges ``offsets[i], lengths[i]`` (little-endian i64) of ``src`` back to
-    back into the writable ``dst``; returns the bytes copied.  Raises ValueError for a range
-    outside ``src`` or more bytes than ``dst`` holds (before copying anything)."""
+def _src_ranges(src, offsets, lengths):
+    """``(src as a byte view, offsets, lengths)`` with every range checked to lie inside
+    ``src`` (ValueError naming the first that does not, or unequal lengths)."""
     s = _contig(src, "src")
     offs, lens = _i64s(offsets, "offsets"), _i64s(lengths, "lengths")
-    d = _contig(dst, "dst", writable=True)
     if len(offs) != len(lens):
         raise ValueError("offsets and lengths must have the same length")
     size = s.nbytes
     for i, (o, n) in enumerate(zip(offs, lens)):
         if o < 0 or n < 0 or o > size or n > size - o:
             raise ValueError(f"range {i} ([{o}, +{n})) is not inside src ({size} bytes)")
+    return s, offs, lens
+
+
+def copy_ranges(src, offsets, lengths, dst) -> int:
+    """Copy the byte ranges ``offsets[i], lengths[i]`` (little-endian i64) of ``src`` back to
+    back into the writable ``dst``; returns the bytes copied.  Raises ValueError for a range
+    outside ``src`` or more bytes than ``dst`` holds (before copying anything)."""
+    s, offs, lens = _src_ranges(src, offsets, lengths)
+    d = _contig(dst, "dst", writable=True)
     total = sum(lens)
     if total > d.nbytes:
         raise ValueError(f"dst holds {d.nbytes} bytes, the ranges {total}")
@@ -493,14 +500,7 @@ def pwrite_ranges(fd, src, offsets, lengths, pos, writeback) -> int:
     pos, writeback = operator.index(pos), operator.index(writeback)
     if pos < 0:
         raise ValueError("pos must not be negative")
-    s = _contig(src, "src")
-    offs, lens = _i64s(offsets, "offsets"), _i64s(lengths, "lengths")
-    if len(offs) != len(lens):
-        raise ValueError("offsets and lengths must have the same length")
-    size = s.nbytes
-    for i, (o, n) in enumerate(zip(offs, lens)):
-        if o < 0 or n < 0 or o > size or n > size - o:
-            raise ValueError(f"range {i} ([{o}, +{n})) is not inside src ({size} bytes)")
+    s, offs, lens = _src_ranges(src, offsets, lengths)
     views = [s[o:o + n] for o, n in zip(offs, lens) if n]
     try:
         return _pwritev_views(fd, views, pos, writeback)
