@@ -20,6 +20,18 @@ import tqstore.controller_put as controller_put
 from tqstore import _interrupts
 
 
+@pytest.fixture(autouse=True)
+def _python_ctrl_c_handler():
+    """Python's own SIGINT handler for each test, whatever the runner inherited: a test run
+    started as a background job without job control (some CI shells, ``nohup ... &``) has
+    SIGINT ignored, and Python then installs no handler at all."""
+    prev = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, prev)
+
+
 def _put(s, keys, v):
     return s.kv_batch_put(keys, "p", {"x": np.full((len(keys), 4), v, np.int32)}, tags=[{"v": v}] * len(keys))
 
@@ -138,6 +150,7 @@ def test_a_child_forked_inside_a_deferred_block_gets_ctrl_c_again():
 
 _STORM = r"""
 import os, signal, sys, threading, time
+signal.signal(signal.SIGINT, signal.default_int_handler)  # (the runner's SIGINT may be ignored: inherited)
 sys.path.insert(0, sys.argv[2])
 import numpy as np
 import tqstore
