@@ -373,26 +373,32 @@ class GRPOGroupNSampler(BaseSampler):
         self._check_group_multiple(batch_size, cfg)
 
     def _check_group_multiple(self, batch_size: int, cfg: Dict[str, Any]) -> None:
-        n = cfg.get("n_samples_per_prompt")
-        n = self.n_samples_per_prompt if n is None else _group_size(n)
-        if batch_size > 0 and batch_size % n:
-            raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
+        _check_multiple(batch_size, self._group_n(cfg.get("n_samples_per_prompt")))
+
+    def _group_n(self, n_samples_per_prompt: Optional[int]) -> int:
+        """The group size: a call's ``n_samples_per_prompt`` (checked), else the sampler's."""
+        return self.n_samples_per_prompt if n_samples_per_prompt is None else _group_size(n_samples_per_prompt)
 
     def _whole_groups(self, pairs: Iterable[Tuple[int, int]], batch_size: int,
                       n_samples_per_prompt: Optional[int] = None, *, in_order: bool = False) -> List[int]:
         """``batch_size`` rows of the oldest whole groups among ``pairs`` of (row, sequence
         number; ``in_order``: ascending sequence numbers), or [] when there are not enough.
         Raises InvalidInputError when ``batch_size`` is not a multiple of the group size."""
-        n = self.n_samples_per_prompt if n_samples_per_prompt is None else _group_size(n_samples_per_prompt)
+        n = self._group_n(n_samples_per_prompt)
         if batch_size <= 0:
             return []  # nothing asked: nothing handed out (as TransferQueue)
-        if batch_size % n:
-            raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
+        _check_multiple(batch_size, n)
         out = _first_whole_groups(pairs, n, batch_size, in_order)
         return out if len(out) == batch_size else []
 
     def __repr__(self) -> str:
         return f"GRPOGroupNSampler(n_samples_per_prompt={self.n_samples_per_prompt})"
+
+
+def _check_multiple(batch_size: int, n: int) -> None:
+    """InvalidInputError unless ``batch_size`` (> 0) is a multiple of the group size ``n``."""
+    if batch_size > 0 and batch_size % n:
+        raise InvalidInputError(f"batch_size {batch_size} must be a multiple of n_samples_per_prompt {n}")
 
 
 class SeqsInOrder(list):

@@ -24,7 +24,7 @@ from ..embedded import open_parts
 from ..errors import ConfigError
 from ..ports import ControllerPort, UnitPort
 from .._format.store_files import STORE_FILE
-from .port_actor import ActorController, ActorUnit, _ray, send, start_host
+from .port_actor import ActorController, ActorUnit, _ray, answer, send, start_host
 
 
 def check_nodes(nodes: Optional[Sequence[str]]) -> None:
@@ -101,12 +101,11 @@ class RayParts:
             want = mine.read_bytes()
         except OSError:
             return  # (no store directory here: nothing to compare)
-        ray = _ray()
         parts = list(self._hosts)
-        seen = ray.get([send(p, lambda h=self._hosts[p]: h.read_small.remote(str(mine))) for p in parts])
-        bad = [p for p, got in zip(parts, seen) if got != want]
+        refs = [send(p, lambda h=self._hosts[p]: h.read_small.remote(str(mine))) for p in parts]  # (all at once)
+        bad = [p for p, ref in zip(parts, refs) if answer(ref, p) != want]
         if bad:
-            where = [ray.get(self._hosts[p].where.remote())[0] for p in bad]
+            where = [answer(send(p, lambda h=self._hosts[p]: h.where.remote()), p)[0] for p in bad]
             raise ConfigError(f"{', '.join(bad)} of store {root} run on node(s) {sorted(set(where))} that do not see "
                               f"{mine} as this process does (missing or another store's): the store's directory must "
                               f"be on a file system every node of its parts shares, by the same path")
