@@ -51,3 +51,13 @@ def reconciles(monkeypatch):
     real = store_open.full_reconcile
     monkeypatch.setattr(store_open, "full_reconcile", lambda s: (calls.append(s.root), real(s))[1])
     return calls
+
+
+@pytest.fixture(scope="session")
+def forkrun():
+    """A :class:`forkrun.ForkServer`: fresh processes that start with torch and tqstore imported."""
+    from forkrun import ForkServer
+
+    server = ForkServer()
+    yield server
+    server.close()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -226,6 +225,10 @@ def test_a_failing_step_of_a_load_leaves_the_store_unchanged(pristine, live, tmp
 
 _KILL_SCRIPT = textwrap.dedent("""
     import sys, torch, tqstore
+    from tqstore._io import failpoints as fp
+    name, _, point = sys.argv[3].partition("=")
+    action, _, at = point.partition("@")
+    fp.arm(name, action, int(at))
     s = tqstore.open(sys.argv[1])
     s.kv_batch_put(["new"], "train", {"text": ["written after the first checkpoint"]})
     s.save_checkpoint(sys.argv[2], metadata={"v": 2})
@@ -234,14 +237,13 @@ _KILL_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.parametrize("spec", ["rename=kill@1", "rename=kill@2", "fsync_dir=kill@3", "rmtree=kill@1"])
-def test_a_process_killed_while_publishing_never_loses_the_last_checkpoint(tmp_path, spec):
+def test_a_process_killed_while_publishing_never_loses_the_last_checkpoint(tmp_path, forkrun, spec):
     with tqstore.open(tmp_path / "store", num_units=2) as s:
         fill(s, "train", 5)
         want = state(s)
         s.save_checkpoint(tmp_path / "ckpt", metadata={"v": 1})
-    env = dict(os.environ, TQSTORE_FAILPOINTS=spec, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-c", _KILL_SCRIPT, str(tmp_path / "store"), str(tmp_path / "ckpt")],
-                       env=env, capture_output=True, text=True, timeout=120)
+    r = forkrun.run("code", _KILL_SCRIPT, [tmp_path / "store", tmp_path / "ckpt", spec], cwd=tmp_path, timeout=120,
+                    env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == fp.KILL_EXIT_CODE, r.stderr
     v = verify_checkpoint(tmp_path / "ckpt").metadata["v"]  # the old one, or the new one if it was published
     with tqstore.open(tmp_path / "store") as s:

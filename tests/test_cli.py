@@ -164,7 +164,7 @@ def test_json_nested_too_deeply_for_the_parser_is_damage_not_a_traceback(saved, 
         assert code == EXIT_DAMAGED and "Traceback" not in err and "RecursionError" not in err, (command, out, err)
 
 
-def test_a_store_index_with_a_flipped_byte_is_reported_never_a_crash(tmp_path):
+def test_a_store_index_with_a_flipped_byte_is_reported_never_a_crash(tmp_path, forkrun):
     """One byte flipped in a page of a store's LMDB index (a node pointer: LMDB may then read past
     the file, and its reader die of SIGBUS, which no try catches, or fail inside a read): verify
     walks the indexes in a child process first, so it reports damage (exit 1) or nothing wrong,
@@ -186,8 +186,7 @@ def test_a_store_index_with_a_flipped_byte_is_reported_never_a_crash(tmp_path):
             raw[page * 4096 + 17] ^= 0xFF
             f.write_bytes(bytes(raw))
             for command in ("verify",):
-                r = subprocess.run([sys.executable, "-m", "tqstore", command, str(bad)], capture_output=True,
-                                   text=True, timeout=120)
+                r = forkrun.run("module", "tqstore", [command, str(bad)], cwd=tmp_path, timeout=120)
                 assert r.returncode in (EXIT_OK, EXIT_DAMAGED) and "Traceback" not in r.stderr, \
                     (kind, page, command, r.returncode, r.stderr[-500:])
                 seen.add(r.returncode)

@@ -293,10 +293,9 @@ def test_inspect_of_a_root_with_an_unreadable_generation_lists_it_and_exits_1(tm
     assert code == EXIT_DAMAGED and "step 1: " in out and "step 2: unreadable" in out, (out, err)
 
 
-def test_every_command_has_help_with_an_example():
+def test_every_command_has_help_with_an_example(forkrun):
     for command in ("demo", "inspect", "verify", "ls", "prune", "compact"):
-        r = subprocess.run([sys.executable, "-m", "tqstore", command, "--help"], capture_output=True, text=True,
-                           cwd=ROOT, timeout=120)
+        r = forkrun.run("module", "tqstore", [command, "--help"], cwd=ROOT, timeout=120)
         assert r.returncode == 0 and "example:" in r.stdout and f"python -m tqstore {command}" in r.stdout
 
 

@@ -27,8 +27,10 @@ def _assert_clean(results):
 
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_crash_slice_keeps_invariants(matrix, name):
-    """A spread of crash points per operation, kill plus two power-loss seeds (drop all, mixed)."""
-    _assert_clean(matrix.run_scenario(SCENARIOS[name], max_points=3, seeds=(0, 2)))
+    """A spread of crash points per operation, kill plus one power-loss seed: every other
+    operation drops all unsynced writes (seed 0), the rest keep a random part of them (seed 2)."""
+    seed = (0, 2)[sorted(SCENARIOS).index(name) % 2]
+    _assert_clean(matrix.run_scenario(SCENARIOS[name], max_points=3, seeds=(seed,)))
 
 
 @pytest.mark.crash

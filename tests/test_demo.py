@@ -4,8 +4,6 @@ twice) passes; the summary carries the figures the README promises."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,13 +14,13 @@ from tqstore.cli_demo import _published, check
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _demo(*args, cwd=ROOT):
-    return subprocess.run([sys.executable, "-m", "tqstore", "demo", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, timeout=600)
+def _demo(forkrun, *args, cwd=ROOT):
+    """``python -m tqstore demo ARGS`` (forked from tests/forkrun.py's server: no import time)."""
+    return forkrun.run("module", "tqstore", ["demo", *map(str, args)], cwd=cwd, timeout=600)
 
 
-def test_demo_is_killed_resumes_and_its_check_passes(tmp_path):
-    r = _demo("--steps", 6, "--rows", 16, "--group", 4, "--save-every", 2, "--tokens", 64, "--seed", 7,
+def test_demo_is_killed_resumes_and_its_check_passes(forkrun, tmp_path):
+    r = _demo(forkrun, "--steps", 6, "--rows", 16, "--group", 4, "--save-every", 2, "--tokens", 64, "--seed", 7,
               "--dir", tmp_path / "d", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
@@ -38,16 +36,16 @@ def test_demo_is_killed_resumes_and_its_check_passes(tmp_path):
     assert CheckpointManager(tmp_path / "d" / "generations").steps()  # --dir keeps the files
 
 
-def test_demo_full_mode_is_killed_resumes_and_its_check_passes(tmp_path):
-    r = _demo("--steps", 5, "--rows", 8, "--group", 2, "--save-every", 2, "--tokens", 32, "--seed", 3, "--mode", "full",
-              "--json")
+def test_demo_full_mode_is_killed_resumes_and_its_check_passes(forkrun, tmp_path):
+    r = _demo(forkrun, "--steps", 5, "--rows", 8, "--group", 2, "--save-every", 2, "--tokens", 32, "--seed", 3,
+              "--mode", "full", "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["mode"] == "full" and doc["check"]["ok"] and doc["killed_during_step"] is not None
 
 
-def test_demo_text_summary(tmp_path):
-    r = _demo("--steps", 4, "--rows", 8, "--group", 2, "--save-every", 2, "--tokens", 32, "--seed", 1, "--no-kill")
+def test_demo_text_summary(forkrun, tmp_path):
+    r = _demo(forkrun, "--steps", 4, "--rows", 8, "--group", 2, "--save-every", 2, "--tokens", 32, "--seed", 1, "--no-kill")
     assert r.returncode == 0, r.stderr
     assert "summary" in r.stdout and "check:            PASS" in r.stdout and "stall per save" in r.stdout
     assert "from the dump of pending samples" not in r.stdout or "pending mode" in r.stdout
@@ -78,21 +76,21 @@ def test_the_demo_kills_the_loop_only_once_it_can_resume_from_a_published_genera
 
 
 @pytest.mark.parametrize("seed", [2, 5])
-def test_a_killed_demo_always_restores_a_generation(tmp_path, seed):
-    r = _demo("--steps", 6, "--rows", 16, "--group", 4, "--save-every", 2, "--tokens", 64, "--seed", seed, "--json")
+def test_a_killed_demo_always_restores_a_generation(forkrun, tmp_path, seed):
+    r = _demo(forkrun, "--steps", 6, "--rows", 16, "--group", 4, "--save-every", 2, "--tokens", 64, "--seed", seed, "--json")
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     assert doc["killed_during_step"] is not None and doc["restored_step"], r.stderr
     assert "starting over" not in r.stderr and doc["check"]["ok"]
 
 
-def test_demo_rejects_bad_options_with_exit_2(tmp_path):
+def test_demo_rejects_bad_options_with_exit_2(forkrun, tmp_path):
     for args in (("--rows", 7, "--group", 2), ("--steps", 1), ("--save-every", 9, "--steps", 4)):
-        r = _demo(*args)
+        r = _demo(forkrun, *args)
         assert r.returncode == 2 and "Traceback" not in r.stderr
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "x").write_text("mine")
-    r = _demo("--dir", tmp_path / "full")
+    r = _demo(forkrun, "--dir", tmp_path / "full")
     assert r.returncode == 2 and "not empty" in r.stderr and (tmp_path / "full" / "x").read_text() == "mine"
 
 

@@ -1,5 +1,6 @@
 """Every code block of README.md and docs/*.md: each fence names its language, and every
-``python`` block runs (in a fresh process, in an empty temporary directory).  Blocks that
+``python`` block runs (in a fresh process, in an empty temporary directory; forked from a
+server that imported torch and tqstore: tests/forkrun.py).  Blocks that
 must not run are marked by another language (``bash``, ``text``)."""
 from __future__ import annotations
 
@@ -33,7 +34,6 @@ def test_every_fence_names_its_language():
 
 
 @pytest.mark.parametrize("path,line,code", PYTHON, ids=[f"{p.name}:{line}" for p, line, _ in PYTHON])
-def test_python_block_runs(tmp_path, path, line, code):
-    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+def test_python_block_runs(tmp_path, forkrun, path, line, code):
+    r = forkrun.run("code", code, cwd=tmp_path, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, f"{path.name}:{line} failed:\n{r.stderr[-3000:]}"

@@ -125,8 +125,14 @@ def test_a_dataloader_with_forked_workers_over_the_store_raises_instead_of_dupli
                                  task_name="actor", dp_rank=0, should_check_consumption_status=True)
         loader = torch.utils.data.DataLoader(ds, batch_size=None, num_workers=2,
                                              multiprocessing_context="fork", collate_fn=lambda b: b)
-        with pytest.raises(Exception, match="num_workers=0"):
-            list(loader)
+        it = iter(loader)
+        try:
+            with pytest.raises(Exception, match="num_workers=0"):
+                next(it)
+        finally:
+            # (left to the garbage collector, torch's iterator waits 5 s for each worker: its queues
+            # are collected first)
+            it._shutdown_workers()
         meta = tq.get_meta(["x"], 32, "train", task_name="actor")
         assert sorted(meta.global_indexes) == list(range(32))  # the workers consumed nothing
         assert tq.StreamingDataLoader(ds).get_buffer() is ds.buffer  # (TransferQueue's name)

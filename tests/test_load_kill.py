@@ -1,6 +1,6 @@
 """kill -9 during load_data_by_key: after the reopen the restore is settled or pending, never half.
 
-A child process loads a dump into a store and kills itself with SIGKILL at one step of the
+A child process (forked from tests/forkrun.py's server) loads a dump into a store and kills itself with SIGKILL at one step of the
 load: after its first unit completed its import, after every unit published (before the
 controller's commit), or after the controller's commit (before the units settled).  The
 parent reopens the store: a committed restore was settled by the open (the rows are there);
@@ -11,7 +11,6 @@ a store that verifies, and answers False when asked again.
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -56,7 +55,7 @@ CHILD = textwrap.dedent(r"""
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory):
+def killed(tmp_path_factory, forkrun):
     """For each kill point: the store directory as the killed child left it, the dump, the
     rows the dump holds and the store's state before the load."""
     base = tmp_path_factory.mktemp("load-kill")
@@ -70,8 +69,7 @@ def killed(tmp_path_factory):
         with tqstore.open(path, num_units=2) as s:
             fill(s, "train", 4, prefix="k", start=5, seed=3)  # k5, k6 exist: overwritten by the load
             before = state(s)
-        proc = subprocess.run([sys.executable, "-c", CHILD, str(path), str(dump), point], cwd=ROOT,
-                              capture_output=True, text=True, timeout=300)
+        proc = forkrun.run("code", CHILD, [path, dump, point], cwd=ROOT, timeout=300)
         assert proc.returncode == -9, (proc.returncode, proc.stdout, proc.stderr[-2000:])
         out[point] = (path, before)
     return out, dump, want, keys[:7]

@@ -39,10 +39,9 @@ SHOWN = {
 
 
 @pytest.mark.parametrize("script", TUTORIALS)
-def test_tutorial_runs_with_only_the_import_changed(script, tmp_path):
+def test_tutorial_runs_with_only_the_import_changed(script, tmp_path, forkrun):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), env_path()]) if env_path() else str(HERE))
-    proc = subprocess.run([sys.executable, str(HERE / "tutorials" / script)], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = forkrun.run("path", str(HERE / "tutorials" / script), cwd=tmp_path, env=env, timeout=600)
     assert proc.returncode == 0, f"{script} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     at = 0
     for line in SHOWN.get(script, []):
