@@ -69,6 +69,20 @@ def test_grpo_groups_follow_insertion_order_not_global_indexes(tmp_path):
         assert _values(s, s.get_meta(["x"], 4, "p", task_name="t")) == [0, 1, 2, 3]
 
 
+@pytest.mark.parametrize("n", [37, 41, 512])
+def test_grpo_groups_of_any_size_start_at_the_partitions_first_row_and_survive_a_reopen(tmp_path, n):
+    """Group sizes whose primes or powers no partition's first sequence number is a multiple
+    of (its start is random) grouped rows of two prompts together; after a reopen the rows of a
+    group begun before it are completed by the rows put after it."""
+    groups = 3
+    with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=n)) as s:
+        _put(s, n + n // 2)  # group 0 and half of group 1
+    with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=n)) as s:
+        _put(s, groups * n - (n + n // 2), start=n + n // 2)
+        got = [_values(s, s.get_meta(["x"], n, "p", task_name="t")) for _ in range(groups)]
+        assert got == [list(range(k * n, k * n + n)) for k in range(groups)]
+
+
 def test_grpo_rejects_a_batch_size_that_is_not_a_multiple_of_the_group(tmp_path):
     with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=4)) as s:
         _put(s, 8)

@@ -37,6 +37,7 @@ from typing import AbstractSet, Any, Dict, Iterator, List, Mapping, Optional, Se
 import numpy as np
 
 from ._format.columns import take_rows
+from ._format.controller_records import SEQ_ALIGN
 from ._io.heap import trim_heap
 from .ports import PartitionInfo, RowBatch, RowInfo
 from .samplers import SeqsInOrder
@@ -358,14 +359,19 @@ class Partition:
     # ---------------------------------------------------------------- ready views
     def ready_view(self, task: str, need: frozenset, done) -> _Ready:
         """The ready view of ``(task, need)`` (``done``: the rows ``task`` consumed), built
-        on first use (O(rows), vectorised), most recently used last, at most 8 per task."""
+        on first use (O(rows), vectorised), most recently used last, at most 8 per task.
+
+        Its sequence numbers (a sampler's ``ready_seqs``) are the partition's modulo
+        ``SEQ_ALIGN``: counted from 0 at the partition's first row (a multiple of it), and
+        unchanged by the raises a reopen or a checkpoint load makes (multiples of it), so a
+        GRPO group of any size holds the rows of one prompt."""
         views = self.ready.setdefault(task, {})
         v = views.pop(need, None)
         if v is None:
             good = [i for i, fs in enumerate(self.fsets) if need <= fs]
             sl = self.live_slots()
             sl = sl[np.isin(self.s_fs[sl], good)]
-            gs, qs = self.s_gidx[sl].tolist(), self.s_seq[sl].tolist()
+            gs, qs = self.s_gidx[sl].tolist(), (self.s_seq[sl] % SEQ_ALIGN).tolist()
             v = _Ready({g: q for g, q in zip(gs, qs) if g not in done} if done else dict(zip(gs, qs)))
             while len(views) >= _MAX_VIEWS_PER_TASK:
                 del views[next(iter(views))]  # least recently used

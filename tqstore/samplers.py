@@ -77,9 +77,10 @@ class BaseSampler(ABC):
                 has not consumed, oldest first.
             batch_size: rows requested.
             partition_id, task_name: what is being sampled, for keeping state.
-            ready_seqs: the partition-local insertion sequence number of each ready row,
-                parallel to ``ready_indexes`` (None when called without a store, or when
-                the class sets ``uses_seqs = False``).
+            ready_seqs: the partition-local insertion sequence number of each ready row
+                (a store counts a partition's rows from 0, its first row put), parallel to
+                ``ready_indexes`` (None when called without a store, or when the class sets
+                ``uses_seqs = False``).
             ready_tags: (only for a class that sets ``uses_tags = True``) each ready row's
                 tag, parallel to ``ready_indexes``: a sequence (``len``, indexing, slicing,
                 iteration; ``list(ready_tags)`` for a list) whose items are copies made as
@@ -331,8 +332,8 @@ class GRPOGroupNSampler(BaseSampler):
     """Whole groups of ``n_samples_per_prompt`` consecutive rows, or nothing.
 
     Rows are grouped by insertion order within the partition: the rows with sequence
-    numbers ``k*n .. k*n+n-1`` form group ``k`` (put each prompt's ``n`` responses
-    together, in whole groups).  A group is handed out only when all its rows are ready;
+    numbers ``k*n .. k*n+n-1`` form group ``k`` (a store numbers a partition's rows from 0:
+    put each prompt's ``n`` responses together, in whole groups).  A group is handed out only when all its rows are ready;
     ``batch_size`` must be a multiple of ``n``.  ``sampling_config`` may override
     ``n_samples_per_prompt``; with ``dp_rank`` and ``batch_index`` results are cached per
     rank like :class:`RankAwareSampler`.

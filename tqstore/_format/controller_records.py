@@ -67,9 +67,9 @@ META_RESTORE_TAG = b"restore_tag"  # the last restore tag handed out (absent: no
 #: repeats its numbers and a stale BatchMeta of the dropped one matches none of its rows
 META_SEQ_FLOOR = b"seq_floor"
 #: every partition's first sequence number is a multiple of SEQ_ALIGN (2**8 * 3**3 * 5**2 * 7 *
-#: 11 * ... * 31: a multiple of every group size up to 32, and of 36, 40, 48, 64, 128, 256, ...),
-#: and a raise keeps each partition's next_seq the same modulo it: GRPO groups, the rows with
-#: sequence numbers k*n .. k*n+n-1, are counted from the partition's first row (docs/FORMAT.md)
+#: 11 * ... * 31), and a raise keeps each partition's next_seq the same modulo it: the residues,
+#: which samplers see, count the partition's rows from 0 (GRPO groups of any size are counted
+#: from its first row; docs/FORMAT.md)
 SEQ_ALIGN = 2**8 * 3**3 * 5**2 * 7 * 11 * 13 * 17 * 19 * 23 * 29 * 31
 
 
