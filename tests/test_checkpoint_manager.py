@@ -45,6 +45,22 @@ def test_keep_last_prunes_older_generations_after_each_save(store, tmp_path):
     assert m.metadata(30) == {"step": 30}
 
 
+def test_loading_a_generation_root_as_a_checkpoint_names_the_mistake_and_leaves_nothing_beside_it(store, tmp_path):
+    """``load_checkpoint(root)`` (or verify) of a generation root, where a generation was meant,
+    says what the directory is and what to call, and creates no lock file beside it."""
+    m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
+    fill(store, "train", 3)
+    m.save(1)
+    m.save(2)
+    before = sorted(os.listdir(tmp_path)), sorted(os.listdir(tmp_path / "gens"))
+    want = state(store)
+    for call in (store.load_checkpoint, verify_checkpoint):
+        with pytest.raises(CheckpointNotFoundError, match=r"generation root.*restore\(\).*step-0000000002"):
+            call(tmp_path / "gens")
+    assert (sorted(os.listdir(tmp_path)), sorted(os.listdir(tmp_path / "gens"))) == before
+    assert state(store) == want
+
+
 def test_pruning_waits_for_the_newer_generation_to_be_durable(store, tmp_path):
     m = CheckpointManager(tmp_path / "gens", keep_last=1, store=store)
     fill(store, "train", 3)

@@ -41,6 +41,7 @@ from . import target as T
 from . import writer
 from .planner import Reusable
 from .retention import KeepAll, KeepLast, RetentionPolicy
+from .target import step_name
 from .verify import CheckpointReport, read_manifest, resolve_checkpoint_dir, verify_checkpoint
 
 log = logging.getLogger("tqstore")
@@ -66,10 +67,6 @@ def _os_errors(what: str) -> Iterator[None]:
 
 #: what :meth:`CheckpointManager._served` answers for a store in this process
 _LOCAL = object()
-
-
-def step_name(step: int) -> str:
-    return f"step-{step:010d}"
 
 
 class CheckpointManager:

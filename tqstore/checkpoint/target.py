@@ -161,6 +161,24 @@ def _is_torn_dump(d: Path) -> bool:
     return all((n == DR.ROW_INDEX_NAME or DR._SHARD_RE.match(n)) and (d / n).is_file() for n in names)
 
 
+def step_name(step: int) -> str:
+    """The directory name of generation ``step`` in a generation root."""
+    return f"step-{step:010d}"
+
+
+def generation_steps(d: PathLike) -> Optional[List[int]]:
+    """The published steps (ascending) of ``d`` when it is a generation root that a
+    :class:`CheckpointManager` made (:func:`is_generation_root`, and its lock file or a
+    generation is there), else None."""
+    d = Path(d)
+    if not is_generation_root(d):
+        return None
+    names = os.listdir(d)
+    if ROOT_LOCK_NAME not in names and not any(_ROOT_ENTRY.match(n) for n in names):
+        return None  # (an empty directory)
+    return sorted(int(m.group(1)) for m in map(STEP_RE.match, names) if m and not m.group(2))
+
+
 def is_generation_root(d: PathLike) -> bool:
     """True if ``d`` holds only what a :class:`CheckpointManager` puts there: ``step-N`` (and
     ``step-N.old``, ``step-N.tmp-X``) directories, ``.deleting-*`` directories (none of them
@@ -381,8 +399,11 @@ def reading(path: PathLike) -> Iterator[bool]:
     could not be taken (read-only location: see :func:`tqstore._io.locks.flocked`)."""
     lp = lock_path_for(path)
     real = lp.parent / real_path(path).name
-    if not (os.path.lexists(real) or os.path.lexists(real.with_name(real.name + ".old"))):
-        yield False  # nothing there to read (and no lock file left behind): the reader raises not-found
+    if not (os.path.lexists(real) or os.path.lexists(real.with_name(real.name + ".old"))) or (
+            lp != real.parent / ROOT_LOCK_NAME and generation_steps(real) is not None):
+        # nothing there to read, or a generation root (read as a checkpoint by mistake): no lock
+        # file is left behind, the reader raises not-found
+        yield False
         return
     stack = contextlib.ExitStack()
     try:
@@ -407,4 +428,5 @@ def read_locked(fn: Callable[..., Any]) -> Callable[..., Any]:
 __all__: List[str] = ["TargetKind", "CHECKPOINT", "GENERATION", "GENERATION_ROOT", "DUMP", "is_dump_dir", "check_target",
                       "check_store_location", "enclosing_owner", "is_checkpoint_dir", "is_generation_root",
                       "lock_path_for", "reading", "read_locked", "ROOT_LOCK_NAME", "is_tmp_name", "is_save_leftover",
+                      "step_name", "generation_steps",
                       "real_dir"]

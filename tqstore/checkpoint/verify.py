@@ -57,6 +57,12 @@ def resolve_checkpoint_dir(path: PathLike) -> Path:
                     "while publishing); using it", p, old)
         return old
     if p.is_dir():
+        steps = T.generation_steps(p)
+        if steps is not None:
+            newest = f" (its newest: {p / T.step_name(steps[-1])})" if steps else ""
+            raise CheckpointNotFoundError(
+                f"{p} is a checkpoint generation root (CheckpointManager), not a checkpoint: restore it with "
+                f"tqstore.CheckpointManager({str(p)!r}, store=...).restore(), or load one of its generations{newest}")
         raise CheckpointNotFoundError(f"{p} holds no {M.MANIFEST_NAME}: not a tqstore checkpoint (or a save that "
                                       f"never completed)")
     raise CheckpointNotFoundError(f"checkpoint directory {p} does not exist")
