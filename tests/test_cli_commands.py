@@ -193,6 +193,21 @@ def test_prune_with_no_valid_generation_deletes_nothing(tmp_path):
     assert code == EXIT_DAMAGED and "nothing deleted" in err and CheckpointManager(root).steps() == [1, 2]
 
 
+def test_prune_of_a_root_with_no_generations_yet_has_nothing_to_do(tmp_path):
+    """A manager that has not saved yet (its lock file only): nothing is damaged, nothing to
+    delete (it exited 1 "no generation verifies"); a root whose only generation is torn still
+    exits 1."""
+    root = tmp_path / "gens"
+    CheckpointManager(root, keep_last=2)
+    for extra in ([], ["--json"]):
+        code, out, err = run("prune", root, "--keep", "1", *extra)
+        assert code == EXIT_OK and not err, (out, err)
+        assert (json.loads(out)["ok"] and json.loads(out)["deleted"] == []) if extra else "nothing to prune" in out
+    (root / "step-0000000001").mkdir()  # a save that never wrote its manifest
+    code, out, err = run("prune", root, "--keep", "1")
+    assert code == EXIT_DAMAGED and "nothing deleted" in err
+
+
 def test_prune_dry_run_and_bad_keep(tmp_path):
     root = _root(tmp_path)
     code, out, _ = run("prune", root, "--keep", "1", "--dry-run")

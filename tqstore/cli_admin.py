@@ -5,7 +5,8 @@
   exclusive lock, deleting nothing if the root no longer looks like a root), and never
   the newest generation that verifies: the generations are verified from the newest down
   first, and that one is kept even when it is older than the newest ``N``.  With no
-  generation that verifies nothing is deleted (exit 1).
+  generation that verifies nothing is deleted (exit 1); a root with no generations at all
+  (a manager that has not saved yet) has nothing to prune (exit 0).
 * ``compact STORE`` opens the store (it must not be open in another process) and rewrites
   the live frames of mostly-dead sealed segments, then unlinks them
   (:meth:`Store.compact`).
@@ -13,9 +14,11 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any, Dict, TextIO
 
+from .checkpoint.target import ROOT_LOCK_NAME
 from .cli_inspect import newest_valid_step, root_doc
 from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, not_a_target, open_store
 
@@ -33,8 +36,13 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
         err.write(f"error: --keep must be an integer >= 1, got {args.keep!r}\n")
         return EXIT_USAGE
     before = [g["step"] for g in root_doc(path)["generations"]]
+    doc: Dict[str, Any] = {"path": str(path), "keep": args.keep, "newest_valid": None, "dry_run": args.dry_run}
+    if not [n for n in os.listdir(path) if n != ROOT_LOCK_NAME]:  # (a manager that has not saved yet)
+        doc.update(deleted=[], kept=[], ok=True)
+        out.write(json.dumps(doc, indent=1) + "\n" if args.json else f"no generations under {path}: nothing to prune\n")
+        return EXIT_OK
     valid = newest_valid_step(path, err, quick=args.quick)
-    doc: Dict[str, Any] = {"path": str(path), "keep": args.keep, "newest_valid": valid, "dry_run": args.dry_run}
+    doc["newest_valid"] = valid
     if valid is None:
         doc.update(deleted=[], kept=before, ok=False)
         if args.json:
