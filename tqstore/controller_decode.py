@@ -52,7 +52,7 @@ def _tagged_rows(vs: List[bytes]) -> Optional[Tuple[np.ndarray, List[Any]]]:
         return None
     a = np.frombuffer(heads, dtype=_ROW2)
     if ((a["flags"] & np.uint16(R.ROW2_KEYED)) | np.uint16(R.ROW2_TAGGED) != a["flags"]).any() \
-            or (a["words"] != 1).any() or (a["seq"] >= 1 << 62).any():
+            or (a["words"] != 1).any() or (a["seq"] >= R.SEQ_LIMIT).any():
         return None
     tags = loads_each([v[_FAST:] for v in vs])
     return None if tags is None else (a, tags)
@@ -282,12 +282,12 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int, co
         seq, mask = np.zeros(m, dtype=np.int64), np.zeros(m, dtype=np.uint64)
         if fast.any():
             a = np.frombuffer(vb if allf else b"".join(compress(vs, fast.tolist())), dtype=_ROW2)
-            bad = ((a["flags"] & np.uint16(0xFFFF ^ R.ROW2_KEYED)) != 0) | (a["words"] != 1) | (a["seq"] >= 1 << 62)
+            bad = ((a["flags"] & np.uint16(0xFFFF ^ R.ROW2_KEYED)) != 0) | (a["words"] != 1) | (a["seq"] >= R.SEQ_LIMIT)
             if bad.any():
                 i = int(np.flatnonzero(fast)[int(np.argmax(bad))])
                 w.at = ("rows", ks[i])
                 R.decode_row2(vs[i])
-                raise RecordError("row value: a 24-byte value must be one untagged bitmap word below seq 2**62")
+                raise RecordError("row value: a 24-byte value must be one untagged bitmap word below seq 2**63")
             sel = slice(None) if allf else fast
             part[sel], flags[sel], seq[sel], mask[sel] = a["part"], a["flags"], a["seq"], a["mask"]
         others = np.flatnonzero(~fast)
@@ -301,7 +301,7 @@ def _rows_v2(txn, dbs, parts, by_num, next_gidx: int, w: _Where, n_free: int, co
         for i in others.tolist():
             w.at = ("rows", ks[i])
             r = R.decode_row2(vs[i])
-            if r.seq >= 1 << 62:
+            if r.seq >= R.SEQ_LIMIT:
                 raise RecordError(f"row seq {r.seq} out of range")
             part[i], flags[i], seq[i] = r.part, r.flags, r.seq
             slow.append((base + i, r))

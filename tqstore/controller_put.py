@@ -86,6 +86,8 @@ def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, ta
     c._restores.check_put(pid, keys, gidxs, {col.field: (col.kind, col.dtype) for col in columns},
                           strict_dtypes=strict_dtypes)
     seq0 = p.next_seq if p is not None else c.seq_floor
+    if seq0 + n > R.SEQ_LIMIT:  # (n: at most the new rows' count)
+        raise R.seq_exhausted(f"a put of {n} rows into partition {pid!r}")
     existing: List[int] = []
     new_keys: List[Optional[str]] = []
     if keys is not None:

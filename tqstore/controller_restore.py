@@ -312,6 +312,8 @@ class RestoreHost:
             recs.append(row(key, src if type(src) is int else int(src), g, tag, fs, is_new))
         if unit_room is not None:
             _check_room(p, recs, c.num_units, unit_room)
+        if (p.next_seq if p else c.seq_floor) + len(reserved) > R.SEQ_LIMIT:
+            raise R.seq_exhausted(f"a load of {len(reserved)} new keys into partition {pid!r}")
         texts = R.restore_tag_texts(tags)  # (the rows chunks' and, at finish, the rows' tag values)
         rid = uuid.uuid4().hex
         tag_no = self.last_tag + 1

@@ -98,6 +98,8 @@ class SnapshotCalls:
             if new_floor == self.seq_floor and not low:
                 return
             raised = {p.pid: R.seq_raised(p.next_seq, floor) for p in low}  # (groups go on where they were)
+            if max([new_floor, *raised.values()]) >= R.SEQ_LIMIT:
+                raise R.seq_exhausted(f"raising the sequence floor to {floor}")
             m = self.db
             with wrap_errors("raise the sequence floor", self.path), self.env.begin(write=True) as txn:
                 txn.put(R.META_SEQ_FLOOR, R.encode_decimal(new_floor), db=m["meta"])

@@ -39,6 +39,7 @@ from typing import Any, AbstractSet, Dict, Iterable, List, NamedTuple, Optional,
 
 import numpy as np
 
+from ..errors import CapacityError
 from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from .layout import KIND_VALUE, KINDS
 from .records import (
@@ -66,11 +67,24 @@ META_RESTORE_TAG = b"restore_tag"  # the last restore tag handed out (absent: no
 #: dropped before (absent: 0), so a partition created again under a dropped one's id never
 #: repeats its numbers and a stale BatchMeta of the dropped one matches none of its rows
 META_SEQ_FLOOR = b"seq_floor"
-#: every partition's first sequence number is a multiple of SEQ_ALIGN (2**8 * 3**3 * 5**2 * 7 *
-#: 11 * ... * 31), and a raise keeps each partition's next_seq the same modulo it: the residues,
-#: which samplers see, count the partition's rows from 0 (GRPO groups of any size are counted
-#: from its first row; docs/FORMAT.md)
-SEQ_ALIGN = 2**8 * 3**3 * 5**2 * 7 * 11 * 13 * 17 * 19 * 23 * 29 * 31
+#: every partition's first sequence number is a multiple of SEQ_ALIGN (2**4 * 7 * 11 * ... * 31,
+#: about 1.07e11: the rows one partition can take before it is dropped; a drop moves the next
+#: partition's numbers one such block up, so a store has room for more than 4e7 drops), and a
+#: raise keeps each partition's next_seq the same modulo it: the residues, which samplers see,
+#: count the partition's rows from 0 (GRPO groups of any size are counted from its first row;
+#: docs/FORMAT.md).  The value of earlier versions (2**8 * 3**3 * 5**2 * 7 * ... * 31) is a
+#: multiple of it: their indexes hold the same residues.
+SEQ_ALIGN = 2**4 * 7 * 11 * 13 * 17 * 19 * 23 * 29 * 31
+#: sequence numbers are below SEQ_LIMIT (they are int64 in memory)
+SEQ_LIMIT = 2**63
+
+
+def seq_exhausted(what: str) -> CapacityError:
+    """The error of a put, drop or raise that would give out a sequence number past
+    :data:`SEQ_LIMIT` (more than 4e7 partitions dropped in one store, or 1e11 rows put into one)."""
+    return CapacityError(f"{what}: this store's sequence numbers are used up (each dropped partition and each "
+                         f"checkpoint load takes a block of {SEQ_ALIGN}); nothing was written: move the rows "
+                         f"you need into a new store (dump_data_by_key, then load_data_by_key there)")
 
 
 def seq_aligned(seq: int) -> int:
@@ -549,7 +563,7 @@ __all__ = [
     "Row2", "ROW2_DTYPE", "row2_bitmap", "encode_row2", "encode_rows2", "gidx_keys", "decode_row2", "encode_tag",
     "encode_tags",
     "decode_partition2", "decode_schema2", "META_FORMAT", "META_NUM_UNITS", "META_NEXT_GIDX", "META_PUT_TOKEN",
-    "META_RESTORE_TAG", "META_SEQ_FLOOR", "SEQ_ALIGN", "seq_aligned", "seq_raised", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
+    "META_RESTORE_TAG", "META_SEQ_FLOOR", "SEQ_ALIGN", "SEQ_LIMIT", "seq_exhausted", "seq_aligned", "seq_raised", "META_CLEAN", "units_digest", "encode_clean", "decode_clean", "RESTORE_STATES", "RESTORE_UNIT_STATES", "RestoreRecord", "RestoreRow", "restore_key",
     "restore_chunk_key", "decode_restore_key", "encode_restore", "decode_restore", "encode_restore_rows", "restore_tag_texts", "tag_values",
     "decode_restore_rows", "RESTORE_CHUNK_ROWS",
     "RecordError", "RowRecord",
