@@ -459,7 +459,8 @@ class ControllerPort(Protocol):
         new state of a checkpoint load before it is switched in, with the replaced state's
         :meth:`seq_high`: a BatchMeta of the replaced state (each row's gidx and seq) then
         matches none of the rows put after the load, though their gidxs are reused.  Raises
-        InvalidInputError for a negative or non-int ``floor``, StorageIOError."""
+        InvalidInputError for a negative or non-int ``floor``, CapacityError (nothing written)
+        when the raised numbers would pass ``SEQ_LIMIT`` (2**63), StorageIOError."""
 
     # selective restores (see RestoreInfo; the load orchestrates them, tqstore.dump) -------
     def begin_restore(self, pid: str, dump_dir: str, entries: Sequence[Tuple[str, int, Any, Sequence[str]]],
