@@ -383,6 +383,24 @@ def test_seqlen_sampler_keeps_grpo_groups_whole_when_a_rank_runs_ahead_past_an_u
         assert ahead in ([4, 5], [8, 9])
 
 
+def test_seqlen_sampler_balances_the_groups_of_a_per_call_group_size(tmp_path):
+    """``sampling_config``'s ``n_samples_per_prompt`` chose the groups but the sampler's own n
+    cut them for balancing: groups of 4 were split across the ranks (n=2 built in)."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=2, dp_size=2))
+        lengths = [1, 1000, 1, 1, 1000, 1000, 1, 1000, 1, 1, 1, 1000, 1000, 1, 1, 1]
+        for g in range(4):
+            m = s.get_meta(["x"], 4, "p", mode="insert")
+            for j in range(4):
+                m.custom_meta[j] = {"total_lengths": lengths[4 * g + j]}
+            s.put({"x": torch.full((4, 1), g)}, metadata=m)
+        shares = [_values(s, s.get_meta(["x"], 8, "p", task_name="t", sampling_config={
+            "dp_rank": r, "batch_index": 0, "n_samples_per_prompt": 4})) for r in range(2)]
+        assert sorted(shares[0] + shares[1]) == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
+        for share in shares:
+            assert share[:4] == [share[0]] * 4 and share[4:] == [share[4]] * 4, f"{shares}: a group was split"
+
+
 def test_grpo_sampler_takes_the_oldest_whole_groups_in_any_row_order():
     from tqstore.samplers import GRPOGroupNSampler
     g = GRPOGroupNSampler(n_samples_per_prompt=2)

@@ -187,8 +187,8 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         pairs = zip(ready_indexes, ready_indexes if seqs is None else seqs)
         if waiting:  # rows of other ranks' shares they have not fetched yet: not chosen again
             pairs = ((g, sq) for g, sq in pairs if g not in waiting)
-        chosen = self._whole_groups(pairs, batch_size * self.dp_size, kwargs.get("n_samples_per_prompt"),
-                                    in_order=isinstance(seqs, SeqsInOrder))
+        n = self._group_n(kwargs.get("n_samples_per_prompt"))  # (a call's own group size, else the sampler's)
+        chosen = self._whole_groups(pairs, batch_size * self.dp_size, n, in_order=isinstance(seqs, SeqsInOrder))
         if not chosen:
             return [], []
         if partition is None:
@@ -198,7 +198,6 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
                       for r in range(self.dp_size)]
         else:
             lengths = _lengths(partition, chosen)
-            n = self.n_samples_per_prompt
             groups = len(lengths) // n
             if groups and len(lengths) % n == 0 and groups >= self.dp_size and groups % self.dp_size == 0:
                 weights = [sum(lengths[g * n:(g + 1) * n]) for g in range(groups)]
