@@ -399,6 +399,13 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         return self._sampling.sampler
 
     @_locked
+    def first_batch_index(self, pid: str, task: str, dp_rank: Any) -> int:
+        """See ControllerPort.first_batch_index."""
+        check_name("partition_id", pid)
+        check_name("task_name", task)
+        return self._sampling.first_batch_index(pid, task, dp_rank)
+
+    @_locked
     def fetch(self, pid: str, task: str, fields: Optional[Sequence[str]], batch_size: int,
               sampling_config: Optional[Mapping[str, Any]] = None) -> Optional[RowBatch]:
         """Choose ready rows with the sampler and mark them consumed, with the sampler's state,

@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Sequence as SequenceABC
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .controller_mirror import copy_value, row_batch
 from .controller_sampler_store import EntryName, SamplerWrite
@@ -92,6 +92,7 @@ class SamplerHost:
         self._numbers: Dict[str, Dict[EntryName, int]] = {}  # per partition: each cached result's record number
         self._next: Dict[str, int] = {}  # per partition: the next record number
         self._purge: Dict[str, List[int]] = {}  # per partition: records of another sampler's results
+        self._first: Dict[Tuple[str, str, str], int] = {}  # (pid, task, rank) -> first_batch_index's answer
 
     def set(self, spec: Any) -> BaseSampler:
         """Use ``spec`` (see make_sampler) from now on; state is loaded per partition as needed."""
@@ -103,6 +104,19 @@ class SamplerHost:
         self._next.clear()
         self._purge.clear()
         return s
+
+    def first_batch_index(self, pid: str, task: str, dp_rank: Any) -> int:
+        """See ControllerPort.first_batch_index: one past the largest integer batch index cached
+        for ``(task, dp_rank)`` when first asked, then that answer (memoised: a replica asking
+        after another replica's first fetches gets the same start)."""
+        key = (pid, task, str(dp_rank))
+        got = self._first.get(key)
+        if got is None:
+            rank = str(dp_rank)
+            done = [int(bi) for t, r, bi in self._for(pid).cached_names(pid, task)
+                    if r == rank and bi.lstrip("-").isdigit()]
+            got = self._first[key] = max(done, default=-1) + 1
+        return got
 
     def _for(self, pid: str) -> BaseSampler:
         if pid not in self._loaded:

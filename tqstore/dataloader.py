@@ -164,7 +164,9 @@ class StreamingDataset(IterableDataset):
         self.sampling_config = {"dp_rank": dp_rank, "task_name": task_name}
         self.buffer: List[Tuple[Any, BatchMeta]] = []
         self.batch_index = 0
-        self._micro_done = 0  # micro-batches of buffer[batch_index] already yielded
+        self._first = 0  # the batch index of buffer[0]
+        self._started = False  # whether the first batch index was asked of the store
+        self._micro_done = 0  # micro-batches of buffer[batch_index - _first] already yielded
         self._tq_client: Any = None
 
     def _client(self) -> Any:
@@ -198,12 +200,31 @@ class StreamingDataset(IterableDataset):
         left = [all(p) for c, p in zip(consumed.tolist(), produced.tolist()) if not c]
         return len(left) if left and all(left) and len(left) < self.batch_size else None
 
+    def _start(self, client: Any) -> None:
+        """A new dataset starts past the batches the store's rank cache holds for its ``(task,
+        dp_rank)`` from an earlier run (a restart, a checkpoint restore: they were consumed
+        then, and a count from 0 would be handed them again); every replica of the rank
+        starts at the same index (``Store.first_batch_index``).  A store without that call
+        (another client's) starts at 0."""
+        self._started = True
+        if self.buffer or self.batch_index:
+            return  # (moved by the caller: left as it is)
+        fn = getattr(getattr(client, "store", None), "first_batch_index", None)
+        if fn is not None:
+            self._first = self.batch_index = int(fn(self.partition_id, self.task_name, self.dp_rank))
+            if self._first:
+                log.info("StreamingDataset: task %r, dp_rank %d of partition %r starts at batch_index %d, past "
+                         "the batches an earlier run was handed", self.task_name, self.dp_rank,
+                         self.partition_id, self._first)
+
     def __iter__(self) -> Iterator[Tuple[Any, BatchMeta]]:
         client = self._client()
+        if not self._started:
+            self._start(client)
         warned = False
         while True:
-            if self.batch_index < len(self.buffer):
-                current = self.buffer[self.batch_index]
+            if self.batch_index - self._first < len(self.buffer):
+                current = self.buffer[self.batch_index - self._first]
                 done = self._micro_done  # (an iteration left early resumes after what it yielded)
                 for i, micro in enumerate(self.process_batch_fn(*current, micro_batch_size=self.micro_batch_size)):
                     if i >= done:
@@ -238,13 +259,15 @@ class StreamingDataset(IterableDataset):
 
     def reset(self) -> None:
         """Iterate the buffered batches again from the first."""
-        self.batch_index = 0
+        self.batch_index = self._first
         self._micro_done = 0
 
     def step(self, partition_id: str) -> None:
-        """Switch to another partition, dropping the buffer."""
+        """Switch to another partition, dropping the buffer (the next iteration asks where
+        its batches start, as a new dataset does)."""
         self.buffer = []
-        self.batch_index = 0
+        self.batch_index = self._first = 0
+        self._started = False
         self._micro_done = 0
         self.partition_id = partition_id
 

@@ -407,6 +407,13 @@ class ControllerPort(Protocol):
     def reset_consumption(self, pid: str, task: Optional[str] = None) -> bool:
         """Forget consumption (and the sampler's cache); False for an unknown partition."""
 
+    def first_batch_index(self, pid: str, task: str, dp_rank: Any) -> int:
+        """The ``batch_index`` a new streaming consumer of ``(task, dp_rank)`` starts at: past
+        every result the sampler held cached for them when this controller first answered it
+        (results of an earlier run, kept across reopens and in checkpoints, which a consumer
+        counting from 0 would be handed again), the same answer to every caller until the
+        controller is closed; 0 when there were none."""
+
     # snapshots -----------------------------------------------------------------
     def snapshot(self) -> SnapshotId:
         """Open the controller's side of an MVCC cut."""

@@ -556,6 +556,19 @@ class Streaming:
                 self._dp.wake_locked(partition_id)
         return done
 
+    def first_batch_index(self, partition_id: str, task_name: str, dp_rank: Any) -> int:
+        """The ``batch_index`` a new :class:`~tqstore.StreamingDataset` of ``(task_name, dp_rank)``
+        starts at: past the batches the sampler's rank cache holds from an earlier run (kept
+        across reopens and in checkpoints), which a dataset counting from 0 would be handed
+        again; every replica of the rank gets the same answer for as long as the store is open
+        (ControllerPort.first_batch_index).  0 when there are none.  InvalidInputError: a
+        partition id or task name that is not a non-empty str."""
+        _check_pid(partition_id)
+        _check_task(task_name)
+        self._dp.check_open()
+        with self._dp.lock:
+            return self._dp.controller.first_batch_index(partition_id, task_name, dp_rank)
+
     def get_partition_list(self) -> List[str]:
         """Partition ids, oldest first (the order they were created in, as TransferQueue lists
         them; a partition cleared and made again is the newest)."""
@@ -567,6 +580,6 @@ class Streaming:
 #: the public calls of :class:`Streaming`, in documentation order
 STREAMING_CALLS = ("get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
                    "get_production_status", "check_consumption_status", "check_production_status",
-                   "reset_consumption", "get_partition_list", "set_custom_meta")
+                   "reset_consumption", "get_partition_list", "set_custom_meta", "first_batch_index")
 
 __all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from", "check_timeout"]

@@ -376,6 +376,21 @@ class ControllerPortTests(ControllerRestoreTests, ControllerReconcileTests, _Por
         assert c.fetch("p", "t", ["x"], 2, RANK0).gidxs == first  # the cache came back
         assert c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": 1}).gidxs == g[2:]
 
+    def test_first_batch_index_starts_past_an_earlier_runs_cached_batches_and_stays_put(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", n=8)
+        c.set_sampler("rank_aware")
+        assert c.first_batch_index("p", "t", 0) == 0
+        for bi in range(3):
+            c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": bi})
+        assert c.first_batch_index("p", "t", 0) == 0  # the same answer while it is open
+        c = self.reopen(c)
+        c.set_sampler("rank_aware")
+        assert c.first_batch_index("p", "t", 0) == 3 and c.first_batch_index("p", "t", 1) == 0
+        assert c.first_batch_index("p", "u", 0) == 0 and c.first_batch_index("nope", "t", 0) == 0
+        c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": 3})
+        assert c.first_batch_index("p", "t", 0) == 3
+
     # durability -----------------------------------------------------------------
     def test_committed_state_survives_a_reopen_and_an_uncommitted_plan_does_not(self, tmp_path):
         c = self.controller(tmp_path)
