@@ -56,7 +56,7 @@ def _dump(s: Store, path: Path, keys, *, blocking: bool):
 @pytest.mark.parametrize("action,blocking", [("eio", True), ("enospc", True), ("eio", False)])
 def test_a_failed_dump_step_raises_clearly_and_keeps_a_whole_dump_and_the_store(tmp_path, action, blocking):
     dump = tmp_path / "dump"
-    old_keys, new_keys = ["a0", "a1"], ["a2", "a3", "a5", "a1"]
+    old_keys, new_keys = ["a0", "a1"], ["a1", "a2", "a3", "a5"]  # (in the partition's insertion order)
     total = 0
     in_place = []  # per failure: whether the new dump was in place when it was raised
     with _store(tmp_path / "s") as s:

@@ -67,6 +67,31 @@ def test_load_brings_back_exactly_the_dumped_keys_with_every_field_kind(source, 
         assert rows_of(dst, "train", picked) == want
 
 
+def test_a_load_keeps_the_sources_insertion_order_so_grpo_groups_stay_whole(tmp_path):
+    """New keys were numbered in the order the dump was given its keys: whole groups dumped in
+    another order came back as groups mixing two prompts."""
+    import random
+
+    n = 4
+    keys = [f"prompt-{g}/{j}" for g in range(4) for j in range(n)]
+    with tqstore.open(tmp_path / "a", num_units=2) as s:
+        s.kv_batch_put(keys, "train", {"x": torch.tensor([[g] for g in range(4) for _ in range(n)])})
+        picked = keys[n:]  # groups 1, 2 and 3
+        random.Random(0).shuffle(picked)
+        s.dump_data_by_key(tmp_path / "dump", picked, "train")
+    assert list(tqstore.read_row_index(tmp_path / "dump")["rows"]) == keys[n:]  # in the source's order
+    with tqstore.open(tmp_path / "b", num_units=3) as s:
+        s.set_sampler({"name": "grpo_group_n", "n_samples_per_prompt": n})
+        s.load_data_by_key(tmp_path / "dump")
+        got = []
+        while True:
+            m = s.get_meta(["x"], n, "train", task_name="t")
+            if not m.size:
+                break
+            got.append(s.get_data(m)["x"].reshape(-1).tolist())
+        assert got == [[1] * n, [2] * n, [3] * n]
+
+
 def test_existing_keys_keep_their_index_and_nothing_else_changes(source, tmp_path):
     src, keys = source
     picked = keys[:6]
@@ -234,7 +259,7 @@ def test_a_field_of_several_dtypes_is_dumped_as_mixed_and_loads_by_strict_schema
         dump = write_dump(src, tmp_path / "dump", ["c", "a"], "p")
         want = rows_of(src, "p", ["c", "a"])
     ri = tqstore.read_row_index(dump)
-    assert ri["schemas"] == {"x": {"kind": "tensor", "dtype": "mixed"}} and list(ri["rows"]) == ["c", "a"]
+    assert ri["schemas"] == {"x": {"kind": "tensor", "dtype": "mixed"}} and list(ri["rows"]) == ["a", "c"]
     with tqstore.open(tmp_path / "dst", num_units=3) as dst:
         assert dst.load_data_by_key(dump)["keys"] == 2
         assert rows_of(dst, "p", ["c", "a"]) == want

@@ -36,7 +36,9 @@ class DumpMixin:
         overwrites and clears after the cut never reach the dump.  Each unit owning dumped
         frames writes its own shard (frames copied byte for byte from its segments, in
         parallel); ``rows.json`` holds every dumped row (key, source global index, tag,
-        produced fields; rows with no produced field too) and the partition's schemas;
+        produced fields; rows with no produced field too), in the partition's insertion order
+        whatever the order of ``keys`` (a load numbers new keys in that order: GRPO groups
+        dumped whole load as whole groups), and the partition's schemas;
         ``MANIFEST.json`` is written last.  The dump is written into ``<dir>.tmp`` and
         renamed into place (a previous dump there stays readable until the new one is
         durable) under the exclusive lock ``<dir>.lock``, which every dump, load and
@@ -169,7 +171,8 @@ class DumpMixin:
 def read_row_index(dump_dir: PathLike) -> Dict[str, Any]:
     """The row index of the dump at ``dump_dir``, without reading any payload:
     ``{"partition_id", "format_version", "num_units", "rows": {key: {"tag", "fields",
-    "gidx"}}, "schemas": {field: {"kind", "dtype"}}}`` (rows in dump order).  Holds the path's
+    "gidx"}}, "schemas": {field: {"kind", "dtype"}}}`` (rows in dump order: the source partition's
+    insertion order).  Holds the path's
     lock and repairs an interrupted publication first.
 
     Raises:

@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+import numpy as np
+
 from .. import _native
 from .._gcpause import paused
 from .._format import dump_records as D
@@ -75,6 +77,16 @@ def check_key_list(keys: Any, partition_id: Any) -> List[Any]:
     if isinstance(keys, (str, bytes)) or not isinstance(keys, (list, tuple)):
         raise InvalidInputError(f"keys must be a list of str, got {type(keys).__name__}")
     return list(keys)
+
+
+def _in_insertion_order(rows: RowBatch) -> RowBatch:
+    """``rows`` (every one a row) sorted by sequence number."""
+    seqs = np.asarray(rows.seqs, np.int64)
+    if len(seqs) < 2 or bool((seqs[1:] > seqs[:-1]).all()):
+        return rows
+    order = np.argsort(seqs, kind="stable").tolist()
+    cols = [[c[i] for i in order] for c in (rows.gidxs, rows.keys, rows.tags, rows.fields, rows.seqs)]
+    return RowBatch(rows.pid, rows.schema, *cols)
 
 
 @dataclass
@@ -209,9 +221,10 @@ class DumpJob:
 
     def rows(self) -> RowBatch:
         """The dumped rows, read from the controller's snapshot: duplicates dropped, then every
-        key resolved there.  Raises KeyNotFoundError / InvalidInputError for keys the cut did
-        not check (``blocking=False``: they are checked here, in the snapshot, so nothing
-        after the cut counts)."""
+        key resolved there, in the partition's insertion order (a load numbers new keys in
+        the dump's order: GRPO groups dumped whole come back whole).  Raises KeyNotFoundError /
+        InvalidInputError for keys the cut did not check (``blocking=False``: they are checked
+        here, in the snapshot, so nothing after the cut counts)."""
         cut, snap = self.cut, self.cut.snap
         checked = cut.distinct_keys is not None
         cut.distinct()
@@ -219,7 +232,7 @@ class DumpJob:
         if rows is not None and len(rows) == len(cut.keys):
             miss = rows.missing()
             if not miss:
-                return rows
+                return _in_insertion_order(rows)
             if not checked:
                 missing = [cut.keys[i] for i in miss]
                 raise KeyNotFoundError(f"{len(missing)} key(s) not found in partition {cut.partition_id!r} at the "
