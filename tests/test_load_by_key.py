@@ -92,6 +92,31 @@ def test_a_load_keeps_the_sources_insertion_order_so_grpo_groups_stay_whole(tmp_
         assert got == [[1] * n, [2] * n, [3] * n]
 
 
+def test_a_checkpoint_store_or_empty_directory_given_as_a_dump_and_back_is_not_found_and_leaves_nothing(tmp_path):
+    """Wrong paths were reported as damaged data (CorruptionError: the CLI's exit 1) and left
+    lock files beside them; they are not-found errors that say what the path is."""
+    import os
+
+    from tqstore import CheckpointNotFoundError
+
+    with tqstore.open(tmp_path / "store", num_units=2) as s:
+        fill(s, "train", 2)
+        s.save_checkpoint(tmp_path / "ckpt")
+        s.dump_data_by_key(tmp_path / "dump", list(s.kv_list("train")["train"]), "train")
+        (tmp_path / "empty").mkdir()
+        before = sorted(os.listdir(tmp_path))
+        want = state(s)
+        for path, kind in (("ckpt", "a tqstore checkpoint"), ("store", "store directory"), ("empty", "empty")):
+            with pytest.raises(CheckpointNotFoundError, match=kind):
+                s.load_data_by_key(tmp_path / path)
+            with pytest.raises(CheckpointNotFoundError, match=kind):
+                tqstore.read_row_index(tmp_path / path)
+        for call in (s.load_checkpoint, tqstore.verify_checkpoint):
+            with pytest.raises(CheckpointNotFoundError, match="is a dump.*load_data_by_key"):
+                call(tmp_path / "dump")
+        assert sorted(os.listdir(tmp_path)) == before and state(s) == want
+
+
 def test_existing_keys_keep_their_index_and_nothing_else_changes(source, tmp_path):
     src, keys = source
     picked = keys[:6]

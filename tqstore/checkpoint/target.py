@@ -400,9 +400,9 @@ def reading(path: PathLike) -> Iterator[bool]:
     lp = lock_path_for(path)
     real = lp.parent / real_path(path).name
     if not (os.path.lexists(real) or os.path.lexists(real.with_name(real.name + ".old"))) or (
-            lp != real.parent / ROOT_LOCK_NAME and generation_steps(real) is not None):
-        # nothing there to read, or a generation root (read as a checkpoint by mistake): no lock
-        # file is left behind, the reader raises not-found
+            lp != real.parent / ROOT_LOCK_NAME and (generation_steps(real) is not None or is_dump_dir(real))):
+        # nothing there to read, or a generation root or a dump (read as a checkpoint by mistake):
+        # no lock file is left behind, the reader raises not-found
         yield False
         return
     stack = contextlib.ExitStack()

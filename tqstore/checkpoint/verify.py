@@ -49,6 +49,9 @@ def resolve_checkpoint_dir(path: PathLike) -> Path:
         InvalidInputError: ``path`` is not a path.
     """
     p = T.real_path(path)
+    if T.is_dump_dir(p):
+        raise CheckpointNotFoundError(f"{p} is a dump (dump_data_by_key), not a checkpoint: load it with "
+                                      f"load_data_by_key, read it with read_row_index")
     if (p / M.MANIFEST_NAME).is_file():
         return p
     old = p.with_name(p.name + ".old")

@@ -32,6 +32,7 @@ from .._format import dump_records as DR
 from .._io import files, locks
 from ..checkpoint import target as T
 from ..errors import CheckpointError, RestorePendingError
+from ..layout_dirs import STORE_FILE
 
 log = logging.getLogger("tqstore")
 
@@ -297,11 +298,27 @@ def writable(final: Path) -> bool:
 
 
 def present(final: Path) -> bool:
-    """Something of a dump is at ``final``: its directory, a ``.restore`` marker, or a sibling
-    ``.old`` or ``.tmp`` that a dump writer left (:func:`_left_by_dump`; a user's directory of
-    that name does not count)."""
-    return (os.path.isdir(final) or os.path.lexists(sibling(final, ".restore"))
+    """Something of a dump is at ``final``: its directory (not a directory of another kind:
+    :func:`other_kind`), a ``.restore`` marker, or a sibling ``.old`` or ``.tmp`` that a dump
+    writer left (:func:`_left_by_dump`; a user's directory of that name does not count)."""
+    return ((os.path.isdir(final) and other_kind(final) is None) or os.path.lexists(sibling(final, ".restore"))
             or any(_left_by_dump(sibling(final, s)) for s in (".old", ".tmp")))
+
+
+def other_kind(d: Path) -> Optional[str]:
+    """What the directory ``d`` is when it is surely no dump (a load or a read of it, a wrong
+    path, then creates no lock file beside it): a checkpoint, a store, a generation root or an
+    empty directory, in words; else None."""
+    try:
+        if not os.listdir(d):
+            return "an empty directory"
+    except OSError:
+        return None
+    if T.is_checkpoint_dir(d):
+        return "a tqstore checkpoint (load it with load_checkpoint)"
+    if os.path.lexists(os.path.join(d, STORE_FILE)) or T.generation_steps(d) is not None:
+        return T.describe(d)
+    return None
 
 
 def locked_if_present(final: Path, *, shared_ok: bool = False, read_only_ok: bool = False):

@@ -106,7 +106,9 @@ def open_dump(final: Path, *, path: Optional[PathLike] = None) -> DumpIndex:
 
 
 def _not_found(final: Path, path: Optional[PathLike]) -> CheckpointNotFoundError:
-    return CheckpointNotFoundError(f"no tqstore dump at {os.fspath(path or final)} (no {D.MANIFEST_NAME})")
+    kind = P.other_kind(final) if os.path.isdir(final) else None
+    return CheckpointNotFoundError(f"no tqstore dump at {os.fspath(path or final)} "
+                                   f"({f'it is {kind}' if kind else f'no {D.MANIFEST_NAME}'})")
 
 
 def _lock_for_reading(final: Path, path: PathLike):

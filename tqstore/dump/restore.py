@@ -272,7 +272,9 @@ def load(store, dump_dir) -> Dict[str, Any]:
         P.check_name_fits(d)
     with dump_lock(d) as held:
         if not held:  # nothing of a dump at d when the call began (one published since is not read unlocked)
-            why = "it is not a directory" if os.path.lexists(d) else "nothing is there"
+            why = f"it is {P.other_kind(d)}" if os.path.isdir(d) and P.other_kind(d) else "it holds no dump" \
+                if os.path.isdir(d) else \
+                "it is not a directory" if os.path.lexists(d) else "nothing is there"
             raise CheckpointNotFoundError(f"no dump at {d}: {why}")
         P.check_name_fits(d)
         mine = [r for r in store.controller.restores() if r.dump == str(d)]
