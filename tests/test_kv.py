@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from tensordict import TensorDict
 
 import tqstore
 from tqstore import (
@@ -68,7 +69,14 @@ def test_kv_put_rejects_a_nested_tensor_and_a_call_without_fields_or_tag(store):
         store.kv_put("k", "p")
     with pytest.raises(InvalidInputError):
         store.kv_batch_put(["k"], "p")
+    for empty in ({}, TensorDict({}, batch_size=[1])):  # (an empty mapping wrote rows with nothing in them)
+        with pytest.raises(InvalidInputError, match="holds no field"):
+            store.kv_batch_put(["k"], "p", fields=empty)
+    with pytest.raises(InvalidInputError, match="holds no field"):
+        store.kv_put("k", "p", fields={})
     assert store.kv_list() == {}
+    store.kv_batch_put(["k"], "p", fields={}, tags=[{"waiting": True}])  # a tag alone still makes the key
+    assert store.kv_list() == {"p": {"k": {"waiting": True}}}
 
 
 def test_kv_batch_put_overwrites_a_field_with_new_values(store):

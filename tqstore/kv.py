@@ -54,6 +54,17 @@ except ImportError:  # pragma: no cover
 log = logging.getLogger("tqstore")
 
 
+
+def _no_fields(fields: Any) -> bool:
+    """``fields`` is None or a mapping (a dict, a TensorDict) of no field."""
+    if fields is None:
+        return True
+    names = getattr(fields, "keys", None)
+    try:
+        return callable(names) and not list(names())
+    except Exception:  # noqa: BLE001 - not a mapping we can list: the write checks it
+        return False
+
 class PayloadIO(Protocol):
     """The store's payload side the data plane writes and reads rows through (``Store``).
 
@@ -247,8 +258,9 @@ class DataPlane:
             InvalidInputError: neither fields nor tag, a nested tensor, a bad key.
             SchemaError, UnsupportedTypeError: nothing written.
         """
-        if fields is None and tag is None:
-            raise InvalidInputError("kv_put needs fields or tag (or both)")
+        if _no_fields(fields) and tag is None:
+            raise InvalidInputError("kv_put needs fields or tag (or both)" + ("" if fields is None else
+                                                                           ": fields holds no field"))
         if not isinstance(key, str):
             raise InvalidInputError(f"key must be a str, got {type(key).__name__} {key!r}")
         return self.kv_batch_put([key], partition_id, None if fields is None else _single_row(self.edge, fields),
@@ -278,8 +290,9 @@ class DataPlane:
             Nothing is written when any of these is raised.
         """
         keys = _key_list(keys)
-        if fields is None and tags is None:
-            raise InvalidInputError("kv_batch_put needs fields or tags (or both)")
+        if _no_fields(fields) and tags is None:  # (an empty mapping too: rows with nothing at all)
+            raise InvalidInputError("kv_batch_put needs fields or tags (or both)" + ("" if fields is None else
+                                                                                    ": fields holds no field"))
         _check_pid(partition_id)
         if tags is not None:
             if isinstance(tags, (Mapping, str, bytes)):  # (a dict would silently become its keys)
