@@ -83,6 +83,18 @@ def test_grpo_groups_of_any_size_start_at_the_partitions_first_row_and_survive_a
         assert got == [list(range(k * n, k * n + n)) for k in range(groups)]
 
 
+def test_grpo_with_a_dp_rank_needs_a_batch_index(tmp_path):
+    """A dp_rank without a batch_index cached the rank's first group under batch index None and
+    handed it out again at every fetch (a consumer never got further); as RankAwareSampler."""
+    with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=2)) as s:
+        _put(s, 4)
+        with pytest.raises(InvalidInputError, match="batch_index"):
+            s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0})
+        _, consumed = s.get_consumption_status("t", "p")
+        assert consumed.sum().item() == 0
+        assert _values(s, s.get_meta(["x"], 2, "p", task_name="t")) == [0, 1]
+
+
 def test_grpo_rejects_a_batch_size_that_is_not_a_multiple_of_the_group(tmp_path):
     with _open(tmp_path / "s", GRPOGroupNSampler(n_samples_per_prompt=4)) as s:
         _put(s, 8)

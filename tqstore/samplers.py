@@ -351,6 +351,9 @@ class GRPOGroupNSampler(BaseSampler):
     def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", ready_seqs=None, dp_rank=None,
                batch_index=None, n_samples_per_prompt=None, **kwargs) -> SampleResult:
         if dp_rank is not None:
+            if batch_index is None:  # (every fetch would be handed the rank's first cached group again)
+                raise InvalidInputError("GRPOGroupNSampler with a dp_rank needs a batch_index in sampling_config "
+                                        "(the rank's replicas share the result cached under it)")
             hit = self._cached(partition_id, task_name, dp_rank, batch_index)
             if hit is not None:
                 return hit
