@@ -83,6 +83,14 @@ def test_grpo_groups_of_any_size_start_at_the_partitions_first_row_and_survive_a
         assert got == [list(range(k * n, k * n + n)) for k in range(groups)]
 
 
+def test_set_sampler_takes_the_seqlen_balanced_sampler_by_name_as_init_does(tmp_path):
+    with _open(tmp_path / "s") as s:
+        for spec in ({"name": "seqlen_balanced", "n_samples_per_prompt": 2, "dp_size": 2}, "SeqlenBalancedSampler"):
+            assert isinstance(s.set_sampler(spec), tq.SeqlenBalancedSampler)
+        with pytest.raises(ConfigError, match="seqlen_balanced"):
+            s.set_sampler("no_such_sampler")
+
+
 def test_grpo_with_a_dp_rank_needs_a_batch_index(tmp_path):
     """A dp_rank without a batch_index cached the rank's first group under batch index None and
     handed it out again at every fetch (a consumer never got further); as RankAwareSampler."""

@@ -489,6 +489,13 @@ for _cls in (SequentialSampler, RankAwareSampler, GRPOGroupNSampler, RandomSampl
     _REGISTRY[_cls.__name__.lower()] = _cls
 
 
+def register_sampler(cls: Type[BaseSampler]) -> None:
+    """Let :func:`make_sampler` build ``cls`` by its ``name`` and its class name (a sampler
+    module built on this one registers its class so: tqstore.seqlen_sampler)."""
+    _REGISTRY[cls.name] = cls
+    _REGISTRY[cls.__name__.lower()] = cls
+
+
 def _group_size(n: Any) -> int:
     """A per-call ``sampling_config["n_samples_per_prompt"]``: a positive int (a numpy integer
     too).  Raises InvalidInputError for anything else (-2 gave no rows at every fetch, "2" and
@@ -504,8 +511,8 @@ def make_sampler(spec: Union[None, str, BaseSampler, Type[BaseSampler], Mapping[
     """Build a sampler from a config value.
 
     Accepts None (:class:`SequentialSampler`), an instance, a subclass, a name
-    (``"sequential"``, ``"rank_aware"``, ``"grpo_group_n"``, ``"random"`` or the class
-    name, any case) or a mapping ``{"name": ..., **constructor_kwargs}``.
+    (``"sequential"``, ``"rank_aware"``, ``"grpo_group_n"``, ``"random"``, ``"seqlen_balanced"``
+    or the class name, any case) or a mapping ``{"name": ..., **constructor_kwargs}``.
 
     Raises:
         ConfigError: unknown name, wrong type or bad constructor arguments.

@@ -13,7 +13,7 @@ import logging
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import ConfigError
-from .samplers import GRPOGroupNSampler, SampleResult, SeqsInOrder
+from .samplers import GRPOGroupNSampler, SampleResult, SeqsInOrder, register_sampler
 
 log = logging.getLogger("tqstore")
 
@@ -276,5 +276,8 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
     def __repr__(self) -> str:
         return f"SeqlenBalancedSampler(n_samples_per_prompt={self.n_samples_per_prompt}, dp_size={self.dp_size})"
 
+
+
+register_sampler(SeqlenBalancedSampler)  # (set_sampler and make_sampler take it by name)
 
 __all__ = ["SeqlenBalancedSampler", "get_seqlen_balanced_partitions", "karmarkar_karp"]
