@@ -260,7 +260,8 @@ class StoreMachine(RuleBasedStateMachine):
                 h = self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
                 h.result()  # (blocking=False: the job checks the keys in the cut's snapshot)
             return
-        keys = list(dict.fromkeys(keys))  # duplicates dropped, the first kept
+        wanted = set(keys)  # duplicates dropped; the dump lists its rows in the partition's insertion order
+        keys = [k for k in rows if k in wanted]
         cut = (pid, keys, {k: (rows[k]["tag"], sorted(rows[k]["fields"])) for k in keys},
                store_frames(self.store, pid, keys))
         h = self.store.dump_data_by_key(self.base / name, keys, pid, blocking=blocking)
