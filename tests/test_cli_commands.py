@@ -193,6 +193,25 @@ def test_prune_with_no_valid_generation_deletes_nothing(tmp_path):
     assert code == EXIT_DAMAGED and "nothing deleted" in err and CheckpointManager(root).steps() == [1, 2]
 
 
+def test_json_output_is_strict_json_also_for_tags_holding_nan_and_infinities(tmp_path):
+    """Tags may hold NaN and infinities; ``--json`` wrote them bare (NaN, Infinity), which strict
+    parsers (jq, JSON.parse) refuse: they are strings."""
+    def strict(text):
+        return json.loads(text, parse_constant=lambda c: pytest.fail(f"bare {c} in the JSON output"))
+
+    with tqstore.open(tmp_path / "s", num_units=1) as s:
+        s.kv_batch_put(["a", "b"], "p", {"x": torch.zeros(2, 1)},
+                       tags=[{"r": float("nan")}, {"lo": float("-inf"), "hi": float("inf")}])
+        s.dump_data_by_key(tmp_path / "d", ["a", "b"], "p")
+    code, out, err = run("ls", tmp_path / "d", "--json")
+    assert code == EXIT_OK, err
+    assert [r["tag"] for r in strict(out)["rows"]] == [{"r": "NaN"}, {"lo": "-Infinity", "hi": "Infinity"}]
+    for command in ("inspect", "verify"):
+        code, out, err = run(command, tmp_path / "d", "--json")
+        assert code == EXIT_OK, (command, err)
+        strict(out)
+
+
 def test_prune_of_a_root_with_no_generations_yet_has_nothing_to_do(tmp_path):
     """A manager that has not saved yet (its lock file only): nothing is damaged, nothing to
     delete (it exited 1 "no generation verifies"); a root whose only generation is torn still

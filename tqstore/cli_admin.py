@@ -13,14 +13,13 @@
 """
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any, Dict, TextIO
 
 from .checkpoint.target import ROOT_LOCK_NAME
 from .cli_inspect import newest_valid_step, root_doc
-from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, not_a_target, open_store
+from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, not_a_target, open_store, to_json
 
 
 def cmd_prune(args, out: TextIO, err: TextIO) -> int:
@@ -39,14 +38,14 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
     doc: Dict[str, Any] = {"path": str(path), "keep": args.keep, "newest_valid": None, "dry_run": args.dry_run}
     if not [n for n in os.listdir(path) if n != ROOT_LOCK_NAME]:  # (a manager that has not saved yet)
         doc.update(deleted=[], kept=[], ok=True)
-        out.write(json.dumps(doc, indent=1) + "\n" if args.json else f"no generations under {path}: nothing to prune\n")
+        out.write(to_json(doc, indent=1) + "\n" if args.json else f"no generations under {path}: nothing to prune\n")
         return EXIT_OK
     valid = newest_valid_step(path, err, quick=args.quick)
     doc["newest_valid"] = valid
     if valid is None:
         doc.update(deleted=[], kept=before, ok=False)
         if args.json:
-            out.write(json.dumps(doc, indent=1) + "\n")
+            out.write(to_json(doc, indent=1) + "\n")
         err.write(f"error: no generation under {path} verifies; nothing deleted\n")
         return EXIT_DAMAGED
     policy = KeepAny(KeepLast(args.keep), KeepSteps({valid}))
@@ -58,7 +57,7 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
         deleted = m.prune()
     doc.update(deleted=deleted, kept=[s for s in before if s not in deleted], ok=True)  # (torn ones left: kept)
     if args.json:
-        out.write(json.dumps(doc, indent=1) + "\n")
+        out.write(to_json(doc, indent=1) + "\n")
     else:
         verb = "would delete" if args.dry_run else "deleted"
         out.write(f"{verb} {len(deleted)} generation(s) {deleted}; kept {doc['kept']} (newest valid: step {valid})\n")
@@ -83,7 +82,7 @@ def cmd_compact(args, out: TextIO, err: TextIO) -> int:
     after = sum(u["segment_bytes"] for u in store_units(path))
     doc = {"path": str(path), "segments_compacted": n, "bytes_before": before, "bytes_after": after}
     if args.json:
-        out.write(json.dumps(doc, indent=1) + "\n")
+        out.write(to_json(doc, indent=1) + "\n")
     else:
         out.write(f"compacted {n} segment(s): {human(before)} -> {human(after)} of segment files\n")
     return EXIT_OK

@@ -9,7 +9,6 @@ Nothing here writes, except that ``verify STORE`` opens the store like any open 
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -17,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from .cli_util import (EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, Progress, dump_function, human, kind_of, not_a_target,
-                       open_store, walk_store_indexes, when)
+                       open_store, to_json, walk_store_indexes, when)
 from .errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 
 
@@ -99,7 +98,7 @@ def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
     finally:
         logger.removeHandler(seen)
     if as_json:
-        out.write(json.dumps({"path": str(path), "kind": "store", "ok": not problems, "num_units": units,
+        out.write(to_json({"path": str(path), "kind": "store", "ok": not problems, "num_units": units,
                               "problems": problems}, indent=1) + "\n")
     elif problems:
         out.write(f"BAD {path}: {len(problems)} problem(s)\n")
@@ -121,7 +120,7 @@ def _verify_dump(path: Path, out: TextIO, as_json: bool, quick: bool) -> int:
     except (CorruptionError, CheckpointNotFoundError) as e:
         doc, problems = {"path": str(path), "kind": "dump"}, [str(e)]
     if as_json:
-        out.write(json.dumps(dict(doc, ok=not problems, problems=problems), indent=1, default=str) + "\n")
+        out.write(to_json(dict(doc, ok=not problems, problems=problems), indent=1, default=str) + "\n")
     elif problems:
         out.write(f"BAD {path}: {len(problems)} problem(s)\n" + "".join(f"    {p}\n" for p in problems))
     else:
@@ -152,7 +151,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
     if args.json:
         doc: Dict[str, Any] = {"path": str(path), "kind": kind, "ok": not bad,
                                "checkpoints": [dict(r.to_dict(), step=s) for s, r in reports]}
-        out.write(json.dumps(doc, indent=1) + "\n")
+        out.write(to_json(doc, indent=1) + "\n")
     else:
         for step, r in reports:
             name = r.path if step is None else f"step {step} ({r.path.name})"
@@ -268,7 +267,7 @@ def _write_inspect(doc: Dict[str, Any], w) -> None:
             w("  metadata only (saved with include_storage=False)\n")
         w(f"  {doc['files']} files, {human(doc['total_bytes'])}\n")
         if doc["metadata"]:
-            w(f"  metadata: {json.dumps(doc['metadata'], sort_keys=True)}\n")
+            w(f"  metadata: {to_json(doc['metadata'], sort_keys=True)}\n")
         for p in doc["partitions"] or []:
             w(f"  partition {p['partition']!r}: {p['rows']} rows\n")
     elif doc["kind"] == "store":
@@ -310,7 +309,7 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
         err.write(f"error: {e}\n")
         return EXIT_DAMAGED
     if args.json:
-        out.write(json.dumps(doc, indent=1, default=str) + "\n")
+        out.write(to_json(doc, indent=1, default=str) + "\n")
     else:
         _write_inspect(doc, out.write)
     if kind == "root" and not all(g["manifest_ok"] for g in doc["generations"]):
@@ -353,7 +352,7 @@ def _ls_root(path: Path, out: TextIO, err: TextIO, as_json: bool, deep: bool) ->
         g["valid"] = bool(rep is not None and rep.ok)
         g["problems"] = [str(p) for p in rep.problems] if rep is not None else []
     if as_json:
-        out.write(json.dumps(doc["generations"], indent=1) + "\n")
+        out.write(to_json(doc["generations"], indent=1) + "\n")
     else:
         for g in doc["generations"]:
             size = human(g["total_bytes"]) if g["manifest_ok"] else "?"
@@ -374,7 +373,7 @@ def cmd_ls(args, out: TextIO, err: TextIO) -> int:
         if kind == "store":
             parts = _store_partitions(path)
             if args.json:
-                out.write(json.dumps(parts, indent=1) + "\n")
+                out.write(to_json(parts, indent=1) + "\n")
             else:
                 for p in parts:
                     out.write(f"{p['rows']:>10} rows  {p['keys']:>10} keys  {p['partition']}\n")
@@ -393,7 +392,7 @@ def cmd_ls(args, out: TextIO, err: TextIO) -> int:
         return EXIT_DAMAGED
     rows = [{"path": e.path, "role": e.role, "size": e.size, "crc32c": f"{e.crc32c:08x}"} for e in man.files]
     if args.json:
-        out.write(json.dumps(rows, indent=1) + "\n")
+        out.write(to_json(rows, indent=1) + "\n")
     else:
         for r in rows:
             out.write(f"{r['size']:>14}  {r['crc32c']}  {r['role']:<10}  {r['path']}\n")
@@ -408,10 +407,10 @@ def _ls_dump(path: Path, out: TextIO, as_json: bool) -> int:
     rows: List[Dict[str, Any]] = [{"key": k, "gidx": r.get("gidx"), "fields": sorted(r.get("fields") or []),
                                    "tag": r.get("tag")} for k, r in idx["rows"].items()]
     if as_json:
-        out.write(json.dumps({"partition_id": idx.get("partition_id"), "rows": rows}, indent=1, default=str) + "\n")
+        out.write(to_json({"partition_id": idx.get("partition_id"), "rows": rows}, indent=1, default=str) + "\n")
     else:
         for r in rows:
-            out.write(f"{r['key']}  fields={','.join(r['fields'])}  tag={json.dumps(r['tag'], default=str)}\n")
+            out.write(f"{r['key']}  fields={','.join(r['fields'])}  tag={to_json(r['tag'], default=str)}\n")
     return EXIT_OK
 
 

@@ -5,6 +5,8 @@ Nothing here writes to a store, a checkpoint, a generation root or a dump.
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import time
 from pathlib import Path
@@ -16,6 +18,26 @@ EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # (128 + SIGPIPE, as a tool the signal ended: the reader of the output went away)
 
 KINDS = ("checkpoint", "root", "store", "dump", "missing", "other")
+
+
+def to_json(doc: Any, **kwargs: Any) -> str:
+    """``json.dumps(doc, **kwargs)`` as strict JSON: a NaN or infinite float (tags may hold
+    them) is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (bare ``NaN``
+    is no JSON: strict parsers, jq among them, refuse the whole document)."""
+    try:
+        return json.dumps(doc, allow_nan=False, **kwargs)
+    except ValueError:
+        return json.dumps(_finite(doc), allow_nan=False, **kwargs)
+
+
+def _finite(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if v != v else "Infinity" if v > 0 else "-Infinity"
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
 
 
 def human(n: float) -> str:
