@@ -93,8 +93,11 @@ class _Ready:
             self._gone = 0
 
     def add(self, gidx: int, seq: int) -> None:
+        """Row ``gidx`` (partition sequence number ``seq``) became ready; kept by its number
+        modulo ``SEQ_ALIGN``, as :meth:`Partition.ready_view` keeps every row."""
         if gidx in self.rows or gidx in self.late:
             return
+        seq %= SEQ_ALIGN
         if seq < self.last:
             self.late[gidx] = seq
         else:

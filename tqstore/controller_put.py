@@ -271,7 +271,6 @@ def _apply(c, p: Partition, plan: PutPlan, new_bits, F, is_new, old_pos, old_sl,
                     continue
             if q is None:
                 q = int(p.s_seq[int(p.gmap.slot[g])])
-            q %= R.SEQ_ALIGN  # (a ready view's sequence numbers: see Partition.ready_view)
             for done, vs in views:
                 if g in done:
                     continue
