@@ -21,7 +21,7 @@ install: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
-	TQSTORE_PURE=1 $(PY) -m pytest -q tests/test_frame.py tests/test_unit.py tests/test_store.py
+	TQSTORE_PURE=1 $(PY) -m pytest -q tests/test_frame.py tests/test_unit.py tests/test_store.py tests/test_segment_merge.py
 
 # every Ray test: the port conformance suites against actors (also in `make test`), whole
 # stores over actors and stores served to the cluster by tq.init({"backend": "ray"}) (slow: an

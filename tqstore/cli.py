@@ -9,7 +9,7 @@ Commands (each takes ``--json`` for a machine-readable report on stdout):
 * ``ls PATH``           — a root's generations (step, size, time, valid), a checkpoint's files,
   a store's partitions, a dump's keys;
 * ``prune ROOT --keep N`` — delete old generations, never the newest that verifies;
-* ``compact STORE``     — rewrite mostly-dead segments of a store.
+* ``compact STORE``     — rewrite mostly-dead segments of a store and merge small ones.
 
 Exit status: 0 clean, 1 damaged or unreadable, 2 usage (bad arguments, or a path that is
 not what the command works on).  Errors are one line on stderr, never a traceback.  A
@@ -130,9 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--quick", action="store_true", help="find the newest valid generation with quick checks")
     pr.add_argument("--json", action="store_true", help="print a JSON report on stdout")
 
-    c = _add(sub, "compact", "rewrite the mostly-dead segments of a store",
+    c = _add(sub, "compact", "rewrite the mostly-dead segments of a store and merge small ones",
              "Open the store (it must not be open in another process) and rewrite the live frames of sealed "
-             "segments whose live bytes are below --live-ratio of their size, then unlink those segments. "
+             "segments whose live bytes are below --live-ratio of their size, and of small segments (less live "
+             "data than 1/16 of the segment size) when a unit has two or more, then unlink those segments. "
              "Acknowledged data is kept; segments a checkpoint hard-linked stay valid in the checkpoint.",
              "python -m tqstore compact run/buffer --live-ratio 0.5", "store directory")
     c.add_argument("path", help="a store directory")

@@ -8,7 +8,7 @@
   generation that verifies nothing is deleted (exit 1); a root with no generations at all
   (a manager that has not saved yet) has nothing to prune (exit 0).
 * ``compact STORE`` opens the store (it must not be open in another process) and rewrites
-  the live frames of mostly-dead sealed segments, then unlinks them
+  the live frames of mostly-dead sealed segments and of small ones, then unlinks them
   (:meth:`Store.compact`).
 """
 from __future__ import annotations
@@ -65,7 +65,7 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
 
 
 def cmd_compact(args, out: TextIO, err: TextIO) -> int:
-    """Compact the mostly-dead segments of a store that no other process has open."""
+    """Compact the mostly-dead (and merge the small) segments of a store that no other process has open."""
     from .cli_inspect import store_units
 
     path = Path(args.path).absolute()

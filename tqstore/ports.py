@@ -259,7 +259,7 @@ class UnitPort(Protocol):
         """Check every stored frame; one line per problem."""
 
     def compact(self, *, live_ratio: float = 0.5) -> int:
-        """Compact mostly dead sealed segments; returns segments compacted."""
+        """Compact mostly dead sealed segments and merge small ones; returns segments compacted."""
 
     def index_state(self, *, sync: bool = False) -> Tuple[int, int]:
         """``(entries, commit)``: how many (row, field) entries the index holds, and a counter

@@ -535,7 +535,8 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         return install_state(self, build, reconcile=reconcile, before_switch=before_switch, early_open=early_open)
 
     def compact(self, *, live_ratio: float = 0.5) -> int:
-        """Compact mostly-dead segments of every unit; returns segments compacted."""
+        """Compact mostly-dead segments of every unit and merge its small ones (less live data than
+        1/16 of ``segment_bytes``; :meth:`tqstore.unit.Unit.compact`); returns segments compacted."""
         self._check_open()
         with self._write_lock:
             return sum(self._pool.map(lambda u: u.compact(live_ratio=live_ratio), self.units))

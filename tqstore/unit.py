@@ -41,6 +41,7 @@ from .errors import CorruptionError, InvalidInputError
 
 from .unit_held import HeldBack
 from .unit_locs import GidxArrays, LocCache, write_sets
+from .unit_compact import compact as compact_unit, merge_after_release
 from .unit_gate import ReadGate
 from .unit_read import UnitReader, UnitView
 from .unit_restore import install_restore_calls, open_restore_db
@@ -502,11 +503,13 @@ class Unit(HeldBack, UnitReader):
             return sid
 
     def release(self, snapshot: int) -> None:
-        """Unpin a snapshot (idempotent)."""
+        """Unpin a snapshot (idempotent).  The release of the last one merges the unit's small
+        segments once there are many (:func:`tqstore.unit_compact.merge_after_release`)."""
         with self._lock:
             view = self._views.pop(snapshot, None)
         if view is not None:
             view.release()
+            merge_after_release(self)
 
     def _view(self, snapshot: int) -> UnitView:
         """The read transaction and segment records of a snapshot (never leaves the unit)."""
@@ -563,11 +566,12 @@ class Unit(HeldBack, UnitReader):
 
     def compact(self, *, live_ratio: float = COMPACT_LIVE_RATIO) -> int:
         """Rewrite the live frames of sealed, unpinned segments whose live/size ratio is
-        below ``live_ratio`` into the active segment (byte copies, CRC-checked), then unlink
-        them. Returns the number of segments compacted (:func:`tqstore.unit_compact.compact`)."""
-        from .unit_compact import compact
-
-        return compact(self, live_ratio)
+        below ``live_ratio``, and of small ones (less live than 1/16 of ``segment_bytes``)
+        when there are two or more, into the active segment (byte copies, CRC-checked), then
+        unlink them. Returns the number of segments compacted
+        (:func:`tqstore.unit_compact.compact`).  Raises CorruptionError (a frame does not
+        check; nothing changed), StorageIOError."""
+        return compact_unit(self, live_ratio)
 
     # ------------------------------------------------------------------ lifecycle
     def index_state(self, *, sync: bool = False) -> Tuple[int, int]:

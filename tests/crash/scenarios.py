@@ -158,6 +158,29 @@ def _compact(base: Path, ctx: dict) -> None:
         s.compact(live_ratio=0.9)
 
 
+def _setup_merge(base: Path) -> dict:
+    """Each unit one small sealed segment short of the merge (tqstore.unit_compact.MERGE_AT)."""
+    from tqstore.unit_compact import MERGE_AT
+
+    with open_store(base) as s:
+        for i in range(MERGE_AT):
+            keys = [f"m{i}-{j}" for j in range(4)]
+            s.write("p", batch(keys, salt=i), keys=keys)
+            if i < MERGE_AT - 1:
+                with s._write_lock:
+                    cut = s.snapshot()
+                cut.release()
+    return {}
+
+
+def _merge(base: Path, ctx: dict) -> None:
+    """A cut and its release (as a save or a dump ends): the release merges the small segments."""
+    with open_store(base) as s:
+        with s._write_lock:
+            cut = s.snapshot()
+        cut.release()
+
+
 def _setup_debris(base: Path) -> dict:
     """A store left by a process killed mid-put: unit entries and frames no controller row
     claims, a torn segment tail."""
@@ -226,6 +249,7 @@ def store_scenarios() -> List[Scenario]:
         store_scenario("clear_rows", _setup_rows("commit"), _clear_rows, ops="clear"),
         store_scenario("drop_partition", _setup_rows("commit"), _drop_partition, ops="clear"),
         store_scenario("compact", _setup_compact, _compact, ops="compact"),
+        store_scenario("merge_small_segments", _setup_merge, _merge, ops="compact"),
         store_scenario("reopen_after_kill", _setup_debris, _reopen, ops="reopen"),
         store_scenario("install_state", _setup_install, _install_state, ops="install state"),
     ]
