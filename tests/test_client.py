@@ -145,7 +145,7 @@ def test_get_meta_rejects_bad_arguments(client):
         client.get_meta(["prompt"], 1, "p", mode="peek", task_name="t")
     with pytest.raises(InvalidInputError):
         client.get_meta(["prompt"], 1, "p")  # fetch without task_name
-    for bad in (0, -1, 1.5, None, True):
+    for bad in (-1, 1.5, None, True):  # (0: an empty answer, as TransferQueue)
         with pytest.raises(InvalidInputError):
             client.get_meta(["prompt"], bad, "p", task_name="t")
     with pytest.raises(InvalidInputError):
@@ -211,6 +211,20 @@ def test_put_rejects_missing_partition_empty_meta_and_size_mismatch_without_writ
     with pytest.raises(InvalidInputError):
         client.put({"x": torch.ones(3)}, ins)
     assert not client.check_production_status(["x"], "p")
+
+
+def test_put_with_metadata_and_another_partition_id_is_refused_without_writing(client):
+    """A partition_id beside metadata names where the caller thinks the rows go: one that is
+    not every row's partition is a mistake (TransferQueue would write the meta's rows)."""
+    ins = client.get_meta(["x"], 2, "train", mode="insert")
+    with pytest.raises(InvalidInputError, match="contradicts the metadata"):
+        client.put({"x": torch.ones(2)}, ins, partition_id="val")
+    assert not client.check_production_status(["x"], "train")
+    with pytest.raises(InvalidInputError, match="contradicts"):  # a meta over two partitions: neither fits
+        client.put({"x": torch.ones(3)}, BatchMeta.concat([ins, client.get_meta(["x"], 1, "val", mode="insert")]),
+                   partition_id="val")
+    client.put({"x": torch.ones(2)}, ins, partition_id="train")  # the meta's own partition: fine
+    assert client.check_production_status(["x"], "train")
 
 
 def test_put_spanning_two_partitions_validates_both_before_writing_either(client):

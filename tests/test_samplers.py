@@ -497,3 +497,46 @@ def test_grpo_groups_are_counted_from_the_partitions_first_row_whatever_the_stor
             _put(s, n - 1, start=2 * n + 1, field="x")  # the third group's other rows
             metas = [s.get_meta(["x"], n, "p", task_name="v") for _ in range(3)]
             assert [_values(s, m, "x") for m in metas] == [list(range(k * n, (k + 1) * n)) for k in range(3)]
+
+
+@pytest.mark.parametrize("sampler", ["sequential", "grpo_group_n", "rank_aware"])
+def test_a_sampling_config_repeating_task_name_and_partition_id_samples_as_without_them(tmp_path, sampler):
+    """TransferQueue's StreamingDataset puts task_name and partition_id into sampling_config
+    (its samplers read them there); code built that way gets the same rows, not a TypeError."""
+    cfg = {"dp_rank": 0, "batch_index": 0} if sampler != "sequential" else {}
+    if sampler == "grpo_group_n":
+        cfg = {"dp_rank": 0, "batch_index": 0, "n_samples_per_prompt": 2}
+    got = []
+    for i, extra in enumerate(({}, {"task_name": "t", "partition_id": "p"})):
+        with _open(tmp_path / f"s{i}", sampler) as s:
+            _put(s, 8)
+            got.append(s.get_meta(["x"], 4, "p", task_name="t", sampling_config={**cfg, **extra}).global_indexes)
+    assert got[0] == got[1] and len(got[0]) == 4
+
+
+def test_a_sampling_config_contradicting_the_call_is_refused_before_anything_is_consumed(tmp_path):
+    with _open(tmp_path / "s") as s:
+        _put(s, 4)
+        for bad in ({"task_name": "other"}, {"partition_id": "q"}):
+            with pytest.raises(InvalidInputError, match="contradicts get_meta"):
+                s.get_meta(["x"], 2, "p", task_name="t", sampling_config=bad)
+        assert s.get_consumption_status("t", "p")[1].tolist() == [0, 0, 0, 0]
+
+
+def test_batch_size_0_gives_an_empty_meta_in_every_mode_and_touches_nothing(tmp_path):
+    with _open(tmp_path / "s") as s:
+        _put(s, 4)
+        for mode in ("fetch", "force_fetch", "insert"):
+            meta = s.get_meta(["x"], 0, "p", mode=mode, task_name="t")
+            assert meta.size == 0, mode
+        assert s.get_consumption_status("t", "p")[1].tolist() == [0, 0, 0, 0]
+        assert s.get_meta(["x"], 4, "p", mode="force_fetch").size == 4  # no row reserved by the insert
+    tq.close()
+    tq.init({"path": str(tmp_path / "w"), "num_units": 1, "polling_mode": False, "get_meta_timeout_s": 5})
+    try:  # TransferQueue's waiting mode: nothing asked is no timeout either
+        tq.put({"x": torch.ones(2, 1)}, partition_id="p")
+        assert tq.get_meta(["x"], 0, "p", task_name="t").size == 0
+        with pytest.raises(InvalidInputError, match="batch_size"):
+            tq.get_meta(["x"], -1, "p", task_name="t")
+    finally:
+        tq.close()

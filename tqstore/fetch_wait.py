@@ -44,6 +44,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Dict, NamedTuple, Optional, Tuple
 
+import numpy as np
+
 from . import _executor, config as _config
 from .errors import WaitTimeoutError
 from .meta import BatchMeta
@@ -83,6 +85,11 @@ class FetchWait(NamedTuple):
         return meta
 
 
+def _asks_nothing(batch_size: Any) -> bool:
+    """``batch_size=0``: the empty answer is the answer (no wait, no timeout error)."""
+    return type(batch_size) is not bool and isinstance(batch_size, (int, np.integer)) and batch_size == 0
+
+
 def plan(store: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[FetchWait]:
     """How ``get_meta(*args, **kwargs)`` on ``store`` waits; None for a call that is not a
     fetch (or does not bind: the store raises its TypeError).
@@ -96,7 +103,7 @@ def plan(store: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[
         return None
     rest = {k: v for k, v in kwargs.items() if k != "timeout_s"}
     settings = _config.settings_for(store)
-    if settings.polling_mode or "timeout_s" in kwargs:
+    if settings.polling_mode or "timeout_s" in kwargs or _asks_nothing(bound["batch_size"]):
         return FetchWait(args, rest, check_timeout(kwargs.get("timeout_s")), None, bound["partition_id"])
     # TransferQueue with polling_mode=False: wait for enough rows, then WaitTimeoutError
     wait_s = settings.get_meta_timeout_s

@@ -47,6 +47,23 @@ MAX_BATCH_ROWS = 1 << 40  # the largest batch_size of any get_meta
 _POLL_S = 0.05
 
 
+def _sampling_config(sampling_config: Any, partition_id: str, task_name: Any) -> Dict[str, Any]:
+    """``get_meta``'s ``sampling_config`` as the sampler's keyword arguments: a copy, without
+    the ``task_name`` and ``partition_id`` TransferQueue's dataset repeats in it (the sampler
+    gets the call's own).  Raises InvalidInputError for a config that is not a dict or repeats
+    one of them with another value."""
+    if sampling_config is not None and not isinstance(sampling_config, Mapping):
+        raise InvalidInputError(f"sampling_config must be a dict, got {type(sampling_config).__name__}")
+    cfg = dict(sampling_config or {})
+    for name, value in (("task_name", task_name), ("partition_id", partition_id)):
+        if name in cfg:
+            if cfg[name] != value:
+                raise InvalidInputError(f"sampling_config[{name!r}]={cfg[name]!r:.60} contradicts get_meta's "
+                                        f"{name}={value!r:.60}")
+            del cfg[name]
+    return cfg
+
+
 def check_timeout(timeout_s: Any) -> float:
     """``get_meta``'s ``timeout_s`` as seconds to wait: None and anything negative mean 0.
 
@@ -196,9 +213,14 @@ class Streaming:
           later ``put(data, metadata)``.
 
         ``data_fields=None`` means every field of the partition's schema (not for insert).
+        ``batch_size=0`` gives an empty BatchMeta in every mode (nothing reserved or marked).
+        ``sampling_config`` goes to the sampler; it may repeat the call's ``task_name`` and
+        ``partition_id`` (as TransferQueue's dataset puts them there), not contradict them.
 
         Raises:
-            InvalidInputError: bad mode, batch_size, task_name or data_fields.
+            InvalidInputError: bad mode, batch_size, task_name, data_fields or
+                sampling_config (not a dict; a ``task_name`` or ``partition_id`` in it that
+                is not the call's).
             PartitionNotFoundError: ``force_fetch`` of an unknown partition.
         """
         if mode not in MODES:
@@ -207,14 +229,12 @@ class Streaming:
         _check_pid(partition_id)
         if batch_size is not None:
             if isinstance(batch_size, (bool, np.bool_)) or not isinstance(batch_size, (int, np.integer)) \
-                    or not 1 <= batch_size <= MAX_BATCH_ROWS:
-                raise InvalidInputError(f"batch_size must be a positive int (at most 2**40), got {batch_size!r}")
+                    or not 0 <= batch_size <= MAX_BATCH_ROWS:
+                raise InvalidInputError(f"batch_size must be an int from 0 to 2**40, got {batch_size!r}")
             batch_size = int(batch_size)
         if mode != "force_fetch" and batch_size is None:
             raise InvalidInputError(f"mode {mode!r} needs a batch_size")
-        if sampling_config is not None and not isinstance(sampling_config, Mapping):
-            raise InvalidInputError(f"sampling_config must be a dict, got {type(sampling_config).__name__}")
-        cfg = dict(sampling_config or {})
+        cfg = _sampling_config(sampling_config, partition_id, task_name)
         dp = self._dp
         dp.check_open()
         if mode == "insert":
@@ -222,6 +242,8 @@ class Streaming:
                 raise InvalidInputError("mode 'insert' needs data_fields")
             for f in fields:  # (rows reserved for a field no put can write would never be filled)
                 check_field_name(f)
+            if batch_size == 0:
+                return BatchMeta.empty()
             if batch_size > MAX_INSERT_ROWS:
                 raise InvalidInputError(f"mode 'insert' reserves at most {MAX_INSERT_ROWS} rows per call, got "
                                         f"batch_size={batch_size}; reserve them in several calls")
@@ -229,6 +251,8 @@ class Streaming:
                 gidxs = dp.io.write(partition_id, {}, new_rows=True, tags=[None] * batch_size)
                 return self._batch_meta(partition_id, gidxs, fields, placeholders=True)
         if mode == "force_fetch":
+            if batch_size == 0:
+                return BatchMeta.empty()
             with dp.lock:
                 batch = dp.controller.first_rows(partition_id, batch_size)
                 if batch is None:
@@ -238,6 +262,8 @@ class Streaming:
             raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
         check_name("task_name", task_name)
         deadline = time.monotonic() + check_timeout(timeout_s)
+        if batch_size == 0:  # (TransferQueue's answer too: nothing asked, nothing consumed)
+            return BatchMeta.empty()
         with dp.lock:
             while True:
                 dp.check_open()
@@ -311,7 +337,8 @@ class Streaming:
         production status when given).
 
         Raises:
-            InvalidInputError: no partition_id and no metadata, an empty metadata, sizes.
+            InvalidInputError: no partition_id and no metadata, an empty metadata, sizes, a
+                ``partition_id`` that is not the partition of every row of ``metadata``.
             StorageKeyNotFoundError (a KeyNotFoundError): the metadata's rows were cleared
                 (StalePartitionError, also a PartitionNotFoundError: its partition was).
             SchemaError, UnsupportedTypeError: nothing written.
@@ -337,6 +364,11 @@ class Streaming:
             raise InvalidInputError(f"metadata must be a BatchMeta, got {type(metadata).__name__}")
         if metadata.size == 0:
             raise InvalidInputError("metadata is empty")
+        if partition_id is not None and any(p != partition_id for p in metadata.partition_ids):
+            others = sorted(set(metadata.partition_ids) - {partition_id}, key=str)
+            raise InvalidInputError(f"put: partition_id={partition_id!r} contradicts the metadata, whose rows are in "
+                                    f"partition(s) {others[:5]!r}; nothing written (the metadata's rows are the ones "
+                                    f"written: pass partition_id only without metadata)")
         _checked_custom_meta(metadata)
         with dp.write_lock:
             groups = self._live_rows(metadata, strict=True)
