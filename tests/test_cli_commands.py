@@ -421,3 +421,17 @@ def test_a_generation_a_trainer_prunes_while_the_root_is_listed_is_left_out_not_
     assert "Traceback" not in err and "does not exist" not in err
     if command == "ls":
         assert [ln.split()[0] for ln in out.splitlines()] == ["2", "3"]
+
+
+@pytest.mark.parametrize("command", ["inspect", "ls", "verify", "compact", "prune"])
+def test_every_json_failure_answers_in_json_on_stdout(tmp_path, command):
+    """A script reading --json output gets a JSON document for a failure too (the message on
+    stderr as always), whatever the command."""
+    (tmp_path / "plain").mkdir()
+    extra = ["--keep", "1"] if command == "prune" else []
+    for target in (tmp_path / "missing", tmp_path / "plain"):
+        code, out, err = run(command, target, "--json", *extra)
+        assert code != 0, (command, target)
+        doc = json.loads(out)
+        assert doc["ok"] is False and doc["exit"] == code
+        assert doc["error"] and doc["error"] in err

@@ -169,8 +169,41 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
     if not args.command:
         parser.print_help(out)
         return EXIT_USAGE
+    if not getattr(args, "json", False):
+        return _run(args, out, err)
+    seen_out, seen_err = _Seen(out), _Seen(err)
+    code = _run(args, seen_out, seen_err)
+    if code not in (EXIT_OK, EXIT_BROKEN_PIPE, 130) and not seen_out.text:
+        # --json: a failure with no report still answers in JSON on stdout (the message on stderr too)
+        errors = [line[len("error: "):] for line in "".join(seen_err.text).splitlines() if line.startswith("error: ")]
+        from .cli_util import to_json
+
+        try:
+            out.write(to_json({"ok": False, "exit": code, "error": "; ".join(errors) or f"exit status {code}"}) + "\n")
+        except (OSError, ValueError):
+            pass
+    return code
+
+
+class _Seen:
+    """A text stream that keeps what was written to it (``text``) and passes it on."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.text = stream, []
+
+    def write(self, s: str) -> int:
+        self.text.append(s)
+        return self.stream.write(s)
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
+def _run(args, out: TextIO, err: TextIO) -> int:
+    """The command's exit status; its errors written to ``err``."""
     from .checkpoint import telling_waits  # (here: --help and usage errors import no engine)
 
+    real_out = getattr(out, "stream", out)
     try:
         with telling_waits(lambda note: _note(err, note)):
             return _commands()[args.command](args, out, err)
@@ -178,7 +211,7 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
         err.write("interrupted\n")
         return 130
     except BrokenPipeError:  # the reader of the output went away (| head): nothing more to say, no one to say it to
-        if out is sys.stdout:  # (the interpreter's flush at exit must not fail again)
+        if real_out is sys.stdout:  # (the interpreter's flush at exit must not fail again)
             try:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, sys.stdout.fileno())
