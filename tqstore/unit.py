@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
+from contextlib import contextmanager
 from itertools import chain
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
@@ -189,6 +190,29 @@ class Unit(HeldBack, UnitReader):
         self._put_seg(txn, seg_id, SegInfo(w.size, 0, False))
         self._writer = w
         return w
+
+    @contextmanager
+    def _appending(self):
+        """A write transaction that appends frames to the active segment: committed when the
+        block ends (failpoint ``unit_commit`` first); on any error aborted, and the writer,
+        whose file may hold an unindexed tail, dropped (:meth:`_after_failure`).  Under the
+        unit's lock."""
+        txn = self.env.begin(write=True)
+        try:
+            yield txn
+            lmdb_commit_point("unit_commit")
+            txn.commit()
+        except BaseException:
+            txn.abort()
+            self._after_failure()
+            raise
+
+    def _grown(self, txn, seg_id: int, nbytes: int) -> None:
+        """Record ``nbytes`` of live frames appended to segment ``seg_id`` (its size and live bytes)."""
+        info = self._get_seg(txn, seg_id)
+        info.size += nbytes
+        info.live += nbytes
+        self._put_seg(txn, seg_id, info)
 
     def _seal_writer(self, txn) -> None:
         w = self._writer

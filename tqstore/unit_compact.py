@@ -29,7 +29,7 @@ from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE
 from ._format.lmdb_pages import Packed
 from ._format.layout import SEGMENT_HEADER_SIZE
 from ._format.segment import segment_name
-from ._io.lmdbenv import lmdb_commit_point, read_columns, wrap_errors
+from ._io.lmdbenv import read_columns, wrap_errors
 from .unit_locs import write_sets
 from .unit_restore import has_entries as _restore_entries
 
@@ -138,37 +138,27 @@ def _checked_views(unit, keys: List[bytes], locs: np.ndarray) -> List[memoryview
 def _move(unit, victims: List[int]) -> int:
     keys, locs = _entries(unit, victims)
     bufs = _checked_views(unit, keys, locs) if keys else []
-    txn = unit.env.begin(write=True)
     try:
-        w = unit._active(txn)
-        start = w.size
-        if bufs:
-            w.append(bufs)
-            if unit.sync:
-                w.fsync()
-        new = locs.copy()
-        new["seg"] = w.seg_id
-        new["offset"] = start + np.cumsum(locs["length"].astype(np.int64)) - locs["length"]
-        items = list(zip(keys, new.view(np.dtype((np.void, LOC_DTYPE.itemsize))).tolist()))
-        if items:
-            txn.cursor(unit.db_loc).putmulti(items)
-        added = int(locs["length"].sum())
-        info = unit._get_seg(txn, w.seg_id)
-        info.size += added
-        info.live += added
-        unit._put_seg(txn, w.seg_id, info)
-        for s in victims:
-            i = unit._get_seg(txn, s)
-            i.live = 0
-            unit._put_seg(txn, s, i)
-        wid = txn.id()
-        lmdb_commit_point("unit_commit")
-        txn.commit()
-    except BaseException:
-        txn.abort()
-        unit._after_failure()
-        raise
+        with unit._appending() as txn:
+            w = unit._active(txn)
+            start = w.size
+            if bufs:
+                w.append(bufs)
+                if unit.sync:
+                    w.fsync()
+            new = locs.copy()
+            new["seg"] = w.seg_id
+            new["offset"] = start + np.cumsum(locs["length"].astype(np.int64)) - locs["length"]
+            items = list(zip(keys, new.view(np.dtype((np.void, LOC_DTYPE.itemsize))).tolist()))
+            if items:
+                txn.cursor(unit.db_loc).putmulti(items)
+            unit._grown(txn, w.seg_id, int(locs["length"].sum()))
+            for s in victims:
+                i = unit._get_seg(txn, s)
+                i.live = 0
+                unit._put_seg(txn, s, i)
+            wid = txn.id()
     finally:
-        del bufs
+        del bufs  # (the segments' mappings may be closed once the emptied segments go)
     unit.locs.committed(wid, lambda: write_sets([], items))
     return len(items)

@@ -368,8 +368,7 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields
     keys = [gb[x:x + 8] + f for x, f in zip(range(0, len(gb), 8), fields)]
     with unit._lock, wrap_errors(f"unit {unit.unit_id} restore import", unit.path):
         db = restore_db(unit, create=True)
-        txn = unit.env.begin(write=True)
-        try:
+        with unit._appending() as txn:
             if _closed(txn, db, tag):
                 raise InvalidInputError(f"unit {unit.unit_id}: restore tag {tag} was settled during the import; "
                                         f"nothing more is written")
@@ -377,7 +376,6 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields
             start = w.append(bufs)
             if unit.sync:
                 w.fsync()
-            total = int(lens.sum())
             vals = np.zeros(len(lens), LOC_DTYPE)
             vals["seg"] = w.seg_id
             vals["offset"] = start + np.cumsum(lens) - lens
@@ -385,16 +383,7 @@ def _append_staged(unit: "Unit", tag: int, bufs: List, lens, crcs, gidxs, fields
             vals["crc"] = crcs
             _put_batches(txn, db, tag, UR.RESTORE_STAGED_BATCH, keys, vals)
             sync_format(unit, txn, db)
-            info = unit._get_seg(txn, w.seg_id)
-            info.size += total
-            info.live += total
-            unit._put_seg(txn, w.seg_id, info)
-            lmdb_commit_point("unit_commit")
-            txn.commit()
-        except BaseException:
-            txn.abort()
-            unit._after_failure()
-            raise
+            unit._grown(txn, w.seg_id, int(lens.sum()))
     unit._after_change()
 
 
