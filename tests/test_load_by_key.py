@@ -379,12 +379,24 @@ def test_an_error_after_the_finish_committed_keeps_the_restored_rows(source, tmp
 @pytest.fixture
 def pending(source, tmp_path, monkeypatch):
     """A store whose load from a dump stopped after its first unit completed (the error
-    could not be undone: the restore stays pending, as after a crash)."""
+    could not be undone: the restore stays pending, as after a crash); its partition
+    ``train`` held k6..k8 before."""
+    yield from _pending(source, tmp_path, monkeypatch, held=3)
+
+
+@pytest.fixture
+def pending_new(source, tmp_path, monkeypatch):
+    """As ``pending``, into a store without the partition: the restore creates it."""
+    yield from _pending(source, tmp_path, monkeypatch, held=0)
+
+
+def _pending(source, tmp_path, monkeypatch, held: int):
     src, keys = source
     dump = write_dump(src, tmp_path / "dump", keys[:8], "train")
     want = rows_of(src, "train", keys[:8])
     dst = tqstore.open(tmp_path / "dst", num_units=2)
-    fill(dst, "train", 3, prefix="k", start=6, seed=11)
+    if held:
+        fill(dst, "train", held, prefix="k", start=6, seed=11)
     before = state(dst)
     from tqstore.dump import restore as R
 
@@ -425,6 +437,23 @@ def test_unresolved_restore_blocks_clears_puts_of_its_keys_and_checkpoints(pendi
         dst.dump_data_by_key(dump, ["k6"], "train")
     dst.kv_batch_put(["unrelated"], "train", fields={"input_ids": torch.zeros((1, 16), dtype=torch.int64)})  # fine
     dst.kv_batch_put(["x"], "elsewhere", fields={"v": np.zeros((1, 2))})
+
+
+@pytest.mark.parametrize("which", ["pending_new", "pending"])
+def test_clears_of_keys_and_a_partition_a_pending_restore_creates_are_refused_too(request, which):
+    """A clear of keys that are not rows yet (or of a partition that is not one yet) would
+    be undone by the recover that creates them: refused, as a clear of rows is."""
+    dst, dump, want, _before, keys = request.getfixturevalue(which)
+    assert keys[0] not in dst.kv_list("train").get("train", {})  # the restore creates it
+    for call in (lambda: dst.kv_clear([keys[0]], "train"), lambda: dst.clear_partition("train"),
+                 lambda: dst.clear_samples(tqstore.KVBatchMeta(keys=[keys[1]], tags=[{}], partition_id="train"))):
+        with pytest.raises(RestorePendingError, match="recover_data_load"):
+            call()
+    dst.kv_clear([keys[0]], "elsewhere")  # another partition: fine
+    assert dst.recover_data_load(dump) is True
+    assert rows_of(dst, "train", keys[:8]) == want
+    dst.kv_clear([keys[0]], "train")  # settled: clears work
+    assert keys[0] not in dst.kv_list("train")["train"]
 
 
 def test_another_stores_load_or_recover_leaves_the_marker_of_a_pending_restore(pending, source, tmp_path):

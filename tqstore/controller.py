@@ -450,10 +450,10 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         sampler forgets cached results that mention them, in the same transaction.
         """
         with self._lock, wrap_errors("clear", self.path):
+            self._restores.check_clear(pid)  # (also for a partition the restore creates: its rows would come back)
             p = self.parts.get(pid)
             if p is None:
                 return []
-            self._restores.check_clear(pid)
             gone = sorted({int(g) for g in gidxs if p.has(int(g))})
             gone_keys = [p.s_key[s] for s in p.slots(gone).tolist()]
             m = self.db
@@ -502,9 +502,11 @@ class Controller(SnapshotCalls, ConsumptionCalls):
 
     @_locked
     def drop_partition(self, pid: str) -> List[int]:
-        """Remove a partition with its rows, consumption and sampler state (idempotent)."""
-        p = self.parts.get(pid)
-        return [] if p is None else self.clear_rows(pid, p.gidxs(), drop_partition=True)
+        """Remove a partition with its rows, consumption and sampler state (idempotent).
+        Raises RestorePendingError while a restore of ``pid`` is unresolved."""
+        with self._lock:
+            p = self.parts.get(pid)
+            return self.clear_rows(pid, [] if p is None else p.gidxs(), drop_partition=True)
 
     def drop_fields(self, missing: Dict[int, Set[str]]) -> None:
         """Forget produced fields whose payload no unit holds (after a power loss)."""

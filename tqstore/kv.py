@@ -40,7 +40,7 @@ from .edge import NumpyEdge
 from .errors import (FieldNotFoundError, InvalidInputError, KeyNotFoundError, PartitionKeysNotFoundError,
                      UnsupportedTypeError)
 from .meta import BatchMeta, KVBatchMeta
-from .ports import ControllerPort, RowBatch
+from .ports import ControllerPort, RowBatch, check_no_restore
 from .samplers import BaseSampler, make_sampler
 from .streaming import (
     STREAMING_CALLS, Streaming, _field_list, _no_partition, check_produced, common_fields,
@@ -403,17 +403,21 @@ class DataPlane:
         return out
 
     def kv_clear(self, keys: Union[str, Sequence[str]], partition_id: str) -> None:
-        """Remove keys with their data (idempotent: unknown keys or partition are ignored)."""
+        """Remove keys with their data (idempotent: unknown keys or partition are ignored).
+
+        Raises RestorePendingError while a load by key into the partition is unresolved
+        (also for keys that are not rows yet: the load may create them), nothing removed."""
         keys = _key_list(keys)
         _check_pid(partition_id)
         self.check_open()
         with self.write_lock:
             rows = self.controller.rows_by_key(partition_id, keys)
-            if rows is None:
-                return
-            gidxs = [g for g, q in zip(rows.gidxs, rows.seqs) if q is not None]
+            gidxs = [] if rows is None else [g for g, q in zip(rows.gidxs, rows.seqs) if q is not None]
             if gidxs:
-                self.io.delete_rows(partition_id, gidxs)
+                self.io.delete_rows(partition_id, gidxs)  # (the controller refuses it during a restore)
+            else:  # no row yet: a restore of the partition may still create them
+                check_no_restore(self.controller, partition_id, f"clearing keys of partition {partition_id!r}")
+                return
         log.debug("kv_clear %d keys of %r", len(gidxs), partition_id)
 
 
