@@ -157,6 +157,38 @@ def test_a_marker_left_by_the_stores_own_ended_load_is_named_so_and_its_recover_
     assert list(read_row_index(tmp_path / "d")["rows"]) == keys
 
 
+def test_a_marker_entry_of_a_store_deleted_since_does_not_block_a_dump(tmp_path):
+    """A load into store A was killed (A stays on the dump's marker), then A was deleted and
+    the run resumed into store B: A's pending restore went with it, so B's dumps to that path
+    take the entry off (written on this host, no STORE.json there); an entry written on
+    another machine is not this host's to judge."""
+    import json
+    import shutil
+
+    from tqstore.dump import publish as P
+
+    d = tmp_path / "dump"
+    with tqstore.open(tmp_path / "b", num_units=2) as b:
+        keys = fill(b, "train", 4)
+        b.dump_data_by_key(d, keys[:2], "train")
+        a = tmp_path / "a"
+        tqstore.open(a, num_units=1).close()
+        P.mark(d, a)  # (what A's killed load left)
+        with pytest.raises(RestorePendingError, match=str(a.resolve())):
+            b.dump_data_by_key(d, keys, "train")  # A is still there: its restore may be pending
+        shutil.rmtree(a)
+        for blocking in (True, False):
+            P.mark(d, a)
+            out = b.dump_data_by_key(d, keys[:3 if blocking else 4], "train", blocking=blocking)
+            assert (out if blocking else out.result())["keys"] == (3 if blocking else 4)
+            assert not P.marker_path(d).exists()
+        far = str(tmp_path / "gone-elsewhere")
+        P._write_marker(d, {far}, {far: "another-machine"})
+        with pytest.raises(RestorePendingError, match="remove .* by hand"):
+            b.dump_data_by_key(d, keys, "train")
+        assert json.loads(P.marker_path(d).read_text())["stores"] == [far]
+
+
 def test_a_re_dump_replaces_the_previous_one_whole(store, tmp_path):
     keys = fill(store, "train", 6)
     store.dump_data_by_key(tmp_path / "d", keys[:4], "train")
@@ -699,6 +731,7 @@ def test_a_restore_marker_entry_a_killed_load_left_does_not_block_the_stores_nex
         out = out if blocking else out.result()
         assert out["keys"] == 4 and not os.path.lexists(P.marker_path(d))
         P.mark(d, s.root)
+        tqstore.open(tmp_path / "other-store", num_units=1).close()
         P.mark(d, tmp_path / "other-store")  # another store's load of the same dump may be pending
         with pytest.raises(RestorePendingError, match="other-store"):
             s.dump_data_by_key(d, keys[:2], "train")

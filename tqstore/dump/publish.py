@@ -104,34 +104,52 @@ def _stale_entry(listed: Set[str], hosts: Dict[str, str], store_root: PathLike) 
     return {s for s in _listing(listed, store_root) if hosts.get(s) == here}
 
 
+def _gone_entries(listed: Set[str], hosts: Dict[str, str]) -> Set[str]:
+    """The entries of ``listed`` written on this host that name no store any more (no
+    ``STORE.json`` there: the store was deleted, and its pending restore with it)."""
+    here = this_host()
+    return {s for s in listed if hosts.get(s) == here and os.path.isabs(s)
+            and not os.path.lexists(os.path.join(s, STORE_FILE))}
+
+
 def take_off_stale(final: Path, store_root: PathLike, store_has_restore: bool) -> None:
     """Under the dump's lock, before a dump by the store at ``store_root``: when
     ``<dir>.restore`` lists that store (an entry written on this host) and it has no restore
     of the dump (``store_has_restore`` False), the entry was left by a load that died after
     its restore was settled or before it began (a kill): no load of the store reads the dump
     (its loads hold the lock for their whole run), so the entry is taken off (the marker goes
-    with its last entry).  Entries of other stores stay."""
-    if store_has_restore or not os.path.lexists(sibling(final, ".restore")):
+    with its last entry).  Entries written on this host of stores that are gone (their
+    directory holds no ``STORE.json``) are taken off too.  Other stores' entries stay."""
+    if not os.path.lexists(sibling(final, ".restore")):
         return
     listed, hosts = read_marker_entries(final)
-    if listed and _stale_entry(listed, hosts, store_root):
+    if not listed:
+        return
+    gone = _gone_entries(listed, hosts)
+    stale = set() if store_has_restore else _stale_entry(listed, hosts, store_root)
+    if gone:
+        log.info("restore marker of %s: taking off the entries of %s: no store is there any more", final,
+                 ", ".join(sorted(gone)))
+    if stale:
         log.info("restore marker of %s: taking off the entry of %s, whose load of it ended without taking it off "
                  "(it has no restore of it)", final, os.path.realpath(os.fspath(store_root)))
-        unmark(final, store_root)
+    if gone or stale:
+        _write_marker(final, listed - gone - stale, hosts)
 
 
 def refuse_if_restoring(final: Path, *, store_root: Optional[PathLike] = None, store_has_restore: bool = True) -> None:
     """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists).
     ``store_root`` is the store asking; when the marker lists it alone and ``store_has_restore``
     is False, nothing is raised: the entry is stale, and the dump takes it off under the lock
-    (:func:`take_off_stale`).  Entries of other stores are left: a store elsewhere at the same
+    (:func:`take_off_stale`); so are entries written on this host of stores that are gone.  Entries of other stores are left: a store elsewhere at the same
     path (another node's disk) may still have a pending restore of the dump."""
     m = sibling(final, ".restore")
     if os.path.lexists(m):
         listed, hosts = read_marker_entries(final)
-        if listed and store_root is not None and not store_has_restore and \
-                not listed - _stale_entry(listed, hosts, store_root):
-            return  # (only this store's stale entry: the dump takes it off under the lock)
+        if listed and store_root is not None and \
+                not listed - _gone_entries(listed, hosts) - \
+                (set() if store_has_restore else _stale_entry(listed, hosts, store_root)):
+            return  # (only entries of stores gone or this store's stale one: the dump takes them off under the lock)
         stores = sorted(listed or ())
         who = f" by the store(s) {', '.join(stores)}" if stores else \
             " (the marker cannot be read: it names no store; remove it by hand once no store's load of the dump " \
@@ -144,7 +162,9 @@ def refuse_if_restoring(final: Path, *, store_root: Optional[PathLike] = None, s
         raise RestorePendingError(f"a load of dump {final}{who} is unresolved ({m} exists): it may still read the "
                                   f"dump, so it is not replaced; call recover_data_load({str(final)!r}) (or with "
                                   f"cancel=True) on {'each of those stores' if len(stores) > 1 else 'that store'} "
-                                  f"first{ended}")
+                                  f"first{ended} (the entry of a store deleted since goes by itself when it was "
+                                  f"written on this host; else remove {m} by hand once no load of the dump is "
+                                  f"pending)")
 
 
 # ---------------------------------------------------------------------------- the restore marker
