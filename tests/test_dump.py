@@ -598,7 +598,7 @@ def test_cli_inspect_and_verify_understand_a_dump(store, tmp_path):
 
 def test_dump_row_index_keeps_every_kind_of_tag_and_a_restore_brings_them_back(store, tmp_path):
     """The controller's rows at the cut are read in bulk (all tags in one JSON parse): tags of
-    every kind, untagged rows (None) and huge integers come back as they were put."""
+    every kind, untagged rows ({} as kv_list gives them) and huge integers come back as they were put."""
     big = 7 ** 6000  # past the default int_max_str_digits
     tags = [None, {"r": 0.5, "uid": 3}, "plain", [1, [2, {"deep": None}]], {"b": True, "x": [1.5, "é"]}, big,
             {"n": -big}, 0, ""]
@@ -609,7 +609,8 @@ def test_dump_row_index_keeps_every_kind_of_tag_and_a_restore_brings_them_back(s
     ri = read_row_index(tmp_path / "d")
     assert list(ri["rows"]) == keys  # in the partition's insertion order
     got = {k: r["tag"] for k, r in ri["rows"].items()}
-    assert got == dict(zip(keys, tags))
+    assert got == {k: {} if t is None else t for k, t in zip(keys, tags)}
+    assert got == store.kv_list("train")["train"]  # the tags kv_list gives (an untagged row: {}, not None)
     with tqstore.open(tmp_path / "other", num_units=2) as t:
         t.load_data_by_key(tmp_path / "d")
         assert t.kv_list("train")["train"] == store.kv_list("train")["train"]  # (an untagged row lists as {})

@@ -172,7 +172,7 @@ def read_row_index(dump_dir: PathLike) -> Dict[str, Any]:
     """The row index of the dump at ``dump_dir``, without reading any payload:
     ``{"partition_id", "format_version", "num_units", "rows": {key: {"tag", "fields",
     "gidx"}}, "schemas": {field: {"kind", "dtype"}}}`` (rows in dump order: the source partition's
-    insertion order).  Holds the path's
+    insertion order; a key without a tag has the tag ``{}``, as ``kv_list`` gives it).  Holds the path's
     lock and repairs an interrupted publication first.
 
     Raises:

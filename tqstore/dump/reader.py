@@ -134,7 +134,8 @@ def row_index_dict(ix: DumpIndex) -> Dict[str, Any]:
     """The public shape of ``read_row_index``."""
     ri = ix.rows
     return {"partition_id": ri.partition_id, "format_version": ix.manifest["version"], "num_units": ri.num_units,
-            "rows": {k: {"tag": r["tag"], "fields": list(r["fields"]), "gidx": r["gidx"]} for k, r in ri.rows.items()},
+            "rows": {k: {"tag": {} if r["tag"] is None else r["tag"], "fields": list(r["fields"]), "gidx": r["gidx"]}
+                     for k, r in ri.rows.items()},  # (an untagged key's tag as kv_list gives it: {})
             "schemas": {f: {"kind": KIND_NAMES[k], "dtype": D.schema_dtype_name(dt)}
                         for f, (k, dt) in ri.schemas.items()}}
 
