@@ -504,9 +504,8 @@ class Controller(SnapshotCalls, ConsumptionCalls):
     def drop_partition(self, pid: str) -> List[int]:
         """Remove a partition with its rows, consumption and sampler state (idempotent).
         Raises RestorePendingError while a restore of ``pid`` is unresolved."""
-        with self._lock:
-            p = self.parts.get(pid)
-            return self.clear_rows(pid, [] if p is None else p.gidxs(), drop_partition=True)
+        p = self.parts.get(pid)
+        return self.clear_rows(pid, [] if p is None else p.gidxs(), drop_partition=True)
 
     def drop_fields(self, missing: Dict[int, Set[str]]) -> None:
         """Forget produced fields whose payload no unit holds (after a power loss)."""
