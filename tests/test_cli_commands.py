@@ -435,3 +435,21 @@ def test_every_json_failure_answers_in_json_on_stdout(tmp_path, command):
         doc = json.loads(out)
         assert doc["ok"] is False and doc["exit"] == code
         assert doc["error"] and doc["error"] in err
+
+
+def test_ls_of_a_dump_or_store_shows_one_line_per_key_whatever_the_key_holds(tmp_path):
+    """A key with a newline (or a partition id with a tab) would split or blur a listing
+    line: such names are shown as JSON strings, one line each; plain names as they are."""
+    keys = ["plain", "two\nlines", '"quoted"', "tab\there"]
+    with tqstore.open(tmp_path / "s", num_units=1) as s:
+        s.kv_batch_put(keys, "train", fields={"x": torch.arange(4).view(4, 1)})
+        s.kv_batch_put(["k"], "odd\tpart", fields={"x": torch.ones(1, 1)})
+        s.dump_data_by_key(tmp_path / "d", keys, "train")
+    code, out, _ = run("ls", tmp_path / "d")
+    lines = out.splitlines()
+    assert code == 0 and len(lines) == len(keys)
+    shown = [ln.split("  fields=")[0] for ln in lines]
+    assert shown[0] == "plain" and [json.loads(x) for x in shown[1:]] == keys[1:]
+    code, out, _ = run("ls", tmp_path / "s")
+    assert code == 0 and len(out.splitlines()) == 2
+    assert sorted(ln.split(" keys  ")[1] for ln in out.splitlines()) == sorted([json.dumps("odd\tpart"), "train"])

@@ -112,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
               "List the generations under a CheckpointManager root (step, size, time written, valid: each is "
               "verified, --quick by default, --deep for every frame; exit 1 when one is not valid), the files of "
               "a checkpoint as MANIFEST.json records them (size, CRC32C, role, path), the partitions of a store "
-              "(rows, keys; read only) or the keys of a dump (fields, tag).",
+              "(rows, keys; read only) or the keys of a dump (fields, tag); a key or partition id holding a "
+              "character that is not printable, or starting with a double quote, is shown as a JSON string.",
               "python -m tqstore ls run/generations --deep", "store, checkpoint, root or dump")
     ls.add_argument("path", help="a CheckpointManager root, a checkpoint, a store or a dump directory")
     ls.add_argument("--json", action="store_true", help="print JSON on stdout")

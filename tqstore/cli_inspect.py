@@ -376,7 +376,7 @@ def cmd_ls(args, out: TextIO, err: TextIO) -> int:
                 out.write(to_json(parts, indent=1) + "\n")
             else:
                 for p in parts:
-                    out.write(f"{p['rows']:>10} rows  {p['keys']:>10} keys  {p['partition']}\n")
+                    out.write(f"{p['rows']:>10} rows  {p['keys']:>10} keys  {shown_name(p['partition'])}\n")
             return EXIT_OK
         if kind == "root":
             return _ls_root(path, out, err, args.json, getattr(args, "deep", False))
@@ -410,8 +410,15 @@ def _ls_dump(path: Path, out: TextIO, as_json: bool) -> int:
         out.write(to_json({"partition_id": idx.get("partition_id"), "rows": rows}, indent=1, default=str) + "\n")
     else:
         for r in rows:
-            out.write(f"{r['key']}  fields={','.join(r['fields'])}  tag={to_json(r['tag'], default=str)}\n")
+            out.write(f"{shown_name(r['key'])}  fields={','.join(r['fields'])}  tag={to_json(r['tag'], default=str)}\n")
     return EXIT_OK
+
+
+def shown_name(name: str) -> str:
+    """A key or partition id as one line of a listing: as it is, or as a JSON string when it
+    holds a character that is not printable (a newline would split the line) or starts
+    with a double quote (so that a quoted name is never a name as it is)."""
+    return name if name.isprintable() and not name.startswith('"') else to_json(name)
 
 
 def newest_valid_step(path: Path, err: TextIO, quick: bool = False) -> Optional[int]:
