@@ -83,7 +83,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
     ("ports", ("ports", "ports_restore", "ports_transfer", "port_calls")),
     ("policies", ("samplers", "seqlen_sampler")),
     ("engine-impl", ("unit", "unit_read", "unit_recover", "unit_export", "unit_import", "unit_dump", "unit_restore",
-                     "unit_locs", "unit_compact", "unit_held", "unit_gate",
+                     "unit_locs", "unit_compact", "unit_held", "unit_gate", "unit_snapshots",
                      "controller", "controller_mirror", "controller_put", "controller_decode", "controller_sampling", "controller_persist",
                      "controller_export", "controller_dump", "controller_restore", "controller_snapshots",
                      "controller_consumption", "controller_sampler_store")),

@@ -1,9 +1,12 @@
 """Argument checks of the data plane's calls (:mod:`tqstore.streaming`, :mod:`tqstore.kv`):
-partition ids and task names, a BatchMeta's ``custom_meta``, a batch's row counts.  Each
+partition ids and task names, a BatchMeta's ``custom_meta``, a batch's row counts, a fetch's
+``timeout_s`` and ``sampling_config``.  Each
 raises InvalidInputError before anything is read or written."""
 from __future__ import annotations
 
-from typing import Any, List, Sequence
+from typing import Any, Dict, List, Mapping, Sequence
+
+import numpy as np
 
 from .errors import InvalidInputError
 from .meta import BatchMeta
@@ -60,4 +63,34 @@ def check_rows(edge: Any, data: Any, names: Sequence[str], n: int) -> None:
             raise InvalidInputError(f"field {f!r} has {got} rows, the BatchMeta {n}")
 
 
-__all__ = ["check_pid", "check_task", "checked_custom_meta", "no_rows", "check_rows", "GIDX_END", "NO_ROW"]
+def sampling_kwargs(sampling_config: Any, partition_id: str, task_name: Any) -> Dict[str, Any]:
+    """``get_meta``'s ``sampling_config`` as the sampler's keyword arguments: a copy, without
+    the ``task_name`` and ``partition_id`` TransferQueue's dataset repeats in it (the sampler
+    gets the call's own).  Raises InvalidInputError for a config that is not a dict or repeats
+    one of them with another value."""
+    if sampling_config is not None and not isinstance(sampling_config, Mapping):
+        raise InvalidInputError(f"sampling_config must be a dict, got {type(sampling_config).__name__}")
+    cfg = dict(sampling_config or {})
+    for name, value in (("task_name", task_name), ("partition_id", partition_id)):
+        if name in cfg:
+            if cfg[name] != value:
+                raise InvalidInputError(f"sampling_config[{name!r}]={cfg[name]!r:.60} contradicts get_meta's "
+                                        f"{name}={value!r:.60}")
+            del cfg[name]
+    return cfg
+
+
+def check_timeout(timeout_s: Any) -> float:
+    """``get_meta``'s ``timeout_s`` as seconds to wait: None and anything negative mean 0.
+
+    Raises InvalidInputError for a value that is not a number of seconds (a bool, NaN, text)."""
+    if timeout_s is None:
+        return 0.0
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float, np.integer, np.floating)) \
+            or timeout_s != timeout_s:
+        raise InvalidInputError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+    return max(0.0, float(timeout_s))
+
+
+__all__ = ["check_pid", "check_task", "checked_custom_meta", "no_rows", "check_rows", "check_timeout", "sampling_kwargs",
+           "GIDX_END", "NO_ROW"]

@@ -49,7 +49,7 @@ import numpy as np
 from . import _executor, config as _config
 from .errors import WaitTimeoutError
 from .meta import BatchMeta
-from .streaming import check_timeout
+from .call_checks import check_timeout
 
 #: longest wait between two asks of a store that notifies puts (changes that do not notify,
 #: such as a load by key, are seen this late at worst; the synchronous wait asks as often)

@@ -27,7 +27,8 @@ from . import _interrupts as interrupts
 from ._format.values import check_value
 from .call_checks import (GIDX_END as _GIDX_END, NO_ROW as _NO_ROW, check_pid as _check_pid,
                           check_rows as _check_rows, check_task as _check_task,
-                          checked_custom_meta as _checked_custom_meta, no_rows as _no_rows)
+                          check_timeout, checked_custom_meta as _checked_custom_meta, no_rows as _no_rows,
+                          sampling_kwargs)
 from .edge import join_rows
 from .errors import (
     FieldNotFoundError, InvalidInputError, PartitionNotFoundError, StalePartitionError,
@@ -45,35 +46,6 @@ MODES = ("fetch", "force_fetch", "insert")
 MAX_INSERT_ROWS = 1 << 24  # rows one get_meta(mode="insert") may reserve
 MAX_BATCH_ROWS = 1 << 40  # the largest batch_size of any get_meta
 _POLL_S = 0.05
-
-
-def _sampling_config(sampling_config: Any, partition_id: str, task_name: Any) -> Dict[str, Any]:
-    """``get_meta``'s ``sampling_config`` as the sampler's keyword arguments: a copy, without
-    the ``task_name`` and ``partition_id`` TransferQueue's dataset repeats in it (the sampler
-    gets the call's own).  Raises InvalidInputError for a config that is not a dict or repeats
-    one of them with another value."""
-    if sampling_config is not None and not isinstance(sampling_config, Mapping):
-        raise InvalidInputError(f"sampling_config must be a dict, got {type(sampling_config).__name__}")
-    cfg = dict(sampling_config or {})
-    for name, value in (("task_name", task_name), ("partition_id", partition_id)):
-        if name in cfg:
-            if cfg[name] != value:
-                raise InvalidInputError(f"sampling_config[{name!r}]={cfg[name]!r:.60} contradicts get_meta's "
-                                        f"{name}={value!r:.60}")
-            del cfg[name]
-    return cfg
-
-
-def check_timeout(timeout_s: Any) -> float:
-    """``get_meta``'s ``timeout_s`` as seconds to wait: None and anything negative mean 0.
-
-    Raises InvalidInputError for a value that is not a number of seconds (a bool, NaN, text)."""
-    if timeout_s is None:
-        return 0.0
-    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float, np.integer, np.floating)) \
-            or timeout_s != timeout_s:
-        raise InvalidInputError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
-    return max(0.0, float(timeout_s))
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -234,7 +206,7 @@ class Streaming:
             batch_size = int(batch_size)
         if mode != "force_fetch" and batch_size is None:
             raise InvalidInputError(f"mode {mode!r} needs a batch_size")
-        cfg = _sampling_config(sampling_config, partition_id, task_name)
+        cfg = sampling_kwargs(sampling_config, partition_id, task_name)
         dp = self._dp
         dp.check_open()
         if mode == "insert":
@@ -614,4 +586,4 @@ STREAMING_CALLS = ("get_meta", "put", "get_data", "clear_partition", "clear_samp
                    "get_production_status", "check_consumption_status", "check_production_status",
                    "reset_consumption", "get_partition_list", "set_custom_meta", "first_batch_index")
 
-__all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from", "check_timeout"]
+__all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from"]

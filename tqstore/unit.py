@@ -29,9 +29,7 @@ from . import _native
 from ._format.columns import Column, FlatRows, take_rows
 from ._format.frame import encode_parts, encode_uniform, run_locs
 from ._format.index import INDEX_KEY_HEAD, INDEX_VALUE, Loc
-from ._format.layout import (
-    CODEC_ZSTD, SEGMENT_HEADER_SIZE, KIND_VALUE,
-)
+from ._format.layout import CODEC_ZSTD, KIND_VALUE
 from ._format.segment import parse_segment_name, segment_name
 from ._format import unit_records as UR
 from ._format.unit_records import SegInfo, UNIT_INDEX_FORMAT  # noqa: F401 - re-exported (checkpoint code)
@@ -41,8 +39,9 @@ from ._io.segfile import MmapCache, SegmentWriter
 from .errors import CorruptionError, InvalidInputError
 
 from .unit_held import HeldBack
+from .unit_snapshots import UnitSnapshots
 from .unit_locs import GidxArrays, LocCache, write_sets
-from .unit_compact import compact as compact_unit, merge_after_release
+from .unit_compact import compact as compact_unit
 from .unit_gate import ReadGate
 from .unit_read import UnitReader, UnitView
 from .unit_restore import install_restore_calls, open_restore_db
@@ -83,7 +82,7 @@ def _key_order(bulk: List[Tuple[bytes, List[int], List[Tuple[bytes, bytes]], Opt
     return out
 
 
-class Unit(HeldBack, UnitReader):
+class Unit(HeldBack, UnitSnapshots, UnitReader):
     """One storage unit. Thread-safe: appends and index updates are serialised by a lock.
 
     Implements :class:`tqstore.ports.UnitPort` (the checkpoint export and import are in
@@ -491,61 +490,6 @@ class Unit(HeldBack, UnitReader):
                 files.unlink(self.path / segment_name(s))
                 log.debug("unit %d: unlinked dead segment %d", self.unit_id, s)
 
-    def seal(self) -> Optional[int]:
-        """Seal the active segment (if any holds frames). Returns its id or None."""
-        with self._lock, wrap_errors(f"unit {self.unit_id} seal", self.path):
-            w = self._writer
-            if w is None:
-                return None
-            if w.size <= SEGMENT_HEADER_SIZE:
-                return None
-            with self.env.begin(write=True) as txn:
-                self._seal_writer(txn)
-                wid = txn.id()
-            self.locs.committed(wid)  # (no location changed)
-            return w.seg_id
-
-    def snapshot(self) -> int:
-        """Seal the active segment and open a read transaction pinned to its segments; returns
-        the snapshot's id (for ``keys``, ``lookup``, ``locate`` and :meth:`release`).
-
-        Call under the store's cut lock. Release the snapshot when done.
-        """
-        with self._lock:
-            self.seal()
-            txn = self.env.begin(buffers=False)
-            try:
-                seg_ids = [self._seg_id(k) for k in txn.cursor(self.db_segs).iternext(values=False)]
-            except BaseException:  # a malformed key: the cut fails, nothing pinned
-                txn.abort()
-                raise
-            for s in seg_ids:
-                self._pins[s] += 1
-            sid = self._next_snapshot
-            self._next_snapshot += 1
-            self._views[sid] = UnitView(self, txn, seg_ids)
-            return sid
-
-    def release(self, snapshot: int) -> None:
-        """Unpin a snapshot (idempotent).  The release of the last one merges the unit's small
-        segments once there are many (:func:`tqstore.unit_compact.merge_after_release`)."""
-        with self._lock:
-            view = self._views.pop(snapshot, None)
-        if view is not None:
-            view.release()
-            merge_after_release(self)
-
-    def _view(self, snapshot: int) -> UnitView:
-        """The read transaction and segment records of a snapshot (never leaves the unit)."""
-        with self._lock:
-            v = self._views.get(snapshot)
-        if v is None:
-            raise InvalidInputError(f"unit {self.unit_id}: snapshot {snapshot!r} is unknown or released")
-        return v
-
-    def _snapshot_txn(self, snapshot: int):
-        return self._view(snapshot).txn
-
     # checkpoints: owner-side export and import (tqstore.unit_export, tqstore.unit_import; see UnitPort)
     def export_snapshot(self, snapshot: int, dest_dir, *, link: bool = True, reuse=None, put_token: int = 0,
                         known_crc=None, index_block_bytes: int = 1 << 20):
@@ -572,18 +516,6 @@ class Unit(HeldBack, UnitReader):
         from .unit_import import verify_same
 
         return verify_same(Path(target_dir), plan) if plan.mode == "same" else 0
-
-    def _unpin(self, segs: Iterable[int]) -> None:
-        with self._lock:
-            for s in segs:
-                self._pins[s] -= 1
-                if self._pins[s] <= 0:
-                    del self._pins[s]
-                    self._maybe_dead.add(s)
-        self._after_change()
-
-    def pinned(self) -> Dict[int, int]:
-        return dict(self._pins)
 
     def segments(self) -> Dict[int, SegInfo]:
         return self._load_segs()
