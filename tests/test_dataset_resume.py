@@ -92,3 +92,77 @@ def test_replicas_of_a_rank_started_apart_get_the_same_batches(tmp_path):
         assert out[0] == out[1] == [1, 2, 3]
     finally:
         tq.close()
+
+
+def _seqlen_cfg(path):
+    return {"path": str(path), "num_units": 2,
+            "sampler": {"name": "seqlen_balanced", "n_samples_per_prompt": 2, "dp_size": 2}}
+
+
+def _seqlen_dataset(dp_rank, check=False):
+    return tq.StreamingDataset(None, batch_size=2, micro_batch_size=2, data_fields=["x"], partition_id="train",
+                               task_name="actor", dp_rank=dp_rank, should_check_consumption_status=check)
+
+
+def _put_seqlen_groups(groups):
+    tq.kv_batch_put([f"g{i // 2}/{i % 2}" for i in range(2 * groups)], "train",
+                    fields={"x": torch.arange(2 * groups).reshape(-1, 1)},
+                    tags=[{"total_lengths": 3}] * (2 * groups))
+
+
+def test_a_seqlen_rank_made_after_another_ranks_fetch_gets_the_share_set_aside_for_it(tmp_path):
+    """The seqlen-balanced sampler splits a batch for every rank at the first rank's fetch; a
+    rank whose dataset is made after that fetch started past the share set aside for it: its
+    rows were never handed out and a finite iteration never ended."""
+    tq.init(_seqlen_cfg(tmp_path / "s"))
+    try:
+        _put_seqlen_groups(4)
+        store = tq.current_store()
+        it0 = iter(tq.StreamingDataLoader(_seqlen_dataset(0, check=True)))
+        first0 = next(it0)[1].keys  # rank 0 fetches batch 0: rank 1's share of it is set aside
+        assert store.first_batch_index("train", "actor", 1) == 0
+        late = _seqlen_dataset(1, check=True)
+        assert late.batch_index == 0
+        got1, done = [], threading.Event()
+
+        def rank1():
+            for _, meta in tq.StreamingDataLoader(late):
+                got1.extend(meta.keys)
+            done.set()
+
+        t = threading.Thread(target=rank1, daemon=True)
+        t.start()
+        got0 = list(first0) + [k for _, meta in it0 for k in meta.keys]
+        assert done.wait(30), "rank 1's finite iteration did not end"
+        assert sorted(got0 + got1) == sorted(f"g{i // 2}/{i % 2}" for i in range(8))  # each once
+        _, consumed = tq.get_client().get_consumption_status("actor", "train")
+        assert bool(consumed.all())
+    finally:
+        tq.close()
+
+
+def test_a_seqlen_share_pending_at_a_checkpoint_is_fetched_after_the_restore(tmp_path):
+    tq.init(_seqlen_cfg(tmp_path / "s"))
+    try:
+        _put_seqlen_groups(4)
+        store = tq.current_store()
+        assert len(_take_keys(_seqlen_dataset(0), 1)) == 2  # rank 0's share of batch 0; rank 1's waits
+        store.save_checkpoint(tmp_path / "ck")
+    finally:
+        tq.close()
+    tq.init(_seqlen_cfg(tmp_path / "s2"))
+    try:
+        store = tq.current_store()
+        store.load_checkpoint(tmp_path / "ck")
+        assert store.first_batch_index("train", "actor", 0) == 1  # rank 0 fetched batch 0
+        assert store.first_batch_index("train", "actor", 1) == 0  # rank 1 never did
+        pending = _take_keys(_seqlen_dataset(1), 1)
+        _, consumed = tq.get_client().get_consumption_status("actor", "train")
+        assert int(consumed.sum()) == 4 and len(pending) == 2
+    finally:
+        tq.close()
+
+
+def _take_keys(ds, k):
+    it = iter(tq.StreamingDataLoader(ds))
+    return [key for _ in range(k) for key in next(it)[1].keys]

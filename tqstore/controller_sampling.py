@@ -80,6 +80,11 @@ def _may_sample(sampler: BaseSampler, ready: Sequence[int], batch_size: int, pid
         return False
 
 
+def _set_aside(entry: Any) -> bool:
+    """A cached result ``[sampled, consumed, fetches]`` its rank has not fetched yet."""
+    return isinstance(entry, list) and len(entry) == 3 and entry[2] == 0
+
+
 class SamplerHost:
     """The sampler of one :class:`~tqstore.controller.Controller`; its methods run under the
     controller's lock (the controller's port methods take it)."""
@@ -107,14 +112,18 @@ class SamplerHost:
 
     def first_batch_index(self, pid: str, task: str, dp_rank: Any) -> int:
         """See ControllerPort.first_batch_index: one past the largest integer batch index cached
-        for ``(task, dp_rank)`` when first asked, then that answer (memoised: a replica asking
-        after another replica's first fetches gets the same start)."""
+        for ``(task, dp_rank)`` and fetched by that rank when first asked, then that answer
+        (memoised: a replica asking after another replica's first fetches gets the same start).
+        A share another rank's fetch set aside for this rank (the seqlen-balanced sampler's;
+        fetched 0 times) does not count: starting past it would leave its rows reserved for a
+        fetch that never comes."""
         key = (pid, task, str(dp_rank))
         got = self._first.get(key)
         if got is None:
             rank = str(dp_rank)
-            done = [int(bi) for t, r, bi in self._for(pid).cached_names(pid, task)
-                    if r == rank and bi.lstrip("-").isdigit()]
+            sampler = self._for(pid)
+            done = [int(bi) for name in sampler.cached_names(pid, task) for _t, r, bi in (name,)
+                    if r == rank and bi.lstrip("-").isdigit() and not _set_aside(sampler.cached_entry(pid, name))]
             got = self._first[key] = max(done, default=-1) + 1
         return got
 

@@ -409,10 +409,11 @@ class ControllerPort(Protocol):
 
     def first_batch_index(self, pid: str, task: str, dp_rank: Any) -> int:
         """The ``batch_index`` a new streaming consumer of ``(task, dp_rank)`` starts at: past
-        every result the sampler held cached for them when this controller first answered it
-        (results of an earlier run, kept across reopens and in checkpoints, which a consumer
-        counting from 0 would be handed again), the same answer to every caller until the
-        controller is closed; 0 when there were none."""
+        every result the sampler held cached for them, fetched by them, when this controller
+        first answered it (results of an earlier run, kept across reopens and in checkpoints,
+        which a consumer counting from 0 would be handed again; a share another rank's fetch
+        set aside for them and they have not fetched yet is not passed, so it is fetched), the
+        same answer to every caller until the controller is closed; 0 when there were none."""
 
     # snapshots -----------------------------------------------------------------
     def snapshot(self) -> SnapshotId:

@@ -391,6 +391,16 @@ class ControllerPortTests(ControllerRestoreTests, ControllerReconcileTests, _Por
         c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": 3})
         assert c.first_batch_index("p", "t", 0) == 3
 
+    def test_first_batch_index_does_not_pass_a_share_set_aside_for_a_rank_that_never_fetched_it(self, tmp_path):
+        c = self.controller(tmp_path)
+        self.put(c, "p", n=8, tags=[{"total_lengths": 3}] * 8)
+        c.set_sampler({"name": "seqlen_balanced", "n_samples_per_prompt": 2, "dp_size": 2})
+        c.fetch("p", "t", ["x"], 2, {"dp_rank": 0, "batch_index": 0})  # sets rank 1's share of batch 0 aside
+        c = self.reopen(c)
+        c.set_sampler({"name": "seqlen_balanced", "n_samples_per_prompt": 2, "dp_size": 2})
+        assert c.first_batch_index("p", "t", 0) == 1 and c.first_batch_index("p", "t", 1) == 0
+        assert len(c.fetch("p", "t", ["x"], 2, {"dp_rank": 1, "batch_index": 0}).gidxs) == 2  # its share
+
     # durability -----------------------------------------------------------------
     def test_committed_state_survives_a_reopen_and_an_uncommitted_plan_does_not(self, tmp_path):
         c = self.controller(tmp_path)
