@@ -179,10 +179,43 @@ def test_prune_never_deletes_the_newest_valid_generation(tmp_path):
         _flip_first_frame(root / f"step-{st:010d}")
     code, out, _ = run("prune", root, "--keep", "1", "--json")
     doc = json.loads(out)
-    assert code == EXIT_OK and doc["newest_valid"] == 2
-    assert CheckpointManager(root).steps() == [2, 4]
+    assert code == EXIT_OK and doc["newest_valid"] == 2 and doc["damaged"] == [3, 4]
+    assert CheckpointManager(root).steps() == [2, 3, 4]  # the damaged newer ones are kept, and named
     with tqstore.open(tmp_path / "s2") as s, pytest.warns(CheckpointFallbackWarning):  # and it still restores
         assert CheckpointManager(root, store=s).restore() == 2
+
+
+def test_prune_keeps_n_generations_that_verify_whatever_damaged_ones_lie_between(tmp_path):
+    """--keep N counted damaged generations: with the newest N damaged and one valid
+    generation besides the newest, prune deleted the only older good fallback."""
+    root = _root(tmp_path, steps=(1, 2, 3, 4, 5))
+    for st in (2, 3):
+        _flip_first_frame(root / f"step-{st:010d}")
+    (root / f"step-{4:010d}" / "MANIFEST.json").unlink()  # torn
+    code, out, err = run("prune", root, "--keep", "2")
+    assert code == EXIT_OK, err
+    assert CheckpointManager(root).steps() == [1, 2, 3, 5]  # 5 and 1 verify: nothing of them is deleted
+    assert "damaged (kept" in out and "[2, 3]" in out
+    _flip_first_frame(root / f"step-{5:010d}")
+    code, out, _ = run("prune", root, "--keep", "1", "--json")
+    doc = json.loads(out)
+    assert code == EXIT_OK and doc["newest_valid"] == 1 and doc["damaged"] == [2, 3, 5] and doc["deleted"] == []
+
+
+def test_prune_dry_run_says_what_the_same_run_deletes_and_what_it_leaves_alone(tmp_path):
+    """The dry run listed a torn generation directory holding a user's file as deleted, which
+    the real prune leaves alone (not a tqstore checkpoint)."""
+    root = _root(tmp_path, steps=(3, 4))
+    (root / f"step-{1:010d}").mkdir()
+    (root / f"step-{1:010d}" / "mine.txt").write_text("x")  # torn, and not tqstore's: left alone
+    (root / f"step-{2:010d}").mkdir()  # torn (empty), older than every kept generation: deleted
+    dry = json.loads(run("prune", root, "--keep", "1", "--dry-run", "--json")[1])
+    assert (root / f"step-{2:010d}").exists()
+    code, out, _ = run("prune", root, "--keep", "1", "--json")
+    real = json.loads(out)
+    assert dry["deleted"] == real["deleted"] == [2, 3] and dry["not_tqstore"] == real["not_tqstore"] == [1]
+    assert (root / f"step-{1:010d}" / "mine.txt").exists() and not (root / f"step-{2:010d}").exists()
+    assert "left alone" in run("prune", root, "--keep", "1", "--dry-run")[1]
 
 
 def test_prune_with_no_valid_generation_deletes_nothing(tmp_path):

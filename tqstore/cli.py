@@ -8,7 +8,7 @@ Commands (each takes ``--json`` for a machine-readable report on stdout):
 * ``verify PATH``       — check one of them, every byte against its CRC32C;
 * ``ls PATH``           — a root's generations (step, size, time, valid), a checkpoint's files,
   a store's partitions, a dump's keys;
-* ``prune ROOT --keep N`` — delete old generations, never the newest that verifies;
+* ``prune ROOT --keep N`` — delete the generations older than the newest N that verify;
 * ``compact STORE``     — rewrite mostly-dead segments of a store and merge small ones.
 
 Exit status: 0 clean, 1 damaged or unreadable, 2 usage (bad arguments, or a path that is
@@ -119,16 +119,19 @@ def build_parser() -> argparse.ArgumentParser:
     ls.add_argument("--json", action="store_true", help="print JSON on stdout")
     ls.add_argument("--deep", action="store_true", help="roots: check every frame of every generation (slower)")
 
-    pr = _add(sub, "prune", "delete old generations of a root, never the newest valid one",
-              "Delete the generations under a CheckpointManager root beyond the newest --keep N. The generations "
-              "are verified from the newest down first (deep unless --quick), and the newest one that verifies "
-              "is always kept, even when it is older than the newest N; when none verifies nothing is deleted "
-              "(exit 1). Runs under the root's exclusive lock, as CheckpointManager.prune.",
+    pr = _add(sub, "prune", "delete old generations of a root, keeping the newest N that verify",
+              "Delete the generations under a CheckpointManager root older than the newest --keep N that "
+              "verify. The generations are verified from the newest down first (deep unless --quick) until N "
+              "verify; newer ones that do not verify are kept too (and named: they hold no slot of the N, so a "
+              "damaged generation never costs an older good one), and torn ones (no MANIFEST.json) older than "
+              "every generation kept are deleted. When none verifies nothing is deleted (exit 1). A generation "
+              "directory holding what is not a tqstore checkpoint is left alone and named. --dry-run says what "
+              "the same run would delete. Runs under the root's exclusive lock, as CheckpointManager.prune.",
               "python -m tqstore prune run/generations --keep 2 --dry-run", "generation root")
     pr.add_argument("path", help="a CheckpointManager root")
-    pr.add_argument("--keep", type=int, required=True, help="how many of the newest generations to keep (>= 1)")
+    pr.add_argument("--keep", type=int, required=True, help="how many of the newest valid generations to keep (>= 1)")
     pr.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
-    pr.add_argument("--quick", action="store_true", help="find the newest valid generation with quick checks")
+    pr.add_argument("--quick", action="store_true", help="find the newest valid generations with quick checks")
     pr.add_argument("--json", action="store_true", help="print a JSON report on stdout")
 
     c = _add(sub, "compact", "rewrite the mostly-dead segments of a store and merge small ones",

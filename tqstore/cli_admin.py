@@ -18,12 +18,13 @@ from pathlib import Path
 from typing import Any, Dict, TextIO
 
 from .checkpoint.target import ROOT_LOCK_NAME
-from .cli_inspect import newest_valid_step, root_doc
+from .cli_inspect import newest_valid_steps, root_doc
 from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, not_a_target, open_store, to_json
 
 
 def cmd_prune(args, out: TextIO, err: TextIO) -> int:
-    """Delete generations beyond the newest ``--keep`` (never the newest valid one)."""
+    """Delete the generations older than the ``--keep`` newest that verify (newer damaged ones
+    are kept, and named)."""
     from .checkpoint import CheckpointManager, KeepAny, KeepLast, KeepSteps
 
     path = Path(args.path).absolute()
@@ -37,30 +38,36 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
     before = [g["step"] for g in root_doc(path)["generations"]]
     doc: Dict[str, Any] = {"path": str(path), "keep": args.keep, "newest_valid": None, "dry_run": args.dry_run}
     if not [n for n in os.listdir(path) if n != ROOT_LOCK_NAME]:  # (a manager that has not saved yet)
-        doc.update(deleted=[], kept=[], ok=True)
+        doc.update(deleted=[], kept=[], damaged=[], not_tqstore=[], ok=True)
         out.write(to_json(doc, indent=1) + "\n" if args.json else f"no generations under {path}: nothing to prune\n")
         return EXIT_OK
-    valid = newest_valid_step(path, err, quick=args.quick)
-    doc["newest_valid"] = valid
-    if valid is None:
-        doc.update(deleted=[], kept=before, ok=False)
+    valid, damaged = newest_valid_steps(path, err, args.keep, quick=args.quick)
+    doc["newest_valid"] = valid[0] if valid else None
+    doc["damaged"] = damaged
+    if not valid:
+        doc.update(deleted=[], kept=before, not_tqstore=[], ok=False)
         if args.json:
             out.write(to_json(doc, indent=1) + "\n")
         err.write(f"error: no generation under {path} verifies; nothing deleted\n")
         return EXIT_DAMAGED
-    policy = KeepAny(KeepLast(args.keep), KeepSteps({valid}))
+    # every generation from the oldest of the --keep newest valid ones up: a damaged one holds no slot
+    listed = CheckpointManager.for_reading(path).steps()
+    policy = KeepAny(KeepLast(args.keep), KeepSteps(s for s in listed if s >= min(valid)))
     m = CheckpointManager(path, policy=policy)
-    if args.dry_run:  # (as prune: torn generations older than every kept one go too)
-        keep = policy.keep(m.steps())
-        deleted = [s for s in m.steps() if s not in keep] + [t for t in m._torn_steps() if keep and t < min(keep)]
-    else:
-        deleted = m.prune()
-    doc.update(deleted=deleted, kept=[s for s in before if s not in deleted], ok=True)  # (torn ones left: kept)
+    doomed, foreign = m.prune_plan()
+    deleted = doomed if args.dry_run else m.prune()
+    doc.update(deleted=deleted, kept=[s for s in before if s not in deleted], not_tqstore=foreign,
+               ok=True)  # (torn ones left: kept)
     if args.json:
         out.write(to_json(doc, indent=1) + "\n")
     else:
         verb = "would delete" if args.dry_run else "deleted"
-        out.write(f"{verb} {len(deleted)} generation(s) {deleted}; kept {doc['kept']} (newest valid: step {valid})\n")
+        out.write(f"{verb} {len(deleted)} generation(s) {deleted}; kept {doc['kept']} (newest valid: step "
+                  f"{valid[0]}; {len(valid)} of the kept verify)\n")
+        if damaged:
+            out.write(f"damaged (kept, holding no slot of --keep; `verify` says why): steps {damaged}\n")
+        if foreign:
+            out.write(f"left alone (holding what is not a tqstore checkpoint): steps {foreign}\n")
     return EXIT_OK
 
 

@@ -421,13 +421,18 @@ def shown_name(name: str) -> str:
     return name if name.isprintable() and not name.startswith('"') else to_json(name)
 
 
-def newest_valid_step(path: Path, err: TextIO, quick: bool = False) -> Optional[int]:
-    """The newest generation under the root ``path`` that verifies (deep unless ``quick``),
-    checking from the newest down and stopping at the first valid one; None when none does."""
+def newest_valid_steps(path: Path, err: TextIO, count: int, quick: bool = False) -> Tuple[List[int], List[int]]:
+    """``(valid, damaged)``: the ``count`` newest generations under the root ``path`` that
+    verify (deep unless ``quick``), newest first (fewer when fewer do), and the generations
+    newer than the last of them that do not; checked from the newest down, stopping at the
+    ``count``-th valid one."""
     from .checkpoint.manager import CheckpointManager
 
     m = CheckpointManager.for_reading(path)
+    valid: List[int] = []
+    damaged: List[int] = []
     for s in sorted(m.steps(), reverse=True):
-        if verify_one(m.path(s), err, quick).ok:
-            return s
-    return None
+        if len(valid) >= count:
+            break
+        (valid if verify_one(m.path(s), err, quick).ok else damaged).append(s)
+    return valid, sorted(damaged)

@@ -28,7 +28,7 @@ import os
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from .. import _default
 from .._io import files, locks
@@ -300,6 +300,35 @@ class CheckpointManager:
         """
         return self._prune(())
 
+    def prune_plan(self) -> Tuple[List[int], List[int]]:
+        """What :meth:`prune` would do now, deleting nothing: ``(steps it would delete, steps
+        it would leave alone as holding what is not a tqstore checkpoint)``, ascending (an
+        interrupted replacement's ``step-N.old``, which prune first moves back, is not
+        counted)."""
+        return self._plan((), warn=False)
+
+    def _plan(self, also_keep: Iterable[int], *, warn: bool) -> Tuple[List[int], List[int]]:
+        """``(doomed, foreign)`` of a prune keeping ``also_keep`` too (see :meth:`prune_plan`)."""
+        steps = self.steps()
+        keep = self.policy.keep(steps) | frozenset(also_keep)
+        valid = [v for v in self._known_valid if v in steps]
+        if valid:  # the newest generation known to verify stays (the policy's may be damaged)
+            keep |= {max(valid)}
+        doomed = [s for s in steps if s not in keep]
+        # a torn one goes once it is older than every generation kept (it never holds a slot of the policy)
+        doomed += [t for t in self._torn_steps() if keep and t < min(keep)]
+        left = []
+        for s in list(doomed):
+            foreign = [n for n in (step_name(s), step_name(s) + ".old") if os.path.lexists(self.root / n)
+                       and not T.GENERATION.is_own(self.root / n)]
+            if foreign:
+                if warn:
+                    log.warning("not pruning generation %d under %s: %s is not a tqstore checkpoint", s, self.root,
+                                foreign)
+                doomed.remove(s)
+                left.append(s)
+        return sorted(doomed), sorted(left)
+
     def _prune(self, also_keep: Iterable[int]) -> List[int]:
         """:meth:`prune`, keeping the steps ``also_keep`` too (a save's own)."""
         deleted = []
@@ -312,21 +341,7 @@ class CheckpointManager:
                     log.info("restoring %s left by an interrupted replacement", name)
                     files.rename(self.root / name, self.root / name[:-4])
                     files.fsync_dir(self.root)
-            steps = self.steps()
-            keep = self.policy.keep(steps) | frozenset(also_keep)
-            valid = [v for v in self._known_valid if v in steps]
-            if valid:  # the newest generation known to verify stays (the policy's may be damaged)
-                keep |= {max(valid)}
-            doomed = [s for s in steps if s not in keep]
-            # a torn one goes once it is older than every generation kept (it never holds a slot of the policy)
-            doomed += [t for t in self._torn_steps() if keep and t < min(keep)]
-            for s in list(doomed):
-                foreign = [n for n in (step_name(s), step_name(s) + ".old") if os.path.lexists(self.root / n)
-                           and not T.GENERATION.is_own(self.root / n)]
-                if foreign:
-                    log.warning("not pruning generation %d under %s: %s is not a tqstore checkpoint", s, self.root,
-                                foreign)
-                    doomed.remove(s)
+            doomed, _foreign = self._plan(also_keep, warn=True)
             for s in doomed:
                 for name in (step_name(s), step_name(s) + ".old"):
                     p = self.root / name
