@@ -289,19 +289,65 @@ def test_compact_rewrites_mostly_dead_segments_and_keeps_the_data(tmp_path, as_j
     assert run("verify", tmp_path / "s")[0] == EXIT_OK
 
 
-def test_verify_of_a_store_whose_open_dropped_rows_of_a_missing_segment_is_not_clean(tmp_path):
-    """Verify opens the store, and the open's crash recovery takes a missing sealed segment
-    for power-loss debris and marks its rows' fields not produced: verify reports what it
-    dropped (exit 1) instead of calling the repaired store clean."""
-    with tqstore.open(tmp_path / "s", num_units=1, segment_bytes=65536) as s:
-        for i in range(8):  # (a segment fills and is sealed every few batches)
+def _store_with_sealed_segments(tmp_path):
+    with tqstore.open(tmp_path / "s", num_units=2, segment_bytes=65536) as s:
+        for i in range(16):  # (a segment fills and is sealed every few batches)
             fill(s, "train", 40, start=40 * i)
+        want = state(s)
         segs = sorted((s.state_dir / "unit-000").glob("seg-*.tqs"))
     assert len(segs) > 2
-    segs[1].unlink()  # a sealed one
-    code, out, err = run("verify", tmp_path / "s")
+    return want, segs
+
+
+def _files(d):
+    return sorted((str(p.relative_to(d)), p.stat().st_size) for p in d.rglob("*") if p.is_file() and p.name != "LOCK")
+
+
+@pytest.mark.parametrize("damage", ["missing segment", "truncated segment", "missing unit"])
+def test_verify_and_compact_report_files_an_open_would_take_for_lost_and_change_nothing(tmp_path, damage):
+    """Verify and compact opened the store, whose crash recovery took a missing or truncated
+    segment file (or a whole missing unit directory) for power-loss debris and forgot those
+    rows' fields for good: compact then said "compacted" (exit 0) and a second verify "ok".
+    Both now report the files without opening the store; nothing is changed, so putting the
+    files back recovers everything; ``verify --repair`` accepts the loss."""
+    want, segs = _store_with_sealed_segments(tmp_path)
+    unit1 = segs[0].parent.parent / "unit-001"
+    aside = tmp_path / "aside"
+    if damage == "missing segment":
+        shutil.move(segs[1], aside)
+    elif damage == "truncated segment":
+        shutil.copy(segs[1], aside)
+        with open(segs[1], "r+b") as f:
+            f.truncate(segs[1].stat().st_size // 2)
+    else:
+        shutil.move(unit1, aside)
+    before = _files(tmp_path / "s")
+    for argv in (["verify"], ["verify", "--json"], ["compact"], ["compact", "--json"]):
+        code, out, err = run(*argv, tmp_path / "s")
+        assert code == EXIT_DAMAGED and "nothing was changed" in out + err, (argv, out, err)
+        assert {"missing segment": "is missing", "truncated segment": "(truncated)",
+                "missing unit": "unit 1: its directory"}[damage] in out + err
+        assert _files(tmp_path / "s") == before  # nothing changed
+        if "--json" in argv:
+            doc = json.loads(out)
+            assert doc["ok"] is False and (doc.get("problems") or doc.get("error"))
+    if damage != "missing unit":  # put back, the store is whole: nothing was lost
+        shutil.move(aside, segs[1]) if damage == "missing segment" else shutil.copy(aside, segs[1])
+        assert run("verify", tmp_path / "s")[0] == EXIT_OK
+        with tqstore.open(tmp_path / "s") as s:
+            assert state(s) == want
+        return
+    code, out, err = run("verify", "--repair", tmp_path / "s")  # the loss accepted: reported once, then clean
     assert code == EXIT_DAMAGED and "at open:" in out and "lost fields" in out, (out, err)
-    assert run("verify", tmp_path / "s")[0] == EXIT_OK  # (the open's repair is done: the store is clean now)
+    assert run("verify", tmp_path / "s")[0] == EXIT_OK
+
+
+def test_verify_repair_reports_what_the_open_dropped_of_a_missing_segment(tmp_path):
+    _, segs = _store_with_sealed_segments(tmp_path)
+    segs[1].unlink()
+    code, out, err = run("verify", "--repair", tmp_path / "s")
+    assert code == EXIT_DAMAGED and f"segment files [{int(segs[1].stem.split('-')[1])}] are missing" in out, out
+    assert "lost fields" in out
 
 
 def test_compact_and_verify_of_a_store_open_in_another_process_exit_2(tmp_path):

@@ -99,14 +99,19 @@ def build_parser() -> argparse.ArgumentParser:
              "file's presence, size and CRC32C, no unlisted files and (unless --quick) the indexes and every "
              "indexed frame against its CRC32C. A generation root: every generation (one without MANIFEST.json "
              "counts as damaged). A store: walks its index files in a child process (a damaged LMDB page is "
-             "reported, not fatal), then opens it (its crash recovery runs and repairs it, as at any open, so "
-             "what recovery dropped is reported by the first verify only; it must not be open elsewhere), checks "
-             "every stored frame and decodes the controller's index. A dump: every shard "
+             "reported, not fatal) and looks for files its open would take for lost (a missing unit directory "
+             "or segment file, a truncated segment: reported, nothing changed, unless --repair); then opens it "
+             "(it must not be open elsewhere; its crash recovery runs as at any open, and with --repair what it "
+             "dropped is reported, by that run only), checks every stored frame and decodes the controller's "
+             "index. A dump: every shard "
              "frame. One line per problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
     v.add_argument("path", help="a store, a checkpoint, a CheckpointManager root or a dump directory")
     v.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     v.add_argument("--quick", action="store_true", help="checkpoints: the manifest and each file's size and "
                                                         "CRC32C only (not the indexes or frames)")
+    v.add_argument("--repair", action="store_true", help="stores: open the store even when its open drops data "
+                                                         "as lost (missing or truncated files): the loss is "
+                                                         "accepted for good, and reported")
 
     ls = _add(sub, "ls", "list a root's generations, a checkpoint's files, a store's partitions or a dump's keys",
               "List the generations under a CheckpointManager root (step, size, time written, valid: each is "
@@ -135,7 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--json", action="store_true", help="print a JSON report on stdout")
 
     c = _add(sub, "compact", "rewrite the mostly-dead segments of a store and merge small ones",
-             "Open the store (it must not be open in another process) and rewrite the live frames of sealed "
+             "Open the store (it must not be open in another process; one whose open would drop data as lost, "
+             "a missing unit directory or segment file or a truncated segment, is refused, nothing changed: "
+             "exit 1) and rewrite the live frames of sealed "
              "segments whose live bytes are below --live-ratio of their size, and of small segments (less live "
              "data than 1/16 of the segment size) when a unit has two or more, then unlink those segments. "
              "Acknowledged data is kept; segments a checkpoint hard-linked stay valid in the checkpoint.",

@@ -1,24 +1,27 @@
 """``prune`` and ``compact`` of ``python -m tqstore``: the two commands that change files.
 
-* ``prune ROOT --keep N`` deletes the generations beyond the newest ``N`` of a
-  CheckpointManager root, through :meth:`CheckpointManager.prune` (under the root's
-  exclusive lock, deleting nothing if the root no longer looks like a root), and never
-  the newest generation that verifies: the generations are verified from the newest down
-  first, and that one is kept even when it is older than the newest ``N``.  With no
-  generation that verifies nothing is deleted (exit 1); a root with no generations at all
-  (a manager that has not saved yet) has nothing to prune (exit 0).
+* ``prune ROOT --keep N`` deletes the generations of a CheckpointManager root older than the
+  newest ``N`` that verify, through :meth:`CheckpointManager.prune` (under the root's
+  exclusive lock, deleting nothing if the root no longer looks like a root): the
+  generations are verified from the newest down first, until ``N`` verify; newer damaged
+  ones are kept too (and named), holding no slot of the ``N``.  With no generation that
+  verifies nothing is deleted (exit 1); a root with no generations at all (a manager that
+  has not saved yet) has nothing to prune (exit 0).
 * ``compact STORE`` opens the store (it must not be open in another process) and rewrites
   the live frames of mostly-dead sealed segments and of small ones, then unlinks them
-  (:meth:`Store.compact`).
+  (:meth:`Store.compact`).  A store whose open would drop data as lost (a missing unit
+  directory or segment file, a truncated segment) is refused first, nothing changed (exit
+  1); what the open's crash recovery dropped all the same is reported (exit 1).
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Dict, TextIO
 
 from .checkpoint.target import ROOT_LOCK_NAME
-from .cli_inspect import newest_valid_steps, root_doc
+from .cli_inspect import LostDataWarnings, newest_valid_steps, root_doc
 from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, not_a_target, open_store, to_json
 
 
@@ -83,13 +86,22 @@ def cmd_compact(args, out: TextIO, err: TextIO) -> int:
     if not 0.0 < args.live_ratio <= 1.0:
         err.write(f"error: --live-ratio must be in (0, 1], got {args.live_ratio}\n")
         return EXIT_USAGE
-    with open_store(path, "compact") as s:
-        before = sum(u["segment_bytes"] for u in store_units(path))
-        n = s.compact(live_ratio=args.live_ratio)
+    seen, logger = LostDataWarnings(), logging.getLogger("tqstore")
+    logger.addHandler(seen)
+    try:  # (files its open would take for lost are refused before it: nothing changed)
+        with open_store(path, "compact") as s:
+            before = sum(u["segment_bytes"] for u in store_units(path))
+            n = s.compact(live_ratio=args.live_ratio)
+    finally:
+        logger.removeHandler(seen)
     after = sum(u["segment_bytes"] for u in store_units(path))
-    doc = {"path": str(path), "segments_compacted": n, "bytes_before": before, "bytes_after": after}
+    lost = [f"at open: {m}" for m in seen.lines]  # (what its crash recovery dropped all the same)
+    doc = {"path": str(path), "ok": not lost, "segments_compacted": n, "bytes_before": before, "bytes_after": after,
+           "problems": lost}
     if args.json:
         out.write(to_json(doc, indent=1) + "\n")
     else:
         out.write(f"compacted {n} segment(s): {human(before)} -> {human(after)} of segment files\n")
-    return EXIT_OK
+        for m in lost:
+            out.write(f"    {m}\n")
+    return EXIT_DAMAGED if lost else EXIT_OK

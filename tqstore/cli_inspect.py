@@ -15,8 +15,8 @@ import threading
 from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
-from .cli_util import (EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, Progress, dump_function, human, kind_of, not_a_target,
-                       open_store, to_json, walk_store_indexes, when)
+from .cli_util import (EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, LOSS_HINT, Progress, dump_function, human, kind_of,
+                       not_a_target, open_store, to_json, walk_store_indexes, when)
 from .errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 
 
@@ -70,7 +70,7 @@ def _gone(m: Any, step: int) -> bool:
     return not os.path.lexists(p) and not os.path.lexists(str(p) + ".old")
 
 
-class _Warnings(logging.Handler):
+class LostDataWarnings(logging.Handler):
     """The messages of the tqstore logger that report data an open's crash recovery dropped
     (marked ``tqstore_lost_data``), from this thread, while it is attached."""
 
@@ -84,26 +84,43 @@ class _Warnings(logging.Handler):
             self.lines.append(record.getMessage())
 
 
-def _verify_store(path: Path, out: TextIO, as_json: bool) -> int:
-    """Verify a store; what its open's crash recovery dropped (rows of missing or short
-    segment files, fields rows lost) counts as problems too: the open repaired the store by
-    dropping what it could not read, so verify must not then call it clean."""
-    seen, logger = _Warnings(), logging.getLogger("tqstore")
+def _verify_store(path: Path, out: TextIO, as_json: bool, repair: bool = False) -> int:
+    """Verify a store.  Files its open would take for lost (a missing unit directory or
+    segment file, a truncated segment: :func:`~tqstore.store_check.data_problems`) are
+    reported without opening it, nothing changed, unless ``repair``; then the open's crash
+    recovery drops what it cannot read and what it dropped counts as problems too (verify
+    must not then call the store clean)."""
+    from .store_check import data_problems
+
+    walk_store_indexes(path, units=True)
+    lost = [] if repair else data_problems(path)
+    if lost:
+        return _store_report(out, as_json, path, None, lost, hint=f"nothing was changed. {LOSS_HINT}")
+    seen, logger = LostDataWarnings(), logging.getLogger("tqstore")
     logger.addHandler(seen)
     try:
-        with open_store(path, "verify") as s:
+        with open_store(path, "verify", repair=True) as s:
             opened = [f"at open: {m}" for m in seen.lines]
             problems = opened + s.verify()
             units = len(s.units)
     finally:
         logger.removeHandler(seen)
+    return _store_report(out, as_json, path, units, problems)
+
+
+def _store_report(out: TextIO, as_json: bool, path: Path, units: Optional[int], problems: List[str],
+                  hint: Optional[str] = None) -> int:
     if as_json:
-        out.write(to_json({"path": str(path), "kind": "store", "ok": not problems, "num_units": units,
-                              "problems": problems}, indent=1) + "\n")
+        doc = {"path": str(path), "kind": "store", "ok": not problems, "num_units": units, "problems": problems}
+        if hint:
+            doc["hint"] = hint
+        out.write(to_json(doc, indent=1) + "\n")
     elif problems:
         out.write(f"BAD {path}: {len(problems)} problem(s)\n")
         for p in problems:
             out.write(f"    {p}\n")
+        if hint:
+            out.write(f"{hint}\n")
     else:
         out.write(f"ok  {path}: store with {units} units, every stored frame checked against its CRC32C, its "
                   f"controller index decoded\n")
@@ -134,7 +151,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
     path = Path(args.path).absolute()
     kind = kind_of(path)
     if kind == "store":
-        return _verify_store(path, out, args.json)
+        return _verify_store(path, out, args.json, repair=args.repair)
     if kind == "dump":
         return _verify_dump(path, out, args.json, args.quick)
     if kind == "checkpoint":

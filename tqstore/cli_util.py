@@ -174,14 +174,21 @@ class CliUsage(Exception):
     """Raised inside a command: report the message and exit 2 (usage)."""
 
 
-def open_store(path: Path, what: str):
+def open_store(path: Path, what: str, *, repair: bool = False):
     """``tqstore.open(path)`` for ``verify`` / ``compact``: a store held by another process
     raises :class:`CliUsage`; a store that cannot be opened otherwise (a damaged
-    controller or unit index, a bad descriptor) raises :class:`CliDamaged`."""
+    controller or unit index, a bad descriptor), or, unless ``repair``, whose open would drop
+    data as lost (:func:`tqstore.store_check.data_problems`: nothing is changed), raises
+    :class:`CliDamaged`."""
     import tqstore
     from .errors import CorruptionError, StorageIOError, TqstoreError
+    from .store_check import data_problems
 
     walk_store_indexes(path, units=True)
+    lost = [] if repair else data_problems(path)
+    if lost:
+        more = f" (and {len(lost) - 1} more: `verify` lists them)" if len(lost) > 1 else ""
+        raise CliDamaged(f"cannot {what} {path}: {lost[0]}{more}; nothing was changed. {LOSS_HINT}")
     try:
         return tqstore.open(path)
     except StorageIOError as e:
@@ -190,6 +197,12 @@ def open_store(path: Path, what: str):
         raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e
     except (CorruptionError, TqstoreError) as e:
         raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e
+
+
+#: what to do about data_problems (files of a store an open would take for lost)
+LOSS_HINT = ("Put the files back if you have them; else load the store's last checkpoint into a new store, or "
+             "accept the loss with `python -m tqstore verify --repair STORE` (the open then forgets the fields "
+             "those bytes held, as after a power loss)")
 
 
 def walk_store_indexes(path: Path, *, units: bool) -> None:

@@ -6,15 +6,24 @@ LMDB follows the page numbers it finds in its file: a damaged page makes the rea
 :func:`index_walk_problems` has a child process walk them (:mod:`tqstore._io.lmdbwalk`: every
 entry of every database, checked against the file's schema); a crash of the child is a
 problem of the file it walked.  A store open in another process is not walked: its indexes
-are live, and the walk takes no reader slot.
+are live, and the walk takes no reader slot.  :func:`data_problems` then reads (only) what
+an open's crash recovery would drop: a unit directory or segment file that is missing, a
+segment shorter than its unit index records.
 """
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 from typing import List, Tuple
 
+import lmdb
+
 from . import layout_dirs as L
+from ._format import unit_records as UR
+from ._format.segment import segment_name
 from ._io import locks
+from ._io.lmdbenv import open_env
 from ._io.lmdbwalk import LmdbWalk
 
 
@@ -41,4 +50,64 @@ def index_walk_problems(root: Path, *, units: bool) -> List[Tuple[str, str]]:
         locks.unlock(fd)
 
 
-__all__ = ["index_walk_problems"]
+def data_problems(root: Path) -> List[str]:
+    """What opening the store at ``root`` would drop as lost, found without changing
+    anything: a unit directory that is missing, a segment file its unit index records that
+    is missing or shorter than recorded (an open's crash recovery takes these for a power
+    loss's torn writes and forgets the rows' fields those bytes held, for good).  Empty when
+    there is none, when the store is open elsewhere (its ``LOCK`` held) or has no state yet.
+    Call after :func:`index_walk_problems` found the unit indexes sound (they are mapped
+    here).  Raises nothing for damage; a unit index that cannot be read is left to the open."""
+    d, cur = L.read_store_file(root), L.read_current(root)
+    if d is None or cur is None or not (root / cur).is_dir():
+        return []
+    try:
+        fd = locks.lock_exclusive_nowait(root / "LOCK")
+    except OSError:
+        return []
+    try:
+        out: List[str] = []
+        for i in range(int(d.get("num_units") or 0)):
+            out += _unit_problems(L.unit_dir(root / cur, i), i)
+        return out
+    finally:
+        locks.unlock(fd)
+
+
+def _unit_problems(unit: Path, i: int) -> List[str]:
+    if not unit.is_dir():
+        return [f"unit {i}: its directory {unit} is missing (an open recreates it empty: every field its rows "
+                f"held is lost)"]
+    if not (unit / "index" / "data.mdb").is_file():
+        return []  # (the open refuses a unit with segments and no index; an empty one lost nothing)
+    try:
+        env = open_env(unit / "index", max_dbs=8, readonly=True, create=False)
+    except Exception:  # noqa: BLE001 - the open reports it
+        return []
+    out = []
+    try:
+        with env.begin() as txn:
+            try:
+                db = env.open_db(b"segs", txn=txn, create=False)
+            except lmdb.NotFoundError:
+                return []
+            for k, v in txn.cursor(db):
+                seg, size = UR.decode_seg_key(k), UR.SegInfo.unpack(v).size
+                p = unit / segment_name(seg)
+                try:
+                    st = os.lstat(p)
+                except FileNotFoundError:
+                    out.append(f"unit {i}: segment file {p.name} is missing (its index records {size} bytes)")
+                    continue
+                have = st.st_size
+                if stat.S_ISREG(st.st_mode) and have < size:  # (anything else: the open names it)
+                    out.append(f"unit {i}: segment file {p.name} holds {have} bytes, its index records {size} "
+                               f"(truncated)")
+    except (lmdb.Error, UR.RecordError, OSError):
+        return out  # (the open reports what is wrong with the index)
+    finally:
+        env.close()
+    return out
+
+
+__all__ = ["index_walk_problems", "data_problems"]

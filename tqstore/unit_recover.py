@@ -12,7 +12,7 @@ import os
 import stat
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Tuple
+from typing import TYPE_CHECKING, Dict, Sequence, Tuple
 
 import lmdb
 
@@ -107,14 +107,16 @@ def recover(unit: "Unit") -> None:
         if seg_id not in segs:
             log.info("unit %d: removing segment %s not named by the index", unit.unit_id, name)
             files.unlink(unit.path / name)
-    short = {}
+    short, missing = {}, []
     for seg_id, info in segs.items():
         p = unit.path / segment_name(seg_id)
         size = p.stat().st_size if p.exists() else -1
         if size < info.size:
             short[seg_id] = max(size, 0)
+            if size < 0:
+                missing.append(seg_id)
     if short:
-        drop_entries_past(unit, short)
+        drop_entries_past(unit, short, missing=missing)
         segs = unit._load_segs()
     check_segment_headers(unit, segs)
     active = [s for s, i in segs.items() if not i.sealed]
@@ -153,9 +155,15 @@ def check_segment_headers(unit: "Unit", segs: Dict[int, SegInfo]) -> None:
         except (OSError, CorruptionError) as e:
             log.warning("unit %d: segment header of %s does not check: %s", unit.unit_id, p.name, e)
 
-def drop_entries_past(unit: "Unit", short: Dict[int, int]) -> None:
-    log.warning("unit %d: segments %s are shorter than recorded (power loss?); dropping the rows "
-                "past their end", unit.unit_id, sorted(short), extra={"tqstore_lost_data": True})
+def drop_entries_past(unit: "Unit", short: Dict[int, int], *, missing: Sequence[int] = ()) -> None:
+    """Drop the index entries past the end of each segment of ``short`` (segment -> its size
+    on disk; ``missing``: those of them whose file is gone)."""
+    gone = sorted(missing)
+    torn = sorted(s for s in short if s not in set(gone))
+    what = "; ".join(x for x in (f"segments {torn} are shorter than recorded" if torn else "",
+                                 f"segment files {gone} are missing" if gone else "") if x)
+    log.warning("unit %d: %s (power loss?); dropping the rows past their end", unit.unit_id, what,
+                extra={"tqstore_lost_data": True})
     with unit.env.begin(write=True) as txn:
         cur = txn.cursor(unit.db_loc)
         drop = [k for k, v in cur if Loc.unpack(v).seg in short
