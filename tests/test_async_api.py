@@ -532,3 +532,21 @@ def test_reads_and_fetches_never_queue_behind_puts_waiting_for_the_write_lock(st
     assert got["prompt"].shape[0] == 2 and read_s < 2.0, read_s
     assert waiting  # the puts were waiting for the lock all along
     assert len(store.get_consumption_status("any", "w")[1]) == 8  # and all 4 puts landed after it
+
+
+def test_a_bad_async_workers_setting_is_a_config_error_naming_it(monkeypatch):
+    """TQSTORE_ASYNC_WORKERS=abc raised a bare ValueError from int() at the first async call."""
+    from tqstore import _executor
+
+    _executor.shutdown()  # (the pools are made at first use: the next call reads the variable)
+    tq.init({})
+    try:
+        for bad in ("abc", "0", "-1"):
+            monkeypatch.setenv("TQSTORE_ASYNC_WORKERS", bad)
+            with pytest.raises(tq.ConfigError, match="TQSTORE_ASYNC_WORKERS"):
+                asyncio.run(tq.async_kv_list())
+        monkeypatch.setenv("TQSTORE_ASYNC_WORKERS", "2")
+        assert asyncio.run(tq.async_kv_list()) == {}
+    finally:
+        tq.close()
+        _executor.shutdown()

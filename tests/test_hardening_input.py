@@ -505,3 +505,14 @@ def test_a_manifest_that_cannot_be_read_is_damage_naming_its_path_for_the_api_an
     for cmd in ("inspect", "verify"):
         code, out, err = _cli(cmd, tmp_path / "ck")
         assert code == EXIT_DAMAGED and "MANIFEST.json" in out + err and "Traceback" not in out + err, (cmd, out, err)
+
+
+@pytest.mark.parametrize("tag", [b"x", {"r": b"x"}, {"r": np.zeros(2)}, [torch.ones(1)]])
+def test_a_tag_that_cannot_be_stored_is_refused_in_words_about_tags(tmp_path, tag):
+    """The refusal spoke of non-tensor fields ("bytes (a whole row)", "not inside a list"),
+    which a tag never takes."""
+    with tqstore.open(tmp_path / "s", num_units=1) as s:
+        with pytest.raises(tqstore.UnsupportedTypeError, match="in a tag: a tag holds") as e:
+            s.kv_put("k", "p", fields={"x": torch.zeros(1, 2)}, tag=tag)
+        assert "whole row" not in str(e.value)
+        assert s.kv_list() == {}

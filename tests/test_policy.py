@@ -38,8 +38,16 @@ def test_the_interval_minimises_daly_s_expected_overhead():
 
 
 @pytest.mark.parametrize("args", [(-1, 10), (1, 0), (1, -5), (1, float("inf")), (float("nan"), 10), ("a", 10),
-                                  (1, 10, -1)])
+                                  (1, 10, -1), ("2.5", 3600), (2.5, "3600"), (True, 3600), (1, 3600, b"1")])
 def test_bad_arguments_raise_value_errors(args):
     with pytest.raises(InvalidInputError):
         checkpoint_interval(*args)
     assert issubclass(InvalidInputError, ValueError)
+
+
+def test_young_and_the_overhead_refuse_text_and_bools_too():
+    """float() took "  2.5e0 " and True (1) as numbers: the README says non-numeric raises."""
+    with pytest.raises(InvalidInputError):
+        young_interval(True, 3600.0)
+    with pytest.raises(InvalidInputError):
+        expected_overhead(60.0, 1.0, True)

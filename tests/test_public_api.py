@@ -27,6 +27,7 @@ EXPECTED = {
     "BaseSampler", "SequentialSampler", "GRPOGroupNSampler", "RankAwareSampler", "RandomSampler",
     # checkpoints
     "save_checkpoint", "load_checkpoint", "CheckpointManager", "verify_checkpoint",
+    "CheckpointFallbackWarning",  # (named in the README: filterwarnings(category=tq.CheckpointFallbackWarning))
     # selective dump and restore by key (issue 10)
     "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load",
     # how often to checkpoint (tqstore.policy)

@@ -27,7 +27,7 @@ from .async_api import (
     async_kv_batch_get, async_kv_batch_get_by_meta, async_kv_batch_put, async_kv_clear, async_kv_list, async_kv_put,
 )
 from .client import AsyncTransferQueueClient, TransferQueueClient
-from .checkpoint import CheckpointManager, verify_checkpoint
+from .checkpoint import CheckpointFallbackWarning, CheckpointManager, verify_checkpoint
 from .errors import (
     CapacityError, CheckpointError, CheckpointNotFoundError, ConfigError, CorruptionError, FieldNotFoundError,
     FormatVersionError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionKeysNotFoundError, PartitionNotFoundError,
@@ -78,7 +78,7 @@ __all__ = [
     "get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
     "get_production_status", "check_consumption_status", "check_production_status", "reset_consumption",
     "get_partition_list", "save_checkpoint", "load_checkpoint",
-    "CheckpointManager", "verify_checkpoint",
+    "CheckpointManager", "CheckpointFallbackWarning", "verify_checkpoint",
     # selective dump and restore (issue 10)
     "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load",
     "checkpoint_interval", "young_interval", "expected_overhead",

@@ -24,6 +24,8 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, Dict
 
+from .errors import ConfigError
+
 _lock = threading.Lock()
 _pools: Dict[str, ThreadPoolExecutor] = {}
 LANES = ("read", "write")
@@ -42,6 +44,19 @@ def lane_of(name: str) -> str:
     return "read" if name in READ_CALLS else "write"
 
 
+def _workers() -> int:
+    """``TQSTORE_ASYNC_WORKERS`` (default 4).  Raises ConfigError for anything but an integer >= 1."""
+    raw = os.environ.get("TQSTORE_ASYNC_WORKERS", "4")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ConfigError(f"TQSTORE_ASYNC_WORKERS must be an integer >= 1 (threads per lane of the async calls), "
+                          f"got {raw!r}")
+    return n
+
+
 def pool(lane: str = "write") -> ThreadPoolExecutor:
     """The shared pool of ``lane`` (created on first use)."""
     if lane not in LANES:
@@ -49,7 +64,7 @@ def pool(lane: str = "write") -> ThreadPoolExecutor:
     with _lock:
         p = _pools.get(lane)
         if p is None:
-            workers = max(1, int(os.environ.get("TQSTORE_ASYNC_WORKERS", "4")))
+            workers = _workers()
             prefix = "tqstore-async" if lane == "write" else "tqstore-async-read"
             p = _pools[lane] = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
         return p

@@ -73,7 +73,7 @@ def plan_put(c, pid: str, columns: Sequence[Column], keys, gidxs, n_new: int, ta
         if len(tags) != n:
             raise InvalidInputError(f"{len(tags)} tags for {n} rows")
         try:
-            tags = [check_value(t) for t in tags]
+            tags = [check_value(t, tag=True) for t in tags]
         except InvalidInputError as e:  # UnsupportedTypeError included
             raise type(e)(f"tags: {e}") from None
     for col in columns:

@@ -21,6 +21,8 @@ __all__ = ["checkpoint_interval", "young_interval", "expected_overhead"]
 
 
 def _positive(name: str, v: float, *, zero_ok: bool = False) -> float:
+    if isinstance(v, (str, bytes, bytearray, bool)):  # (float() would parse "2.5", and True is 1)
+        raise InvalidInputError(f"{name} must be a number of seconds, got {v!r}")
     try:
         f = float(v)
     except (TypeError, ValueError) as e:

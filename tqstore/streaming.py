@@ -52,7 +52,7 @@ _POLL_S = 0.05
 def check_tags(tags: Sequence[Any]) -> List[Any]:
     """Each of ``tags`` checked as a put checks a tag (normalised for JSON).  Raises
     UnsupportedTypeError / InvalidInputError for the first that cannot be stored."""
-    return [check_value(t) for t in tags]
+    return [check_value(t, tag=True) for t in tags]
 
 
 def _field_list(fields: Union[None, str, Sequence[str]], what: str = "select_fields") -> Optional[List[str]]:

@@ -44,8 +44,9 @@ def check_str(s: str, what: str = "a string") -> str:
     return s
 
 
-def check_value(value: Any, _depth: int = 0) -> Any:
-    """Return ``value`` normalised for JSON (numpy scalars → Python) or raise.
+def check_value(value: Any, _depth: int = 0, *, tag: bool = False) -> Any:
+    """Return ``value`` normalised for JSON (numpy scalars → Python) or raise (``tag``: the
+    value is a row's tag, which holds no bytes at all: the messages say so).
 
     Raises:
         UnsupportedTypeError: for any type outside the accepted set, non-str dict keys,
@@ -63,9 +64,9 @@ def check_value(value: Any, _depth: int = 0) -> Any:
     if isinstance(value, float):
         return value
     if isinstance(value, np.generic) and value.shape == () and not isinstance(value, np.void):
-        return check_value(value.item(), _depth)
+        return check_value(value.item(), _depth, tag=tag)
     if isinstance(value, (list, tuple)):
-        return [check_value(v, _depth + 1) for v in value]
+        return [check_value(v, _depth + 1, tag=tag) for v in value]
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
@@ -73,8 +74,12 @@ def check_value(value: Any, _depth: int = 0) -> Any:
                 raise UnsupportedTypeError(
                     f"dict keys of non-tensor values must be str, got {type(k).__name__} key {k!r}"
                 )
-            out[check_str(k, "a dict key")] = check_value(v, _depth + 1)
+            out[check_str(k, "a dict key")] = check_value(v, _depth + 1, tag=tag)
         return out
+    if tag:
+        raise UnsupportedTypeError(
+            f"cannot store a value of type {type(value).__name__} in a tag: a tag holds str, int, float, bool, None "
+            f"and lists/dicts of these (no bytes, tensors or arrays: put those in a field)")
     if isinstance(value, (bytes, bytearray)):
         raise UnsupportedTypeError("bytes are stored as a whole row value only, not inside a list or dict "
                                    "(tqstore never pickles); store them in a field of their own")
