@@ -3,6 +3,7 @@ random, and a user-defined one; their state lives in the controller and survives
 """
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -401,6 +402,20 @@ def test_seqlen_sampler_keeps_grpo_groups_whole_when_a_rank_runs_ahead_past_an_u
         for share in (first, other, ahead):
             assert len(share) == 2 and share[0] // 2 == share[1] // 2, f"{share} is not one prompt's group"
         assert ahead in ([4, 5], [8, 9])
+
+
+@pytest.mark.parametrize("rank", [2, -1, "0", 1.0, True])
+def test_seqlen_sampler_refuses_a_rank_past_its_dp_size_at_once_and_sets_nothing_aside(tmp_path, rank):
+    """A rank past dp_size (dp_size left at 1, say) got an empty batch at every fetch, so it
+    waited forever, and each fetch set rows aside that reordered the real ranks' batches."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=2, dp_size=2))
+        s.put({"x": torch.arange(8).view(8, 1)}, partition_id="p")
+        with pytest.raises(tq.InvalidInputError, match=r"dp_rank must be an int in \[0, 2\)"):
+            s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": rank, "batch_index": 0})
+        got = s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": 0})
+        assert len(got.global_indexes) == 2 and int(s.get_consumption_status("t", "p")[1].sum()) == 2
+    assert tq.SeqlenBalancedSampler(dp_size=2).check_rank(np.int64(1)) == 1
 
 
 def test_seqlen_sampler_balances_the_groups_of_a_per_call_group_size(tmp_path):

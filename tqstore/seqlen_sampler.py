@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import heapq
 import logging
+import operator
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import ConfigError
+from .errors import ConfigError, InvalidInputError
 from .samplers import GRPOGroupNSampler, SampleResult, SeqsInOrder, register_sampler
 
 log = logging.getLogger("tqstore")
@@ -169,12 +170,30 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
 
     def check_batch_size(self, batch_size: int, cfg: Dict[str, Any]) -> None:
         """As :meth:`GRPOGroupNSampler.check_batch_size`, of the ``batch_size * dp_size`` rows
-        a fetch chooses for all the ranks."""
+        a fetch chooses for all the ranks; and ``cfg``'s ``dp_rank`` must be one of the
+        ``dp_size`` ranks (:meth:`check_rank`)."""
+        self.check_rank(cfg.get("dp_rank"))
         self._check_group_multiple(batch_size * self.dp_size, cfg)
+
+    def check_rank(self, dp_rank: Any) -> int:
+        """``dp_rank`` (None: 0) as an int in ``[0, dp_size)``, else InvalidInputError: a rank
+        past ``dp_size`` (``dp_size`` left at its default of 1, say) got an empty batch at every
+        fetch, waiting forever, while its fetches set rows aside that no rank then fetched."""
+        if dp_rank is None:
+            return 0
+        try:
+            r = operator.index(dp_rank) if not isinstance(dp_rank, bool) else -1
+        except TypeError:
+            r = -1
+        if not 0 <= r < self.dp_size:
+            raise InvalidInputError(f"SeqlenBalancedSampler(dp_size={self.dp_size}): dp_rank must be an int in "
+                                    f"[0, {self.dp_size}), got {dp_rank!r} (set dp_size to the number of "
+                                    f"data-parallel ranks)")
+        return r
 
     def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=0,
                batch_index=0, ready_tags=None, **kwargs) -> SampleResult:
-        dp_rank = 0 if dp_rank is None else dp_rank
+        dp_rank = self.check_rank(dp_rank)
         batch_index = 0 if batch_index is None else batch_index
         hit = self._cached(partition_id, task_name, dp_rank, batch_index)
         if hit is not None:
