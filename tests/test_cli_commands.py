@@ -516,6 +516,23 @@ def test_every_json_failure_answers_in_json_on_stdout(tmp_path, command):
         assert doc["error"] and doc["error"] in err
 
 
+@pytest.mark.parametrize("argv", [["prune", "--keep", "x", "--json", "ROOT"], ["verify", "--json"],
+                                  ["ls", "--json", "--nope", "ROOT"]])
+def test_usage_errors_of_the_argument_parser_answer_in_json_too(tmp_path, argv):
+    """argparse's errors wrote nothing on stdout with --json (and went to the process's stderr
+    whatever stream main was given)."""
+    code, out, err = run(*[str(tmp_path) if a == "ROOT" else a for a in argv])
+    assert code == EXIT_USAGE
+    doc = json.loads(out)
+    assert doc == {"ok": False, "exit": EXIT_USAGE, "error": doc["error"]} and doc["error"] in err and "usage:" in err
+
+
+def test_a_json_failure_keeps_a_message_that_holds_a_newline_whole(tmp_path):
+    target = tmp_path / "new\nline"
+    code, out, err = run("inspect", target, "--json")
+    assert code != 0 and json.loads(out)["error"] == err[len("error: "):].rstrip("\n") and "line" in json.loads(out)["error"]
+
+
 def test_ls_of_a_dump_or_store_shows_one_line_per_key_whatever_the_key_holds(tmp_path):
     """A key with a newline (or a partition id with a tab) would split or blur a listing
     line: such names are shown as JSON strings, one line each; plain names as they are."""

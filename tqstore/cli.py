@@ -12,13 +12,15 @@ Commands (each takes ``--json`` for a machine-readable report on stdout):
 * ``compact STORE``     — rewrite mostly-dead segments of a store and merge small ones.
 
 Exit status: 0 clean, 1 damaged or unreadable, 2 usage (bad arguments, or a path that is
-not what the command works on).  Errors are one line on stderr, never a traceback.  A
+not what the command works on), 141 the reader of the output went away.  Errors are one line on stderr, never a traceback.  A
 progress bar is drawn on stderr for long checks only when it is a terminal (tqdm when
 installed: the ``progress`` extra).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import sys
 from typing import Callable, Dict, Optional, Sequence, TextIO
@@ -51,7 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  python -m tqstore ls run/generations\n"
                "  python -m tqstore verify run/generations --json\n"
                "  python -m tqstore prune run/generations --keep 3\n\n"
-               "Exit status: 0 clean, 1 damaged or unreadable, 2 usage error. Errors are one line on stderr.")
+               "Exit status: 0 clean, 1 damaged or unreadable, 2 usage error, 141 the reader of the output went "
+               "away (| head). Errors are one line on stderr; with --json a failing command also writes "
+               "{\"ok\": false, \"exit\": N, \"error\": ...} on stdout.")
     p.add_argument("--version", action="version", version=f"tqstore {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{demo,inspect,verify,ls,prune,compact}")
 
@@ -173,10 +177,20 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
 
         return cmd_demo_loop(argparse.Namespace(config=argv[1]), out, err)
     parser = build_parser()
+    said = io.StringIO()
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as e:  # argparse already printed the usage line (or --help / --version)
-        return int(e.code or 0) and EXIT_USAGE
+        with contextlib.redirect_stderr(said), contextlib.redirect_stdout(out):
+            args = parser.parse_args(argv)
+    except SystemExit as e:  # argparse printed the usage line and its error (or --help / --version)
+        err.write(said.getvalue())
+        code = int(e.code or 0) and EXIT_USAGE
+        if code and "--json" in argv:  # (a usage error answers in JSON on stdout too)
+            from .cli_util import to_json
+
+            lines = [line.split("error: ", 1)[1] for line in said.getvalue().splitlines() if "error: " in line]
+            out.write(to_json({"ok": False, "exit": code, "error": lines[-1] if lines else "usage error"}) + "\n")
+        return code
+    err.write(said.getvalue())
     if not args.command:
         parser.print_help(out)
         return EXIT_USAGE
@@ -186,7 +200,8 @@ def main(argv: Optional[Sequence[str]] = None, *, out: Optional[TextIO] = None, 
     code = _run(args, seen_out, seen_err)
     if code not in (EXIT_OK, EXIT_BROKEN_PIPE, 130) and not seen_out.text:
         # --json: a failure with no report still answers in JSON on stdout (the message on stderr too)
-        errors = [line[len("error: "):] for line in "".join(seen_err.text).splitlines() if line.startswith("error: ")]
+        errors = [w[len("error: "):].rstrip("\n") for w in seen_err.text if w.startswith("error: ")]  # (whole: a
+        # path may hold a newline)
         from .cli_util import to_json
 
         try:
