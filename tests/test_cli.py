@@ -91,7 +91,7 @@ def test_verify_of_something_that_is_not_a_checkpoint_exits_2(saved, tmp_path):
     assert code == EXIT_USAGE and "neither a checkpoint" in err
     (tmp_path / "file").write_text("x")
     code, _, err = run("verify", tmp_path / "file")
-    assert code == EXIT_USAGE and "neither a checkpoint" in err
+    assert code == EXIT_USAGE and "is a file, not a directory" in err
 
 
 def test_verify_of_a_torn_manifest_exits_1(saved, tmp_path):

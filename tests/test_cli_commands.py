@@ -516,6 +516,19 @@ def test_every_json_failure_answers_in_json_on_stdout(tmp_path, command):
         assert doc["error"] and doc["error"] in err
 
 
+@pytest.mark.parametrize("what", ["store", "checkpoint"])
+def test_a_store_or_checkpoint_that_lost_its_descriptor_is_damaged_not_a_usage_error(paths, tmp_path, what):
+    """A store without STORE.json or a checkpoint without MANIFEST.json exited 2 ("neither a
+    checkpoint ... nor ..."), which a `verify || restore` script takes for a typo."""
+    d = tmp_path / what
+    shutil.copytree(paths[what], d)
+    (d / ("STORE.json" if what == "store" else "MANIFEST.json")).unlink()
+    for command in ("verify", "inspect", "ls") + (("compact",) if what == "store" else ()):
+        code, out, err = run(command, d)
+        assert code == EXIT_DAMAGED, (command, out, err)
+        assert ("no STORE.json" if what == "store" else "no MANIFEST.json") in err and "damaged" in err
+
+
 @pytest.mark.parametrize("argv", [["prune", "--keep", "x", "--json", "ROOT"], ["verify", "--json"],
                                   ["ls", "--json", "--nope", "ROOT"]])
 def test_usage_errors_of_the_argument_parser_answer_in_json_too(tmp_path, argv):

@@ -22,7 +22,7 @@ from typing import Any, Dict, TextIO
 
 from .checkpoint.target import ROOT_LOCK_NAME
 from .cli_inspect import LostDataWarnings, newest_valid_steps, root_doc
-from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, not_a_target, open_store, to_json
+from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, human, kind_of, open_store, refuse, to_json
 
 
 def cmd_prune(args, out: TextIO, err: TextIO) -> int:
@@ -33,8 +33,7 @@ def cmd_prune(args, out: TextIO, err: TextIO) -> int:
     path = Path(args.path).absolute()
     kind = kind_of(path)
     if kind != "root":
-        err.write(f"error: {not_a_target(path, kind, 'a directory of checkpoint generations')}\n")
-        return EXIT_USAGE
+        return refuse(path, kind, err, "a directory of checkpoint generations")
     if not isinstance(args.keep, int) or args.keep < 1:
         err.write(f"error: --keep must be an integer >= 1, got {args.keep!r}\n")
         return EXIT_USAGE
@@ -81,8 +80,7 @@ def cmd_compact(args, out: TextIO, err: TextIO) -> int:
     path = Path(args.path).absolute()
     kind = kind_of(path)
     if kind != "store":
-        err.write(f"error: {not_a_target(path, kind, 'a store directory')}\n")
-        return EXIT_USAGE
+        return refuse(path, kind, err, "a store directory")
     if not 0.0 < args.live_ratio <= 1.0:
         err.write(f"error: --live-ratio must be in (0, 1], got {args.live_ratio}\n")
         return EXIT_USAGE

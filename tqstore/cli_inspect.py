@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from .cli_util import (EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, LOSS_HINT, Progress, dump_function, human, kind_of,
-                       not_a_target, open_store, to_json, walk_store_indexes, when)
+                       open_store, refuse, to_json, walk_store_indexes, when)
 from .errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 
 
@@ -162,8 +162,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
             err.write(f"error: no published generations under {path}\n")
             return EXIT_USAGE
     else:
-        err.write(f"error: {not_a_target(path, kind)}\n")
-        return EXIT_USAGE
+        return refuse(path, kind, err)
     bad = [r for _, r in reports if not r.ok]
     if args.json:
         doc: Dict[str, Any] = {"path": str(path), "kind": kind, "ok": not bad,
@@ -318,8 +317,7 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
     kind = kind_of(path)
     builders = {"checkpoint": _checkpoint_doc, "store": _store_doc, "root": root_doc, "dump": _dump_doc}
     if kind not in builders:
-        err.write(f"error: {not_a_target(path, kind, 'a checkpoint')}\n")
-        return EXIT_USAGE
+        return refuse(path, kind, err)
     try:
         doc = builders[kind](path)
     except (CorruptionError, CheckpointNotFoundError) as e:
@@ -400,8 +398,7 @@ def cmd_ls(args, out: TextIO, err: TextIO) -> int:
         if kind == "dump":
             return _ls_dump(path, out, args.json)
         if kind != "checkpoint":
-            err.write(f"error: {not_a_target(path, kind)}\n")
-            return EXIT_USAGE
+            return refuse(path, kind, err)
         src = resolve_checkpoint_dir(path)
         man = read_manifest(src)
     except (CorruptionError, CheckpointNotFoundError) as e:

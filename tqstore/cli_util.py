@@ -17,7 +17,9 @@ EXIT_DAMAGED = 1
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # (128 + SIGPIPE, as a tool the signal ended: the reader of the output went away)
 
-KINDS = ("checkpoint", "root", "store", "dump", "missing", "other")
+KINDS = ("checkpoint", "root", "store", "dump", "missing", "file", "torn store", "torn checkpoint", "other")
+#: kinds that are damage (exit 1), not a usage error: what lost its descriptor or manifest
+TORN_KINDS = ("torn store", "torn checkpoint")
 
 
 def to_json(doc: Any, **kwargs: Any) -> str:
@@ -117,8 +119,10 @@ def _is_dump(path: Path) -> bool:
 
 def kind_of(path: Path) -> str:
     """What ``path`` is: ``checkpoint`` | ``root`` (of generations) | ``store`` | ``dump``
-    (a selective dump by key) | ``missing`` | ``other``.  Reads only; a torn manifest
-    still names a checkpoint (verify reports it)."""
+    (a selective dump by key) | ``missing`` | ``file`` (not a directory) | ``torn store`` (a
+    store's state, no STORE.json) | ``torn checkpoint`` (a checkpoint's files, no
+    MANIFEST.json) | ``other``.  Reads only; a torn manifest still names a checkpoint (verify
+    reports it)."""
     from .checkpoint.manager import _STEP
     from .checkpoint.manifest import MANIFEST_NAME
     from .checkpoint.target import ROOT_LOCK_NAME, is_generation_root
@@ -131,12 +135,16 @@ def kind_of(path: Path) -> str:
         old = path.with_name(path.name + ".old")
         return "checkpoint" if (old / MANIFEST_NAME).is_file() else "missing"
     if not path.is_dir():
-        return "other"
+        return "file" if os.path.lexists(path) else "other"
     if (path / "STORE.json").is_file():
         return "store"
     names = os.listdir(path)
     if any(_STEP.match(n) for n in names) or (ROOT_LOCK_NAME in names and is_generation_root(path)):
         return "root"  # (a root with no generation yet holds only its lock file)
+    if "CURRENT" in names and any(n.startswith("state-") for n in names):
+        return "torn store"
+    if "controller" in names and any(n.startswith("unit-") for n in names):
+        return "torn checkpoint"
     return "other"
 
 
@@ -152,8 +160,24 @@ def not_a_target(path: Path, kind: str, what: str = "a checkpoint") -> str:
         return f"{path} is a checkpoint, not {what}"
     if kind == "root":
         return f"{path} is a directory of checkpoint generations, not {what}"
+    if kind == "file":
+        return f"{path} is a file, not a directory ({what} is one)"
+    if kind == "torn store":
+        return (f"{path} holds a store's state (CURRENT, state-*) but no STORE.json: the store is damaged, its "
+                f"descriptor is missing (put STORE.json back from a copy, or load the store's last checkpoint into "
+                f"a new store)")
+    if kind == "torn checkpoint":
+        return (f"{path} holds a checkpoint's files (controller/, unit-*) but no MANIFEST.json: the checkpoint is "
+                f"torn (damaged); load another generation")
     return (f"{path} is neither a checkpoint or dump (no MANIFEST.json), a store (no STORE.json) nor a directory of "
             f"checkpoint generations")
+
+
+def refuse(path: Path, kind: str, err: TextIO, what: str = "a checkpoint") -> int:
+    """Say why the command does not work on ``path`` (of ``kind``); the exit status: 1 for
+    something damaged (:data:`TORN_KINDS`), else 2 (usage)."""
+    err.write(f"error: {not_a_target(path, kind, what)}\n")
+    return EXIT_DAMAGED if kind in TORN_KINDS else EXIT_USAGE
 
 
 def dump_function(name: str) -> Optional[Callable[..., Any]]:
