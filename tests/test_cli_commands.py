@@ -529,6 +529,27 @@ def test_a_store_or_checkpoint_that_lost_its_descriptor_is_damaged_not_a_usage_e
         assert ("no STORE.json" if what == "store" else "no MANIFEST.json") in err and "damaged" in err
 
 
+@pytest.mark.skipif(not HAS_DUMP, reason="this build has no dump")
+def test_a_directory_of_dumps_is_verified_listed_and_inspected_dump_by_dump(tmp_path):
+    """One dump per step beside the model's checkpoints (as the demo writes them) was taken for a
+    generation root: verify and ls said "damaged" (exit 1), each step "a dump, not a checkpoint"."""
+    d = tmp_path / "pending"
+    with tqstore.open(tmp_path / "s", num_units=2) as s:
+        keys = fill(s, "train", 8)
+        for step in (2, 4):
+            s.dump_data_by_key(d / f"step-{step:010d}", keys[:step], "train")
+    for command in ("verify", "ls", "inspect"):
+        code, out, err = run(command, d)
+        assert code == EXIT_OK and "step-0000000004" in out, (command, out, err)
+    doc = json.loads(run("verify", d, "--json")[1])
+    assert doc["kind"] == "dumps" and doc["ok"] and [x["rows"] for x in doc["dumps"]] == [2, 4]
+    _flip_first_frame(d / f"step-{4:010d}")
+    code, out, _ = run("verify", d)
+    assert code == EXIT_DAMAGED and "ok  step-0000000002" in out and "BAD step-0000000004" in out
+    code, _, err = run("prune", d, "--keep", "1")
+    assert code == EXIT_USAGE and "directory of selective dumps" in err and (d / f"step-{2:010d}").exists()
+
+
 @pytest.mark.parametrize("argv", [["prune", "--keep", "x", "--json", "ROOT"], ["verify", "--json"],
                                   ["ls", "--json", "--nope", "ROOT"]])
 def test_usage_errors_of_the_argument_parser_answer_in_json_too(tmp_path, argv):

@@ -93,7 +93,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                 "capacity", "_gcpause", "_gilswitch", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),
     ("edge", ("torch_adapter",)),
-    ("api", ("", "api", "client", "cli", "cli_util", "cli_inspect", "cli_admin", "cli_demo", "cli_demo_loop",
+    ("api", ("", "api", "client", "cli", "cli_util", "cli_inspect", "cli_dumps", "cli_admin", "cli_demo", "cli_demo_loop",
              "__main__", "async_api", "_executor", "fetch_wait", "config", "metrics",
              "dataloader", "metadata", "sampler")),  # "" is tqstore/__init__.py
     ("testing", ("testing",)),

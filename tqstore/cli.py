@@ -93,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
              "describe_dump report). Reads only and verifies nothing beyond parsing (use verify); a "
              "generation whose manifest does not parse is listed as unreadable and makes the exit status 1.",
              "python -m tqstore inspect run/generations/step-0000000100", "store, checkpoint, root or dump")
-    i.add_argument("path", help="a store, a checkpoint, a CheckpointManager root or a dump directory")
+    i.add_argument("path", help="a store, a checkpoint, a CheckpointManager root, a dump or a directory of dumps")
     i.add_argument("--json", action="store_true", help="print a JSON document on stdout")
 
     v = _add(sub, "verify", "check a store, a checkpoint, every generation of a root, or a dump",
@@ -108,8 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
              "(it must not be open elsewhere; its crash recovery runs as at any open, and with --repair what it "
              "dropped is reported, by that run only), checks every stored frame and decodes the controller's "
              "index. A dump: every shard "
-             "frame. One line per problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
-    v.add_argument("path", help="a store, a checkpoint, a CheckpointManager root or a dump directory")
+             "frame; a directory of dumps (one per step, as the demo writes them): each dump. One line per "
+             "problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
+    v.add_argument("path", help="a store, a checkpoint, a CheckpointManager root, a dump or a directory of dumps")
     v.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     v.add_argument("--quick", action="store_true", help="checkpoints: the manifest and each file's size and "
                                                         "CRC32C only (not the indexes or frames)")
@@ -124,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
               "(rows, keys; read only) or the keys of a dump (fields, tag); a key or partition id holding a "
               "character that is not printable, or starting with a double quote, is shown as a JSON string.",
               "python -m tqstore ls run/generations --deep", "store, checkpoint, root or dump")
-    ls.add_argument("path", help="a CheckpointManager root, a checkpoint, a store or a dump directory")
+    ls.add_argument("path", help="a CheckpointManager root, a checkpoint, a store, a dump or a directory of dumps")
     ls.add_argument("--json", action="store_true", help="print JSON on stdout")
     ls.add_argument("--deep", action="store_true", help="roots: check every frame of every generation (slower)")
 

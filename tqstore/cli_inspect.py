@@ -154,6 +154,10 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
         return _verify_store(path, out, args.json, repair=args.repair)
     if kind == "dump":
         return _verify_dump(path, out, args.json, args.quick)
+    if kind == "dumps":
+        from .cli_dumps import verify_dumps
+
+        return verify_dumps(path, out, args.json, args.quick)
     if kind == "checkpoint":
         reports = [(None, verify_one(path, err, args.quick))]
     elif kind == "root":
@@ -269,7 +273,11 @@ def _dump_doc(path: Path) -> Dict[str, Any]:
 
 
 def _write_inspect(doc: Dict[str, Any], w) -> None:
-    if doc["kind"] == "checkpoint":
+    if doc["kind"] == "dumps":
+        from .cli_dumps import write_dumps_doc
+
+        write_dumps_doc(doc, w)
+    elif doc["kind"] == "checkpoint":
         w(f"checkpoint {doc['path']}\n")
         w(f"  format version {doc['format_version']} (written by tqstore {doc['tqstore_version']}) on "
           f"{when(doc['created_unix'])}\n")
@@ -315,7 +323,10 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
     """Summarise a checkpoint, a root, a store or a dump (reads only, verifies nothing)."""
     path = Path(args.path).absolute()
     kind = kind_of(path)
-    builders = {"checkpoint": _checkpoint_doc, "store": _store_doc, "root": root_doc, "dump": _dump_doc}
+    from .cli_dumps import dumps_doc
+
+    builders = {"checkpoint": _checkpoint_doc, "store": _store_doc, "root": root_doc, "dump": _dump_doc,
+                "dumps": dumps_doc}
     if kind not in builders:
         return refuse(path, kind, err)
     try:
@@ -329,6 +340,8 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
         _write_inspect(doc, out.write)
     if kind == "root" and not all(g["manifest_ok"] for g in doc["generations"]):
         return EXIT_DAMAGED  # (listed all the same: a generation whose manifest does not read)
+    if kind == "dumps" and any("error" in d for d in doc["dumps"]):
+        return EXIT_DAMAGED
     return EXIT_OK
 
 
@@ -397,6 +410,10 @@ def cmd_ls(args, out: TextIO, err: TextIO) -> int:
             return _ls_root(path, out, err, args.json, getattr(args, "deep", False))
         if kind == "dump":
             return _ls_dump(path, out, args.json)
+        if kind == "dumps":
+            from .cli_dumps import ls_dumps
+
+            return ls_dumps(path, out, args.json)
         if kind != "checkpoint":
             return refuse(path, kind, err)
         src = resolve_checkpoint_dir(path)

@@ -10,14 +10,14 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, List, Optional, TextIO
 
 EXIT_OK = 0
 EXIT_DAMAGED = 1
 EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # (128 + SIGPIPE, as a tool the signal ended: the reader of the output went away)
 
-KINDS = ("checkpoint", "root", "store", "dump", "missing", "file", "torn store", "torn checkpoint", "other")
+KINDS = ("checkpoint", "root", "store", "dump", "dumps", "missing", "file", "torn store", "torn checkpoint", "other")
 #: kinds that are damage (exit 1), not a usage error: what lost its descriptor or manifest
 TORN_KINDS = ("torn store", "torn checkpoint")
 
@@ -117,9 +117,24 @@ def _is_dump(path: Path) -> bool:
     return is_dump_dir(path) or (not path.exists() and is_dump_dir(path.with_name(path.name + ".old")))
 
 
+def dumps_in(path: Path, names: Optional[List[str]] = None) -> List[str]:
+    """The names of the selective dumps in the directory ``path``, sorted, when it holds one
+    or more and every other subdirectory holding a MANIFEST.json is a dump too (a directory
+    of dumps, such as one dump per trainer step beside the model's checkpoints); else []."""
+    from .checkpoint.manifest import MANIFEST_NAME
+    from .checkpoint.target import is_dump_dir
+
+    names = os.listdir(path) if names is None else names
+    subdirs = [n for n in names if (path / n).is_dir() and not n.endswith((".tmp", ".old"))]
+    dumps = [n for n in subdirs if is_dump_dir(path / n)]
+    if not dumps or any((path / n / MANIFEST_NAME).exists() for n in subdirs if n not in dumps):
+        return []
+    return sorted(dumps)
+
+
 def kind_of(path: Path) -> str:
     """What ``path`` is: ``checkpoint`` | ``root`` (of generations) | ``store`` | ``dump``
-    (a selective dump by key) | ``missing`` | ``file`` (not a directory) | ``torn store`` (a
+    (a selective dump by key) | ``dumps`` (a directory of dumps: :func:`dumps_in`) | ``missing`` | ``file`` (not a directory) | ``torn store`` (a
     store's state, no STORE.json) | ``torn checkpoint`` (a checkpoint's files, no
     MANIFEST.json) | ``other``.  Reads only; a torn manifest still names a checkpoint (verify
     reports it)."""
@@ -139,6 +154,8 @@ def kind_of(path: Path) -> str:
     if (path / "STORE.json").is_file():
         return "store"
     names = os.listdir(path)
+    if ROOT_LOCK_NAME not in names and dumps_in(path, names):
+        return "dumps"
     if any(_STEP.match(n) for n in names) or (ROOT_LOCK_NAME in names and is_generation_root(path)):
         return "root"  # (a root with no generation yet holds only its lock file)
     if "CURRENT" in names and any(n.startswith("state-") for n in names):
@@ -160,6 +177,8 @@ def not_a_target(path: Path, kind: str, what: str = "a checkpoint") -> str:
         return f"{path} is a checkpoint, not {what}"
     if kind == "root":
         return f"{path} is a directory of checkpoint generations, not {what}"
+    if kind == "dumps":
+        return f"{path} is a directory of selective dumps, not {what}"
     if kind == "file":
         return f"{path} is a file, not a directory ({what} is one)"
     if kind == "torn store":
