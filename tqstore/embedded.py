@@ -21,6 +21,7 @@ from .controller_export import partition_counts, read_controller, read_controlle
 from .ports import ControllerPort, UnitPort
 from .unit import DEFAULT_SEGMENT_BYTES, Unit, check_index_format
 from .unit_import import read_unit_index
+from .unit_recover import recovery_losses  # noqa: F401 - re-exported (the CLI's check before an open)
 
 
 def open_controller(controller_dir: Path, *, num_units: int, durability: str,
@@ -140,4 +141,5 @@ def controller_partition_counts(ctrl_dir: Path) -> Optional[Dict[str, int]]:
 
 
 __all__ = ["DEFAULT_SEGMENT_BYTES", "open_parts", "open_controller", "index_unchecked", "unit_index_entries",
+           "recovery_losses",
            "controller_summary", "controller_counts", "controller_partition_counts"]

@@ -12,18 +12,12 @@ segment shorter than its unit index records.
 """
 from __future__ import annotations
 
-import os
-import stat
 from pathlib import Path
 from typing import List, Tuple
 
-import lmdb
-
+from . import embedded
 from . import layout_dirs as L
-from ._format import unit_records as UR
-from ._format.segment import segment_name
 from ._io import locks
-from ._io.lmdbenv import open_env
 from ._io.lmdbwalk import LmdbWalk
 
 
@@ -68,46 +62,10 @@ def data_problems(root: Path) -> List[str]:
     try:
         out: List[str] = []
         for i in range(int(d.get("num_units") or 0)):
-            out += _unit_problems(L.unit_dir(root / cur, i), i)
+            out += embedded.recovery_losses(L.unit_dir(root / cur, i), i)
         return out
     finally:
         locks.unlock(fd)
-
-
-def _unit_problems(unit: Path, i: int) -> List[str]:
-    if not unit.is_dir():
-        return [f"unit {i}: its directory {unit} is missing (an open recreates it empty: every field its rows "
-                f"held is lost)"]
-    if not (unit / "index" / "data.mdb").is_file():
-        return []  # (the open refuses a unit with segments and no index; an empty one lost nothing)
-    try:
-        env = open_env(unit / "index", max_dbs=8, readonly=True, create=False)
-    except Exception:  # noqa: BLE001 - the open reports it
-        return []
-    out = []
-    try:
-        with env.begin() as txn:
-            try:
-                db = env.open_db(b"segs", txn=txn, create=False)
-            except lmdb.NotFoundError:
-                return []
-            for k, v in txn.cursor(db):
-                seg, size = UR.decode_seg_key(k), UR.SegInfo.unpack(v).size
-                p = unit / segment_name(seg)
-                try:
-                    st = os.lstat(p)
-                except FileNotFoundError:
-                    out.append(f"unit {i}: segment file {p.name} is missing (its index records {size} bytes)")
-                    continue
-                have = st.st_size
-                if stat.S_ISREG(st.st_mode) and have < size:  # (anything else: the open names it)
-                    out.append(f"unit {i}: segment file {p.name} holds {have} bytes, its index records {size} "
-                               f"(truncated)")
-    except (lmdb.Error, UR.RecordError, OSError):
-        return out  # (the open reports what is wrong with the index)
-    finally:
-        env.close()
-    return out
 
 
 __all__ = ["index_walk_problems", "data_problems"]

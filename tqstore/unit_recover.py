@@ -12,7 +12,7 @@ import os
 import stat
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
 import lmdb
 
@@ -22,7 +22,7 @@ from ._format.layout import SEGMENT_HEADER_SIZE
 from ._format.segment import decode_segment_header, parse_segment_name, segment_name
 from ._format.unit_records import SegInfo
 from ._io import files
-from ._io.lmdbenv import sync_env, wrap_errors
+from ._io.lmdbenv import open_env, sync_env, wrap_errors
 from ._io.segfile import SegmentWriter
 from .errors import CorruptionError, FormatVersionError
 from .unit_restore import drop_staged_past, live_entries
@@ -128,6 +128,46 @@ def recover(unit: "Unit") -> None:
         for s in active:
             if s != sid:
                 unit._set_seg(s, sealed=True)
+
+def recovery_losses(unit_dir: Path, unit_id: int) -> List[str]:
+    """What :func:`recover` (and the store's reconciliation after it) would drop as lost when
+    the unit at ``unit_dir`` opens, found without changing anything: the directory missing
+    (an open recreates it empty), a segment file its index records that is missing or
+    shorter than recorded.  Reads the index read-only (after it was walked: it is mapped
+    here).  Raises nothing for damage: an index that cannot be read is left to the open."""
+    if not unit_dir.is_dir():
+        return [f"unit {unit_id}: its directory {unit_dir} is missing (an open recreates it empty: every field its "
+                f"rows held is lost)"]
+    if not (unit_dir / "index" / "data.mdb").is_file():
+        return []  # (the open refuses a unit with segments and no index; an empty one lost nothing)
+    try:
+        env = open_env(unit_dir / "index", max_dbs=8, readonly=True, create=False)
+    except Exception:  # noqa: BLE001 - the open reports it
+        return []
+    out: List[str] = []
+    try:
+        with env.begin() as txn:
+            try:
+                db = env.open_db(b"segs", txn=txn, create=False)
+            except lmdb.NotFoundError:
+                return []
+            for k, v in txn.cursor(db):
+                seg, size = UR.decode_seg_key(k), UR.SegInfo.unpack(v).size
+                p = unit_dir / segment_name(seg)
+                try:
+                    st = os.lstat(p)
+                except FileNotFoundError:
+                    out.append(f"unit {unit_id}: segment file {p.name} is missing (its index records {size} bytes)")
+                    continue
+                if stat.S_ISREG(st.st_mode) and st.st_size < size:  # (anything else: the open names it)
+                    out.append(f"unit {unit_id}: segment file {p.name} holds {st.st_size} bytes, its index records "
+                               f"{size} (truncated)")
+    except (lmdb.Error, UR.RecordError, OSError):
+        return out  # (the open reports what is wrong with the index)
+    finally:
+        env.close()
+    return out
+
 
 def index_state(unit: "Unit", *, sync: bool = False) -> Tuple[int, int]:
     """``(entries, commit)``: the number of ``loc`` entries of the unit's index and its
