@@ -88,34 +88,40 @@ def rss_anon() -> int:
     return 0
 
 
-def _batches(n: int):
+def _batches(n: int, tags: bool = False):
+    """``(keys, fields, tags)`` of each batch; ``tags``: each row a dict tag as a rollout's
+    (a status, a reward, a length), else None."""
     import numpy as np
 
     rng = np.random.default_rng(0)
     for lo in range(0, n, BATCH):
         hi = min(n, lo + BATCH)
+        t = None
+        if tags:
+            t = [{"status": "finished", "reward": round(float(r), 4), "len": int(k)}
+                 for r, k in zip(rng.random(hi - lo).tolist(), rng.integers(16, 4096, hi - lo).tolist())]
         yield ([f"k{i}" for i in range(lo, hi)],
                {"ids": rng.integers(0, 150_000, (hi - lo, 16), dtype=np.int64),
-                "lp": rng.random(hi - lo, dtype=np.float32)})
+                "lp": rng.random(hi - lo, dtype=np.float32)}, t)
 
 
-def _child(n: int, work: Path, units: int) -> dict:
+def _child(n: int, work: Path, units: int, tags: bool = False) -> dict:
     import numpy as np
     import lmdb
     import tqstore
 
     out: dict = {"rows": n}
-    batches = list(_batches(n))
+    batches = list(_batches(n, tags))
     path, ck = work / "store", work / "ckpt"
     s = tqstore.open(path, num_units=units, result_type="dict")
     try:
         t0 = time.perf_counter()
-        for keys, fields in batches:
-            s.kv_batch_put(keys, PID, fields)
+        for keys, fields, t in batches:
+            s.kv_batch_put(keys, PID, fields, tags=t)
         out["put_s"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         last = None
-        for keys, _ in batches:
+        for keys, _, _t in batches:
             last = s.kv_batch_get(keys, PID)
         out["get_s"] = time.perf_counter() - t0
         assert np.array_equal(np.asarray(last["ids"]), batches[-1][1]["ids"])
@@ -170,7 +176,7 @@ def _child(n: int, work: Path, units: int) -> dict:
     s.close()
     # baselines on the same row count
     t0 = time.perf_counter()
-    for _, fields in batches:
+    for _, fields, _t in batches:
         for v in fields.values():
             np.copy(v)
     out["memcpy_s"] = time.perf_counter() - t0
@@ -255,13 +261,13 @@ def _child_rss(work: Path) -> dict:
     return {"rss_bytes": after - before, "rss_keyed_bytes": keyed - before, "rss_rows": rows}
 
 
-def _run_child(build: Path, n: int, units: int, work: Path, modes=("main", "rss")) -> dict:
+def _run_child(build: Path, n: int, units: int, work: Path, modes=("main", "rss"), tags: bool = False) -> dict:
     work.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=str(build))
     res = {}
     for mode in modes:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--child", mode, "--rows", str(n),
-               "--units", str(units), "--work", str(work)]
+               "--units", str(units), "--work", str(work)] + (["--tags"] if tags else [])
         p = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if p.returncode != 0:
             raise SystemExit(f"child failed ({build}, {n} rows, {mode}):\n{p.stderr[-4000:]}")
@@ -335,13 +341,15 @@ def main(argv=None) -> None:
     ap.add_argument("--compare-with", type=Path, default=None, help="root of another tqstore build (a worktree)")
     ap.add_argument("--rounds", type=int, default=3, help="rounds per size and build (figures are medians)")
     ap.add_argument("--no-busy", action="store_true", help="skip the put and get beside a busy Python thread")
+    ap.add_argument("--tags", action="store_true", help="each row with a dict tag, as a rollout's (status, reward, "
+                                                        "length): the controller's share of every figure grows")
     ap.add_argument("--child", choices=("main", "rss", "busy"), help=argparse.SUPPRESS)
     ap.add_argument("--rows", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--work", type=Path, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
         sys.path.insert(0, os.environ.get("PYTHONPATH", str(ROOT)).split(os.pathsep)[0])
-        res = (_child(a.rows, a.work, a.units) if a.child == "main" else _child_rss(a.work) if a.child == "rss"
+        res = (_child(a.rows, a.work, a.units, a.tags) if a.child == "main" else _child_rss(a.work) if a.child == "rss"
                else _child_busy(a.work, a.units))
         print(json.dumps(res))
         return
@@ -365,7 +373,8 @@ def main(argv=None) -> None:
                 turn += 1
                 for b in order:
                     print(f"... {b}: {n:,} rows, round {rnd + 1}/{n_rounds}", file=sys.stderr, flush=True)
-                    rounds[b].setdefault(n, []).append(_run_child(builds[b], n, a.units, tmp / f"{b}-{n}-{rnd}"))
+                    rounds[b].setdefault(n, []).append(_run_child(builds[b], n, a.units, tmp / f"{b}-{n}-{rnd}",
+                                                                  tags=a.tags))
             for b in builds:
                 results[b][n] = _median_round(rounds[b][n])
             for b in builds:
@@ -400,7 +409,7 @@ def main(argv=None) -> None:
     busy_summary = {b: {"rows": r["rows"], **{f"{c}_{m}_rows_s": r["rows"] / r[f"{c}_{m}_s"]
                                                for c in ("put", "get") for m in ("alone", "busy", "busy_off")}}
                     for b, r in busy.items()}
-    print(json.dumps({"units": a.units, "batch": BATCH, "rounds": n_rounds, "results": summary,
+    print(json.dumps({"units": a.units, "batch": BATCH, "rounds": n_rounds, "tags": a.tags, "results": summary,
                       "busy_thread": busy_summary}))
 
 

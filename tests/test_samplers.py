@@ -415,7 +415,11 @@ def test_seqlen_sampler_refuses_a_rank_past_its_dp_size_at_once_and_sets_nothing
             s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": rank, "batch_index": 0})
         got = s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0, "batch_index": 0})
         assert len(got.global_indexes) == 2 and int(s.get_consumption_status("t", "p")[1].sum()) == 2
-    assert tq.SeqlenBalancedSampler(dp_size=2).check_rank(np.int64(1)) == 1
+    sampler = tq.SeqlenBalancedSampler(dp_size=2)
+    assert sampler.check_rank(np.int64(1)) == 1
+    # called on its own (as TransferQueue's tests do): an empty result, nothing set aside
+    assert sampler.sample([0, 1, 2, 3], 2, partition_id="p", task_name="t", dp_rank=5, batch_index=0) == ([], [])
+    assert sampler.cached_names("p") == []
 
 
 def test_seqlen_sampler_balances_the_groups_of_a_per_call_group_size(tmp_path):

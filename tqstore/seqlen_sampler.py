@@ -193,7 +193,10 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
 
     def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=0,
                batch_index=0, ready_tags=None, **kwargs) -> SampleResult:
-        dp_rank = self.check_rank(dp_rank)
+        try:
+            dp_rank = self.check_rank(dp_rank)
+        except InvalidInputError:  # TransferQueue's answer, nothing set aside (a store's fetch refused it first)
+            return [], []
         batch_index = 0 if batch_index is None else batch_index
         hit = self._cached(partition_id, task_name, dp_rank, batch_index)
         if hit is not None:
