@@ -101,7 +101,7 @@ class SnapshotCalls:
             if max([new_floor, *raised.values()]) >= R.SEQ_LIMIT:
                 raise R.seq_exhausted(f"raising the sequence floor to {floor}")
             m = self.db
-            with wrap_errors("raise the sequence floor", self.path), self.env.begin(write=True) as txn:
+            with wrap_errors("recording the sequence floor (after a load)", self.path), self.env.begin(write=True) as txn:
                 txn.put(R.META_SEQ_FLOOR, R.encode_decimal(new_floor), db=m["meta"])
                 for p in low:
                     txn.put(R.parts_key(p.pid), R.encode_partition(raised[p.pid], p.meta, p.num), db=m["parts"])
