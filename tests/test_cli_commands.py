@@ -550,6 +550,18 @@ def test_a_directory_of_dumps_is_verified_listed_and_inspected_dump_by_dump(tmp_
     assert code == EXIT_USAGE and "directory of selective dumps" in err and (d / f"step-{2:010d}").exists()
 
 
+@pytest.mark.parametrize("what", ["dump", "checkpoint"] if HAS_DUMP else ["checkpoint"])
+def test_a_dump_or_checkpoint_left_at_old_by_an_interrupted_replacement_is_named_as_such(paths, tmp_path, what):
+    """verify and inspect read ``<dir>.old`` when a replacement was killed between its renames
+    and said "ok <dir>" of a directory that is not there."""
+    d = tmp_path / what
+    shutil.copytree(paths[what], d.with_name(what + ".old"))
+    for command in ("verify", "inspect"):
+        code, out, err = run(command, d)
+        assert code == EXIT_OK, (command, out, err)
+        assert f"{d} is missing: an interrupted replacement left the previous one at {what}.old" in err
+
+
 @pytest.mark.parametrize("argv", [["prune", "--keep", "x", "--json", "ROOT"], ["verify", "--json"],
                                   ["ls", "--json", "--nope", "ROOT"]])
 def test_usage_errors_of_the_argument_parser_answer_in_json_too(tmp_path, argv):

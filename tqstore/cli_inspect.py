@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from .cli_util import (EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, LOSS_HINT, Progress, dump_function, human, kind_of,
-                       open_store, refuse, to_json, walk_store_indexes, when)
+                       note_interrupted, open_store, refuse, to_json, walk_store_indexes, when)
 from .errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 
 
@@ -150,6 +150,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
     """Check a checkpoint, every generation of a root, a store or a dump: 0 clean, 1 damaged."""
     path = Path(args.path).absolute()
     kind = kind_of(path)
+    note_interrupted(path, err)
     if kind == "store":
         return _verify_store(path, out, args.json, repair=args.repair)
     if kind == "dump":
@@ -323,6 +324,7 @@ def cmd_inspect(args, out: TextIO, err: TextIO) -> int:
     """Summarise a checkpoint, a root, a store or a dump (reads only, verifies nothing)."""
     path = Path(args.path).absolute()
     kind = kind_of(path)
+    note_interrupted(path, err)
     from .cli_dumps import dumps_doc
 
     builders = {"checkpoint": _checkpoint_doc, "store": _store_doc, "root": root_doc, "dump": _dump_doc,
@@ -397,6 +399,7 @@ def cmd_ls(args, out: TextIO, err: TextIO) -> int:
 
     path = Path(args.path).absolute()
     kind = kind_of(path)
+    note_interrupted(path, err)
     try:
         if kind == "store":
             parts = _store_partitions(path)

@@ -192,6 +192,15 @@ def not_a_target(path: Path, kind: str, what: str = "a checkpoint") -> str:
             f"checkpoint generations")
 
 
+def note_interrupted(path: Path, err: TextIO) -> None:
+    """When the dump or checkpoint ``path`` is missing and ``<path>.old`` holds it (a
+    replacement interrupted between its renames), say so on stderr: the command reads that."""
+    old = path.with_name(path.name + ".old")
+    if not os.path.lexists(path) and old.is_dir():
+        err.write(f"note: {path} is missing: an interrupted replacement left the previous one at {old.name}, which "
+                  f"is what this reads (the next save, dump or load of the path moves it back)\n")
+
+
 def refuse(path: Path, kind: str, err: TextIO, what: str = "a checkpoint") -> int:
     """Say why the command does not work on ``path`` (of ``kind``); the exit status: 1 for
     something damaged (:data:`TORN_KINDS`), else 2 (usage)."""
