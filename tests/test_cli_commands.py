@@ -562,6 +562,14 @@ def test_a_dump_or_checkpoint_left_at_old_by_an_interrupted_replacement_is_named
         assert f"{d} is missing: an interrupted replacement left the previous one at {what}.old" in err
 
 
+def test_leftovers_of_an_interrupted_save_are_named_by_verify_and_ls(tmp_path):
+    root = _root(tmp_path, steps=(1, 2))
+    (root / "step-0000000003.tmp-abcd").mkdir()  # a save killed before it published
+    for command in ("verify", "ls"):
+        code, out, err = run(command, root)
+        assert code == EXIT_OK and "step-0000000003.tmp-abcd" in err and "no generation" in err, (command, err)
+
+
 @pytest.mark.parametrize("argv", [["prune", "--keep", "x", "--json", "ROOT"], ["verify", "--json"],
                                   ["ls", "--json", "--nope", "ROOT"]])
 def test_usage_errors_of_the_argument_parser_answer_in_json_too(tmp_path, argv):

@@ -44,6 +44,11 @@ def generation_reports(path: Path, err: TextIO, quick: bool) -> List[Tuple[int, 
     from .checkpoint.verify import CheckpointReport, Problem
 
     m = CheckpointManager.for_reading(path)
+    left = sorted(n for n in os.listdir(path) if ".tmp-" in n or n.startswith(".deleting-"))
+    if left:
+        err.write(f"note: {len(left)} temporary director(ies) under {path} ({', '.join(left[:3])}"
+                  f"{', ...' if len(left) > 3 else ''}): no generation; a save running now, or leftovers of "
+                  f"interrupted saves or prunes, which the next save or prune removes\n")
     reports = []
     for s in m.steps():
         try:
