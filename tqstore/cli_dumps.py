@@ -13,7 +13,7 @@ from .errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 def _functions(path: Path, *names: str):
     found = [dump_function(n) for n in names]
     if any(f is None for f in found):
-        raise TqstoreError(f"{path} is a directory of selective dumps, and this build of tqstore cannot read dumps")
+        raise TqstoreError(f"{path} holds selective dumps, and this build of tqstore cannot read dumps")
     return found
 
 
@@ -40,29 +40,33 @@ def write_dumps_doc(doc: Dict[str, Any], w) -> None:
               f"{human(d['bytes'])}\n")
 
 
+def check_dump(path: Path, quick: bool):
+    """``(describe_dump's report, problems)`` of the dump at ``path`` (deep unless ``quick``)."""
+    describe, verify_dump = _functions(path, "describe_dump", "verify_dump")
+    try:
+        return describe(path), list(verify_dump(path, deep=not quick))
+    except (CorruptionError, CheckpointNotFoundError) as e:
+        return {"path": str(path), "kind": "dump"}, [str(e)]
+
+
+def verdict(name: str, doc: Dict[str, Any], problems: List[str]) -> str:
+    """The lines ``verify`` prints of one dump."""
+    if problems:
+        return f"BAD {name}: {len(problems)} problem(s)\n" + "".join(f"    {p}\n" for p in problems)
+    return (f"ok  {name}: dump of {doc['rows']} rows ({doc['rows_with_data']} with data), {doc['frames']} frames, "
+            f"{len(doc['shards'])} shards, {human(doc['bytes'])} checked\n")
+
+
 def verify_dumps(path: Path, out: TextIO, as_json: bool, quick: bool) -> int:
     """Verify every dump under ``path``: 0 when each is clean, 1 when one is not."""
-    describe, verify_dump = _functions(path, "describe_dump", "verify_dump")
-    reports = []
-    for name in dumps_in(path):
-        try:
-            doc = describe(path / name)
-            problems = list(verify_dump(path / name, deep=not quick))
-        except (CorruptionError, CheckpointNotFoundError) as e:
-            doc, problems = {}, [str(e)]
-        reports.append((name, doc, problems))
+    reports = [(name, *check_dump(path / name, quick)) for name in dumps_in(path)]
     bad = [r for r in reports if r[2]]
     if as_json:
         out.write(to_json({"path": str(path), "kind": "dumps", "ok": not bad,
                            "dumps": [dict(doc, name=n, ok=not p, problems=p) for n, doc, p in reports]},
                           indent=1, default=str) + "\n")
     else:
-        for name, doc, problems in reports:
-            if problems:
-                out.write(f"BAD {name}: {len(problems)} problem(s)\n" + "".join(f"    {p}\n" for p in problems))
-            else:
-                out.write(f"ok  {name}: dump of {doc['rows']} rows ({doc['rows_with_data']} with data), "
-                          f"{human(doc['bytes'])} checked\n")
+        out.write("".join(verdict(name, doc, problems) for name, doc, problems in reports))
     return EXIT_DAMAGED if bad else EXIT_OK
 
 

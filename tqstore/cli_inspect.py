@@ -133,21 +133,13 @@ def _store_report(out: TextIO, as_json: bool, path: Path, units: Optional[int], 
 
 
 def _verify_dump(path: Path, out: TextIO, as_json: bool, quick: bool) -> int:
-    describe, verify_dump = dump_function("describe_dump"), dump_function("verify_dump")
-    if describe is None or verify_dump is None:
-        raise TqstoreError(f"{path} is a selective dump, and this build of tqstore cannot verify dumps")
-    try:
-        doc = describe(path)
-        problems = list(verify_dump(path, deep=not quick))
-    except (CorruptionError, CheckpointNotFoundError) as e:
-        doc, problems = {"path": str(path), "kind": "dump"}, [str(e)]
+    from .cli_dumps import check_dump, verdict
+
+    doc, problems = check_dump(path, quick)
     if as_json:
         out.write(to_json(dict(doc, ok=not problems, problems=problems), indent=1, default=str) + "\n")
-    elif problems:
-        out.write(f"BAD {path}: {len(problems)} problem(s)\n" + "".join(f"    {p}\n" for p in problems))
     else:
-        out.write(f"ok  {path}: dump of {doc['rows']} rows ({doc['rows_with_data']} with data), {doc['frames']} "
-                  f"frames, {len(doc['shards'])} shards, {human(doc['bytes'])} checked\n")
+        out.write(verdict(str(path), doc, problems))
     return EXIT_DAMAGED if problems else EXIT_OK
 
 
