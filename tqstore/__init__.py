@@ -7,8 +7,8 @@ module functions act on; ``tqstore.open(path)`` gives a :class:`Store` object.
 rest of tqstore many times over): the torch adapter (:mod:`tqstore.torch_adapter`) is
 imported by the first store opened without an ``edge`` (every ``tq.init`` and
 ``tqstore.open``), and ``StreamingDataset`` / ``StreamingDataLoader`` (torch datasets) when
-first named.  The command-line tools that do not open a store (``verify``, ``inspect``) and
-the Ray backend's unit and controller actors never import it.
+first named.  The command-line tools (they open stores with the numpy edge) and the Ray
+backend's unit and controller actors never import it.
 """
 from __future__ import annotations
 

@@ -233,6 +233,7 @@ def open_store(path: Path, what: str, *, repair: bool = False):
     data as lost (:func:`tqstore.store_check.data_problems`: nothing is changed), raises
     :class:`CliDamaged`."""
     import tqstore
+    from .edge import NumpyEdge
     from .errors import CorruptionError, StorageIOError, TqstoreError
     from .store_check import data_problems
 
@@ -241,8 +242,8 @@ def open_store(path: Path, what: str, *, repair: bool = False):
     if lost:
         more = f" (and {len(lost) - 1} more: `verify` lists them)" if len(lost) > 1 else ""
         raise CliDamaged(f"cannot {what} {path}: {lost[0]}{more}; nothing was changed. {LOSS_HINT}")
-    try:
-        return tqstore.open(path)
+    try:  # (no tensor leaves these commands: the numpy edge, so that opening does not import torch)
+        return tqstore.open(path, edge=NumpyEdge("dict"))
     except StorageIOError as e:
         if "is open in another process" in str(e) or "already open in this process" in str(e):
             raise CliUsage(f"cannot {what} {path}: {e}; close it first") from e
