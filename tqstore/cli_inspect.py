@@ -104,7 +104,7 @@ def _verify_store(path: Path, out: TextIO, as_json: bool, repair: bool = False) 
     seen, logger = LostDataWarnings(), logging.getLogger("tqstore")
     logger.addHandler(seen)
     try:
-        with open_store(path, "verify", repair=True) as s:
+        with open_store(path, "verify", repair=True, walked=True) as s:
             opened = [f"at open: {m}" for m in seen.lines]
             problems = opened + s.verify()
             units = len(s.units)

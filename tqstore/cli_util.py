@@ -226,18 +226,19 @@ class CliUsage(Exception):
     """Raised inside a command: report the message and exit 2 (usage)."""
 
 
-def open_store(path: Path, what: str, *, repair: bool = False):
+def open_store(path: Path, what: str, *, repair: bool = False, walked: bool = False):
     """``tqstore.open(path)`` for ``verify`` / ``compact``: a store held by another process
     raises :class:`CliUsage`; a store that cannot be opened otherwise (a damaged
     controller or unit index, a bad descriptor), or, unless ``repair``, whose open would drop
     data as lost (:func:`tqstore.store_check.data_problems`: nothing is changed), raises
-    :class:`CliDamaged`."""
+    :class:`CliDamaged`.  ``walked``: the caller walked its indexes already."""
     import tqstore
     from .edge import NumpyEdge
     from .errors import CorruptionError, StorageIOError, TqstoreError
     from .store_check import data_problems
 
-    walk_store_indexes(path, units=True)
+    if not walked:
+        walk_store_indexes(path, units=True)
     lost = [] if repair else data_problems(path)
     if lost:
         more = f" (and {len(lost) - 1} more: `verify` lists them)" if len(lost) > 1 else ""
