@@ -206,3 +206,22 @@ def test_a_damaged_file_the_in_process_check_passes_is_one_the_walk_passes_too(t
     for i, ok in enumerate(passed):
         if ok:
             assert i not in walked, f"{targets[i]} passed in process, the walk says: {walked[i]}"
+
+
+def test_a_walk_of_more_paths_than_one_command_line_argument_holds(tmp_path):
+    # verify and loads of a store of thousands of units (or under a long path) name more than
+    # 128 KiB of paths, the most one argument of a child process holds on Linux
+    d = tmp_path
+    for i in range(12):
+        d = d / (f"{i:02d}" + "d" * 240)
+    d.mkdir(parents=True)
+    env = lmdb.open(str(d), map_size=1 << 24, max_dbs=8)
+    loc = env.open_db(b"loc")
+    with env.begin(write=True) as txn:
+        txn.put((7).to_bytes(8, "big") + b"f", b"x" * 20, db=loc)
+    env.close()
+    targets = [(str(d), "unit_index")] * 60
+    assert len(json.dumps(targets)) > 128 * 1024
+    walk = LmdbWalk(targets, timeout_s=120)
+    assert walk.result() == []
+    assert walk.entries == 60

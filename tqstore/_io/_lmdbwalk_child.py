@@ -1,6 +1,7 @@
 """The child side of :mod:`tqstore._io.lmdbwalk`: run as a script (``python -I -S``), it
 imports only the standard library and lmdb, walks the LMDB environments named in its
-argument and writes one JSON line per step to stdout.  See lmdbwalk for the protocol."""
+standard input (a JSON list; or in its first argument, when that is not "-") and writes one
+JSON line per step to stdout.  See lmdbwalk for the protocol."""
 from __future__ import annotations
 
 import json
@@ -137,7 +138,7 @@ def _child_main(argv: List[str]) -> int:
     sys.path.insert(0, argv[2])  # where lmdb is installed (the child runs without site)
     if hasattr(sys, "set_int_max_str_digits"):
         sys.set_int_max_str_digits(0)  # values hold integers of any size (docs/FORMAT.md, "Values")
-    targets = json.loads(argv[1])
+    targets = json.loads(sys.stdin.buffer.read() if argv[1] == "-" else argv[1])  # ("-": the list on stdin)
     out = sys.stdout.fileno()
     for i, (env_dir, schema) in enumerate(targets):
         os.write(out, (json.dumps({"start": i}) + "\n").encode())

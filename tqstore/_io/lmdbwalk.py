@@ -94,9 +94,13 @@ class LmdbWalk:
     def _spawn(self, base: int) -> None:
         self._base = base
         self._out = tempfile.TemporaryFile()
-        self._proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD, json.dumps(self.targets[base:]),
-                                       _LMDB_PATH], stdin=subprocess.DEVNULL,
-                                      stdout=self._out, stderr=subprocess.DEVNULL, close_fds=True)
+        # the targets go through a file on stdin, not the command line: one argument holds at
+        # most 128 KiB on Linux (a store of thousands of units, or a long path, names more)
+        with tempfile.TemporaryFile() as targets:
+            targets.write(json.dumps(self.targets[base:]).encode())
+            targets.seek(0)
+            self._proc = subprocess.Popen([sys.executable, "-I", "-S", _CHILD, "-", _LMDB_PATH], stdin=targets,
+                                          stdout=self._out, stderr=subprocess.DEVNULL, close_fds=True)
 
     def _records(self) -> List[dict]:
         """The child's records so far.  Read with ``pread`` (no seek): the child writes
