@@ -678,6 +678,43 @@ def test_a_current_pointer_naming_a_missing_state_is_an_error_that_removes_nothi
         assert s.kv_batch_get(["a", "b"], "p")["x"].tolist() == [[0, 1], [2, 3]]
 
 
+def test_a_creation_that_fails_to_open_its_units_leaves_no_store_behind(tmp_path):
+    """A new store whose units cannot all be opened (here the open-file limit) raises with
+    the limit to raise named, and takes back what it made: a retry, with another unit count,
+    creates the store afresh instead of meeting the failed one's STORE.json."""
+    code = ("import resource, sys, tqstore\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+            "try:\n"
+            "    tqstore.open(sys.argv[1], num_units=60, index_map_bytes=1 << 20)\n"
+            "except tqstore.StorageIOError as e:\n"
+            "    print(e)\n"
+            "    sys.exit(3)\n")
+    root = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "ulimit -n" in r.stdout
+    assert sorted(os.listdir(root)) == ["LOCK"]
+    with tqstore.open(root, num_units=2) as s:
+        s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 2)})
+    with tqstore.open(root) as s:
+        assert s.num_units == 2 and list(s.kv_list("p")["p"]) == ["a"]
+
+
+def test_an_index_map_the_address_space_cannot_hold_names_the_setting(tmp_path):
+    code = ("import resource, sys, tqstore\n"
+            "resource.setrlimit(resource.RLIMIT_AS, (32 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
+            "try:\n"
+            "    tqstore.open(sys.argv[1], num_units=1, index_map_bytes=64 << 30)\n"
+            "except tqstore.StorageIOError as e:\n"
+            "    print(e)\n"
+            "    sys.exit(3)\n")
+    root = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 3, r.stderr[-2000:]
+    assert "'index_map_bytes'" in r.stdout
+    assert sorted(os.listdir(root)) == ["LOCK"]
+
+
 def test_a_store_missing_its_store_json_is_refused_not_taken_for_creation_debris(tmp_path):
     """Only an interrupted creation (pointer files, empty state directories) is removed as
     debris; a directory without STORE.json whose state directory holds anything is refused

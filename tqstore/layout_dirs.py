@@ -75,6 +75,24 @@ def creation_debris(root: Path, name: str) -> bool:
     return parse_state_name(name) is not None and not p.is_symlink() and p.is_dir() and not files.listdir(p)
 
 
+def undo_creation(root: Path) -> None:
+    """Take back a store creation whose open failed before it returned (nothing was
+    acknowledged): ``STORE.json``, its commit point, goes first (durably), then the pointer
+    and the state directories it made; ``LOCK`` and ``root`` stay (the caller holds the
+    lock).  Raises OSError (what is left is then creation debris or a store an open
+    repairs)."""
+    root = Path(root)
+    files.unlink(root / STORE_FILE)
+    files.fsync_dir(root)
+    for name in files.listdir(root):
+        p = root / name
+        if parse_state_name(name) is not None and p.is_dir() and not p.is_symlink():
+            files.rmtree(p)
+        elif name in (CURRENT_FILE, CURRENT_FILE + ".tmp", STORE_FILE + ".tmp"):
+            files.unlink(p)
+    files.fsync_dir(root)
+
+
 def refuse_foreign(root: Path) -> List[str]:
     """Check that ``root`` may hold a store: it is missing, or a store (STORE.json), or holds
     nothing but ``LOCK`` and what an interrupted creation leaves (:func:`creation_debris`,

@@ -152,6 +152,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             raise StorageIOError(f"cannot create store directory {self.root}: {e}") from e
         self._pid = os.getpid()  # (a forked child may not use the store: _check_open)
         self._lock_fd = self._take_lock()
+        self._created = False  # (True once this open has written STORE.json: a new store)
         try:
             try:
                 self._open_state(num_units)
@@ -164,7 +165,11 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             try:
                 self._parts.close()
             finally:
-                self._release_lock()
+                try:
+                    if self._created:  # (a new store that never opened: a retry starts afresh)
+                        self._undo_creation()
+                finally:
+                    self._release_lock()
             raise
         self._capacity = capacity and capacity.for_units(self.num_units)
         self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
@@ -196,6 +201,14 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
     def _release_lock(self) -> None:
         store_lock.release(self._real_root, self._lock_fd)
 
+    def _undo_creation(self) -> None:
+        try:
+            L.undo_creation(self.root)
+            log.info("store creation in %s failed; what it made was removed", self.root)
+        except OSError as e:
+            log.warning("store creation in %s failed, and removing what it made failed too (%s); the next open "
+                        "finds it", self.root, e)
+
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
         new = d is None
@@ -210,6 +223,7 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             files.mkdir(self.root / L.state_name(1))
             L.write_current(self.root, L.state_name(1))
             d = L.create_store_file(self.root, n)
+            self._created = True
             files.fsync_dir(self.root.parent)  # the store directory's own entry
         self.num_units = L.check_units(self.root, d, num_units)
         current = L.read_current(self.root)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import mmap
 import os
@@ -39,7 +40,17 @@ def open_env(path: Path, *, max_dbs: int = 16, sync: bool = False, map_bytes: in
                          metasync=sync, readahead=False, max_readers=1024, lock=not readonly,
                          readonly=readonly, create=create and not readonly)
     except lmdb.Error as e:
-        raise StorageIOError(f"cannot open LMDB index at {path}: {e}") from e
+        raise StorageIOError(f"cannot open LMDB index at {path}: {e}{_open_hint(str(e), map_bytes)}") from e
+
+
+def _open_hint(msg: str, map_bytes: int) -> str:
+    """What to change when an index cannot be opened for want of a process resource."""
+    if os.strerror(errno.ENOMEM) in msg:
+        return (f" (its map of {map_bytes} bytes of address space could not be reserved: every index of a store "
+                f"maps 'index_map_bytes', one per unit and one for the controller; lower that setting)")
+    if os.strerror(errno.EMFILE) in msg or os.strerror(errno.ENFILE) in msg:
+        return " (the process's open-file limit is reached: a store holds about 4 files per unit; raise 'ulimit -n')"
+    return ""
 
 
 def check_extent(data: Path) -> None:
