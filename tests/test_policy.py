@@ -38,7 +38,8 @@ def test_the_interval_minimises_daly_s_expected_overhead():
 
 
 @pytest.mark.parametrize("args", [(-1, 10), (1, 0), (1, -5), (1, float("inf")), (float("nan"), 10), ("a", 10),
-                                  (1, 10, -1), ("2.5", 3600), (2.5, "3600"), (True, 3600), (1, 3600, b"1")])
+                                  (1, 10, -1), ("2.5", 3600), (2.5, "3600"), (True, 3600), (1, 3600, b"1"),
+                                  (10 ** 400, 10), (1, 10 ** 5000)])
 def test_bad_arguments_raise_value_errors(args):
     with pytest.raises(InvalidInputError):
         checkpoint_interval(*args)
@@ -51,3 +52,12 @@ def test_young_and_the_overhead_refuse_text_and_bools_too():
         young_interval(True, 3600.0)
     with pytest.raises(InvalidInputError):
         expected_overhead(60.0, 1.0, True)
+
+
+def test_an_interval_far_past_the_mtbf_has_an_infinite_overhead_and_an_int_past_floats_is_refused():
+    assert expected_overhead(1e5, 1.0, 1.0) == float("inf")
+    assert expected_overhead(1e5, 1.0, 1.0, restart_s=1e5) == float("inf")
+    with pytest.raises(InvalidInputError, match="mtbf_s"):
+        young_interval(1, 10 ** 400)
+    with pytest.raises(InvalidInputError, match="interval_s"):
+        expected_overhead(10 ** 400, 1, 1)

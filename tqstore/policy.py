@@ -27,6 +27,9 @@ def _positive(name: str, v: float, *, zero_ok: bool = False) -> float:
         f = float(v)
     except (TypeError, ValueError) as e:
         raise InvalidInputError(f"{name} must be a number of seconds, got {v!r}") from e
+    except OverflowError:  # (an int past the float range)
+        raise InvalidInputError(f"{name} must be a finite number of seconds, got a {type(v).__name__} past "
+                                f"the float range") from None
     if not math.isfinite(f) or f < 0 or (f == 0 and not zero_ok):
         raise InvalidInputError(f"{name} must be a finite number of seconds {'>= 0' if zero_ok else '> 0'}, got {v!r}")
     return f
@@ -64,9 +67,17 @@ def checkpoint_interval(save_cost_s: float, mtbf_s: float, restart_s: float = 0.
 
 def expected_overhead(interval_s: float, save_cost_s: float, mtbf_s: float, restart_s: float = 0.0) -> float:
     """Expected wall time per unit of useful compute, minus 1, in Daly's model:
-    ``M * exp(R/M) * (exp((tau + C)/M) - 1) / tau - 1`` (0 means no overhead)."""
+    ``M * exp(R/M) * (exp((tau + C)/M) - 1) / tau - 1`` (0 means no overhead; ``inf`` when
+    it is past the float range: an interval, save or restart far longer than the MTBF).
+
+    Raises:
+        InvalidInputError: as :func:`checkpoint_interval`, and for ``interval_s <= 0``.
+    """
     tau = _positive("interval_s", interval_s)
     c = _positive("save_cost_s", save_cost_s, zero_ok=True)
     m = _positive("mtbf_s", mtbf_s)
     r = _positive("restart_s", restart_s, zero_ok=True)
-    return m * math.exp(r / m) * math.expm1((tau + c) / m) / tau - 1.0
+    try:
+        return m * math.exp(r / m) * math.expm1((tau + c) / m) / tau - 1.0
+    except OverflowError:
+        return math.inf
