@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import tqstore
+from tqstore._format import values
 from tqstore.checkpoint import CheckpointFallbackWarning, CheckpointManager
 from tqstore.cli import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE, main
 
@@ -590,9 +591,9 @@ def test_a_json_failure_keeps_a_message_that_holds_a_newline_whole(tmp_path):
 def test_ls_of_a_dump_or_store_shows_one_line_per_key_whatever_the_key_holds(tmp_path):
     """A key with a newline (or a partition id with a tab) would split or blur a listing
     line: such names are shown as JSON strings, one line each; plain names as they are."""
-    keys = ["plain", "two\nlines", '"quoted"', "tab\there"]
+    keys = ["plain", "two\nlines", '"quoted"', "tab\there", ""]
     with tqstore.open(tmp_path / "s", num_units=1) as s:
-        s.kv_batch_put(keys, "train", fields={"x": torch.arange(4).view(4, 1)})
+        s.kv_batch_put(keys, "train", fields={"x": torch.arange(5).view(5, 1)})
         s.kv_batch_put(["k"], "odd\tpart", fields={"x": torch.ones(1, 1)})
         s.dump_data_by_key(tmp_path / "d", keys, "train")
     code, out, _ = run("ls", tmp_path / "d")
@@ -603,3 +604,17 @@ def test_ls_of_a_dump_or_store_shows_one_line_per_key_whatever_the_key_holds(tmp
     code, out, _ = run("ls", tmp_path / "s")
     assert code == 0 and len(out.splitlines()) == 2
     assert sorted(ln.split(" keys  ")[1] for ln in out.splitlines()) == sorted([json.dumps("odd\tpart"), "train"])
+
+
+def test_ls_and_inspect_of_a_dump_whose_tags_hold_integers_of_any_size(tmp_path):
+    """Tags may hold integers of any size (README); ls of such a dump died on Python's
+    4,300-digit limit (its --json too, writing no JSON)."""
+    big = 7 ** 6000
+    with tqstore.open(tmp_path / "s", num_units=1) as s:
+        s.kv_batch_put(["a"], "p", tags=[{"big": big}])
+        s.dump_data_by_key(tmp_path / "d", ["a"], "p")
+    code, out, err = run("ls", tmp_path / "d")
+    assert code == 0 and out.startswith("a  "), err
+    code, out, err = run("ls", "--json", tmp_path / "d")
+    assert code == 0, err
+    assert values.loads(out)["rows"][0]["tag"]["big"] == big  # (parses integers of any size)

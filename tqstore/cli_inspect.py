@@ -447,9 +447,10 @@ def _ls_dump(path: Path, out: TextIO, as_json: bool) -> int:
 
 def shown_name(name: str) -> str:
     """A key or partition id as one line of a listing: as it is, or as a JSON string when it
-    holds a character that is not printable (a newline would split the line) or starts
-    with a double quote (so that a quoted name is never a name as it is)."""
-    return name if name.isprintable() and not name.startswith('"') else to_json(name)
+    holds a character that is not printable (a newline would split the line), starts
+    with a double quote (so that a quoted name is never a name as it is) or is empty (the key
+    ``""`` is ``""``, not a blank)."""
+    return name if name and name.isprintable() and not name.startswith('"') else to_json(name)
 
 
 def newest_valid_steps(path: Path, err: TextIO, count: int, quick: bool = False) -> Tuple[List[int], List[int]]:

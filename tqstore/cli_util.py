@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, List, Optional, TextIO
@@ -25,11 +26,19 @@ TORN_KINDS = ("torn store", "torn checkpoint")
 def to_json(doc: Any, **kwargs: Any) -> str:
     """``json.dumps(doc, **kwargs)`` as strict JSON: a NaN or infinite float (tags may hold
     them) is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"`` (bare ``NaN``
-    is no JSON: strict parsers, jq among them, refuse the whole document)."""
+    is no JSON: strict parsers, jq among them, refuse the whole document); integers of any
+    size (tags may hold them) are written in full."""
+    limit = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    if limit:
+        sys.set_int_max_str_digits(0)  # (the command's own process: restored after)
     try:
-        return json.dumps(doc, allow_nan=False, **kwargs)
-    except ValueError:
-        return json.dumps(_finite(doc), allow_nan=False, **kwargs)
+        try:
+            return json.dumps(doc, allow_nan=False, **kwargs)
+        except ValueError:
+            return json.dumps(_finite(doc), allow_nan=False, **kwargs)
+    finally:
+        if limit:
+            sys.set_int_max_str_digits(limit)
 
 
 def _finite(v: Any) -> Any:
