@@ -54,7 +54,7 @@ FAILPOINT_CALLS = {"_fp", "hit", "lmdb_commit_point", "_open_lock_file"}
 EXEMPT: Dict[Tuple[str, str], str] = {
     ("_io/_lmdbwalk_child.py", "_child_main"): "writes its report to the pipe of its parent (stdout)",
     ("_io/locks.py", "hold_dir"): "an flock on a directory: an in-use mark that vanishes with the process",
-    ("_io/locks.py", "dir_in_use"): "tries (and drops) the flock of hold_dir: changes nothing",
+    ("_io/locks.py", "_held_elsewhere"): "tries (and drops) the flock of hold_dir or flocked: changes nothing",
     ("_io/locks.py", "_flock_waiting"): "the flock of flocked, whose lock file's open (_open_lock_file) is the failpoint",
 }
 #: functions outside _io that make a durable call, and why that is fine

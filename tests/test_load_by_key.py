@@ -707,3 +707,21 @@ def test_a_call_meeting_a_restore_whose_load_ended_meanwhile_runs_again(source, 
         dst.kv_batch_put([keys[0]], "train", tags=[{"after": "load"}])
         assert not loader.is_alive() and dst.controller.restores() == []
         assert dst.kv_list("train")["train"][keys[0]]["after"] == "load"
+
+
+def test_a_dump_to_a_directory_another_store_is_loading_from_waits_for_that_load(source, tmp_path):
+    """A running load's marker goes when it ends: a dump to its directory (from another store)
+    raised RestorePendingError at once, telling the user to settle a load that was healthy."""
+    src, keys = source
+    dump = write_dump(src, tmp_path / "dump", keys[:6], "train")
+    want = rows_of(src, "train", keys[:6])
+    with tqstore.open(tmp_path / "dst", num_units=3) as dst:
+        with load_held_in_import(dst, dump) as (release, loader):
+            handle = src.dump_data_by_key(dump, keys[6:9], "train", blocking=False)
+            time.sleep(0.2)
+            assert not handle.done()  # waiting for the load's lock
+            release.set()
+            loader.join(30)
+            rep = handle.result(timeout=30)
+        assert rep["keys"] == 3 and list(tqstore.read_row_index(dump)["rows"]) == keys[6:9]
+        assert rows_of(dst, "train", keys[:6]) == want and dst.controller.restores() == []

@@ -211,8 +211,19 @@ if hasattr(os, "register_at_fork"):
 def dir_in_use(path: PathLike) -> bool:
     """True while another open file description (a writer of this or another process) holds
     the :func:`hold_dir` mark of ``path``; False when it is free, gone or cannot be flocked."""
+    return _held_elsewhere(path, os.O_DIRECTORY)
+
+
+def lock_in_use(path: PathLike) -> bool:
+    """True while another open file description (a call of this or another process) holds
+    the lock file ``path`` (:func:`flocked`); False when it is free, missing (nothing is
+    created) or cannot be flocked."""
+    return _held_elsewhere(path, 0)
+
+
+def _held_elsewhere(path: PathLike, flags: int) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
     except OSError:
         return False
     try:

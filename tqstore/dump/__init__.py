@@ -67,8 +67,10 @@ class DumpMixin:
             PartitionNotFoundError, KeyNotFoundError: an unknown partition or key (nothing
                 written, no directory left; with ``blocking=False`` a key's error is raised by
                 the handle's ``result()``).
-            RestorePendingError: ``<dir>.restore`` exists (a load may still read the dump;
-                call ``recover_data_load(dump_dir)``), or the partition has an unresolved
+            RestorePendingError: ``<dir>.restore`` exists while no call holds ``<dir>.lock``
+                (a load left unresolved may still read the dump; call
+                ``recover_data_load(dump_dir)``; a load running now, in this process or
+                another, is waited for instead: its marker goes when it ends), or the partition has an unresolved
                 restore (a load of it that another thread of this process runs is waited for
                 instead).
             CheckpointError: the target is a file, a user's directory, a store, a checkpoint,

@@ -137,6 +137,14 @@ def take_off_stale(final: Path, store_root: PathLike, store_has_restore: bool) -
         _write_marker(final, listed - gone - stale, hosts)
 
 
+def load_running(final: Path) -> bool:
+    """Whether ``<dir>.restore`` exists while a call holds ``<dir>.lock``: a load of the dump
+    may be running now (a load holds the lock from its first check to the removal of its
+    marker), so a dump waits for the lock and checks the marker again under it instead of
+    refusing at once.  Reads only."""
+    return os.path.lexists(sibling(final, ".restore")) and locks.lock_in_use(lock_path(final))
+
+
 def refuse_if_restoring(final: Path, *, store_root: Optional[PathLike] = None, store_has_restore: bool = True) -> None:
     """Raise RestorePendingError when ``<dir>.restore`` exists (naming the stores it lists).
     ``store_root`` is the store asking; when the marker lists it alone and ``store_has_restore``

@@ -319,8 +319,9 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
     blocking = check_flag("blocking", blocking)
     keys = check_key_list(keys, partition_id)
     final = P.check_target(dump_dir, live_store=store.root)
-    P.refuse_if_restoring(final, store_root=store.root,
-                          store_has_restore=any(r.dump == str(final) for r in store.controller.restores()))
+    if not P.load_running(final):  # (a running load's marker goes when it ends: the job waits for its lock)
+        P.refuse_if_restoring(final, store_root=store.root,
+                              store_has_restore=any(r.dump == str(final) for r in store.controller.restores()))
     # an unresolved restore of the partition first (its keys may not be rows yet; checked again at the cut)
     _ports.check_no_restore(store.controller, partition_id, f"a dump of partition {partition_id!r}")
     # blocking: the keys checked now, outside the write lock (the cut compares epochs); else by
