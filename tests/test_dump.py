@@ -741,3 +741,24 @@ def test_a_restore_marker_entry_a_killed_load_left_does_not_block_the_stores_nex
         with pytest.raises(RestorePendingError, match="has no restore of it left"):
             s.dump_data_by_key(d, keys[:2], "train")
         assert read_row_index(d)["rows"].keys() == set(keys[:4])
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_a_row_index_past_the_readers_limit_is_never_published(store, tmp_path, monkeypatch, blocking):
+    """Readers refuse a rows.json past 1 GiB (tags of long non-ASCII text, escaped, get there):
+    such a dump was published, then could never be read or loaded."""
+    from tqstore._format import dump_records as D
+
+    store.kv_batch_put(["a", "b"], "train", tags=[{"prompt": "\u65e5" * 300}, {"prompt": "x"}])
+    d = tmp_path / "d"
+    store.dump_data_by_key(d, ["a", "b"], "train")
+    big = (d / "rows.json").stat().st_size
+    store.dump_data_by_key(d, ["b"], "train")
+    before = dump_picture(d)
+    monkeypatch.setattr(D, "MAX_JSON_BYTES", big - 1)  # (a small limit stands for the 1 GiB one)
+    with pytest.raises(InvalidInputError, match="row index would hold"):
+        h = store.dump_data_by_key(d, ["a", "b"], "train", blocking=blocking)
+        if not blocking:
+            h.result()
+    assert dump_picture(d) == before and sorted(os.listdir(tmp_path)) == ["d", "d.lock", "store"]
+    assert list(read_row_index(d)["rows"]) == ["b"]

@@ -63,7 +63,8 @@ class DumpMixin:
 
         Raises:
             InvalidInputError: ``keys`` is not a list of valid str keys, or ``blocking`` is not a
-                bool (nothing written).
+                bool (nothing written); or the row index would pass the 1 GiB a reader
+                accepts (tags of long text: nothing published, the previous dump intact).
             PartitionNotFoundError, KeyNotFoundError: an unknown partition or key (nothing
                 written, no directory left; with ``blocking=False`` a key's error is raised by
                 the handle's ``result()``).

@@ -285,6 +285,11 @@ class DumpJob:
         def write_index() -> bytes:  # beside the shards: its fsync overlaps theirs
             data = D.encode_row_index(cut.partition_id, cut.num_units, rows.schema,
                                       list(zip(rows.keys, rows.gidxs, rows.tags, rows.fields)))
+            if len(data) > D.MAX_JSON_BYTES:  # (no reader would take it: nothing is published)
+                raise InvalidInputError(
+                    f"the dump's row index would hold {len(data)} bytes, more than the {D.MAX_JSON_BYTES} a reader "
+                    f"accepts (its tags and keys, as JSON text, non-ASCII characters escaped); nothing was published: "
+                    f"dump the keys in several dumps, or keep long text in a field rather than in tags")
             files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True)
             return data
 
