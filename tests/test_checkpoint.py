@@ -127,7 +127,7 @@ def test_metadata_is_kept_in_the_manifest_and_returned_by_load(store, tmp_path):
 
 
 @pytest.mark.parametrize("bad", [{"x": object()}, {"x": float("nan")}, {1: "int key"}, ["not", "a", "mapping"],
-                                 {"t": torch.ones(1)}])
+                                 {"t": torch.ones(1)}, {"a": "\ud800"}, {"\udc80": 1}, {"a": ["ok", "x\ud800"]}])
 def test_metadata_that_is_not_json_is_rejected_before_anything_is_written(store, tmp_path, bad):
     with pytest.raises(InvalidInputError):
         store.save_checkpoint(tmp_path / "ckpt", metadata=bad)

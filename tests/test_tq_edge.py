@@ -578,6 +578,17 @@ def test_a_meta_made_by_hand_for_rows_that_do_not_exist_is_refused_by_name(tmp_p
             with pytest.raises(tq.InvalidInputError, match="global indexes must be ints"):
                 tq.BatchMeta(bad, ["a"])
         assert tq.BatchMeta([np.int64(1), torch.tensor(0)], ["a", "a"]).global_indexes == [1, 0]
+        # partition ids: a str was split into characters ("pp": partitions p and p), a list id
+        # failed deep inside (TypeError: unhashable)
+        with pytest.raises(tq.InvalidInputError, match="partition_ids must be a list of str"):
+            tq.BatchMeta([0, 1], "aa")
+        with pytest.raises(tq.InvalidInputError, match="partition ids must be str"):
+            tq.BatchMeta([0], [["a"]])
+        with pytest.raises(tq.InvalidInputError, match="keys must be a list of str"):
+            tq.KVBatchMeta(keys=None, partition_id="a")
+        with pytest.raises(tq.InvalidInputError, match="create must be True or False"):
+            s.kv_retrieve_meta(["new"], "a", create="no")  # (created the row)
+        assert s.kv_retrieve_meta(["new"], "a").size == 0 and s.get_data(ok)["x"].tolist() == [1, 2]
 
 
 def test_paths_and_switches_that_are_not_usable_are_refused_before_anything_is_written(tmp_path):

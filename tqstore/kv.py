@@ -33,7 +33,7 @@ import logging
 import threading
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
-from ._format.names import as_int
+from ._format.names import as_int, check_flag
 from ._gcpause import pausing
 from .call_checks import check_pid as _check_pid
 from .edge import NumpyEdge
@@ -433,11 +433,12 @@ class DataPlane:
         Raises:
             UnsupportedTypeError (a TypeError, TransferQueue's error): ``keys`` is not a str
                 or a list of str.
-            InvalidInputError: an empty list, a bad partition id or key.
+            InvalidInputError: an empty list, a bad partition id or key, ``create`` not a bool.
         """
         keys = _one_or_list(keys, str, "Received an empty list as keys.", "Not all elements in `keys` are strings.",
                             "Only string or list of strings are allowed as `keys`.")
         _check_pid(partition_id)
+        create = check_flag("create", create)  # ("no" would create rows)
         self.check_open()
         if create:
             with self.lock:

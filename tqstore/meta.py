@@ -61,7 +61,14 @@ class BatchMeta:
         if None in self.global_indexes:
             bad = list(global_indexes)[self.global_indexes.index(None)]
             raise InvalidInputError(f"BatchMeta: global indexes must be ints, got {bad!r:.80}")
+        if isinstance(partition_ids, (str, bytes)):  # (list() would split it into characters)
+            raise InvalidInputError(f"BatchMeta: partition_ids must be a list of str (one per row), got "
+                                    f"{type(partition_ids).__name__} {partition_ids!r:.80}")
         self.partition_ids = list(partition_ids)
+        if not set(map(type, self.partition_ids)) <= {str}:
+            bad = next((p for p in self.partition_ids if not isinstance(p, str)), None)
+            if bad is not None:
+                raise InvalidInputError(f"BatchMeta: partition ids must be str, got {type(bad).__name__} {bad!r:.80}")
         n = len(self.global_indexes)
         if len(self.partition_ids) != n:
             raise InvalidInputError(f"BatchMeta: {n} global indexes but {len(self.partition_ids)} partition ids")

@@ -32,6 +32,8 @@ class KVBatchMeta:
     extra_info: Dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if self.keys is None or isinstance(self.keys, (str, bytes)) or not hasattr(self.keys, "__iter__"):
+            raise InvalidInputError(f"KVBatchMeta: keys must be a list of str, got {type(self.keys).__name__}")
         self.keys = list(self.keys)
         # a copy of each tag (an empty dict, the common tag, copied without deepcopy's bookkeeping)
         self.tags = [{} if type(t) is dict and not t else t if t is None else copy.deepcopy(t) for t in self.tags]
