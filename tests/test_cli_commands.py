@@ -618,3 +618,14 @@ def test_ls_and_inspect_of_a_dump_whose_tags_hold_integers_of_any_size(tmp_path)
     code, out, err = run("ls", "--json", tmp_path / "d")
     assert code == 0, err
     assert values.loads(out)["rows"][0]["tag"]["big"] == big  # (parses integers of any size)
+
+
+@pytest.mark.parametrize("command", ["verify", "inspect", "ls", "compact", "prune"])
+def test_an_empty_path_is_a_usage_error_not_the_current_directory(tmp_path, command, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with tqstore.open(tmp_path / "s", num_units=1):
+        pass
+    monkeypatch.chdir(tmp_path / "s")  # ("" took the current directory: here a store)
+    argv = [command, "", "--json"] + (["--keep", "1"] if command == "prune" else [])
+    code, out, err = run(*argv)
+    assert code == EXIT_USAGE and "the path is empty" in json.loads(out)["error"], (out, err)

@@ -42,6 +42,13 @@ def _add(sub, name: str, help_: str, description: str, example: str, what: str =
                           formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
+def _path(text: str) -> str:
+    """A command's PATH argument: any non-empty text ("" would name the current directory)."""
+    if not text:
+        raise argparse.ArgumentTypeError("the path is empty")
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``python -m tqstore`` (one subparser per command)."""
     p = argparse.ArgumentParser(
@@ -93,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
              "describe_dump report). Reads only and verifies nothing beyond parsing (use verify); a "
              "generation whose manifest does not parse is listed as unreadable and makes the exit status 1.",
              "python -m tqstore inspect run/generations/step-0000000100", "store, checkpoint, root or dump")
-    i.add_argument("path", help="a store, a checkpoint, a CheckpointManager root, a dump or a directory of dumps")
+    i.add_argument("path", type=_path, help="a store, a checkpoint, a CheckpointManager root, a dump or a directory of dumps")
     i.add_argument("--json", action="store_true", help="print a JSON document on stdout")
 
     v = _add(sub, "verify", "check a store, a checkpoint, every generation of a root, or a dump",
@@ -110,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
              "index. A dump: every shard "
              "frame; a directory of dumps (one per step, as the demo writes them): each dump. One line per "
              "problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
-    v.add_argument("path", help="a store, a checkpoint, a CheckpointManager root, a dump or a directory of dumps")
+    v.add_argument("path", type=_path, help="a store, a checkpoint, a CheckpointManager root, a dump or a directory of dumps")
     v.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     v.add_argument("--quick", action="store_true", help="checkpoints: the manifest and each file's size and "
                                                         "CRC32C only (not the indexes or frames)")
@@ -125,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
               "(rows, keys; read only) or the keys of a dump (fields, tag); a key or partition id holding a "
               "character that is not printable, or starting with a double quote, is shown as a JSON string.",
               "python -m tqstore ls run/generations --deep", "store, checkpoint, root or dump")
-    ls.add_argument("path", help="a CheckpointManager root, a checkpoint, a store, a dump or a directory of dumps")
+    ls.add_argument("path", type=_path, help="a CheckpointManager root, a checkpoint, a store, a dump or a directory of dumps")
     ls.add_argument("--json", action="store_true", help="print JSON on stdout")
     ls.add_argument("--deep", action="store_true", help="roots: check every frame of every generation (slower)")
 
@@ -138,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
               "directory holding what is not a tqstore checkpoint is left alone and named. --dry-run says what "
               "the same run would delete. Runs under the root's exclusive lock, as CheckpointManager.prune.",
               "python -m tqstore prune run/generations --keep 2 --dry-run", "generation root")
-    pr.add_argument("path", help="a CheckpointManager root")
+    pr.add_argument("path", type=_path, help="a CheckpointManager root")
     pr.add_argument("--keep", type=int, required=True, help="how many of the newest valid generations to keep (>= 1)")
     pr.add_argument("--dry-run", action="store_true", help="say what would be deleted, delete nothing")
     pr.add_argument("--quick", action="store_true", help="find the newest valid generations with quick checks")
@@ -152,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
              "data than 1/16 of the segment size) when a unit has two or more, then unlink those segments. "
              "Acknowledged data is kept; segments a checkpoint hard-linked stay valid in the checkpoint.",
              "python -m tqstore compact run/buffer --live-ratio 0.5", "store directory")
-    c.add_argument("path", help="a store directory")
+    c.add_argument("path", type=_path, help="a store directory")
     c.add_argument("--live-ratio", type=float, default=0.5, help="compact segments less live than this, in (0, 1] (default 0.5)")
     c.add_argument("--json", action="store_true", help="print a JSON report on stdout")
 
