@@ -725,3 +725,28 @@ def test_a_dump_to_a_directory_another_store_is_loading_from_waits_for_that_load
             rep = handle.result(timeout=30)
         assert rep["keys"] == 3 and list(tqstore.read_row_index(dump)["rows"]) == keys[6:9]
         assert rows_of(dst, "train", keys[:6]) == want and dst.controller.restores() == []
+
+
+def test_a_field_once_mixed_is_dumped_with_the_one_dtype_its_dumped_rows_hold(tmp_path):
+    """The partition's schema stays "mixed" once any row held another dtype (a row cleared
+    since too): a dump wrote "mixed", which a strict store refused ("holds tensor of several
+    dtypes", untrue of the dumped rows) and a lenient one merged, making its own field mixed."""
+    with tqstore.open(tmp_path / "src", num_units=2, strict_schema=False) as src:
+        src.kv_batch_put(["old"], "train", fields={"x": torch.zeros(1, 3, dtype=torch.float64)})
+        src.kv_batch_put(["a", "b", "c"], "train", fields={"x": torch.ones(3, 3)})
+        src.kv_clear(["old"], "train")
+        src.dump_data_by_key(tmp_path / "d32", ["a", "b", "c"], "train")
+        src.kv_batch_put(["old"], "train", fields={"x": torch.zeros(1, 3, dtype=torch.float64)})
+        src.dump_data_by_key(tmp_path / "dmix", ["a", "old"], "train")
+    assert tqstore.read_row_index(tmp_path / "d32")["schemas"]["x"]["dtype"] == "float32"
+    assert tqstore.read_row_index(tmp_path / "dmix")["schemas"]["x"]["dtype"] == "mixed"
+    for strict in (True, False):
+        with tqstore.open(tmp_path / f"dst{strict}", num_units=3, strict_schema=strict) as dst:
+            dst.kv_batch_put(["live"], "train", fields={"x": torch.full((1, 3), 2.0)})
+            dst.load_data_by_key(tmp_path / "d32")
+            assert dst.kv_batch_get(["a", "live"], "train")["x"].dtype == torch.float32
+            if strict:
+                with pytest.raises(SchemaError):
+                    dst.load_data_by_key(tmp_path / "dmix")
+            # the live field keeps one dtype (a mixed one reports none)
+            assert dst.kv_retrieve_meta(["a", "live"], "train").field_schema["x"]["dtype"] == torch.float32

@@ -130,7 +130,9 @@ class UnitImport:
 class ShardInfo:
     """What a unit wrote when it exported rows into a dump shard (:meth:`UnitPort.export_rows`):
     the file (``path`` as given), its exact ``size`` and whole-file ``crc32c``, its ``frames``,
-    the ``rows`` with at least one frame, and ``payload_bytes`` (bytes of the frames)."""
+    the ``rows`` with at least one frame, and ``payload_bytes`` (bytes of the frames);
+    ``dtypes``: each field's dtype codes among its frames (a field the partition's schema calls
+    "mixed" whose dumped frames hold one dtype is written with that one)."""
 
     unit: int
     path: str
@@ -139,3 +141,4 @@ class ShardInfo:
     frames: int
     rows: int
     payload_bytes: int
+    dtypes: Dict[str, Tuple[int, ...]] = field(default_factory=dict)

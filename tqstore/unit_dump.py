@@ -29,6 +29,7 @@ from ._format import dump_records as D
 from ._format import unit_records as UR
 from ._format.frame import _raise_first, check_run
 from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, decode_index_key
+from ._format.layout import PREFIX_SIZE
 from ._io.gilturn import bulk_index
 from ._io import files
 from ._io.lmdbenv import wrap_errors
@@ -73,6 +74,7 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     header = D.encode_shard_header(unit.unit_id, num_units, len(locs), nbytes, table)
     bufs: List = [header]
     crc = _native.crc32c(header)  # the shard's CRC32C, as its bytes are laid out
+    dtypes = np.zeros(len(locs), np.uint8)  # each frame's dtype code (byte DTYPE_AT of its header)
     try:
         for seg in np.unique(locs["seg"]).tolist():
             sel = locs["seg"] == seg
@@ -81,6 +83,7 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
             path = unit._seg_path(seg)
             res = check_run(m, ls, ggs)
             _raise_first(m, ls, res, ggs, path=path)
+            dtypes[sel] = _bytes_at(m, ls["offset"].astype(np.int64) + DTYPE_AT)
             # (checked: each trailer holds its covered bytes' CRC32C, so only the tails are read)
             crc = _native.crc32c_frames(m, ls["offset"].astype(np.int64), ls["length"].astype(np.int64), crc)
             starts, ends = _runs(ls)
@@ -98,7 +101,17 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     files.fsync_file(dest)
     rows = len(set(gs.tolist()))
     log.debug("unit %d: dumped %d frames of %d rows (%d bytes) into %s", unit.unit_id, len(locs), rows, nbytes, dest)
-    return ShardInfo(unit.unit_id, str(dest), size, crc, len(locs), rows, nbytes)
+    seen = {names[int(f)]: tuple(np.unique(dtypes[fids == f]).tolist()) for f in np.unique(fids).tolist()}
+    return ShardInfo(unit.unit_id, str(dest), size, crc, len(locs), rows, nbytes, seen)
+
+
+#: where a record frame's dtype code lies (docs/FORMAT.md, "Record frame": prefix, gidx, kind, dtype)
+DTYPE_AT = PREFIX_SIZE + 9
+
+
+def _bytes_at(m, offsets: np.ndarray) -> np.ndarray:
+    """The bytes of mapping ``m`` at ``offsets`` (a copy: no view of the mapping outlives the call)."""
+    return np.frombuffer(m, np.uint8)[offsets]
 
 
 def _resolve(unit, view, gidxs, fields, put_token: int):

@@ -46,6 +46,7 @@ import numpy as np
 from .. import _native
 from .._gcpause import paused
 from .._format import dump_records as D
+from .._format.dtypes import SCHEMA_MIXED
 from .._format.names import check_flag, check_key, check_name
 from .._io import files
 from ..checkpoint import writer as W
@@ -186,6 +187,19 @@ def plan(rows: RowBatch, num_units: int) -> List[UnitWork]:
     return [UnitWork(u, gs, fl) for u, (gs, fl) in sorted(per.items())]
 
 
+def narrowed_schema(schema: Dict[str, Tuple[int, int]], shards: Sequence[ShardInfo]) -> Dict[str, Tuple[int, int]]:
+    """``schema`` with each "mixed" field whose dumped frames all hold one dtype given that dtype
+    (the partition's schema stays mixed once any row held another dtype, even a row since
+    cleared; a load of the dump merges only what its frames hold).  Pure."""
+    out = dict(schema)
+    for f, (kind, dtype) in schema.items():
+        if dtype == SCHEMA_MIXED:
+            seen = {d for s in shards for d in s.dtypes.get(f, ())}
+            if len(seen) == 1:
+                out[f] = (kind, seen.pop())
+    return out
+
+
 def report_of(index_rows: int, shards: Sequence[ShardInfo], total: int, **extra: Any) -> Dict[str, Any]:
     """The report mapping of a dump."""
     out = {"keys": index_rows, "rows_with_data": sum(s.rows for s in shards), "shards": len(shards), "bytes": total,
@@ -282,8 +296,10 @@ class DumpJob:
         work = plan(rows, cut.num_units)
         shards: List[ShardInfo] = []
 
-        def write_index() -> bytes:  # beside the shards: its fsync overlaps theirs
-            data = D.encode_row_index(cut.partition_id, cut.num_units, rows.schema,
+        mixed = any(d == SCHEMA_MIXED for _k, d in rows.schema.values())
+
+        def write_index(schema=rows.schema) -> bytes:  # beside the shards: its fsync overlaps theirs
+            data = D.encode_row_index(cut.partition_id, cut.num_units, schema,
                                       list(zip(rows.keys, rows.gidxs, rows.tags, rows.fields)))
             if len(data) > D.MAX_JSON_BYTES:  # (no reader would take it: nothing is published)
                 raise InvalidInputError(
@@ -298,8 +314,12 @@ class DumpJob:
             futs = [pool.submit(snap.ports[w.unit].export_rows, snap.unit_snaps[w.unit], w.gidxs, w.fields,
                                 str(tmp / D.shard_name(w.unit)), num_units=cut.num_units,
                                 put_token=cut.put_token) for w in work]
-            *done, index = W.gather(futs + [pool.submit(write_index)])
-            shards.extend(done)
+            if mixed:  # (the shards tell the dtypes of a mixed field's dumped frames: the index after them)
+                shards.extend(W.gather(futs))
+                index = write_index(narrowed_schema(rows.schema, shards))
+            else:
+                *done, index = W.gather(futs + [pool.submit(write_index)])
+                shards.extend(done)
         t.append(time.perf_counter())
         summary = report_of(len(rows), shards, 0)
         manifest = D.encode_manifest(
