@@ -618,6 +618,9 @@ def test_ls_and_inspect_of_a_dump_whose_tags_hold_integers_of_any_size(tmp_path)
     code, out, err = run("ls", "--json", tmp_path / "d")
     assert code == 0, err
     assert values.loads(out)["rows"][0]["tag"]["big"] == big  # (parses integers of any size)
+    for argv in (["inspect", tmp_path / "d"], ["inspect", "--json", tmp_path / "d"], ["verify", tmp_path / "d"]):
+        code, out, err = run(*argv)
+        assert code == 0, (argv, err)
 
 
 @pytest.mark.parametrize("command", ["verify", "inspect", "ls", "compact", "prune"])

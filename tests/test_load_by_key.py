@@ -745,8 +745,50 @@ def test_a_field_once_mixed_is_dumped_with_the_one_dtype_its_dumped_rows_hold(tm
             dst.kv_batch_put(["live"], "train", fields={"x": torch.full((1, 3), 2.0)})
             dst.load_data_by_key(tmp_path / "d32")
             assert dst.kv_batch_get(["a", "live"], "train")["x"].dtype == torch.float32
+            # the live field keeps one dtype (a mixed one reports none)
+            assert dst.kv_retrieve_meta(["a", "live"], "train").field_schema["x"]["dtype"] == torch.float32
             if strict:
                 with pytest.raises(SchemaError):
                     dst.load_data_by_key(tmp_path / "dmix")
-            # the live field keeps one dtype (a mixed one reports none)
-            assert dst.kv_retrieve_meta(["a", "live"], "train").field_schema["x"]["dtype"] == torch.float32
+            else:  # rows of two dtypes: the field is mixed now
+                dst.load_data_by_key(tmp_path / "dmix")
+                assert dst.kv_retrieve_meta(["a", "live"], "train").field_schema["x"]["dtype"] is None
+                assert dst.kv_batch_get(["old"], "train")["x"].dtype == torch.float64
+
+
+def test_a_dump_waiting_for_a_load_that_dies_refuses_and_leaves_the_dump_for_its_recover(tmp_path):
+    """The dump waits for the lock of a running load; the load is killed: its restore stays
+    pending, so the dump must not replace the directory its recover will read."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    child = ("import sys, time, tqstore\n"
+             "s = tqstore.open(sys.argv[1], num_units=1)\n"
+             "u = s.units[0]\n"
+             "real = u.import_restore\n"
+             "def held(*a, **k):\n"
+             "    print('importing', flush=True)\n"
+             "    time.sleep(120)\n"
+             "u.import_restore = held\n"
+             "s.load_data_by_key(sys.argv[2])\n")
+    with tqstore.open(tmp_path / "s", num_units=2) as src:
+        src.kv_batch_put(["a", "b"], "train", fields={"x": torch.ones(2, 3)})
+        dump = src.dump_data_by_key(tmp_path / "d", ["a", "b"], "train")["path"]
+        p = subprocess.Popen([sys.executable, "-c", child, str(tmp_path / "dst"), dump], stdout=subprocess.PIPE,
+                             text=True, cwd=Path(__file__).resolve().parents[1])
+        try:
+            assert p.stdout.readline().strip() == "importing"
+            h = src.dump_data_by_key(dump, ["a"], "train", blocking=False)
+            time.sleep(0.3)
+            assert not h.done()  # waiting for the load's lock
+        finally:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+        with pytest.raises(RestorePendingError, match="recover_data_load"):
+            h.result(timeout=30)
+        assert list(tqstore.read_row_index(dump)["rows"]) == ["a", "b"]
+    with tqstore.open(tmp_path / "dst") as dst:
+        assert dst.recover_data_load(dump) is True
+        assert sorted(dst.kv_list("train")["train"]) == ["a", "b"]

@@ -700,6 +700,29 @@ def test_a_creation_that_fails_to_open_its_units_leaves_no_store_behind(tmp_path
         assert s.num_units == 2 and list(s.kv_list("p")["p"]) == ["a"]
 
 
+def test_an_undo_of_a_failed_creation_that_fails_itself_leaves_debris_the_next_open_removes(tmp_path):
+    """Taking back a failed creation can stop halfway (here its removal of the state
+    directory fails): the marker it wrote first makes what is left debris, not a directory
+    every later open refuses."""
+    code = ("import resource, sys, tqstore\n"
+            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+            "try:\n"
+            "    tqstore.open(sys.argv[1], num_units=60, index_map_bytes=1 << 20)\n"
+            "except tqstore.StorageIOError as e:\n"
+            "    sys.exit(3)\n")
+    root = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "TQSTORE_FAILPOINTS": "rmtree=eio@1"})
+    assert r.returncode == 3, r.stderr[-2000:]
+    left = sorted(os.listdir(root))
+    assert "CREATION_UNDO" in left and "STORE.json" not in left and os.listdir(root / "state-00000001")
+    with tqstore.open(root, num_units=2) as s:
+        s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 2)})
+    assert "CREATION_UNDO" not in os.listdir(root)
+    with tqstore.open(root) as s:
+        assert s.num_units == 2 and list(s.kv_list("p")["p"]) == ["a"]
+
+
 def test_an_index_map_the_address_space_cannot_hold_names_the_setting(tmp_path):
     code = ("import resource, sys, tqstore\n"
             "resource.setrlimit(resource.RLIMIT_AS, (32 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"

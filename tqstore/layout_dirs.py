@@ -66,10 +66,15 @@ def check_units(root: Path, d: dict, requested: Optional[int]) -> int:
     return n
 
 
+#: written by :func:`undo_creation` before it takes ``STORE.json`` back, removed last: while it
+#: is there, everything in the store directory but ``LOCK`` is the debris of a creation
+UNDO_FILE = "CREATION_UNDO"
+
+
 def creation_debris(root: Path, name: str) -> bool:
     """What an interrupted store creation can leave (before STORE.json was published): its
     pointer files and an empty state directory (one that holds anything is not debris)."""
-    if name in (CURRENT_FILE, CURRENT_FILE + ".tmp", STORE_FILE + ".tmp"):
+    if name in (CURRENT_FILE, CURRENT_FILE + ".tmp", STORE_FILE + ".tmp", UNDO_FILE):
         return True
     p = Path(root) / name
     return parse_state_name(name) is not None and not p.is_symlink() and p.is_dir() and not files.listdir(p)
@@ -77,20 +82,31 @@ def creation_debris(root: Path, name: str) -> bool:
 
 def undo_creation(root: Path) -> None:
     """Take back a store creation whose open failed before it returned (nothing was
-    acknowledged): ``STORE.json``, its commit point, goes first (durably), then the pointer
-    and the state directories it made; ``LOCK`` and ``root`` stay (the caller holds the
-    lock).  Raises OSError (what is left is then creation debris or a store an open
-    repairs)."""
+    acknowledged): :data:`UNDO_FILE` is written (durably), then ``STORE.json``, the commit
+    point, goes (durably), then the pointer and the state directories it made, the marker
+    last; ``LOCK`` and ``root`` stay (the caller holds the lock).  Raises OSError: what is
+    left is then the store (the marker not written yet: it opens as it is) or, with the
+    marker, debris the next open removes (:func:`refuse_foreign`) before creating afresh."""
     root = Path(root)
+    files.write_file(root / UNDO_FILE, b"", fsync=True)
+    files.fsync_dir(root)
     files.unlink(root / STORE_FILE)
     files.fsync_dir(root)
-    for name in files.listdir(root):
-        p = root / name
-        if parse_state_name(name) is not None and p.is_dir() and not p.is_symlink():
-            files.rmtree(p)
-        elif name in (CURRENT_FILE, CURRENT_FILE + ".tmp", STORE_FILE + ".tmp"):
-            files.unlink(p)
+    remove_debris(root, [n for n in files.listdir(root) if n != "LOCK"])
+
+
+def remove_debris(root: Path, names: List[str]) -> None:
+    """Remove the debris ``names`` of a creation (:func:`refuse_foreign`'s answer), the undo
+    marker last (an interruption leaves it in charge), then fsync ``root``."""
+    root = Path(root)
+    for name in names:
+        if name != UNDO_FILE:
+            p = root / name
+            files.rmtree(p) if p.is_dir() and not p.is_symlink() else files.unlink(p)
     files.fsync_dir(root)
+    if UNDO_FILE in names:
+        files.unlink(root / UNDO_FILE)
+        files.fsync_dir(root)
 
 
 def refuse_foreign(root: Path) -> List[str]:
@@ -108,6 +124,8 @@ def refuse_foreign(root: Path) -> List[str]:
     leftovers = [n for n in files.listdir(root) if n != "LOCK"]
     if STORE_FILE in leftovers:  # (published meanwhile, by a creation in another process)
         return []
+    if UNDO_FILE in leftovers:  # an undone creation (undo_creation) that was interrupted: all of it is debris
+        return leftovers
     if not all(creation_debris(root, n) for n in leftovers):
         raise ConfigError(f"{root} is not empty and holds no {STORE_FILE}; refusing to use it as a store "
                           f"(found {sorted(leftovers)[:5]})")

@@ -207,18 +207,16 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             log.info("store creation in %s failed; what it made was removed", self.root)
         except OSError as e:
             log.warning("store creation in %s failed, and removing what it made failed too (%s); the next open "
-                        "finds it", self.root, e)
+                        "removes it", self.root, e)
 
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
         new = d is None
         if d is None:
             leftovers = L.refuse_foreign(self.root)  # (again, under the lock: ConfigError)
-            if leftovers:  # a creation interrupted before STORE.json, its commit point: nothing was acknowledged
+            if leftovers:  # a creation interrupted before STORE.json, its commit point, or one undone: nothing was acknowledged
                 log.info("removing the debris of an interrupted store creation in %s: %s", self.root, leftovers)
-                for name in leftovers:
-                    p = self.root / name
-                    files.rmtree(p) if p.is_dir() else files.unlink(p)
+                L.remove_debris(self.root, leftovers)
             n = num_units or 1
             files.mkdir(self.root / L.state_name(1))
             L.write_current(self.root, L.state_name(1))

@@ -223,7 +223,7 @@ def lock_in_use(path: PathLike) -> bool:
 
 def _held_elsewhere(path: PathLike, flags: int) -> bool:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | flags)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | flags)  # (a FIFO must not block)
     except OSError:
         return False
     try:

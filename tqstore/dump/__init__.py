@@ -70,8 +70,10 @@ class DumpMixin:
                 the handle's ``result()``).
             RestorePendingError: ``<dir>.restore`` exists while no call holds ``<dir>.lock``
                 (a load left unresolved may still read the dump; call
-                ``recover_data_load(dump_dir)``; a load running now, in this process or
-                another, is waited for instead: its marker goes when it ends), or the partition has an unresolved
+                ``recover_data_load(dump_dir)``; while a call holds the lock, a load may be
+                running, in this process or another: the dump waits for the lock and checks
+                the marker again under it, so the error may come after the cut, from the
+                handle's ``result()`` with ``blocking=False``), or the partition has an unresolved
                 restore (a load of it that another thread of this process runs is waited for
                 instead).
             CheckpointError: the target is a file, a user's directory, a store, a checkpoint,

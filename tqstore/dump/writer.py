@@ -24,7 +24,8 @@ Orchestration only (plan as data, then execute through the ports; shared/DESIGN.
    the marker checked again, :func:`publish.repair`, ``<dir>.tmp`` made;
    :func:`plan` groups the rows with data by owning unit;
    each unit's :meth:`UnitPort.export_rows` writes its shard (owner-side, byte for byte,
-   fsynced), in parallel, and ``rows.json`` is written and fsynced beside them; then
+   fsynced), in parallel, and ``rows.json`` is written and fsynced beside them (after them
+   when a field is "mixed": :func:`narrowed_schema`); then
    ``MANIFEST.json`` is written and fsynced, the directory fsynced; :func:`publish.publish`.
 
 A failure removes ``<dir>.tmp`` and leaves the previous dump at ``<dir>`` as it was.  The
