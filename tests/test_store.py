@@ -678,63 +678,57 @@ def test_a_current_pointer_naming_a_missing_state_is_an_error_that_removes_nothi
         assert s.kv_batch_get(["a", "b"], "p")["x"].tolist() == [[0, 1], [2, 3]]
 
 
-def test_a_creation_that_fails_to_open_its_units_leaves_no_store_behind(tmp_path):
-    """A new store whose units cannot all be opened (here the open-file limit) raises with
-    the limit to raise named, and takes back what it made: a retry, with another unit count,
-    creates the store afresh instead of meeting the failed one's STORE.json."""
+def _create_under_limit(root: Path, limit: str, *, num_units: int, map_bytes: int, env=None):
+    """Create the store ``root`` in a child process under ``resource`` limit ``limit``
+    (``"RLIMIT_NOFILE"``: 128 descriptors; ``"RLIMIT_AS"``: 32 GiB of address space); the
+    child prints the StorageIOError the open raises and exits 3."""
+    cap = {"RLIMIT_NOFILE": 128, "RLIMIT_AS": 32 << 30}[limit]
     code = ("import resource, sys, tqstore\n"
-            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
+            f"resource.setrlimit(resource.{limit}, ({cap}, resource.getrlimit(resource.{limit})[1]))\n"
             "try:\n"
-            "    tqstore.open(sys.argv[1], num_units=60, index_map_bytes=1 << 20)\n"
+            f"    tqstore.open(sys.argv[1], num_units={num_units}, index_map_bytes={map_bytes})\n"
             "except tqstore.StorageIOError as e:\n"
             "    print(e)\n"
             "    sys.exit(3)\n")
-    root = tmp_path / "s"
-    r = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                       env=env)
     assert r.returncode == 3, r.stderr[-2000:]
-    assert "ulimit -n" in r.stdout
-    assert sorted(os.listdir(root)) == ["LOCK"]
+    return r.stdout
+
+
+def _opens_afresh_with_two_units(root: Path) -> None:
     with tqstore.open(root, num_units=2) as s:
         s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 2)})
     with tqstore.open(root) as s:
         assert s.num_units == 2 and list(s.kv_list("p")["p"]) == ["a"]
+
+
+def test_a_creation_that_fails_to_open_its_units_leaves_no_store_behind(tmp_path):
+    """A new store whose units cannot all be opened (here the open-file limit) raises with
+    the limit to raise named, and takes back what it made: a retry, with another unit count,
+    creates the store afresh instead of meeting the failed one's STORE.json."""
+    root = tmp_path / "s"
+    assert "ulimit -n" in _create_under_limit(root, "RLIMIT_NOFILE", num_units=60, map_bytes=1 << 20)
+    assert sorted(os.listdir(root)) == ["LOCK"]
+    _opens_afresh_with_two_units(root)
 
 
 def test_an_undo_of_a_failed_creation_that_fails_itself_leaves_debris_the_next_open_removes(tmp_path):
     """Taking back a failed creation can stop halfway (here its removal of the state
     directory fails): the marker it wrote first makes what is left debris, not a directory
     every later open refuses."""
-    code = ("import resource, sys, tqstore\n"
-            "resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))\n"
-            "try:\n"
-            "    tqstore.open(sys.argv[1], num_units=60, index_map_bytes=1 << 20)\n"
-            "except tqstore.StorageIOError as e:\n"
-            "    sys.exit(3)\n")
     root = tmp_path / "s"
-    r = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                       env={**os.environ, "TQSTORE_FAILPOINTS": "rmtree=eio@1"})
-    assert r.returncode == 3, r.stderr[-2000:]
+    _create_under_limit(root, "RLIMIT_NOFILE", num_units=60, map_bytes=1 << 20,
+                        env={**os.environ, "TQSTORE_FAILPOINTS": "rmtree=eio@1"})
     left = sorted(os.listdir(root))
     assert "CREATION_UNDO" in left and "STORE.json" not in left and os.listdir(root / "state-00000001")
-    with tqstore.open(root, num_units=2) as s:
-        s.kv_batch_put(["a"], "p", fields={"x": torch.zeros(1, 2)})
+    _opens_afresh_with_two_units(root)
     assert "CREATION_UNDO" not in os.listdir(root)
-    with tqstore.open(root) as s:
-        assert s.num_units == 2 and list(s.kv_list("p")["p"]) == ["a"]
 
 
 def test_an_index_map_the_address_space_cannot_hold_names_the_setting(tmp_path):
-    code = ("import resource, sys, tqstore\n"
-            "resource.setrlimit(resource.RLIMIT_AS, (32 << 30, resource.getrlimit(resource.RLIMIT_AS)[1]))\n"
-            "try:\n"
-            "    tqstore.open(sys.argv[1], num_units=1, index_map_bytes=64 << 30)\n"
-            "except tqstore.StorageIOError as e:\n"
-            "    print(e)\n"
-            "    sys.exit(3)\n")
     root = tmp_path / "s"
-    r = subprocess.run([sys.executable, "-c", code, str(root)], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 3, r.stderr[-2000:]
-    assert "'index_map_bytes'" in r.stdout
+    assert "'index_map_bytes'" in _create_under_limit(root, "RLIMIT_AS", num_units=1, map_bytes=64 << 30)
     assert sorted(os.listdir(root)) == ["LOCK"]
 
 
