@@ -187,6 +187,9 @@ def test_missing_directory_or_manifest_raises_file_not_found(store, tmp_path):
         store.load_checkpoint(tmp_path / "empty")
     with pytest.raises(FileNotFoundError):
         verify_checkpoint(tmp_path / "empty")
+    (tmp_path / "file").write_bytes(b"x")  # (was: "checkpoint directory ... does not exist")
+    with pytest.raises(CheckpointNotFoundError, match="is not a directory"):
+        store.load_checkpoint(tmp_path / "file")
 
 
 def test_unknown_format_version_raises_format_version_error(store, tmp_path):

@@ -68,6 +68,8 @@ def resolve_checkpoint_dir(path: PathLike) -> Path:
                 f"tqstore.CheckpointManager({str(p)!r}, store=...).restore(), or load one of its generations{newest}")
         raise CheckpointNotFoundError(f"{p} holds no {M.MANIFEST_NAME}: not a tqstore checkpoint (or a save that "
                                       f"never completed)")
+    if os.path.lexists(p):
+        raise CheckpointNotFoundError(f"{p} is not a directory: not a tqstore checkpoint")
     raise CheckpointNotFoundError(f"checkpoint directory {p} does not exist")
 
 
