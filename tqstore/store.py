@@ -207,7 +207,8 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
             log.info("store creation in %s failed; what it made was removed", self.root)
         except OSError as e:
             log.warning("store creation in %s failed, and removing what it made failed too (%s); the next open "
-                        "removes it", self.root, e)
+                        "removes what is left (or, if the undo had not begun, opens the new store as it is)",
+                        self.root, e)
 
     def _open_state(self, num_units: Optional[int]) -> None:
         d = L.read_store_file(self.root)
