@@ -27,9 +27,8 @@ import numpy as np
 from . import _native
 from ._format import dump_records as D
 from ._format import unit_records as UR
-from ._format.frame import _raise_first, check_run
+from ._format.frame import DTYPE_AT, _raise_first, check_run
 from ._format.index import INDEX_KEY_HEAD, LOC_DTYPE, decode_index_key
-from ._format.layout import PREFIX_SIZE
 from ._io.gilturn import bulk_index
 from ._io import files
 from ._io.lmdbenv import wrap_errors
@@ -103,10 +102,6 @@ def export_rows(unit, view, gidxs: Sequence[int], fields: Sequence[Optional[Sequ
     log.debug("unit %d: dumped %d frames of %d rows (%d bytes) into %s", unit.unit_id, len(locs), rows, nbytes, dest)
     seen = {names[int(f)]: tuple(np.unique(dtypes[fids == f]).tolist()) for f in np.unique(fids).tolist()}
     return ShardInfo(unit.unit_id, str(dest), size, crc, len(locs), rows, nbytes, seen)
-
-
-#: where a record frame's dtype code lies (docs/FORMAT.md, "Record frame": prefix, gidx, kind, dtype)
-DTYPE_AT = PREFIX_SIZE + 9
 
 
 def _bytes_at(m, offsets: np.ndarray) -> np.ndarray:

@@ -38,7 +38,7 @@ from . import _native
 from ._format import unit_records as UR
 from ._format.columns import describe_kind_dtype
 from ._format.dtypes import SCHEMA_MIXED
-from ._format.frame import check_run, first_fault
+from ._format.frame import DTYPE_AT, KIND_AT, NAME_AT, NAME_LEN_AT, check_run, first_fault
 from ._format.index import LOC_DTYPE, Loc
 from ._io.gilturn import bulk_index
 from ._io import files
@@ -338,20 +338,20 @@ def _check_names(b8: np.ndarray, rel: np.ndarray, coded: Tuple[List[bytes], np.n
         name = names[c]
         i = np.flatnonzero(codes == c)
         r = rel[i]
-        ok = b8[r + 35] == len(name)
-        ok &= (b8[(r + 36)[:, None] + np.arange(len(name))] == np.frombuffer(name, np.uint8)).all(axis=1)
+        ok = b8[r + NAME_LEN_AT] == len(name)
+        ok &= (b8[(r + NAME_AT)[:, None] + np.arange(len(name))] == np.frombuffer(name, np.uint8)).all(axis=1)
         if not ok.all():
             k = int(i[np.flatnonzero(~ok)[0]])
             raise CorruptionError(f"dump shard: frame holds another field than {name.decode(errors='replace')!r}",
                                   path=path, offset=int(off[k]))
         want = schemas.get(name)
         if want is not None:
-            ok = b8[r + 32] == want[0]
+            ok = b8[r + KIND_AT] == want[0]
             if want[1] != SCHEMA_MIXED:
-                ok &= b8[r + 33] == want[1]
+                ok &= b8[r + DTYPE_AT] == want[1]
             if not ok.all():
                 k = int(np.flatnonzero(~ok)[0])
-                got = (int(b8[r[k] + 32]), int(b8[r[k] + 33]))
+                got = (int(b8[r[k] + KIND_AT]), int(b8[r[k] + DTYPE_AT]))
                 raise CorruptionError(f"dump shard: frame of field {name.decode(errors='replace')!r} holds "
                                       f"{describe_kind_dtype(got)}, the dump's row index declares "
                                       f"{describe_kind_dtype(want)}",

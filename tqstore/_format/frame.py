@@ -57,6 +57,13 @@ from .layout import (
     payload_offset,
 )
 
+#: where a record frame's header fields lie from the frame's start (docs/FORMAT.md, "Record
+#: frame": the prefix, then gidx u64, kind u8, dtype u8, ndim u8, field name length u8, name)
+KIND_AT = PREFIX_SIZE + 8
+DTYPE_AT = PREFIX_SIZE + 9
+NAME_LEN_AT = PREFIX_SIZE + 11
+NAME_AT = PREFIX_SIZE + 12
+
 
 @dataclass(frozen=True)
 class _HeadFields:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 from .. import _native
+from .._format.values import check_str
 from .._version import __version__
 from ..errors import CorruptionError, FormatVersionError, InvalidInputError
 
@@ -125,8 +126,7 @@ def check_metadata(metadata: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
         if depth > 64:
             raise InvalidInputError(f"metadata is nested too deeply at {where}")
         if isinstance(v, str):
-            _check_text(v, f"metadata value at {where}")
-            return v
+            return check_str(v, f"metadata value at {where}")
         if v is None or isinstance(v, bool):
             return v
         if isinstance(v, int):
@@ -145,23 +145,13 @@ def check_metadata(metadata: Optional[Mapping[str, Any]]) -> Dict[str, Any]:
             for k, x in v.items():
                 if not isinstance(k, str):
                     raise InvalidInputError(f"metadata key {k!r} at {where} is not a str")
-                _check_text(k, f"metadata key {k!r} at {where}")
+                check_str(k, f"metadata key at {where}")
                 out[k] = walk(x, f"{where}.{k}", depth + 1)
             return out
         raise InvalidInputError(f"metadata value at {where} is a {type(v).__name__}; only JSON values (str, int, "
                                 f"float, bool, None, lists and dicts with str keys) are stored")
 
     return walk(metadata, "metadata", 0)
-
-
-def _check_text(v: str, what: str) -> None:
-    """InvalidInputError when ``v`` is not valid Unicode (a lone surrogate: no UTF-8 holds it,
-    and keys, tags and values refuse it too)."""
-    if not v.isascii():
-        try:
-            v.encode("utf-8")
-        except UnicodeEncodeError as e:
-            raise InvalidInputError(f"{what} is not valid Unicode ({e.reason} at {e.start})") from None
 
 
 def _canonical(body: Mapping[str, Any]) -> bytes:

@@ -20,7 +20,7 @@ from .. import _native
 from .._format import dump_records as D
 from .._format.columns import KIND_NAMES, describe_kind_dtype
 from .._format.dtypes import SCHEMA_MIXED
-from .._format.frame import check_run, first_fault
+from .._format.frame import DTYPE_AT, KIND_AT, NAME_AT, NAME_LEN_AT, check_run, first_fault
 from .._format.index import LOC_DTYPE
 from .._io import files
 from ..errors import CheckpointNotFoundError, CorruptionError, TqstoreError
@@ -206,16 +206,16 @@ def _check_frames(buf: bytearray, e: np.ndarray, t: D.ShardTable, base: int, pat
     mv = memoryview(buf)
     for k in range(len(e)):
         f = int(e["offset"][k]) - base
-        ln = mv[f + 24 + 11]
+        ln = mv[f + NAME_LEN_AT]
         name = t.names[int(e["field"][k])]
-        if bytes(mv[f + 36:f + 36 + ln]) != name.encode():
+        if bytes(mv[f + NAME_AT:f + NAME_AT + ln]) != name.encode():
             out.append(str(CorruptionError(f"frame of row {int(e['gidx'][k])} holds another field than its table "
                                            f"entry ({name!r})", path=path, offset=int(e["offset"][k]))))
             break
         want = schemas.get(name)
-        if want is not None and (mv[f + 32] != want[0] or (want[1] != SCHEMA_MIXED and mv[f + 33] != want[1])):
+        if want is not None and (mv[f + KIND_AT] != want[0] or (want[1] != SCHEMA_MIXED and mv[f + DTYPE_AT] != want[1])):
             out.append(str(CorruptionError(f"frame of row {int(e['gidx'][k])} (field {name!r}) holds "
-                                           f"{describe_kind_dtype((mv[f + 32], mv[f + 33]))}, the row index declares "
+                                           f"{describe_kind_dtype((mv[f + KIND_AT], mv[f + DTYPE_AT]))}, the row index declares "
                                            f"{describe_kind_dtype(want)}", path=path, offset=int(e["offset"][k]))))
             break
     return out
