@@ -103,6 +103,12 @@ BAD_INPUTS = [
         "st": np.zeros(1, dtype=[("a", "i4"), ("b", "f4")])}), (UnsupportedTypeError,)),
     ("structured numpy scalar value", lambda s: s.kv_batch_put(["k"], "p", fields={
         "st": [np.zeros(1, dtype=[("a", "i4")])[0]]}), (UnsupportedTypeError,)),
+    ("numpy masked array (its mask would be lost)", lambda s: s.kv_batch_put(["k", "l"], "p", fields={
+        "m": np.ma.masked_array(np.zeros((2, 3)), mask=np.eye(2, 3))}), (UnsupportedTypeError,)),
+    ("numpy masked array rows", lambda s: s.kv_batch_put(["k"], "p", fields={
+        "m": [np.ma.masked_array([1.0, 2.0], mask=[0, 1])]}), (UnsupportedTypeError,)),
+    ("numpy masked array, streaming put", lambda s: s.put({"m": np.ma.masked_array(np.zeros((2, 1)))},
+                                                          partition_id="p"), (UnsupportedTypeError,)),
     ("int field name", lambda s: s.kv_batch_put(["k"], "p", fields={5: torch.zeros(1)}), (InvalidInputError,)),
     ("int field name, streaming put", lambda s: s.put({5: torch.zeros(1)}, partition_id="p"), (InvalidInputError,)),
     ("NUL in a key", lambda s: s.kv_put("a\0b", "p", fields={"x": torch.zeros(2)}), (InvalidInputError,)),

@@ -211,7 +211,15 @@ def _array_bytes(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a).reshape(-1).view(np.uint8) if a.size else np.empty(0, np.uint8)
 
 
+def _refuse_masked(field: str, a: np.ndarray) -> None:
+    """A masked array would be stored as its data, its mask lost: refused."""
+    if isinstance(a, np.ma.MaskedArray):
+        raise UnsupportedTypeError(f"field {field!r}: a numpy masked array is not supported (its mask would be "
+                                   f"lost); store a.filled(...) and np.ma.getmaskarray(a) as two fields")
+
+
 def _ndarray_column(field: str, a: np.ndarray, n: int) -> Column:
+    _refuse_masked(field, a)
     if a.dtype.kind == "V":
         raise UnsupportedTypeError(f"field {field!r}: numpy dtype {a.dtype} (structured or void) is not supported; "
                                    f"store each member as its own field")
@@ -240,6 +248,7 @@ def _array_rows_column(field: str, rows: Sequence[Any], n: int) -> Column:
     for r in rows:
         if not isinstance(r, np.ndarray):
             raise InvalidInputError(f"field {field!r}: mixes arrays and {type(r).__name__} rows")
+        _refuse_masked(field, r)
         c = dtypes.NUMPY_TO_CODE.get(r.dtype)
         if c is None:
             raise UnsupportedTypeError(f"field {field!r}: numpy dtype {r.dtype} is not supported")
