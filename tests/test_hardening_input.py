@@ -522,3 +522,21 @@ def test_a_tag_that_cannot_be_stored_is_refused_in_words_about_tags(tmp_path, ta
             s.kv_put("k", "p", fields={"x": torch.zeros(1, 2)}, tag=tag)
         assert "whole row" not in str(e.value)
         assert s.kv_list() == {}
+
+
+@pytest.mark.parametrize("rows,kinds", [
+    ([torch.zeros(2), None], ("row 0 is a tensor", "row 1 None")),
+    ([None, np.zeros(3)], ("row 1 is a numpy array", "row 0 None")),
+    ([torch.zeros(2), np.zeros(2)], ("row 0 is a tensor", "row 1 a numpy array")),
+    ([np.zeros(2), "text"], ("row 0 is a numpy array", "row 1 a value of type str")),
+])
+def test_a_field_whose_rows_mix_tensors_with_other_rows_is_refused_naming_the_rows(tmp_path, rows, kinds):
+    """A missing row given as None among tensor rows was refused as "cannot store a value of
+    type Tensor: non-tensor fields accept ...", which names the rows that are right."""
+    with tqstore.open(tmp_path / "s", num_units=2) as s:
+        with pytest.raises(tqstore.UnsupportedTypeError) as e:
+            s.kv_batch_put(["a", "b"], "p", fields={"x": rows})
+        for part in kinds:
+            assert part in str(e.value), str(e.value)
+        assert "leave the keys that have no value for it out" in str(e.value)
+        assert s.kv_list() == {}

@@ -263,8 +263,26 @@ def values_column(field: str, values: Sequence[Any], n: int) -> Column:
     try:
         payloads = [encode_value(v) for v in values]
     except InvalidInputError as e:  # UnsupportedTypeError included
-        raise type(e)(f"field {field!r}: {e}") from None
+        raise type(e)(_mixed_rows(field, values) or f"field {field!r}: {e}") from None
     return Column(field, KIND_VALUE, 0, [()] * n, payloads, (), None)
+
+
+def _mixed_rows(field: str, values: Sequence[Any]) -> Optional[str]:
+    """The error message for a list of rows of which some are arrays or tensors and others are not (a
+    missing row given as None, say), or which mixes numpy arrays and tensors; None otherwise."""
+    kinds = ["tensor" if type(v).__name__ == "Tensor" and type(v).__module__.startswith("torch") else
+             "numpy array" if isinstance(v, np.ndarray) else None for v in values]
+    arrays = [i for i, k in enumerate(kinds) if k is not None]
+    if not arrays:
+        return None
+    i = arrays[0]
+    j = next((j for j, k in enumerate(kinds) if k != kinds[i]), None)
+    if j is None:
+        return None
+    other = f"a {kinds[j]}" if kinds[j] else "None" if values[j] is None else f"a value of type {type(values[j]).__name__}"
+    return (f"field {field!r}: row {i} is a {kinds[i]} and row {j} {other}: a field's rows in one put are all "
+            f"tensors, all numpy arrays or all values; leave the keys that have no value for it out of this put "
+            f"(a later put can add the field to them)")
 
 
 def check_row_size(col: Column) -> Column:
