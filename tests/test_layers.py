@@ -88,7 +88,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...]]] = [
                      "controller_export", "controller_dump", "controller_restore", "controller_snapshots",
                      "controller_consumption", "controller_sampler_store")),
     ("embedded", ("embedded",)),
-    ("engine", ("store", "store_open", "store_lock", "store_snapshot", "store_undo", "store_check", "state_switch", "kv", "streaming", "call_checks", "reader", "read_guard", "meta", "meta_kv",
+    ("engine", ("store", "store_open", "store_lock", "store_snapshot", "store_undo", "store_check", "store_verify", "state_switch", "kv", "streaming", "call_checks", "reader", "read_guard", "meta", "meta_kv",
                 "meta_schema", "edge", "policy", "layout_dirs", "running_loads",
                 "capacity", "_gcpause", "_gilswitch", "_default", "checkpoint", "dump")),
     ("ray", ("ray",)),

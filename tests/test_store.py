@@ -568,6 +568,46 @@ def test_verify_reports_a_flipped_byte_and_read_raises(tmp_path):
         assert same(s.read("p", g, verify=False)["x"][:2], torch.arange(50).reshape(2, 25))
 
 
+def _flip_frame(s, gidx: int, field: str) -> None:
+    from tqstore._format.segment import segment_name
+    u = s.units[gidx % len(s.units)]
+    (loc,) = u.locate([gidx], field)
+    path = u.path / segment_name(loc.seg)
+    data = bytearray(path.read_bytes())
+    data[loc.offset + loc.length - 5] ^= 1
+    path.write_bytes(bytes(data))
+    u.maps.clear()
+
+
+def test_verify_names_the_partition_key_and_field_of_a_damaged_frame(tmp_path):
+    """It named the segment file and offset only: an operator could not tell which samples
+    were hit (to clear them or produce them again)."""
+    import pickle
+
+    from tqstore.ports import FrameProblem
+
+    with Store(tmp_path / "s", num_units=2) as s:
+        s.kv_batch_put(["a", "b", "c"], "train", {"x": torch.arange(30.).reshape(3, 10), "t": ["p", "q", "r"]})
+        g = s.write("rollouts", {"y": torch.ones(4, 8)}, new_rows=True)
+        (gb,) = s.controller.resolve_keys("train", ["b"])
+        _flip_frame(s, gb, "x")
+        _flip_frame(s, g[3], "y")
+        problems = s.verify()
+        assert len(problems) == 2, problems
+        assert any(f"partition 'train', key 'b', row {gb}, field 'x'" in p for p in problems), problems
+        assert any(f"partition 'rollouts', row {g[3]} (no key), field 'y'" in p for p in problems), problems
+        # (a unit's own line names the row and field; it crosses process boundaries whole)
+        (line,) = [p for p in s.units[gb % 2].verify() if isinstance(p, FrameProblem)]
+        back = pickle.loads(pickle.dumps(line))
+        assert (back, back.gidx, back.field, back.message) == (line, gb, "x", line.message)
+        assert f"(row {gb}, field 'x')" in line
+        s.kv_clear(["b"], "train")  # the damaged frame went with its row
+        assert [p for p in s.verify() if "'train'" in p] == []
+    r = subprocess.run([sys.executable, "-m", "tqstore", "verify", str(tmp_path / "s")], capture_output=True,
+                       text=True, cwd=tmp_path)
+    assert r.returncode == 1 and f"partition 'rollouts', row {g[3]} (no key), field 'y'" in r.stdout, r
+
+
 @pytest.mark.parametrize("k", [1, 1000], ids=["mmap-path", "preadv-path"])
 def test_rows_of_one_length_but_different_shapes_keep_their_shapes(store, k):
     rows = [torch.randn(2, 10 * k), torch.randn(4, 5 * k), torch.randn(2, 10 * k), torch.randn(8, 2 * k + k // 2)]

@@ -54,6 +54,24 @@ class RowInfo:
     seq: int
 
 
+class FrameProblem(str):
+    """A line of :meth:`UnitPort.verify` about one indexed frame: the problem (``message``)
+    and the row's global index and field (``gidx``, ``field``), which the line names; a
+    store's verify adds the row's partition and key."""
+
+    gidx: int
+    field: str
+    message: str
+
+    def __new__(cls, message: str, gidx: int, field: str) -> "FrameProblem":
+        self = super().__new__(cls, f"{message} (row {int(gidx)}, field {field!r})")
+        self.message, self.gidx, self.field = str(message), int(gidx), str(field)
+        return self
+
+    def __reduce__(self):  # (sent between processes, e.g. from a unit on a Ray node)
+        return FrameProblem, (self.message, self.gidx, self.field)
+
+
 @dataclass(frozen=True)
 class PartitionInfo:
     """A partition's schema (field -> (kind code, dtype code)) and row count."""
@@ -256,7 +274,8 @@ class UnitPort(Protocol):
 
     # maintenance -------------------------------------------------------------
     def verify(self) -> List[str]:
-        """Check every stored frame; one line per problem."""
+        """Check every stored frame; one line per problem (a :class:`FrameProblem` for a
+        frame the index names)."""
 
     def compact(self, *, live_ratio: float = 0.5) -> int:
         """Compact mostly dead sealed segments and merge small ones; returns segments compacted."""

@@ -43,6 +43,7 @@ from .ports import ControllerPort
 from .read_guard import RemovalGuard
 from .running_loads import waits_for_running_loads
 from .state_switch import join_retired
+from .store_verify import verify_parts
 from .store_snapshot import StoreSnapshot, take_cut
 from .reader import read_fields, read_shapes
 from .streaming import _no_partition, check_produced, common_fields
@@ -556,12 +557,10 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
 
     def verify(self) -> List[str]:
         """Check every stored frame and the controller's index; returns one line per problem
-        (empty when clean)."""
+        (empty when clean), a frame that does not check named by its row's partition, key and
+        field (:mod:`tqstore.store_verify`)."""
         self._check_open()
-        out: List[str] = list(self.controller.verify_index())
-        for probs in self._pool.map(lambda u: u.verify(), self.units):
-            out.extend(probs)
-        return out
+        return verify_parts(self.controller, self.units, self._pool)
 
     @property
     def closed(self) -> bool:

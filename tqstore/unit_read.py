@@ -35,6 +35,7 @@ from ._io import files
 from ._io.lmdbenv import read_columns
 from ._format.unit_records import SegInfo
 from .errors import CorruptionError, StoreClosedError
+from .ports import FrameProblem
 from .unit_gate import ReadGate
 
 log = logging.getLogger("tqstore")
@@ -490,8 +491,9 @@ class UnitReader:
         """Check every indexed frame and segment header of one view of the index (a read
         transaction whose segments stay pinned meanwhile, so that clears, overwrites and
         compaction running beside it unlink none of them: nothing they do is reported as
-        missing); returns one line per problem."""
-        problems = []
+        missing); returns one line per problem, a :class:`~tqstore.ports.FrameProblem` (naming
+        the row and field) for a frame that does not check."""
+        problems: List[str] = []
         with self._lock:
             txn = self.env.begin()
             try:
@@ -514,7 +516,7 @@ class UnitReader:
                 try:
                     self.read_frame(loc)
                 except CorruptionError as e:
-                    problems.append(str(e))
+                    problems.append(FrameProblem(str(e), *decode_index_key(k)))
         finally:
             txn.abort()
             self._unpin(segs)
