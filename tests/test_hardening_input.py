@@ -109,6 +109,10 @@ BAD_INPUTS = [
         "m": [np.ma.masked_array([1.0, 2.0], mask=[0, 1])]}), (UnsupportedTypeError,)),
     ("numpy masked array, streaming put", lambda s: s.put({"m": np.ma.masked_array(np.zeros((2, 1)))},
                                                           partition_id="p"), (UnsupportedTypeError,)),
+    ("rows of 33 dimensions (a frame records 32)", lambda s: s.kv_batch_put(["k"], "p", fields={
+        "d": torch.zeros((1,) + (1,) * 33)}), (InvalidInputError,)),
+    ("one jagged row of 33 dimensions", lambda s: s.kv_batch_put(["k", "l"], "p", fields={
+        "d": [np.zeros((2,) * 3), np.zeros((1,) * 33)]}), (InvalidInputError,)),
     ("int field name", lambda s: s.kv_batch_put(["k"], "p", fields={5: torch.zeros(1)}), (InvalidInputError,)),
     ("int field name, streaming put", lambda s: s.put({5: torch.zeros(1)}, partition_id="p"), (InvalidInputError,)),
     ("NUL in a key", lambda s: s.kv_put("a\0b", "p", fields={"x": torch.zeros(2)}), (InvalidInputError,)),

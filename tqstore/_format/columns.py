@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import CapacityError, InvalidInputError, SchemaError, UnsupportedTypeError
 from .names import check_field_name
 from . import dtypes
-from .layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE
+from .layout import KIND_NDARRAY, KIND_TENSOR, KIND_VALUE, MAX_NDIM
 from .values import decode_value, encode_value
 
 try:  # Python 3.8+: typing.Protocol
@@ -286,7 +286,14 @@ def _mixed_rows(field: str, values: Sequence[Any]) -> Optional[str]:
 
 
 def check_row_size(col: Column) -> Column:
-    """``col``, or CapacityError when a row exceeds what a record frame can hold."""
+    """``col``, or CapacityError when a row exceeds what a record frame can hold, or
+    InvalidInputError when a row has more dimensions than a frame records (``MAX_NDIM``)."""
+    if col.kind != KIND_VALUE:
+        deep = len(col.uniform_shape) if col.uniform_shape is not None else \
+            max((len(sh) for sh in col.shapes), default=0)
+        if deep > MAX_NDIM:
+            raise InvalidInputError(f"field {col.field!r}: a row has {deep} dimensions, a record frame holds at most "
+                                    f"{MAX_NDIM}; reshape the rows")
     if col.uniform_shape is not None and col.kind != KIND_VALUE and col.payloads:
         big = memoryview(col.payloads[0]).nbytes  # rows of one shape and dtype: one size
     else:
