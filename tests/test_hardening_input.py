@@ -113,6 +113,8 @@ BAD_INPUTS = [
         "d": torch.zeros((1,) + (1,) * 33)}), (InvalidInputError,)),
     ("one jagged row of 33 dimensions", lambda s: s.kv_batch_put(["k", "l"], "p", fields={
         "d": [np.zeros((2,) * 3), np.zeros((1,) * 33)]}), (InvalidInputError,)),
+    *[(f"compact(live_ratio={v!r})", lambda s, v=v: s.compact(live_ratio=v), (InvalidInputError,))
+      for v in ("0.5", None, float("nan"), 0, -1, 2, True)],
     ("int field name", lambda s: s.kv_batch_put(["k"], "p", fields={5: torch.zeros(1)}), (InvalidInputError,)),
     ("int field name, streaming put", lambda s: s.put({5: torch.zeros(1)}, partition_id="p"), (InvalidInputError,)),
     ("NUL in a key", lambda s: s.kv_put("a\0b", "p", fields={"x": torch.zeros(2)}), (InvalidInputError,)),

@@ -33,7 +33,7 @@ from .errors import (ConfigError, CorruptionError, DistributedError, InvalidInpu
                      StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError)
 from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
-from ._format.names import check_bool_option, check_int_option
+from ._format.names import check_bool_option, check_fraction, check_int_option
 from ._format.store_files import MAX_UNITS  # (the most units a store may have)
 from ._gilswitch import handing_off
 from .kv import PUBLIC_CALLS, DataPlane, forwarder
@@ -550,8 +550,10 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
 
     def compact(self, *, live_ratio: float = 0.5) -> int:
         """Compact mostly-dead segments of every unit and merge its small ones (less live data than
-        1/16 of ``segment_bytes``; :meth:`tqstore.unit.Unit.compact`); returns segments compacted."""
+        1/16 of ``segment_bytes``; :meth:`tqstore.unit.Unit.compact`); returns segments compacted.
+        InvalidInputError: ``live_ratio`` is not a number in (0, 1]."""
         self._check_open()
+        live_ratio = check_fraction("live_ratio", live_ratio)
         with self._write_lock:
             return sum(self._pool.map(lambda u: u.compact(live_ratio=live_ratio), self.units))
 

@@ -126,6 +126,22 @@ def check_int_option(name: str, value: Any, least: int, most: Optional[int] = No
     return v
 
 
+def check_fraction(what: str, value: Any) -> float:
+    """An argument that is a fraction in (0, 1] (an int or float, numpy's too; not a bool, not
+    NaN); returns it as a float.  Raises InvalidInputError naming it."""
+    t = type(value)
+    ok = t is not bool and not (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
+    v = None
+    if ok and (isinstance(value, (int, float)) or t.__module__ == "numpy"):
+        try:
+            v = float(value)
+        except (TypeError, ValueError, OverflowError):  # (an int past the float range)
+            v = None
+    if v is None or not 0.0 < v <= 1.0:  # (NaN fails both)
+        raise InvalidInputError(f"{what} must be a number in (0, 1], got {value!r:.80}")
+    return v
+
+
 def check_bool_option(name: str, value: Any) -> bool:
     """A store option that is a switch: a bool (``numpy.bool_`` too), 0 or 1, or the strings
     "true"/"false" in any case (what a config file or an environment variable gives); returns
