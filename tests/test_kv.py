@@ -111,6 +111,18 @@ def test_kv_batch_get_by_meta_reads_the_meta_fields_or_a_subset(store):
     assert sorted(store.get_data(meta).keys()) == ["x", "y"]  # a KVBatchMeta is read by key
 
 
+def test_an_empty_kv_batch_meta_reads_as_an_empty_result_like_an_empty_batch_meta(store):
+    """get_data's docstring says an empty meta gives an empty result; a KVBatchMeta of no keys
+    raised "keys is an empty list" (kv_batch_get's refusal of an empty key list)."""
+    store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 1)})
+    empty = KVBatchMeta(keys=[], tags=[], partition_id="p")
+    for got in (store.get_data(empty), store.kv_batch_get_by_meta(empty),
+                store.kv_batch_get_by_meta(KVBatchMeta(keys=[], tags=[], partition_id="p", fields=["x"]), "x")):
+        assert len(got) == 0 and list(got.keys()) == []
+    with pytest.raises(InvalidInputError):  # (as before: an empty key list given to kv_batch_get itself)
+        store.kv_batch_get([], "p")
+
+
 def test_kv_batch_get_by_meta_rejects_a_field_outside_the_meta_and_a_meta_without_partition(store):
     meta = store.kv_batch_put(["a"], "p", {"x": torch.ones(1, 1)})
     store.kv_batch_put(["a"], "p", {"z": torch.ones(1, 1)})

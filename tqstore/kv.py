@@ -361,7 +361,8 @@ class DataPlane:
 
     def kv_batch_get_by_meta(self, meta: KVBatchMeta, select_fields: Union[None, str, Sequence[str]] = None
                              ) -> Any:
-        """Read the rows of a :class:`KVBatchMeta` (its ``fields``, or ``select_fields`` ⊆ them).
+        """Read the rows of a :class:`KVBatchMeta` (its ``fields``, or ``select_fields`` ⊆ them);
+        a meta of no keys gives an empty result (as an empty BatchMeta does).
 
         Raises:
             InvalidInputError: the meta has no partition_id.
@@ -378,6 +379,9 @@ class DataPlane:
                 raise FieldNotFoundError(f"select_fields {missing} not found in the KVBatchMeta (it has {meta.fields})")
         else:
             sel = meta.fields
+        if not meta.keys:
+            self.check_open()
+            return self.edge.result({}, 0)
         return self.kv_batch_get(meta.keys, meta.partition_id, sel)
 
     def kv_list(self, partition_id: Optional[str] = None) -> Dict[str, Dict[str, Any]]:
