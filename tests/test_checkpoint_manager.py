@@ -84,6 +84,22 @@ def test_restore_loads_the_newest_generation(store, tmp_path):
     assert m.restore() == 2 and state(store) == want
 
 
+def test_verify_of_a_generation_takes_verify_checkpoints_options_by_name(store, tmp_path):
+    """deep, raise_on_error and progress work as verify_checkpoint's; another name is refused."""
+    m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)
+    fill(store, "train", 4)
+    m.save(1)
+    seen = []
+    assert m.verify(deep=True, progress=seen.append).ok and seen
+    flip_byte(sorted(m.path(1).glob("unit-*/seg-*.tqs"))[0], 100)
+    with pytest.raises(CorruptionError):
+        m.verify(1)
+    report = m.verify(1, raise_on_error=False, deep=False)
+    assert not report.ok and report.problems
+    with pytest.raises(TypeError, match="quick"):
+        m.verify(1, quick=True)
+
+
 @pytest.mark.parametrize("damage", ["truncated-segment", "flipped-frame", "missing-manifest", "flipped-controller"])
 def test_restore_falls_back_past_a_torn_newest_generation(store, tmp_path, damage):
     m = CheckpointManager(tmp_path / "gens", keep_last=3, store=store, copy_segments=True)

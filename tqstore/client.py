@@ -200,10 +200,12 @@ class TransferQueueClient(_ClientBase):
         return self._call("set_custom_meta", metadata)
 
     def kv_retrieve_meta(self, keys: Union[str, List[str]], partition_id: str, create: bool = False) -> BatchMeta:
-        """The BatchMeta of ``keys`` (every field of the partition; production status per row).
+        """The BatchMeta of ``keys``, over the fields every one of those rows has produced (in
+        the partition's schema order, so that ``get_data`` of it reads them), as the store's
+        :meth:`~tqstore.Store.kv_retrieve_meta`.
 
         Keys that do not exist are created (no fields) with ``create=True`` and left out otherwise;
-        an unknown partition gives an empty BatchMeta.
+        an unknown partition gives an empty BatchMeta.  Raises as the store's call.
         """
         return self._call("kv_retrieve_meta", keys, partition_id, create)
 

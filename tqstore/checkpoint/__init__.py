@@ -68,6 +68,8 @@ class CheckpointMixin:
                 the new one, or after a crash the previous one); or the previous background
                 save failed unseen.
             CorruptionError: a store segment does not verify (names file and offset).
+            RestorePendingError: a load by key into the store is unresolved (its message
+                says what to call; nothing was cut).
         """
         from . import writer
 
@@ -98,6 +100,8 @@ class CheckpointMixin:
             CorruptionError: a file is missing, truncated or does not match its CRC32C
                 (names file and offset).
             CheckpointError: the previous background save failed unseen, or an I/O error.
+            RestorePendingError: a load by key into the store is unresolved (nothing was
+                loaded).
         """
         from . import loader, writer
         from .target import reading

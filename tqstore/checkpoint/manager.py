@@ -28,7 +28,7 @@ import os
 import secrets
 import warnings
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 from .. import _default
 from .._io import files, locks
@@ -195,9 +195,11 @@ class CheckpointManager:
         """The user metadata saved with generation ``step``."""
         return dict(read_manifest(self.path(step)).metadata)
 
-    def verify(self, step: Optional[int] = None, **kwargs) -> CheckpointReport:
-        """:func:`verify_checkpoint` of generation ``step`` (newest when None), under the
-        root's lock held shared (no prune deletes it, no save replaces it meanwhile).
+    def verify(self, step: Optional[int] = None, *, deep: bool = True, raise_on_error: bool = True,
+               progress: Optional[Callable[[int], None]] = None) -> CheckpointReport:
+        """:func:`verify_checkpoint` of generation ``step`` (newest when None; its keyword
+        arguments as there), under the root's lock held shared (no prune deletes it, no save
+        replaces it meanwhile).
 
         Raises:
             CheckpointNotFoundError: no generation (``step`` None) or not that one.
@@ -208,7 +210,7 @@ class CheckpointManager:
                 step = self.latest_step()
                 if step is None:
                     raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}")
-            return verify_checkpoint(self.path(step), **kwargs)
+            return verify_checkpoint(self.path(step), deep=deep, raise_on_error=raise_on_error, progress=progress)
 
     # ------------------------------------------------------------------ save
     def _reusable(self) -> Dict[str, Reusable]:
@@ -252,6 +254,9 @@ class CheckpointManager:
         that verifies).  Saving a step lower than existing ones is allowed and logged at
         WARNING: :meth:`restore` picks the highest step that verifies, so after a crash it
         resumes from those higher steps (a rolled-back run's) until they are removed.
+        Raises what :meth:`~tqstore.Store.save_checkpoint` raises (``RestorePendingError``
+        while a load by key into the store is unresolved, say), and InvalidInputError for a
+        step that is not a non-negative int.
         """
         step = self._check_step(step)
         higher = [s for s in self.steps() if s > step]

@@ -48,13 +48,14 @@ class DumpMixin:
         Args:
             dump_dir: target directory: missing, empty, or a dump (replaced); its parent is
                 created if missing.  Symlinks are resolved.
-            keys: list of str.
+            keys: list (or tuple) of str.
             partition_id: the partition (it must exist, also for an empty key list).
             blocking: False returns a :class:`DumpHandle` right after the cut (``stall_s``);
                 the write runs in a background thread (one save or dump in flight per store).
                 The keys are then checked in the cut's snapshot by that thread: a key that is
                 unknown or not a valid key raises from ``result()`` (nothing written); an
-                unknown partition or a keys argument that is not a list still raises at once.
+                unknown partition or a keys argument that is not a list or tuple still raises
+                at once.
 
         Returns:
             The report mapping: ``keys`` (rows dumped), ``rows_with_data``, ``shards``,
@@ -62,9 +63,10 @@ class DumpMixin:
             ``partition_id``, ``stall_s``, ``write_s`` (or a handle whose ``result()`` is it).
 
         Raises:
-            InvalidInputError: ``keys`` is not a list of valid str keys, or ``blocking`` is not a
-                bool (nothing written); or the row index would pass the 1 GiB a reader
-                accepts (tags of long text: nothing published, the previous dump intact).
+            InvalidInputError: ``keys`` is not a list (or tuple) of valid str keys, or
+                ``blocking`` is not a bool (nothing written); or the row index would pass the
+                1 GiB a reader accepts (tags of long text: nothing published, the previous dump
+                intact).
             PartitionNotFoundError, KeyNotFoundError: an unknown partition or key (nothing
                 written, no directory left; with ``blocking=False`` a key's error is raised by
                 the handle's ``result()``).
