@@ -84,6 +84,22 @@ def test_verify_of_a_generation_root_checks_every_generation(saved, tmp_path):
     assert code == EXIT_DAMAGED and "BAD step 2" in out and "no MANIFEST.json" in out
 
 
+def test_verify_of_a_root_not_saved_to_yet_has_nothing_to_verify_exit_0(tmp_path):
+    """It exited 2, the status of a PATH that is nothing tqstore knows, for a root that inspect,
+    ls and prune take for one (exit 0)."""
+    from tqstore.checkpoint import CheckpointManager
+
+    with tqstore.open(tmp_path / "s", num_units=1) as s:
+        CheckpointManager(tmp_path / "gens", store=s)
+    assert (tmp_path / "gens").is_dir()
+    code, out, err = run("verify", tmp_path / "gens")
+    assert code == EXIT_OK and "nothing to verify" in out, (out, err)
+    code, out, _ = run("verify", "--json", tmp_path / "gens")
+    doc = json.loads(out)
+    assert code == EXIT_OK and doc["ok"] is True and doc["kind"] == "root" and doc["checkpoints"] == []
+    assert run("ls", tmp_path / "gens")[0] == EXIT_OK and run("prune", tmp_path / "gens", "--keep", "1")[0] == EXIT_OK
+
+
 def test_verify_of_something_that_is_not_a_checkpoint_exits_2(saved, tmp_path):
     assert run("verify", tmp_path / "missing")[0] == EXIT_USAGE
     (tmp_path / "empty").mkdir()

@@ -109,14 +109,15 @@ def build_parser() -> argparse.ArgumentParser:
              "A checkpoint: its manifest and checksum, every listed "
              "file's presence, size and CRC32C, no unlisted files and (unless --quick) the indexes and every "
              "indexed frame against its CRC32C. A generation root: every generation (one without MANIFEST.json "
-             "counts as damaged). A store: walks its index files in a child process (a damaged LMDB page is "
+             "counts as damaged; a root not saved to yet has nothing to verify: exit 0). A store: walks its index files in a child process (a damaged LMDB page is "
              "reported, not fatal) and looks for files its open would take for lost (a missing unit directory "
              "or segment file, a truncated segment: reported, nothing changed, unless --repair); then opens it "
              "(it must not be open elsewhere; its crash recovery runs as at any open, and with --repair what it "
              "dropped is reported, by that run only), checks every stored frame and decodes the controller's "
              "index. A dump: every shard "
              "frame; a directory of dumps (one per step, as the demo writes them): each dump. One line per "
-             "problem, naming file and offset.", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
+             "problem, naming file and offset (and a store's damaged frame by its partition, key or row, and "
+             "field).", "python -m tqstore verify run/generations", "store, checkpoint, root or dump")
     v.add_argument("path", type=_path, help="a store, a checkpoint, a CheckpointManager root, a dump or a directory of dumps")
     v.add_argument("--json", action="store_true", help="print a JSON report on stdout")
     v.add_argument("--quick", action="store_true", help="checkpoints: the manifest and each file's size and "

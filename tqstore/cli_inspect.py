@@ -159,10 +159,7 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
     if kind == "checkpoint":
         reports = [(None, verify_one(path, err, args.quick))]
     elif kind == "root":
-        reports = generation_reports(path, err, args.quick)
-        if not reports:
-            err.write(f"error: no published generations under {path}\n")
-            return EXIT_USAGE
+        reports = generation_reports(path, err, args.quick)  # (none: a root not saved to yet, nothing to verify)
     else:
         return refuse(path, kind, err)
     bad = [r for _, r in reports if not r.ok]
@@ -171,6 +168,8 @@ def cmd_verify(args, out: TextIO, err: TextIO) -> int:
                                "checkpoints": [dict(r.to_dict(), step=s) for s, r in reports]}
         out.write(to_json(doc, indent=1) + "\n")
     else:
+        if not reports:
+            out.write(f"no generations under {path}: nothing to verify\n")
         for step, r in reports:
             name = r.path if step is None else f"step {step} ({r.path.name})"
             if r.ok:
