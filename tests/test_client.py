@@ -14,7 +14,7 @@ import torch
 
 import tqstore as tq
 from tqstore import (
-    BatchMeta, ConfigError, InvalidInputError, KeyNotFoundError, KVBatchMeta, PartitionNotFoundError, SchemaError,
+    BatchMeta, ConfigError, FieldNotFoundError, InvalidInputError, KeyNotFoundError, KVBatchMeta, PartitionNotFoundError, SchemaError,
     StoreClosedError,
 )
 
@@ -168,6 +168,23 @@ def test_force_fetch_returns_all_rows_produced_or_not_without_consuming(client):
     assert client.get_meta(["prompt"], 3, "p", mode="force_fetch").size == 3
     _, consumed = client.get_consumption_status("t", "p")
     assert consumed.tolist() == [1, 0, 0, 0]
+
+
+def test_force_fetch_of_a_field_no_row_has_produced_yet_lists_it_and_no_row_is_ready(client):
+    """The field was dropped from the meta, whose rows then all said ready (and get_data of it
+    read the other fields only), while get_production_status said 0 for that field."""
+    client.put(_prompts(3), partition_id="p")
+    meta = client.get_meta(["prompt", "response"], None, "p", mode="force_fetch")
+    assert meta.field_names == ["prompt", "response"] and not meta.is_ready
+    assert meta.production_status.tolist() == [0, 0, 0]
+    with pytest.raises(FieldNotFoundError, match="response"):
+        client.get_data(meta)
+    done = client.get_meta(["prompt"], 1, "p", mode="force_fetch")
+    client.put({"response": torch.ones(1, 2)}, done)
+    meta = client.get_meta(["prompt", "response"], None, "p", mode="force_fetch")
+    assert meta.production_status.tolist() == [1, 0, 0]
+    assert meta.production_status.tolist() == client.get_production_status(["prompt", "response"], "p")[1].all(
+        axis=1).int().tolist()
 
 
 def test_force_fetch_of_an_unknown_partition_raises(client):

@@ -229,7 +229,8 @@ class Streaming:
                 batch = dp.controller.first_rows(partition_id, batch_size)
                 if batch is None:
                     raise _no_partition(partition_id, dp.controller.partitions())
-                return self._meta(batch, list(batch.schema) if fields is None else fields)
+                # (a field asked for that no row has produced yet stays in the meta: no row is ready)
+                return self._meta(batch, list(batch.schema) if fields is None else fields, placeholders=True)
         if not isinstance(task_name, str) or not task_name:
             raise InvalidInputError(f"mode 'fetch' needs a task_name (non-empty str), got {task_name!r}")
         check_name("task_name", task_name)
