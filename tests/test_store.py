@@ -383,6 +383,7 @@ def test_read_errors_name_what_is_missing(store):
     {"num_units": 2 ** 62}, {"num_units": True}, {"num_units": "2"}, {"segment_bytes": "1M"},
     {"segment_bytes": 2 ** 70}, {"index_map_bytes": "1G"}, {"index_map_bytes": 1}, {"index_map_bytes": 2 ** 70},
     {"max_workers": -1}, {"max_workers": "2"}, {"max_workers": 0},
+    {"edge": 5}, {"edge": "numpy"},  # (an edge was taken as it was: the first put failed with an AttributeError)
 ])
 def test_an_option_out_of_range_is_a_config_error_before_anything_is_created(tmp_path, kw):
     with pytest.raises(ConfigError, match=next(iter(kw))):
@@ -449,6 +450,8 @@ def test_close_is_idempotent_and_closed_store_refuses_calls(tmp_path):
         s.write("p", {"v": [1]}, new_rows=True)
     with pytest.raises(tqstore.StoreClosedError):
         s.read("p", [0])
+    with pytest.raises(tqstore.StoreClosedError):  # (it was taken, on a closed controller)
+        s.set_sampler("sequential")
 
 
 def test_private_temporary_store_is_removed_on_close():

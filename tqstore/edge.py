@@ -149,6 +149,22 @@ def set_default_factory(factory: Optional[Callable[[str], Any]]) -> None:
         _factory = factory
 
 
+#: what an :class:`Edge` must have: its methods, then its attributes
+EDGE_METHODS = ("items", "batch_len", "to_column", "single_row", "is_batch", "take", "result", "status", "dtype",
+                "to_wire", "from_wire")
+EDGE_ATTRIBUTES = ("alloc", "result_type")
+
+
+def check_edge(edge: Any) -> None:
+    """ConfigError unless ``edge`` (not None) has every method and attribute of :class:`Edge`
+    (checked when a store is opened with it, before anything is opened)."""
+    lacks = [m for m in EDGE_METHODS if not callable(getattr(edge, m, None))]
+    lacks += [a for a in EDGE_ATTRIBUTES if not hasattr(edge, a)]
+    if lacks:
+        raise ConfigError(f"edge must implement tqstore.edge.Edge (or be None for the default); "
+                          f"{type(edge).__name__} {edge!r:.60} lacks {', '.join(lacks)}")
+
+
 def check_result_type(result_type: Optional[str]) -> None:
     """ConfigError unless ``result_type`` is None or one of :data:`RESULT_TYPES`."""
     if result_type is not None and result_type not in RESULT_TYPES:
@@ -202,5 +218,5 @@ def batch_len(edge: Any, items: List[Tuple[str, Any]], tags: Optional[Sequence[A
     raise InvalidInputError("cannot infer the batch size: no fields and no tags")
 
 
-__all__ = ["Edge", "NumpyEdge", "RESULT_TYPES", "set_default_factory", "default_edge", "join_rows", "normalise_fields",
+__all__ = ["Edge", "NumpyEdge", "RESULT_TYPES", "check_edge", "set_default_factory", "default_edge", "join_rows", "normalise_fields",
            "batch_len"]

@@ -177,9 +177,11 @@ class DataPlane:
         """Use ``sampler`` (instance, class, name or ``{"name": ..., **kwargs}``) from now on.
 
         Its state per partition is loaded from the controller when it was saved by a sampler
-        of the same kind, else it starts empty.  Raises ConfigError for a bad spec.
+        of the same kind, else it starts empty.  Raises ConfigError for a bad spec,
+        StoreClosedError once the store is closed.
         """
         s = make_sampler(sampler)
+        self.check_open()
         with self.lock:
             self.controller.set_sampler(s)
             self._sampler = s

@@ -31,7 +31,7 @@ from . import _interrupts as interrupts
 from . import store_lock, store_open
 from .errors import (ConfigError, CorruptionError, DistributedError, InvalidInputError, KeyNotFoundError,
                      StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError)
-from .edge import batch_len as _batch_len, check_result_type, default_edge, normalise_fields as _normalise_fields
+from .edge import batch_len as _batch_len, check_edge, check_result_type, default_edge, normalise_fields as _normalise_fields
 from .capacity import RowCapacity
 from ._format.names import check_bool_option, check_fraction, check_int_option
 from ._format.store_files import MAX_UNITS  # (the most units a store may have)
@@ -124,6 +124,8 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         index_map_bytes = check_int_option("index_map_bytes", index_map_bytes, MIN_MAP_BYTES, MAX_MAP_BYTES)
         capacity = None if total_storage_size is None else RowCapacity(total_storage_size)  # ConfigError
         check_result_type(result_type)  # (the edge itself is made once the parts are open: it may import torch)
+        if edge is not None:
+            check_edge(edge)
         self._parts = EmbeddedParts() if parts is None else parts
         self._remote_parts = bool(getattr(self._parts, "remote", False))  # (reads call their units at once)
         self._closed = True
