@@ -307,6 +307,44 @@ def test_checkpoint_scans_check_exact_extents_padding_and_versions(pristine, liv
 
 
 
+@pytest.mark.parametrize("version", [0, 2])
+def test_verify_rejects_a_segment_header_of_another_version_by_name_as_the_load_does(pristine, live, tmp_path,
+                                                                                    version):
+    """verify_checkpoint covered the header only by the file's CRC32C: a re-signed checkpoint
+    whose segment header declares another version verified clean, and its load then failed
+    naming the staged copy."""
+    import crc32c as crc32c_pkg
+    from tqstore.errors import FormatVersionError
+    from tqstore._format.layout import SEGMENT_HEADER_SIZE
+    from checkpoint_helpers import resign
+
+    def how(ckpt):
+        seg = first_segment(ckpt)
+        data = bytearray(seg.read_bytes())
+        data[4:6] = version.to_bytes(2, "little")
+        data[SEGMENT_HEADER_SIZE - 4:SEGMENT_HEADER_SIZE] = crc32c_pkg.crc32c(
+            bytes(data[:SEGMENT_HEADER_SIZE - 4])).to_bytes(4, "little")
+        rewrite(seg, bytes(data))
+        resign(ckpt)
+        return seg
+
+    ckpt, seg = _damaged(pristine, tmp_path, how)
+    for deep in (True, False):
+        with pytest.raises(FormatVersionError, match=f"segment format version {version}") as ei:
+            verify_checkpoint(ckpt, deep=deep)
+        assert ei.value.path == str(seg)
+        rep = verify_checkpoint(ckpt, deep=deep, raise_on_error=False)
+        assert not rep.ok and [p.path for p in rep.problems] == [str(seg)]
+    before = state(live)
+    with pytest.raises(FormatVersionError, match=f"segment format version {version}") as ei:
+        live.load_checkpoint(ckpt)
+    assert state(live) == before and ei.value.path == str(seg)  # (the checkpoint's file, not a staged copy)
+    with tqstore.open(tmp_path / "other", num_units=3) as s:  # (the reshard load read the frames only)
+        with pytest.raises(FormatVersionError, match=f"segment format version {version}"):
+            s.load_checkpoint(ckpt)
+        assert s.kv_list() == {}
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
 def test_a_load_failing_after_the_staged_controller_opened_closes_it_and_the_next_load_succeeds(
         pristine, live, tmp_path, monkeypatch):

@@ -54,7 +54,7 @@ from . import manifest as M
 from .planner import FrameTable, plan_load_mode, plan_reshard
 from .verify import (
     bad_block, check_controller_counts, file_problem, frames_of, lmdb_problems, read_manifest, resolve_checkpoint_dir,
-    unit_frames,
+    segment_header_problem, unit_frames,
 )
 
 log = logging.getLogger("tqstore")
@@ -333,6 +333,9 @@ def load(store, checkpoint_dir) -> LoadInfo:
             prob = file_problem(src, e)
             if prob is not None:
                 raise CorruptionError(f"checkpoint file: {prob.message}", path=prob.path, offset=prob.offset)
+            if e.role == M.ROLE_SEGMENT:  # (another version is refused naming the checkpoint's file, whatever
+                for prob in segment_header_problem(src, e):  # the unit counts: the reshard reads frames only)
+                    raise prob.to_error()
         build = Builder(src, man, store.controller, store.units, max(1, min(8, store.num_units)))
         try:
             # one MVCC cut, verified byte for byte: consistent by construction, no reconcile pass

@@ -19,6 +19,7 @@ import numpy as np
 
 from .. import embedded
 from .._format.layout import SEGMENT_HEADER_SIZE
+from .._format.segment import decode_segment_header
 from .._io import files
 from .._io.lmdbwalk import DEFAULT_TIMEOUT_S, LmdbWalk
 from ..errors import CheckpointNotFoundError, CorruptionError, FormatVersionError, StorageIOError, TqstoreError
@@ -241,7 +242,8 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
 
     Raises:
         CheckpointNotFoundError: no checkpoint (or no MANIFEST.json) at ``path``.
-        FormatVersionError: the manifest declares an unknown format version.
+        FormatVersionError: the manifest, or a segment's header, declares an unknown format
+            version (with ``raise_on_error``; else the report lists it).
         CorruptionError: damage (``raise_on_error=True``), naming the file and offset.
     """
     t0 = time.perf_counter()
@@ -319,6 +321,8 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
         rep.frames_checked += len(frames)
         if res.bad or res.crc != e.crc32c:
             problems.append(_crc_problem(src / e.path, e, res))
+        else:  # (its bytes are the ones saved: a header of another version was saved so)
+            problems.extend(segment_header_problem(src, e))
         if deep and e.frames is not None and len(frames) != e.frames and M.unit_index_file(e.unit) in good_index:
             problems.append(Problem(str(src / e.path), f"the unit index names {len(frames)} frames in this segment, "
                                                       f"MANIFEST.json records {e.frames}"))
@@ -326,6 +330,27 @@ def verify_checkpoint(path: PathLike, *, deep: bool = True, raise_on_error: bool
     if problems and raise_on_error:
         raise problems[0].to_error()
     return rep
+
+
+def segment_header_problem(src: Path, e: M.FileEntry) -> List[Problem]:
+    """The segment header of ``e`` (its file read clean): a version this code does not read
+    is a problem raised as FormatVersionError (a load would refuse it, naming its copy), a
+    damaged header one as CorruptionError."""
+    p = src / e.path
+    try:
+        fd = files.open_regular(p, under=src)
+        try:
+            head = os.pread(fd, SEGMENT_HEADER_SIZE, 0)
+        finally:
+            os.close(fd)
+        decode_segment_header(head, path=str(p))
+    except FormatVersionError as err:
+        return [Problem(str(p), str(err).split(" (file ")[0], err.offset, format_version=True)]
+    except CorruptionError as err:
+        return [Problem(str(p), f"segment header: {str(err).split(' (file ')[0]}", err.offset)]
+    except OSError as err:
+        return [Problem(str(p), f"file cannot be read: {err}")]
+    return []
 
 
 def _check_controller(src: Path, man: M.Manifest) -> List[Problem]:
