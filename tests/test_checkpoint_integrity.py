@@ -307,7 +307,7 @@ def test_checkpoint_scans_check_exact_extents_padding_and_versions(pristine, liv
 
 
 
-@pytest.mark.parametrize("version", [0, 2])
+@pytest.mark.parametrize("version", [0, 2, "damaged"])
 def test_verify_rejects_a_segment_header_of_another_version_by_name_as_the_load_does(pristine, live, tmp_path,
                                                                                     version):
     """verify_checkpoint covered the header only by the file's CRC32C: a re-signed checkpoint
@@ -321,26 +321,31 @@ def test_verify_rejects_a_segment_header_of_another_version_by_name_as_the_load_
     def how(ckpt):
         seg = first_segment(ckpt)
         data = bytearray(seg.read_bytes())
-        data[4:6] = version.to_bytes(2, "little")
-        data[SEGMENT_HEADER_SIZE - 4:SEGMENT_HEADER_SIZE] = crc32c_pkg.crc32c(
-            bytes(data[:SEGMENT_HEADER_SIZE - 4])).to_bytes(4, "little")
+        if version == "damaged":  # (a header whose own CRC32C fails, the file re-signed)
+            data[20] ^= 1
+        else:
+            data[4:6] = version.to_bytes(2, "little")
+            data[SEGMENT_HEADER_SIZE - 4:SEGMENT_HEADER_SIZE] = crc32c_pkg.crc32c(
+                bytes(data[:SEGMENT_HEADER_SIZE - 4])).to_bytes(4, "little")
         rewrite(seg, bytes(data))
         resign(ckpt)
         return seg
 
     ckpt, seg = _damaged(pristine, tmp_path, how)
+    cls, words = (CorruptionError, "segment header checksum mismatch") if version == "damaged" else \
+        (FormatVersionError, f"segment format version {version}")
     for deep in (True, False):
-        with pytest.raises(FormatVersionError, match=f"segment format version {version}") as ei:
+        with pytest.raises(cls, match=words) as ei:
             verify_checkpoint(ckpt, deep=deep)
         assert ei.value.path == str(seg)
         rep = verify_checkpoint(ckpt, deep=deep, raise_on_error=False)
         assert not rep.ok and [p.path for p in rep.problems] == [str(seg)]
     before = state(live)
-    with pytest.raises(FormatVersionError, match=f"segment format version {version}") as ei:
+    with pytest.raises(cls, match=words) as ei:
         live.load_checkpoint(ckpt)
     assert state(live) == before and ei.value.path == str(seg)  # (the checkpoint's file, not a staged copy)
     with tqstore.open(tmp_path / "other", num_units=3) as s:  # (the reshard load read the frames only)
-        with pytest.raises(FormatVersionError, match=f"segment format version {version}"):
+        with pytest.raises(cls, match=words):
             s.load_checkpoint(ckpt)
         assert s.kv_list() == {}
 

@@ -114,7 +114,9 @@ BAD_INPUTS = [
     ("one jagged row of 33 dimensions", lambda s: s.kv_batch_put(["k", "l"], "p", fields={
         "d": [np.zeros((2,) * 3), np.zeros((1,) * 33)]}), (InvalidInputError,)),
     *[(f"compact(live_ratio={v!r})", lambda s, v=v: s.compact(live_ratio=v), (InvalidInputError,))
-      for v in ("0.5", None, float("nan"), 0, -1, 2, True)],
+      for v in ("0.5", np.str_("0.5"), None, float("nan"), 0, -1, 2, True, 0.5 + 1j, np.complex128(0.5))],
+    *[(f"force_fetch of field name {f!r}", lambda s, f=f: s.get_meta(["x", f], None, "p", mode="force_fetch"),
+       (InvalidInputError,)) for f in ("bad\0name", "", "y" * 300)],
     ("int field name", lambda s: s.kv_batch_put(["k"], "p", fields={5: torch.zeros(1)}), (InvalidInputError,)),
     ("int field name, streaming put", lambda s: s.put({5: torch.zeros(1)}, partition_id="p"), (InvalidInputError,)),
     ("NUL in a key", lambda s: s.kv_put("a\0b", "p", fields={"x": torch.zeros(2)}), (InvalidInputError,)),
@@ -535,6 +537,7 @@ def test_a_tag_that_cannot_be_stored_is_refused_in_words_about_tags(tmp_path, ta
     ([None, np.zeros(3)], ("row 1 is a numpy array", "row 0 None")),
     ([torch.zeros(2), np.zeros(2)], ("row 0 is a tensor", "row 1 a numpy array")),
     ([np.zeros(2), "text"], ("row 0 is a numpy array", "row 1 a value of type str")),
+    ([None, torch.nn.Parameter(torch.zeros(2))], ("row 1 is a tensor", "row 0 None")),  # (a Tensor subclass)
 ])
 def test_a_field_whose_rows_mix_tensors_with_other_rows_is_refused_naming_the_rows(tmp_path, rows, kinds):
     """A missing row given as None among tensor rows was refused as "cannot store a value of
@@ -546,3 +549,15 @@ def test_a_field_whose_rows_mix_tensors_with_other_rows_is_refused_naming_the_ro
             assert part in str(e.value), str(e.value)
         assert "leave the keys that have no value for it out" in str(e.value)
         assert s.kv_list() == {}
+
+
+def test_compact_takes_any_real_number_in_range(tmp_path):
+    """The live_ratio check must not refuse what worked: a Fraction, a Decimal, a numpy or a
+    0-d tensor number."""
+    from decimal import Decimal
+    from fractions import Fraction
+
+    with tqstore.open(tmp_path / "s", num_units=1) as s:
+        _seed(s)
+        for v in (0.5, 1, Fraction(1, 2), Decimal("0.5"), np.float32(0.5), np.int64(1), torch.tensor(0.5)):
+            assert s.compact(live_ratio=v) >= 0, v

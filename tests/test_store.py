@@ -391,6 +391,24 @@ def test_an_option_out_of_range_is_a_config_error_before_anything_is_created(tmp
     assert not (tmp_path / "s").exists()
 
 
+def test_an_edge_with_the_methods_a_store_calls_is_taken(tmp_path):
+    """The open's check must not refuse an edge written before the Ray client's to_wire and
+    from_wire existed (a store never calls them on the edge it is given)."""
+    from tqstore.edge import EDGE_ATTRIBUTES, EDGE_METHODS, NumpyEdge
+
+    inner = NumpyEdge()
+
+    class Duck:
+        alloc, result_type = inner.alloc, inner.result_type
+
+    for m in EDGE_METHODS:
+        setattr(Duck, m, staticmethod(getattr(inner, m)))
+    assert not hasattr(Duck(), "to_wire") and set(EDGE_ATTRIBUTES) == {"alloc", "result_type"}
+    with Store(tmp_path / "s", num_units=1, edge=Duck()) as s:
+        s.kv_batch_put(["a"], "p", {"x": np.arange(3).reshape(1, 3)})
+        assert s.kv_batch_get(["a"], "p")["x"].tolist() == [[0, 1, 2]]
+
+
 def test_a_bad_option_when_reopening_leaves_the_store_openable(tmp_path):
     Store(tmp_path / "s", num_units=2).close()
     with pytest.raises(ConfigError, match="max_workers"):

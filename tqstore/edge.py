@@ -149,15 +149,16 @@ def set_default_factory(factory: Optional[Callable[[str], Any]]) -> None:
         _factory = factory
 
 
-#: what an :class:`Edge` must have: its methods, then its attributes
-EDGE_METHODS = ("items", "batch_len", "to_column", "single_row", "is_batch", "take", "result", "status", "dtype",
-                "to_wire", "from_wire")
+#: what an :class:`Edge` given to a store must have: the methods a store calls (``to_wire``
+#: and ``from_wire`` are the Ray client's, which uses the default edge), then its attributes
+EDGE_METHODS = ("items", "batch_len", "to_column", "single_row", "is_batch", "take", "result", "status", "dtype")
 EDGE_ATTRIBUTES = ("alloc", "result_type")
 
 
 def check_edge(edge: Any) -> None:
-    """ConfigError unless ``edge`` (not None) has every method and attribute of :class:`Edge`
-    (checked when a store is opened with it, before anything is opened)."""
+    """ConfigError unless ``edge`` (not None) has the methods and attributes of :class:`Edge`
+    a store uses (:data:`EDGE_METHODS`, :data:`EDGE_ATTRIBUTES`; checked when a store is
+    opened with it, before anything is opened)."""
     lacks = [m for m in EDGE_METHODS if not callable(getattr(edge, m, None))]
     lacks += [a for a in EDGE_ATTRIBUTES if not hasattr(edge, a)]
     if lacks:

@@ -223,6 +223,8 @@ class Streaming:
                 gidxs = dp.io.write(partition_id, {}, new_rows=True, tags=[None] * batch_size)
                 return self._batch_meta(partition_id, gidxs, fields, placeholders=True)
         if mode == "force_fetch":
+            for f in fields or ():  # (a field no put can write is kept in the meta below: refused here)
+                check_field_name(f)
             if batch_size == 0:
                 return BatchMeta.empty()
             with dp.lock:

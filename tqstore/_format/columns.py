@@ -267,11 +267,16 @@ def values_column(field: str, values: Sequence[Any], n: int) -> Column:
     return Column(field, KIND_VALUE, 0, [()] * n, payloads, (), None)
 
 
+def _is_torch_tensor(v: Any) -> bool:
+    """A torch tensor (a subclass such as a Parameter too), told without importing torch."""
+    return any(c.__name__ == "Tensor" and c.__module__.startswith("torch") for c in type(v).__mro__)
+
+
 def _mixed_rows(field: str, values: Sequence[Any]) -> Optional[str]:
     """The error message for a list of rows of which some are arrays or tensors and others are not (a
     missing row given as None, say), or which mixes numpy arrays and tensors; None otherwise."""
-    kinds = ["tensor" if type(v).__name__ == "Tensor" and type(v).__module__.startswith("torch") else
-             "numpy array" if isinstance(v, np.ndarray) else None for v in values]
+    kinds = ["tensor" if _is_torch_tensor(v) else "numpy array" if isinstance(v, np.ndarray) else None
+             for v in values]
     arrays = [i for i, k in enumerate(kinds) if k is not None]
     if not arrays:
         return None

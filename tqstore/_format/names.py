@@ -18,6 +18,7 @@ anything is written; a violation raises :class:`~tqstore.errors.InvalidInputErro
 """
 from __future__ import annotations
 
+import numbers
 import operator
 from typing import Any, Optional
 
@@ -127,15 +128,17 @@ def check_int_option(name: str, value: Any, least: int, most: Optional[int] = No
 
 
 def check_fraction(what: str, value: Any) -> float:
-    """An argument that is a fraction in (0, 1] (an int or float, numpy's too; not a bool, not
-    NaN); returns it as a float.  Raises InvalidInputError naming it."""
+    """An argument that is a real number in (0, 1] (an int, a float, a Fraction or Decimal,
+    a numpy scalar, a one-element tensor: what ``float()`` takes; not a bool, a string, a
+    complex number or NaN); returns it as a float.  Raises InvalidInputError naming it."""
     t = type(value)
-    ok = t is not bool and not (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
     v = None
-    if ok and (isinstance(value, (int, float)) or t.__module__ == "numpy"):
+    if not (t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
+            or isinstance(value, (str, bytes, bytearray))
+            or (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real))):
         try:
             v = float(value)
-        except (TypeError, ValueError, OverflowError):  # (an int past the float range)
+        except (TypeError, ValueError, OverflowError):  # (not a number; an int past the float range)
             v = None
     if v is None or not 0.0 < v <= 1.0:  # (NaN fails both)
         raise InvalidInputError(f"{what} must be a number in (0, 1], got {value!r:.80}")
