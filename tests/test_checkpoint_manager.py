@@ -436,6 +436,33 @@ def test_a_save_into_a_root_holding_a_foreign_file_is_refused_before_the_cut(sto
     assert m.steps() == [1]
 
 
+def test_a_save_is_not_refused_when_the_save_before_it_renames_an_entry_while_the_root_is_checked(
+        store, tmp_path, monkeypatch):
+    """Saves with blocking=False every step, nobody waiting: the next save's root check listed
+    the root while the previous save published (step-N.tmp-X renamed to step-N) or pruned
+    (step-N renamed to .deleting-*); the entry gone by the time it was looked at counted as
+    foreign, and ~5 % of the saves raised "... is a checkpoint generation root, and a
+    checkpoint generation root must be missing, empty, or hold only what tqstore puts there"."""
+    from tqstore.checkpoint import target as T
+
+    m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
+    fill(store, "train", 3)
+    m.save(1)
+    listdir = os.listdir
+
+    def racing(d):  # the listing still shows entries a concurrent save or prune renamed meanwhile
+        names = listdir(d)
+        return names + ["step-0000000002.tmp-1a2b3c4d", ".deleting-step-0000000000-5e6f7a8b"] \
+            if os.fspath(d) == os.fspath(tmp_path / "gens") else names
+    monkeypatch.setattr(T.os, "listdir", racing)
+    assert T.is_generation_root(tmp_path / "gens")
+    m.save(2, blocking=False).result()
+    monkeypatch.setattr(T.os, "listdir", listdir)
+    assert m.steps() == [1, 2]
+    (tmp_path / "gens" / "step-0000000007.tmp-0a0b0c0d").write_text("a file, not a directory")  # (still refused)
+    assert not T.is_generation_root(tmp_path / "gens")
+
+
 def test_restore_falls_back_past_a_generation_whose_files_do_not_read_back(store, tmp_path, monkeypatch):
     """A bad sector in the newest generation (reads of its files fail with EIO) falls back as
     damage does (it raised CheckpointError); an I/O error on the store's side is raised."""

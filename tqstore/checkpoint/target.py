@@ -192,7 +192,15 @@ def is_generation_root(d: PathLike) -> bool:
         if n == ROOT_LOCK_NAME:
             if not (d / n).is_file():
                 return False
-        elif not (_ROOT_ENTRY.match(n) and real_dir(d / n)):  # (a symbolic link is the user's)
+            continue
+        if not _ROOT_ENTRY.match(n):
+            return False
+        try:
+            if not stat.S_ISDIR(os.lstat(d / n).st_mode):  # (a symbolic link is the user's)
+                return False
+        except FileNotFoundError:
+            continue  # renamed since the listing: a save publishing (step-N.tmp-X), a prune (.deleting-*)
+        except OSError:
             return False
     return True
 
