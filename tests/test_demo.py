@@ -4,6 +4,7 @@ twice) passes; the summary carries the figures the README promises."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,17 @@ def test_demo_is_killed_resumes_and_its_check_passes(forkrun, tmp_path):
     assert any(ln.startswith("*** SIGKILL") for ln in lines) and any(ln.startswith("resume: restored") for ln in lines)
     assert sum(ln.startswith("step ") for ln in lines) >= 6
     assert CheckpointManager(tmp_path / "d" / "generations").steps()  # --dir keeps the files
+
+
+def test_a_pruned_steps_pending_dump_goes_with_its_lock_file(forkrun, tmp_path):
+    """One lock file per step stayed behind for good (pending/step-N.lock) after its dump went."""
+    r = _demo(forkrun, "--steps", 9, "--rows", 8, "--group", 2, "--save-every", 1, "--tokens", 16, "--seed", 5,
+              "--dir", tmp_path / "d", "--json")
+    assert r.returncode == 0, r.stderr
+    pend = tmp_path / "d" / "pending"
+    dumps = sorted(p.name for p in pend.glob("step-*") if p.is_dir())
+    assert sorted(p.name[:-len(".lock")] for p in pend.glob("step-*.lock")) == dumps and 0 < len(dumps) <= 4, \
+        sorted(os.listdir(pend))
 
 
 def test_demo_full_mode_is_killed_resumes_and_its_check_passes(forkrun, tmp_path):

@@ -250,8 +250,12 @@ class Loop:
             keep = set(m.steps())
             for d in sorted((self.base / "pending").glob("step-*")):
                 st = int(d.name[5:15])
-                if d.is_dir() and st not in keep and st < rec["step"]:  # its generation was pruned: so is the dump
+                if st in keep or st >= rec["step"]:
+                    continue
+                if d.is_dir():  # its generation was pruned: so is the dump
                     L.remove_tree(d, ignore_errors=True)
+                elif d.name.endswith(".lock"):  # and its lock file (its dump's call ended: no one holds it)
+                    d.unlink(missing_ok=True)
         self.stats["saves"].append(rec)
         self.log.write("saved", **rec)
 
