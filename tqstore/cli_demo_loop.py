@@ -255,7 +255,7 @@ class Loop:
                 if d.is_dir():  # its generation was pruned: so is the dump
                     L.remove_tree(d, ignore_errors=True)
                 elif d.name.endswith(".lock"):  # and its lock file (its dump's call ended: no one holds it)
-                    d.unlink(missing_ok=True)
+                    L.remove_file(d)
         self.stats["saves"].append(rec)
         self.log.write("saved", **rec)
 

@@ -23,6 +23,11 @@ def remove_tree(path: Path, *, ignore_errors: bool = False) -> None:
     files.rmtree(path, ignore_errors=ignore_errors)
 
 
+def remove_file(path: Path) -> None:
+    """Remove a file if it is there (through :mod:`tqstore._io`, failpoint ``unlink``)."""
+    files.unlink(path, missing_ok=True)
+
+
 def unit_dir(state: Path, i: int) -> Path:
     return Path(state) / f"unit-{i:03d}"
 
