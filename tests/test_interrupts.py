@@ -171,20 +171,23 @@ def storm():
 def work(deadline):
     i = 0
     while True:
-        try:
-            if time.monotonic() > deadline:
-                stop.set()
-                t.join()
-                time.sleep(0.05)  # (a SIGINT the storm sent last is handled here)
-                h = signal.getsignal(signal.SIGINT)
-                signal.signal(signal.SIGINT, signal.SIG_IGN)  # (nothing more can interrupt the report)
-                return h
-            i += 1
-            s.kv_batch_put([f"k{i}"], "p", {"x": np.full((1, 4), i, np.int32)})
-            c.put({"x": np.full((2, 4), i, np.int32)}, partition_id="q")
-            m = c.get_meta(["x"], 2, "q", task_name="t")
-            if m.size:
-                c.clear_samples(m)
+        try:  # (the outer try: a SIGINT landing while the inner handler runs, Python's, not the store's)
+            try:
+                if time.monotonic() > deadline:
+                    stop.set()
+                    t.join()
+                    time.sleep(0.05)  # (a SIGINT the storm sent last is handled here)
+                    h = signal.getsignal(signal.SIGINT)
+                    signal.signal(signal.SIGINT, signal.SIG_IGN)  # (nothing more can interrupt the report)
+                    return h
+                i += 1
+                s.kv_batch_put([f"k{i}"], "p", {"x": np.full((1, 4), i, np.int32)})
+                c.put({"x": np.full((2, 4), i, np.int32)}, partition_id="q")
+                m = c.get_meta(["x"], 2, "q", task_name="t")
+                if m.size:
+                    c.clear_samples(m)
+            except KeyboardInterrupt:
+                pass
         except KeyboardInterrupt:
             pass
 
