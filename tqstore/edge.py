@@ -219,5 +219,5 @@ def batch_len(edge: Any, items: List[Tuple[str, Any]], tags: Optional[Sequence[A
     raise InvalidInputError("cannot infer the batch size: no fields and no tags")
 
 
-__all__ = ["Edge", "NumpyEdge", "RESULT_TYPES", "check_edge", "set_default_factory", "default_edge", "join_rows", "normalise_fields",
-           "batch_len"]
+__all__ = ["Edge", "NumpyEdge", "RESULT_TYPES", "check_edge", "set_default_factory", "default_edge", "join_rows",
+           "normalise_fields", "batch_len"]

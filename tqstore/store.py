@@ -31,7 +31,8 @@ from . import _interrupts as interrupts
 from . import store_lock, store_open
 from .errors import (ConfigError, CorruptionError, DistributedError, InvalidInputError, KeyNotFoundError,
                      StorageIOError, StoreClosedError, TqstoreError, UnsupportedTypeError)
-from .edge import batch_len as _batch_len, check_edge, check_result_type, default_edge, normalise_fields as _normalise_fields
+from .edge import (batch_len as _batch_len, check_edge, check_result_type, default_edge,
+                   normalise_fields as _normalise_fields)
 from .capacity import RowCapacity
 from ._format.names import check_bool_option, check_fraction, check_int_option
 from ._format.store_files import MAX_UNITS  # (the most units a store may have)

@@ -190,9 +190,9 @@ class Streaming:
         ``partition_id`` (as TransferQueue's dataset puts them there), not contradict them.
 
         Raises:
-            InvalidInputError: bad mode, batch_size, task_name, data_fields or
-                sampling_config (not a dict; a ``task_name`` or ``partition_id`` in it that
-                is not the call's).
+            InvalidInputError: bad mode, batch_size, task_name, data_fields (a name no put
+                could write included) or sampling_config (not a dict; a ``task_name`` or
+                ``partition_id`` in it that is not the call's).
             PartitionNotFoundError: ``force_fetch`` of an unknown partition.
         """
         if mode not in MODES:
@@ -209,11 +209,11 @@ class Streaming:
         cfg = sampling_kwargs(sampling_config, partition_id, task_name)
         dp = self._dp
         dp.check_open()
+        for f in fields or ():  # (insert and force_fetch keep a field not produced yet in the meta: one
+            check_field_name(f)  # no put can write would leave its rows never ready)
         if mode == "insert":
             if fields is None:
                 raise InvalidInputError("mode 'insert' needs data_fields")
-            for f in fields:  # (rows reserved for a field no put can write would never be filled)
-                check_field_name(f)
             if batch_size == 0:
                 return BatchMeta.empty()
             if batch_size > MAX_INSERT_ROWS:
@@ -223,8 +223,6 @@ class Streaming:
                 gidxs = dp.io.write(partition_id, {}, new_rows=True, tags=[None] * batch_size)
                 return self._batch_meta(partition_id, gidxs, fields, placeholders=True)
         if mode == "force_fetch":
-            for f in fields or ():  # (a field no put can write is kept in the meta below: refused here)
-                check_field_name(f)
             if batch_size == 0:
                 return BatchMeta.empty()
             with dp.lock:

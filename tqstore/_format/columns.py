@@ -284,7 +284,8 @@ def _mixed_rows(field: str, values: Sequence[Any]) -> Optional[str]:
     j = next((j for j, k in enumerate(kinds) if k != kinds[i]), None)
     if j is None:
         return None
-    other = f"a {kinds[j]}" if kinds[j] else "None" if values[j] is None else f"a value of type {type(values[j]).__name__}"
+    other = f"a {kinds[j]}" if kinds[j] else "None" if values[j] is None else \
+        f"a value of type {type(values[j]).__name__}"
     return (f"field {field!r}: row {i} is a {kinds[i]} and row {j} {other}: a field's rows in one put are all "
             f"tensors, all numpy arrays or all values; leave the keys that have no value for it out of this put "
             f"(a later put can add the field to them)")

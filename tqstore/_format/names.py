@@ -88,12 +88,18 @@ def check_key(partition_id: str, key: Any) -> None:
            why=f" in partition {partition_id[:40]!r} (510 minus the partition id's UTF-8 bytes)")
 
 
+def is_bool(value: Any) -> bool:
+    """Whether ``value`` is a bool or a ``numpy.bool_`` (which ``operator.index`` and ``float``
+    would take as 0 or 1)."""
+    t = type(value)
+    return t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
+
+
 def check_flag(what: str, value: Any) -> bool:
     """``value`` as a bool when it is one (``bool`` or ``numpy.bool_``); raises
     InvalidInputError naming ``what`` for anything else (``None``, ``0``, ``"no"``: a
     switch is never guessed from a truthy value)."""
-    t = type(value)
-    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
+    if is_bool(value):
         return bool(value)
     raise InvalidInputError(f"{what} must be True or False, got {value!r}")
 
@@ -101,8 +107,7 @@ def check_flag(what: str, value: Any) -> bool:
 def as_int(value: Any) -> Optional[int]:
     """``value`` as an int when it is an integer (an int, a numpy integer, a one-element
     integer tensor: what ``operator.index`` takes) and not a bool; else None."""
-    t = type(value)
-    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
+    if is_bool(value):
         return None
     try:
         return operator.index(value)
@@ -131,10 +136,8 @@ def check_fraction(what: str, value: Any) -> float:
     """An argument that is a real number in (0, 1] (an int, a float, a Fraction or Decimal,
     a numpy scalar, a one-element tensor: what ``float()`` takes; not a bool, a string, a
     complex number or NaN); returns it as a float.  Raises InvalidInputError naming it."""
-    t = type(value)
     v = None
-    if not (t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_"))
-            or isinstance(value, (str, bytes, bytearray))
+    if not (is_bool(value) or isinstance(value, (str, bytes, bytearray))
             or (isinstance(value, numbers.Complex) and not isinstance(value, numbers.Real))):
         try:
             v = float(value)
@@ -152,8 +155,7 @@ def check_bool_option(name: str, value: Any) -> bool:
     is True, ``None`` is not "off")."""
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
-    t = type(value)
-    if t is bool or (t.__module__ == "numpy" and t.__name__ in ("bool", "bool_")):
+    if is_bool(value):
         return bool(value)
     v = as_int(value)
     if v in (0, 1):

@@ -345,9 +345,9 @@ def segment_header_problem(src: Path, e: M.FileEntry) -> List[Problem]:
             os.close(fd)
         decode_segment_header(head, path=str(p))
     except FormatVersionError as err:
-        return [Problem(str(p), str(err).split(" (file ")[0], err.offset, format_version=True)]
+        return [Problem(str(p), err.message, err.offset, format_version=True)]
     except CorruptionError as err:
-        return [Problem(str(p), f"segment header: {str(err).split(' (file ')[0]}", err.offset)]
+        return [Problem(str(p), f"segment header: {err.message}", err.offset)]
     except OSError as err:
         return [Problem(str(p), f"file cannot be read: {err}")]
     return []
