@@ -491,9 +491,98 @@ def test_a_grpo_batch_size_no_group_fits_is_refused_before_any_row_exists(tmp_pa
             s.get_meta(["x"], 3, "missing", task_name="t", sampling_config={"n_samples_per_prompt": 2})
         assert s.get_meta(["x"], 8, "missing", task_name="t").size == 0
         s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=4, dp_size=2))
-        assert s.get_meta(["x"], 2, "missing", task_name="t", sampling_config={"dp_rank": 0}).size == 0
-        with pytest.raises(InvalidInputError, match="multiple of n_samples_per_prompt 4"):
-            s.get_meta(["x"], 3, "missing", task_name="t", sampling_config={"dp_rank": 0})
+        cfg = {"dp_rank": 0, "batch_index": 0}
+        assert s.get_meta(["x"], 4, "missing", task_name="t", sampling_config=cfg).size == 0
+        for per_rank in (2, 3, 6):  # each rank gets whole groups: a group split across ranks before
+            with pytest.raises(InvalidInputError, match=f"per-rank batch_size {per_rank} must be a multiple of "
+                                                        f"n_samples_per_prompt 4"):
+                s.get_meta(["x"], per_rank, "missing", task_name="t", sampling_config=cfg)
+
+
+def _tagged_groups(s, lengths, n, pid="p"):
+    """Put ``len(lengths) // n`` groups of ``n`` rows (row value: its group) with tags
+    ``{"total_lengths": lengths[i]}``."""
+    for g in range(len(lengths) // n):
+        m = s.get_meta(["x"], n, pid, mode="insert")
+        for j in range(n):
+            m.custom_meta[j] = {"total_lengths": lengths[n * g + j]}
+        s.put({"x": torch.full((n, 1), g)}, metadata=m)
+
+
+def test_seqlen_sampler_gives_every_rank_whole_groups_of_the_batch_size_it_asked(tmp_path):
+    """A per-rank batch_size that is not a multiple of the group size split groups across the
+    ranks and gave the ranks batches of other sizes (one group of 4, two ranks asking 2 each:
+    1 row and 3 rows); refused now, before any row is taken; a multiple gives whole groups."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=4, dp_size=2))
+        _tagged_groups(s, [100, 1, 1, 1, 5, 5, 5, 5, 50, 1, 1, 1, 9, 9, 9, 9], 4)
+        for r in range(2):
+            with pytest.raises(InvalidInputError, match="per-rank batch_size 2 must be a multiple"):
+                s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": r, "batch_index": 0})
+        assert int(s.get_consumption_status("t", "p")[1].sum()) == 0, "a refused fetch took rows"
+        sampler = tq.SeqlenBalancedSampler(n_samples_per_prompt=4, dp_size=2)
+        with pytest.raises(InvalidInputError, match="per-rank batch_size 6"):  # called on its own too
+            sampler.sample(list(range(16)), 6, dp_rank=0, batch_index=0)
+        shares = [_values(s, s.get_meta(["x"], 4, "p", task_name="t",
+                                        sampling_config={"dp_rank": r, "batch_index": 0})) for r in range(2)]
+        assert [len(x) for x in shares] == [4, 4]
+        assert sorted(shares[0] + shares[1]) == [0] * 4 + [1] * 4
+        assert all(x == [x[0]] * 4 for x in shares), f"{shares}: a group was split"
+
+
+def test_seqlen_sampler_needs_a_batch_index_to_share_and_alone_hands_out_fresh_rows(tmp_path):
+    """Without a batch_index every fetch was answered from the share cached under batch 0:
+    the same rows at every call (one batch trained on forever, the rest never consumed).  With
+    several ranks or a dp_rank it is refused; one rank without either gets fresh rows."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=2, dp_size=2))
+        _tagged_groups(s, [3] * 8, 2)
+        for cfg in (None, {"dp_rank": 0}):
+            with pytest.raises(InvalidInputError, match="needs a batch_index"):
+                s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=2, dp_size=1))
+        with pytest.raises(InvalidInputError, match="needs a batch_index"):
+            s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": 0})
+        got = [_values(s, s.get_meta(["x"], 2, "p", task_name="t")) for _ in range(4)]
+        assert got == [[0, 0], [1, 1], [2, 2], [3, 3]]
+        assert s.get_meta(["x"], 2, "p", task_name="t").size == 0
+
+
+@pytest.mark.parametrize("bad", [None, [10, 20], "12 tokens", float("nan"), -3, True, float("inf")])
+def test_seqlen_sampler_refuses_a_total_lengths_tag_that_is_no_token_count(tmp_path, bad):
+    """A tag it cannot weigh raised a bare TypeError or ValueError from inside every fetch;
+    now an InvalidInputError naming the row, nothing taken, and the fetch works once the tag
+    is set right."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler(tq.SeqlenBalancedSampler(n_samples_per_prompt=2, dp_size=2))
+        _tagged_groups(s, [4, 4, 6, 6], 2)
+        m = s.get_meta(["x"], None, "p", mode="force_fetch")
+        m.custom_meta[3] = {"total_lengths": bad}
+        s.set_custom_meta(m)
+        cfg = {"dp_rank": 0, "batch_index": 0}
+        with pytest.raises(InvalidInputError, match=f"row {m.global_indexes[3]}'s tag total_lengths"):
+            s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        assert int(s.get_consumption_status("t", "p")[1].sum()) == 0
+        m.custom_meta[3] = {"total_lengths": 6.0}  # (a float count is a count)
+        s.set_custom_meta(m)
+        shares = [_values(s, s.get_meta(["x"], 2, "p", task_name="t", sampling_config={"dp_rank": r,
+                                                                                       "batch_index": 0}))
+                  for r in range(2)]
+        assert sorted(shares) == [[0, 0], [1, 1]]
+
+
+@pytest.mark.parametrize("cfg", [{"batch_size": 2}, {"ready_seqs": [0]}, {"ready_tags": None},
+                                 {"ready_indexes": [0]}, {0: "rank"}])
+def test_sampling_config_naming_the_samplers_own_arguments_is_refused(tmp_path, cfg):
+    """These raised a bare TypeError ("got multiple values", "keywords must be strings") from
+    inside the controller."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        _put(s, 4)
+        for sampler in ("sequential", tq.SeqlenBalancedSampler(dp_size=1)):
+            s.set_sampler(sampler)
+            with pytest.raises(InvalidInputError, match="sampling_config"):
+                s.get_meta(["x"], 2, "p", task_name="t", sampling_config=cfg)
+        assert int(s.get_consumption_status("t", "p")[1].sum()) == 0
 
 
 @pytest.mark.parametrize("n", [3, 5, 6, 7, 12, 24])

@@ -63,14 +63,26 @@ def check_rows(edge: Any, data: Any, names: Sequence[str], n: int) -> None:
             raise InvalidInputError(f"field {f!r} has {got} rows, the BatchMeta {n}")
 
 
+#: the sampler's arguments a store fills in itself (``sampling_config`` cannot name them)
+RESERVED_SAMPLING_KEYS = frozenset({"ready_indexes", "batch_size", "ready_seqs", "ready_tags"})
+
+
 def sampling_kwargs(sampling_config: Any, partition_id: str, task_name: Any) -> Dict[str, Any]:
     """``get_meta``'s ``sampling_config`` as the sampler's keyword arguments: a copy, without
     the ``task_name`` and ``partition_id`` TransferQueue's dataset repeats in it (the sampler
     gets the call's own).  Raises InvalidInputError for a config that is not a dict or repeats
-    one of them with another value."""
+    one of them with another value, a key that is not a str, or one of the arguments the
+    store gives the sampler itself (:data:`RESERVED_SAMPLING_KEYS`)."""
     if sampling_config is not None and not isinstance(sampling_config, Mapping):
         raise InvalidInputError(f"sampling_config must be a dict, got {type(sampling_config).__name__}")
     cfg = dict(sampling_config or {})
+    for k in cfg:
+        if type(k) is not str:
+            raise InvalidInputError(f"sampling_config keys must be str (the sampler's keyword arguments), got "
+                                    f"{type(k).__name__} {k!r:.60}")
+        if k in RESERVED_SAMPLING_KEYS:
+            raise InvalidInputError(f"sampling_config[{k!r}]: {k} is given to the sampler by the store, not by "
+                                    f"sampling_config (pass batch_size to get_meta itself)")
     for name, value in (("task_name", task_name), ("partition_id", partition_id)):
         if name in cfg:
             if cfg[name] != value:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import heapq
 import logging
+import math
+import numbers
 import operator
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -132,23 +134,42 @@ class _TagsOf:
         return default if i is None else self._tags[i]
 
 
-def _lengths(partition: Any, gidxs: Sequence[int]) -> List[int]:
+def _lengths(partition: Any, gidxs: Sequence[int]) -> List[float]:
     """Each row's ``total_lengths`` tag entry (1 when absent); ``partition`` is a mapping
     gidx -> tag (what the store hands a sampler that sets ``uses_tags``) or TransferQueue's
-    partition object."""
+    partition object.
+
+    Raises InvalidInputError naming the first row whose entry is not a token count (a
+    finite real number >= 0; a bool, None, text, a list or NaN is not): balancing cannot
+    weigh it, and a bare TypeError from deep inside a fetch would not say which row."""
     if hasattr(partition, "get_custom_meta"):  # TransferQueue's partition object
         meta = partition.get_custom_meta(list(gidxs))
         tags = [meta.get(g, {}) for g in gidxs]
     else:
         tags = [partition.get(g) or {} for g in gidxs]
-    return [int(t.get("total_lengths", 1)) if isinstance(t, dict) else 1 for t in tags]
+    out: List[float] = []
+    for g, t in zip(gidxs, tags):
+        v = t.get("total_lengths", 1) if isinstance(t, dict) else 1
+        if type(v) is not int:
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v) or v < 0:
+                raise InvalidInputError(f"SeqlenBalancedSampler: row {g}'s tag total_lengths={v!r:.60} is not a "
+                                        f"token count (a number >= 0); set it with set_custom_meta (or kv_put "
+                                        f"with a tag) to fetch the row")
+            v = int(v) if isinstance(v, numbers.Integral) else float(v)
+        elif v < 0:
+            raise InvalidInputError(f"SeqlenBalancedSampler: row {g}'s tag total_lengths={v} is negative; set it "
+                                    f"with set_custom_meta (or kv_put with a tag) to fetch the row")
+        out.append(v)
+    return out
 
 
 class SeqlenBalancedSampler(GRPOGroupNSampler):
     """Whole GRPO groups for ``batch_size * dp_size`` rows, split across ``dp_size`` ranks by token count.
 
     Each rank calls ``get_meta`` with ``sampling_config={"dp_rank": r, "batch_index": i}`` and its
-    per-rank ``batch_size``.  The first call for ``(partition, task, batch_index)`` samples and
+    per-rank ``batch_size``, a multiple of the group size (each rank gets whole groups; a
+    ``batch_index`` is needed with ``dp_size > 1`` or a ``dp_rank``: one rank without either
+    is handed fresh rows at every call, nothing cached).  The first call for ``(partition, task, batch_index)`` samples and
     balances for every rank and remembers each rank's share (in the persisted sampler state);
     later calls of the other ranks get theirs, and until a rank has fetched its share no
     other call chooses those rows again (a rank running ahead gets other rows).  Rows' tags should carry
@@ -169,11 +190,30 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         self.dp_size = dp_size
 
     def check_batch_size(self, batch_size: int, cfg: Dict[str, Any]) -> None:
-        """As :meth:`GRPOGroupNSampler.check_batch_size`, of the ``batch_size * dp_size`` rows
-        a fetch chooses for all the ranks; and ``cfg``'s ``dp_rank`` must be one of the
-        ``dp_size`` ranks (:meth:`check_rank`)."""
+        """Raise InvalidInputError, before a fetch looks for rows, for a call this sampler
+        can never answer right: a per-rank ``batch_size`` that is not a multiple of the group
+        size (each rank gets whole groups: otherwise a group was split across ranks and the
+        ranks got batches of other sizes than asked), a ``dp_rank`` that is not one of the
+        ``dp_size`` ranks (:meth:`check_rank`), or no ``batch_index`` where a result is shared
+        (:meth:`check_batch_index`)."""
         self.check_rank(cfg.get("dp_rank"))
-        self._check_group_multiple(batch_size * self.dp_size, cfg)
+        self.check_batch_index(cfg.get("dp_rank"), cfg.get("batch_index"))
+        self._check_per_rank(batch_size, self._group_n(cfg.get("n_samples_per_prompt")))
+
+    def check_batch_index(self, dp_rank: Any, batch_index: Any) -> None:
+        """InvalidInputError when ``batch_index`` is None while ``dp_size > 1`` or a
+        ``dp_rank`` is given: the first fetch of a batch caches every rank's share under its
+        ``batch_index``, so without one every later fetch was handed that first share again
+        (one batch trained on forever)."""
+        if batch_index is None and (self.dp_size > 1 or dp_rank is not None):
+            raise InvalidInputError(f"SeqlenBalancedSampler(dp_size={self.dp_size}) with a dp_rank or several "
+                                    f"ranks needs a batch_index in sampling_config (each rank's share is cached "
+                                    f"under it; count batches from 0, as StreamingDataset does)")
+
+    def _check_per_rank(self, batch_size: int, n: int) -> None:
+        if batch_size > 0 and batch_size % n:
+            raise InvalidInputError(f"SeqlenBalancedSampler: the per-rank batch_size {batch_size} must be a "
+                                    f"multiple of n_samples_per_prompt {n} (each rank gets whole groups)")
 
     def check_rank(self, dp_rank: Any) -> int:
         """``dp_rank`` (None: 0) as an int in ``[0, dp_size)``, else InvalidInputError: a rank
@@ -191,13 +231,21 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
                                     f"data-parallel ranks)")
         return r
 
-    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=0,
-               batch_index=0, ready_tags=None, **kwargs) -> SampleResult:
+    def sample(self, ready_indexes, batch_size, *, partition_id="", task_name="", partition=None, dp_rank=None,
+               batch_index=None, ready_tags=None, **kwargs) -> SampleResult:
+        """Raises InvalidInputError as :meth:`check_batch_size` does (but for a ``dp_rank``
+        out of range: an empty result, TransferQueue's answer) and for a ``total_lengths``
+        tag that is not a token count."""
+        given_rank = dp_rank
         try:
             dp_rank = self.check_rank(dp_rank)
         except InvalidInputError:  # TransferQueue's answer, nothing set aside (a store's fetch refused it first)
             return [], []
-        batch_index = 0 if batch_index is None else batch_index
+        n = self._group_n(kwargs.get("n_samples_per_prompt"))  # (a call's own group size, else the sampler's)
+        self._check_per_rank(batch_size, n)
+        self.check_batch_index(given_rank, batch_index)
+        if batch_index is None:  # one rank, no replicas: nothing to share, nothing cached
+            return self._unshared(ready_indexes, batch_size, n, partition_id, task_name, kwargs.get("ready_seqs"))
         hit = self._cached(partition_id, task_name, dp_rank, batch_index)
         if hit is not None:
             self._fetched(partition_id, task_name, str(dp_rank), str(batch_index))
@@ -209,25 +257,18 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         pairs = zip(ready_indexes, ready_indexes if seqs is None else seqs)
         if waiting:  # rows of other ranks' shares they have not fetched yet: not chosen again
             pairs = ((g, sq) for g, sq in pairs if g not in waiting)
-        n = self._group_n(kwargs.get("n_samples_per_prompt"))  # (a call's own group size, else the sampler's)
         chosen = self._whole_groups(pairs, batch_size * self.dp_size, n, in_order=isinstance(seqs, SeqsInOrder))
         if not chosen:
             return [], []
         if partition is None:
             log.warning("SeqlenBalancedSampler: no partition given, splitting equally without balancing")
-            size = len(chosen) // self.dp_size
-            shares = [chosen[r * size:(r + 1) * size if r < self.dp_size - 1 else len(chosen)]
-                      for r in range(self.dp_size)]
-        else:
+            size = len(chosen) // self.dp_size  # (whole groups: batch_size is a multiple of n)
+            shares = [chosen[r * size:(r + 1) * size] for r in range(self.dp_size)]
+        else:  # whole groups, dp_size * batch_size / n of them: the ranks get batch_size / n each
             lengths = _lengths(partition, chosen)
-            groups = len(lengths) // n
-            if groups and len(lengths) % n == 0 and groups >= self.dp_size and groups % self.dp_size == 0:
-                weights = [sum(lengths[g * n:(g + 1) * n]) for g in range(groups)]
-                shares = [[chosen[g * n + s] for g in part for s in range(n)]
-                          for part in get_seqlen_balanced_partitions(weights, self.dp_size, equal_size=True)]
-            else:
-                shares = [[chosen[i] for i in part]
-                          for part in get_seqlen_balanced_partitions(lengths, self.dp_size, equal_size=False)]
+            weights = [sum(lengths[g * n:(g + 1) * n]) for g in range(len(chosen) // n)]
+            shares = [[chosen[g * n + s] for g in part for s in range(n)]
+                      for part in get_seqlen_balanced_partitions(weights, self.dp_size, equal_size=True)]
         pending = self._pending_of(partition_id, task_name)
         for r in range(self.dp_size):
             self._remember(partition_id, task_name, r, batch_index, (shares[r], shares[r]))
@@ -236,6 +277,18 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
                 pending[(str(r), str(batch_index))] = list(shares[r])
         mine = shares[dp_rank] if 0 <= dp_rank < len(shares) else []
         return list(mine), list(mine)
+
+    def _unshared(self, ready_indexes, batch_size: int, n: int, partition_id: str, task_name: str,
+                  seqs) -> SampleResult:
+        """One rank's batch, cached for nobody (``dp_size`` 1, no ``dp_rank``, no
+        ``batch_index``): the oldest whole groups, rows of other calls' shares not fetched
+        yet left out; nothing to balance across one rank."""
+        waiting = self._waiting(partition_id, task_name)
+        pairs = zip(ready_indexes, ready_indexes if seqs is None else seqs)
+        if waiting:
+            pairs = ((g, sq) for g, sq in pairs if g not in waiting)
+        chosen = self._whole_groups(pairs, batch_size, n, in_order=isinstance(seqs, SeqsInOrder))
+        return chosen, list(chosen)
 
     def _waiting(self, partition_id: str, task_name: str) -> set:
         """The rows of cached shares their rank has not fetched yet.  Each rank's call marks
