@@ -59,6 +59,31 @@ def test_numpy_text_bytes_and_object_arrays_in_a_tensordict_are_stored_per_row(s
     assert store.get_data(meta.select_fields(["bs"]))["bs"] == [b"q", b""]
 
 
+def test_a_tensordicts_shared_non_tensor_entry_is_every_rows_value(store):
+    """``td["s"] = "text"`` (or ``set_non_tensor``) gives every row of the batch that value;
+    ``td["s"]`` unwraps it to the one value, and the put was refused as "got str"."""
+    td = TensorDict({"x": torch.arange(3)}, batch_size=[3])
+    td["s"] = "shared prompt"
+    td.set_non_tensor("n", {"k": 1})
+    td["l"] = NonTensorStack("a", "b", "c")
+    out = store.get_data(store.put(td, partition_id="p"))
+    assert out["s"] == ["shared prompt"] * 3 and out["n"] == [{"k": 1}] * 3 and out["l"] == ["a", "b", "c"]
+
+
+def test_a_non_tensor_value_without_a_batch_dimension_is_refused_not_split_into_rows(store):
+    """``NonTensorData("hello")`` beside 5 rows was stored as the rows 'h', 'e', 'l', 'l', 'o'
+    (its tolist() is the string); a TensorDict of batch_size [] holding text likewise."""
+    with pytest.raises(tq.InvalidInputError, match="no batch dimension"):
+        store.put({"x": torch.arange(5), "s": NonTensorData("hello")}, partition_id="a")
+    td0 = TensorDict({}, batch_size=[])
+    td0["s"] = "hello"
+    with pytest.raises(tq.InvalidInputError, match="no batch dimension"):
+        store.put(td0, partition_id="a")
+    with pytest.raises(tq.InvalidInputError, match="no batch dimension"):
+        store.kv_batch_put(list("hello"), "a", {"s": NonTensorData("hello")})
+    assert "a" not in store.kv_list(), "a refused put created its partition"
+
+
 def test_bytes_values_round_trip_and_bytes_inside_lists_are_refused(store):
     rows = [b"\x00\xff", b"", bytearray(b"abc"), np.bytes_(b"np")]
     store.kv_batch_put(list("abcd"), "p", {"b": rows})

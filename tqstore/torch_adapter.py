@@ -62,7 +62,12 @@ def _is_non_tensor(x: Any) -> bool:
 
 
 def _non_tensor_rows(x: Any) -> Any:
-    """A ``NonTensorStack`` / ``NonTensorData`` as its per-row values (a numpy array or a list)."""
+    """A ``NonTensorStack`` / ``NonTensorData`` as its per-row values (a numpy array or a list).
+
+    Raises TypeError for one without a batch dimension (``NonTensorData("text")``: its
+    ``tolist()`` is the value itself, whose characters or items were taken for rows)."""
+    if not tuple(x.batch_size):
+        raise TypeError(f"a {type(x).__name__} without a batch dimension (batch_size []) holds one value, not rows")
     if type(x).__name__ == "NonTensorData":
         data = x.data
         if isinstance(data, (np.ndarray, list, tuple)) and tuple(x.batch_size)[:1] == (len(data),):
@@ -143,7 +148,10 @@ def to_column(field: str, value: Any, n: int) -> Column:
         check_field_name(field)
         return check_row_size(_rows_column(field, value, n))
     if _is_non_tensor(value):
-        value = _non_tensor_rows(value)
+        try:
+            value = _non_tensor_rows(value)
+        except TypeError as e:
+            raise InvalidInputError(f"field {field!r} has no batch dimension: {e}") from None
         if isinstance(value, list) and not (n and len(value) == n and all(isinstance(v, np.ndarray) for v in value)):
             check_field_name(field)
             return check_row_size(values_column(field, value, n))
@@ -393,8 +401,8 @@ class TorchEdge:
     def items(self, data: Any) -> List[Tuple[Any, Any]]:
         if data is None:
             return []
-        if _is_tensordict(data):
-            return [(k, data[k]) for k in data.keys()]
+        if _is_tensordict(data):  # (get, not []: [] unwraps a non-tensor entry to its one shared value)
+            return [(k, data.get(k)) for k in data.keys()]
         if hasattr(data, "items") and callable(data.items):
             return list(data.items())
         raise InvalidInputError(f"fields must be a mapping of field name to batched value, got {type(data).__name__}")
