@@ -141,6 +141,23 @@ def test_jagged_rows_survive_the_streaming_path_across_two_partitions(store):
     assert [r.tolist() for r in out.unbind()] == [[0, 1, 2], [0], [0, 1]]
 
 
+@pytest.mark.parametrize("result_type", ["dict", "tensordict"])
+def test_a_numpy_field_of_scalar_rows_read_across_two_partitions_is_one_array(tmp_path, result_type):
+    """Rewards put as a 1-D numpy array came back from a meta of two partitions as a list of
+    numpy scalars (a one-partition read: an array; 2-D rows and tensors joined fine)."""
+    with tqstore.open(tmp_path / "s", num_units=2, result_type=result_type) as s:
+        metas = [s.put({"reward": np.array([0.5, 1.0], np.float32) + k, "vec": np.full((2, 3), k, np.int16)},
+                       partition_id=pid) for k, pid in enumerate(("A", "B"))]
+        both = s.get_data(tqstore.BatchMeta.concat(metas))
+        want = np.array([0.5, 1.0, 1.5, 2.0], np.float32)
+        r = both["reward"]
+        if result_type == "dict":
+            assert isinstance(r, np.ndarray) and r.dtype == np.float32 and np.array_equal(r, want)
+        else:
+            assert isinstance(r, torch.Tensor) and r.dtype == torch.float32 and r.tolist() == want.tolist()
+        assert tuple(both["vec"].shape) == (4, 3)
+
+
 @pytest.mark.parametrize("dtype", ["bool", "uint8", "int32", "int64", "float16", "float32", "float64", "complex128",
                                    "uint64"])
 def test_numpy_arrays_come_back_as_numpy_with_the_same_dtype_and_bits(tmp_path, dtype):

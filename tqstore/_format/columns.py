@@ -424,7 +424,8 @@ class NumpyAllocator:
         return list(value)
 
     def join(self, kind, rows):
-        if kind != KIND_VALUE and rows and all(isinstance(r, np.ndarray) and r.shape == rows[0].shape
+        # (np.generic too: split of an array of scalar rows gives numpy scalars, not 0-d arrays)
+        if kind != KIND_VALUE and rows and all(isinstance(r, (np.ndarray, np.generic)) and r.shape == rows[0].shape
                                                and r.dtype == rows[0].dtype for r in rows):
             return np.stack(rows)
         return list(rows)
