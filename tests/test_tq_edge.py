@@ -512,6 +512,36 @@ def test_a_tuple_or_none_custom_meta_is_taken_and_the_put_completes(tmp_path):
         assert s.get_meta(["y"], 2, "a", mode="force_fetch").custom_meta == [{}, {}]
 
 
+@pytest.mark.parametrize("bad", [np.array([0.1, 0.2]), torch.tensor([0.1, 0.2])])
+def test_a_put_through_a_meta_checks_its_tags_before_comparing_them(tmp_path, bad):
+    """An array in custom_meta over a stored tag of the same key raised a bare ValueError /
+    RuntimeError (the put compared the tags with != first); UnsupportedTypeError now, as
+    set_custom_meta, nothing written."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.kv_batch_put(["a", "b"], "P", fields={"x": torch.arange(2)}, tags=[{"r": 5}, {"r": 6}])
+        m = s.kv_retrieve_meta(["a", "b"], "P")
+        m.custom_meta[0]["r"] = bad
+        with pytest.raises(tq.UnsupportedTypeError):
+            s.put({"y": torch.arange(2)}, metadata=m)
+        assert s.get_production_status(["y"], "P")[1].view(-1).tolist() == [0, 0]
+        assert s.kv_list()["P"] == {"a": {"r": 5}, "b": {"r": 6}}
+
+
+def test_a_put_through_a_meta_stores_a_tag_value_equal_to_the_stored_one_but_of_another_type(tmp_path):
+    """done=True over a stored done=1, or 6.0 over 6, compared equal and was not written
+    (kept after reopen)."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.kv_batch_put(["a", "b"], "P", fields={"x": torch.arange(2)}, tags=[{"done": 1}, {"r": 6}])
+        m = s.kv_retrieve_meta(["a", "b"], "P")
+        m.custom_meta[0]["done"] = True
+        m.custom_meta[1]["r"] = 6.0
+        s.put({"y": torch.arange(2)}, metadata=m)
+        assert m.custom_meta == [{"done": True}, {"r": 6.0}]
+    with tq.open(tmp_path / "s") as s:
+        tags = s.kv_list()["P"]
+        assert tags["a"]["done"] is True and type(tags["b"]["r"]) is float
+
+
 def test_an_empty_batch_put_writes_nothing_and_fixes_no_schema(tmp_path):
     with tq.open(tmp_path / "s", num_units=2) as s:
         for empty in ({"reward": []}, {"reward": torch.zeros(0)}, {"a": [], "b": torch.zeros(0, 3)}):

@@ -24,7 +24,7 @@ from ._format.columns import KIND_NAMES
 from ._format.layout import KIND_VALUE
 from ._format.names import check_field_name, check_name
 from . import _interrupts as interrupts
-from ._format.values import check_value
+from ._format.values import check_value, dumps_each
 from .call_checks import (GIDX_END as _GIDX_END, NO_ROW as _NO_ROW, check_pid as _check_pid,
                           check_rows as _check_rows, check_task as _check_task,
                           check_timeout, checked_custom_meta as _checked_custom_meta, no_rows as _no_rows,
@@ -352,11 +352,14 @@ class Streaming:
                 gidxs = _pick(b.gidxs, idx)
                 part = data if len(groups) == 1 else {f: dp.edge.take(data[f], pos) for f in names}
                 stored = _pick(b.tags, idx)
-                cur = [_tag_out(t) for t in stored]
-                want = [metadata.custom_meta[i] for i in pos]
+                # checked first (a tag that cannot be stored: its error, nothing written), then
+                # compared as the JSON stored: True is not 1, nor 6.0 6 (== took them as the same
+                # and kept the old value), and an array is not compared with ==
+                want = check_tags([metadata.custom_meta[i] for i in pos])
+                w_text, c_text = dumps_each(want), dumps_each([_tag_out(t) for t in stored])
                 tags = None
-                if any(w != c for w, c in zip(want, cur)):
-                    tags = [w if w != c else t for w, c, t in zip(want, cur, stored)]
+                if w_text != c_text:
+                    tags = [w if a != c else t for w, t, a, c in zip(want, stored, w_text, c_text)]
                 plans.append((pid, part, gidxs, tags))
             if len(plans) > 1:  # every partition checked (and the capacity of all of them) before any is written
                 dp.io.check_writes(plans)
