@@ -166,3 +166,29 @@ def test_a_seqlen_share_pending_at_a_checkpoint_is_fetched_after_the_restore(tmp
 def _take_keys(ds, k):
     it = iter(tq.StreamingDataLoader(ds))
     return [key for _ in range(k) for key in next(it)[1].keys]
+
+
+def test_a_new_datasets_start_follows_a_reset_or_a_clear_in_the_same_open_store(tmp_path):
+    """first_batch_index's answer was remembered for as long as the store stayed open: after
+    ``reset_consumption`` or ``clear_partition`` (or a new sampler) a new dataset still started
+    at the old index, past batches that had been dropped (its rows fetched as a later batch)."""
+    with tq.open(tmp_path / "s", num_units=1) as s:
+        s.set_sampler("rank_aware")
+
+        def run(batches):
+            for b in range(batches):
+                s.get_meta(["x"], 2, "train", task_name="actor", sampling_config={"dp_rank": 0, "batch_index": b})
+
+        s.put({"x": torch.arange(8)}, partition_id="train")
+        run(3)
+        assert s.first_batch_index("train", "actor", 0) == 3
+        assert s.reset_consumption("train", "actor")
+        assert s.first_batch_index("train", "actor", 0) == 0
+        run(2)
+        s.clear_partition("train")
+        s.put({"x": torch.arange(8)}, partition_id="train")
+        assert s.first_batch_index("train", "actor", 0) == 0
+        run(1)
+        assert s.first_batch_index("train", "actor", 0) == 0, "a replica's answer holds while the store is open"
+        s.set_sampler("rank_aware")
+        assert s.first_batch_index("train", "actor", 0) == 1

@@ -66,6 +66,7 @@ class ConsumptionCalls:
                     for g in self.consumed[(pid, t)]:
                         txn.delete(self._cons_key(t, pid, g), db=self.db["cons"])
                 lmdb_commit_point("controller_commit")
+            self._sampling.forget_first(pid, task)
             for t in tasks:
                 self.consumed.pop((pid, t), None)
             p = self.parts.get(pid)

@@ -108,7 +108,15 @@ class SamplerHost:
         self._numbers.clear()
         self._next.clear()
         self._purge.clear()
+        self._first.clear()
         return s
+
+    def forget_first(self, pid: str, task: Optional[str] = None) -> None:
+        """Drop :meth:`first_batch_index`'s answers for ``pid`` (and ``task``; None: every
+        task): after a reset of its consumption or a clear of the partition a new dataset
+        starts from what is cached then (it was given the old start until the store closed)."""
+        for k in [k for k in self._first if k[0] == pid and (task is None or k[1] == task)]:
+            del self._first[k]
 
     def first_batch_index(self, pid: str, task: str, dp_rank: Any) -> int:
         """See ControllerPort.first_batch_index: one past the largest integer batch index cached
@@ -158,6 +166,7 @@ class SamplerHost:
         for d in (self._numbers, self._next, self._purge):
             d.pop(pid, None)
         self._loaded.discard(pid)
+        self.forget_first(pid)
 
     def pending_write(self, pid: str, state_changed: bool) -> Optional[SamplerWrite]:
         """What saves the changes of ``pid``'s state since it was last saved: the state record
