@@ -228,6 +228,26 @@ def test_random_sampler_is_reproducible_and_continues_after_reopen(tmp_path):
         assert _draws(s, 4) != straight
 
 
+def test_random_sampler_draws_another_order_after_each_reset_and_reproducibly(tmp_path):
+    """reset_consumption (a new epoch) started the draws over: every epoch had the first
+    epoch's batches in the first epoch's order."""
+    def epochs(path, k):
+        out = []
+        with _open(path, RandomSampler(seed=3)) as s:
+            _put(s, 8)
+            for e in range(k):
+                out.append([s.get_meta(["x"], 2, "p", task_name="t").global_indexes for _ in range(4)])
+                assert sorted(sum(out[-1], [])) == list(range(8)), "an epoch hands out every row once"
+                assert s.reset_consumption("p", "t")
+        return out
+
+    a = epochs(tmp_path / "a", 3)
+    assert a[0] != a[1] and a[1] != a[2] and a[0] != a[2]
+    assert epochs(tmp_path / "b", 3) == a, "reproducible"
+    with _open(tmp_path / "a", RandomSampler(seed=3)) as s:  # the reset count is persisted
+        assert [s.get_meta(["x"], 2, "p", task_name="t").global_indexes for _ in range(4)] not in a
+
+
 def test_state_saved_by_another_sampler_kind_is_ignored(tmp_path):
     path = tmp_path / "s"
     with _open(path, RandomSampler(seed=1)) as s:

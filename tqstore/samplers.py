@@ -453,8 +453,10 @@ def _whole_groups_any_order(pairs: Iterable[Tuple[int, int]], n: int, batch_size
 class RandomSampler(BaseSampler):
     """``batch_size`` ready rows drawn uniformly without replacement, reproducibly.
 
-    Draw ``i`` of a task uses a generator seeded from ``(seed, partition, task, i)``; the
-    draw counter is persisted, so a reopened store continues the same sequence.
+    Draw ``i`` of a task uses a generator seeded from ``(seed, partition, task, i)``, and
+    after the ``r``-th reset of the task's consumption from ``(seed, partition, task, i, r)``
+    (each epoch another order; it was the first epoch's again); the counters are persisted,
+    so a reopened store continues the same sequence.
     """
 
     name = "random"
@@ -471,13 +473,22 @@ class RandomSampler(BaseSampler):
         if len(ready_indexes) < batch_size:
             return [], []
         st = self._task_state(partition_id, task_name)
-        draw = int(st.get("draws", 0))
+        draw, resets = int(st.get("draws", 0)), int(st.get("resets", 0))
         rng = np.random.default_rng([self.seed, zlib.crc32(partition_id.encode()), zlib.crc32(task_name.encode()),
-                                     draw])
+                                     draw] + ([resets] if resets else []))
         pick = rng.choice(len(ready_indexes), size=batch_size, replace=False)
         st["draws"] = draw + 1
         out = [int(ready_indexes[i]) for i in pick]
         return out, list(out)
+
+    def clear_cache(self, partition_id: str, task_name: Optional[str] = None) -> None:
+        """As :meth:`BaseSampler.clear_cache`, but each task's count of resets is kept (one
+        more): the next epoch draws another order."""
+        resets = {t: int(st.get("resets", 0)) + 1 for t, st in self._states.get(partition_id, {}).items()
+                  if task_name is None or t == task_name}
+        super().clear_cache(partition_id, task_name)
+        for t, r in resets.items():
+            self._task_state(partition_id, t)["resets"] = r
 
     def __repr__(self) -> str:
         return f"RandomSampler(seed={self.seed})"
