@@ -97,7 +97,9 @@ class StreamingDataset(IterableDataset):
         dp_rank: data-parallel group; ranks with one ``dp_rank`` get the same rows
             (with ``RankAwareSampler``-style samplers).
         should_check_consumption_status: False (default): an endless stream, waiting
-            ``EMPTY_BATCH_SLEEP_S`` after an empty fetch.  True: stop once the buffer is
+            ``EMPTY_BATCH_SLEEP_S`` after an empty fetch (with ``polling_mode=False`` a fetch
+            that finds no batch raises ``WaitTimeoutError`` instead, out of the iteration:
+            the stream ends at the first wait longer than the fetch's timeout).  True: stop once the buffer is
             drained, a fetch comes back empty and the partition's rows are all consumed by
             ``task_name`` (so a replica still gets the share another replica of its
             ``dp_rank`` consumed for it).  The fetch waits for whole batches: rows left over
