@@ -448,6 +448,13 @@ def test_streaming_dataset_left_early_resumes_with_the_rest_of_its_batch_and_tak
         assert sum((m.global_indexes for _, m in ds), []) == list(range(12))  # reset replays the buffer
         assert tq.StreamingDataset(None, batch_size=4, micro_batch_size=2, data_fields=["score"], partition_id="train",
                                    task_name="actor", dp_rank=torch.tensor(1).numpy()[()]).dp_rank == 1  # (numpy int)
+        gen = tq.StreamingDataset(None, batch_size=4, micro_batch_size=2, data_fields=(f for f in ["score", "x"]),
+                                  partition_id="train", task_name="actor", dp_rank=0)
+        assert gen.data_fields == ["score", "x"]  # (a generator raised a bare TypeError from len())
+        for bad in ([], [1], iter([3])):
+            with pytest.raises(tq.InvalidInputError, match="data_fields must be a list"):
+                tq.StreamingDataset(None, batch_size=4, micro_batch_size=2, data_fields=bad, partition_id="train",
+                                    task_name="actor", dp_rank=0)
         for bad in ({"dp_rank": None}, {"dp_rank": True}, {"dp_rank": 1.0}, {"partition_id": 5}, {"task_name": None},
                     {"data_fields": [1]}):
             kw = dict(batch_size=4, micro_batch_size=2, data_fields=["score"], partition_id="train",

@@ -134,6 +134,9 @@ class StreamingDataset(IterableDataset):
             raise InvalidInputError(f"micro_batch_size ({micro_batch_size}) exceeds batch_size ({batch_size})")
         if isinstance(data_fields, str):  # one field (as get_meta takes it), not its characters
             data_fields = [data_fields]
+        if not isinstance(data_fields, (bytes, dict)) and hasattr(data_fields, "__iter__") \
+                and not hasattr(data_fields, "__len__"):  # (a generator: its names, once)
+            data_fields = list(data_fields)
         if isinstance(data_fields, (bytes, dict)) or not hasattr(data_fields, "__iter__") or len(data_fields) < 1 \
                 or not all(isinstance(f, str) for f in data_fields):
             raise InvalidInputError(f"data_fields must be a list with at least one field name, got {data_fields!r}")
