@@ -341,6 +341,78 @@ def test_retention_policies_are_pure():
         KeepEvery(0)
 
 
+def test_a_policy_s_numbers_and_steps_are_checked_when_it_is_made():
+    """KeepEvery(np.int64(5)) was refused while KeepLast took it; KeepSteps([2.7, True])
+    became {2, 1} and KeepSteps(["x"]) raised a bare ValueError."""
+    from tqstore.checkpoint import KeepSteps
+    assert KeepEvery(np.int64(5)).every == 5 and type(KeepEvery(np.int64(5)).every) is int
+    assert KeepSteps([np.int64(3), 4]).keep([1, 3, 4, 5]) == {3, 4}
+    for bad in ([2.7], [True], [-1], ["x"], 5):
+        with pytest.raises(InvalidInputError):
+            KeepSteps(bad)
+    with pytest.raises(InvalidInputError, match="an instance: KeepEvery"):
+        KeepAny(KeepLast(1), KeepEvery)
+
+
+def test_a_user_policy_may_return_any_iterable_of_steps(store, tmp_path):
+    """keep() returning a list made every prune fail (logged only, nothing ever deleted) and
+    prune() raise a bare TypeError; something that is no steps is an InvalidInputError."""
+    class LastTwo(tqstore.checkpoint.RetentionPolicy):
+        def keep(self, steps):
+            return list(steps)[-2:]
+
+    m = CheckpointManager(tmp_path / "gens", store=store, policy=LastTwo())
+    fill(store, "train", 2)
+    for step in range(1, 5):
+        m.save(step)
+    assert m.steps() == [3, 4]
+
+    class Broken(tqstore.checkpoint.RetentionPolicy):
+        def keep(self, steps):
+            return 3
+
+    m2 = CheckpointManager(tmp_path / "gens2", store=store, policy=Broken())
+    m2.save(1)
+    with pytest.raises(InvalidInputError, match="must return the steps to keep"):
+        m2.prune()
+
+
+def test_a_root_removed_after_the_manager_was_made(store, tmp_path):
+    """restore() and verify() raised a bare FileNotFoundError (taking the root's lock), which a
+    trainer's ``except CheckpointNotFoundError: start fresh`` missed; save() refused the
+    missing root the README says a save may use."""
+    m = CheckpointManager(tmp_path / "gens", keep_last=2, store=store)
+    fill(store, "train", 2)
+    shutil.rmtree(tmp_path / "gens")
+    for call in (m.restore, m.verify, CheckpointManager.for_reading(tmp_path / "nope").verify):
+        with pytest.raises(CheckpointNotFoundError, match="does not exist"):
+            call()
+    assert not (tmp_path / "nope").exists()
+    want = state(store)
+    m.save(1)
+    store.clear_partition("train")
+    assert m.restore() == 1 and state(store) == want
+
+
+def test_reading_a_directory_that_is_no_checkpoint_leaves_no_lock_file_beside_it(store, tmp_path):
+    (tmp_path / "my_data").mkdir()
+    (tmp_path / "my_data" / "notes.txt").write_text("x")
+    before = sorted(os.listdir(tmp_path))
+    for call in (lambda: verify_checkpoint(tmp_path / "my_data"), lambda: store.load_checkpoint(tmp_path / "my_data"),
+                 lambda: store.load_checkpoint(tmp_path / "store")):
+        with pytest.raises(CheckpointNotFoundError):
+            call()
+    assert sorted(os.listdir(tmp_path)) == before
+
+
+def test_a_handles_timeout_must_be_seconds(store, tmp_path):
+    h = store.save_checkpoint(tmp_path / "ck", blocking=False)
+    for bad in ("1", True, float("nan")):
+        with pytest.raises(InvalidInputError, match="timeout must be a number of seconds"):
+            h.result(timeout=bad)
+    assert h.result(timeout=60).rows >= 0 and h.wait(-1) is True
+
+
 def test_manager_with_a_custom_policy(store, tmp_path):
     m = CheckpointManager(tmp_path / "gens", store=store, policy=KeepAny(KeepLast(1), KeepEvery(2)))
     fill(store, "train", 2)
@@ -349,7 +421,8 @@ def test_manager_with_a_custom_policy(store, tmp_path):
     assert m.steps() == [2, 4, 5]
 
 
-@pytest.mark.parametrize("kw", [{"policy": "keep"}, {"policy": 3}, {"store": "x"}, {"copy_segments": "no"}])
+@pytest.mark.parametrize("kw", [{"policy": "keep"}, {"policy": 3}, {"policy": KeepLast}, {"policy": KeepAll},
+                                {"store": "x"}, {"copy_segments": "no"}])
 def test_a_manager_with_a_bad_policy_or_store_is_refused_before_any_save(store, tmp_path, kw):
     """A policy that is not one was only found at the first prune, logged, and no save ever
     pruned: generations piled up."""

@@ -92,7 +92,7 @@ def sampling_kwargs(sampling_config: Any, partition_id: str, task_name: Any) -> 
     return cfg
 
 
-def check_timeout(timeout_s: Any) -> float:
+def check_timeout(timeout_s: Any, what: str = "timeout_s") -> float:
     """``get_meta``'s ``timeout_s`` as seconds to wait: None and anything negative mean 0.
 
     Raises InvalidInputError for a value that is not a number of seconds (a bool, NaN, text)."""
@@ -100,9 +100,16 @@ def check_timeout(timeout_s: Any) -> float:
         return 0.0
     if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float, np.integer, np.floating)) \
             or timeout_s != timeout_s:
-        raise InvalidInputError(f"timeout_s must be a number of seconds, got {timeout_s!r}")
+        raise InvalidInputError(f"{what} must be a number of seconds, got {timeout_s!r:.60}")
     return max(0.0, float(timeout_s))
 
 
-__all__ = ["check_pid", "check_task", "checked_custom_meta", "no_rows", "check_rows", "check_timeout", "sampling_kwargs",
-           "GIDX_END", "NO_ROW"]
+def check_wait(timeout: Any) -> Optional[float]:
+    """A handle's ``result``/``exception``/``wait`` ``timeout``: None (wait for the end) or
+    seconds (anything negative is 0).  Raises InvalidInputError for a value that is not a
+    number of seconds (a bool, NaN, text: a bare TypeError from the wait before)."""
+    return None if timeout is None else check_timeout(timeout, "timeout")
+
+
+__all__ = ["check_pid", "check_task", "checked_custom_meta", "no_rows", "check_rows", "check_timeout", "check_wait",
+           "sampling_kwargs", "GIDX_END", "NO_ROW"]

@@ -40,7 +40,7 @@ from . import manifest as M
 from . import target as T
 from . import writer
 from .planner import Reusable
-from .retention import KeepAll, KeepLast, RetentionPolicy
+from .retention import KeepAll, KeepLast, RetentionPolicy, check_policy, kept_steps
 from .target import step_name
 from .verify import CheckpointReport, read_manifest, resolve_checkpoint_dir, verify_checkpoint
 
@@ -95,9 +95,8 @@ class CheckpointManager:
                  policy: Optional[RetentionPolicy] = None, copy_segments: bool = False) -> None:
         if policy is not None and keep_last is not None:
             raise InvalidInputError("give keep_last or policy, not both")
-        if policy is not None and not callable(getattr(policy, "keep", None)):  # (else no save ever prunes)
-            raise InvalidInputError(f"policy must be a RetentionPolicy (KeepLast, KeepEvery, KeepAny, ...), "
-                                    f"got {policy!r:.80}")
+        if policy is not None:
+            check_policy(policy)  # (else no save ever prunes)
         if store is not None and not callable(getattr(store, "save_checkpoint", None)):
             raise InvalidInputError(f"store must be a tqstore store (tqstore.open, tq.init), got {store!r:.80}")
         if not isinstance(copy_segments, bool):
@@ -109,11 +108,24 @@ class CheckpointManager:
         self._known_valid: set = set()  # steps this manager published or restored: never pruned as the newest of them
         self._reuse_cache: Dict[str, Any] = {}  # generation dir -> (its manifest's identity, reusable segments)
         T.check_target(self.root, T.GENERATION_ROOT)
+        self._make_root()
+
+    def _make_root(self) -> None:
+        """Create the root (and its lock file) when it is missing: at construction, and at a
+        save after it was removed since (a cleanup between runs)."""
         try:
             files.mkdir(self.root, exist_ok=True, parents=True)
         except OSError as e:
             raise StorageIOError(f"cannot create the checkpoint root {self.root}: {e}") from e
         locks.ensure_lock_file(self.root / LOCK_NAME)  # marks the root (best effort: it may be read-only)
+
+    def _root_lock(self):
+        """The root's lock held shared, for a reader; CheckpointNotFoundError when the root is
+        gone (removed after this manager was made: taking its lock raised a bare
+        FileNotFoundError)."""
+        if not os.path.isdir(self.root):
+            raise CheckpointNotFoundError(f"no checkpoint generations under {self.root}: it does not exist")
+        return locks.flocked(self.root / LOCK_NAME, shared=True)
 
     @classmethod
     def for_reading(cls, root) -> "CheckpointManager":
@@ -205,7 +217,7 @@ class CheckpointManager:
             CheckpointNotFoundError: no generation (``step`` None) or not that one.
             CorruptionError, FormatVersionError: as :func:`verify_checkpoint`.
         """
-        with locks.flocked(self.root / LOCK_NAME, shared=True):
+        with self._root_lock():
             if step is None:
                 step = self.latest_step()
                 if step is None:
@@ -269,6 +281,7 @@ class CheckpointManager:
         if served is not _LOCAL:
             return served
         T.check_target(self.root, T.GENERATION_ROOT)  # (else the save would publish and every prune after it fail)
+        self._make_root()  # (removed since this manager was made: "missing" is a root a save may use)
         return writer.save(self.store, path, include_storage=include_storage, metadata=metadata, blocking=blocking,
                            copy_segments=self.copy_segments, reuse=self._reusable(),
                            lock_path=self.root / LOCK_NAME, on_published=lambda info: self._published(step),
@@ -315,7 +328,7 @@ class CheckpointManager:
     def _plan(self, also_keep: Iterable[int], *, warn: bool) -> Tuple[List[int], List[int]]:
         """``(doomed, foreign)`` of a prune keeping ``also_keep`` too (see :meth:`prune_plan`)."""
         steps = self.steps()
-        keep = self.policy.keep(steps) | frozenset(also_keep)
+        keep = kept_steps(self.policy, steps) | frozenset(also_keep)
         valid = [v for v in self._known_valid if v in steps]
         if valid:  # the newest generation known to verify stays (the policy's may be damaged)
             keep |= {max(valid)}
@@ -392,7 +405,7 @@ class CheckpointManager:
         st = writer.state_of(store)
         with st.lock:  # re-entered by load_checkpoint; our own save must publish before we lock
             writer.settle(st)
-            with locks.flocked(self.root / LOCK_NAME, shared=True):
+            with self._root_lock():
                 return self._restore_newest(store)
 
     def _restore_newest(self, store) -> int:

@@ -36,12 +36,7 @@ class KeepLast(RetentionPolicy):
     n: int
 
     def __post_init__(self) -> None:
-        n = self.n
-        if isinstance(n, np.integer) and not isinstance(n, bool):  # (a numpy integer: taken as the int)
-            n = int(n)
-            object.__setattr__(self, "n", n)
-        if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-            raise InvalidInputError(f"keep_last must be an int >= 1, got {self.n!r}")
+        object.__setattr__(self, "n", _count("keep_last", self.n))
 
     def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
         return frozenset(sorted(steps)[-self.n:])
@@ -54,8 +49,7 @@ class KeepEvery(RetentionPolicy):
     every: int
 
     def __post_init__(self) -> None:
-        if not isinstance(self.every, int) or isinstance(self.every, bool) or self.every < 1:
-            raise InvalidInputError(f"every must be an int >= 1, got {self.every!r}")
+        object.__setattr__(self, "every", _count("every", self.every))
 
     def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
         return frozenset(s for s in steps if s % self.every == 0)
@@ -68,12 +62,14 @@ class KeepAny(RetentionPolicy):
     policies: Tuple[RetentionPolicy, ...]
 
     def __init__(self, *policies: RetentionPolicy) -> None:
+        for p in policies:
+            check_policy(p)
         object.__setattr__(self, "policies", tuple(policies))
 
     def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
         out: FrozenSet[int] = frozenset()
         for p in self.policies:
-            out |= p.keep(steps)
+            out |= kept_steps(p, steps)
         return out
 
 
@@ -85,7 +81,52 @@ class KeepSteps(RetentionPolicy):
     steps: FrozenSet[int]
 
     def __init__(self, steps) -> None:
-        object.__setattr__(self, "steps", frozenset(int(s) for s in steps))
+        try:
+            kept = frozenset(_step(s) for s in steps)
+        except TypeError:
+            raise InvalidInputError(f"KeepSteps takes an iterable of steps (ints >= 0), got {steps!r:.80}") from None
+        object.__setattr__(self, "steps", kept)
 
     def keep(self, steps: Sequence[int]) -> FrozenSet[int]:
         return frozenset(s for s in steps if s in self.steps)
+
+
+def _count(name: str, n) -> int:
+    """``n`` as an int >= 1 (a numpy integer taken as the int), else InvalidInputError."""
+    if isinstance(n, np.integer) and not isinstance(n, bool):
+        n = int(n)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise InvalidInputError(f"{name} must be an int >= 1, got {n!r}")
+    return n
+
+
+def _step(s) -> int:
+    """A step given to a policy: an int >= 0 (a numpy integer taken as the int), else
+    InvalidInputError (2.7 became 2, True 1; a str raised a bare ValueError)."""
+    if isinstance(s, np.integer) and not isinstance(s, bool):
+        s = int(s)
+    if not isinstance(s, int) or isinstance(s, bool) or s < 0:
+        raise InvalidInputError(f"a step is an int >= 0, got {s!r:.60}")
+    return s
+
+
+def check_policy(policy) -> RetentionPolicy:
+    """``policy`` if it is a retention policy object (a class passed instead of an instance, or
+    anything without a ``keep`` method, is refused: its prune failed at every save, logged only,
+    and no generation was ever deleted); InvalidInputError otherwise."""
+    if isinstance(policy, type) or not callable(getattr(policy, "keep", None)):
+        hint = f" (an instance: {policy.__name__}(...))" if isinstance(policy, type) else ""
+        raise InvalidInputError(f"policy must be a RetentionPolicy object (KeepLast(3), KeepEvery(1000), KeepAny(...), "
+                                f"...){hint}, got {policy!r:.80}")
+    return policy
+
+
+def kept_steps(policy, steps: Sequence[int]) -> FrozenSet[int]:
+    """``policy.keep(steps)`` as a frozenset (a policy of the user's may return any iterable of
+    steps); InvalidInputError when it returns something else."""
+    got = policy.keep(steps)
+    try:
+        return frozenset(got)
+    except TypeError:
+        raise InvalidInputError(f"{policy!r:.80}.keep(steps) must return the steps to keep (a set of ints), got "
+                                f"{got!r:.80}") from None

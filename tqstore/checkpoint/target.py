@@ -407,10 +407,12 @@ def reading(path: PathLike) -> Iterator[bool]:
     could not be taken (read-only location: see :func:`tqstore._io.locks.flocked`)."""
     lp = lock_path_for(path)
     real = lp.parent / real_path(path).name
-    if not (os.path.lexists(real) or os.path.lexists(real.with_name(real.name + ".old"))) or (
+    old = real.with_name(real.name + ".old")
+    if not (os.path.lexists(real / M.MANIFEST_NAME) or os.path.lexists(old / M.MANIFEST_NAME)) or (
             lp != real.parent / ROOT_LOCK_NAME and (generation_steps(real) is not None or is_dump_dir(real))):
-        # nothing there to read, or a generation root or a dump (read as a checkpoint by mistake):
-        # no lock file is left behind, the reader raises not-found
+        # nothing there to read (no manifest: nothing, a user's directory, a store), or a
+        # generation root or a dump (read as a checkpoint by mistake): no lock file is left
+        # behind, the reader raises not-found
         yield False
         return
     stack = contextlib.ExitStack()

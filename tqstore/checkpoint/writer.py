@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 from .._format.names import check_flag
+from ..call_checks import check_wait
 from .._io import files, locks
 from ..errors import CheckpointError, DistributedError, StorageIOError, TqstoreError, WaitTimeoutError
 from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
@@ -109,8 +110,9 @@ class SaveHandle:
         return self._event.is_set()
 
     def wait(self, timeout: Optional[float] = None) -> bool:
-        """Wait for the save to finish; False on timeout."""
-        return self._event.wait(timeout)
+        """Wait for the save to finish; False on timeout.  InvalidInputError for a ``timeout``
+        that is not None or a number of seconds."""
+        return self._event.wait(check_wait(timeout))
 
     def _timed_out(self, timeout: Optional[float]) -> WaitTimeoutError:
         return WaitTimeoutError.still_running(getattr(self, "what", "checkpoint save"), self.path, timeout)
@@ -125,7 +127,7 @@ class SaveHandle:
                 and only making it durable failed).
         """
         self._claimed = True
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise self._timed_out(timeout)
         if self._error is not None:
             self._reported = True
@@ -136,7 +138,7 @@ class SaveHandle:
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         """The save's error (None if it succeeded); waits like :meth:`result`."""
         self._claimed = True
-        if not self._event.wait(timeout):
+        if not self.wait(timeout):
             raise self._timed_out(timeout)
         if self._error is not None:
             self._reported = True

@@ -25,6 +25,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ..call_checks import check_wait
 from ..errors import ConfigError, DistributedError, StoreClosedError, UnsupportedTypeError, WaitTimeoutError
 from .parts import check_nodes
 from .port_actor import _ray, answer, send
@@ -79,7 +80,7 @@ class RemoteHandle:
     def wait(self, timeout: Optional[float] = None) -> bool:
         """True once the save or dump has finished; False if ``timeout`` seconds passed first
         (waited here, asking the host, which runs no call meanwhile)."""
-        return _poll(self.done, timeout)
+        return _poll(self.done, check_wait(timeout))
 
     def result(self, timeout: Optional[float] = None) -> Any:
         """The handle's result (raises its error); WaitTimeoutError after ``timeout`` seconds.
