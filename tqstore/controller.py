@@ -88,7 +88,12 @@ class Controller(SnapshotCalls, ConsumptionCalls):
         kw = {"map_bytes": map_bytes} if map_bytes else {}
         self.created = not os.path.lexists(self.path / "data.mdb")  # (ControllerPort.created)
         self.env = open_env(self.path, max_dbs=12, sync=sync, **kw)
-        self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
+        try:  # (creating a database writes: on a full disk a bare lmdb error before)
+            with wrap_errors("open controller", self.path):
+                self.db = {name: self.env.open_db(name.encode()) for name in CONTROLLER_DBS}
+        except BaseException:
+            self.env.close()
+            raise
         self._lock = threading.RLock()
         self._sampling = SamplerHost(self)
         self._restores = RestoreHost(self)  # selective restores: records, lifecycle, guards

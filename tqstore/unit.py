@@ -13,7 +13,9 @@ length, crc); ``segs`` holds each segment's size, live bytes and sealed flag) an
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import threading
 from collections import defaultdict
 from contextlib import contextmanager
@@ -101,12 +103,17 @@ class Unit(HeldBack, UnitSnapshots, UnitReader):
         files.mkdir(self.path, exist_ok=True, parents=True)
         kw = {"map_bytes": map_bytes} if map_bytes else {}
         self.env = open_env(self.path / "index", max_dbs=8, sync=self.sync, **kw)
-        check_index_format(self.env, self.path / "index", create=True)
-        self.db_loc = self.env.open_db(b"loc")
-        self.db_segs = self.env.open_db(b"segs")
-        # undo records of overwriting puts not yet settled: token (u64 BE) + index key -> replaced loc
-        self.db_undo = self.env.open_db(b"undo")
-        self.db_restore = open_restore_db(self.env)  # selective restores (tqstore.unit_restore); None: none yet
+        try:  # (creating a database writes: on a full disk a bare lmdb error before)
+            with wrap_errors(f"open unit {unit_id}", self.path):
+                check_index_format(self.env, self.path / "index", create=True)
+                self.db_loc = self.env.open_db(b"loc")
+                self.db_segs = self.env.open_db(b"segs")
+                # undo records of overwriting puts not yet settled: token (u64 BE) + index key -> replaced loc
+                self.db_undo = self.env.open_db(b"undo")
+                self.db_restore = open_restore_db(self.env)  # selective restores (tqstore.unit_restore); None: none yet
+        except BaseException:
+            self.env.close()
+            raise
         self._lock = threading.RLock()
         self._pins: Dict[int, int] = defaultdict(int)
         self.maps = MmapCache(self.path)
@@ -329,25 +336,44 @@ class Unit(HeldBack, UnitSnapshots, UnitReader):
             return off - start
 
     def _after_failure(self) -> None:
-        """After an aborted write: drop the writer (its file may hold an unindexed tail), seal
-        every segment the index still calls active, and remove files the index never named.
-        The next write opens a fresh segment; nothing indexed is touched."""
+        """After an aborted write: drop the writer, cut the unindexed tail it may have left off
+        each segment the index calls active (back to the size the index records), remove files
+        the index never named, and seal those segments.  Each step is tried on its own: on a
+        full disk the seal's commit fails, and the space of the tail and of a segment file
+        made for the write was held until a reopen (every retry left one more file).  The
+        next write opens a fresh segment (or, if the seal failed, the active one cut to its
+        recorded size); nothing indexed is touched."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         try:
             segs = self._load_segs()
-            with self.env.begin(write=True) as txn:
-                for s, info in segs.items():
-                    if not info.sealed:
-                        info.sealed = True
-                        self._put_seg(txn, s, info)
-            for name in files.listdir(self.path):
-                sid = parse_segment_name(name)
-                if sid is not None and sid not in segs:
-                    files.unlink(self.path / name)
         except Exception:  # noqa: BLE001 - best effort; reopen repairs the same things
-            log.exception("unit %d: cleanup after a failed write did not finish", self.unit_id)
+            log.exception("unit %d: cleanup after a failed write could not read the index", self.unit_id)
+            return
+        steps = [(f"cut segment {s}'s unindexed tail", functools.partial(self._cut_tail, s, info.size))
+                 for s, info in segs.items() if not info.sealed]
+        steps += [(f"remove {name}", functools.partial(files.unlink, self.path / name))
+                  for name in files.listdir(self.path)
+                  if parse_segment_name(name) is not None and parse_segment_name(name) not in segs]
+        steps.append(("seal the active segments", functools.partial(self._seal_all, segs)))
+        for what, step in steps:
+            try:
+                step()
+            except Exception:  # noqa: BLE001 - best effort; reopen repairs the same things
+                log.exception("unit %d: cleanup after a failed write: could not %s", self.unit_id, what)
+
+    def _cut_tail(self, seg: int, size: int) -> None:
+        p = self._seg_path(seg)
+        if os.stat(p).st_size > size:
+            files.truncate(p, size)
+
+    def _seal_all(self, segs) -> None:
+        with self.env.begin(write=True) as txn:
+            for s, info in segs.items():
+                if not info.sealed:
+                    info.sealed = True
+                    self._put_seg(txn, s, info)
 
     def _index(self, txn, items, seg_id: int, added: int, fresh: bool, token: Optional[int] = None, *,
                ordered: bool = False) -> None:

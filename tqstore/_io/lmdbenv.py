@@ -35,12 +35,55 @@ def open_env(path: Path, *, max_dbs: int = 16, sync: bool = False, map_bytes: in
         StorageIOError: the environment cannot be opened (message names the path).
     """
     check_extent(Path(path) / "data.mdb")
+    if create and not readonly:
+        _allocate_lock_file(Path(path))
     try:
         return lmdb.open(str(path), map_size=map_bytes, max_dbs=max_dbs, subdir=True, sync=sync,
                          metasync=sync, readahead=False, max_readers=1024, lock=not readonly,
                          readonly=readonly, create=create and not readonly)
     except lmdb.Error as e:
         raise StorageIOError(f"cannot open LMDB index at {path}: {e}{_open_hint(str(e), map_bytes)}") from e
+
+
+#: bytes of a new environment's lock file, allocated before LMDB maps it: LMDB sizes the file
+#: with ftruncate and writes it through a shared mapping, so on a full file system its first
+#: write ended the process with SIGBUS.  Above what LMDB asks for ``max_readers=1024``
+#: (1023 reader slots of 64 bytes and a 128-byte header): LMDB keeps a larger file's size (its
+#: reader table holds more slots), so every process opening the environment maps the same.
+LOCK_FILE_BYTES = 128 << 10
+
+
+def _allocate_lock_file(path: Path) -> None:
+    """Create ``path``'s ``lock.mdb`` with :data:`LOCK_FILE_BYTES` allocated, when it does not
+    exist yet (an existing one, perhaps mapped by another process, is never changed).
+
+    Raises StorageIOError when the file system has no room for it (nothing left behind);
+    another error of the allocation leaves the empty file to LMDB, as before."""
+    lock = path / "lock.mdb"
+    if os.path.lexists(lock):
+        return
+    try:
+        files.mkdir(path, exist_ok=True, parents=True)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+    except FileExistsError:
+        return  # (another process made it: LMDB sizes it, as it always did)
+    except OSError as e:
+        raise StorageIOError(f"cannot create LMDB index at {path}: {e}{_space_note(path)}") from e
+    try:
+        os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            log.debug("could not allocate %s ahead (%s): LMDB sizes it", lock, e)
+            return
+        os.close(fd)
+        fd = -1
+        with contextlib.suppress(OSError):
+            files.unlink(lock)
+        raise StorageIOError(f"cannot create LMDB index at {path}: no room for its lock file: {e}"
+                             f"{_space_note(path)}") from e
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 def _open_hint(msg: str, map_bytes: int) -> str:
