@@ -9,8 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import FrozenSet, Sequence, Tuple
 
-import numpy as np
-
+from .._format.names import as_int
 from ..errors import InvalidInputError
 
 
@@ -93,21 +92,20 @@ class KeepSteps(RetentionPolicy):
 
 def _count(name: str, n) -> int:
     """``n`` as an int >= 1 (a numpy integer taken as the int), else InvalidInputError."""
-    if isinstance(n, np.integer) and not isinstance(n, bool):
-        n = int(n)
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise InvalidInputError(f"{name} must be an int >= 1, got {n!r}")
-    return n
+    return _int_at_least(name, n, 1)
 
 
 def _step(s) -> int:
     """A step given to a policy: an int >= 0 (a numpy integer taken as the int), else
     InvalidInputError (2.7 became 2, True 1; a str raised a bare ValueError)."""
-    if isinstance(s, np.integer) and not isinstance(s, bool):
-        s = int(s)
-    if not isinstance(s, int) or isinstance(s, bool) or s < 0:
-        raise InvalidInputError(f"a step is an int >= 0, got {s!r:.60}")
-    return s
+    return _int_at_least("a step", s, 0)
+
+
+def _int_at_least(what: str, value, least: int) -> int:
+    v = as_int(value)
+    if v is None or v < least:
+        raise InvalidInputError(f"{what} must be an int >= {least}, got {value!r:.60}")
+    return v
 
 
 def check_policy(policy) -> RetentionPolicy:
