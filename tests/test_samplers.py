@@ -241,6 +241,13 @@ def test_random_sampler_draws_another_order_after_each_reset_and_reproducibly(tm
                 assert s.reset_consumption("p", "t")
         return out
 
+    with _open(tmp_path / "c", RandomSampler(seed=3)) as s:  # a cleared partition leaves no state behind
+        for i in range(3):
+            _put(s, 4, pid=f"step{i}")
+            s.get_meta(["x"], 2, f"step{i}", task_name="t")
+            s.reset_consumption(f"step{i}", "t")
+            s.clear_partition(f"step{i}")
+        assert s.sampler._states == {}
     a = epochs(tmp_path / "a", 3)
     assert a[0] != a[1] and a[1] != a[2] and a[0] != a[2]
     assert epochs(tmp_path / "b", 3) == a, "reproducible"

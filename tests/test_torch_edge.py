@@ -68,6 +68,13 @@ def test_a_tensordicts_shared_non_tensor_entry_is_every_rows_value(store):
     td["l"] = NonTensorStack("a", "b", "c")
     out = store.get_data(store.put(td, partition_id="p"))
     assert out["s"] == ["shared prompt"] * 3 and out["n"] == [{"k": 1}] * 3 and out["l"] == ["a", "b", "c"]
+    # through a meta of two partitions (checked and split by field: the same reading of the entry)
+    metas = [store.put({"x": torch.arange(2)}, partition_id=pid) for pid in ("q1", "q2")]
+    both = tq.BatchMeta.concat(metas)
+    td2 = TensorDict({"x": torch.arange(4)}, batch_size=[4])
+    td2["s"] = "hello"
+    store.put(td2, metadata=both)
+    assert store.get_data(both.select_fields(["s"]))["s"] == ["hello"] * 4
 
 
 def test_a_non_tensor_value_without_a_batch_dimension_is_refused_not_split_into_rows(store):

@@ -161,7 +161,7 @@ class SamplerHost:
 
     def drop(self, pid: str) -> None:
         """The partition is gone (its saved state was deleted with it)."""
-        self.sampler.clear_cache(pid)
+        self.sampler.forget_partition(pid)
         self.sampler.take_changes(pid)
         for d in (self._numbers, self._next, self._purge):
             d.pop(pid, None)

@@ -211,6 +211,12 @@ class BaseSampler(ABC):
                 for name in self.cached_names(pid):
                     self._touch(pid, *name)
 
+    def forget_partition(self, partition_id: str) -> None:
+        """The partition is gone: all its state goes (:meth:`clear_cache` may keep counters
+        for the next epoch, a subclass's)."""
+        self.clear_cache(partition_id)
+        self._states.pop(partition_id, None)
+
     def clear_cache(self, partition_id: str, task_name: Optional[str] = None) -> None:
         """Forget the state of a partition (or of one task in it)."""
         for name in self.cached_names(partition_id, task_name):

@@ -321,6 +321,8 @@ class Streaming:
             raise InvalidInputError("put needs at least one field")
         dp = self._dp
         dp.check_open()
+        data = dict(dp.edge.items(data))  # (each field as the edge reads it: a TensorDict's shared
+        # non-tensor entry as its per-row values, not the one value data[name] unwraps it to)
         if metadata is None:
             if partition_id is None:
                 raise InvalidInputError("put needs metadata or a partition_id")

@@ -341,8 +341,7 @@ class Unit(HeldBack, UnitSnapshots, UnitReader):
         the index never named, and seal those segments.  Each step is tried on its own: on a
         full disk the seal's commit fails, and the space of the tail and of a segment file
         made for the write was held until a reopen (every retry left one more file).  The
-        next write opens a fresh segment (or, if the seal failed, the active one cut to its
-        recorded size); nothing indexed is touched."""
+        next write opens a fresh segment; nothing indexed is touched."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
@@ -353,15 +352,23 @@ class Unit(HeldBack, UnitSnapshots, UnitReader):
             return
         steps = [(f"cut segment {s}'s unindexed tail", functools.partial(self._cut_tail, s, info.size))
                  for s, info in segs.items() if not info.sealed]
-        steps += [(f"remove {name}", functools.partial(files.unlink, self.path / name))
-                  for name in files.listdir(self.path)
-                  if parse_segment_name(name) is not None and parse_segment_name(name) not in segs]
-        steps.append(("seal the active segments", functools.partial(self._seal_all, segs)))
+        steps += [("remove segment files the index does not name", functools.partial(self._drop_unnamed, segs)),
+                  ("seal the active segments", functools.partial(self._seal_all, segs))]
         for what, step in steps:
             try:
                 step()
             except Exception:  # noqa: BLE001 - best effort; reopen repairs the same things
                 log.exception("unit %d: cleanup after a failed write: could not %s", self.unit_id, what)
+
+    def _drop_unnamed(self, segs) -> None:
+        """Remove the segment files ``segs`` (the index's) does not name, each on its own."""
+        for name in files.listdir(self.path):
+            sid = parse_segment_name(name)
+            if sid is not None and sid not in segs:
+                try:
+                    files.unlink(self.path / name)
+                except OSError:
+                    log.exception("unit %d: could not remove %s after a failed write", self.unit_id, name)
 
     def _cut_tail(self, seg: int, size: int) -> None:
         p = self._seg_path(seg)

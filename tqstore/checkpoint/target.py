@@ -408,11 +408,13 @@ def reading(path: PathLike) -> Iterator[bool]:
     lp = lock_path_for(path)
     real = lp.parent / real_path(path).name
     old = real.with_name(real.name + ".old")
-    if not (os.path.lexists(real / M.MANIFEST_NAME) or os.path.lexists(old / M.MANIFEST_NAME)) or (
+    nothing = not (os.path.lexists(real / M.MANIFEST_NAME) or os.path.lexists(old / M.MANIFEST_NAME))
+    if (nothing and not os.path.lexists(lp)) or (
             lp != real.parent / ROOT_LOCK_NAME and (generation_steps(real) is not None or is_dump_dir(real))):
-        # nothing there to read (no manifest: nothing, a user's directory, a store), or a
-        # generation root or a dump (read as a checkpoint by mistake): no lock file is left
-        # behind, the reader raises not-found
+        # nothing there to read (no manifest: nothing, a user's directory, a store) and no
+        # lock file a save made (it makes one before it publishes: then the lock is taken, so
+        # a save publishing meanwhile is waited for), or a generation root or a dump (read as
+        # a checkpoint by mistake): no lock file is left behind, the reader raises not-found
         yield False
         return
     stack = contextlib.ExitStack()
