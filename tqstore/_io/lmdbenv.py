@@ -49,39 +49,41 @@ def open_env(path: Path, *, max_dbs: int = 16, sync: bool = False, map_bytes: in
 #: with ftruncate and writes it through a shared mapping, so on a full file system its first
 #: write ended the process with SIGBUS.  Above what LMDB asks for ``max_readers=1024``
 #: (1023 reader slots of 64 bytes and a 128-byte header): LMDB keeps a larger file's size (its
-#: reader table holds more slots).  The file appears whole (allocated beside it, then linked
-#: into place), so every process opening the environment maps the same size.
+#: reader table holds more slots).  (The file is made in place, not beside it and linked: a
+#: sync walking the new environment's directory met the temporary file as it went.)
 LOCK_FILE_BYTES = 128 << 10
 
 
 def _allocate_lock_file(path: Path) -> None:
     """Create ``path``'s ``lock.mdb`` with :data:`LOCK_FILE_BYTES` allocated, when it does not
     exist yet (an existing one, perhaps mapped by another process, is never changed; where
-    the allocation or the link is not supported LMDB makes the file, as before).
+    ``posix_fallocate`` is missing or fails otherwise, LMDB sizes the file, as before).  A new
+    environment is made by one process (a store's, under its lock; a load's staged copy), so
+    no other process maps the file between its creation and its allocation.
 
-    Raises StorageIOError when the file system has no room for it."""
+    Raises StorageIOError when the file system has no room for it (the empty file removed)."""
     lock = path / "lock.mdb"
     if os.path.lexists(lock) or not hasattr(os, "posix_fallocate"):
         return
-    tmp = path / f".lock.mdb.{os.getpid()}.{os.urandom(4).hex()}"
     try:
         files.mkdir(path, exist_ok=True, parents=True)
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
-        try:
-            os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
-        finally:
-            os.close(fd)
-        os.link(tmp, lock)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
     except FileExistsError:
-        pass  # (another process made it first: that one is used)
+        return  # (another process made it: LMDB sizes it, as it always did)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise StorageIOError(f"cannot create LMDB index at {path}: no room for its lock file: {e}"
-                                 f"{_space_note(path)}") from e
-        log.debug("could not allocate %s ahead (%s): LMDB makes it", lock, e)
-    finally:
+        raise StorageIOError(f"cannot create LMDB index at {path}: {e}{_space_note(path)}") from e
+    try:
+        os.posix_fallocate(fd, 0, LOCK_FILE_BYTES)
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+            log.debug("could not allocate %s ahead (%s): LMDB sizes it", lock, e)
+            return
         with contextlib.suppress(OSError):
-            files.unlink(tmp)
+            files.unlink(lock)
+        raise StorageIOError(f"cannot create LMDB index at {path}: no room for its lock file: {e}"
+                             f"{_space_note(path)}") from e
+    finally:
+        os.close(fd)
 
 
 def _open_hint(msg: str, map_bytes: int) -> str:
