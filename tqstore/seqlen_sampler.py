@@ -169,8 +169,8 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
     Each rank calls ``get_meta`` with ``sampling_config={"dp_rank": r, "batch_index": i}`` and its
     per-rank ``batch_size``, a multiple of the group size (each rank gets whole groups; a
     ``batch_index`` is needed with ``dp_size > 1`` or a ``dp_rank``: one rank without either
-    is handed fresh rows at every call, nothing cached).  The first call for ``(partition, task, batch_index)`` samples and
-    balances for every rank and remembers each rank's share (in the persisted sampler state);
+    is handed fresh rows at every call, nothing cached).  The first call for
+    ``(partition, task, batch_index)`` samples and balances for every rank and remembers each rank's share (in the persisted sampler state);
     later calls of the other ranks get theirs, and until a rank has fetched its share no
     other call chooses those rows again (a rank running ahead gets other rows).  Rows' tags should carry
     ``{"total_lengths": <int>}``; rows without it weigh 1.
@@ -244,20 +244,17 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         n = self._group_n(kwargs.get("n_samples_per_prompt"))  # (a call's own group size, else the sampler's)
         self._check_per_rank(batch_size, n)
         self.check_batch_index(given_rank, batch_index)
-        if batch_index is None:  # one rank, no replicas: nothing to share, nothing cached
-            return self._unshared(ready_indexes, batch_size, n, partition_id, task_name, kwargs.get("ready_seqs"))
+        if batch_index is None:  # one rank, no replicas: nothing to share or balance, nothing cached
+            chosen = self._choose(ready_indexes, kwargs.get("ready_seqs"), batch_size, n, partition_id, task_name)
+            return chosen, list(chosen)
         hit = self._cached(partition_id, task_name, dp_rank, batch_index)
         if hit is not None:
             self._fetched(partition_id, task_name, str(dp_rank), str(batch_index))
             return hit
         if partition is None and ready_tags is not None:
             partition = _TagsOf(ready_indexes, ready_tags)
-        waiting = self._waiting(partition_id, task_name)
-        seqs = kwargs.get("ready_seqs")
-        pairs = zip(ready_indexes, ready_indexes if seqs is None else seqs)
-        if waiting:  # rows of other ranks' shares they have not fetched yet: not chosen again
-            pairs = ((g, sq) for g, sq in pairs if g not in waiting)
-        chosen = self._whole_groups(pairs, batch_size * self.dp_size, n, in_order=isinstance(seqs, SeqsInOrder))
+        chosen = self._choose(ready_indexes, kwargs.get("ready_seqs"), batch_size * self.dp_size, n, partition_id,
+                              task_name)
         if not chosen:
             return [], []
         if partition is None:
@@ -278,17 +275,14 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         mine = shares[dp_rank] if 0 <= dp_rank < len(shares) else []
         return list(mine), list(mine)
 
-    def _unshared(self, ready_indexes, batch_size: int, n: int, partition_id: str, task_name: str,
-                  seqs) -> SampleResult:
-        """One rank's batch, cached for nobody (``dp_size`` 1, no ``dp_rank``, no
-        ``batch_index``): the oldest whole groups, rows of other calls' shares not fetched
-        yet left out; nothing to balance across one rank."""
+    def _choose(self, ready_indexes, seqs, rows: int, n: int, partition_id: str, task_name: str) -> List[int]:
+        """The oldest whole groups of ``n``, ``rows`` rows in all, or []; rows of other ranks'
+        shares they have not fetched yet are not chosen again."""
         waiting = self._waiting(partition_id, task_name)
         pairs = zip(ready_indexes, ready_indexes if seqs is None else seqs)
         if waiting:
             pairs = ((g, sq) for g, sq in pairs if g not in waiting)
-        chosen = self._whole_groups(pairs, batch_size, n, in_order=isinstance(seqs, SeqsInOrder))
-        return chosen, list(chosen)
+        return self._whole_groups(pairs, rows, n, in_order=isinstance(seqs, SeqsInOrder))
 
     def _waiting(self, partition_id: str, task_name: str) -> set:
         """The rows of cached shares their rank has not fetched yet.  Each rank's call marks
