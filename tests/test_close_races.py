@@ -118,3 +118,30 @@ def test_close_waits_for_a_read_inside_a_unit_and_later_reads_raise_store_closed
         assert out[0]["x"].tolist() == [[3, 3, 3]] * 2
     with pytest.raises(tqstore.StoreClosedError):
         s.kv_batch_get(["a"], "p")
+
+
+
+def test_a_large_read_racing_the_close_returns_its_rows_or_raises_store_closed(tmp_path, monkeypatch):
+    """A read large enough for the store's unit pool, about to hand its per-unit reads to that
+    pool while the close ran (outside any unit: the close does not wait for it): a builtin ``RuntimeError: cannot schedule new futures after shutdown`` (a
+    trainer's ``except StoreClosedError`` missed it; 28 of 160 async reads racing ``tq.close``)."""
+    from tqstore import reader
+
+    s = tqstore.open(tmp_path / "s", num_units=2)
+    big = np.arange(2 * 400_000, dtype=np.int64).reshape(2, -1)  # 6.4 MB: over the pool's threshold
+    s.kv_batch_put(["a", "b"], "p", {"x": big})
+    inside, go, orig = threading.Event(), threading.Event(), reader._each
+
+    def each(pool, fn, units):  # the read's hand-over to the unit pool waits for the close
+        if pool is not None and not inside.is_set():
+            inside.set()
+            assert go.wait(60)
+        return orig(pool, fn, units)
+
+    monkeypatch.setattr(reader, "_each", each)
+    t, out = _run(s.kv_batch_get, ["a", "b"], "p")
+    assert inside.wait(60)
+    s.close()
+    go.set()
+    t.join(60)
+    assert len(out) == 1 and isinstance(out[0], tqstore.StoreClosedError), repr(out[0])

@@ -246,3 +246,48 @@ def test_a_forked_child_keeps_no_lock_another_thread_of_the_parent_held(tmp_path
     finally:
         release.set()
         t.join()
+
+
+def test_a_put_and_a_read_of_a_thread_still_running_when_the_main_thread_ends_complete(tmp_path):
+    """Python tells the thread pools to refuse new work before it waits for the threads still
+    running: a producer thread's large put failed half-way with a builtin RuntimeError ("cannot
+    schedule new futures after shutdown"), its rows lost; a read failed the same way."""
+    script = textwrap.dedent(f"""
+        import sys, threading, time
+        sys.path.insert(0, {str(ROOT)!r})
+        import numpy as np
+        import tqstore as tq
+        s = tq.init({{"path": {str(tmp_path / "s")!r}, "num_units": 2}})
+        big = np.arange(16 * 65536, dtype=np.int64).reshape(16, -1)  # 8 MiB: the unit pool writes it
+        def producer(i):
+            time.sleep(0.3)  # (the main thread has ended by now)
+            keys = [f"t{{i}}_{{j}}" for j in range(16)]
+            tq.kv_batch_put(keys, "p", {{"x": big}})
+            got = tq.kv_batch_get(keys, "p")["x"]
+            print("ok" if np.array_equal(np.asarray(got), big) else "wrong", flush=True)
+        for i in range(2):
+            threading.Thread(target=producer, args=(i,)).start()  # not daemons: Python waits for them
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert r.returncode == 0 and r.stdout.split() == ["ok", "ok"], r.stdout + r.stderr
+    with tq.open(tmp_path / "s") as s:
+        assert len(s.kv_list("p")["p"]) == 32
+
+
+def test_a_temporary_store_left_open_is_removed_when_the_script_ends(tmp_path):
+    """``tq.init()`` without a path, no ``close``: its files stayed in the temporary directory,
+    run after run, whatever their size."""
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(ROOT)!r})
+        import numpy as np
+        import tqstore as tq
+        s = tq.init()
+        tq.kv_batch_put(["a"], "p", {{"x": np.ones((1, 4))}})
+        print(s.root, flush=True)
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    root = Path(r.stdout.split()[-1])
+    assert root.parent == tmp_path and not root.exists()

@@ -623,3 +623,48 @@ def test_metadata_json_cannot_carry_is_refused_before_the_cut(store, tmp_path):
         assert sorted(os.listdir(tmp_path)) == before
     store.save_checkpoint(tmp_path / "ck", metadata={"big": 10 ** 4299})
     assert tqstore.checkpoint.read_manifest(tmp_path / "ck").metadata == {"big": 10 ** 4299}
+
+
+@pytest.mark.parametrize("what", ["save", "dump"])
+def test_a_save_or_dump_racing_another_process_publishing_there_waits_instead_of_refusing(store, tmp_path,
+                                                                                         monkeypatch, what):
+    """Two processes saving (or dumping) to one path: the target check before the cut ran
+    outside the path's lock and met the other's publication half-way (the path renamed to
+    ``.old`` between its ``lstat`` and ``listdir``): "cannot be listed ... move it away",
+    1 to 3 saves in 500.  A refusal is checked again under the lock, once that publication ended."""
+    from tqstore.dump import publish as P
+
+    ck = tmp_path / "ck"
+    rows = fill(store, n=4)
+    publish = (lambda p: store.save_checkpoint(p)) if what == "save" else \
+        (lambda p: store.dump_data_by_key(p, rows, "train"))
+    publish(ck)
+    publish(tmp_path / "next")
+    lock = T.lock_path_for(ck) if what == "save" else P.lock_path(ck)
+    held = locks.lock_exclusive_nowait(lock)  # the other process, publishing "next" at ck
+    real_listdir, raced = os.listdir, []
+
+    def listdir(p="."):
+        if not raced and os.fspath(p) == str(ck):  # its rename lands between our lstat and listdir
+            raced.append(1)
+            os.rename(ck, tmp_path / "ck.old")
+        return real_listdir(p)
+
+    def finish():
+        time.sleep(0.3)
+        os.rename(tmp_path / "next", ck)
+        tqstore._io.files.rmtree(tmp_path / "ck.old")
+        locks.unlock(held)
+
+    monkeypatch.setattr(os, "listdir", listdir)
+    t = threading.Thread(target=finish)
+    t.start()
+    try:
+        publish(ck)
+    finally:
+        t.join()
+    assert raced and not (tmp_path / "ck.old").exists()
+    if what == "save":
+        assert verify_checkpoint(ck).ok
+    else:
+        assert sorted(tqstore.read_row_index(ck)["rows"]) == sorted(rows)

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -455,9 +456,30 @@ def test_store_directory_is_locked_against_a_second_open(tmp_path):
         r = subprocess.run([sys.executable, "-c", code, str(tmp_path / "s")], cwd=ROOT, capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 3, r.stderr
-        assert "open in another process" in r.stdout
+        assert "open in another process" in r.stdout and "close it there" in r.stdout
     with Store(tmp_path / "s") as s:  # released on close
         assert s.read("p", [0])["v"] == [1]
+
+
+def test_an_open_waits_for_a_read_only_check_of_another_process_instead_of_refusing(tmp_path):
+    """``python -m tqstore inspect|ls|verify`` hold the store's LOCK while they walk its
+    indexes: a trainer's open meanwhile was refused as "open in another process" (17 opens in
+    141 beside a monitoring loop of ``inspect``).  It waits for the check now."""
+    with Store(tmp_path / "s") as s:
+        s.write("p", {"v": [1]}, new_rows=True)
+    code = ("import sys, time\nfrom tqstore._io import locks\n"
+            "fd = locks.lock_for_check_nowait(sys.argv[1] + '/LOCK')  # as store_check's walks take it\n"
+            "print('held', flush=True)\ntime.sleep(1.5)\n")
+    p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "s")], cwd=ROOT, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline().strip() == "held"
+        t0 = time.monotonic()
+        with Store(tmp_path / "s") as s:
+            assert time.monotonic() - t0 > 0.5  # (it waited for the check)
+            assert s.read("p", [0])["v"] == [1]
+    finally:
+        p.wait(60)
 
 
 def test_close_is_idempotent_and_closed_store_refuses_calls(tmp_path):

@@ -30,6 +30,9 @@ def test_translate_maps_transfer_queue_config_and_logs_what_does_not_apply(caplo
 def test_translate_rejects_backends_tqstore_does_not_provide_and_unknown_keys():
     with pytest.raises(ConfigError, match="MooncakeStore"):
         translate({"backend": {"storage_backend": "MooncakeStore"}})
+    for odd in (["SimpleStorage"], {"SimpleStorage": {}}):  # (a list or dict raised a bare TypeError: unhashable)
+        with pytest.raises(ConfigError, match="storage_backend"):
+            translate({"backend": {"storage_backend": odd}})
     with pytest.raises(ConfigError, match="unknown config keys"):
         translate({"bogus": 1})
     with pytest.raises(ConfigError, match=r"'mooncake' is not available; use 'embedded' or 'ray'"):

@@ -245,6 +245,7 @@ def open_store(path: Path, what: str, *, repair: bool = False, walked: bool = Fa
     from .edge import NumpyEdge
     from .errors import CorruptionError, StorageIOError, TqstoreError
     from .store_check import data_problems
+    from . import store_lock
 
     if not walked:
         walk_store_indexes(path, units=True)
@@ -253,7 +254,8 @@ def open_store(path: Path, what: str, *, repair: bool = False, walked: bool = Fa
         more = f" (and {len(lost) - 1} more: `verify` lists them)" if len(lost) > 1 else ""
         raise CliDamaged(f"cannot {what} {path}: {lost[0]}{more}; nothing was changed. {LOSS_HINT}")
     try:  # (no tensor leaves these commands: the numpy edge, so that opening does not import torch)
-        return tqstore.open(path, edge=NumpyEdge("dict"))
+        with store_lock.as_command():  # (a trainer's open meanwhile waits for the command)
+            return tqstore.open(path, edge=NumpyEdge("dict"))
     except StorageIOError as e:
         if "is open in another process" in str(e) or "already open in this process" in str(e):
             raise CliUsage(f"cannot {what} {path}: {e}; close it first") from e

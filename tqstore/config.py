@@ -248,7 +248,7 @@ def _translate_ray(section: Any, settings: CompatSettings) -> None:
 
 def _translate_backend(backend: Dict[str, Any], store: Dict[str, Any], settings: CompatSettings) -> None:
     name = backend.get("storage_backend", "SimpleStorage")
-    if name not in _EMBEDDED_BACKENDS:
+    if not isinstance(name, str) or name not in _EMBEDDED_BACKENDS:  # (a list or dict: no TypeError)
         raise ConfigError(f"backend.storage_backend {name!r} is not available: tqstore replaces TransferQueue's "
                           f"storage backends with its embedded store; use 'SimpleStorage' (see docs/MIGRATING.md)")
     for section, value in backend.items():

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
@@ -21,6 +20,7 @@ from ._format.records import RecordError
 from ._io import files
 from ._io.lmdbenv import check_env_pages, check_extent, copy_env, copy_env_file, copy_txn_compact, open_env
 from ._io.scan import seal_index_file
+from ._io.workpool import WorkPool
 from .controller_decode import CONTROLLER_DBS, decode_controller
 from .errors import CorruptionError, StorageIOError, TqstoreError
 from .ports import ControllerExport
@@ -98,7 +98,7 @@ def _stage_unchecked(target: Path, src: Path, num_units: Optional[int], sync: bo
         if not copy_env_file(src, target):
             files.rmtree(target)
             return False
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
+        with WorkPool(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
             # beside the check (both read what the copy wrote); with sync=False the caller's
             # fsync overlaps its open (the decode) of the copy instead
             synced = pool.submit(files.fsync_tree, target) if sync else None

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -48,6 +47,7 @@ from ._format.frame import head_template
 from ._format.index import MMAP_READ_BYTES, Loc
 from ._format.layout import CODEC_MASK, KIND_VALUE
 from ._io.memory import advise_hugepages
+from ._io.workpool import WorkPool
 from .errors import CorruptionError, FieldNotFoundError, KeyNotFoundError
 from .ports import SnapshotId, UnitPort, fill_or_copy
 
@@ -115,7 +115,7 @@ def read_fields(units: Sequence[UnitPort], pool, gidxs: Sequence[int], fields: S
     """
     split = _Split(gidxs, len(units))
     if remote and len(split.order) > 1:
-        with ThreadPoolExecutor(max_workers=min(REMOTE_CALLS_AT_ONCE, len(split.order) * max(1, len(fields))),
+        with WorkPool(max_workers=min(REMOTE_CALLS_AT_ONCE, len(split.order) * max(1, len(fields))),
                                 thread_name_prefix="tqstore-call") as calls:
             return _read_fields(units, calls, split, fields, verify, snapshots, alloc, remote)
     return _read_fields(units, pool, split, fields, verify, snapshots, alloc, remote)
@@ -149,7 +149,7 @@ def _read_fields(units, pool, split: _Split, fields, verify, snapshots, alloc, r
 
     if remote and len(fields) > 1 and len(split.all):
         # the fields' threads wait on the units' calls: two pools, so no field waits in the pool it waits on
-        with ThreadPoolExecutor(max_workers=len(fields), thread_name_prefix="tqstore-field") as fields_pool:
+        with WorkPool(max_workers=len(fields), thread_name_prefix="tqstore-field") as fields_pool:
             futures = [fields_pool.submit(one, fk) for fk in fields]
             _wait_all(futures)
             return {f: fut.result() for (f, _), fut in zip(fields, futures)}

@@ -17,12 +17,12 @@ import logging
 import os
 import threading
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import layout_dirs as L
 from ._io import files
+from ._io.workpool import WorkPool
 from .checkpoint import CheckpointMixin
 from .checkpoint.target import check_store_location
 from .dump import DumpMixin
@@ -176,8 +176,8 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
                     self._release_lock()
             raise
         self._capacity = capacity and capacity.for_units(self.num_units)
-        self._pool = ThreadPoolExecutor(max_workers=max_workers or min(self.num_units, 8),
-                                        thread_name_prefix="tqstore-unit")
+        self._pool = WorkPool(max_workers=max_workers or min(self.num_units, 8), thread_name_prefix="tqstore-unit",
+                              closed_error=lambda: StoreClosedError(f"store {self.root} was closed during the call"))
         # _write_lock serialises puts, clears, state replacement and close (held for a whole
         # put, unit writes included); _meta_lock is held only for metadata steps (the data
         # plane holds it around fetches and status queries, so they don't wait for unit writes,
@@ -195,6 +195,8 @@ class Store(CheckpointMixin, DumpMixin, UndoSettling):
         except BaseException:
             self.close()  # releases the lock: the store can be opened again once repaired
             raise
+        if self._temporary:
+            store_open.remove_at_exit(self)
         log.info("opened store %s (%d units, durability=%s)", self.root, self.num_units, durability)
 
     # ------------------------------------------------------------------ open / close

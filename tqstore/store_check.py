@@ -30,7 +30,7 @@ def index_walk_problems(root: Path, *, units: bool) -> List[Tuple[str, str]]:
     if d is None or cur is None or not (root / cur).is_dir():
         return []
     try:
-        fd = locks.lock_exclusive_nowait(root / "LOCK")
+        fd = locks.lock_for_check_nowait(root / "LOCK")
     except OSError:  # held (BlockingIOError), or not ours to take
         return []
     try:
@@ -56,7 +56,7 @@ def data_problems(root: Path) -> List[str]:
     if d is None or cur is None or not (root / cur).is_dir():
         return []
     try:
-        fd = locks.lock_exclusive_nowait(root / "LOCK")
+        fd = locks.lock_for_check_nowait(root / "LOCK")
     except OSError:
         return []
     try:

@@ -10,10 +10,13 @@ refused).
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import threading
+import time
 from pathlib import Path
-from typing import Dict, Tuple
+from typing import Dict, Iterator, Tuple
 
 from ._io import locks
 from .errors import StorageIOError, StoreClosedError
@@ -23,27 +26,68 @@ from .errors import StorageIOError, StoreClosedError
 _OPEN_ROOTS: Dict[str, int] = {}
 _LOCK_FDS: Dict[str, int] = {}
 _OPEN_LOCK = threading.Lock()
+log = logging.getLogger("tqstore")
+
+#: how long an open waits for a tqstore command of another process holding the store's LOCK
+CHECK_WAIT_S = 600.0
+
+
+_COMMAND = threading.local()
+
+
+@contextlib.contextmanager
+def as_command() -> Iterator[None]:
+    """Stores this thread opens inside the block take their ``LOCK`` as a tqstore command's
+    (the command line's ``verify`` and ``compact``): marked, so that another process's open
+    waits for the command to end instead of refusing (:func:`take`)."""
+    _COMMAND.on = True
+    try:
+        yield
+    finally:
+        _COMMAND.on = False
 
 
 def take(root: Path) -> Tuple[int, str]:
-    """Lock the store at ``root``: ``(descriptor holding the flock, its real path)``.
+    """Lock the store at ``root``: ``(descriptor holding the flock, its real path)``.  While a
+    tqstore command of another process (``inspect``, ``ls``, ``verify``, ``compact``) holds
+    ``LOCK``, it waits for the command to end (an INFO record says so), at most
+    :data:`CHECK_WAIT_S`; a store open in another process is refused at once.
 
-    Raises StorageIOError: already open in this process, open in another one, or LOCK cannot
-    be locked."""
+    Raises StorageIOError: already open in this process, open in another one, still checked
+    after :data:`CHECK_WAIT_S`, or LOCK cannot be locked."""
     real = os.path.realpath(root)
-    with _OPEN_LOCK:
-        if _OPEN_ROOTS.get(real) == os.getpid():
-            raise StorageIOError(f"store {root} is already open in this process; use the open Store "
-                                 f"(or close it first)")
-        try:
-            fd = locks.lock_exclusive_nowait(root / "LOCK")
-        except BlockingIOError as e:
-            raise StorageIOError(f"store {root} is open in another process (LOCK is held)") from e
-        except OSError as e:
-            raise StorageIOError(f"cannot lock store {root} (its LOCK file): {e}") from e
-        _OPEN_ROOTS[real] = os.getpid()
-        _LOCK_FDS[real] = fd
-    return fd, real
+    since, misses = None, 0
+    while True:
+        with _OPEN_LOCK:
+            if _OPEN_ROOTS.get(real) == os.getpid():
+                raise StorageIOError(f"store {root} is already open in this process; use the open Store "
+                                     f"(or close it first)")
+            try:
+                fd = (locks.lock_for_check_nowait if getattr(_COMMAND, "on", False)
+                      else locks.lock_exclusive_nowait)(root / "LOCK")
+            except BlockingIOError as e:
+                held = e
+            except OSError as e:
+                raise StorageIOError(f"cannot lock store {root} (its LOCK file): {e}") from e
+            else:
+                _OPEN_ROOTS[real] = os.getpid()
+                _LOCK_FDS[real] = fd
+                return fd, real
+        if not locks.check_mark_held(root / "LOCK"):
+            misses += 1
+            if misses > 1:  # (the first: a command may have ended between the flock and the look at its mark)
+                raise StorageIOError(f"store {root} is open in another process (its LOCK is held): close it there, "
+                                     f"or open another path") from held
+            continue
+        misses = 0
+        if since is None:
+            since = time.monotonic()
+            log.info("store %s is held by a tqstore command (inspect, ls, verify or compact) in another process; "
+                     "waiting for it to end", root)
+        elif time.monotonic() - since > CHECK_WAIT_S:
+            raise StorageIOError(f"store {root} has been held by a tqstore command (inspect, ls, verify or compact) "
+                                 f"in another process for {CHECK_WAIT_S:.0f} s; open it once that has ended") from held
+        time.sleep(0.02)
 
 
 def release(real: str, fd: int) -> None:
@@ -79,4 +123,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["take", "release", "fork_error"]
+__all__ = ["take", "release", "fork_error", "as_command"]

@@ -26,7 +26,9 @@ back) it reconciles as before.  Everything here goes through the ports.
 """
 from __future__ import annotations
 
+import atexit
 import logging
+import weakref
 from collections import defaultdict
 from typing import TYPE_CHECKING, Dict, List, Set, Tuple
 
@@ -112,4 +114,24 @@ def mark_clean(store: "Store") -> bool:
         return False
 
 
-__all__ = ["reconcile", "full_reconcile", "mark_clean"]
+_TEMPORARY: "weakref.WeakSet[Store]" = weakref.WeakSet()
+
+
+def remove_at_exit(store: "Store") -> None:
+    """Close (and so remove) the temporary store ``store`` when Python exits, if it is still
+    open then: a script that never called ``close`` left its store's files in the temporary
+    directory, whatever their size, run after run."""
+    _TEMPORARY.add(store)
+
+
+def _remove_temporaries() -> None:
+    for store in list(_TEMPORARY):
+        try:
+            store.close()
+        except Exception as e:  # noqa: BLE001 - at exit: logged, the others are still removed
+            log.warning("could not remove temporary store %s at exit: %s", store.root, e)
+
+
+atexit.register(_remove_temporaries)  # (after Python waited for its threads: their calls have ended)
+
+__all__ = ["reconcile", "full_reconcile", "mark_clean", "remove_at_exit"]

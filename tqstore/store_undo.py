@@ -69,7 +69,12 @@ class UndoSettling:
 
         errors = []
         if len(per_unit) > 1 and _approx_bytes(cols) >= PARALLEL_MIN_BYTES:
-            futures = {u: self._pool.submit(one, u) for u in per_unit}
+            futures = {}
+            for u in per_unit:  # (a refused hand-over is that unit's error: the others' writes are undone below)
+                try:
+                    futures[u] = self._pool.submit(one, u)
+                except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+                    errors.append((u, e))
             for u, fut in futures.items():
                 try:
                     fut.result()

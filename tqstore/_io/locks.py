@@ -145,6 +145,50 @@ def lock_exclusive_nowait(path: PathLike) -> int:
     return fd
 
 
+#: the byte of a store's ``LOCK`` on which a tqstore command (``inspect``, ``ls``, ``verify``,
+#: ``compact``) holds a POSIX read lock while it holds the file's flock: an open that finds the
+#: flock taken waits for such a command instead of refusing (POSIX locks and flocks are
+#: independent on Linux; the mark goes with the checker's process)
+CHECK_MARK_BYTE = 1
+
+
+def lock_for_check_nowait(path: PathLike) -> int:
+    """:func:`lock_exclusive_nowait` for a tqstore command on the store whose ``LOCK`` is
+    ``path``: the command's mark (:data:`CHECK_MARK_BYTE`) is taken first, shared (checks run side
+    by side), so an open meeting the flock knows whom it waits for.  A file system without
+    POSIX locks gives no mark, only the flock.  Raises as :func:`lock_exclusive_nowait`."""
+    fd = _open_lock_file(path, shared=False)
+    try:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, CHECK_MARK_BYTE)
+        except OSError as e:
+            if e.errno not in _NO_FLOCK:
+                raise
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def check_mark_held(path: PathLike) -> bool:
+    """True when another process holds the command mark of the ``LOCK`` file ``path`` (a tqstore
+    command on the store is running there); False when none does or it cannot be told."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # (no O_CREAT: nothing is written)
+    except OSError:
+        return False
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, CHECK_MARK_BYTE)
+    except OSError as e:
+        return e.errno in (errno.EAGAIN, errno.EACCES)
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN, 1, CHECK_MARK_BYTE)
+        return False
+    finally:
+        os.close(fd)
+
+
 def unlock(fd: int) -> None:
     """Release a lock taken by :func:`lock_exclusive_nowait` (closes its descriptor)."""
     os.close(fd)

@@ -47,6 +47,7 @@ import numpy as np
 
 from .._gcpause import pausing
 from .._io import files
+from .._io.workpool import WorkPool
 from .._io.scan import BadFrame, scan_file
 from ..errors import CheckpointError, CorruptionError, TqstoreError
 from ..ports import ControllerPort, UnitImport, UnitPort
@@ -164,7 +165,7 @@ class Builder:
         clear = self.mode == "metadata"
         copy_checked = num_units is None and not clear and self.controller.stage_import(
             target, src, src_checked=False, sync=False)
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
+        with WorkPool(max_workers=1, thread_name_prefix="tqstore-fsync") as pool:
             # the byte copy's fsync runs beside its counts' check and decode; joined (its error
             # raised) before this returns, and before any error of theirs propagates
             synced = pool.submit(self.controller.sync_staged, target) if copy_checked else None
@@ -209,7 +210,7 @@ class Builder:
             link = files.can_link(self.src, new_dir) and not any(
                 files.fsync_failed(self.src / e.path) for i in range(self.num_units)
                 for e in self.man.segments(i).values())
-            self._vpool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tqstore-verify")
+            self._vpool = WorkPool(max_workers=workers, thread_name_prefix="tqstore-verify")
 
         def same(i: int) -> None:  # plan (the index read and checked), stage, verify in the background
             plan = self._same_plan(i, link, self._index_part(i))
@@ -221,7 +222,7 @@ class Builder:
             if not link:  # copied: it reads the copies
                 self._pending.append((i, self._vpool.submit(self.units[i].verify_import, target, plan)))
 
-        with ThreadPoolExecutor(max_workers=workers + 1, thread_name_prefix="tqstore-load") as pool:
+        with WorkPool(max_workers=workers + 1, thread_name_prefix="tqstore-load") as pool:
             ctrl = pool.submit(self._controller_part, new_dir)
             if self.mode == "same":
                 _first_error([ctrl] + [pool.submit(same, i) for i in range(self.num_units)])

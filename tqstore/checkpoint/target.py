@@ -385,6 +385,22 @@ def check_store_location(root: PathLike) -> None:
 
 
 # ---------------------------------------------------------------------------- locks
+def check_target_settled(path: PathLike, kind: TargetKind, *, lock: PathLike,
+                         live_store: Optional[PathLike] = None) -> Path:
+    """:func:`check_target`, outside the path's lock (a caller checks before its cut and again
+    under the lock when it publishes); a refusal is checked again holding ``lock`` shared
+    when that lock file exists: another process publishing at ``path`` meanwhile showed a
+    passing state (``path`` renamed to ``path.old``, then that removed), which was refused with
+    advice to move things away.  Raises CheckpointError as :func:`check_target` does."""
+    try:
+        return check_target(path, kind, live_store=live_store)
+    except CheckpointError:
+        if not os.path.lexists(lock):
+            raise
+    with locks.flocked(lock, shared=True):
+        return check_target(path, kind, live_store=live_store)
+
+
 def lock_path_for(path: PathLike) -> Path:
     """The lock file serialising publication, deletion and reads of the checkpoint at ``path``
     (resolved): ``root/.tqstore-checkpoints.lock`` for a generation ``step-N`` of a generation

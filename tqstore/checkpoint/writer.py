@@ -49,6 +49,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from .._format.names import check_flag
 from ..call_checks import check_wait
 from .._io import files, locks
+from .._io.workpool import WorkPool
 from ..errors import CheckpointError, DistributedError, StorageIOError, TqstoreError, WaitTimeoutError
 from ..ports import ControllerExport, Reusable, UnitExport, check_no_restore
 from . import manifest as M
@@ -426,7 +427,8 @@ def save(store, checkpoint_dir: PathLike, *, include_storage: bool = True, metad
     blocking = check_flag("blocking", blocking)
     include_storage = check_flag("include_storage", include_storage)
     copy_segments = check_flag("copy_segments", copy_segments)
-    final = T.check_target(checkpoint_dir, kind, live_store=store.root)
+    final = T.check_target_settled(checkpoint_dir, kind, live_store=store.root,
+                                   lock=lock_path or default_lock_path(checkpoint_dir))
     if final.name in ("", ".", "..") or final.name.endswith(".old") or ".tmp-" in final.name:
         raise CheckpointError(f"{final} is not a usable checkpoint directory name")
     state = state_of(store)
@@ -460,7 +462,7 @@ def background_pool() -> ThreadPoolExecutor:
     global _POOL
     with _POOL_LOCK:
         if _POOL is None:
-            _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tqstore-checkpoint-save")
+            _POOL = WorkPool(max_workers=4, thread_name_prefix="tqstore-checkpoint-save")
             _POOL.submit(lambda: None)  # its first thread starts now, not in a save's stall
         return _POOL
 
@@ -503,7 +505,7 @@ def export_pool(workers: int) -> ThreadPoolExecutor:
     with _POOL_LOCK:
         p = _EXPORT_POOLS.get(workers)
         if p is None:
-            p = _EXPORT_POOLS[workers] = ThreadPoolExecutor(max_workers=workers,
+            p = _EXPORT_POOLS[workers] = WorkPool(max_workers=workers,
                                                             thread_name_prefix="tqstore-ckpt-export")
         return p
 

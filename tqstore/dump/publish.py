@@ -85,14 +85,20 @@ def marker_path(final: PathLike) -> Path:
     return sibling(resolve(final), ".restore")
 
 
-def check_target(path: PathLike, *, live_store: Optional[PathLike] = None) -> Path:
+def check_target(path: PathLike, *, live_store: Optional[PathLike] = None, unlocked: bool = False) -> Path:
     """:func:`tqstore.checkpoint.target.check_target` for a dump: ``path`` is missing, an empty
     directory or a dump, and not inside a store, checkpoint, generation root or dump (nor
     holding the live store), its name short enough for its siblings (:func:`check_name_fits`).
-    Returns the resolved path.  Raises CheckpointError."""
+    ``unlocked``: the caller does not hold the path's lock, so a refusal is checked again under
+    it (:func:`~tqstore.checkpoint.target.check_target_settled`; never while holding it: the
+    shared lock would wait for the caller's own).  Returns the resolved path.  Raises
+    CheckpointError."""
     final = resolve(path)
     check_name_fits(final)
-    T.check_target(final, T.DUMP, live_store=live_store)
+    if unlocked:
+        T.check_target_settled(final, T.DUMP, live_store=live_store, lock=lock_path(final))
+    else:
+        T.check_target(final, T.DUMP, live_store=live_store)
     return final
 
 

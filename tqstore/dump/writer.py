@@ -37,7 +37,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -50,6 +49,7 @@ from .._format import dump_records as D
 from .._format.dtypes import SCHEMA_MIXED
 from .._format.names import check_flag, check_key, check_name
 from .._io import files
+from .._io.workpool import WorkPool
 from ..checkpoint import writer as W
 from ..errors import CheckpointError, InvalidInputError, KeyNotFoundError, StorageIOError, TqstoreError
 from .. import ports as _ports
@@ -310,7 +310,7 @@ class DumpJob:
             files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True)
             return data
 
-        with ThreadPoolExecutor(max_workers=max(1, min(self.max_workers, len(work)) + 1),
+        with WorkPool(max_workers=max(1, min(self.max_workers, len(work)) + 1),
                                 thread_name_prefix="tqstore-dump") as pool:
             futs = [pool.submit(snap.ports[w.unit].export_rows, snap.unit_snaps[w.unit], w.gidxs, w.fields,
                                 str(tmp / D.shard_name(w.unit)), num_units=cut.num_units,
@@ -344,7 +344,7 @@ def dump(store, dump_dir: Any, keys: Any, partition_id: str, *, blocking: bool =
     store._check_open()
     blocking = check_flag("blocking", blocking)
     keys = check_key_list(keys, partition_id)
-    final = P.check_target(dump_dir, live_store=store.root)
+    final = P.check_target(dump_dir, live_store=store.root, unlocked=True)
     if not P.load_running(final):  # (a running load's marker goes when it ends: the job waits for its lock)
         P.refuse_if_restoring(final, store_root=store.root,
                               store_has_restore=any(r.dump == str(final) for r in store.controller.restores()))
