@@ -18,10 +18,10 @@ raises ConfigError otherwise.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from ..embedded import open_parts
-from ..errors import ConfigError
+from ..errors import ConfigError, DistributedError
 from ..ports import ControllerPort, UnitPort
 from .._format.store_files import STORE_FILE
 from .port_actor import ActorController, ActorUnit, _ray, answer, send, start_host
@@ -52,6 +52,8 @@ class RayParts:
         self._nodes = list(nodes) if nodes else None
         self._host_options = host_options
         self._hosts: Dict[str, Any] = {}  # part ("controller", "unit 3") -> its host actor
+        self._placed: Dict[str, str] = {}  # part -> the node its host was placed on
+        self._dead: Set[str] = set()  # nodes a host could not start on (died before Ray marked them dead)
 
     def _host(self, part: str) -> Any:
         """The host of ``part``: the one it had, or a new one on the next node."""
@@ -60,11 +62,51 @@ class RayParts:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             ray = _ray()
-            nodes = self._nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+            nodes = self._nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self._dead]
+            if not nodes:
+                raise DistributedError(f"{part}: no alive node of this Ray cluster to place it on (nodes its actor "
+                                       f"could not start on: {sorted(self._dead)[:5]!r})",
+                                       outcomes={part: "unreachable: no node"})
             node = nodes[len(self._hosts) % len(nodes)]  # (the parts placed so far)
             host = self._hosts[part] = start_host(
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False), **self._host_options)
+            self._placed[part] = node
         return host
+
+    def _start(self, parts: List[str]) -> None:
+        """Start the hosts of ``parts`` not started yet and wait until each answers.  A host whose
+        node died before Ray marked it dead (Ray lists a lost node as alive until its health
+        checks fail, some seconds: a reopen right after a node loss placed a part there, and it
+        never started) is placed again on another alive node, unless ``nodes`` were given; then,
+        or when no node is left, DistributedError names the part, its node and what to do."""
+        new = [p for p in parts if p not in self._hosts]
+        last: Optional[DistributedError] = None
+        while new:
+            for p in new:
+                try:
+                    self._host(p)
+                except DistributedError as e:
+                    if last is None:
+                        raise
+                    raise DistributedError(f"{e}; the last start failed with: {last}", outcomes=e.outcomes) from last
+            refs = {p: send(p, lambda h=self._hosts[p]: h.where.remote()) for p in new}  # (all at once)
+            failed: Dict[str, DistributedError] = {}
+            for p, ref in refs.items():
+                try:
+                    answer(ref, p)
+                except DistributedError as e:
+                    failed[p] = e
+            for p in failed:
+                _ray().kill(self._hosts.pop(p))
+                self._dead.add(self._placed.pop(p))
+            if failed and self._nodes is not None:
+                e = next(iter(failed.values()))
+                raise DistributedError(
+                    f"{', '.join(failed)} could not start on node(s) {sorted(self._dead)[:5]!r} named in ray.nodes "
+                    f"({e}); a node that died stays listed as alive until Ray's health checks fail: open the store "
+                    f"again once ray.nodes() shows it dead, or name alive nodes", outcomes=e.outcomes) from e
+            new = list(failed)
+            last = next(iter(failed.values()), None)
 
     def open_controller(self, controller_dir: Path, *, num_units: int, durability: str,
                         map_bytes: Optional[int]) -> ControllerPort:
@@ -82,9 +124,7 @@ class RayParts:
         booted), in the order the parts open, so they are placed as one by one."""
         if not self._hosts:
             check_nodes(self._nodes)
-        self._host("controller")
-        for i in range(len(unit_dirs)):
-            self._host(f"unit {i}")
+        self._start(["controller", *[f"unit {i}" for i in range(len(unit_dirs))]])
         self._check_shared(Path(controller_dir).parent.parent)
         return open_parts(controller_dir, unit_dirs, durability=durability, segment_bytes=segment_bytes,
                           compress=compress, map_bytes=map_bytes, controller=controller,
@@ -113,7 +153,7 @@ class RayParts:
     def close(self) -> None:
         """End every part's actor (after the store closed its parts; idempotent)."""
         ray = _ray()
-        hosts, self._hosts = list(self._hosts.values()), {}
+        hosts, self._hosts, self._placed = list(self._hosts.values()), {}, {}
         for host in hosts:
             ray.kill(host)
 
