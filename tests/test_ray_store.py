@@ -211,3 +211,29 @@ def test_a_background_save_over_actors_holds_exactly_the_cut_while_writers_go_on
     with tqstore.open(tmp_path / "local", num_units=3, result_type="dict") as local:
         local.load_checkpoint(tmp_path / "ck")
         assert _picture(local, ("train",)) == want != after
+
+
+def test_a_load_by_key_whose_unit_actor_dies_says_how_to_settle_it_and_settles_after_a_reopen(tmp_path):
+    # unit 1's actor dies while it imports the dump's frames: the load raises DistributedError;
+    # its cancel cannot reach unit 1 either, so the restore stays pending and the error's note
+    # says to reopen the store and call recover_data_load (that call on the store as it was
+    # would meet the same unreachable part); after a reopen nothing is pending once it was
+    # called, and the load succeeds
+    s = _ray_store(tmp_path / "r", num_units=2)
+    try:
+        keys = fill(s, "train", 8)
+        want = {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()}
+        s.dump_data_by_key(tmp_path / "d", keys, "train")
+        ray.get(s.units[1]._host.failpoint.remote("write", "kill"))
+        with pytest.raises(DistributedError) as e:
+            s.load_data_by_key(tmp_path / "d")
+        note = " ".join(getattr(e.value, "__notes__", []))
+        assert "recover_data_load" in note and "close the store and open it again" in note, note
+    finally:
+        with pytest.raises(DistributedError):
+            s.close()
+    with _ray_store(tmp_path / "r") as s:
+        s.recover_data_load(tmp_path / "d", cancel=True)  # (True, or False when the open settled a decided cancel)
+        assert s.controller.restores() == []
+        assert s.load_data_by_key(tmp_path / "d")["keys"] == len(keys)
+        assert {f: canon(v) for f, v in s.kv_batch_get(keys, "train").items()} == want

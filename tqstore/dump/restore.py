@@ -257,6 +257,8 @@ def _abandon(store, info: RestoreInfo, d: Path, err: BaseException) -> None:
         else:
             note = (f"restore {info.rid} of partition {info.pid!r} stays pending: call "
                     f"recover_data_load({str(d)!r}) to settle it (completed, or cancelled with cancel=True)")
+        if isinstance(err, DistributedError):  # (recover_data_load would meet the same unreachable part)
+            note += "; a part of the store is unreachable: close the store and open it again first"
         log.exception("restore %s could not be cancelled or settled after %r; %s", info.rid, err, note)
         if hasattr(err, "add_note"):  # (Python 3.11+)
             err.add_note(note)
