@@ -269,3 +269,36 @@ def test_a_store_with_a_directory_where_a_file_belongs_is_damaged_exit_1(saved, 
     for command in ("inspect", "ls", "verify"):
         code, out, err = run(command, cur_dir)
         assert code == EXIT_DAMAGED and "Traceback" not in err, (command, out, err)
+
+
+@pytest.mark.parametrize("with_tqdm", [False, True])
+def test_a_progress_bar_appears_only_once_its_operation_has_run_a_while(monkeypatch, with_tqdm):
+    """``verify`` of a small checkpoint (0.01 s) drew a bar on the terminal, and the plain bar's
+    clearing wrote 79 spaces whatever the line's length."""
+    from tqstore import cli_util
+
+    if with_tqdm:
+        pytest.importorskip("tqdm")
+    else:
+        monkeypatch.setitem(sys.modules, "tqdm", None)  # (the plain bar)
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    quick = Tty()
+    p = cli_util.Progress(100, "verify", quick)
+    p(60)
+    p(40)
+    p.close()
+    assert quick.getvalue() == ""
+    monkeypatch.setattr(cli_util, "PROGRESS_DELAY_S", 0.0)
+    slow = Tty()
+    p = cli_util.Progress(100, "verify", slow)
+    p(60)
+    p(40)
+    p.close()
+    assert "verify" in slow.getvalue()
+    if not with_tqdm:
+        drawn = slow.getvalue().split("\r")[-3]  # (the last and longest line drawn, then its clearing)
+        assert slow.getvalue().endswith("\r" + " " * len(drawn) + "\r")

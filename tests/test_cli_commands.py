@@ -361,6 +361,7 @@ def test_compact_and_verify_of_a_store_open_in_another_process_exit_2(tmp_path):
         for command in ("compact", "verify"):
             c, out, err = run(command, tmp_path / "s")
             assert c == EXIT_USAGE and "another process" in err and "Traceback" not in err
+            assert "close it there first" in err and "open another path" not in err, err  # (one hint, the CLI's)
     finally:
         p.kill()
         p.wait()

@@ -96,6 +96,21 @@ def test_a_killed_demo_always_restores_a_generation(forkrun, tmp_path, seed):
     assert "starting over" not in r.stderr and doc["check"]["ok"]
 
 
+@pytest.mark.parametrize("seed", [2, 4])
+def test_a_short_demo_kills_its_loop_during_the_step_it_announced(forkrun, tmp_path, seed):
+    """A loop of a few fast steps finished before its first background save had published: it
+    was killed during a later step than announced (or "step 5" of 4), or not at all, and the
+    summary then said "no (--no-kill)" and passed.  The loop now waits for the demo's go after
+    each step, and the go before the kill step waits for a published generation."""
+    r = _demo(forkrun, "--steps", 4, "--rows", 8, "--group", 2, "--save-every", 2, "--tokens", 32, "--seed", seed,
+              "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    announced = int(r.stderr.split("the loop will be killed during step ")[1].split()[0])
+    assert doc["killed_during_step"] == announced and doc["restored_step"] == 2, r.stderr
+    assert f"during step {announced}\n" in r.stderr and doc["check"]["ok"]
+
+
 def test_demo_rejects_bad_options_with_exit_2(forkrun, tmp_path):
     for args in (("--rows", 7, "--group", 2), ("--steps", 1), ("--save-every", 9, "--steps", 4)):
         r = _demo(forkrun, *args)
@@ -104,6 +119,8 @@ def test_demo_rejects_bad_options_with_exit_2(forkrun, tmp_path):
     (tmp_path / "full" / "x").write_text("mine")
     r = _demo(forkrun, "--dir", tmp_path / "full")
     assert r.returncode == 2 and "not empty" in r.stderr and (tmp_path / "full" / "x").read_text() == "mine"
+    r = _demo(forkrun, "--dir", tmp_path / "full" / "x")
+    assert r.returncode == 2 and "not a directory" in r.stderr and (tmp_path / "full" / "x").read_text() == "mine"
 
 
 def _ev(run, ev, **kw):

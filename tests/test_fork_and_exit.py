@@ -269,7 +269,7 @@ def test_a_put_and_a_read_of_a_thread_still_running_when_the_main_thread_ends_co
             threading.Thread(target=producer, args=(i,)).start()  # not daemons: Python waits for them
     """)
     r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
-    assert r.returncode == 0 and r.stdout.split() == ["ok", "ok"], r.stdout + r.stderr
+    assert r.returncode == 0 and r.stdout.count("ok") == 2 and "wrong" not in r.stdout, r.stdout + r.stderr
     with tq.open(tmp_path / "s") as s:
         assert len(s.kv_list("p")["p"]) == 32
 

@@ -25,6 +25,7 @@ def test_translate_maps_transfer_queue_config_and_logs_what_does_not_apply(caplo
     assert s.polling_mode is True and s.metrics_enabled
     assert "backend.MooncakeStore" in s.ignored and "controller.zmq_info" in s.ignored
     assert "backend.MooncakeStore" in caplog.text
+    assert "tqstore starts no metrics exporter" in caplog.text  # (a TransferQueue user would scrape its port)
 
 
 def test_translate_rejects_backends_tqstore_does_not_provide_and_unknown_keys():
@@ -102,6 +103,36 @@ def test_metrics_count_puts_and_gets_and_render_as_prometheus_text():
         text = tq.get_metrics_endpoint()
         assert 'tqstore_calls_total{family="put",op="kv_batch_put"} 1.0' in text
         assert "tqstore_latency_seconds_bucket" in text
+    finally:
+        tq.close()
+
+
+@pytest.mark.parametrize("what", ["save", "dump"])
+def test_metrics_record_a_background_writes_end_and_its_failure(tmp_path, what):
+    """A ``blocking=False`` save or dump was timed as its cut alone, and its failure counted
+    as a success (errors 0 while ``result()`` raised)."""
+    from tqstore import metrics
+    from tqstore._io import failpoints as fp
+
+    metrics.REGISTRY.reset()
+    tq.init()
+    try:
+        tq.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 3)})
+        start = (lambda p: tq.save_checkpoint(p, blocking=False)) if what == "save" else \
+            (lambda p: tq.dump_data_by_key(p, ["a", "b"], "p", blocking=False))
+        op = "save_checkpoint_background" if what == "save" else "dump_data_by_key_background"
+        start(tmp_path / "ok").result(timeout=60)
+        fp.arm("fsync_dir", "eio", 1)
+        try:
+            h = start(tmp_path / "bad")
+            with pytest.raises(tq.TqstoreError):
+                h.result(timeout=60)
+        finally:
+            fp.disarm()
+        st = metrics.snapshot()["operations"][op]
+        assert st["calls"] == 2 and st["errors"] == 1 and st["seconds_total"] > 0
+        assert metrics.snapshot()["operations"]["save_checkpoint" if what == "save" else "dump_data_by_key"][
+            "errors"] == 0  # (the calls themselves returned: their cuts)
     finally:
         tq.close()
 

@@ -143,8 +143,9 @@ def save_checkpoint(checkpoint_dir, *, include_storage: bool = True, metadata: O
     """Save the default store's state to ``checkpoint_dir``; see ``Store.save_checkpoint``."""
     store = current_store()
     with _metrics.REGISTRY.timed("save_checkpoint"):
-        return store.save_checkpoint(checkpoint_dir, include_storage=include_storage, metadata=metadata,
-                                     blocking=blocking)
+        out = store.save_checkpoint(checkpoint_dir, include_storage=include_storage, metadata=metadata,
+                                    blocking=blocking)
+    return _metrics.meter_background("save_checkpoint", out)
 
 
 def load_checkpoint(checkpoint_dir):
@@ -159,7 +160,8 @@ def dump_data_by_key(dump_dir, keys: List[str], partition_id: str, *, blocking: 
     ``Store.dump_data_by_key``."""
     store = current_store()
     with _metrics.REGISTRY.timed("dump_data_by_key"):
-        return store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
+        out = store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
+    return _metrics.meter_background("dump_data_by_key", out)
 
 
 def read_row_index(dump_dir) -> Dict[str, Any]:

@@ -70,8 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
              "Run a small RL post-training loop on an embedded store in a child process: producer threads put "
              "GRPO groups of samples (token ids, logprobs, text, a status tag), finishing partial rollouts in a "
              "later step; the trainer consumes whole groups; a CheckpointManager saves a generation every "
-             "--save-every steps with blocking=False (and the pending samples are dumped by key beside it when "
-             "this build has the dump). The demo kills the child with SIGKILL at a random step, restarts it, "
+             "--save-every steps: in pending mode (the default) the trainer's side of the buffer, and the pending "
+             "samples are dumped by key beside it with blocking=False; in full mode the whole buffer, with "
+             "blocking=False. The demo kills the child with SIGKILL during a random step once a generation is "
+             "published (the child waits for the demo's go after each step), restarts it, "
              "restores the newest valid generation, and finishes. It prints one line per step and a summary, "
              "and checks that every acknowledged sample came back and none was consumed twice (exit 1 if not).",
              "python -m tqstore demo --steps 12 --rows 64 --seed 1 --dir /tmp/tq-demo",

@@ -17,6 +17,7 @@ save, save and restore GiB/s, the check) and exits 0 when the check passes, 1 wh
 from __future__ import annotations
 
 import json
+import contextlib
 import os
 import re
 import shlex
@@ -31,11 +32,18 @@ from typing import Any, Dict, List, Optional, TextIO
 from .cli_util import EXIT_DAMAGED, EXIT_OK, EXIT_USAGE
 
 
+#: how long the demo waits for the loop's first generation before the step it kills in
+PUBLISH_WAIT_S = 300.0
+
+
 def _child(cfg: Dict[str, Any], out: TextIO, events: List[str], kill_after: Optional[int], delay_s: float):
     """Run one loop process, forwarding its lines to ``out`` and collecting its event lines in
-    ``events``; SIGKILL it ``delay_s`` after it printed the line of step ``kill_after`` or a
-    later one (the first after a generation is published).  Returns (returncode, the step
-    during which it was killed or 0, stderr text)."""
+    ``events``.  With ``kill_after``, the loop waits for a go on its stdin after each step
+    (``cfg["lockstep"]``): after the line of step ``kill_after``, the go comes once a
+    generation is published (a background save may still be writing it: the loop could
+    otherwise finish before it is, and never be killed), and the loop is SIGKILLed ``delay_s``
+    later, during step ``kill_after + 1``.  Returns (returncode, the step during which it was
+    killed or 0, stderr text)."""
     import threading
 
     from .cli_demo_loop import EVENT
@@ -43,8 +51,10 @@ def _child(cfg: Dict[str, Any], out: TextIO, events: List[str], kill_after: Opti
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    cfg = dict(cfg, lockstep=kill_after is not None)
     proc = subprocess.Popen([sys.executable, "-m", "tqstore", "_demo-loop", json.dumps(cfg)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env, bufsize=1)
+                            stderr=subprocess.PIPE, stdin=subprocess.PIPE if cfg["lockstep"] else None, text=True,
+                            env=env, bufsize=1)
     errs: List[str] = []
     drain = threading.Thread(target=lambda: errs.append(proc.stderr.read()), daemon=True)  # type: ignore[union-attr]
     drain.start()
@@ -57,9 +67,15 @@ def _child(cfg: Dict[str, Any], out: TextIO, events: List[str], kill_after: Opti
             continue
         out.write(line)
         out.flush()
-        if kill_after is not None and line.startswith("step ") and int(line[5:].split(":")[0]) >= kill_after \
-                and _published(base, cfg["mode"]):  # at the chosen step or, if none is resumable yet, later
-            kill_after = int(line[5:].split(":")[0])
+        if kill_after is None or not line.startswith("step "):
+            continue
+        kill = int(line[5:].split(":")[0]) == kill_after and _wait_published(base, cfg["mode"])
+        try:
+            proc.stdin.write("go\n")  # type: ignore[union-attr]
+            proc.stdin.flush()  # type: ignore[union-attr]
+        except BrokenPipeError:  # (the loop ended)
+            pass
+        if kill:
             time.sleep(delay_s)
             os.kill(proc.pid, signal.SIGKILL)
             out.write(f"*** SIGKILL to the training loop (pid {proc.pid}) during step {kill_after + 1}\n")
@@ -69,9 +85,22 @@ def _child(cfg: Dict[str, Any], out: TextIO, events: List[str], kill_after: Opti
     if killed:  # what the loop wrote before it died is still in the pipe
         events.extend(ln for ln in proc.stdout if ln.startswith(EVENT))
     proc.stdout.close()
+    if proc.stdin is not None:
+        with contextlib.suppress(BrokenPipeError):
+            proc.stdin.close()
     rc = proc.wait()
     drain.join()
     return rc, killed, "".join(errs)
+
+
+def _wait_published(base: Path, mode: str) -> bool:
+    """Wait (at most :data:`PUBLISH_WAIT_S`) until :func:`_published`; whether it is."""
+    end = time.monotonic() + PUBLISH_WAIT_S
+    while not _published(base, mode):
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 _GENERATION = re.compile(r"step-\d+")  # (not a save's temporary step-N.tmp-XXXXXXXX)
@@ -229,7 +258,8 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
     step_out = err if args.json else out
     try:
         if base.exists() and (not base.is_dir() or any(base.iterdir())):
-            err.write(f"error: {base} is not empty (the demo needs a new or empty directory)\n")
+            why = "not empty" if base.is_dir() else "not a directory"
+            err.write(f"error: {base} is {why} (the demo needs a new or empty directory)\n")
             return EXIT_USAGE
         from .cli_demo_loop import dump_api
 
@@ -249,10 +279,12 @@ def cmd_demo(args, out: TextIO, err: TextIO) -> int:
         events: List[str] = []
         rc, killed, stderr = _child(cfg, step_out, events, None if kill_step is None else kill_step - 1,
                                     rng.uniform(0.0, 0.05))
-        if killed:
-            kill_step = killed
         if not killed and rc != 0:
             err.write(f"error: the training loop failed (exit {rc}):\n{stderr[-2000:]}")
+            return EXIT_DAMAGED
+        if kill_step is not None and not killed:  # (not a PASS of a demo that never killed its loop)
+            err.write(f"error: the training loop published no generation within {PUBLISH_WAIT_S:.0f} s of step "
+                      f"{kill_step - 1}, so it was not killed\n")
             return EXIT_DAMAGED
         if killed:
             step_out.write("*** restarting the training loop: restore the newest valid generation and go on\n")

@@ -27,6 +27,7 @@ pure function of ``(seed, prompt, sample)``, so any process can recompute them.
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
 from pathlib import Path
@@ -352,6 +353,8 @@ class Loop:
                     line += f" | generation {step} {what}: stall {last['stall_s'] * 1e3:.2f} ms, " \
                             f"{last['pending']} pending samples"
                 self.say(line)
+                if cfg.get("lockstep") and step < int(cfg["steps"]):
+                    sys.stdin.readline()  # (the demo's go for the next step: it may kill the loop during it)
             self.stop.set()
             for t in threads:
                 t.join()

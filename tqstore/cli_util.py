@@ -68,9 +68,14 @@ def when(t: Optional[float]) -> str:
         return "?"
 
 
+#: a progress bar appears once its operation has run this long (seconds)
+PROGRESS_DELAY_S = 0.5
+
+
 class Progress:
-    """A count progress bar on ``stream``, drawn only when it is a terminal (tqdm when
-    installed, else a plain ``[####....]`` line); call it with the amount done since the
+    """A count progress bar on ``stream``, drawn only when it is a terminal and only once the
+    operation has run :data:`PROGRESS_DELAY_S` (a check of a small checkpoint draws none; tqdm
+    when installed, else a plain ``[####....]`` line); call it with the amount done since the
     last call, then :meth:`close`."""
 
     def __init__(self, total: int, label: str, stream: TextIO, *, unit: str = "B") -> None:
@@ -80,7 +85,9 @@ class Progress:
         self.label = label
         self.unit = unit
         self._bar = None
+        self._start = time.monotonic()
         self._last = 0.0
+        self._drawn = 0  # the length of the plain line on the terminal
         self.enabled = bool(getattr(stream, "isatty", lambda: False)())
         if self.enabled:
             try:
@@ -89,8 +96,12 @@ class Progress:
                 tqdm = None
             if tqdm is not None:
                 scale = unit == "B"
-                self._bar = tqdm(total=self.total, unit=unit, unit_scale=scale, unit_divisor=1024, desc=label,
-                                 file=stream, leave=False)
+                kw = dict(total=self.total, unit=unit, unit_scale=scale, unit_divisor=1024, desc=label, file=stream,
+                          leave=False)
+                try:
+                    self._bar = tqdm(delay=PROGRESS_DELAY_S, **kw)
+                except TypeError:  # (a tqdm before 4.60 has no delay)
+                    self._bar = tqdm(**kw)
 
     def __call__(self, n: int) -> None:
         if not self.enabled:
@@ -100,21 +111,25 @@ class Progress:
             self._bar.update(n)
             return
         now = time.monotonic()
+        if now - self._start < PROGRESS_DELAY_S:
+            return
         if now - self._last >= 0.1 or self.done >= self.total:
             self._last = now
             frac = min(1.0, self.done / self.total)
             fill = int(frac * 30)
             amount = human(self.done) if self.unit == "B" else f"{self.done}/{self.total}"
-            self.stream.write(f"\r{self.label} [{'#' * fill}{'.' * (30 - fill)}] {frac * 100:5.1f}% {amount}")
+            line = f"{self.label} [{'#' * fill}{'.' * (30 - fill)}] {frac * 100:5.1f}% {amount}"
+            self.stream.write("\r" + line.ljust(self._drawn))
             self.stream.flush()
+            self._drawn = max(self._drawn, len(line))
 
     def close(self) -> None:
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.close()
-        else:
-            self.stream.write("\r" + " " * 79 + "\r")
+        elif self._drawn:
+            self.stream.write("\r" + " " * self._drawn + "\r")
             self.stream.flush()
 
 
@@ -257,8 +272,11 @@ def open_store(path: Path, what: str, *, repair: bool = False, walked: bool = Fa
         with store_lock.as_command():  # (a trainer's open meanwhile waits for the command)
             return tqstore.open(path, edge=NumpyEdge("dict"))
     except StorageIOError as e:
-        if "is open in another process" in str(e) or "already open in this process" in str(e):
-            raise CliUsage(f"cannot {what} {path}: {e}; close it first") from e
+        if "is open in another process" in str(e):
+            raise CliUsage(f"cannot {what} {path}: the store is open in another process (its LOCK is held); close it "
+                           f"there first") from e
+        if "already open in this process" in str(e):
+            raise CliUsage(f"cannot {what} {path}: {e}") from e
         raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e
     except (CorruptionError, TqstoreError) as e:
         raise CliDamaged(f"cannot {what} {path}: the store does not open: {e}") from e

@@ -51,7 +51,7 @@ def call_store(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
             out = getattr(store, name)(*args, **kwargs)
         if name in _ROW_OPS:
             box["rows"] = _metrics.rows_of(out)
-        return out
+    return _metrics.meter_background(name, out)
 
 
 def _get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:
@@ -165,7 +165,8 @@ class _ClientBase:
     def _dump_data_by_key(self, store: Any, dump_dir: str, keys: List[str], partition_id: str, *,
                           blocking: bool = True) -> Any:
         with _metrics.REGISTRY.timed("dump_data_by_key"):
-            return store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
+            out = store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
+        return _metrics.meter_background("dump_data_by_key", out)
 
     def _load_data_by_key(self, store: Any, dump_dir: str) -> Any:
         with _metrics.REGISTRY.timed("load_data_by_key"):

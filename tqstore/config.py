@@ -195,6 +195,10 @@ def translate(config: Any) -> Tuple[Dict[str, Any], Any, CompatSettings]:
             raise ConfigError(f"metrics must be a mapping, got {type(metrics).__name__}")
         settings.metrics_enabled = _flag("metrics.enabled", metrics.get("enabled", False))
         settings.metrics_port = _number("metrics.port", metrics.get("port", 0) or 0, int)
+        if settings.metrics_enabled or settings.metrics_port:  # (a TransferQueue user would scrape that port)
+            log.info("metrics.enabled/metrics.port: tqstore starts no metrics exporter (port %s is not served); "
+                     "its metrics are always collected: tq.get_metrics_endpoint() returns them",
+                     settings.metrics_port or "-")
         for k, v in metrics.items():
             if k not in ("enabled", "port"):
                 _ignore(settings, f"metrics.{k}", v)

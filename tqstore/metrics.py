@@ -22,7 +22,9 @@ FAMILIES = {
     "get_meta": "get_meta",
     "clear_samples": "clear", "clear_partition": "clear", "kv_clear": "clear",
     "save_checkpoint": "save", "load_checkpoint": "load",
-    "dump_data_by_key": "dump", "load_data_by_key": "dump",
+    "dump_data_by_key": "dump", "load_data_by_key": "dump", "recover_data_load": "dump",
+    # the background write of a blocking=False save or dump (its call above times the cut alone)
+    "save_checkpoint_background": "save_background", "dump_data_by_key_background": "dump_background",
 }
 
 #: latency bucket bounds in seconds (Prometheus histogram style, cumulative)
@@ -160,4 +162,16 @@ def rows_of(result: Any, default: Optional[int] = None) -> int:
     return default or 0
 
 
-__all__ = ["Metrics", "REGISTRY", "snapshot", "endpoint_payload", "FAMILIES"]
+def meter_background(op: str, result: Any) -> Any:
+    """``result``, after arranging, when it is the handle of a ``blocking=False`` save or dump
+    (it has ``add_done_callback``), that its background write is recorded as one call of
+    ``<op>_background`` when it ends: from the call's return to the write's end, an error
+    when it failed (the call itself is timed as the cut it waits for)."""
+    add = getattr(result, "add_done_callback", None)
+    if add is not None:
+        t0 = time.perf_counter()
+        add(lambda error: REGISTRY.observe(f"{op}_background", time.perf_counter() - t0, error=error is not None))
+    return result
+
+
+__all__ = ["Metrics", "REGISTRY", "snapshot", "endpoint_payload", "FAMILIES", "meter_background"]

@@ -105,6 +105,8 @@ class SaveHandle:
         self._error: Optional[BaseException] = None
         self._reported = False
         self._claimed = False  # result() or exception() was called: the error is its caller's
+        self._callbacks: List[Callable[[Optional[BaseException]], None]] = []
+        self._callbacks_lock = threading.Lock()
 
     def done(self) -> bool:
         """True once the save has finished (published or failed)."""
@@ -151,9 +153,29 @@ class SaveHandle:
         host's before it polls.)"""
         self._claimed = True
 
+    def add_done_callback(self, fn: Callable[[Optional[BaseException]], None]) -> None:
+        """Call ``fn(error)`` (None: published) once the save has finished, on the thread that
+        finished it, or at once when it has.  The error stays the handle's (not claimed: the
+        store's next call still raises it when nobody asks); an error of ``fn`` is logged."""
+        with self._callbacks_lock:
+            if not self._event.is_set():
+                self._callbacks.append(fn)
+                return
+        self._call_back(fn)
+
+    def _call_back(self, fn: Callable[[Optional[BaseException]], None]) -> None:
+        try:
+            fn(self._error)
+        except Exception:  # noqa: BLE001 - a caller's callback: logged, the save's outcome stands
+            log.exception("a done callback of the %s to %s failed", getattr(self, "what", "checkpoint save"), self.path)
+
     def _finish(self, info: Optional[CheckpointInfo], error: Optional[BaseException]) -> None:
         self._info, self._error = info, error
-        self._event.set()
+        with self._callbacks_lock:
+            self._event.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for fn in callbacks:
+            self._call_back(fn)
 
     def __repr__(self) -> str:
         state = "running" if not self.done() else ("failed" if self._error else "done")
