@@ -142,3 +142,14 @@ def test_check_finds_a_lost_and_a_twice_consumed_sample():
     twice = good[:-1] + [_ev(2, "consumed", step=3, keys=keys(0)), good[-1]]
     rep = check(twice, 2, g)
     assert not rep["ok"] and rep["twice"] == g
+
+
+def test_the_summary_median_of_an_even_number_of_saves_is_their_middle():
+    """With two saves the "median" stall was the larger one (the max)."""
+    from tqstore.cli_demo import summarize
+
+    events = [_ev(1, "cut", step=s, stall_s=st, cut_s=st / 2, pending=0, mode="full")
+              for s, st in ((2, 0.001), (4, 0.003))] + [_ev(1, "done", left=[])]
+    doc = summarize(events, {"steps": 4, "rows": 2, "group": 2, "seed": 0}, None)
+    assert doc["stall_ms_median"] == pytest.approx(2.0) and doc["stall_ms_max"] == pytest.approx(3.0)
+    assert doc["cut_ms_median"] == pytest.approx(1.0)

@@ -22,6 +22,7 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -192,14 +193,14 @@ def summarize(events: List[Dict[str, Any]], cfg: Dict[str, Any], kill_step: Opti
         "steps": cfg["steps"], "samples_per_step": cfg["rows"], "group": cfg["group"], "seed": cfg["seed"],
         "killed_during_step": kill_step, "restored_step": rest["step"] if rest else None,
         "samples_resumed": rep["resumed"], "partial_groups_resumed": len(rest["partial"]) if rest else 0,
-        "saves": len(cuts), "stall_ms_median": sorted(cuts)[len(cuts) // 2] * 1e3 if cuts else None,
+        "saves": len(cuts), "stall_ms_median": statistics.median(cuts) * 1e3 if cuts else None,
         "stall_ms_max": max(cuts) * 1e3 if cuts else None,
         "save_gib_s": _gib_s(sum(e["bytes"] for e in saved), sum(e["write_s"] for e in saved)) if saved else None,
         "save_bytes": sum(e["bytes"] for e in saved),
         "restore_gib_s": _gib_s(restore_stats["bytes"], restore_stats["restore_s"]) if restore_stats else None,
         "restore_bytes": restore_stats["bytes"] if restore_stats else None,
         "mode": next((e["mode"] for e in events if e["ev"] == "start"), "full"),
-        "cut_ms_median": sorted(e["cut_s"] for e in events if e["ev"] == "cut")[len(cuts) // 2] * 1e3 if cuts else None,
+        "cut_ms_median": statistics.median(e["cut_s"] for e in events if e["ev"] == "cut") * 1e3 if cuts else None,
         "check": rep,
     }
     return doc
