@@ -343,6 +343,39 @@ def test_verify_and_compact_report_files_an_open_would_take_for_lost_and_change_
     assert run("verify", tmp_path / "s")[0] == EXIT_OK
 
 
+@pytest.mark.parametrize("command", ["verify", "compact"])
+def test_verify_and_compact_beside_another_command_wait_for_it_and_still_change_nothing(tmp_path, command):
+    """Beside another tqstore command holding the store's LOCK (``inspect`` of a monitoring
+    loop) the checks before the open were skipped (the store looked open elsewhere), then the
+    open waited for that command and went on unchecked: its crash recovery dropped a truncated
+    segment's rows for good, and the next verify said "ok".  The checks wait for it too."""
+    import threading
+
+    _, segs = _store_with_sealed_segments(tmp_path)
+    with open(segs[1], "r+b") as f:
+        f.truncate(segs[1].stat().st_size // 2)
+    before = _files(tmp_path / "s")
+    holder = subprocess.Popen([sys.executable, "-c", "import sys\nfrom tqstore._io import locks\n"
+                               "fd = locks.lock_for_check_nowait(sys.argv[1] + '/LOCK')\nprint('held', flush=True)\n"
+                               "sys.stdin.readline()\n", str(tmp_path / "s")],
+                              cwd=ROOT, stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        got = []
+        t = threading.Thread(target=lambda: got.append(run(command, tmp_path / "s")))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive()  # waiting for the other command
+    finally:
+        holder.stdin.write("\n")
+        holder.stdin.close()
+        holder.wait(60)
+    t.join(120)
+    code, out, err = got[0]
+    assert code == EXIT_DAMAGED and "(truncated)" in out + err and "nothing was changed" in out + err, (out, err)
+    assert _files(tmp_path / "s") == before
+
+
 def test_verify_repair_reports_what_the_open_dropped_of_a_missing_segment(tmp_path):
     _, segs = _store_with_sealed_segments(tmp_path)
     segs[1].unlink()

@@ -260,7 +260,10 @@ def test_a_put_and_a_read_of_a_thread_still_running_when_the_main_thread_ends_co
         s = tq.init({{"path": {str(tmp_path / "s")!r}, "num_units": 2}})
         big = np.arange(16 * 65536, dtype=np.int64).reshape(16, -1)  # 8 MiB: the unit pool writes it
         def producer(i):
-            time.sleep(0.3)  # (the main thread has ended by now)
+            threading.main_thread().join()  # the main thread ended, and then
+            import concurrent.futures.thread as cft
+            while not cft._shutdown:  # Python told the pools to refuse new work
+                time.sleep(0.01)
             keys = [f"t{{i}}_{{j}}" for j in range(16)]
             tq.kv_batch_put(keys, "p", {{"x": big}})
             got = tq.kv_batch_get(keys, "p")["x"]

@@ -55,7 +55,6 @@ EXEMPT: Dict[Tuple[str, str], str] = {
     ("_io/_lmdbwalk_child.py", "_child_main"): "writes its report to the pipe of its parent (stdout)",
     ("_io/locks.py", "hold_dir"): "an flock on a directory: an in-use mark that vanishes with the process",
     ("_io/locks.py", "_held_elsewhere"): "tries (and drops) the flock of hold_dir or flocked: changes nothing",
-    ("_io/locks.py", "check_mark_held"): "tries (and drops) the POSIX lock of a store check's mark: changes nothing",
     ("_io/locks.py", "_flock_waiting"): "the flock of flocked, whose lock file's open (_open_lock_file) is the failpoint",
     ("_io/lmdbenv.py", "_allocate_lock_file"): "a new LMDB environment's lock file (its reader table, shared memory: "
                                                "no durable state) allocated before LMDB maps it; LMDB's own open "

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -461,25 +462,85 @@ def test_store_directory_is_locked_against_a_second_open(tmp_path):
         assert s.read("p", [0])["v"] == [1]
 
 
-def test_an_open_waits_for_a_read_only_check_of_another_process_instead_of_refusing(tmp_path):
-    """``python -m tqstore inspect|ls|verify`` hold the store's LOCK while they walk its
-    indexes: a trainer's open meanwhile was refused as "open in another process" (17 opens in
-    141 beside a monitoring loop of ``inspect``).  It waits for the check now."""
+_COMMAND_HOLDER = ("import sys\nfrom tqstore._io import locks\n"
+                   "fd = locks.lock_for_check_nowait(sys.argv[1] + '/LOCK')  # as a command (inspect, verify) takes it\n"
+                   "print('held', flush=True)\nsys.stdin.readline()\n")
+
+
+def _command_holding(root):
+    """A process holding the store's LOCK as a tqstore command does, until its stdin gets a line."""
+    p = subprocess.Popen([sys.executable, "-c", _COMMAND_HOLDER, str(root)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stdin=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def _end(p):
+    p.stdin.write("\n")
+    p.stdin.close()
+    p.wait(60)
+
+
+def test_an_open_waits_for_a_command_of_another_process_instead_of_refusing(tmp_path):
+    """``python -m tqstore inspect|ls|verify|compact`` hold the store's LOCK while they walk its
+    indexes or use it: a trainer's open meanwhile was refused as "open in another process" (17
+    opens in 141 beside a monitoring loop of ``inspect``).  It waits for the command now."""
     with Store(tmp_path / "s") as s:
         s.write("p", {"v": [1]}, new_rows=True)
-    code = ("import sys, time\nfrom tqstore._io import locks\n"
-            "fd = locks.lock_for_check_nowait(sys.argv[1] + '/LOCK')  # as store_check's walks take it\n"
-            "print('held', flush=True)\ntime.sleep(1.5)\n")
+    p = _command_holding(tmp_path / "s")
+    try:
+        out = []
+        t = threading.Thread(target=lambda: out.append(Store(tmp_path / "s")))
+        t.start()
+        t.join(1.0)
+        assert t.is_alive() and not out  # waiting for the command
+    finally:
+        _end(p)
+    t.join(60)
+    with out[0] as s:
+        assert s.read("p", [0])["v"] == [1]
+
+
+def test_a_command_mark_outlives_another_descriptor_of_the_lock_closed_in_its_process(tmp_path):
+    """The mark was a classic POSIX lock: any descriptor of LOCK its process closed dropped it
+    (here another check's failed attempt in the same process), and other processes' opens
+    were refused again instead of waiting."""
+    from tqstore._io import locks
+
+    Store(tmp_path / "s").close()
+    lock = tmp_path / "s" / "LOCK"
+    fd = locks.lock_for_check_nowait(lock)
+    try:
+        with pytest.raises(BlockingIOError):
+            locks.lock_for_check_nowait(lock)  # (opens and closes another descriptor of LOCK)
+        probe = "import sys; from tqstore._io import locks; print(locks.check_mark_held(sys.argv[1]))"
+        r = subprocess.run([sys.executable, "-c", probe, str(lock)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=120)
+        assert r.stdout.strip() == "True", r.stderr
+    finally:
+        locks.unlock(fd)
+    assert not locks.check_mark_held(lock)
+
+
+def test_a_whole_file_lock_of_a_store_holder_is_no_command_mark(tmp_path, monkeypatch):
+    """NFS emulates a flock with a POSIX lock over the whole file: an open beside a trainer
+    holding the store took that lock for a command's mark and waited 600 s, then blamed a
+    command.  Only a read lock on exactly the mark's byte counts."""
+    from tqstore import store_lock
+
+    Store(tmp_path / "s").close()
+    code = ("import sys, fcntl, tqstore\ns = tqstore.open(sys.argv[1])\n"
+            "fcntl.lockf(s._lock_fd, fcntl.LOCK_EX, 0, 0)  # what NFS takes for the store's flock\n"
+            "print('held', flush=True)\nsys.stdin.readline()\n")
     p = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "s")], cwd=ROOT, stdout=subprocess.PIPE,
-                         text=True)
+                         stdin=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline().strip() == "held"
-        t0 = time.monotonic()
-        with Store(tmp_path / "s") as s:
-            assert time.monotonic() - t0 > 0.5  # (it waited for the check)
-            assert s.read("p", [0])["v"] == [1]
+        monkeypatch.setattr(store_lock, "CHECK_WAIT_S", 3.0)  # (what a mistaken wait would last)
+        with pytest.raises(StorageIOError, match="is open in another process"):
+            Store(tmp_path / "s")
     finally:
-        p.wait(60)
+        _end(p)
 
 
 def test_close_is_idempotent_and_closed_store_refuses_calls(tmp_path):

@@ -13,12 +13,26 @@ segment shorter than its unit index records.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 from . import embedded
 from . import layout_dirs as L
+from . import store_lock
 from ._io import locks
 from ._io.lmdbwalk import LmdbWalk
+from .errors import StorageIOError
+
+
+def _lock_for_check(root: Path) -> Optional[int]:
+    """The store's ``LOCK`` taken as a tqstore command's, waiting while another command holds
+    it (as an open waits: :func:`tqstore.store_lock.waiting_for_commands`; skipping the check
+    then let the command's open go on unchecked once the other ended: a truncated segment
+    was dropped for good); None when the store is open in another process (its open is
+    refused) or its LOCK cannot be taken."""
+    try:
+        return store_lock.waiting_for_commands(root, lambda: locks.lock_for_check_nowait(root / "LOCK"))
+    except (OSError, StorageIOError):
+        return None
 
 
 def index_walk_problems(root: Path, *, units: bool) -> List[Tuple[str, str]]:
@@ -29,9 +43,8 @@ def index_walk_problems(root: Path, *, units: bool) -> List[Tuple[str, str]]:
     d, cur = L.read_store_file(root), L.read_current(root)
     if d is None or cur is None or not (root / cur).is_dir():
         return []
-    try:
-        fd = locks.lock_for_check_nowait(root / "LOCK")
-    except OSError:  # held (BlockingIOError), or not ours to take
+    fd = _lock_for_check(root)
+    if fd is None:
         return []
     try:
         state = root / cur
@@ -55,9 +68,8 @@ def data_problems(root: Path) -> List[str]:
     d, cur = L.read_store_file(root), L.read_current(root)
     if d is None or cur is None or not (root / cur).is_dir():
         return []
-    try:
-        fd = locks.lock_for_check_nowait(root / "LOCK")
-    except OSError:
+    fd = _lock_for_check(root)
+    if fd is None:
         return []
     try:
         out: List[str] = []

@@ -16,7 +16,7 @@ import os
 import threading
 import time
 from pathlib import Path
-from typing import Dict, Iterator, Tuple
+from typing import Callable, Dict, Iterator, Tuple, TypeVar
 
 from ._io import locks
 from .errors import StorageIOError, StoreClosedError
@@ -27,6 +27,7 @@ _OPEN_ROOTS: Dict[str, int] = {}
 _LOCK_FDS: Dict[str, int] = {}
 _OPEN_LOCK = threading.Lock()
 log = logging.getLogger("tqstore")
+T = TypeVar("T")
 
 #: how long an open waits for a tqstore command of another process holding the store's LOCK
 CHECK_WAIT_S = 600.0
@@ -50,34 +51,53 @@ def as_command() -> Iterator[None]:
 def take(root: Path) -> Tuple[int, str]:
     """Lock the store at ``root``: ``(descriptor holding the flock, its real path)``.  While a
     tqstore command of another process (``inspect``, ``ls``, ``verify``, ``compact``) holds
-    ``LOCK``, it waits for the command to end (an INFO record says so), at most
-    :data:`CHECK_WAIT_S`; a store open in another process is refused at once.
+    ``LOCK``, it waits for the command to end (:func:`waiting_for_commands`); a store open in
+    another process is refused at once.
 
-    Raises StorageIOError: already open in this process, open in another one, still checked
-    after :data:`CHECK_WAIT_S`, or LOCK cannot be locked."""
+    Raises StorageIOError: already open in this process, open in another one, held by a
+    command longer than :data:`CHECK_WAIT_S`, or LOCK cannot be locked."""
     real = os.path.realpath(root)
-    since, misses = None, 0
-    while True:
+    command = getattr(_COMMAND, "on", False)
+
+    def attempt() -> int:
         with _OPEN_LOCK:
             if _OPEN_ROOTS.get(real) == os.getpid():
                 raise StorageIOError(f"store {root} is already open in this process; use the open Store "
                                      f"(or close it first)")
-            try:
-                fd = (locks.lock_for_check_nowait if getattr(_COMMAND, "on", False)
-                      else locks.lock_exclusive_nowait)(root / "LOCK")
-            except BlockingIOError as e:
-                held = e
-            except OSError as e:
-                raise StorageIOError(f"cannot lock store {root} (its LOCK file): {e}") from e
-            else:
-                _OPEN_ROOTS[real] = os.getpid()
-                _LOCK_FDS[real] = fd
-                return fd, real
+            fd = (locks.lock_for_check_nowait if command else locks.lock_exclusive_nowait)(root / "LOCK")
+            _OPEN_ROOTS[real] = os.getpid()
+            _LOCK_FDS[real] = fd
+            return fd
+
+    try:
+        return waiting_for_commands(root, attempt), real
+    except BlockingIOError as e:
+        raise StorageIOError(f"store {root} is open in another process (its LOCK is held): close it there, or "
+                             f"open another path") from e
+    except OSError as e:
+        raise StorageIOError(f"cannot lock store {root} (its LOCK file): {e}") from e
+
+
+def waiting_for_commands(root: Path, attempt: Callable[[], T]) -> T:
+    """``attempt()``, which takes the store's ``LOCK`` without waiting (BlockingIOError when it
+    is held), tried again while a tqstore command of another process holds that LOCK (its
+    mark: :func:`tqstore._io.locks.check_mark_held`), at most :data:`CHECK_WAIT_S`; an INFO
+    record says once what it waits for.
+
+    Raises:
+        BlockingIOError: something else holds the LOCK (a store open in another process).
+        StorageIOError: a command held it longer than :data:`CHECK_WAIT_S`.
+    """
+    since, misses = None, 0
+    while True:
+        try:
+            return attempt()
+        except BlockingIOError as e:
+            held = e
         if not locks.check_mark_held(root / "LOCK"):
             misses += 1
             if misses > 1:  # (the first: a command may have ended between the flock and the look at its mark)
-                raise StorageIOError(f"store {root} is open in another process (its LOCK is held): close it there, "
-                                     f"or open another path") from held
+                raise held
             continue
         misses = 0
         if since is None:
@@ -123,4 +143,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["take", "release", "fork_error", "as_command"]
+__all__ = ["take", "release", "fork_error", "as_command", "waiting_for_commands"]

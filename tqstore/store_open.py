@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import weakref
 from collections import defaultdict
 from typing import TYPE_CHECKING, Dict, List, Set, Tuple
@@ -35,6 +36,7 @@ from typing import TYPE_CHECKING, Dict, List, Set, Tuple
 import numpy as np
 
 from ._format.controller_records import units_digest
+from ._io import files
 from .dump.restore import settle_at_open
 from .errors import TqstoreError
 from .ports import UnitPort
@@ -120,18 +122,22 @@ _TEMPORARY: "weakref.WeakSet[Store]" = weakref.WeakSet()
 def remove_at_exit(store: "Store") -> None:
     """Close (and so remove) the temporary store ``store`` when Python exits, if it is still
     open then: a script that never called ``close`` left its store's files in the temporary
-    directory, whatever their size, run after run."""
+    directory, whatever their size, run after run.  (The exit hook is registered again here,
+    so that it runs before those registered earlier: ``ray.shutdown``'s, which ended a Ray
+    store's actors before its close; after Python waited for its threads.)"""
     _TEMPORARY.add(store)
+    atexit.unregister(_remove_temporaries)
+    atexit.register(_remove_temporaries)
 
 
 def _remove_temporaries() -> None:
     for store in list(_TEMPORARY):
         try:
             store.close()
-        except Exception as e:  # noqa: BLE001 - at exit: logged, the others are still removed
-            log.warning("could not remove temporary store %s at exit: %s", store.root, e)
-
-
-atexit.register(_remove_temporaries)  # (after Python waited for its threads: their calls have ended)
+        except Exception as e:  # noqa: BLE001 - at exit: its files go all the same, the others are still removed
+            log.debug("temporary store %s did not close at exit (%s); removing its files", store.root, e)
+            files.rmtree(store.root, ignore_errors=True)
+            if os.path.lexists(store.root):
+                log.warning("could not remove temporary store %s at exit: %s", store.root, e)
 
 __all__ = ["reconcile", "full_reconcile", "mark_clean", "remove_at_exit"]

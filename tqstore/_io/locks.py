@@ -25,6 +25,7 @@ import errno
 import fcntl
 import logging
 import os
+import struct
 import threading
 from typing import Callable, Dict, Iterator, List, Optional, Union
 
@@ -146,10 +147,18 @@ def lock_exclusive_nowait(path: PathLike) -> int:
 
 
 #: the byte of a store's ``LOCK`` on which a tqstore command (``inspect``, ``ls``, ``verify``,
-#: ``compact``) holds a POSIX read lock while it holds the file's flock: an open that finds the
-#: flock taken waits for such a command instead of refusing (POSIX locks and flocks are
-#: independent on Linux; the mark goes with the checker's process)
+#: ``compact``) holds a read lock (an open file description's) while it holds the file's flock:
+#: an open that finds the flock taken waits for such a command instead of refusing (those locks
+#: and flocks are independent on Linux; the mark goes with the command's descriptor)
 CHECK_MARK_BYTE = 1
+#: Linux's ``struct flock`` (l_type, l_whence, l_start, l_len, l_pid, with the C alignment and its tail)
+_FLOCK = "hhqqi4x"
+#: open file description locks (Linux 3.15+): the mark belongs to the descriptor that took it, so
+#: closing another descriptor of the file in the same process does not drop it (a classic POSIX
+#: lock went with any close of the file by its process: an open's failed attempt beside an
+#: in-process command), and another descriptor of the same process sees it
+_OFD_SETLK = getattr(fcntl, "F_OFD_SETLK", None)
+_OFD_GETLK = getattr(fcntl, "F_OFD_GETLK", None)
 
 
 def lock_for_check_nowait(path: PathLike) -> int:
@@ -159,11 +168,12 @@ def lock_for_check_nowait(path: PathLike) -> int:
     POSIX locks gives no mark, only the flock.  Raises as :func:`lock_exclusive_nowait`."""
     fd = _open_lock_file(path, shared=False)
     try:
-        try:
-            fcntl.lockf(fd, fcntl.LOCK_SH | fcntl.LOCK_NB, 1, CHECK_MARK_BYTE)
-        except OSError as e:
-            if e.errno not in _NO_FLOCK:
-                raise
+        if _OFD_SETLK is not None:
+            try:
+                fcntl.fcntl(fd, _OFD_SETLK, struct.pack(_FLOCK, fcntl.F_RDLCK, os.SEEK_SET, CHECK_MARK_BYTE, 1, 0))
+            except OSError as e:
+                if e.errno not in _NO_FLOCK:
+                    raise
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException:
         os.close(fd)
@@ -172,21 +182,26 @@ def lock_for_check_nowait(path: PathLike) -> int:
 
 
 def check_mark_held(path: PathLike) -> bool:
-    """True when another process holds the command mark of the ``LOCK`` file ``path`` (a tqstore
-    command on the store is running there); False when none does or it cannot be told."""
+    """True when a tqstore command holds the mark of the ``LOCK`` file ``path`` (through another
+    descriptor: another process, or a command of this one); False when none does or it cannot
+    be told.  Asks the kernel (``F_OFD_GETLK``: nothing is locked or released) for a lock
+    conflicting with a write lock on the mark's byte, and counts only a read lock on exactly
+    that byte: a whole-file lock (NFS emulates a store's flock with one) is no command's."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # (no O_CREAT: nothing is written)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)  # (no O_CREAT: nothing is written)
     except OSError:
         return False
     try:
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, CHECK_MARK_BYTE)
-    except OSError as e:
-        return e.errno in (errno.EAGAIN, errno.EACCES)
-    else:
-        fcntl.lockf(fd, fcntl.LOCK_UN, 1, CHECK_MARK_BYTE)
+        if _OFD_GETLK is None:
+            return False
+        ask = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, CHECK_MARK_BYTE, 1, 0)
+        got = struct.unpack(_FLOCK, fcntl.fcntl(fd, _OFD_GETLK, ask))
+    except OSError:
         return False
     finally:
         os.close(fd)
+    kind, _whence, start, length, _pid = got
+    return kind == fcntl.F_RDLCK and start == CHECK_MARK_BYTE and length == 1
 
 
 def unlock(fd: int) -> None:
