@@ -15,22 +15,15 @@ from tqstore.checkpoint import verify_checkpoint  # noqa: E402
 from tqstore.ray import RayParts  # noqa: E402
 
 from checkpoint_helpers import canon, fill  # noqa: E402
+from ray_helpers import three_node_cluster  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
-    for _ in range(2):
-        c.add_node(num_cpus=2)
-    ray.init(address=c.address, log_to_driver=False, configure_logging=False)
-    c.wait_for_nodes()
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    for c, _workers in three_node_cluster():
+        yield c
 
 
 def _nodes():
