@@ -123,8 +123,9 @@ def test_close_waits_for_a_read_inside_a_unit_and_later_reads_raise_store_closed
 
 def test_a_large_read_racing_the_close_returns_its_rows_or_raises_store_closed(tmp_path, monkeypatch):
     """A read large enough for the store's unit pool, about to hand its per-unit reads to that
-    pool while the close ran (outside any unit: the close does not wait for it): a builtin ``RuntimeError: cannot schedule new futures after shutdown`` (a
-    trainer's ``except StoreClosedError`` missed it; 28 of 160 async reads racing ``tq.close``)."""
+    pool while the close ran (outside any unit: the close does not wait for it): a builtin
+    ``RuntimeError: cannot schedule new futures after shutdown`` (a trainer's ``except
+    StoreClosedError`` missed it; 28 of 160 async reads racing ``tq.close``)."""
     from tqstore import reader
 
     s = tqstore.open(tmp_path / "s", num_units=2)

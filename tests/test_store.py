@@ -463,7 +463,7 @@ def test_store_directory_is_locked_against_a_second_open(tmp_path):
 
 
 _COMMAND_HOLDER = ("import sys\nfrom tqstore._io import locks\n"
-                   "fd = locks.lock_for_check_nowait(sys.argv[1] + '/LOCK')  # as a command (inspect, verify) takes it\n"
+                   "fd = locks.lock_for_check_nowait(sys.argv[1] + '/LOCK')  # as a command takes it\n"
                    "print('held', flush=True)\nsys.stdin.readline()\n")
 
 
