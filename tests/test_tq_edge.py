@@ -137,6 +137,26 @@ def test_metrics_record_a_background_writes_end_and_its_failure(tmp_path, what):
         tq.close()
 
 
+def test_metrics_count_the_rows_of_saves_loads_and_dumps(tmp_path):
+    """``tqstore_rows_total`` ("rows moved by API calls") stayed 0 for them."""
+    from tqstore import metrics
+
+    metrics.REGISTRY.reset()
+    tq.init()
+    try:
+        tq.kv_batch_put(["a", "b", "c"], "p", fields={"x": torch.zeros(3, 2)})
+        tq.save_checkpoint(tmp_path / "ck")
+        tq.load_checkpoint(tmp_path / "ck")
+        tq.dump_data_by_key(tmp_path / "d", ["a", "b"], "p")
+        tq.load_data_by_key(tmp_path / "d")
+        tq.get_client().save_storage_checkpoint(str(tmp_path / "ck2"))
+        ops = metrics.snapshot()["operations"]
+        assert ops["save_checkpoint"]["rows"] == 6 and ops["load_checkpoint"]["rows"] == 3
+        assert ops["dump_data_by_key"]["rows"] == 2 and ops["load_data_by_key"]["rows"] == 2
+    finally:
+        tq.close()
+
+
 def test_client_retrieve_meta_keys_custom_meta_and_close():
     tq.init()
     try:

@@ -142,26 +142,22 @@ def save_checkpoint(checkpoint_dir, *, include_storage: bool = True, metadata: O
                     blocking: bool = True):
     """Save the default store's state to ``checkpoint_dir``; see ``Store.save_checkpoint``."""
     store = current_store()
-    with _metrics.REGISTRY.timed("save_checkpoint"):
-        out = store.save_checkpoint(checkpoint_dir, include_storage=include_storage, metadata=metadata,
-                                    blocking=blocking)
-    return _metrics.meter_background("save_checkpoint", out)
+    return _metrics.timed_call("save_checkpoint", store.save_checkpoint, checkpoint_dir,
+                               include_storage=include_storage, metadata=metadata, blocking=blocking)
 
 
 def load_checkpoint(checkpoint_dir):
     """Replace the default store's state with a checkpoint; see ``Store.load_checkpoint``."""
     store = current_store()
-    with _metrics.REGISTRY.timed("load_checkpoint"):
-        return store.load_checkpoint(checkpoint_dir)
+    return _metrics.timed_call("load_checkpoint", store.load_checkpoint, checkpoint_dir)
 
 
 def dump_data_by_key(dump_dir, keys: List[str], partition_id: str, *, blocking: bool = True):
     """Dump exactly ``keys`` of ``partition_id`` of the default store to ``dump_dir``; see
     ``Store.dump_data_by_key``."""
     store = current_store()
-    with _metrics.REGISTRY.timed("dump_data_by_key"):
-        out = store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
-    return _metrics.meter_background("dump_data_by_key", out)
+    return _metrics.timed_call("dump_data_by_key", store.dump_data_by_key, dump_dir, keys, partition_id,
+                               blocking=blocking)
 
 
 def read_row_index(dump_dir) -> Dict[str, Any]:
@@ -172,15 +168,13 @@ def read_row_index(dump_dir) -> Dict[str, Any]:
 def load_data_by_key(dump_dir) -> Dict[str, Any]:
     """Merge a dump's keys into the default store; see ``Store.load_data_by_key``."""
     store = current_store()
-    with _metrics.REGISTRY.timed("load_data_by_key"):
-        return store.load_data_by_key(dump_dir)
+    return _metrics.timed_call("load_data_by_key", store.load_data_by_key, dump_dir)
 
 
 def recover_data_load(dump_dir, cancel: bool = False) -> bool:
     """Settle an unresolved load from ``dump_dir``; see ``Store.recover_data_load``."""
     store = current_store()
-    with _metrics.REGISTRY.timed("recover_data_load"):
-        return store.recover_data_load(dump_dir, cancel=cancel)
+    return _metrics.timed_call("recover_data_load", store.recover_data_load, dump_dir, cancel=cancel)
 
 
 def get_metrics_endpoint() -> Any:

@@ -147,34 +147,27 @@ class _ClientBase:
 
     # ------------------------------------------------------------------ bodies (store passed explicitly)
     def _save_controller_checkpoint(self, store: Any, path: str) -> Any:
-        with _metrics.REGISTRY.timed("save_checkpoint"):
-            return store.save_checkpoint(path, include_storage=False)
+        return _metrics.timed_call("save_checkpoint", store.save_checkpoint, path, include_storage=False)
 
     def _load_controller_checkpoint(self, store: Any, path: str) -> Any:
-        with _metrics.REGISTRY.timed("load_checkpoint"):
-            return store.load_checkpoint(path)
+        return _metrics.timed_call("load_checkpoint", store.load_checkpoint, path)
 
     def _save_storage_checkpoint(self, store: Any, checkpoint_dir: str) -> Any:
-        with _metrics.REGISTRY.timed("save_checkpoint"):
-            return store.save_checkpoint(checkpoint_dir)
+        return _metrics.timed_call("save_checkpoint", store.save_checkpoint, checkpoint_dir)
 
     def _load_storage_checkpoint(self, store: Any, checkpoint_dir: str) -> Any:
-        with _metrics.REGISTRY.timed("load_checkpoint"):
-            return store.load_checkpoint(checkpoint_dir)
+        return _metrics.timed_call("load_checkpoint", store.load_checkpoint, checkpoint_dir)
 
     def _dump_data_by_key(self, store: Any, dump_dir: str, keys: List[str], partition_id: str, *,
                           blocking: bool = True) -> Any:
-        with _metrics.REGISTRY.timed("dump_data_by_key"):
-            out = store.dump_data_by_key(dump_dir, keys, partition_id, blocking=blocking)
-        return _metrics.meter_background("dump_data_by_key", out)
+        return _metrics.timed_call("dump_data_by_key", store.dump_data_by_key, dump_dir, keys, partition_id,
+                                   blocking=blocking)
 
     def _load_data_by_key(self, store: Any, dump_dir: str) -> Any:
-        with _metrics.REGISTRY.timed("load_data_by_key"):
-            return store.load_data_by_key(dump_dir)
+        return _metrics.timed_call("load_data_by_key", store.load_data_by_key, dump_dir)
 
     def _recover_data_load(self, store: Any, dump_dir: str, cancel: bool = False) -> bool:
-        with _metrics.REGISTRY.timed("recover_data_load"):
-            return store.recover_data_load(dump_dir, cancel=cancel)
+        return _metrics.timed_call("recover_data_load", store.recover_data_load, dump_dir, cancel=cancel)
 
 
 class TransferQueueClient(_ClientBase):

@@ -13,7 +13,7 @@ import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional
 
 #: operation → family
 FAMILIES = {
@@ -162,6 +162,26 @@ def rows_of(result: Any, default: Optional[int] = None) -> int:
     return default or 0
 
 
+def rows_moved(result: Any) -> int:
+    """Rows a save, load or dump moved, from its result: a ``CheckpointInfo`` or ``LoadInfo``
+    (``rows``), a dump's or a load by key's report (``keys``); else 0."""
+    rows = getattr(result, "rows", None)
+    if isinstance(rows, int) and not isinstance(rows, bool):
+        return rows
+    keys = result.get("keys") if isinstance(result, dict) else None
+    return keys if isinstance(keys, int) and not isinstance(keys, bool) else 0
+
+
+def timed_call(op: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` timed as one call of ``op``, with the rows it moved
+    (:func:`rows_moved`) and, for the handle of a ``blocking=False`` save or dump, its
+    background write (:func:`meter_background`)."""
+    with REGISTRY.timed(op) as box:
+        out = fn(*args, **kwargs)
+        box["rows"] = rows_moved(out)
+    return meter_background(op, out)
+
+
 def meter_background(op: str, result: Any) -> Any:
     """``result``, after arranging, when it is the handle of a ``blocking=False`` save or dump
     (it has ``add_done_callback``), that its background write is recorded as one call of
@@ -174,4 +194,5 @@ def meter_background(op: str, result: Any) -> Any:
     return result
 
 
-__all__ = ["Metrics", "REGISTRY", "snapshot", "endpoint_payload", "FAMILIES", "meter_background"]
+__all__ = ["Metrics", "REGISTRY", "snapshot", "endpoint_payload", "FAMILIES", "meter_background", "timed_call",
+           "rows_moved"]
