@@ -157,6 +157,27 @@ def test_metrics_count_the_rows_of_saves_loads_and_dumps(tmp_path):
         tq.close()
 
 
+def test_metrics_count_a_checkpoint_managers_saves_and_restores(tmp_path):
+    """``tq.CheckpointManager`` (the README's checkpoint path) was never counted: dashboards of
+    checkpoint durations stayed empty."""
+    from tqstore import metrics
+
+    metrics.REGISTRY.reset()
+    tq.init()
+    try:
+        tq.kv_batch_put(["a", "b"], "p", fields={"x": torch.zeros(2, 2)})
+        m = tq.CheckpointManager(tmp_path / "gens", keep_last=2)
+        m.save(1)
+        m.save(2, blocking=False).result(timeout=60)
+        assert m.restore() == 2
+        ops = metrics.snapshot()["operations"]
+        assert ops["save_checkpoint"]["calls"] == 2 and ops["save_checkpoint"]["rows"] == 2
+        assert ops["save_checkpoint_background"]["calls"] == 1 and ops["load_checkpoint"]["calls"] == 1
+        assert isinstance(m, tq.checkpoint.CheckpointManager)
+    finally:
+        tq.close()
+
+
 def test_client_retrieve_meta_keys_custom_meta_and_close():
     tq.init()
     try:

@@ -21,13 +21,13 @@ from .api import (
     get_client, get_consumption_status, get_data, get_meta, get_partition_list, get_production_status, init,
     kv_batch_get, kv_batch_get_by_meta, kv_batch_put, kv_clear, kv_list, kv_put, load_checkpoint, put,
     reset_consumption, save_checkpoint, get_metrics_endpoint, dump_data_by_key, read_row_index, load_data_by_key,
-    recover_data_load,
+    recover_data_load, CheckpointManager,
 )
 from .async_api import (
     async_kv_batch_get, async_kv_batch_get_by_meta, async_kv_batch_put, async_kv_clear, async_kv_list, async_kv_put,
 )
 from .client import AsyncTransferQueueClient, TransferQueueClient
-from .checkpoint import CheckpointFallbackWarning, CheckpointManager, verify_checkpoint
+from .checkpoint import CheckpointFallbackWarning, verify_checkpoint
 from .errors import (
     CapacityError, CheckpointError, CheckpointNotFoundError, ConfigError, CorruptionError, FieldNotFoundError,
     FormatVersionError, InvalidInputError, KeyNotFoundError, NotFoundError, PartitionKeysNotFoundError, PartitionNotFoundError,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, 
 
 from . import _default, config as _config, metrics as _metrics
 from .client import FORWARDED, TransferQueueClient, call_store
+from .checkpoint import CheckpointManager as _CheckpointManager
 from .dump import read_row_index as _read_row_index
 from .errors import ConfigError
 from .kv import DataPlane
@@ -177,6 +178,23 @@ def recover_data_load(dump_dir, cancel: bool = False) -> bool:
     return _metrics.timed_call("recover_data_load", store.recover_data_load, dump_dir, cancel=cancel)
 
 
+class CheckpointManager(_CheckpointManager):
+    __doc__ = (f"{_CheckpointManager.__doc__}\n\n    ``tqstore.CheckpointManager`` also counts its ``save`` and "
+               f"``restore`` in the metrics, as ``save_checkpoint`` and ``load_checkpoint`` calls (a "
+               f"``blocking=False`` save's write as ``save_checkpoint_background``).\n")
+
+    def save(self, step: int, metadata: Optional[Mapping[str, Any]] = None, *, blocking: bool = True,
+             include_storage: bool = True):
+        return _metrics.timed_call("save_checkpoint", super().save, step, metadata, blocking=blocking,
+                                   include_storage=include_storage)
+
+    def restore(self, step: Optional[int] = None) -> int:
+        return _metrics.timed_call("load_checkpoint", super().restore, step)
+
+    save.__doc__ = _CheckpointManager.save.__doc__
+    restore.__doc__ = _CheckpointManager.restore.__doc__
+
+
 def get_metrics_endpoint() -> Any:
     """Counters and latencies of this process's API calls (puts, gets, get_meta, clears, saves,
     loads, dumps): Prometheus text format when ``prometheus_client`` is installed, else a
@@ -188,4 +206,5 @@ def get_metrics_endpoint() -> Any:
 
 
 __all__ = ["init", "close", "current_store", "get_client", *FORWARDED, "save_checkpoint", "load_checkpoint",
-           "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load", "get_metrics_endpoint"]
+           "dump_data_by_key", "read_row_index", "load_data_by_key", "recover_data_load", "get_metrics_endpoint",
+           "CheckpointManager"]
