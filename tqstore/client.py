@@ -51,7 +51,7 @@ def call_store(store: Any, name: str, *args: Any, **kwargs: Any) -> Any:
             out = getattr(store, name)(*args, **kwargs)
         if name in _ROW_OPS:
             box["rows"] = _metrics.rows_of(out)
-    return _metrics.meter_background(name, out)
+        return out
 
 
 def _get_meta(store: Any, *args: Any, **kwargs: Any) -> BatchMeta:

@@ -62,7 +62,8 @@ class RayParts:
             from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
             ray = _ray()
-            nodes = self._nodes or [n["NodeID"] for n in ray.nodes() if n.get("Alive") and n["NodeID"] not in self._dead]
+            nodes = self._nodes or [n["NodeID"] for n in ray.nodes()
+                                    if n.get("Alive") and n["NodeID"] not in self._dead]
             if not nodes:
                 raise DistributedError(f"{part}: no alive node of this Ray cluster to place it on (nodes its actor "
                                        f"could not start on: {sorted(self._dead)[:5]!r})",
