@@ -5,8 +5,10 @@ PY      = $(VENV)/bin/python
 PIP     = $(VENV)/bin/pip
 STAMP   = $(VENV)/.tqstore-installed
 BENCH_STAMP = $(VENV)/.tqstore-bench-installed
+VENV_TQ ?= .venv-tq
+TQ_STAMP = $(VENV_TQ)/.tqstore-tq-installed
 
-.PHONY: install test test-pure test-ray demo crash-test bench bench-quick clean
+.PHONY: install test test-pure test-ray demo crash-test bench bench-quick bench-tq clean
 
 # torch first, pinned to the CPU wheel on this machine (any other version pulls CUDA),
 # then the package with its dev extras (builds the C extension in place).
@@ -48,6 +50,20 @@ bench-quick: $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)
 	$(PY) bench/run_all.py
+
+# tqstore beside TransferQueue 0.1.11 (bench/tq_side_by_side.py) in a virtualenv of its own, so
+# that .venv, where the tests run, never holds TransferQueue and what it pulls in (ray[default],
+# pyzmq, hydra-core, ...); TQ_BENCH_ARGS=--quick for a short run
+$(TQ_STAMP): setup.py pyproject.toml tqstore/_native/_frames.c
+	test -x $(VENV_TQ)/bin/python || $(PYTHON) -m venv $(VENV_TQ)
+	$(VENV_TQ)/bin/pip install -q --upgrade pip setuptools wheel
+	$(VENV_TQ)/bin/pip install -q torch==2.13.0
+	$(VENV_TQ)/bin/pip install -q transferqueue==0.1.11
+	$(VENV_TQ)/bin/pip install -q -e .
+	touch $(TQ_STAMP)
+
+bench-tq: $(TQ_STAMP)
+	$(VENV_TQ)/bin/python bench/tq_side_by_side.py $(TQ_BENCH_ARGS)
 
 clean:
 	rm -rf build *.egg-info tqstore/_native/*.so .pytest_cache .hypothesis

@@ -55,7 +55,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -82,7 +82,9 @@ def _buffers(batch: Any) -> List[memoryview]:
 
 
 def v1_dump(store, keys: List[str], path: Path) -> float:
-    """V1: kv_batch_get of ``keys`` in batches + one file of the raw bytes, fsynced."""
+    """V1: kv_batch_get of ``keys`` in batches + one file of the raw bytes, fsynced.  ``store``:
+    anything with ``kv_list(partition)`` and ``kv_batch_get(keys, partition)`` (a tqstore store,
+    or the ``transfer_queue`` module)."""
     t0 = time.perf_counter()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -192,27 +194,35 @@ def measure_v1_load(store_path: Path, v1_file: Path, keys: List[str], units: int
     with tqstore.open(store_path, num_units=units) as s:
         drop_caches([v1_file])
         t0 = time.perf_counter()
-        with open(v1_file, "rb") as f:
-            data = bytearray(f.read())
-        tags = json.loads(bytes(data[:meta_len]))
-        pos = meta_len
-        for n, fields in enumerate(layout):
-            ks = keys[n * BATCH:(n + 1) * BATCH]
-            batch: Dict[str, Any] = {}
-            for f, kind, dtype, rows, nbytes in fields:
-                raw = memoryview(data)[pos:pos + nbytes]
-                pos += nbytes
-                if kind == "text":
-                    batch[f] = bytes(raw).decode().split("\0")
-                elif isinstance(rows, list):
-                    flat = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.zeros(0, dtype=dtype)
-                    batch[f] = list(torch.split(flat, rows))
-                else:
-                    batch[f] = torch.frombuffer(raw, dtype=dtype).view(rows)
-            s.kv_batch_put(ks, "train", batch, tags=[tags[k] for k in ks])
+        v1_read(v1_file, keys, layout, meta_len, lambda ks, batch, tags: s.kv_batch_put(ks, "train", batch, tags=tags))
         dt = time.perf_counter() - t0
     shutil.rmtree(store_path)
     return dt
+
+
+def v1_read(v1_file: Path, keys: List[str], layout: List[List[tuple]], meta_len: int,
+            put: Callable[[List[str], Dict[str, Any], List[Dict[str, Any]]], Any]) -> None:
+    """The V1 reader: the file read at once, cut into :func:`v1_layout`'s batches (tensors from
+    the file's bytes without copies, jagged rows split, text decoded), each given to
+    ``put(keys, fields, tags)``."""
+    with open(v1_file, "rb") as f:
+        data = bytearray(f.read())
+    tags = json.loads(bytes(data[:meta_len]))
+    pos = meta_len
+    for n, fields in enumerate(layout):
+        ks = keys[n * BATCH:(n + 1) * BATCH]
+        batch: Dict[str, Any] = {}
+        for f, kind, dtype, rows, nbytes in fields:
+            raw = memoryview(data)[pos:pos + nbytes]
+            pos += nbytes
+            if kind == "text":
+                batch[f] = bytes(raw).decode().split("\0")
+            elif isinstance(rows, list):
+                flat = torch.frombuffer(raw, dtype=dtype) if nbytes else torch.zeros(0, dtype=dtype)
+                batch[f] = list(torch.split(flat, rows))
+            else:
+                batch[f] = torch.frombuffer(raw, dtype=dtype).view(rows)
+        put(ks, batch, [tags[k] for k in ks])
 
 
 def main(argv=None) -> int:
