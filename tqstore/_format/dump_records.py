@@ -24,6 +24,7 @@ from ..errors import CorruptionError, FormatVersionError, InvalidInputError
 from .columns import KIND_NAMES
 from .dtypes import DTYPE_NAMES, SCHEMA_MIXED
 from .layout import ALIGN
+from .store_files import MAX_UNITS
 from .names import check_field_name, check_key, check_name, max_key_bytes
 from .values import dumps as _dumps, dumps_each as _dumps_each, loads as _loads
 
@@ -219,12 +220,15 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
-def _load_json(raw: Any, what: str, path: Optional[str]) -> Dict[str, Any]:
+def _load_json(raw: Any, what: str, path: Optional[str], *, big_ints: bool = True) -> Dict[str, Any]:
+    """The JSON object ``raw`` holds.  ``big_ints`` False: an integer of more digits than
+    Python converts by default (``sys.get_int_max_str_digits()``) is damage, not parsed (a
+    manifest holds sizes, CRCs and counts only; a huge one would cost minutes of CPU)."""
     b = bytes(raw)
     if len(b) > MAX_JSON_BYTES:
         raise _bad(what, f"{len(b)} bytes, more than {MAX_JSON_BYTES}", path)
     try:
-        doc = _loads(b)
+        doc = _loads(b) if big_ints else json.loads(b.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise _bad(what, f"not UTF-8 JSON ({e})", path) from None
     if not isinstance(doc, dict):
@@ -232,10 +236,11 @@ def _load_json(raw: Any, what: str, path: Optional[str]) -> Dict[str, Any]:
     return doc
 
 
-def _uint(d: Mapping[str, Any], k: str, what: str, path: Optional[str], least: int = 0) -> int:
+def _uint(d: Mapping[str, Any], k: str, what: str, path: Optional[str], least: int = 0,
+          most: int = (1 << 64) - 1) -> int:
     v = d.get(k)
-    if type(v) is not int or v < least:
-        raise _bad(what, f"member {k!r} must be an int >= {least}, got {v!r}", path)
+    if type(v) is not int or not least <= v <= most:
+        raise _bad(what, f"member {k!r} must be an int from {least} to {most}, got {v!r:.40}", path)
     return v
 
 
@@ -369,13 +374,14 @@ def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
         raise _bad(what, f"format {d.get('format')!r} is not {ROW_INDEX_FORMAT!r}", path)
     _version(what, d.get("version"), path)
     pid = _str(d, "partition_id", what, path)
-    nu = _uint(d, "num_units", what, path, 1)
+    nu = _uint(d, "num_units", what, path, 1, MAX_UNITS)
     sch, rows_in = d.get("schemas"), d.get("rows")
     if not isinstance(sch, dict) or not isinstance(rows_in, list):
         raise _bad(what, "schemas must be an object and rows a list", path)
     schemas: Dict[str, Tuple[int, int]] = {}
     for f, s in sch.items():
-        if not isinstance(s, dict) or s.get("kind") not in _KIND_CODES or s.get("dtype") not in _DTYPE_CODES \
+        if not isinstance(s, dict) or type(s.get("kind")) is not str or type(s.get("dtype")) is not str \
+                or s["kind"] not in _KIND_CODES or s["dtype"] not in _DTYPE_CODES \
                 or (s["dtype"] == "mixed" and s["kind"] == "value"):
             raise _bad(what, f"schema of field {f[:40]!r} is not a known kind and dtype: {s!r:.80}", path)
         schemas[f] = (_KIND_CODES[s["kind"]], _DTYPE_CODES[s["dtype"]])
@@ -427,7 +433,7 @@ def decode_manifest(raw: Any, *, path: Optional[str] = None) -> Dict[str, Any]:
     members; shard paths as :func:`shard_name` of their unit, units distinct and below
     ``num_units``).  Returns the object.  Raises FormatVersionError / CorruptionError."""
     what = "dump MANIFEST.json"
-    d = _load_json(raw, what, path)
+    d = _load_json(raw, what, path, big_ints=False)
     if d.get("format") != MANIFEST_FORMAT:
         raise _bad(what, f"format {d.get('format')!r} is not {MANIFEST_FORMAT!r} (not a tqstore dump)", path)
     _version(what, d.get("version"), path)
@@ -441,7 +447,7 @@ def decode_manifest(raw: Any, *, path: Optional[str] = None) -> Dict[str, Any]:
         raise CorruptionError(f"{what}: checksum mismatch", path=path, expected_crc=want if type(want) is int else 0,
                               actual_crc=got)
     _str(d, "partition_id", what, path)
-    nu = _uint(d, "num_units", what, path, 1)
+    nu = _uint(d, "num_units", what, path, 1, MAX_UNITS)
     if not isinstance(d.get("summary"), dict) or not all(type(d["summary"].get(k)) is int for k in SUMMARY_KEYS):
         raise _bad(what, f"summary must hold ints {SUMMARY_KEYS}", path)
     ri = d.get("row_index")

@@ -189,9 +189,13 @@ def fsync_dir(path: PathLike) -> None:
         os.close(fd)
 
 
-def write_file(path: PathLike, data: bytes, *, fsync: bool = True) -> None:
-    """Create or truncate ``path`` and write ``data``; fsync it when asked. Failpoint ``write``."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+def write_file(path: PathLike, data: bytes, *, fsync: bool = True, new: bool = False) -> None:
+    """Create or truncate ``path`` and write ``data``; fsync it when asked.  ``new``: the
+    file must not exist (``O_EXCL``).  Never through a symbolic link (``O_NOFOLLOW``: one
+    there raises OSError ``ELOOP``; with ``new`` any file there raises ``EEXIST``).
+    Failpoints ``create``, ``write``, ``fsync_file``."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_EXCL if new else os.O_TRUNC)
+    fd = os.open(path, flags, 0o644)
     try:
         _fp("create", str(path))
         pwrite_all(fd, [data], 0)
@@ -284,12 +288,16 @@ def write_file_atomic(path: PathLike, data: bytes, *, fsync: bool = True) -> Non
     """Replace ``path`` with ``data`` atomically: temp sibling, fsync, rename, fsync parent.
 
     After a crash the file holds either the old or the new content, never a mix.  A write
-    that fails removes its temp sibling.
+    that fails removes its temp sibling.  Whatever was at ``<name>.tmp`` (a crash's leftover,
+    or a link or FIFO someone put there) is removed first and the temp file made new: a
+    write never goes through a link to another file, nor blocks on a FIFO.  Failpoints
+    ``unlink``, ``create``, ``write``, ``fsync_file``, ``rename``, ``fsync_dir``.
     """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    unlink(tmp)
     try:
-        write_file(tmp, data, fsync=fsync)
+        write_file(tmp, data, fsync=fsync, new=True)
     except BaseException:
         _drop_tmp(tmp)
         raise

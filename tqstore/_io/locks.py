@@ -25,11 +25,13 @@ import errno
 import fcntl
 import logging
 import os
+import stat
 import struct
 import threading
 from typing import Callable, Dict, Iterator, List, Optional, Union
 
 from . import failpoints as fp
+from .regular import NotRegularFile
 
 log = logging.getLogger("tqstore")
 
@@ -37,27 +39,55 @@ PathLike = Union[str, "os.PathLike[str]"]
 LOCK_OPEN = "lock_open"
 _UNWRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
 _NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)
+_NOT_REGULAR = (errno.ELOOP, errno.ENXIO, errno.EISDIR)  # (open of a link, a socket, a directory)
 
 
 def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
     """The fd of the lock file at ``path`` (created if missing), or, with ``shared`` (a
     lock that may be skipped), a read-only fd of an existing one in a location this process
-    cannot write, or None when it does not exist and cannot be created."""
+    cannot write, or None when it does not exist and cannot be created.  Never follows a
+    symbolic link and never blocks on the open: a lock file beside a checkpoint or dump may
+    be anyone's, and a link would have the lock's file created (or a store's own LOCK
+    locked) elsewhere, a FIFO would block the open until a writer came.
+
+    Raises:
+        NotRegularFile: ``path`` is a symbolic link or not a regular file.
+        OSError: any other failure to open it."""
     if fp.active:
         fp.hit(LOCK_OPEN)
         fp.observe(LOCK_OPEN, str(path))
+    flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return _regular_lock(path, os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644))
     except OSError as e:
+        if e.errno in _NOT_REGULAR:
+            raise NotRegularFile(e.errno, "a lock file must be a regular file (a symbolic link, socket or directory "
+                                 "is there)", os.fspath(path)) from e
         if not shared or e.errno not in _UNWRITABLE:
             raise
     try:  # a read-only directory (or a lock file we may not write): flock works on a read-only fd
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return _regular_lock(path, os.open(path, os.O_RDONLY | flags))
     except OSError as e:
+        if e.errno in _NOT_REGULAR:
+            raise NotRegularFile(e.errno, "a lock file must be a regular file (a symbolic link, socket or directory "
+                                 "is there)", os.fspath(path)) from e
         if e.errno in (errno.ENOENT,) + _UNWRITABLE:
             log.debug("cannot create lock file %s (%s); reading without the lock", path, e.strerror)
             return None
         raise
+
+
+def _regular_lock(path: PathLike, fd: int) -> int:
+    """``fd`` if it is a regular file's; else it is closed and NotRegularFile raised."""
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile(errno.EINVAL, "a lock file must be a regular file (a FIFO, device or directory "
+                                 "is there)", os.fspath(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 from .._format import dump_records as DR
-from .._io import locks
+from .._io import files, locks
 from ..errors import CheckpointError, ConfigError, InvalidInputError
 from ..layout_dirs import STORE_FILE
 from . import manifest as M
@@ -85,31 +85,26 @@ NAME_MAX = 255
 def is_checkpoint_dir(d: PathLike) -> bool:
     """True if ``d/MANIFEST.json`` is a regular file whose JSON declares the tqstore checkpoint
     format (its checksum and members are not checked: a damaged checkpoint is still one)."""
-    mp = os.path.join(os.fspath(d), M.MANIFEST_NAME)
-    try:
-        st = os.lstat(mp)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > M.MAX_MANIFEST_BYTES:
-            return False
-        with open(mp, "rb") as f:
-            doc = json.loads(f.read())
-    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    return isinstance(doc, dict) and doc.get("format") == M.FORMAT_NAME
+    return _manifest_format(d, M.MANIFEST_NAME, M.MAX_MANIFEST_BYTES) == M.FORMAT_NAME
 
 
 def is_dump_dir(d: PathLike) -> bool:
     """True if ``d/MANIFEST.json`` is a regular file whose JSON declares the tqstore dump format
     (``"format": "tqstore dump"``; checksum and members not checked: a damaged dump is still one)."""
-    mp = os.path.join(os.fspath(d), DR.MANIFEST_NAME)
+    return _manifest_format(d, DR.MANIFEST_NAME, DR.MAX_JSON_BYTES) == DR.MANIFEST_FORMAT
+
+
+def _manifest_format(d: PathLike, name: str, max_bytes: int) -> Any:
+    """The ``"format"`` of the JSON object in ``d/name``, None when there is none: the file is
+    missing, larger than ``max_bytes``, not JSON, or not a regular file (opened without
+    following a link and without blocking, then checked: a file swapped for a FIFO between a
+    check and the open cannot block the caller)."""
     try:
-        st = os.lstat(mp)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > DR.MAX_JSON_BYTES:
-            return False
-        with open(mp, "rb") as f:
-            doc = json.loads(f.read())
+        data = files.read_regular(os.path.join(os.fspath(d), name), max_bytes=max_bytes)
+        doc = None if data is None else json.loads(bytes(data))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
-        return False
-    return isinstance(doc, dict) and doc.get("format") == DR.MANIFEST_FORMAT
+        return None
+    return doc.get("format") if isinstance(doc, dict) else None
 
 
 _TMP_SUFFIX = re.compile(r"\.tmp-[0-9a-f]{8}")

@@ -409,7 +409,7 @@ class SaveJob:
         })
         data = M.build(created_unix=time.time(), include_storage=self.include_storage, num_units=cut.num_units,
                        snapshot=snapshot, metadata=self.metadata, files=entries)
-        files.write_file(tmp / M.MANIFEST_NAME, data, fsync=True)
+        files.write_file(tmp / M.MANIFEST_NAME, data, fsync=True, new=True)
         files.fsync_dir(tmp)
         index_bytes = sum(e.size for e in entries if e.role != M.ROLE_SEGMENT)
         return CheckpointInfo(

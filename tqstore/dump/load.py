@@ -16,17 +16,18 @@ from the restore's key mapping), as :class:`~tqstore.ports.RestoreImport` values
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from .. import _native
 from .._format import dump_records as D
 from .._io import files
-from ..errors import CheckpointNotFoundError, CorruptionError
+from ..errors import CheckpointNotFoundError, CorruptionError, StorageIOError
 from ..ports import RestoreImport, RestoreInfo
 
 #: bytes of a source file a target unit reads, checks and appends at a time (x units in
@@ -81,29 +82,36 @@ class Dump:
 
 
 def _read(path: Path, under: Path, offset: int, size: int, *, what: str) -> bytes:
-    try:
+    with _reading(path, what):
         fd = files.open_regular(path, under=under)
-    except FileNotFoundError as e:
-        raise CorruptionError(f"{what} listed in the dump's MANIFEST.json is missing", path=str(path)) from e
-    except files.NotRegularFile as e:
-        raise CorruptionError(f"{what}: {e.strerror}", path=str(e.filename or path)) from e
-    try:
-        buf = bytearray(size)
-        got = files.preadv_all(fd, [buf], offset)
-    finally:
-        os.close(fd)
+        try:
+            buf = bytearray(size)
+            got = files.preadv_all(fd, [buf], offset)
+        finally:
+            os.close(fd)
     if got != size:
         raise CorruptionError(f"{what} is truncated", path=str(path), offset=offset + got)
     return bytes(buf)
 
 
 def _size(path: Path, under: Path, *, what: str) -> int:
-    try:
+    with _reading(path, what):
         return files.check_regular(path, under=under).st_size
+
+
+@contextlib.contextmanager
+def _reading(path: Path, what: str) -> Iterator[None]:
+    """The errors of reading ``path`` (``what`` of a dump) as tqstore's: missing or not a
+    regular file, CorruptionError; any other failure (no permission, an I/O error),
+    StorageIOError naming the file."""
+    try:
+        yield
     except FileNotFoundError as e:
         raise CorruptionError(f"{what} listed in the dump's MANIFEST.json is missing", path=str(path)) from e
     except files.NotRegularFile as e:
         raise CorruptionError(f"{what}: {e.strerror}", path=str(e.filename or path)) from e
+    except OSError as e:
+        raise StorageIOError(f"{what} {path} cannot be read: {e.strerror or e}") from e
 
 
 def read_dump(path) -> Dump:
@@ -126,12 +134,16 @@ def read_dump(path) -> Dump:
         raise CheckpointNotFoundError(f"no dump at {d}: it is not a directory") from e
     except files.NotRegularFile as e:
         raise CorruptionError(f"dump {D.MANIFEST_NAME}: not a regular file", path=str(mp)) from e
+    except OSError as e:
+        raise StorageIOError(f"dump {mp} cannot be read: {e.strerror or e}") from e
     if msize > D.MAX_JSON_BYTES:
         raise CorruptionError(f"dump {D.MANIFEST_NAME} is {msize} bytes (at most {D.MAX_JSON_BYTES})", path=str(mp))
     man = D.decode_manifest(_read(mp, d, 0, msize, what="dump MANIFEST.json"), path=str(mp))
     ri = man["row_index"]
     rp = d / D.ROW_INDEX_NAME
     rsize = _size(rp, d, what="dump row index")
+    if rsize > D.MAX_JSON_BYTES:
+        raise CorruptionError(f"dump row index is {rsize} bytes (at most {D.MAX_JSON_BYTES})", path=str(rp))
     if rsize != ri["size"]:
         raise CorruptionError(f"dump row index holds {rsize} bytes, the manifest says {ri['size']}", path=str(rp),
                               offset=min(rsize, ri["size"]))
@@ -167,6 +179,9 @@ def read_dump(path) -> Dump:
         if head.unit != s["unit"] or head.num_units != nu or head.frames != s["frames"]:
             raise CorruptionError("dump shard header disagrees with the manifest (unit, unit count or frames)",
                                   path=str(sp), offset=0)
+        if head.frames != len(want.get(head.unit, ([],))[0]):  # (before its table is read: it may claim any size)
+            raise CorruptionError(f"dump shard holds {head.frames} frames, the row index's rows on its unit "
+                                  f"{len(want.get(head.unit, ([],))[0])}", path=str(sp), offset=0)
         table = D.decode_shard_table(_read(sp, d, head.table_offset, head.table_len, what="dump shard"), head,
                                      path=str(sp))
         if not _same_frames(want.get(head.unit, ([], [])), table, code):

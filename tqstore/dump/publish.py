@@ -367,17 +367,19 @@ def locked_if_present(final: Path, *, shared_ok: bool = False, read_only_ok: boo
 def _left_by_dump(d: Path) -> bool:
     """``d`` is a directory (not a symbolic link) that a dump writer may have left: a dump, or
     one that holds only names a dump writes, or none (a crash right after ``<dir>.tmp`` was
-    made, or during the removal of ``<dir>.old``, leaves it empty): removing it destroys
-    nothing of the user's."""
+    made, or during the removal of ``<dir>.old``, leaves it empty), each a regular file (a
+    directory of such a name, or a link, is no dump writer's): removing it destroys nothing
+    of the user's."""
     if not T.real_dir(d):
         return False
     if T.is_dump_dir(d):
         return True
     try:
-        names = os.listdir(d)
+        with os.scandir(d) as entries:
+            return all((e.name in (DR.MANIFEST_NAME, DR.ROW_INDEX_NAME) or DR.is_shard_name(e.name))
+                       and e.is_file(follow_symlinks=False) for e in entries)
     except OSError:
         return False
-    return all(n in (DR.MANIFEST_NAME, DR.ROW_INDEX_NAME) or DR.is_shard_name(n) for n in names)
 
 
 def repair(final: Path, *, writer: bool = False) -> None:

@@ -307,7 +307,7 @@ class DumpJob:
                     f"the dump's row index would hold {len(data)} bytes, more than the {D.MAX_JSON_BYTES} a reader "
                     f"accepts (its tags and keys, as JSON text, non-ASCII characters escaped); nothing was published: "
                     f"dump the keys in several dumps, or keep long text in a field rather than in tags")
-            files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True)
+            files.write_file(tmp / D.ROW_INDEX_NAME, data, fsync=True, new=True)
             return data
 
         with WorkPool(max_workers=max(1, min(self.max_workers, len(work)) + 1),
@@ -329,7 +329,7 @@ class DumpJob:
             row_index={"size": len(index), "crc32c": _native.crc32c(index)},
             shards=[{"unit": s.unit, "size": s.size, "crc32c": s.crc32c, "frames": s.frames, "rows": s.rows,
                      "payload_bytes": s.payload_bytes} for s in shards])
-        files.write_file(tmp / D.MANIFEST_NAME, manifest, fsync=True)
+        files.write_file(tmp / D.MANIFEST_NAME, manifest, fsync=True, new=True)
         files.fsync_dir(tmp)
         t.append(time.perf_counter())
         total = sum(s.size for s in shards) + len(index) + len(manifest)
