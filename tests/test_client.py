@@ -503,6 +503,28 @@ def test_init_rejects_a_second_init_and_unknown_config(default_store, tmp_path):
         tq.current_store()
 
 
+def test_a_second_init_without_a_config_or_with_the_same_one_returns_the_open_store(tmp_path):
+    # TransferQueue's init attaches to the running system: a Ray worker reused for another task
+    # runs that task's tq.init() again in the same process
+    tq.close()
+    conf = {"path": str(tmp_path / "s"), "num_units": 2, "sampler": {"name": "grpo_group_n", "n_samples_per_prompt": 2}}
+    try:
+        store = tq.init(conf)
+        tq.put(_prompts(2), partition_id="p")
+        assert tq.init() is store
+        assert tq.init(dict(conf)) is store and tq.init(conf=conf) is store
+        with pytest.raises(ConfigError, match=r"another config \(it differs in num_units\); call tqstore.close"):
+            tq.init({**conf, "num_units": 3})
+        with pytest.raises(ConfigError, match=r"differs in sampler\)"):
+            tq.init({**conf, "sampler": "sequential"})
+        with pytest.raises(ConfigError, match=r"differs in polling_mode\)"):
+            tq.init({**conf, "controller": {"polling_mode": False}})
+        assert tq.current_store() is store and not store.closed
+        assert tq.get_partition_list() == ["p"]  # the refused calls changed nothing
+    finally:
+        tq.close()
+
+
 def test_checkpoint_functions_forward_to_the_default_store(default_store, monkeypatch, tmp_path):
     calls = []
     monkeypatch.setattr(default_store, "save_checkpoint", lambda d, **kw: calls.append(("save", d, kw)) or "h",

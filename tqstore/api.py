@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
 
 from . import _default, config as _config, metrics as _metrics
 from .client import FORWARDED, TransferQueueClient, call_store
@@ -18,6 +19,8 @@ from .errors import ConfigError
 from .kv import DataPlane
 from .samplers import make_sampler
 from .store import Store
+
+log = logging.getLogger("tqstore")
 
 if TYPE_CHECKING:  # pragma: no cover
     from .ray.remote_store import RemoteStore
@@ -51,7 +54,10 @@ def init(config: Any = None, *, conf: Any = None) -> Union[Store, "RemoteStore"]
     on the cluster under ``"default"``; when none is served it raises ``ConfigError`` rather
     than open a store private to that worker, which nothing else would see.  Pass
     ``{"backend": "embedded"}`` for such a private store.
-    Calling ``init`` again while a store is open raises ``ConfigError``; call ``close()`` first.
+    Calling ``init`` again while its store is open returns that store when the call gives no
+    config or the same one (TransferQueue's ``init`` attaches to the running system: a Ray
+    worker that Ray reuses for another task runs that task's ``tq.init()`` again); a call with
+    another config raises ``ConfigError`` naming what differs (call ``close()`` first).
     """
     if conf is not None:
         if config is not None:
@@ -60,9 +66,16 @@ def init(config: Any = None, *, conf: Any = None) -> Union[Store, "RemoteStore"]
     cfg, sampler_spec, settings = _config.translate(config)
     sampler = make_sampler(sampler_spec)  # ConfigError before anything is opened
     with _init_lock:
+        global _opened_with
         cur = _default.peek_default()
+        asked = (dict(cfg), _spec_key(sampler_spec), settings)
         if cur is not None and not cur.closed:
-            raise ConfigError("tqstore is already initialized; call tqstore.close() first")
+            if config is None or _opened_with is None or asked == _opened_with:
+                log.info("tqstore is already initialized%s: init returns the open store",
+                         "" if config is None else " with this config")
+                return cur
+            raise ConfigError(f"tqstore is already initialized with another config (it differs in "
+                              f"{_differences(_opened_with, asked)}); call tqstore.close() first")
         attach = not settings.backend_named and "ray" in sys.modules and _in_ray_worker()
         if settings.backend == "ray" or attach:
             from .ray.remote_store import connect
@@ -75,7 +88,37 @@ def init(config: Any = None, *, conf: Any = None) -> Union[Store, "RemoteStore"]
             store.set_sampler(sampler)
         _config.remember(store, settings)
         _default.set_default(store)
+        _opened_with = asked
         return store
+
+
+#: what the open default store was initialized with: (store keys, sampler, settings)
+_opened_with: Optional[Tuple[Dict[str, Any], Any, Any]] = None
+
+
+def _spec_key(spec: Any) -> Any:
+    """A sampler spec as compared between two ``init`` calls: a name, a mapping or a class as
+    itself, an instance by its class (a new instance of the same sampler is the same config)."""
+    if spec is None or isinstance(spec, (str, dict, type)):
+        return spec
+    return type(spec)
+
+
+def _differences(was: Tuple[Dict[str, Any], Any, Any], now: Tuple[Dict[str, Any], Any, Any]) -> str:
+    """The keys two ``init`` configs differ in, in words."""
+    (cfg0, spec0, set0), (cfg1, spec1, set1) = was, now
+    names = sorted(k for k in set(cfg0) | set(cfg1) if cfg0.get(k, _MISSING) != cfg1.get(k, _MISSING))
+    if spec0 != spec1:
+        names.append("sampler")
+    if set0 != set1:
+        fields = [f for f in vars(set0) if getattr(set0, f) != getattr(set1, f, _MISSING)]
+        names.extend(f for f in fields if f != "ignored")
+        if "ignored" in fields and not names:
+            names.append("the keys it ignores")
+    return ", ".join(names) or "its settings"
+
+
+_MISSING = object()
 
 
 def _in_ray_worker() -> bool:
