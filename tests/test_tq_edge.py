@@ -445,6 +445,24 @@ def test_streaming_dataset_refuses_a_micro_batch_larger_than_its_batch_before_co
         tq.close()
 
 
+def test_streaming_dataset_says_why_it_waits_when_the_seqlen_sampler_lacks_a_global_batch(caplog, monkeypatch):
+    # the seqlen-balanced sampler forms every rank's batch at once: batch_size * dp_size rows
+    from tqstore import dataloader
+    monkeypatch.setattr(dataloader, "EMPTY_BATCH_SLEEP_S", 0.01)
+    tq.init({"sampler": {"name": "seqlen_balanced", "dp_size": 2, "n_samples_per_prompt": 2}})
+    try:
+        tq.put({"x": torch.arange(12).view(6, 2)}, partition_id="train")  # 6 rows: more than 4, fewer than 8
+        it = iter(tq.StreamingDataLoader(_finite_dataset(batch_size=4, micro_batch_size=4)))
+        import threading
+        with caplog.at_level("WARNING", logger="tqstore"):
+            threading.Timer(0.3, lambda: tq.put({"x": torch.arange(4).view(2, 2)}, partition_id="train")).start()
+            assert len(next(it)[1].global_indexes) == 4
+        said = [r.getMessage() for r in caplog.records if "fewer than a fetch of batch_size" in r.getMessage()]
+        assert len(said) == 1 and "6 rows of partition 'train'" in said[0]
+    finally:
+        tq.close()
+
+
 def test_streaming_dataset_says_why_it_waits_when_fewer_rows_than_a_batch_are_left(caplog, monkeypatch):
     from tqstore import dataloader
     monkeypatch.setattr(dataloader, "EMPTY_BATCH_SLEEP_S", 0.01)
@@ -456,13 +474,13 @@ def test_streaming_dataset_says_why_it_waits_when_fewer_rows_than_a_batch_are_le
         with caplog.at_level("WARNING", logger="tqstore"):
             tq.put({"x": torch.arange(2).view(1, 2)}, partition_id="train")  # 3 rows left: a whole batch
             assert next(it)[1].global_indexes == [3, 4, 5]
-            assert not [r for r in caplog.records if "fewer than batch_size" in r.getMessage()]
+            assert not [r for r in caplog.records if "fewer than a fetch of batch_size" in r.getMessage()]
             tq.put({"x": torch.arange(2).view(1, 2)}, partition_id="train")  # 1 row left: it waits
 
             import threading
             threading.Timer(0.3, lambda: tq.put({"x": torch.arange(4).view(2, 2)}, partition_id="train")).start()
             assert next(it)[1].global_indexes == [6, 7, 8]
-        said = [r.getMessage() for r in caplog.records if "fewer than batch_size" in r.getMessage()]
+        said = [r.getMessage() for r in caplog.records if "fewer than a fetch of batch_size" in r.getMessage()]
         assert len(said) == 1 and "1 rows of partition 'train'" in said[0]
         assert list(it) == [], "every row consumed: the iteration ends"
     finally:

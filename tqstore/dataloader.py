@@ -194,7 +194,9 @@ class StreamingDataset(IterableDataset):
 
     def _short_tail(self, client: Any) -> Optional[int]:
         """The number of rows left to ``task_name`` when all of them are produced and fewer
-        than ``batch_size`` (the fetch waits for a whole batch: more rows must come), else None."""
+        than a fetch needs (``batch_size``, or what the store's sampler needs for it: the
+        seqlen-balanced sampler forms every rank's batch at once; the fetch waits for them:
+        more rows must come), else None."""
         try:
             _, consumed = client.get_consumption_status(self.task_name, self.partition_id)
             _, produced = client.get_production_status(self.data_fields, self.partition_id)
@@ -203,7 +205,14 @@ class StreamingDataset(IterableDataset):
         if consumed is None or produced is None or len(consumed) != len(produced):
             return None
         left = [all(p) for c, p in zip(consumed.tolist(), produced.tolist()) if not c]
-        return len(left) if left and all(left) and len(left) < self.batch_size else None
+        need = self.batch_size
+        rows_per_fetch = getattr(getattr(getattr(client, "store", None), "sampler", None), "rows_per_fetch", None)
+        if rows_per_fetch is not None:
+            try:
+                need = int(rows_per_fetch(self.batch_size))
+            except Exception:  # noqa: BLE001 - a user's sampler: the warning falls back to the batch size
+                pass
+        return len(left) if left and all(left) and len(left) < need else None
 
     def _start(self, client: Any) -> None:
         """A new dataset starts past the batches the store's rank cache holds for its ``(task,
@@ -256,9 +265,9 @@ class StreamingDataset(IterableDataset):
                 left = self._short_tail(client)
                 if left is not None:
                     warned = True
-                    log.warning("StreamingDataset: %d rows of partition %r are left to task %r, fewer than "
-                                "batch_size=%d; the iteration ends when every row is consumed, so it waits for "
-                                "more rows (a partition of whole batches ends)", left, self.partition_id,
+                    log.warning("StreamingDataset: %d rows of partition %r are left to task %r, fewer than a "
+                                "fetch of batch_size=%d needs; the iteration ends when every row is consumed, so it "
+                                "waits for more rows (a partition of whole batches ends)", left, self.partition_id,
                                 self.task_name, self.batch_size)
             time.sleep(EMPTY_BATCH_SLEEP_S)
 

@@ -94,6 +94,11 @@ class BaseSampler(ABC):
     def __call__(self, ready_indexes: List[int], batch_size: int, **kwargs: Any) -> SampleResult:
         return self.sample(ready_indexes, batch_size, **kwargs)
 
+    def rows_per_fetch(self, batch_size: int) -> int:
+        """The ready rows a fetch of ``batch_size`` needs before it answers (a whole batch;
+        a sampler that fetches for every data-parallel rank at once needs all their rows)."""
+        return batch_size
+
     # ------------------------------------------------------------------ state
     def _task_state(self, partition_id: str, task_name: str) -> Dict[str, Any]:
         return self._states.setdefault(partition_id, {}).setdefault(task_name, {})

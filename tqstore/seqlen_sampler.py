@@ -189,6 +189,10 @@ class SeqlenBalancedSampler(GRPOGroupNSampler):
         super().__init__(n_samples_per_prompt=n_samples_per_prompt)
         self.dp_size = dp_size
 
+    def rows_per_fetch(self, batch_size: int) -> int:
+        """A fetch forms the global batch of every rank: ``batch_size * dp_size`` rows."""
+        return batch_size * self.dp_size
+
     def check_batch_size(self, batch_size: int, cfg: Dict[str, Any]) -> None:
         """Raise InvalidInputError, before a fetch looks for rows, for a call this sampler
         can never answer right: a per-rank ``batch_size`` that is not a multiple of the group
