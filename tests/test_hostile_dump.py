@@ -207,3 +207,20 @@ with tqstore.open({str(tmp_path / "store")!r}, num_units=2) as s:
     assert first.startswith("StorageIOError") and str(dump / D.ROW_INDEX_NAME) in first, first
     assert last == "{}"
     assert issubclass(StorageIOError, TqstoreError)
+
+
+def test_verify_reports_a_tag_that_a_load_refuses(dump, tmp_path):
+    from tqstore.dump import verify_dump
+
+    doc = json.loads((dump / D.ROW_INDEX_NAME).read_bytes())
+    deep: object = 1
+    for _ in range(70):  # (a put refuses tags nested deeper than 64 levels)
+        deep = [deep]
+    doc["rows"][0]["tag"] = deep
+    resign(dump, rows=json.dumps(doc).encode())
+    problems = verify_dump(dump)
+    assert len(problems) == 1 and f"the tag of key {doc['rows'][0]['key']!r} cannot be loaded" in problems[0]
+    with tqstore.open(tmp_path / "store", num_units=2) as s:
+        with pytest.raises(TqstoreError):
+            s.load_data_by_key(dump)
+        assert s.kv_list() == {}

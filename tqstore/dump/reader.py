@@ -22,6 +22,7 @@ from .._format.columns import KIND_NAMES, describe_kind_dtype
 from .._format.dtypes import SCHEMA_MIXED
 from .._format.frame import DTYPE_AT, KIND_AT, NAME_AT, NAME_LEN_AT, check_run, first_fault
 from .._format.index import LOC_DTYPE
+from .._format.values import check_value
 from .._io import files
 from ..errors import CheckpointNotFoundError, CorruptionError, TqstoreError
 from . import publish as P
@@ -252,7 +253,7 @@ def describe_dump(path: PathLike) -> Dict[str, Any]:
 def verify_dump(path: PathLike, *, deep: bool = True) -> List[str]:
     """Check the dump at ``path`` and return one line per problem (empty: it verifies); writes
     nothing.  Checks: the manifest; ``rows.json`` (size, CRC32C, content, consistency with the
-    manifest); no unlisted file; every shard a regular file of its size, its header and table,
+    manifest, every tag one a store holds); no unlisted file; every shard a regular file of its size, its header and table,
     their agreement with the manifest and the row index (the shard's ``(gidx, field)`` pairs
     are exactly the produced fields of the rows on its unit), its whole-file CRC32C; with
     ``deep`` (default) every frame through the frame-check kernel.
@@ -271,11 +272,27 @@ def verify_dump(path: PathLike, *, deep: bool = True) -> List[str]:
         for name in files.listdir(ix.dir):
             if name not in listed:
                 problems.append(f"{ix.dir / name}: not listed in {D.MANIFEST_NAME}")
+        problems.extend(_unloadable_tags(ix))
         want = _pairs_by_unit(ix.rows)
         for entry in ix.manifest["shards"]:
             problems.extend(_verify_shard(ix.dir, entry, want.get(entry["unit"], set()), deep=deep,
                                           schemas=ix.rows.schemas))
         return problems
+
+
+def _unloadable_tags(ix: "DumpIndex", most: int = 5) -> List[str]:
+    """A line for each of the first ``most`` rows whose tag no store holds (a put refuses it:
+    nested deeper than 64 levels, a lone surrogate, ...): a load of the dump refuses it too,
+    so the dump is damaged or was not written by tqstore."""
+    out: List[str] = []
+    for key, r in ix.rows.rows.items():
+        try:
+            check_value(r["tag"], tag=True)
+        except TqstoreError as e:
+            out.append(f"{ix.dir / D.ROW_INDEX_NAME}: the tag of key {key[:60]!r} cannot be loaded ({e})")
+            if len(out) >= most:
+                break
+    return out
 
 
 def _pairs_by_unit(ri: D.RowIndex) -> Dict[int, Set[Tuple[int, str]]]:
