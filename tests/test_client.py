@@ -515,8 +515,13 @@ def test_a_second_init_without_a_config_or_with_the_same_one_returns_the_open_st
         assert tq.init(dict(conf)) is store and tq.init(conf=conf) is store
         with pytest.raises(ConfigError, match=r"another config \(it differs in num_units\); call tqstore.close"):
             tq.init({**conf, "num_units": 3})
-        with pytest.raises(ConfigError, match=r"differs in sampler\)"):
+        assert tq.init({**conf, "path": tmp_path / "s"}) is store  # the same directory, however spelled
+        assert tq.init({**conf, "path": str(tmp_path / "x" / ".." / "s") + "/"}) is store
+        with pytest.raises(ConfigError, match=r"differs in sampler \(SequentialSampler\(\); the open store's: "
+                                              r"GRPOGroupNSampler\(n_samples_per_prompt=2\)\)"):
             tq.init({**conf, "sampler": "sequential"})
+        with pytest.raises(ConfigError, match=r"differs in sampler \(GRPOGroupNSampler\(n_samples_per_prompt=4\)"):
+            tq.init({**conf, "sampler": {"name": "grpo_group_n", "n_samples_per_prompt": 4}})
         with pytest.raises(ConfigError, match=r"differs in polling_mode\)"):
             tq.init({**conf, "controller": {"polling_mode": False}})
         assert tq.current_store() is store and not store.closed

@@ -143,6 +143,43 @@ def _init_in_worker(config, key):
         tq.close()
 
 
+class _ReusedWorker:
+    """A worker process that runs task after task (as Ray reuses workers): each calls
+    TransferQueue's ``tq.init(config)`` first, and never ``tq.close()``."""
+
+    def task(self, config, key):
+        import torch
+
+        import tqstore as tq
+        from tqstore.errors import ConfigError
+
+        try:
+            store = tq.init(config)
+        except ConfigError as e:
+            return "ConfigError", str(e)
+        tq.kv_batch_put([key], "train", {"x": torch.full((1, 2), 7.0)})
+        return id(store), store.owner
+
+
+def test_a_reused_worker_runs_init_again_and_gets_the_served_store(closed_after):
+    tq_config = {"controller": {"polling_mode": True}, "backend": {"SimpleStorage": {"num_data_storage_units": 2}}}
+    tq.init({"backend": "ray", "num_units": 2})
+    worker = ray.remote(_ReusedWorker).remote()
+    first, owner = ray.get(worker.task.remote(tq_config, "t1"))
+    assert owner is False
+    assert ray.get(worker.task.remote(tq_config, "t2")) == (first, False)  # the same config: the same store
+    assert ray.get(worker.task.remote(None, "t3")) == (first, False)
+    kind, msg = ray.get(worker.task.remote({"backend": {"SimpleStorage": {"num_data_storage_units": 3}}}, "t4"))
+    assert kind == "ConfigError" and "num_units" in msg
+    assert sorted(tq.kv_list("train")["train"]) == ["t1", "t2", "t3"]
+    tq.close()  # the driver ends the store and serves a new one of the same name
+    tq.init({"backend": "ray", "num_units": 2})
+    again, owner = ray.get(worker.task.remote(tq_config, "t5"))  # its stale handle is dropped: attached anew
+    assert again != first and owner is False
+    assert sorted(tq.kv_list("train")["train"]) == ["t5"]
+    ray.kill(worker)
+
+
 def test_init_without_a_backend_in_a_ray_worker_attaches_to_the_served_store_and_never_goes_private(closed_after):
     """TransferQueue's workers call ``tq.init()`` and expect the driver's store: a worker's
     init that names no backend attaches to the cluster's store; with none served it raises

@@ -4,9 +4,11 @@ No business logic here: every function forwards to the default :class:`~tqstore.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import logging
+import os
 import sys
 import threading
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple, Union
@@ -17,7 +19,7 @@ from .checkpoint import CheckpointManager as _CheckpointManager
 from .dump import read_row_index as _read_row_index
 from .errors import ConfigError
 from .kv import DataPlane
-from .samplers import make_sampler
+from .samplers import describe_sampler, make_sampler
 from .store import Store
 
 log = logging.getLogger("tqstore")
@@ -68,8 +70,8 @@ def init(config: Any = None, *, conf: Any = None) -> Union[Store, "RemoteStore"]
     with _init_lock:
         global _opened_with
         cur = _default.peek_default()
-        asked = (dict(cfg), _spec_key(sampler_spec), settings)
-        if cur is not None and not cur.closed:
+        asked = _init_key(cfg, sampler if sampler_spec is not None else None, settings)
+        if cur is not None and not cur.closed and _still_served(cur):
             if config is None or _opened_with is None or asked == _opened_with:
                 log.info("tqstore is already initialized%s: init returns the open store",
                          "" if config is None else " with this config")
@@ -92,29 +94,45 @@ def init(config: Any = None, *, conf: Any = None) -> Union[Store, "RemoteStore"]
         return store
 
 
-#: what the open default store was initialized with: (store keys, sampler, settings)
-_opened_with: Optional[Tuple[Dict[str, Any], Any, Any]] = None
+#: what the open default store was initialized with (:func:`_init_key`)
+_opened_with: Optional[Tuple[Dict[str, Any], Optional[str], Dict[str, Any]]] = None
 
 
-def _spec_key(spec: Any) -> Any:
-    """A sampler spec as compared between two ``init`` calls: a name, a mapping or a class as
-    itself, an instance by its class (a new instance of the same sampler is the same config)."""
-    if spec is None or isinstance(spec, (str, dict, type)):
-        return spec
-    return type(spec)
+def _init_key(cfg: Mapping[str, Any], sampler: Any, settings: Any) -> Tuple[Dict[str, Any], Optional[str],
+                                                                             Dict[str, Any]]:
+    """An ``init`` config as compared with the next ``init``'s: the store's keys (its path
+    resolved: the same directory however it is spelled), the sampler as its class and
+    arguments (None: none given), and a copy of the API-layer settings (``init`` changes the
+    ones it is given)."""
+    keys = dict(cfg)
+    if keys.get("path") is not None:
+        keys["path"] = os.path.realpath(os.path.expanduser(os.fspath(keys["path"])))
+    return keys, None if sampler is None else describe_sampler(sampler), copy.deepcopy(vars(settings))
 
 
-def _differences(was: Tuple[Dict[str, Any], Any, Any], now: Tuple[Dict[str, Any], Any, Any]) -> str:
+def _still_served(store: Any) -> bool:
+    """False for a Ray store whose host no longer serves its name (the driver closed it and
+    perhaps started another of that name since): this process's handle to it is stale and is
+    detached, so that ``init`` attaches anew; True for any other open store."""
+    serving = getattr(store, "serving", None)
+    if serving is None or serving():
+        return True
+    log.info("%s is no longer served: detaching this process's handle, init attaches anew", store)
+    store.close()
+    return False
+
+
+def _differences(was: Tuple[Dict[str, Any], Any, Dict[str, Any]], now: Tuple[Dict[str, Any], Any, Dict[str, Any]]
+                 ) -> str:
     """The keys two ``init`` configs differ in, in words."""
     (cfg0, spec0, set0), (cfg1, spec1, set1) = was, now
     names = sorted(k for k in set(cfg0) | set(cfg1) if cfg0.get(k, _MISSING) != cfg1.get(k, _MISSING))
     if spec0 != spec1:
-        names.append("sampler")
-    if set0 != set1:
-        fields = [f for f in vars(set0) if getattr(set0, f) != getattr(set1, f, _MISSING)]
-        names.extend(f for f in fields if f != "ignored")
-        if "ignored" in fields and not names:
-            names.append("the keys it ignores")
+        names.append(f"sampler ({spec1 or 'none given'}; the open store's: {spec0 or 'the default'})")
+    fields = [f for f in set0 if set0[f] != set1.get(f, _MISSING)]
+    names.extend(f for f in fields if f != "ignored")
+    if "ignored" in fields and not names:
+        names.append("the keys it ignores")
     return ", ".join(names) or "its settings"
 
 

@@ -39,6 +39,20 @@ log = logging.getLogger("tqstore")
 SampleResult = Tuple[List[int], List[int]]
 
 
+def describe_sampler(sampler: Any) -> str:
+    """A sampler as its class and constructor arguments (``GRPOGroupNSampler(n_samples_per_prompt=4)``):
+    what an attaching process's sampler must match."""
+    import inspect
+
+    try:
+        params = [p for p in inspect.signature(type(sampler).__init__).parameters.values()
+                  if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    except (TypeError, ValueError):
+        params = []
+    args = ", ".join(f"{p.name}={getattr(sampler, p.name, '?')!r}" for p in params)
+    return f"{type(sampler).__name__}({args})"
+
+
 class BaseSampler(ABC):
     """Base class of samplers. Subclasses implement :meth:`sample`.
 

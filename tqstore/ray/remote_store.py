@@ -212,6 +212,15 @@ class RemoteStore:
     def closed(self) -> bool:
         return self._closed
 
+    def serving(self) -> bool:
+        """True while the host this handle attached to still serves the store's name: False
+        once this process closed it, or the host ended (the owner closed the store, perhaps
+        starting another of the same name since: this handle's calls would fail)."""
+        if self._closed:
+            return False
+        host = find_store_host(self.name)
+        return host is not None and host._actor_id == self._host._actor_id
+
     def close(self) -> None:
         """Detach (idempotent); in the owner, close the store and end its actors first, and
         return once the name is free again (an ``init`` of it starts a new store).  A host

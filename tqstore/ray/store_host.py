@@ -30,6 +30,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 from ..checkpoint.writer import SaveHandle
 from ..edge import default_edge
 from ..errors import ConfigError, InvalidInputError, StoreClosedError
+from ..samplers import describe_sampler as sampler_description
 from ..store import Store
 from .parts import RayParts
 
@@ -55,20 +56,6 @@ HANDLE_CALLS = frozenset({"done", "wait", "result", "exception", "claim"})
 MANAGER_CALLS = frozenset({"save", "restore", "wait_until_finished"})
 #: finished save and dump handles a host keeps for its callers to ask about (the oldest are dropped first)
 FINISHED_HANDLES_KEPT = 256
-
-
-def sampler_description(sampler: Any) -> str:
-    """A sampler as its class and constructor arguments (``GRPOGroupNSampler(n_samples_per_prompt=4)``):
-    what an attaching process's sampler must match."""
-    import inspect
-
-    try:
-        params = [p for p in inspect.signature(type(sampler).__init__).parameters.values()
-                  if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    except (TypeError, ValueError):
-        params = []
-    args = ", ".join(f"{p.name}={getattr(sampler, p.name, '?')!r}" for p in params)
-    return f"{type(sampler).__name__}({args})"
 
 
 def store_defaults() -> Dict[str, Any]:
