@@ -224,3 +224,19 @@ def test_verify_reports_a_tag_that_a_load_refuses(dump, tmp_path):
         with pytest.raises(TqstoreError):
             s.load_data_by_key(dump)
         assert s.kv_list() == {}
+
+
+def test_an_integer_too_long_to_show_in_the_row_index_is_damage_not_a_value_error(dump, tmp_path):
+    from tqstore.dump import verify_dump
+
+    raw = (dump / D.ROW_INDEX_NAME).read_text()
+    doc = json.loads(raw)
+    g = doc["rows"][0]["gidx"]
+    resign(dump, rows=raw.replace(f'"gidx": {g},', '"gidx": 1' + "0" * 5000 + ",", 1).replace(
+        f'"gidx":{g},', '"gidx":1' + "0" * 5000 + ",", 1).encode())
+    with pytest.raises(CorruptionError, match="integer too long to show"):
+        tqstore.read_row_index(dump)
+    assert any("integer too long to show" in p for p in verify_dump(dump))
+    with tqstore.open(tmp_path / "store", num_units=2) as s:
+        with pytest.raises(CorruptionError):
+            s.load_data_by_key(dump)

@@ -68,7 +68,7 @@ def _bad(what: str, msg: str, path: Optional[str], offset: Optional[int] = None)
 
 def _version(what: str, v: Any, path: Optional[str]) -> None:
     if type(v) is not int or v != DUMP_VERSION:
-        raise FormatVersionError(f"{what} version {v!r} is not supported (this tqstore reads version "
+        raise FormatVersionError(f"{what} version {_brief(v)} is not supported (this tqstore reads version "
                                  f"{DUMP_VERSION})", path=path)
 
 
@@ -220,6 +220,16 @@ def _canonical(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode("ascii")
 
 
+def _brief(v: Any, most: int = 80) -> str:
+    """``repr(v)`` cut to ``most`` characters, for a message about damage: a value holding an
+    integer too long for Python to convert (``sys.get_int_max_str_digits()``) is named by
+    its type, so the message itself never raises."""
+    try:
+        return repr(v)[:most]
+    except ValueError:
+        return f"<{type(v).__name__} holding an integer too long to show>"
+
+
 def _load_json(raw: Any, what: str, path: Optional[str], *, big_ints: bool = True) -> Dict[str, Any]:
     """The JSON object ``raw`` holds.  ``big_ints`` False: an integer of more digits than
     Python converts by default (``sys.get_int_max_str_digits()``) is damage, not parsed (a
@@ -240,7 +250,7 @@ def _uint(d: Mapping[str, Any], k: str, what: str, path: Optional[str], least: i
           most: int = (1 << 64) - 1) -> int:
     v = d.get(k)
     if type(v) is not int or not least <= v <= most:
-        raise _bad(what, f"member {k!r} must be an int from {least} to {most}, got {v!r:.40}", path)
+        raise _bad(what, f"member {k!r} must be an int from {least} to {most}, got {_brief(v, 40)}", path)
     return v
 
 
@@ -357,7 +367,7 @@ def _check_rows(rows_in: List[Any], schemas: Mapping[str, Tuple[int, int]], what
             except TypeError:  # an unhashable field name
                 ok = False
         if not ok:
-            raise _bad(what, f"malformed row {str(r)[:80]}", path)
+            raise _bad(what, f"malformed row {_brief(r)}", path)
         if key in keys or g in seen or not distinct:
             raise _bad(what, f"key {key[:40]!r}, its global index or a field appears twice", path)
         keys.add(key)
@@ -371,7 +381,7 @@ def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
     what = "dump row index"
     d = _load_json(raw, what, path)
     if d.get("format") != ROW_INDEX_FORMAT:
-        raise _bad(what, f"format {d.get('format')!r} is not {ROW_INDEX_FORMAT!r}", path)
+        raise _bad(what, f"format {_brief(d.get('format'))} is not {ROW_INDEX_FORMAT!r}", path)
     _version(what, d.get("version"), path)
     pid = _str(d, "partition_id", what, path)
     nu = _uint(d, "num_units", what, path, 1, MAX_UNITS)
@@ -383,7 +393,7 @@ def decode_row_index(raw: Any, *, path: Optional[str] = None) -> RowIndex:
         if not isinstance(s, dict) or type(s.get("kind")) is not str or type(s.get("dtype")) is not str \
                 or s["kind"] not in _KIND_CODES or s["dtype"] not in _DTYPE_CODES \
                 or (s["dtype"] == "mixed" and s["kind"] == "value"):
-            raise _bad(what, f"schema of field {f[:40]!r} is not a known kind and dtype: {s!r:.80}", path)
+            raise _bad(what, f"schema of field {f[:40]!r} is not a known kind and dtype: {_brief(s)}", path)
         schemas[f] = (_KIND_CODES[s["kind"]], _DTYPE_CODES[s["dtype"]])
     cols = _row_columns(rows_in, schemas)
     if cols is None:
@@ -435,7 +445,7 @@ def decode_manifest(raw: Any, *, path: Optional[str] = None) -> Dict[str, Any]:
     what = "dump MANIFEST.json"
     d = _load_json(raw, what, path, big_ints=False)
     if d.get("format") != MANIFEST_FORMAT:
-        raise _bad(what, f"format {d.get('format')!r} is not {MANIFEST_FORMAT!r} (not a tqstore dump)", path)
+        raise _bad(what, f"format {_brief(d.get('format'))} is not {MANIFEST_FORMAT!r} (not a tqstore dump)", path)
     _version(what, d.get("version"), path)
     want = d.get("manifest_crc32c")
     body = {k: v for k, v in d.items() if k != "manifest_crc32c"}
