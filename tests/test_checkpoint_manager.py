@@ -84,6 +84,20 @@ def test_restore_loads_the_newest_generation(store, tmp_path):
     assert m.restore() == 2 and state(store) == want
 
 
+def test_a_link_where_the_roots_lock_file_belongs_is_refused_and_nothing_is_made_at_its_target(store, tmp_path):
+    m = CheckpointManager(tmp_path / "gens", store=store)
+    fill(store, "train", 4)
+    m.save(1)
+    lock = next(p for p in (tmp_path / "gens").iterdir() if p.name.startswith(".") and p.name.endswith(".lock"))
+    target = tmp_path / "elsewhere"
+    lock.unlink()
+    lock.symlink_to(target)
+    for call in (m.restore, lambda: m.verify(1)):
+        with pytest.raises(tqstore.StorageIOError, match="must be a regular file"):
+            call()
+    assert not os.path.lexists(target)
+
+
 def test_verify_of_a_generation_takes_verify_checkpoints_options_by_name(store, tmp_path):
     """deep, raise_on_error and progress work as verify_checkpoint's; another name is refused."""
     m = CheckpointManager(tmp_path / "gens", store=store, copy_segments=True)

@@ -30,6 +30,7 @@ import struct
 import threading
 from typing import Callable, Dict, Iterator, List, Optional, Union
 
+from ..errors import StorageIOError
 from . import failpoints as fp
 from .regular import NotRegularFile
 
@@ -56,9 +57,8 @@ def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
     if fp.active:
         fp.hit(LOCK_OPEN)
         fp.observe(LOCK_OPEN, str(path))
-    flags = os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK
     try:
-        return _regular_lock(path, os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o644))
+        return _regular_lock(path, _open_unblocked(path, os.O_RDWR | os.O_CREAT))
     except OSError as e:
         if e.errno in _NOT_REGULAR:
             raise NotRegularFile(e.errno, "a lock file must be a regular file (a symbolic link, socket or directory "
@@ -66,7 +66,7 @@ def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
         if not shared or e.errno not in _UNWRITABLE:
             raise
     try:  # a read-only directory (or a lock file we may not write): flock works on a read-only fd
-        return _regular_lock(path, os.open(path, os.O_RDONLY | flags))
+        return _regular_lock(path, _open_unblocked(path, os.O_RDONLY))
     except OSError as e:
         if e.errno in _NOT_REGULAR:
             raise NotRegularFile(e.errno, "a lock file must be a regular file (a symbolic link, socket or directory "
@@ -75,6 +75,18 @@ def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
             log.debug("cannot create lock file %s (%s); reading without the lock", path, e.strerror)
             return None
         raise
+
+
+def _open_unblocked(path: PathLike, flags: int) -> int:
+    """``open(path, flags)`` without following a link and without blocking on a FIFO
+    (``O_NONBLOCK``); a regular file whose open would wait for a lease held elsewhere (an NFS
+    delegation, a Samba oplock: ``EWOULDBLOCK`` under ``O_NONBLOCK``) is opened again
+    without it, waiting as any open would (a FIFO never answers so)."""
+    flags |= os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags | os.O_NONBLOCK, 0o644)
+    except BlockingIOError:
+        return os.open(path, flags, 0o644)
 
 
 def _regular_lock(path: PathLike, fd: int) -> int:
@@ -99,12 +111,18 @@ def flocked(path: PathLike, *, shared: bool = False, read_only_ok: bool = False)
     ``read_only_ok``) was skipped (see the module docstring).  Failpoint ``lock_open``.
 
     Raises:
+        StorageIOError: a symbolic link, FIFO, socket, device or directory is where the lock
+            file belongs (an OSError too).
         OSError: the lock file cannot be opened or locked (for a shared lock, or with
             ``read_only_ok``: for another reason than a read-only location or a file system
             without flock).
     """
     skippable = shared or read_only_ok
-    fd = _open_lock_file(path, shared=skippable)
+    try:
+        fd = _open_lock_file(path, shared=skippable)
+    except NotRegularFile as e:
+        raise StorageIOError(f"cannot take the lock {os.fspath(path)}: {e.strerror}; only tqstore makes a file of "
+                             f"that name: move away what is there") from e
     if fd is None:
         yield False
         return
