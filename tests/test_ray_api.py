@@ -161,6 +161,13 @@ class _ReusedWorker:
         return id(store), store.owner
 
 
+def test_a_served_store_says_how_many_rows_a_fetch_of_its_sampler_needs(closed_after):
+    # (what a StreamingDataset waiting for rows warns about: the seqlen-balanced sampler forms
+    # every rank's batch at once)
+    store = tq.init({"backend": "ray", "sampler": {"name": "seqlen_balanced", "dp_size": 2, "n_samples_per_prompt": 2}})
+    assert store.rows_per_fetch(4) == 8
+
+
 def test_a_reused_worker_runs_init_again_and_gets_the_served_store(closed_after):
     tq_config = {"controller": {"polling_mode": True}, "backend": {"SimpleStorage": {"num_data_storage_units": 2}}}
     tq.init({"backend": "ray", "num_units": 2})

@@ -206,7 +206,7 @@ class StreamingDataset(IterableDataset):
             return None
         left = [all(p) for c, p in zip(consumed.tolist(), produced.tolist()) if not c]
         need = self.batch_size
-        rows_per_fetch = getattr(getattr(getattr(client, "store", None), "sampler", None), "rows_per_fetch", None)
+        rows_per_fetch = getattr(getattr(client, "store", None), "rows_per_fetch", None)  # (Ray's store: a call)
         if rows_per_fetch is not None:
             try:
                 need = int(rows_per_fetch(self.batch_size))

@@ -579,6 +579,14 @@ class Streaming:
         with self._dp.lock:
             return self._dp.controller.first_batch_index(partition_id, task_name, dp_rank)
 
+    def rows_per_fetch(self, batch_size: int) -> int:
+        """The ready rows a fetch of ``batch_size`` needs before it answers, as the store's
+        sampler forms its batches (:meth:`~tqstore.samplers.BaseSampler.rows_per_fetch`: the
+        batch, or every data-parallel rank's batch for the seqlen-balanced sampler); what a
+        :class:`~tqstore.StreamingDataset` waiting for rows says it waits for."""
+        self._dp.check_open()
+        return int(self._dp.sampler.rows_per_fetch(batch_size))
+
     def get_partition_list(self) -> List[str]:
         """Partition ids, oldest first (the order they were created in, as TransferQueue lists
         them; a partition cleared and made again is the newest)."""
@@ -590,6 +598,6 @@ class Streaming:
 #: the public calls of :class:`Streaming`, in documentation order
 STREAMING_CALLS = ("get_meta", "put", "get_data", "clear_partition", "clear_samples", "get_consumption_status",
                    "get_production_status", "check_consumption_status", "check_production_status",
-                   "reset_consumption", "get_partition_list", "set_custom_meta", "first_batch_index")
+                   "reset_consumption", "get_partition_list", "set_custom_meta", "first_batch_index", "rows_per_fetch")
 
 __all__ = ["Streaming", "STREAMING_CALLS", "MODES", "meta_from"]

@@ -48,7 +48,7 @@ STORE_CALLS = frozenset({
     "get_partition_list", "kv_put", "kv_batch_put", "kv_batch_get", "kv_batch_get_by_meta", "kv_list", "kv_clear",
     "write", "save_checkpoint", "load_checkpoint", "dump_data_by_key", "load_data_by_key", "recover_data_load",
     "set_sampler", "set_custom_meta", "kv_retrieve_meta", "kv_retrieve_keys", "verify", "compact",
-    "first_batch_index",
+    "first_batch_index", "rows_per_fetch",
 })
 #: the methods of a non-blocking save's or dump's handle a caller may ask for
 HANDLE_CALLS = frozenset({"done", "wait", "result", "exception", "claim"})
