@@ -186,6 +186,10 @@ def read_row_index(dump_dir: PathLike) -> Dict[str, Any]:
         CheckpointNotFoundError: no dump there (a FileNotFoundError).
         FormatVersionError: a format version this tqstore does not read.
         CorruptionError: a damaged manifest or row index (names the file).
+        StorageIOError: the manifest or row index cannot be read (no permission, an I/O
+            error).
+        CheckpointError: the dump's lock cannot be taken (a link or FIFO where its lock file
+            belongs, say).
     """
     return row_index_dict(read_index(dump_dir))
 

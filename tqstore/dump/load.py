@@ -123,6 +123,7 @@ def read_dump(path) -> Dump:
         CorruptionError: anything else that does not check (names the file, and the offset
             where known): a missing or truncated shard or row index, a CRC32C mismatch, a shard
             whose frames are not the row index's produced fields.
+        StorageIOError: a file of the dump cannot be read (no permission, an I/O error).
     """
     d = Path(path)
     mp = d / D.MANIFEST_NAME

@@ -24,7 +24,7 @@ from .._format.frame import DTYPE_AT, KIND_AT, NAME_AT, NAME_LEN_AT, check_run, 
 from .._format.index import LOC_DTYPE
 from .._format.values import check_value
 from .._io import files
-from ..errors import CheckpointNotFoundError, CorruptionError, TqstoreError
+from ..errors import CheckpointNotFoundError, CorruptionError, StorageIOError, TqstoreError
 from . import publish as P
 
 PathLike = Any
@@ -47,14 +47,17 @@ class DumpIndex:
 def read_file(d: Path, name: str, *, limit: int = D.MAX_JSON_BYTES, size: Optional[int] = None) -> bytes:
     """The bytes of the regular file ``d/name`` (``size``: the size it must have).
 
-    Raises CorruptionError (missing, not a regular file, of another size, over ``limit``)."""
+    Raises CorruptionError (missing, not a regular file, of another size, over ``limit``),
+    StorageIOError (it cannot be opened otherwise: no permission, an I/O error)."""
     p = d / name
     try:
         fd = files.open_regular(p, under=d)
     except FileNotFoundError as e:
         raise CorruptionError(f"dump file {name} is missing", path=str(p)) from e
-    except OSError as e:
+    except files.NotRegularFile as e:
         raise CorruptionError(f"dump file {name} cannot be opened: {e}", path=str(p)) from e
+    except OSError as e:
+        raise StorageIOError(f"dump file {p} cannot be opened: {e.strerror or e}") from e
     try:
         n = os.fstat(fd).st_size
         if size is not None and n != size:
