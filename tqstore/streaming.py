@@ -580,10 +580,7 @@ class Streaming:
             return self._dp.controller.first_batch_index(partition_id, task_name, dp_rank)
 
     def rows_per_fetch(self, batch_size: int) -> int:
-        """The ready rows a fetch of ``batch_size`` needs before it answers, as the store's
-        sampler forms its batches (:meth:`~tqstore.samplers.BaseSampler.rows_per_fetch`: the
-        batch, or every data-parallel rank's batch for the seqlen-balanced sampler); what a
-        :class:`~tqstore.StreamingDataset` waiting for rows says it waits for."""
+        """Ready rows a fetch of ``batch_size`` needs (the sampler's ``rows_per_fetch``; a waiting dataset says it)."""
         self._dp.check_open()
         return int(self._dp.sampler.rows_per_fetch(batch_size))
 

@@ -256,10 +256,10 @@ def describe_dump(path: PathLike) -> Dict[str, Any]:
 def verify_dump(path: PathLike, *, deep: bool = True) -> List[str]:
     """Check the dump at ``path`` and return one line per problem (empty: it verifies); writes
     nothing.  Checks: the manifest; ``rows.json`` (size, CRC32C, content, consistency with the
-    manifest, every tag one a store holds); no unlisted file; every shard a regular file of its size, its header and table,
-    their agreement with the manifest and the row index (the shard's ``(gidx, field)`` pairs
-    are exactly the produced fields of the rows on its unit), its whole-file CRC32C; with
-    ``deep`` (default) every frame through the frame-check kernel.
+    manifest, every tag one a store holds); no unlisted file; every shard a regular file of
+    its size, its header and table, their agreement with the manifest and the row index (the
+    shard's ``(gidx, field)`` pairs are exactly the produced fields of the rows on its unit),
+    its whole-file CRC32C; with ``deep`` (default) every frame through the frame-check kernel.
 
     Raises CheckpointNotFoundError when there is no dump at ``path``."""
     final, lock = _locked_read(path)
