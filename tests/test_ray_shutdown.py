@@ -29,3 +29,20 @@ def test_calls_after_ray_was_shut_down_raise_distributed_error_and_close_does_no
         ray.shutdown()
     with tq.open(tmp_path / "s") as s:  # nothing acknowledged was lost
         assert list(s.kv_list("p")["p"]) == ["a"]
+
+
+def test_init_after_ray_was_shut_down_under_a_served_store_opens_the_new_store_without_starting_ray(tmp_path):
+    ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        tq.init({"backend": "ray", "path": str(tmp_path / "s"), "num_units": 2})
+        tq.kv_batch_put(["a"], "p", {"x": torch.ones(1, 2)})
+    finally:
+        ray.shutdown()
+    try:
+        store = tq.init({"path": str(tmp_path / "local")})  # (the served store's handle is dropped: it is dead)
+        assert type(store).__name__ == "Store" and not ray.is_initialized()
+    finally:
+        tq.close()
+    assert not ray.is_initialized()
+    with tq.open(tmp_path / "s") as s:  # nothing acknowledged was lost
+        assert list(s.kv_list("p")["p"]) == ["a"]

@@ -214,9 +214,9 @@ class RemoteStore:
 
     def serving(self) -> bool:
         """True while the host this handle attached to still serves the store's name: False
-        once this process closed it, or the host ended (the owner closed the store, perhaps
-        starting another of the same name since: this handle's calls would fail)."""
-        if self._closed:
+        once this process closed it or shut Ray down, or the host ended (the owner closed the
+        store, perhaps starting another of the same name since: this handle's calls would fail)."""
+        if self._closed or not _ray().is_initialized():  # (Ray shut down: never start one here)
             return False
         host = find_store_host(self.name)
         return host is not None and host._actor_id == self._host._actor_id
@@ -225,13 +225,17 @@ class RemoteStore:
         """Detach (idempotent); in the owner, close the store and end its actors first, and
         return once the name is free again (an ``init`` of it starts a new store).  A host
         that is gone already is logged, not raised: nothing is left to close (the store's
-        next open reconciles its files, as after a kill)."""
+        next open reconciles its files, as after a kill); so is a Ray this process shut down
+        (nothing of Ray is started again)."""
         if self._closed:
             return
         self._closed = True
         if not self.owner:
             return
         ray = _ray()
+        if not ray.is_initialized():  # (this process shut Ray down: a call here would start a new Ray)
+            log.warning("%s: Ray was shut down before the store's close; nothing is closed from here", self._part)
+            return
         try:
             self._ask(send(self._part, lambda: self._host.close.remote()))
         except DistributedError as e:
