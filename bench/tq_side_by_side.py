@@ -65,8 +65,10 @@ def start_transferqueue(units: int) -> Any:
     ray.init(num_cpus=8, include_dashboard=False, logging_level=logging.WARNING, log_to_driver=False)
     import transfer_queue
 
-    logging.getLogger("transfer_queue").setLevel(logging.ERROR)
     transfer_queue.init({"backend": {"SimpleStorage": {"num_data_storage_units": units}}})
+    for name in list(logging.root.manager.loggerDict):  # (its modules log a WARNING per call on a 2-core machine)
+        if name.startswith("transfer_queue"):
+            logging.getLogger(name).setLevel(logging.ERROR)
     return transfer_queue
 
 
