@@ -60,17 +60,11 @@ def _open_lock_file(path: PathLike, *, shared: bool) -> Optional[int]:
     try:
         return _regular_lock(path, _open_unblocked(path, os.O_RDWR | os.O_CREAT))
     except OSError as e:
-        if e.errno in _NOT_REGULAR:
-            raise NotRegularFile(e.errno, "a lock file must be a regular file (a symbolic link, socket or directory "
-                                 "is there)", os.fspath(path)) from e
         if not shared or e.errno not in _UNWRITABLE:
             raise
     try:  # a read-only directory (or a lock file we may not write): flock works on a read-only fd
         return _regular_lock(path, _open_unblocked(path, os.O_RDONLY))
     except OSError as e:
-        if e.errno in _NOT_REGULAR:
-            raise NotRegularFile(e.errno, "a lock file must be a regular file (a symbolic link, socket or directory "
-                                 "is there)", os.fspath(path)) from e
         if e.errno in (errno.ENOENT,) + _UNWRITABLE:
             log.debug("cannot create lock file %s (%s); reading without the lock", path, e.strerror)
             return None
@@ -81,12 +75,19 @@ def _open_unblocked(path: PathLike, flags: int) -> int:
     """``open(path, flags)`` without following a link and without blocking on a FIFO
     (``O_NONBLOCK``); a regular file whose open would wait for a lease held elsewhere (an NFS
     delegation, a Samba oplock: ``EWOULDBLOCK`` under ``O_NONBLOCK``) is opened again
-    without it, waiting as any open would (a FIFO never answers so)."""
+    without it, waiting as any open would (a FIFO never answers so).  NotRegularFile for a
+    link, a socket or a directory there."""
     flags |= os.O_CLOEXEC | os.O_NOFOLLOW
     try:
-        return os.open(path, flags | os.O_NONBLOCK, 0o644)
-    except BlockingIOError:
-        return os.open(path, flags, 0o644)
+        try:
+            return os.open(path, flags | os.O_NONBLOCK, 0o644)
+        except BlockingIOError:
+            return os.open(path, flags, 0o644)
+    except OSError as e:
+        if e.errno in _NOT_REGULAR:
+            raise NotRegularFile(e.errno, "a lock file must be a regular file (a symbolic link, socket or directory "
+                                 "is there)", os.fspath(path)) from e
+        raise
 
 
 def _regular_lock(path: PathLike, fd: int) -> int:
